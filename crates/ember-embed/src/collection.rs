@@ -1,0 +1,264 @@
+//! A model's embedding tables and the sparse features that read them.
+//!
+//! Each feature names one table (several features may share a table). Pooled outputs are laid out
+//! one f32 row per sample, features side by side in feature order: feature `f` occupies columns
+//! `col_offset(f) .. col_offset(f) + dim(table(f))`.
+
+use crate::error::{EmbedError, Result};
+use crate::jagged::{Ids, KeyedJagged};
+use crate::table::EmbeddingTable;
+
+/// A sparse feature: its key and the index of the table it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Feature {
+    pub name: String,
+    pub table: usize,
+}
+
+/// Tables plus the features that read them.
+#[derive(Debug)]
+pub struct EmbeddingCollection {
+    tables: Vec<EmbeddingTable>,
+    features: Vec<Feature>,
+    col_offsets: Vec<usize>,
+    total_dim: usize,
+}
+
+/// A batch whose ids have been checked against a collection's tables. Only this type reaches the
+/// kernels, which therefore never see an out-of-range id.
+#[derive(Debug, Clone, Copy)]
+pub struct ValidatedBatch<'a> {
+    kj: &'a KeyedJagged,
+}
+
+impl<'a> ValidatedBatch<'a> {
+    /// The underlying batch.
+    pub fn get(&self) -> &'a KeyedJagged {
+        self.kj
+    }
+}
+
+impl EmbeddingCollection {
+    /// Builds a collection; every feature must name an existing table and keys must be unique.
+    pub fn new(tables: Vec<EmbeddingTable>, features: Vec<Feature>) -> Result<Self> {
+        let mut col_offsets = Vec::with_capacity(features.len());
+        let mut total_dim = 0;
+        for (i, f) in features.iter().enumerate() {
+            if f.table >= tables.len() {
+                return Err(EmbedError::NoSuchTable {
+                    feature: f.name.clone(),
+                    table: f.table,
+                    tables: tables.len(),
+                });
+            }
+            if features[..i].iter().any(|g| g.name == f.name) {
+                return Err(EmbedError::DuplicateKey {
+                    key: f.name.clone(),
+                });
+            }
+            col_offsets.push(total_dim);
+            total_dim += tables[f.table].dim();
+        }
+        Ok(EmbeddingCollection {
+            tables,
+            features,
+            col_offsets,
+            total_dim,
+        })
+    }
+
+    /// One feature per table, named after the table.
+    pub fn one_feature_per_table(tables: Vec<EmbeddingTable>) -> Result<Self> {
+        let features = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Feature {
+                name: t.name().to_string(),
+                table: i,
+            })
+            .collect();
+        Self::new(tables, features)
+    }
+
+    /// The tables.
+    pub fn tables(&self) -> &[EmbeddingTable] {
+        &self.tables
+    }
+    /// The features.
+    pub fn features(&self) -> &[Feature] {
+        &self.features
+    }
+    /// The table feature `f` reads.
+    pub fn table_of(&self, f: usize) -> &EmbeddingTable {
+        &self.tables[self.features[f].table]
+    }
+    /// First output column of feature `f`.
+    pub fn col_offset(&self, f: usize) -> usize {
+        self.col_offsets[f]
+    }
+    /// Width of one pooled output row (sum of the features' dims).
+    pub fn total_dim(&self) -> usize {
+        self.total_dim
+    }
+    /// Feature names in order.
+    pub fn feature_names(&self) -> Vec<String> {
+        self.features.iter().map(|f| f.name.clone()).collect()
+    }
+
+    /// Checks that the batch has this collection's features in order and that every id is a row
+    /// of its feature's table. The error names the feature, the sample and the id.
+    pub fn validate<'a>(&self, kj: &'a KeyedJagged) -> Result<ValidatedBatch<'a>> {
+        if kj.keys().len() != self.features.len()
+            || kj
+                .keys()
+                .iter()
+                .zip(&self.features)
+                .any(|(k, f)| *k != f.name)
+        {
+            return Err(EmbedError::KeysMismatch {
+                got: kj.keys().to_vec(),
+                expected: self.feature_names(),
+            });
+        }
+        for f in 0..self.features.len() {
+            let table = self.table_of(f);
+            let rows = table.rows();
+            let range = kj.feature_range(f);
+            let bad = match kj.ids() {
+                Ids::U32(v) => v[range.clone()].iter().position(|&x| x as usize >= rows),
+                Ids::I64(v) => v[range.clone()]
+                    .iter()
+                    .position(|&x| x < 0 || x as u64 >= rows as u64),
+            };
+            if let Some(p) = bad {
+                let pos = range.start + p;
+                let (_, sample) = kj.locate(pos);
+                return Err(EmbedError::IdOutOfRange {
+                    feature: self.features[f].name.clone(),
+                    sample,
+                    id: kj.ids().get(pos),
+                    table: table.name().to_string(),
+                    rows,
+                });
+            }
+        }
+        Ok(ValidatedBatch { kj })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::PagePolicy;
+    use crate::dtype::DType;
+
+    fn coll() -> EmbeddingCollection {
+        let a = EmbeddingTable::zeroed("a", 10, 4, DType::F32, PagePolicy::Small).unwrap();
+        let b = EmbeddingTable::zeroed("b", 3, 2, DType::Int8, PagePolicy::Small).unwrap();
+        let feats = vec![
+            Feature {
+                name: "x".into(),
+                table: 0,
+            },
+            Feature {
+                name: "y".into(),
+                table: 1,
+            },
+            Feature {
+                name: "z".into(),
+                table: 0,
+            },
+        ];
+        EmbeddingCollection::new(vec![a, b], feats).unwrap()
+    }
+
+    fn keys(k: &[&str]) -> Vec<String> {
+        k.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn layout_and_shared_tables() {
+        let c = coll();
+        assert_eq!(c.total_dim(), 10);
+        assert_eq!(
+            (c.col_offset(0), c.col_offset(1), c.col_offset(2)),
+            (0, 4, 6)
+        );
+        assert_eq!(c.table_of(2).name(), "a");
+    }
+
+    #[test]
+    fn out_of_range_ids_name_feature_sample_and_id() {
+        let c = coll();
+        // feature y (3 rows), sample 1 has id 3.
+        let kj = KeyedJagged::from_lengths(
+            keys(&["x", "y", "z"]),
+            2,
+            &[1, 0, 1, 2, 0, 1],
+            Ids::I64(vec![9, 2, 0, 3, 5]),
+            None,
+        )
+        .unwrap();
+        let e = c.validate(&kj).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "feature 'y', sample 1: id 3 is out of range for table 'b' with 3 rows"
+        );
+        let kj = KeyedJagged::from_lengths(
+            keys(&["x", "y", "z"]),
+            1,
+            &[1, 0, 1],
+            Ids::U32(vec![10, 5]),
+            None,
+        )
+        .unwrap();
+        let e = c.validate(&kj).unwrap_err();
+        assert_eq!(
+            e,
+            EmbedError::IdOutOfRange {
+                feature: "x".into(),
+                sample: 0,
+                id: 10,
+                table: "a".into(),
+                rows: 10
+            }
+        );
+        let ok = KeyedJagged::from_lengths(
+            keys(&["x", "y", "z"]),
+            1,
+            &[1, 0, 1],
+            Ids::U32(vec![9, 5]),
+            None,
+        )
+        .unwrap();
+        assert!(c.validate(&ok).is_ok());
+    }
+
+    #[test]
+    fn wrong_keys_and_bad_features_are_rejected() {
+        let c = coll();
+        let kj = KeyedJagged::from_lengths(keys(&["x", "z", "y"]), 0, &[], Ids::U32(vec![]), None)
+            .unwrap();
+        assert!(matches!(
+            c.validate(&kj),
+            Err(EmbedError::KeysMismatch { .. })
+        ));
+        let t = EmbeddingTable::zeroed("a", 1, 1, DType::F32, PagePolicy::Small).unwrap();
+        let e = EmbeddingCollection::new(
+            vec![t],
+            vec![Feature {
+                name: "q".into(),
+                table: 1,
+            }],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            EmbedError::NoSuchTable {
+                feature: "q".into(),
+                table: 1,
+                tables: 1
+            }
+        );
+    }
+}

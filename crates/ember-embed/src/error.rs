@@ -1,0 +1,139 @@
+//! The one error type of `ember-embed`. Variants carry the numbers that explain them, so that a
+//! message names the feature, the sample and the bad value without the caller adding context.
+
+use thiserror::Error;
+
+/// Everything that can go wrong when building tables and batches or running a pooled lookup.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum EmbedError {
+    // ----- batch structure (KeyedJagged) -----
+    /// `lengths` does not have one entry per (feature, sample).
+    #[error(
+        "lengths has {got} entries, expected {features} features x {batch_size} samples = {expected}"
+    )]
+    LengthsCount {
+        got: usize,
+        features: usize,
+        batch_size: usize,
+        expected: usize,
+    },
+    /// The lengths add up to a different number of ids than were given.
+    #[error("lengths add up to {sum} ids but {ids} ids were given")]
+    LengthsSum { sum: usize, ids: usize },
+    /// `offsets` has the wrong number of entries.
+    #[error("offsets has {got} entries, expected {expected} (features x batch size + 1)")]
+    OffsetsCount { got: usize, expected: usize },
+    /// `offsets[0]` must be zero.
+    #[error("offsets[0] is {first}, expected 0")]
+    OffsetsStart { first: usize },
+    /// Offsets must never decrease.
+    #[error("offsets decrease at feature '{feature}', sample {sample}: {from} -> {to}")]
+    OffsetsDecreasing {
+        feature: String,
+        sample: usize,
+        from: usize,
+        to: usize,
+    },
+    /// The last offset must equal the number of ids.
+    #[error("last offset is {last} but {ids} ids were given")]
+    OffsetsEnd { last: usize, ids: usize },
+    /// Per-id weights must have one entry per id.
+    #[error("weights has {weights} entries but there are {ids} ids")]
+    WeightsLen { weights: usize, ids: usize },
+    /// A signed id was negative.
+    #[error("feature '{feature}', sample {sample}: id {id} is negative")]
+    NegativeId {
+        feature: String,
+        sample: usize,
+        id: i64,
+    },
+    /// An id is not a row of the feature's table.
+    #[error(
+        "feature '{feature}', sample {sample}: id {id} is out of range for table '{table}' with {rows} rows"
+    )]
+    IdOutOfRange {
+        feature: String,
+        sample: usize,
+        id: i64,
+        table: String,
+        rows: usize,
+    },
+    /// The batch's feature keys differ from the collection's features.
+    #[error("batch feature keys {got:?} do not match the model's features {expected:?}")]
+    KeysMismatch {
+        got: Vec<String>,
+        expected: Vec<String>,
+    },
+    /// Two features share a key.
+    #[error("feature key '{key}' appears twice")]
+    DuplicateKey { key: String },
+
+    // ----- tables -----
+    /// A table shape that cannot be built.
+    #[error("table '{table}': {reason}")]
+    BadTable { table: String, reason: String },
+    /// The f32 source for a table has the wrong length.
+    #[error("table '{table}': {got} values given, expected rows {rows} x dim {dim} = {expected}")]
+    TableValues {
+        table: String,
+        got: usize,
+        rows: usize,
+        dim: usize,
+        expected: usize,
+    },
+    /// A feature refers to a table that does not exist.
+    #[error("feature '{feature}' refers to table index {table}, but there are {tables} tables")]
+    NoSuchTable {
+        feature: String,
+        table: usize,
+        tables: usize,
+    },
+    /// Memory for a table could not be mapped.
+    #[error("could not allocate {bytes} bytes for table '{table}': {reason}")]
+    Alloc {
+        table: String,
+        bytes: usize,
+        reason: String,
+    },
+    /// A dtype name that is not known.
+    #[error("unknown dtype '{0}' (expected f32, f16, bf16, int8 or int4)")]
+    UnknownDType(String),
+
+    // ----- pooled lookup -----
+    /// Weighted pooling without weights.
+    #[error("pooling is weighted_sum but the batch carries no per-id weights")]
+    MissingWeights,
+    /// Weights given with an unweighted pooling mode.
+    #[error("the batch carries per-id weights but pooling is {pooling}; use weighted_sum")]
+    UnexpectedWeights { pooling: &'static str },
+    /// The output buffer has the wrong size.
+    #[error(
+        "output buffer has {got} floats, expected batch size {batch_size} x total dim {dim} = {expected}"
+    )]
+    OutputLen {
+        got: usize,
+        batch_size: usize,
+        dim: usize,
+        expected: usize,
+    },
+    /// An ISA was requested that this CPU does not have.
+    #[error("instruction set {isa} is not available on this CPU")]
+    IsaUnavailable { isa: &'static str },
+    /// A thread pool could not be created.
+    #[error("could not start a thread pool of {threads} threads: {reason}")]
+    ThreadPool { threads: usize, reason: String },
+    /// A bad option value.
+    #[error("invalid option {option}: {reason}")]
+    BadOption {
+        option: &'static str,
+        reason: String,
+    },
+
+    // ----- workloads -----
+    /// An id trace file could not be read or parsed.
+    #[error("id trace {path}: {reason}")]
+    Trace { path: String, reason: String },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = EmbedError> = std::result::Result<T, E>;

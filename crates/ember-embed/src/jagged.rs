@@ -1,0 +1,306 @@
+//! Batches of sparse features in TorchRec's KeyedJaggedTensor layout.
+//!
+//! For `F` feature keys and a batch of `B` samples, `lengths[f * B + b]` is the number of ids of
+//! feature `f` in sample `b` (feature-major), `offsets` is their exclusive prefix sum
+//! (`F * B + 1` entries, `offsets[0] == 0`), and `values` holds the ids back to back. Example
+//! (TorchRec's): two features, batch 3, lengths `[2,0,1, 1,1,3]` -> offsets `[0,2,2,3,4,5,8]`.
+//! Optional `weights` carry one f32 per id for weighted pooling.
+//!
+//! A [`KeyedJagged`] is structurally valid by construction (lengths add up, offsets never
+//! decrease, weights match, no negative id); whether each id is a row of its table is checked
+//! against a model's tables by [`crate::EmbeddingCollection::validate`].
+
+use crate::error::{EmbedError, Result};
+use std::ops::Range;
+
+/// Flat ids of a batch: 32-bit or 64-bit, as the caller has them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ids {
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+}
+
+impl Ids {
+    /// Number of ids.
+    pub fn len(&self) -> usize {
+        match self {
+            Ids::U32(v) => v.len(),
+            Ids::I64(v) => v.len(),
+        }
+    }
+    /// Whether there are no ids.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Id at position `i`, widened.
+    pub fn get(&self, i: usize) -> i64 {
+        match self {
+            Ids::U32(v) => i64::from(v[i]),
+            Ids::I64(v) => v[i],
+        }
+    }
+}
+
+/// A validated keyed jagged batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedJagged {
+    keys: Vec<String>,
+    batch_size: usize,
+    offsets: Vec<usize>,
+    ids: Ids,
+    weights: Option<Vec<f32>>,
+}
+
+impl KeyedJagged {
+    /// Builds a batch from per-(feature, sample) lengths.
+    pub fn from_lengths(
+        keys: Vec<String>,
+        batch_size: usize,
+        lengths: &[usize],
+        ids: Ids,
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self> {
+        let expected = keys.len() * batch_size;
+        if lengths.len() != expected {
+            return Err(EmbedError::LengthsCount {
+                got: lengths.len(),
+                features: keys.len(),
+                batch_size,
+                expected,
+            });
+        }
+        let mut offsets = Vec::with_capacity(expected + 1);
+        let mut sum = 0usize;
+        offsets.push(0);
+        for &l in lengths {
+            sum = sum.saturating_add(l);
+            offsets.push(sum);
+        }
+        if sum != ids.len() {
+            return Err(EmbedError::LengthsSum {
+                sum,
+                ids: ids.len(),
+            });
+        }
+        Self::checked(keys, batch_size, offsets, ids, weights)
+    }
+
+    /// Builds a batch from offsets (`features x batch_size + 1` entries).
+    pub fn from_offsets(
+        keys: Vec<String>,
+        batch_size: usize,
+        offsets: Vec<usize>,
+        ids: Ids,
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self> {
+        let expected = keys.len() * batch_size + 1;
+        if offsets.len() != expected {
+            return Err(EmbedError::OffsetsCount {
+                got: offsets.len(),
+                expected,
+            });
+        }
+        if offsets[0] != 0 {
+            return Err(EmbedError::OffsetsStart { first: offsets[0] });
+        }
+        for (i, w) in offsets.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(EmbedError::OffsetsDecreasing {
+                    feature: keys[i / batch_size].clone(),
+                    sample: i % batch_size,
+                    from: w[0],
+                    to: w[1],
+                });
+            }
+        }
+        let last = *offsets.last().expect("at least one offset");
+        if last != ids.len() {
+            return Err(EmbedError::OffsetsEnd {
+                last,
+                ids: ids.len(),
+            });
+        }
+        Self::checked(keys, batch_size, offsets, ids, weights)
+    }
+
+    fn checked(
+        keys: Vec<String>,
+        batch_size: usize,
+        offsets: Vec<usize>,
+        ids: Ids,
+        weights: Option<Vec<f32>>,
+    ) -> Result<Self> {
+        for (i, k) in keys.iter().enumerate() {
+            if keys[..i].contains(k) {
+                return Err(EmbedError::DuplicateKey { key: k.clone() });
+            }
+        }
+        if let Some(w) = &weights {
+            if w.len() != ids.len() {
+                return Err(EmbedError::WeightsLen {
+                    weights: w.len(),
+                    ids: ids.len(),
+                });
+            }
+        }
+        let kj = KeyedJagged {
+            keys,
+            batch_size,
+            offsets,
+            ids,
+            weights,
+        };
+        if let Ids::I64(v) = &kj.ids {
+            if let Some(pos) = v.iter().position(|&x| x < 0) {
+                let (feature, sample) = kj.locate(pos);
+                return Err(EmbedError::NegativeId {
+                    feature: kj.keys[feature].clone(),
+                    sample,
+                    id: v[pos],
+                });
+            }
+        }
+        Ok(kj)
+    }
+
+    /// The (feature index, sample) that id position `pos` belongs to.
+    pub fn locate(&self, pos: usize) -> (usize, usize) {
+        // The bag holding `pos` is the last one whose start is <= pos and which is non-empty.
+        let bag = self.offsets.partition_point(|&o| o <= pos) - 1;
+        (bag / self.batch_size.max(1), bag % self.batch_size.max(1))
+    }
+
+    /// Feature keys.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+    /// Samples in the batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+    /// Offsets, `features x batch_size + 1` entries.
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+    /// The flat ids.
+    pub fn ids(&self) -> &Ids {
+        &self.ids
+    }
+    /// Per-id weights, if any.
+    pub fn weights(&self) -> Option<&[f32]> {
+        self.weights.as_deref()
+    }
+    /// Id positions of feature `f`, sample `b`.
+    pub fn bag(&self, f: usize, b: usize) -> Range<usize> {
+        let i = f * self.batch_size + b;
+        self.offsets[i]..self.offsets[i + 1]
+    }
+    /// Id positions of all samples of feature `f`.
+    pub fn feature_range(&self, f: usize) -> Range<usize> {
+        self.offsets[f * self.batch_size]..self.offsets[(f + 1) * self.batch_size]
+    }
+    /// Total number of ids.
+    pub fn num_ids(&self) -> usize {
+        self.ids.len()
+    }
+    /// Length of bag `(f, b)`.
+    pub fn length(&self, f: usize, b: usize) -> usize {
+        self.bag(f, b).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("f{i}")).collect()
+    }
+
+    #[test]
+    fn torchrec_example_offsets() {
+        let kj = KeyedJagged::from_lengths(
+            keys(2),
+            3,
+            &[2, 0, 1, 1, 1, 3],
+            Ids::U32((0..8).collect()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(kj.offsets(), &[0, 2, 2, 3, 4, 5, 8]);
+        assert_eq!(kj.bag(1, 2), 5..8);
+        assert_eq!(kj.feature_range(1), 3..8);
+        assert_eq!(kj.locate(2), (0, 2));
+        assert_eq!(kj.locate(5), (1, 2));
+        let again = KeyedJagged::from_offsets(
+            keys(2),
+            3,
+            vec![0, 2, 2, 3, 4, 5, 8],
+            Ids::U32((0..8).collect()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(kj, again);
+    }
+
+    #[test]
+    fn structural_errors_name_the_problem() {
+        let e =
+            KeyedJagged::from_lengths(keys(2), 3, &[1, 1], Ids::U32(vec![0, 0]), None).unwrap_err();
+        assert_eq!(
+            e,
+            EmbedError::LengthsCount {
+                got: 2,
+                features: 2,
+                batch_size: 3,
+                expected: 6
+            }
+        );
+        let e =
+            KeyedJagged::from_lengths(keys(1), 2, &[1, 2], Ids::U32(vec![0, 0]), None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "lengths add up to 3 ids but 2 ids were given"
+        );
+        let e =
+            KeyedJagged::from_lengths(keys(1), 2, &[1, 1], Ids::U32(vec![0, 0]), Some(vec![1.0]))
+                .unwrap_err();
+        assert_eq!(e, EmbedError::WeightsLen { weights: 1, ids: 2 });
+        let e =
+            KeyedJagged::from_lengths(keys(2), 2, &[1, 0, 0, 2], Ids::I64(vec![4, 5, -7]), None)
+                .unwrap_err();
+        assert_eq!(e.to_string(), "feature 'f1', sample 1: id -7 is negative");
+        let e = KeyedJagged::from_offsets(keys(1), 3, vec![0, 2, 1, 2], Ids::U32(vec![0, 0]), None)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "offsets decrease at feature 'f0', sample 1: 2 -> 1"
+        );
+        let e = KeyedJagged::from_offsets(keys(1), 1, vec![1, 2], Ids::U32(vec![0, 0]), None)
+            .unwrap_err();
+        assert_eq!(e, EmbedError::OffsetsStart { first: 1 });
+        let e = KeyedJagged::from_offsets(keys(1), 1, vec![0, 1], Ids::U32(vec![0, 0]), None)
+            .unwrap_err();
+        assert_eq!(e, EmbedError::OffsetsEnd { last: 1, ids: 2 });
+        let e =
+            KeyedJagged::from_offsets(keys(1), 2, vec![0, 1], Ids::U32(vec![0]), None).unwrap_err();
+        assert_eq!(
+            e,
+            EmbedError::OffsetsCount {
+                got: 2,
+                expected: 3
+            }
+        );
+        let e =
+            KeyedJagged::from_lengths(vec!["a".into(), "a".into()], 0, &[], Ids::U32(vec![]), None)
+                .unwrap_err();
+        assert_eq!(e, EmbedError::DuplicateKey { key: "a".into() });
+    }
+
+    #[test]
+    fn empty_batch_is_valid() {
+        let kj = KeyedJagged::from_lengths(keys(3), 0, &[], Ids::I64(vec![]), None).unwrap();
+        assert_eq!(kj.offsets(), &[0]);
+        assert_eq!(kj.num_ids(), 0);
+    }
+}

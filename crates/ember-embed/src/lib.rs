@@ -1,0 +1,36 @@
+//! Ember's embedding stage: tables (f32, f16, bf16, int8 / int4 row-wise), batches in
+//! KeyedJaggedTensor layout, and the table-batched pooled lookup with SIMD kernels, software
+//! prefetch, threads and batch deduplication.
+//!
+//! ```
+//! use ember_embed::*;
+//! let vals: Vec<f32> = (0..12).map(|i| i as f32).collect();
+//! let table = EmbeddingTable::from_f32("t", 4, 3, DType::F32, &vals).unwrap();
+//! let coll = EmbeddingCollection::one_feature_per_table(vec![table]).unwrap();
+//! // batch of 2 samples: sample 0 looks up rows 0 and 3, sample 1 nothing.
+//! let kj = KeyedJagged::from_lengths(vec!["t".into()], 2, &[2, 0], Ids::U32(vec![0, 3]), None).unwrap();
+//! let batch = coll.validate(&kj).unwrap();
+//! let mut out = vec![0f32; 2 * 3];
+//! pooled_lookup(&coll, batch, Pooling::Sum, &mut out).unwrap();
+//! assert_eq!(out, [9.0, 11.0, 13.0, 0.0, 0.0, 0.0]);
+//! ```
+
+pub mod alloc;
+pub mod ceiling;
+pub mod collection;
+pub mod dtype;
+pub mod error;
+pub mod jagged;
+pub mod pool;
+mod prefetch;
+pub mod quant;
+pub mod table;
+pub mod workload;
+
+pub use alloc::PagePolicy;
+pub use collection::{EmbeddingCollection, Feature, ValidatedBatch};
+pub use dtype::DType;
+pub use error::{EmbedError, Result};
+pub use jagged::{Ids, KeyedJagged};
+pub use pool::{Dedup, Isa, PoolOptions, PoolStats, Pooler, Pooling, pooled_lookup};
+pub use table::EmbeddingTable;

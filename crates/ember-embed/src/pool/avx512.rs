@@ -1,0 +1,272 @@
+//! AVX-512 kernels: 16 lanes per register, up to 8 accumulator registers (128 floats) per dim
+//! block, masked loads and stores for dims that are not multiples of 16, rows prefetched
+//! `prefetch` ids ahead. Checked against `reference.rs` by `tests/pool_props.rs`.
+#![cfg(target_arch = "x86_64")]
+
+use super::{Index, Segment};
+use crate::dtype::DType;
+use crate::prefetch::RowPrefetch;
+use std::arch::x86_64::*;
+
+const LANES: usize = 16;
+const MAX_REGS: usize = 8;
+
+/// Pools every bag of `s`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL, FMA and F16C; every id of `s` must be a row of `s.rows`;
+/// `s.out` must point at `nbags` writable rows of `dim` floats that nothing else accesses.
+pub(crate) unsafe fn pool_segment<I: Index>(s: &Segment<'_, I>) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        match s.dtype {
+            DType::F32 => run::<F32, I>(s),
+            DType::F16 => run::<F16, I>(s),
+            DType::BF16 => run::<Bf16, I>(s),
+            DType::Int8 => run::<Int8, I>(s),
+            DType::Int4 => run::<Int4, I>(s),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn run<F: Fmt, I: Index>(s: &Segment<'_, I>) {
+    let mut d0 = 0;
+    while d0 < s.dim {
+        let w = (s.dim - d0).min(LANES * MAX_REGS);
+        // SAFETY: forwarded from `pool_segment`; `d0 + w <= dim`.
+        unsafe {
+            match w.div_ceil(LANES) {
+                1 => block::<F, I, 1>(s, d0, w),
+                2 => block::<F, I, 2>(s, d0, w),
+                3 => block::<F, I, 3>(s, d0, w),
+                4 => block::<F, I, 4>(s, d0, w),
+                5 => block::<F, I, 5>(s, d0, w),
+                6 => block::<F, I, 6>(s, d0, w),
+                7 => block::<F, I, 7>(s, d0, w),
+                _ => block::<F, I, 8>(s, d0, w),
+            }
+        }
+        d0 += w;
+    }
+}
+
+/// Elements `d0 .. d0 + w` of every bag, with `N = ceil(w / 16)` accumulators.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+unsafe fn block<F: Fmt, I: Index, const N: usize>(s: &Segment<'_, I>, d0: usize, w: usize) {
+    let mut masks = [u16::MAX; N];
+    if w % LANES != 0 {
+        masks[N - 1] = (1u16 << (w % LANES)) - 1;
+    }
+    let pf = RowPrefetch::new(
+        s.stride,
+        F::TRAILER,
+        F::BYTES_X2 * d0 / 2,
+        (F::BYTES_X2 * w).div_ceil(2),
+    );
+    let base = s.rows.as_ptr();
+    let n = s.ids.len();
+    for bag in 0..s.nbags() {
+        let (lo, hi) = s.bag(bag);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut bias = 0f32;
+        for j in lo..hi {
+            let pj = j + s.prefetch;
+            if s.prefetch > 0 && pj < n {
+                // SAFETY: pj < n.
+                let ahead = unsafe { s.ids.get_unchecked(pj) }.idx();
+                pf.row(base.wrapping_add(ahead * s.stride));
+            }
+            // SAFETY: lo <= j < hi <= n, and the id is a row of `rows` (contract).
+            let row = unsafe { base.add(s.ids.get_unchecked(j).idx() * s.stride) };
+            let wt = match s.weights {
+                // SAFETY: weights, when present, have one entry per id.
+                Some(ws) => unsafe { *ws.get_unchecked(j) },
+                None => 1.0,
+            };
+            // SAFETY: `row` starts a full row; F reads only elements d0..d0+w and the trailer.
+            unsafe { F::acc::<N>(row, s.dim, d0, &masks, wt, &mut acc, &mut bias) };
+        }
+        let scale = _mm512_set1_ps(s.scale(hi - lo));
+        let vb = _mm512_set1_ps(bias);
+        let out = s.out.row_ptr(bag).wrapping_add(d0);
+        for k in 0..N {
+            let v = _mm512_mul_ps(_mm512_add_ps(acc[k], vb), scale);
+            // SAFETY: the masked store writes elements d0+16k .. < d0+w of this unit's row.
+            unsafe { _mm512_mask_storeu_ps(out.add(LANES * k), masks[k], v) };
+        }
+    }
+}
+
+/// One row format: how 16 elements are loaded and accumulated.
+trait Fmt {
+    /// Twice the bytes one element takes (int4: 1).
+    const BYTES_X2: usize;
+    /// Bytes of scale and bias after the codes.
+    const TRAILER: usize;
+    /// `acc[k] += wt * row[d0 + 16k ..][..16]` (masked); quantized formats add `wt * bias` to
+    /// `bias` instead of to every lane.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL + FMA + F16C; `row` points at a full row of this format of `dim` elements.
+    unsafe fn acc<const N: usize>(
+        row: *const u8,
+        dim: usize,
+        d0: usize,
+        masks: &[u16; N],
+        wt: f32,
+        acc: &mut [__m512; N],
+        bias: &mut f32,
+    );
+}
+
+struct F32;
+struct F16;
+struct Bf16;
+struct Int8;
+struct Int4;
+
+impl Fmt for F32 {
+    const BYTES_X2: usize = 8;
+    const TRAILER: usize = 0;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn acc<const N: usize>(
+        row: *const u8,
+        _: usize,
+        d0: usize,
+        m: &[u16; N],
+        wt: f32,
+        acc: &mut [__m512; N],
+        _: &mut f32,
+    ) {
+        let p = row.cast::<f32>().wrapping_add(d0);
+        let vw = _mm512_set1_ps(wt);
+        for k in 0..N {
+            // SAFETY: masked lanes stay inside the row's d0..d0+w elements.
+            let x = unsafe { _mm512_maskz_loadu_ps(m[k], p.add(LANES * k)) };
+            acc[k] = _mm512_fmadd_ps(x, vw, acc[k]);
+        }
+    }
+}
+
+impl Fmt for F16 {
+    const BYTES_X2: usize = 4;
+    const TRAILER: usize = 0;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn acc<const N: usize>(
+        row: *const u8,
+        _: usize,
+        d0: usize,
+        m: &[u16; N],
+        wt: f32,
+        acc: &mut [__m512; N],
+        _: &mut f32,
+    ) {
+        let p = row.cast::<i16>().wrapping_add(d0);
+        let vw = _mm512_set1_ps(wt);
+        for k in 0..N {
+            // SAFETY: masked lanes stay inside the row.
+            let h = unsafe { _mm256_maskz_loadu_epi16(m[k], p.add(LANES * k)) };
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(h), vw, acc[k]);
+        }
+    }
+}
+
+impl Fmt for Bf16 {
+    const BYTES_X2: usize = 4;
+    const TRAILER: usize = 0;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn acc<const N: usize>(
+        row: *const u8,
+        _: usize,
+        d0: usize,
+        m: &[u16; N],
+        wt: f32,
+        acc: &mut [__m512; N],
+        _: &mut f32,
+    ) {
+        let p = row.cast::<i16>().wrapping_add(d0);
+        let vw = _mm512_set1_ps(wt);
+        for k in 0..N {
+            // SAFETY: masked lanes stay inside the row.
+            let h = unsafe { _mm256_maskz_loadu_epi16(m[k], p.add(LANES * k)) };
+            let x = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+            acc[k] = _mm512_fmadd_ps(x, vw, acc[k]);
+        }
+    }
+}
+
+impl Fmt for Int8 {
+    const BYTES_X2: usize = 2;
+    const TRAILER: usize = 8;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn acc<const N: usize>(
+        row: *const u8,
+        dim: usize,
+        d0: usize,
+        m: &[u16; N],
+        wt: f32,
+        acc: &mut [__m512; N],
+        bias: &mut f32,
+    ) {
+        // SAFETY: an int8 row is `dim` codes followed by f32 scale and f32 bias.
+        let (scale, b) = unsafe {
+            (
+                row.add(dim).cast::<f32>().read_unaligned(),
+                row.add(dim + 4).cast::<f32>().read_unaligned(),
+            )
+        };
+        let vs = _mm512_set1_ps(wt * scale);
+        *bias += wt * b;
+        let p = row.wrapping_add(d0).cast::<i8>();
+        for k in 0..N {
+            // SAFETY: masked lanes stay inside the row's codes.
+            let q = unsafe { _mm_maskz_loadu_epi8(m[k], p.add(LANES * k)) };
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), vs, acc[k]);
+        }
+    }
+}
+
+impl Fmt for Int4 {
+    const BYTES_X2: usize = 1;
+    const TRAILER: usize = 4;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
+    unsafe fn acc<const N: usize>(
+        row: *const u8,
+        dim: usize,
+        d0: usize,
+        m: &[u16; N],
+        wt: f32,
+        acc: &mut [__m512; N],
+        bias: &mut f32,
+    ) {
+        let nb = dim.div_ceil(2);
+        // SAFETY: an int4 row is ceil(dim/2) code bytes followed by f16 scale and f16 bias.
+        let (scale, b) = unsafe {
+            let sb = row.add(nb).cast::<u32>().read_unaligned();
+            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(sb as i32));
+            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
+        };
+        let vs = _mm512_set1_ps(wt * scale);
+        *bias += wt * b;
+        let lo_mask = _mm_set1_epi16(0x0F);
+        // d0 is a multiple of 16, so register k starts at byte (d0 + 16k) / 2.
+        let p = row.wrapping_add(d0 / 2).cast::<i8>();
+        for k in 0..N {
+            let bytes_mask = (1u32 << (m[k].count_ones().div_ceil(2))) - 1;
+            // SAFETY: loads only the code bytes of this register's elements.
+            let packed = unsafe { _mm_maskz_loadu_epi8(bytes_mask as u16, p.add(8 * k)) };
+            let w16 = _mm_cvtepu8_epi16(packed);
+            let nib = _mm_or_si128(
+                _mm_and_si128(w16, lo_mask),
+                _mm_slli_epi16::<8>(_mm_srli_epi16::<4>(w16)),
+            );
+            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib)), vs, acc[k]);
+        }
+    }
+}

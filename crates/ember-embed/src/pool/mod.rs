@@ -1,0 +1,548 @@
+//! The table-batched pooled lookup (EmbeddingBag / SparseLengthsSum over every feature at once).
+//!
+//! Specification (see [`reference`] for it as code): for every feature `f` and sample `b`,
+//! `out[b, col(f)..col(f)+dim(f)]` is the sum (or mean, or weighted sum) of the rows of `f`'s table
+//! selected by the bag's ids; empty bags give zeros. `out` is `batch_size x total_dim` f32,
+//! row-major: the features' pooled vectors side by side, ready for the feature interaction.
+//!
+//! How it runs: the work is cut into units of (feature, block of consecutive bags); each unit's
+//! ids are contiguous in the batch, so the kernel walks them in order and software-prefetches the
+//! row `prefetch_distance` ids ahead, across bag boundaries. Units run on a rayon pool of
+//! `threads` threads (inline when 1). With dedup, a unit first collects its distinct ids, copies
+//! each distinct row once into a compact per-thread buffer, and pools from that buffer through
+//! the inverse index (RecD's inverse keyed jagged tensor). The kernel family (AVX-512, AVX2,
+//! scalar) is chosen once when the [`Pooler`] is built.
+
+pub mod reference;
+
+mod avx2;
+mod avx512;
+mod dedup;
+mod isa;
+mod scalar;
+
+pub use isa::Isa;
+
+use crate::collection::{EmbeddingCollection, ValidatedBatch};
+use crate::dtype::DType;
+use crate::error::{EmbedError, Result};
+use crate::jagged::{Ids, KeyedJagged};
+use dedup::DedupScratch;
+use rayon::prelude::*;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+/// How the rows of a bag are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Sum of the rows.
+    Sum,
+    /// Sum divided by the bag's length (zeros for an empty bag).
+    Mean,
+    /// Sum of the rows times their per-id weights (the batch must carry weights).
+    WeightedSum,
+}
+
+impl Pooling {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Sum => "sum",
+            Pooling::Mean => "mean",
+            Pooling::WeightedSum => "weighted_sum",
+        }
+    }
+}
+
+impl FromStr for Pooling {
+    type Err = EmbedError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "sum" => Ok(Pooling::Sum),
+            "mean" => Ok(Pooling::Mean),
+            "weighted_sum" | "weighted" => Ok(Pooling::WeightedSum),
+            _ => Err(EmbedError::BadOption {
+                option: "pooling",
+                reason: format!("'{s}' is not sum, mean or weighted_sum"),
+            }),
+        }
+    }
+}
+
+/// Whether distinct ids are gathered once per (feature, bag block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedup {
+    /// Always gather every id.
+    Off,
+    /// Always deduplicate.
+    On,
+    /// Deduplicate a unit when a sample of its ids shows enough reuse to pay for it.
+    Auto,
+}
+
+impl Dedup {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dedup::Off => "off",
+            Dedup::On => "on",
+            Dedup::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for Dedup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Dedup {
+    type Err = EmbedError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Dedup::Off),
+            "on" => Ok(Dedup::On),
+            "auto" => Ok(Dedup::Auto),
+            _ => Err(EmbedError::BadOption {
+                option: "dedup",
+                reason: format!("'{s}' is not on, off or auto"),
+            }),
+        }
+    }
+}
+
+/// Options of a [`Pooler`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolOptions {
+    pub pooling: Pooling,
+    pub dedup: Dedup,
+    /// Worker threads (1 runs on the calling thread).
+    pub threads: usize,
+    /// How many ids ahead rows are software-prefetched (0 disables prefetch).
+    pub prefetch_distance: usize,
+    /// Kernel family; `None` takes [`Isa::selected`].
+    pub isa: Option<Isa>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            pooling: Pooling::Sum,
+            dedup: Dedup::Auto,
+            threads: 1,
+            prefetch_distance: 16,
+            isa: None,
+        }
+    }
+}
+
+/// What one call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PoolStats {
+    /// Ids pooled.
+    pub lookups: usize,
+    /// Work units run.
+    pub units: usize,
+    /// Units that were deduplicated.
+    pub deduped_units: usize,
+    /// Ids in deduplicated units.
+    pub deduped_lookups: usize,
+    /// Distinct rows gathered in deduplicated units.
+    pub unique_rows: usize,
+}
+
+impl PoolStats {
+    fn add(&mut self, o: &PoolStats) {
+        self.lookups += o.lookups;
+        self.units += o.units;
+        self.deduped_units += o.deduped_units;
+        self.deduped_lookups += o.deduped_lookups;
+        self.unique_rows += o.unique_rows;
+    }
+}
+
+/// Runs pooled lookups with fixed options, a thread pool and per-thread scratch buffers, so that
+/// a call allocates nothing once warm.
+#[derive(Debug)]
+pub struct Pooler {
+    opts: PoolOptions,
+    isa: Isa,
+    pool: Option<rayon::ThreadPool>,
+    scratch: Vec<Mutex<(DedupScratch, PoolStats)>>,
+}
+
+impl Pooler {
+    /// Checks the options and starts the thread pool.
+    pub fn new(opts: PoolOptions) -> Result<Self> {
+        if opts.threads == 0 {
+            return Err(EmbedError::BadOption {
+                option: "threads",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let isa = match opts.isa {
+            Some(i) => i.require()?,
+            None => Isa::selected()?,
+        };
+        let pool = if opts.threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(opts.threads)
+                    .thread_name(|i| format!("ember-pool-{i}"))
+                    .build()
+                    .map_err(|e| EmbedError::ThreadPool {
+                        threads: opts.threads,
+                        reason: e.to_string(),
+                    })?,
+            )
+        } else {
+            None
+        };
+        let scratch = (0..opts.threads)
+            .map(|_| Mutex::new(Default::default()))
+            .collect();
+        Ok(Pooler {
+            opts,
+            isa,
+            pool,
+            scratch,
+        })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &PoolOptions {
+        &self.opts
+    }
+
+    /// The kernel family in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Pools `batch` into `out` (`batch_size x coll.total_dim()` floats).
+    pub fn run(
+        &self,
+        coll: &EmbeddingCollection,
+        batch: ValidatedBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<PoolStats> {
+        let kj = batch.get();
+        check_call(coll, kj, self.opts.pooling, out)?;
+        let units = plan_units(coll.features().len(), kj.batch_size(), self.opts.threads);
+        let out = OutPtr(out.as_mut_ptr());
+        let run_one = |u: &Unit| {
+            let slot = rayon::current_thread_index().unwrap_or(0) % self.scratch.len();
+            let mut guard = self.scratch[slot].lock().unwrap_or_else(|p| p.into_inner());
+            let (scratch, stats) = &mut *guard;
+            match kj.ids() {
+                Ids::U32(v) => self.run_unit(coll, kj, v, u, out, scratch, stats),
+                Ids::I64(v) => self.run_unit(coll, kj, v, u, out, scratch, stats),
+            }
+        };
+        match &self.pool {
+            None => units.iter().for_each(run_one),
+            Some(p) => p.install(|| units.par_iter().for_each(run_one)),
+        }
+        let mut total = PoolStats::default();
+        for s in &self.scratch {
+            let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
+            total.add(&g.1);
+            g.1 = PoolStats::default();
+        }
+        Ok(total)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_unit<I: Index>(
+        &self,
+        coll: &EmbeddingCollection,
+        kj: &KeyedJagged,
+        all_ids: &[I],
+        u: &Unit,
+        out: OutPtr,
+        scratch: &mut DedupScratch,
+        stats: &mut PoolStats,
+    ) {
+        let table = coll.table_of(u.feature);
+        let bsz = kj.batch_size();
+        let bags = &kj.offsets()[u.feature * bsz + u.b0..=u.feature * bsz + u.b1];
+        let (base, end) = (bags[0], bags[bags.len() - 1]);
+        let ids = &all_ids[base..end];
+        let weights = match self.opts.pooling {
+            Pooling::WeightedSum => kj.weights().map(|w| &w[base..end]),
+            _ => None,
+        };
+        let width = coll.total_dim();
+        let out = OutRows {
+            // The unit's first output row; offset stays inside `out` (checked by check_call).
+            ptr: out
+                .0
+                .wrapping_add(u.b0 * width + coll.col_offset(u.feature)),
+            stride: width,
+            dim: table.dim(),
+        };
+        stats.units += 1;
+        stats.lookups += ids.len();
+        let dedup = match self.opts.dedup {
+            Dedup::Off => false,
+            Dedup::On => !ids.is_empty(),
+            Dedup::Auto => scratch.reuse_pays(ids),
+        };
+        let mean = self.opts.pooling == Pooling::Mean;
+        let pf = self.opts.prefetch_distance;
+        if dedup {
+            let n_unique = scratch.build(ids);
+            scratch.gather(table.as_bytes(), table.stride(), pf);
+            stats.deduped_units += 1;
+            stats.deduped_lookups += ids.len();
+            stats.unique_rows += n_unique;
+            let seg = Segment {
+                rows: &scratch.rows,
+                stride: table.stride(),
+                dim: table.dim(),
+                dtype: table.dtype(),
+                ids: &scratch.inverse,
+                weights,
+                bags,
+                base,
+                out,
+                mean,
+                prefetch: 0, // the compact rows are cache-resident
+            };
+            self.kernel(&seg);
+        } else {
+            let seg = Segment {
+                rows: table.as_bytes(),
+                stride: table.stride(),
+                dim: table.dim(),
+                dtype: table.dtype(),
+                ids,
+                weights,
+                bags,
+                base,
+                out,
+                mean,
+                prefetch: pf,
+            };
+            self.kernel(&seg);
+        }
+    }
+
+    fn kernel<I: Index>(&self, seg: &Segment<'_, I>) {
+        debug_assert!(
+            seg.ids
+                .iter()
+                .all(|i| (i.idx() + 1) * seg.stride <= seg.rows.len())
+        );
+        match self.isa {
+            Isa::Scalar => scalar::pool_segment(seg),
+            // SAFETY: the Pooler was built only after `Isa::require` confirmed the CPU features;
+            // every id of the segment is a row of `seg.rows` (ids validated against the table, or
+            // inverse indices into the compact buffer), and `seg.out` rows are this unit's alone.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::pool_segment(seg) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::pool_segment(seg) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => scalar::pool_segment(seg),
+        }
+    }
+}
+
+/// Checks what every implementation needs before touching memory.
+pub(crate) fn check_call(
+    coll: &EmbeddingCollection,
+    kj: &KeyedJagged,
+    pooling: Pooling,
+    out: &[f32],
+) -> Result<()> {
+    let expected = kj.batch_size() * coll.total_dim();
+    if out.len() != expected {
+        return Err(EmbedError::OutputLen {
+            got: out.len(),
+            batch_size: kj.batch_size(),
+            dim: coll.total_dim(),
+            expected,
+        });
+    }
+    match (pooling, kj.weights().is_some()) {
+        (Pooling::WeightedSum, false) if kj.num_ids() > 0 => Err(EmbedError::MissingWeights),
+        (Pooling::Sum | Pooling::Mean, true) => Err(EmbedError::UnexpectedWeights {
+            pooling: pooling.name(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A work unit: bags `b0..b1` of one feature.
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    feature: usize,
+    b0: usize,
+    b1: usize,
+}
+
+/// Units for `threads` threads: whole features when there are enough of them to keep every
+/// thread busy, otherwise features cut into bag blocks (about four units per thread).
+fn plan_units(features: usize, batch: usize, threads: usize) -> Vec<Unit> {
+    if batch == 0 {
+        return Vec::new();
+    }
+    let blocks = if threads <= 1 || features >= 4 * threads {
+        1
+    } else {
+        (4 * threads).div_ceil(features).min(batch)
+    };
+    let block = batch.div_ceil(blocks);
+    let mut units = Vec::with_capacity(features * blocks);
+    for f in 0..features {
+        let mut b0 = 0;
+        while b0 < batch {
+            let b1 = (b0 + block).min(batch);
+            units.push(Unit { feature: f, b0, b1 });
+            b0 = b1;
+        }
+    }
+    units
+}
+
+/// A row id as the kernels read it.
+pub(crate) trait Index: Copy + Send + Sync + 'static {
+    /// The row. Only called on validated ids (0 <= id < rows).
+    fn idx(self) -> usize;
+}
+
+impl Index for u32 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+impl Index for i64 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+/// The output pointer shared by the units of one call.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: units write disjoint (feature columns x bag rows) regions of the output, so sharing the
+// base pointer between threads never lets two threads write the same float.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Output rows of one unit: row `i` is `dim` floats at `ptr + i * stride`.
+#[derive(Clone, Copy)]
+pub(crate) struct OutRows {
+    ptr: *mut f32,
+    stride: usize,
+    dim: usize,
+}
+
+impl OutRows {
+    /// Pointer to the output of bag `i` of the unit.
+    #[inline(always)]
+    pub(crate) fn row_ptr(&self, i: usize) -> *mut f32 {
+        self.ptr.wrapping_add(i * self.stride)
+    }
+
+    /// The output of bag `i`.
+    ///
+    /// # Safety
+    /// `i` must be a bag of this unit, and no other reference to that row may be alive.
+    #[inline(always)]
+    pub(crate) unsafe fn row_mut<'a>(&self, i: usize) -> &'a mut [f32] {
+        // SAFETY: `check_call` verified the output holds batch_size x total_dim floats, the unit's
+        // rows and columns lie inside it, and the caller promises exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.row_ptr(i), self.dim) }
+    }
+}
+
+/// A run of consecutive bags of one feature over one row buffer: what every kernel pools.
+pub(crate) struct Segment<'a, I> {
+    /// Row bytes (a table, or the compact buffer of a deduplicated unit).
+    pub rows: &'a [u8],
+    pub stride: usize,
+    pub dim: usize,
+    pub dtype: DType,
+    /// The ids of these bags back to back; `ids[k]` is the id at batch position `base + k`.
+    pub ids: &'a [I],
+    pub weights: Option<&'a [f32]>,
+    /// Bag boundaries as batch positions (`nbags + 1` entries).
+    pub bags: &'a [usize],
+    pub base: usize,
+    pub out: OutRows,
+    pub mean: bool,
+    pub prefetch: usize,
+}
+
+impl<I> Segment<'_, I> {
+    pub(crate) fn nbags(&self) -> usize {
+        self.bags.len() - 1
+    }
+    /// Local id range of bag `i`.
+    #[inline(always)]
+    pub(crate) fn bag(&self, i: usize) -> (usize, usize) {
+        (self.bags[i] - self.base, self.bags[i + 1] - self.base)
+    }
+    /// Multiplier applied to a finished bag of `len` ids.
+    #[inline(always)]
+    pub(crate) fn scale(&self, len: usize) -> f32 {
+        if self.mean && len > 0 {
+            1.0 / len as f32
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Pools one batch with default options on the calling thread (convenience for one-off calls;
+/// build a [`Pooler`] to reuse threads and buffers).
+pub fn pooled_lookup(
+    coll: &EmbeddingCollection,
+    batch: ValidatedBatch<'_>,
+    pooling: Pooling,
+    out: &mut [f32],
+) -> Result<PoolStats> {
+    Pooler::new(PoolOptions {
+        pooling,
+        ..Default::default()
+    })?
+    .run(coll, batch, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_cover_every_bag_once() {
+        for (f, b, t) in [
+            (1, 1, 2),
+            (3, 10, 2),
+            (32, 64, 2),
+            (2, 64, 4),
+            (5, 3, 8),
+            (4, 0, 2),
+            (1, 64, 1),
+        ] {
+            let units = plan_units(f, b, t);
+            let mut seen = vec![0u8; f * b];
+            for u in &units {
+                assert!(u.b0 < u.b1 && u.b1 <= b);
+                (u.b0..u.b1).for_each(|s| seen[u.feature * b + s] += 1);
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{f} {b} {t}");
+            if t > 1 && b > 0 {
+                assert!(units.len() >= t.min(f * b), "{f} {b} {t}: {}", units.len());
+            }
+        }
+    }
+}
