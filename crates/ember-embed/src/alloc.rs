@@ -60,32 +60,38 @@ impl RowBuf {
 
     /// Bytes of this buffer currently backed by huge pages, if `/proc/self/smaps` can tell.
     pub fn huge_page_bytes(&self) -> Option<usize> {
-        let start = self.map.as_ptr() as usize;
-        anon_huge_bytes_of_mapping(start)
+        let start = self.as_slice().as_ptr() as usize;
+        anon_huge_bytes_in(start, start + self.len)
     }
 }
 
-/// Reads `AnonHugePages` of the mapping that starts at `start` from `/proc/self/smaps`.
-fn anon_huge_bytes_of_mapping(start: usize) -> Option<usize> {
+/// Sums `AnonHugePages` of the mappings in `/proc/self/smaps` that overlap `[lo, hi)` (advising a
+/// sub-range splits a mapping, so the buffer may span several).
+fn anon_huge_bytes_in(lo: usize, hi: usize) -> Option<usize> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut in_ours = false;
+    let mut overlaps = false;
+    let mut total = 0;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((lo, hi)) = first.split_once('-') {
-            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-            {
-                in_ours = lo <= start && start < hi;
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                overlaps = a < hi && lo < b;
                 continue;
             }
         }
-        if in_ours {
+        if overlaps {
             if let Some(rest) = line.strip_prefix("AnonHugePages:") {
-                let kb: usize = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-                return Some(kb * 1024);
+                total += rest
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<usize>()
+                    .ok()?
+                    * 1024;
             }
         }
     }
-    None
+    Some(total)
 }
 
 #[cfg(test)]
