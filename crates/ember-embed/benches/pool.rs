@@ -1,1 +1,57 @@
-fn main() {}
+//! Pooled-lookup micro-benchmarks (divan): every ISA this CPU has x every dtype, on 4 tables of
+//! 256K rows x dim 64, uniform ids, pooling 32, batch 64. Like FBGEMM's EmbeddingSpMDMBenchmark,
+//! each configuration is checked against the reference before it is timed. Throughput is shown
+//! in logical bytes (lookups x row bytes). `cargo bench -p ember-embed --bench pool`.
+//! The side-by-side figures against PyTorch come from `ember bench embed` and
+//! `bench/compare_torch.py`, not from here.
+
+use divan::Bencher;
+use divan::counter::BytesCount;
+use ember_embed::pool::reference;
+use ember_embed::workload::{IdSource, WorkloadSpec, generate, seeded_row};
+use ember_embed::*;
+
+const TABLES: usize = 4;
+const ROWS: usize = 256 * 1024;
+const DIM: usize = 64;
+
+fn main() {
+    divan::main();
+}
+
+fn setup(dtype: DType) -> (EmbeddingCollection, Vec<KeyedJagged>) {
+    let tables = (0..TABLES)
+        .map(|t| {
+            let mut tab = EmbeddingTable::zeroed(&format!("t{t}"), ROWS, DIM, dtype, PagePolicy::Huge).unwrap();
+            tab.fill_rows(2, |r, out| seeded_row(1, t, r, out));
+            tab
+        })
+        .collect();
+    let coll = EmbeddingCollection::one_feature_per_table(tables).unwrap();
+    let spec = WorkloadSpec { rows: vec![ROWS; TABLES], batch_size: 64, pooling: 32, seed: 3 };
+    (coll, generate(&spec, &IdSource::Uniform, 16).unwrap())
+}
+
+#[divan::bench(args = ["scalar", "avx2", "avx512"], consts = [0, 1, 2, 3, 4])]
+fn pooled_lookup<const DT: usize>(bencher: Bencher, isa: &str) {
+    let isa: Isa = isa.parse().unwrap();
+    if !isa.available() {
+        return;
+    }
+    let dtype = DType::ALL[DT];
+    let (coll, batches) = setup(dtype);
+    let pooler = Pooler::new(PoolOptions { isa: Some(isa), dedup: Dedup::Off, ..Default::default() }).unwrap();
+    let width = coll.total_dim();
+    let (mut got, mut want) = (vec![0f32; 64 * width], vec![0f32; 64 * width]);
+    let first = coll.validate(&batches[0]).unwrap();
+    pooler.run(&coll, first, &mut got).unwrap();
+    reference::pooled_lookup(&coll, first, Pooling::Sum, &mut want).unwrap();
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4 * (1.0 + b.abs())), "{isa} {dtype} disagrees with the reference");
+    let validated: Vec<_> = batches.iter().map(|b| coll.validate(b).unwrap()).collect();
+    let bytes = batches.iter().map(|b| b.num_ids()).sum::<usize>() * dtype.row_bytes(DIM);
+    bencher.counter(BytesCount::new(bytes)).bench_local(|| {
+        for vb in &validated {
+            pooler.run(&coll, *vb, &mut got).unwrap();
+        }
+    });
+}

@@ -11,21 +11,27 @@ use crate::prefetch::prefetch_span;
 const AUTO_MIN_IDS: usize = 256;
 /// Ids sampled by `auto` to estimate reuse.
 const AUTO_SAMPLE: usize = 512;
-/// `auto` deduplicates when at most this fraction of the sample is distinct.
+/// `auto` considers dedup when at most this fraction of the sample is distinct.
 const AUTO_MAX_DISTINCT: f64 = 0.85;
 
-#[derive(Debug, Clone, Copy, Default)]
+/// Key of an empty slot (row ids of deduplicated tables are < `u32::MAX`).
+const EMPTY: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
 struct Slot {
-    key: u64,
-    stamp: u32,
+    key: u32,
     val: u32,
 }
+
+const EMPTY_SLOT: Slot = Slot { key: EMPTY, val: 0 };
 
 /// Per-thread scratch, reused across calls.
 #[derive(Debug, Default)]
 pub(crate) struct DedupScratch {
+    /// Open-addressing table; all slots are empty between calls.
     slots: Vec<Slot>,
-    stamp: u32,
+    /// Slots filled by the current call, emptied again by `reset`.
+    used: Vec<u32>,
     /// Distinct rows, first-seen order.
     pub(crate) uniq: Vec<usize>,
     /// For each id position, its index in `uniq`.
@@ -35,38 +41,42 @@ pub(crate) struct DedupScratch {
 }
 
 #[inline(always)]
-fn hash(k: u64) -> usize {
-    (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize
+fn hash(k: u32) -> usize {
+    (u64::from(k).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize
 }
 
 impl DedupScratch {
-    /// Readies a table for `n` keys; returns its mask.
+    /// Whether ids of a table with `rows` rows fit the table's 32-bit keys.
+    pub(crate) fn supports(rows: usize) -> bool {
+        rows < EMPTY as usize
+    }
+
+    /// Readies the table for up to `n` distinct keys; returns its mask.
     fn prepare(&mut self, n: usize) -> usize {
         let cap = (2 * n).next_power_of_two().max(64);
         if self.slots.len() < cap {
-            self.slots = vec![Slot::default(); cap];
-            self.stamp = 0;
-        }
-        self.stamp = self.stamp.wrapping_add(1);
-        if self.stamp == 0 {
-            self.slots.iter_mut().for_each(|s| s.stamp = 0);
-            self.stamp = 1;
+            self.slots = vec![EMPTY_SLOT; cap];
         }
         cap - 1
     }
 
+    /// Empties the slots the last call filled.
+    fn reset(&mut self) {
+        for &i in &self.used {
+            self.slots[i as usize] = EMPTY_SLOT;
+        }
+        self.used.clear();
+    }
+
     /// Inserts `k`; returns its index among the distinct keys (`next` if new).
     #[inline(always)]
-    fn insert(&mut self, mask: usize, k: u64, next: u32) -> (u32, bool) {
+    fn insert(&mut self, mask: usize, k: u32, next: u32) -> (u32, bool) {
         let mut i = hash(k) & mask;
         loop {
-            let s = &mut self.slots[i];
-            if s.stamp != self.stamp {
-                *s = Slot {
-                    key: k,
-                    stamp: self.stamp,
-                    val: next,
-                };
+            let s = self.slots[i];
+            if s.key == EMPTY {
+                self.slots[i] = Slot { key: k, val: next };
+                self.used.push(i as u32);
                 return (next, true);
             }
             if s.key == k {
@@ -76,19 +86,20 @@ impl DedupScratch {
         }
     }
 
-    /// Fills `uniq` and `inverse` for `ids`; returns the number of distinct ids.
+    /// Fills `uniq` and `inverse` for `ids` (each `< u32::MAX`); returns the number of distinct ids.
     pub(crate) fn build<I: Index>(&mut self, ids: &[I]) -> usize {
         let mask = self.prepare(ids.len());
         self.uniq.clear();
         self.inverse.clear();
         self.inverse.reserve(ids.len());
         for &id in ids {
-            let (v, new) = self.insert(mask, id.idx() as u64, self.uniq.len() as u32);
+            let (v, new) = self.insert(mask, id.idx() as u32, self.uniq.len() as u32);
             if new {
                 self.uniq.push(id.idx());
             }
             self.inverse.push(v);
         }
+        self.reset();
         self.uniq.len()
     }
 
@@ -109,8 +120,9 @@ impl DedupScratch {
         }
     }
 
-    /// `auto`'s decision: does an evenly strided sample of `ids` show enough reuse?
-    pub(crate) fn reuse_pays<I: Index>(&mut self, ids: &[I]) -> bool {
+    /// `auto`'s first filter: does an evenly strided sample of `ids` show any real reuse? (Without
+    /// reuse dedup cannot pay; with it, `AutoDedup` measures whether it does.)
+    pub(crate) fn shows_reuse<I: Index>(&mut self, ids: &[I]) -> bool {
         let n = ids.len();
         if n < AUTO_MIN_IDS {
             return false;
@@ -120,10 +132,11 @@ impl DedupScratch {
         let mut distinct = 0u32;
         for s in 0..k {
             let id = ids[s * n / k];
-            if self.insert(mask, id.idx() as u64, distinct).1 {
+            if self.insert(mask, id.idx() as u32, distinct).1 {
                 distinct += 1;
             }
         }
+        self.reset();
         f64::from(distinct) <= AUTO_MAX_DISTINCT * k as f64
     }
 }
@@ -170,8 +183,8 @@ mod tests {
         let mut s = DedupScratch::default();
         let uniform: Vec<u32> = (0..5000).map(|_| rng.random_range(0..500_000)).collect();
         let hot: Vec<u32> = (0..5000).map(|_| rng.random_range(0..200)).collect();
-        assert!(!s.reuse_pays(&uniform));
-        assert!(s.reuse_pays(&hot));
-        assert!(!s.reuse_pays(&hot[..10]), "tiny units are not worth it");
+        assert!(!s.shows_reuse(&uniform));
+        assert!(s.shows_reuse(&hot));
+        assert!(!s.shows_reuse(&hot[..10]), "tiny units are not worth it");
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod reference;
 
+mod auto;
 mod avx2;
 mod avx512;
 mod dedup;
@@ -27,6 +28,7 @@ use crate::collection::{EmbeddingCollection, ValidatedBatch};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
+use auto::AutoDedup;
 use dedup::DedupScratch;
 use rayon::prelude::*;
 use std::fmt;
@@ -77,7 +79,8 @@ pub enum Dedup {
     Off,
     /// Always deduplicate.
     On,
-    /// Deduplicate a unit when a sample of its ids shows enough reuse to pay for it.
+    /// Deduplicate where it is measured to pay: features whose ids show reuse time both paths
+    /// and keep the faster (see `pool/auto.rs`).
     Auto,
 }
 
@@ -171,6 +174,7 @@ pub struct Pooler {
     isa: Isa,
     pool: Option<rayon::ThreadPool>,
     scratch: Vec<Mutex<(DedupScratch, PoolStats)>>,
+    auto: AutoDedup,
 }
 
 impl Pooler {
@@ -208,6 +212,7 @@ impl Pooler {
             isa,
             pool,
             scratch,
+            auto: AutoDedup::default(),
         })
     }
 
@@ -285,11 +290,14 @@ impl Pooler {
         };
         stats.units += 1;
         stats.lookups += ids.len();
-        let dedup = match self.opts.dedup {
-            Dedup::Off => false,
-            Dedup::On => !ids.is_empty(),
-            Dedup::Auto => scratch.reuse_pays(ids),
+        let dedupable = !ids.is_empty() && DedupScratch::supports(table.rows());
+        let (dedup, timed) = match self.opts.dedup {
+            Dedup::Off => (false, false),
+            Dedup::On => (dedupable, false),
+            Dedup::Auto if dedupable => self.auto.choose(u.feature, || scratch.shows_reuse(ids)),
+            Dedup::Auto => (false, false),
         };
+        let start = timed.then(std::time::Instant::now);
         let mean = self.opts.pooling == Pooling::Mean;
         let pf = self.opts.prefetch_distance;
         if dedup {
@@ -327,6 +335,9 @@ impl Pooler {
                 prefetch: pf,
             };
             self.kernel(&seg);
+        }
+        if let Some(t) = start {
+            self.auto.record(u.feature, dedup, t.elapsed().as_nanos() as f64 / ids.len() as f64);
         }
     }
 
