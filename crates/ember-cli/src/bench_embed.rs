@@ -170,19 +170,19 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     let total_bytes = table_bytes
         .checked_mul(s.tables)
         .context("table size overflows")?;
-    if let Some(avail) = mem_available() {
-        if total_bytes as f64 > 0.85 * avail as f64 {
-            bail!(
-                "{} tables x {} rows x dim {} {} need {}, but only {} of memory is available; \
+    if let Some(avail) = mem_available()
+        && total_bytes as f64 > 0.85 * avail as f64
+    {
+        bail!(
+            "{} tables x {} rows x dim {} {} need {}, but only {} of memory is available; \
                  use fewer --tables or --rows, or a smaller --dtype (f16, int8, int4)",
-                s.tables,
-                s.rows,
-                s.dim,
-                a.dtype,
-                human_bytes(total_bytes),
-                human_bytes(avail)
-            );
-        }
+            s.tables,
+            s.rows,
+            s.dim,
+            a.dtype,
+            human_bytes(total_bytes),
+            human_bytes(avail)
+        );
     }
     let pages = if a.huge_pages == OnOff::On {
         PagePolicy::Huge

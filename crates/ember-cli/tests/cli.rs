@@ -4,11 +4,31 @@
 use std::process::Command;
 
 fn ember(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember")).args(args).output().expect("run ember");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("run ember");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
-const SMALL: [&str; 12] = ["bench", "embed", "--tables", "3", "--rows", "5000", "--dim", "24", "--batches", "4", "--runs", "2"];
+const SMALL: [&str; 12] = [
+    "bench",
+    "embed",
+    "--tables",
+    "3",
+    "--rows",
+    "5000",
+    "--dim",
+    "24",
+    "--batches",
+    "4",
+    "--runs",
+    "2",
+];
 
 fn json_of(stdout: &str) -> serde_json::Value {
     serde_json::from_str(stdout.lines().last().expect("output")).expect("last line is JSON")
@@ -18,12 +38,28 @@ fn json_of(stdout: &str) -> serde_json::Value {
 fn bench_embed_reports_json_for_every_dtype() {
     for dtype in ["f32", "f16", "bf16", "int8", "int4"] {
         let mut args = SMALL.to_vec();
-        args.extend(["--dtype", dtype, "--json", "--pooling", "7", "--batch", "5", "--threads", "2"]);
+        args.extend([
+            "--dtype",
+            dtype,
+            "--json",
+            "--pooling",
+            "7",
+            "--batch",
+            "5",
+            "--threads",
+            "2",
+        ]);
         let (ok, out, err) = ember(&args);
         assert!(ok, "{dtype}: {err}");
         assert!(out.contains("check: matches the reference"), "{out}");
         let j = json_of(&out);
-        for k in ["lookups_per_s", "gb_per_s", "ns_per_lookup", "ceiling_lookups_per_s", "unique_ratio"] {
+        for k in [
+            "lookups_per_s",
+            "gb_per_s",
+            "ns_per_lookup",
+            "ceiling_lookups_per_s",
+            "unique_ratio",
+        ] {
             assert!(j[k].as_f64().unwrap() > 0.0, "{dtype}: {k} in {j}");
         }
         assert_eq!(j["threads"], 2);
@@ -34,7 +70,10 @@ fn bench_embed_reports_json_for_every_dtype() {
         let lps = j["lookups_per_s"].as_f64().unwrap();
         let gbps = j["gb_per_s"].as_f64().unwrap();
         let row = j["row_bytes"].as_f64().unwrap();
-        assert!((gbps - lps * row / 1e9).abs() <= 1e-6 * gbps, "gb_per_s is logical bytes");
+        assert!(
+            (gbps - lps * row / 1e9).abs() <= 1e-6 * gbps,
+            "gb_per_s is logical bytes"
+        );
         if dtype == "f32" {
             assert!(j["quant_rel_error"].is_null());
         } else {
@@ -47,12 +86,36 @@ fn bench_embed_reports_json_for_every_dtype() {
 #[test]
 fn presets_are_overridden_by_flags_and_modes_work() {
     let (ok, out, err) = ember(&[
-        "bench", "embed", "--preset", "rm2", "--tables", "2", "--rows", "1000", "--batches", "2", "--runs", "1", "--mode",
-        "weighted_sum", "--ids", "zipf:1.1", "--dedup", "on", "--json",
+        "bench",
+        "embed",
+        "--preset",
+        "rm2",
+        "--tables",
+        "2",
+        "--rows",
+        "1000",
+        "--batches",
+        "2",
+        "--runs",
+        "1",
+        "--mode",
+        "weighted_sum",
+        "--ids",
+        "zipf:1.1",
+        "--dedup",
+        "on",
+        "--json",
     ]);
     assert!(ok, "{err}");
     let j = json_of(&out);
-    assert_eq!((j["dim"].as_u64(), j["pooling"].as_u64(), j["tables"].as_u64()), (Some(128), Some(120), Some(2)));
+    assert_eq!(
+        (
+            j["dim"].as_u64(),
+            j["pooling"].as_u64(),
+            j["tables"].as_u64()
+        ),
+        (Some(128), Some(120), Some(2))
+    );
     assert_eq!(j["mode"], "weighted_sum");
     assert!(j["unique_ratio"].as_f64().unwrap() < 0.9, "zipf ids repeat");
     assert_eq!(j["deduped_fraction"].as_f64(), Some(1.0));
@@ -63,11 +126,27 @@ fn trace_replay_and_npy_ids() {
     let dir = std::env::temp_dir().join(format!("ember-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("trace.txt");
-    std::fs::write(&trace, (0..100).map(|i| format!("{}\n", (i * 37) % 6000)).collect::<String>()).unwrap();
+    std::fs::write(
+        &trace,
+        (0..100)
+            .map(|i| format!("{}\n", (i * 37) % 6000))
+            .collect::<String>(),
+    )
+    .unwrap();
     let npy = dir.join("ids.npy");
     let mut args = SMALL.to_vec();
     let (t, n) = (trace.to_str().unwrap(), npy.to_str().unwrap());
-    args.extend(["--ids", t, "--save-ids", n, "--pooling", "3", "--batch", "2", "--json"]);
+    args.extend([
+        "--ids",
+        t,
+        "--save-ids",
+        n,
+        "--pooling",
+        "3",
+        "--batch",
+        "2",
+        "--json",
+    ]);
     let (ok, out, err) = ember(&args);
     assert!(ok, "{err}");
     assert!(json_of(&out)["ids"].as_str().unwrap().contains("trace"));
@@ -75,12 +154,22 @@ fn trace_replay_and_npy_ids() {
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
-    assert!(header.contains("'shape': (4, 3, 6)") && header.contains("<u4"), "{header}");
+    assert!(
+        header.contains("'shape': (4, 3, 6)") && header.contains("<u4"),
+        "{header}"
+    );
     assert_eq!((10 + hlen) % 64, 0);
-    let ids: Vec<u32> = bytes[10 + hlen..].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    let ids: Vec<u32> = bytes[10 + hlen..]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(ids.len(), 4 * 3 * 6);
     // Ids >= 5000 rows are dropped from the replay; table 0 starts at the beginning of the trace.
-    let expected: Vec<u32> = (0..100).map(|i| (i * 37) % 6000).filter(|&x| x < 5000).take(6).collect();
+    let expected: Vec<u32> = (0..100)
+        .map(|i| (i * 37) % 6000)
+        .filter(|&x| x < 5000)
+        .take(6)
+        .collect();
     assert_eq!(&ids[..6], &expected[..]);
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -88,11 +177,30 @@ fn trace_replay_and_npy_ids() {
 #[test]
 fn bad_flags_are_clear_errors() {
     let cases: [(&[&str], &str); 5] = [
-        (&["bench", "embed", "--dtype", "int3"], "unknown dtype 'int3'"),
-        (&["bench", "embed", "--ids", "/no/such/trace"], "/no/such/trace"),
+        (
+            &["bench", "embed", "--dtype", "int3"],
+            "unknown dtype 'int3'",
+        ),
+        (
+            &["bench", "embed", "--ids", "/no/such/trace"],
+            "/no/such/trace",
+        ),
         (&["bench", "embed", "--ids", "zipf:abc"], "not a number"),
-        (&["bench", "embed", "--rows", "1000000000000", "--tables", "1000"], "memory is available"),
-        (&["bench", "embed", "--dim", "0"], "--dim must be at least 1"),
+        (
+            &[
+                "bench",
+                "embed",
+                "--rows",
+                "1000000000000",
+                "--tables",
+                "1000",
+            ],
+            "memory is available",
+        ),
+        (
+            &["bench", "embed", "--dim", "0"],
+            "--dim must be at least 1",
+        ),
     ];
     for (args, needle) in cases {
         let (ok, _, err) = ember(args);

@@ -22,13 +22,20 @@ fn main() {
 fn setup(dtype: DType) -> (EmbeddingCollection, Vec<KeyedJagged>) {
     let tables = (0..TABLES)
         .map(|t| {
-            let mut tab = EmbeddingTable::zeroed(&format!("t{t}"), ROWS, DIM, dtype, PagePolicy::Huge).unwrap();
+            let mut tab =
+                EmbeddingTable::zeroed(&format!("t{t}"), ROWS, DIM, dtype, PagePolicy::Huge)
+                    .unwrap();
             tab.fill_rows(2, |r, out| seeded_row(1, t, r, out));
             tab
         })
         .collect();
     let coll = EmbeddingCollection::one_feature_per_table(tables).unwrap();
-    let spec = WorkloadSpec { rows: vec![ROWS; TABLES], batch_size: 64, pooling: 32, seed: 3 };
+    let spec = WorkloadSpec {
+        rows: vec![ROWS; TABLES],
+        batch_size: 64,
+        pooling: 32,
+        seed: 3,
+    };
     (coll, generate(&spec, &IdSource::Uniform, 16).unwrap())
 }
 
@@ -40,13 +47,23 @@ fn pooled_lookup<const DT: usize>(bencher: Bencher, isa: &str) {
     }
     let dtype = DType::ALL[DT];
     let (coll, batches) = setup(dtype);
-    let pooler = Pooler::new(PoolOptions { isa: Some(isa), dedup: Dedup::Off, ..Default::default() }).unwrap();
+    let pooler = Pooler::new(PoolOptions {
+        isa: Some(isa),
+        dedup: Dedup::Off,
+        ..Default::default()
+    })
+    .unwrap();
     let width = coll.total_dim();
     let (mut got, mut want) = (vec![0f32; 64 * width], vec![0f32; 64 * width]);
     let first = coll.validate(&batches[0]).unwrap();
     pooler.run(&coll, first, &mut got).unwrap();
     reference::pooled_lookup(&coll, first, Pooling::Sum, &mut want).unwrap();
-    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4 * (1.0 + b.abs())), "{isa} {dtype} disagrees with the reference");
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(a, b)| (a - b).abs() <= 1e-4 * (1.0 + b.abs())),
+        "{isa} {dtype} disagrees with the reference"
+    );
     let validated: Vec<_> = batches.iter().map(|b| coll.validate(b).unwrap()).collect();
     let bytes = batches.iter().map(|b| b.num_ids()).sum::<usize>() * dtype.row_bytes(DIM);
     bencher.counter(BytesCount::new(bytes)).bench_local(|| {

@@ -73,22 +73,20 @@ fn anon_huge_bytes_in(lo: usize, hi: usize) -> Option<usize> {
     let mut total = 0;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = first.split_once('-') {
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                overlaps = a < hi && lo < b;
-                continue;
-            }
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            overlaps = a < hi && lo < b;
+            continue;
         }
-        if overlaps {
-            if let Some(rest) = line.strip_prefix("AnonHugePages:") {
-                total += rest
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<usize>()
-                    .ok()?
-                    * 1024;
-            }
+        if overlaps && let Some(rest) = line.strip_prefix("AnonHugePages:") {
+            total += rest
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .ok()?
+                * 1024;
         }
     }
     Some(total)

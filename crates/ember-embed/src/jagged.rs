@@ -135,13 +135,13 @@ impl KeyedJagged {
                 return Err(EmbedError::DuplicateKey { key: k.clone() });
             }
         }
-        if let Some(w) = &weights {
-            if w.len() != ids.len() {
-                return Err(EmbedError::WeightsLen {
-                    weights: w.len(),
-                    ids: ids.len(),
-                });
-            }
+        if let Some(w) = &weights
+            && w.len() != ids.len()
+        {
+            return Err(EmbedError::WeightsLen {
+                weights: w.len(),
+                ids: ids.len(),
+            });
         }
         let kj = KeyedJagged {
             keys,
@@ -150,15 +150,15 @@ impl KeyedJagged {
             ids,
             weights,
         };
-        if let Ids::I64(v) = &kj.ids {
-            if let Some(pos) = v.iter().position(|&x| x < 0) {
-                let (feature, sample) = kj.locate(pos);
-                return Err(EmbedError::NegativeId {
-                    feature: kj.keys[feature].clone(),
-                    sample,
-                    id: v[pos],
-                });
-            }
+        if let Ids::I64(v) = &kj.ids
+            && let Some(pos) = v.iter().position(|&x| x < 0)
+        {
+            let (feature, sample) = kj.locate(pos);
+            return Err(EmbedError::NegativeId {
+                feature: kj.keys[feature].clone(),
+                sample,
+                id: v[pos],
+            });
         }
         Ok(kj)
     }

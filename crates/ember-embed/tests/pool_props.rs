@@ -218,23 +218,48 @@ fn large_bags_with_heavy_reuse_dedup_on_every_isa() {
     // Long bags over few rows: auto must try dedup (it times both paths), and every call, whichever
     // path it takes, must match the reference.
     for dtype in DType::ALL {
-        let c = Case { seed: 4, dtype, dims: vec![130], features: 2, batch: 64, max_len: 40, pooling: Pooling::WeightedSum, wide_ids: true };
+        let c = Case {
+            seed: 4,
+            dtype,
+            dims: vec![130],
+            features: 2,
+            batch: 64,
+            max_len: 40,
+            pooling: Pooling::WeightedSum,
+            wide_ids: true,
+        };
         check_all_variants(&c);
         let (coll, kj, max_abs) = build(&c);
         let batch = coll.validate(&kj).unwrap();
         let mut want = vec![0f32; kj.batch_size() * coll.total_dim()];
         reference::pooled_lookup(&coll, batch, Pooling::WeightedSum, &mut want).unwrap();
-        let pooler = Pooler::new(PoolOptions { pooling: Pooling::WeightedSum, dedup: Dedup::Auto, ..Default::default() }).unwrap();
+        let pooler = Pooler::new(PoolOptions {
+            pooling: Pooling::WeightedSum,
+            dedup: Dedup::Auto,
+            ..Default::default()
+        })
+        .unwrap();
         let mut total = PoolStats::default();
         for call in 0..12 {
             let mut out = vec![f32::NAN; want.len()];
             let st = pooler.run(&coll, batch, &mut out).unwrap();
-            assert_close(&coll, &kj, Pooling::WeightedSum, max_abs, &out, &want, &format!("auto call {call} {dtype}"));
+            assert_close(
+                &coll,
+                &kj,
+                Pooling::WeightedSum,
+                max_abs,
+                &out,
+                &want,
+                &format!("auto call {call} {dtype}"),
+            );
             total.deduped_units += st.deduped_units;
             total.deduped_lookups += st.deduped_lookups;
             total.unique_rows += st.unique_rows;
         }
-        assert!(total.deduped_units > 0 && total.unique_rows < total.deduped_lookups, "{total:?}");
+        assert!(
+            total.deduped_units > 0 && total.unique_rows < total.deduped_lookups,
+            "{total:?}"
+        );
     }
 }
 

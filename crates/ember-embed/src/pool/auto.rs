@@ -43,7 +43,7 @@ impl AutoDedup {
             g.resize(f + 1, Feature::default());
         }
         let st = &mut g[f];
-        if st.units % RESAMPLE == 0 {
+        if st.units.is_multiple_of(RESAMPLE) {
             st.reuse = shows_reuse();
         }
         st.units += 1;
@@ -57,7 +57,14 @@ impl AutoDedup {
             return (true, true);
         }
         let best = st.ns[1] < st.ns[0];
-        (if st.units % RECHECK == 0 { !best } else { best }, true)
+        (
+            if st.units.is_multiple_of(RECHECK) {
+                !best
+            } else {
+                best
+            },
+            true,
+        )
     }
 
     /// Records that a unit of feature `f` took `ns_per_lookup` on the given path.
@@ -65,7 +72,11 @@ impl AutoDedup {
         let mut g = self.features.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = g.get_mut(f) {
             let m = usize::from(dedup);
-            st.ns[m] = if st.timed[m] <= 1 { ns_per_lookup } else { 0.7 * st.ns[m] + 0.3 * ns_per_lookup };
+            st.ns[m] = if st.timed[m] <= 1 {
+                ns_per_lookup
+            } else {
+                0.7 * st.ns[m] + 0.3 * ns_per_lookup
+            };
             st.timed[m] += 1;
         }
     }
@@ -74,7 +85,9 @@ impl AutoDedup {
     #[cfg(test)]
     pub(crate) fn preferred(&self, f: usize) -> Option<bool> {
         let g = self.features.lock().unwrap_or_else(|p| p.into_inner());
-        g.get(f).filter(|s| s.timed.iter().all(|&t| t >= EXPLORE)).map(|s| s.ns[1] < s.ns[0])
+        g.get(f)
+            .filter(|s| s.timed.iter().all(|&t| t >= EXPLORE))
+            .map(|s| s.ns[1] < s.ns[0])
     }
 }
 
@@ -95,11 +108,22 @@ mod tests {
                 a.record(0, d, ns);
             }
             assert_eq!(a.preferred(0), Some(dedup_faster));
-            assert!(picks[..EXPLORE as usize].iter().all(|&d| !d), "direct first");
-            assert!(picks[EXPLORE as usize..2 * EXPLORE as usize].iter().all(|&d| d), "then dedup");
+            assert!(
+                picks[..EXPLORE as usize].iter().all(|&d| !d),
+                "direct first"
+            );
+            assert!(
+                picks[EXPLORE as usize..2 * EXPLORE as usize]
+                    .iter()
+                    .all(|&d| d),
+                "then dedup"
+            );
             let later = &picks[2 * EXPLORE as usize..];
             let others = later.iter().filter(|&&d| d != dedup_faster).count();
-            assert!(others >= 1 && others <= 3, "rare rechecks of the slower path: {others}");
+            assert!(
+                (1..=3).contains(&others),
+                "rare rechecks of the slower path: {others}"
+            );
         }
     }
 
@@ -128,6 +152,9 @@ mod tests {
             });
             assert!(!d && !timed);
         }
-        assert_eq!(samples, 3, "sampled on the first unit and every RESAMPLE units");
+        assert_eq!(
+            samples, 3,
+            "sampled on the first unit and every RESAMPLE units"
+        );
     }
 }

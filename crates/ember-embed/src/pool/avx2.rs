@@ -181,10 +181,10 @@ impl Fmt for F32 {
     ) {
         let p = row.wrapping_add(4 * d0);
         let vw = _mm256_set1_ps(wt);
-        for k in 0..N {
+        for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe { lanes::<N>(p, k, tail, 8, |q| _mm256_loadu_ps(q.cast())) };
-            acc[k] = _mm256_fmadd_ps(x, vw, acc[k]);
+            *a = _mm256_fmadd_ps(x, vw, *a);
         }
     }
 }
@@ -205,14 +205,14 @@ impl Fmt for F16 {
     ) {
         let p = row.wrapping_add(2 * d0);
         let vw = _mm256_set1_ps(wt);
-        for k in 0..N {
+        for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe {
                 lanes::<N>(p, k, tail, 4, |q| {
                     _mm256_cvtph_ps(_mm_loadu_si128(q.cast()))
                 })
             };
-            acc[k] = _mm256_fmadd_ps(x, vw, acc[k]);
+            *a = _mm256_fmadd_ps(x, vw, *a);
         }
     }
 }
@@ -233,7 +233,7 @@ impl Fmt for Bf16 {
     ) {
         let p = row.wrapping_add(2 * d0);
         let vw = _mm256_set1_ps(wt);
-        for k in 0..N {
+        for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe {
                 lanes::<N>(p, k, tail, 4, |q| {
@@ -242,7 +242,7 @@ impl Fmt for Bf16 {
                     )))
                 })
             };
-            acc[k] = _mm256_fmadd_ps(x, vw, acc[k]);
+            *a = _mm256_fmadd_ps(x, vw, *a);
         }
     }
 }
@@ -271,14 +271,14 @@ impl Fmt for Int8 {
         let vs = _mm256_set1_ps(wt * scale);
         *bias += wt * b;
         let p = row.wrapping_add(d0);
-        for k in 0..N {
+        for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's codes (or a zero-padded copy).
             let x = unsafe {
                 lanes::<N>(p, k, tail, 2, |q| {
                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(q.cast())))
                 })
             };
-            acc[k] = _mm256_fmadd_ps(x, vs, acc[k]);
+            *a = _mm256_fmadd_ps(x, vs, *a);
         }
     }
 }
@@ -308,7 +308,7 @@ impl Fmt for Int4 {
         *bias += wt * b;
         let lo_mask = _mm_set1_epi16(0x0F);
         let p = row.wrapping_add(d0 / 2);
-        for k in 0..N {
+        for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's 4 code bytes (or a zero-padded copy).
             let x = unsafe {
                 lanes::<N>(p, k, tail, 1, |q| {
@@ -321,7 +321,7 @@ impl Fmt for Int4 {
                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib))
                 })
             };
-            acc[k] = _mm256_fmadd_ps(x, vs, acc[k]);
+            *a = _mm256_fmadd_ps(x, vs, *a);
         }
     }
 }

@@ -55,7 +55,7 @@ unsafe fn run<F: Fmt, I: Index>(s: &Segment<'_, I>) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
 unsafe fn block<F: Fmt, I: Index, const N: usize>(s: &Segment<'_, I>, d0: usize, w: usize) {
     let mut masks = [u16::MAX; N];
-    if w % LANES != 0 {
+    if !w.is_multiple_of(LANES) {
         masks[N - 1] = (1u16 << (w % LANES)) - 1;
     }
     let pf = RowPrefetch::new(

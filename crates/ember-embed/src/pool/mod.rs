@@ -337,7 +337,11 @@ impl Pooler {
             self.kernel(&seg);
         }
         if let Some(t) = start {
-            self.auto.record(u.feature, dedup, t.elapsed().as_nanos() as f64 / ids.len() as f64);
+            self.auto.record(
+                u.feature,
+                dedup,
+                t.elapsed().as_nanos() as f64 / ids.len() as f64,
+            );
         }
     }
 
