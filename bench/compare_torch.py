@@ -131,7 +131,7 @@ def main():
     ap.add_argument("--ember", default=os.path.join(ROOT, "target", "release", "ember"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--torch-layout", choices=["fused", "per-table"], default="fused")
-    ap.add_argument("--index-dtype", choices=["int64", "int32"], default="int64")
+    ap.add_argument("--index-dtype", choices=["int64", "int32"], default="int32")
     own, flags = ap.parse_known_args()
     if "--json" in flags:
         flags.remove("--json")
