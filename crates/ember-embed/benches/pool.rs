@@ -39,13 +39,32 @@ fn setup(dtype: DType) -> (EmbeddingCollection, Vec<KeyedJagged>) {
     (coll, generate(&spec, &IdSource::Uniform, 16).unwrap())
 }
 
-#[divan::bench(args = ["scalar", "avx2", "avx512"], consts = [0, 1, 2, 3, 4])]
-fn pooled_lookup<const DT: usize>(bencher: Bencher, isa: &str) {
-    let isa: Isa = isa.parse().unwrap();
+/// `ISA/dtype` pairs, e.g. `avx512/int8`.
+const CASES: [&str; 15] = [
+    "scalar/f32",
+    "scalar/f16",
+    "scalar/bf16",
+    "scalar/int8",
+    "scalar/int4",
+    "avx2/f32",
+    "avx2/f16",
+    "avx2/bf16",
+    "avx2/int8",
+    "avx2/int4",
+    "avx512/f32",
+    "avx512/f16",
+    "avx512/bf16",
+    "avx512/int8",
+    "avx512/int4",
+];
+
+#[divan::bench(args = CASES)]
+fn pooled_lookup(bencher: Bencher, case: &str) {
+    let (isa, dtype) = case.split_once('/').unwrap();
+    let (isa, dtype): (Isa, DType) = (isa.parse().unwrap(), dtype.parse().unwrap());
     if !isa.available() {
         return;
     }
-    let dtype = DType::ALL[DT];
     let (coll, batches) = setup(dtype);
     let pooler = Pooler::new(PoolOptions {
         isa: Some(isa),
