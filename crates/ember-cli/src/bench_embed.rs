@@ -385,16 +385,7 @@ fn with_weights(kj: KeyedJagged) -> Result<KeyedJagged, EmbedError> {
     let w = (0..kj.num_ids())
         .map(|i| 0.5 + ((i * 2_654_435_761) % 1000) as f32 / 1000.0)
         .collect();
-    let lengths: Vec<usize> = (0..kj.keys().len() * kj.batch_size())
-        .map(|i| kj.offsets()[i + 1] - kj.offsets()[i])
-        .collect();
-    KeyedJagged::from_lengths(
-        kj.keys().to_vec(),
-        kj.batch_size(),
-        &lengths,
-        kj.ids().clone(),
-        Some(w),
-    )
+    kj.with_weights(w)
 }
 
 /// Checks the kernel against the reference on one batch; for quantized dtypes also returns the

@@ -160,8 +160,7 @@ mod tests {
             let mut lanes = [0u32; 16];
             for &id in &ids {
                 let row = coll.tables()[0].row_bytes(id as usize);
-                for (k, chunk) in row.chunks(64).enumerate() {
-                    let _ = k;
+                for chunk in row.chunks(64) {
                     let mut buf = [0u8; 64];
                     buf[..chunk.len()].copy_from_slice(chunk);
                     for (l, w) in buf.chunks_exact(4).enumerate() {

@@ -163,6 +163,17 @@ impl KeyedJagged {
         Ok(kj)
     }
 
+    /// The same batch carrying `weights` (one per id) instead of its current weights.
+    pub fn with_weights(self, weights: Vec<f32>) -> Result<Self> {
+        Self::checked(
+            self.keys,
+            self.batch_size,
+            self.offsets,
+            self.ids,
+            Some(weights),
+        )
+    }
+
     /// The (feature index, sample) that id position `pos` belongs to.
     pub fn locate(&self, pos: usize) -> (usize, usize) {
         // The bag holding `pos` is the last one whose start is <= pos and which is non-empty.

@@ -94,10 +94,8 @@ impl EmbeddingTable {
             }
         };
         let data = self.data.as_mut_slice();
-        if threads <= 1 || stride == 0 {
-            data.chunks_mut(CHUNK * stride.max(1))
-                .enumerate()
-                .for_each(body);
+        if threads <= 1 {
+            data.chunks_mut(CHUNK * stride).enumerate().for_each(body);
         } else {
             match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
                 Ok(pool) => pool.install(|| {
