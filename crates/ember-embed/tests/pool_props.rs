@@ -369,3 +369,49 @@ fn quantized_pooling_stays_close_to_f32_pooling() {
         assert!(rel > 0.0 || dt == DType::F32);
     }
 }
+
+#[test]
+fn overlapping_calls_on_one_pooler_keep_results_and_stats_apart() {
+    let c = Case {
+        seed: 21,
+        dtype: DType::Int8,
+        dims: vec![33, 64],
+        features: 3,
+        batch: 16,
+        max_len: 9,
+        pooling: Pooling::Sum,
+        wide_ids: false,
+    };
+    let (coll, kj, max_abs) = build(&c);
+    let batch = coll.validate(&kj).unwrap();
+    let mut want = vec![0f32; kj.batch_size() * coll.total_dim()];
+    reference::pooled_lookup(&coll, batch, Pooling::Sum, &mut want).unwrap();
+    for threads in [1, 2] {
+        let pooler = Pooler::new(PoolOptions {
+            threads,
+            dedup: Dedup::On,
+            ..Default::default()
+        })
+        .unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        let mut out = vec![f32::NAN; want.len()];
+                        let st = pooler.run(&coll, batch, &mut out).unwrap();
+                        assert_eq!(st.lookups, kj.num_ids(), "stats of one call only");
+                        assert_close(
+                            &coll,
+                            &kj,
+                            Pooling::Sum,
+                            max_abs,
+                            &out,
+                            &want,
+                            "overlapping calls",
+                        );
+                    }
+                });
+            }
+        });
+    }
+}

@@ -157,12 +157,15 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
-    fn add(&mut self, o: &PoolStats) {
-        self.lookups += o.lookups;
-        self.units += o.units;
-        self.deduped_units += o.deduped_units;
-        self.deduped_lookups += o.deduped_lookups;
-        self.unique_rows += o.unique_rows;
+    /// Field-wise sum.
+    pub fn plus(self, o: PoolStats) -> PoolStats {
+        PoolStats {
+            lookups: self.lookups + o.lookups,
+            units: self.units + o.units,
+            deduped_units: self.deduped_units + o.deduped_units,
+            deduped_lookups: self.deduped_lookups + o.deduped_lookups,
+            unique_rows: self.unique_rows + o.unique_rows,
+        }
     }
 }
 
@@ -173,7 +176,7 @@ pub struct Pooler {
     opts: PoolOptions,
     isa: Isa,
     pool: Option<rayon::ThreadPool>,
-    scratch: Vec<Mutex<(DedupScratch, PoolStats)>>,
+    scratch: Vec<Mutex<DedupScratch>>,
     auto: AutoDedup,
 }
 
@@ -237,29 +240,30 @@ impl Pooler {
         check_call(coll, kj, self.opts.pooling, out)?;
         let units = plan_units(coll.features().len(), kj.batch_size(), self.opts.threads);
         let out = OutPtr(out.as_mut_ptr());
-        let run_one = |u: &Unit| {
+        let run_one = |u: &Unit| -> PoolStats {
             let slot = rayon::current_thread_index().unwrap_or(0) % self.scratch.len();
-            let mut guard = self.scratch[slot].lock().unwrap_or_else(|p| p.into_inner());
-            let (scratch, stats) = &mut *guard;
+            let mut scratch = self.scratch[slot].lock().unwrap_or_else(|p| p.into_inner());
             match kj.ids() {
-                Ids::U32(v) => self.run_unit(coll, kj, v, u, out, scratch, stats),
-                Ids::I64(v) => self.run_unit(coll, kj, v, u, out, scratch, stats),
+                Ids::U32(v) => self.run_unit(coll, kj, v, u, out, &mut scratch),
+                Ids::I64(v) => self.run_unit(coll, kj, v, u, out, &mut scratch),
             }
         };
-        match &self.pool {
-            None => units.iter().for_each(run_one),
-            Some(p) => p.install(|| units.par_iter().for_each(run_one)),
-        }
-        let mut total = PoolStats::default();
-        for s in &self.scratch {
-            let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
-            total.add(&g.1);
-            g.1 = PoolStats::default();
-        }
+        let total = match &self.pool {
+            None => units
+                .iter()
+                .map(run_one)
+                .fold(PoolStats::default(), PoolStats::plus),
+            Some(p) => p.install(|| {
+                units
+                    .par_iter()
+                    .map(run_one)
+                    .reduce(PoolStats::default, PoolStats::plus)
+            }),
+        };
         Ok(total)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Pools one unit and returns what it did.
     fn run_unit<I: Index>(
         &self,
         coll: &EmbeddingCollection,
@@ -268,8 +272,7 @@ impl Pooler {
         u: &Unit,
         out: OutPtr,
         scratch: &mut DedupScratch,
-        stats: &mut PoolStats,
-    ) {
+    ) -> PoolStats {
         let table = coll.table_of(u.feature);
         let bsz = kj.batch_size();
         let bags = &kj.offsets()[u.feature * bsz + u.b0..=u.feature * bsz + u.b1];
@@ -288,8 +291,11 @@ impl Pooler {
             stride: width,
             dim: table.dim(),
         };
-        stats.units += 1;
-        stats.lookups += ids.len();
+        let mut stats = PoolStats {
+            units: 1,
+            lookups: ids.len(),
+            ..Default::default()
+        };
         let dedupable = !ids.is_empty() && DedupScratch::supports(table.rows());
         let (dedup, timed) = match self.opts.dedup {
             Dedup::Off => (false, false),
@@ -343,6 +349,7 @@ impl Pooler {
                 t.elapsed().as_nanos() as f64 / ids.len() as f64,
             );
         }
+        stats
     }
 
     fn kernel<I: Index>(&self, seg: &Segment<'_, I>) {
