@@ -257,9 +257,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         let t = Instant::now();
         for vb in &validated {
             let st = pooler.run(&coll, *vb, out)?;
-            stats.lookups += st.lookups;
-            stats.deduped_lookups += st.deduped_lookups;
-            stats.unique_rows += st.unique_rows;
+            *stats = stats.plus(st);
         }
         Ok(lookups_per_run as f64 / t.elapsed().as_secs_f64())
     };

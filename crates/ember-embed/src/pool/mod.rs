@@ -77,7 +77,7 @@ impl FromStr for Pooling {
 pub enum Dedup {
     /// Always gather every id.
     Off,
-    /// Always deduplicate.
+    /// Always deduplicate (tables of fewer than 2^32 - 1 rows; larger ones run directly).
     On,
     /// Deduplicate where it is measured to pay: features whose ids show reuse time both paths
     /// and keep the faster (see `pool/auto.rs`).
@@ -304,43 +304,29 @@ impl Pooler {
             Dedup::Auto => (false, false),
         };
         let start = timed.then(std::time::Instant::now);
-        let mean = self.opts.pooling == Pooling::Mean;
-        let pf = self.opts.prefetch_distance;
+        let direct = Segment {
+            rows: table.as_bytes(),
+            stride: table.stride(),
+            dim: table.dim(),
+            dtype: table.dtype(),
+            ids,
+            weights,
+            bags,
+            base,
+            out,
+            mean: self.opts.pooling == Pooling::Mean,
+            prefetch: self.opts.prefetch_distance,
+        };
         if dedup {
             let n_unique = scratch.build(ids);
-            scratch.gather(table.as_bytes(), table.stride(), pf);
+            scratch.gather(table.as_bytes(), table.stride(), direct.prefetch);
             stats.deduped_units += 1;
             stats.deduped_lookups += ids.len();
             stats.unique_rows += n_unique;
-            let seg = Segment {
-                rows: &scratch.rows,
-                stride: table.stride(),
-                dim: table.dim(),
-                dtype: table.dtype(),
-                ids: &scratch.inverse,
-                weights,
-                bags,
-                base,
-                out,
-                mean,
-                prefetch: 0, // the compact rows are cache-resident
-            };
-            self.kernel(&seg);
+            // The compact rows are cache-resident: no prefetch.
+            self.kernel(&direct.over(&scratch.rows, &scratch.inverse, 0));
         } else {
-            let seg = Segment {
-                rows: table.as_bytes(),
-                stride: table.stride(),
-                dim: table.dim(),
-                dtype: table.dtype(),
-                ids,
-                weights,
-                bags,
-                base,
-                out,
-                mean,
-                prefetch: pf,
-            };
-            self.kernel(&seg);
+            self.kernel(&direct);
         }
         if let Some(t) = start {
             self.auto.record(
@@ -505,7 +491,28 @@ pub(crate) struct Segment<'a, I> {
     pub prefetch: usize,
 }
 
-impl<I> Segment<'_, I> {
+impl<'a, I> Segment<'a, I> {
+    /// The same bags over other rows and ids: a deduplicated unit's compact buffer and inverse
+    /// index.
+    fn over<'b, J>(&self, rows: &'b [u8], ids: &'b [J], prefetch: usize) -> Segment<'b, J>
+    where
+        'a: 'b,
+    {
+        Segment {
+            rows,
+            stride: self.stride,
+            dim: self.dim,
+            dtype: self.dtype,
+            ids,
+            weights: self.weights,
+            bags: self.bags,
+            base: self.base,
+            out: self.out,
+            mean: self.mean,
+            prefetch,
+        }
+    }
+
     pub(crate) fn nbags(&self) -> usize {
         self.bags.len() - 1
     }
