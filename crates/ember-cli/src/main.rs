@@ -2,6 +2,10 @@
 //! exit codes (`run() -> anyhow::Result`, printed with `{:#}`).
 
 mod bench_embed;
+mod bench_model;
+mod data;
+mod paths;
+mod predict;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -20,18 +24,28 @@ enum Cmd {
     /// Benchmarks that size hardware and compare Ember with its peers.
     #[command(subcommand)]
     Bench(Bench),
+    /// Score a Criteo-format file with a model: AUC, log loss, samples/s, and the scores.
+    Predict(predict::PredictArgs),
+    /// Data tools: synthetic Criteo-format data.
+    #[command(subcommand)]
+    Data(data::DataCmd),
 }
 
 #[derive(Debug, Subcommand)]
 enum Bench {
     /// The embedding stage: pooled lookups over every table of a batch, against the memory ceiling.
     Embed(bench_embed::EmbedArgs),
+    /// The whole model: samples/s, batch latency and where the time goes.
+    Model(bench_model::ModelArgs),
 }
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Bench(Bench::Embed(args)) => bench_embed::run(args),
+        Cmd::Bench(Bench::Model(args)) => bench_model::run(args),
+        Cmd::Predict(args) => predict::run(args),
+        Cmd::Data(cmd) => data::run(cmd),
     }
 }
 

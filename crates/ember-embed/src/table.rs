@@ -79,6 +79,32 @@ impl EmbeddingTable {
         Ok(t)
     }
 
+    /// Builds a table from its stored bytes (`rows x dtype.row_bytes(dim)`, the layout of
+    /// [`DType`]), as read from a weights file.
+    pub fn from_bytes(
+        name: &str,
+        rows: usize,
+        dim: usize,
+        dtype: DType,
+        bytes: &[u8],
+    ) -> Result<Self> {
+        let mut t = Self::zeroed(name, rows, dim, dtype, PagePolicy::Huge)?;
+        if bytes.len() != t.bytes() {
+            return Err(EmbedError::BadTable {
+                table: name.into(),
+                reason: format!(
+                    "{} bytes given, {rows} rows x {} bytes per {} row = {} expected",
+                    bytes.len(),
+                    t.stride,
+                    dtype.name(),
+                    t.bytes()
+                ),
+            });
+        }
+        t.data.as_mut_slice().copy_from_slice(bytes);
+        Ok(t)
+    }
+
     /// Fills every row from `f(row, &mut f32 row)` on `threads` threads, encoding into the dtype.
     pub fn fill_rows<F>(&mut self, threads: usize, f: F)
     where

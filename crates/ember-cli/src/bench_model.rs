@@ -1,0 +1,165 @@
+//! `ember bench model`: the whole forward pass of a preset model with random weights, batch
+//! latency percentiles and where the time goes.
+
+use crate::stats::{human_bytes, median, mem_available};
+use anyhow::{Result, bail};
+use clap::Args;
+use ember_embed::DType;
+use ember_model::presets::{preset, random_batch};
+use ember_model::{Model, Predictor, StageTimes};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// Model shape: rm1 (dense 2048 -> 256-64, 32 tables x 500K x 64, pooling 80, dot, top
+    /// 768-384-1) or small (the same with 8 tables x 10K rows).
+    #[arg(long, default_value = "rm1")]
+    preset: String,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Timed batches.
+    #[arg(long, default_value_t = 300)]
+    iters: usize,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 30)]
+    warmup: usize,
+    /// Ids per bag [default: the preset's].
+    #[arg(long)]
+    pooling: Option<usize>,
+    /// Table dtype: f32, f16, bf16, int8, int4.
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+    /// Seed of weights and inputs.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Print a JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Distinct input batches cycled through (ids differ between consecutive batches, as in serving).
+const DISTINCT_BATCHES: usize = 32;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn run(a: ModelArgs) -> Result<()> {
+    if a.batch == 0 || a.iters == 0 {
+        bail!("--batch and --iters must be at least 1");
+    }
+    let p = preset(&a.preset, a.dtype)?;
+    let pooling = a.pooling.unwrap_or(p.pooling_factor);
+    let table_bytes: usize = p
+        .config
+        .tables
+        .iter()
+        .map(|t| t.rows * t.dtype.row_bytes(t.dim))
+        .sum();
+    if let Some(avail) = mem_available()
+        && table_bytes > avail
+    {
+        bail!(
+            "preset {} needs {} of tables but only {} is available; try --dtype int8",
+            p.name,
+            human_bytes(table_bytes),
+            human_bytes(avail)
+        );
+    }
+    let build = Instant::now();
+    let model = Arc::new(Model::random(p.config.clone(), a.seed, a.threads.max(2))?);
+    eprintln!(
+        "built {} ({} of {} tables) in {:.1}s",
+        p.name,
+        human_bytes(model.table_bytes()),
+        a.dtype,
+        build.elapsed().as_secs_f64()
+    );
+    let batches: Vec<_> = (0..DISTINCT_BATCHES.min(a.warmup + a.iters))
+        .map(|i| random_batch(&p.config, a.batch, pooling, a.seed ^ (i as u64 + 1) << 8))
+        .collect();
+    let mut pred = Predictor::new(model, a.threads)?;
+    let mut scores = vec![0f32; a.batch];
+    for i in 0..a.warmup {
+        let (d, s) = &batches[i % batches.len()];
+        pred.predict(d, s, &mut scores)?;
+    }
+    let mut lat_ms = Vec::with_capacity(a.iters);
+    let mut stages = StageTimes::default();
+    let start = Instant::now();
+    for i in 0..a.iters {
+        let (d, s) = &batches[(a.warmup + i) % batches.len()];
+        let t = Instant::now();
+        let st = pred.predict(d, s, &mut scores)?;
+        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        stages = stages.plus(st);
+    }
+    let total = start.elapsed().as_secs_f64();
+    if scores.iter().any(|s| !s.is_finite()) {
+        bail!("non-finite scores: {scores:?}");
+    }
+    let samples_per_s = (a.batch * a.iters) as f64 / total;
+    let mut sorted = lat_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let (p50, p99) = (percentile(&sorted, 50.0), percentile(&sorted, 99.0));
+    let st = stages.total().as_secs_f64();
+    let share = |d: std::time::Duration| d.as_secs_f64() / st;
+    let parts = [
+        ("embedding", share(stages.embedding)),
+        ("bottom_mlp", share(stages.bottom_mlp)),
+        ("interaction", share(stages.interaction)),
+        ("top_mlp", share(stages.top_mlp)),
+    ];
+    println!(
+        "ember bench model: preset {} (batch {}, pooling {}, {} tables, {} threads, {} iters)",
+        p.name, a.batch, pooling, a.dtype, a.threads, a.iters
+    );
+    println!("  samples/s   {samples_per_s:.0}");
+    println!(
+        "  batch ms    p50 {p50:.3}  p99 {p99:.3}  median {:.3}",
+        median(&lat_ms)
+    );
+    println!("  where the time goes:");
+    for (name, s) in parts {
+        println!(
+            "    {name:<12} {:5.1}%  {}",
+            s * 100.0,
+            "#".repeat((s * 40.0).round() as usize)
+        );
+    }
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "preset": p.name,
+                "batch": a.batch,
+                "threads": a.threads,
+                "iters": a.iters,
+                "pooling": pooling,
+                "dtype": a.dtype.name(),
+                "samples_per_s": samples_per_s,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "mean_ms": lat_ms.iter().sum::<f64>() / lat_ms.len() as f64,
+                "breakdown": {
+                    "embedding": parts[0].1,
+                    "bottom_mlp": parts[1].1,
+                    "interaction": parts[2].1,
+                    "top_mlp": parts[3].1,
+                },
+                "table_bytes": table_bytes,
+            })
+        );
+    }
+    Ok(())
+}

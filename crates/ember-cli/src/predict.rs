@@ -1,0 +1,170 @@
+//! `ember predict`: scores a Criteo-format file with a model, streaming it in batches.
+
+use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use ember_embed::DType;
+use ember_model::criteo::{CriteoBatch, CriteoReader, DENSE, SPARSE};
+use ember_model::metrics::{auc, log_loss};
+use ember_model::{LoadOptions, Model, Predictor, StageTimes};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// Model directory (config.json + model.safetensors) [default: the shipped models/default].
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Criteo-format TSV to score ('-' for stdin) [default: the shipped data/sample.tsv].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Write one score per input row, in input order, to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Re-encode the tables at load (f32, f16, bf16, int8, int4).
+    #[arg(long)]
+    dtype: Option<DType>,
+    /// Print a JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: PredictArgs) -> Result<()> {
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let model_dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
+    let data = a.data.clone().unwrap_or_else(|| shipped(DEFAULT_DATA));
+    let model = Model::load(
+        &model_dir,
+        LoadOptions {
+            table_dtype: a.dtype,
+        },
+    )
+    .with_context(|| format!("loading model {}", model_dir.display()))?;
+    let cfg = model.config();
+    if cfg.dense_in != DENSE || model.feature_names().len() != SPARSE {
+        bail!(
+            "model {} has {} dense and {} sparse features; Criteo data has {DENSE} and {SPARSE}",
+            model_dir.display(),
+            cfg.dense_in,
+            model.feature_names().len()
+        );
+    }
+    let names = model.feature_names();
+    let rows: Vec<usize> = model
+        .embeddings()
+        .features()
+        .iter()
+        .map(|f| model.embeddings().tables()[f.table].rows())
+        .collect();
+    let mut pred = Predictor::new(Arc::new(model), a.threads)?;
+
+    let (input, size): (Box<dyn BufRead>, Option<u64>) = if data.as_os_str() == "-" {
+        (Box::new(BufReader::new(std::io::stdin().lock())), None)
+    } else {
+        let f = std::fs::File::open(&data)
+            .with_context(|| format!("cannot open data file {}", data.display()))?;
+        let len = f.metadata().ok().map(|m| m.len());
+        (Box::new(BufReader::with_capacity(1 << 20, f)), len)
+    };
+    let mut reader = CriteoReader::new(input, data.display().to_string());
+    let mut out = match &a.out {
+        Some(p) => Some(BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => None,
+    };
+    // A progress bar for long files (stderr; hidden when it is not a terminal).
+    let bar = match size {
+        Some(n) if n > 16 << 20 => {
+            let b = ProgressBar::new(n);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+                )
+                .expect("valid template"),
+            );
+            b
+        }
+        _ => ProgressBar::hidden(),
+    };
+
+    let mut labels = Vec::new();
+    let mut scores = Vec::new();
+    let mut batch = CriteoBatch::default();
+    let mut times = StageTimes::default();
+    let start = Instant::now();
+    let mut line = String::new();
+    while reader.next_batch(a.batch, &mut batch)? > 0 {
+        let sparse = batch.sparse(&names, &rows)?;
+        let s0 = scores.len();
+        scores.resize(s0 + batch.len(), 0.0);
+        times = times.plus(pred.predict(&batch.dense, &sparse, &mut scores[s0..])?);
+        labels.extend_from_slice(&batch.labels);
+        if let Some(w) = &mut out {
+            line.clear();
+            for s in &scores[s0..] {
+                use std::fmt::Write as _;
+                let _ = writeln!(line, "{s}");
+            }
+            w.write_all(line.as_bytes())?;
+        }
+        bar.set_position(reader.bytes_read());
+    }
+    bar.finish_and_clear();
+    let wall = start.elapsed().as_secs_f64();
+    if let Some(mut w) = out {
+        w.flush()?;
+    }
+    let n = labels.len();
+    let model_s = times.total().as_secs_f64();
+    let a_uc = auc(&labels, &scores);
+    let ll = log_loss(&labels, &scores);
+    println!(
+        "model {}  data {}  ({} threads, batch {})",
+        model_dir.display(),
+        data.display(),
+        a.threads,
+        a.batch
+    );
+    println!("rows          {n}");
+    match a_uc {
+        Some(v) => println!("AUC           {v:.6}"),
+        None => println!("AUC           n/a (only one class in the labels)"),
+    }
+    println!("log loss      {ll:.6}");
+    println!(
+        "samples/s     {:.0} end to end (parse + forward), {:.0} forward only",
+        n as f64 / wall,
+        n as f64 / model_s.max(1e-12)
+    );
+    if let Some(p) = &a.out {
+        println!("scores        {}", p.display());
+    }
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "rows": n,
+                "auc": a_uc,
+                "log_loss": ll,
+                "samples_per_s": n as f64 / wall,
+                "forward_samples_per_s": n as f64 / model_s.max(1e-12),
+                "threads": a.threads,
+                "batch": a.batch,
+            })
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,285 @@
+//! `config.json`: the architecture of a model directory (see `docs/model-format.md`).
+
+use std::path::Path;
+
+use ember_embed::{DType, Pooling};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+
+/// The value of `format`.
+pub const FORMAT: &str = "ember-dlrm";
+/// The only `format_version` this build reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A model's architecture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub format: String,
+    pub format_version: u32,
+    /// Where the model came from (`dlrm`, `torchrec_dlrm`, `torchrec_dlrm_dcn`); informational.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
+    pub dense_in: usize,
+    /// Output sizes of the bottom MLP (ReLU after every layer).
+    pub bottom_mlp: Vec<usize>,
+    pub interaction: InteractionConfig,
+    /// Output sizes of the top MLP (ReLU after every layer but the last, which has size 1).
+    pub top_mlp: Vec<usize>,
+    pub tables: Vec<TableConfig>,
+    /// Sparse features in input order; default one per table, named after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<FeatureConfig>>,
+    #[serde(default)]
+    pub pooling: PoolingName,
+}
+
+/// One embedding table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableConfig {
+    pub name: String,
+    pub rows: usize,
+    pub dim: usize,
+    #[serde(with = "dtype_name")]
+    pub dtype: DType,
+}
+
+/// A sparse feature and the table it reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureConfig {
+    pub name: String,
+    pub table: String,
+}
+
+/// How pooled embeddings and the bottom MLP output meet.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum InteractionConfig {
+    /// Pairwise dot products (facebookresearch/dlrm `dot`, TorchRec `InteractionArch`).
+    Dot {
+        #[serde(default)]
+        self_interaction: bool,
+        #[serde(default)]
+        pair_order: PairOrder,
+    },
+    /// Concatenation (facebookresearch/dlrm `cat`).
+    Cat,
+    /// DCNv2 low-rank cross network (TorchRec `DLRM_DCN`).
+    Dcn { layers: usize, low_rank: usize },
+}
+
+/// The order in which dot-interaction pairs are listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairOrder {
+    /// `for i in 0..n, j in 0..i`: facebookresearch/dlrm.
+    #[default]
+    Lower,
+    /// `for i in 0..n, j in i+1..n`: TorchRec (`triu_indices(offset=1)`).
+    Upper,
+}
+
+/// `pooling` as written in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolingName {
+    #[default]
+    Sum,
+    Mean,
+}
+
+impl From<PoolingName> for Pooling {
+    fn from(p: PoolingName) -> Pooling {
+        match p {
+            PoolingName::Sum => Pooling::Sum,
+            PoolingName::Mean => Pooling::Mean,
+        }
+    }
+}
+
+mod dtype_name {
+    use ember_embed::DType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl ModelConfig {
+    /// Reads and checks `path`.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.into(),
+            source,
+        })?;
+        let cfg: ModelConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
+        cfg.check().map_err(|reason| ModelError::Config {
+            path: path.into(),
+            reason,
+        })?;
+        Ok(cfg)
+    }
+
+    /// The features, explicit or one per table.
+    pub fn features(&self) -> Vec<FeatureConfig> {
+        match &self.features {
+            Some(f) => f.clone(),
+            None => self
+                .tables
+                .iter()
+                .map(|t| FeatureConfig {
+                    name: t.name.clone(),
+                    table: t.name.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The table index each feature reads.
+    pub fn feature_tables(&self) -> std::result::Result<Vec<usize>, String> {
+        self.features()
+            .iter()
+            .map(|f| {
+                self.tables
+                    .iter()
+                    .position(|t| t.name == f.table)
+                    .ok_or_else(|| {
+                        format!("feature '{}' reads unknown table '{}'", f.name, f.table)
+                    })
+            })
+            .collect()
+    }
+
+    /// Output size of the bottom MLP.
+    pub fn bottom_out(&self) -> usize {
+        self.bottom_mlp.last().copied().unwrap_or(self.dense_in)
+    }
+
+    /// Input size of the top MLP, which the interaction determines.
+    pub fn top_in(&self) -> usize {
+        let d = self.bottom_out();
+        let dims: Vec<usize> = match self.feature_tables() {
+            Ok(t) => t.iter().map(|&i| self.tables[i].dim).collect(),
+            Err(_) => return 0,
+        };
+        let n = dims.len() + 1;
+        match self.interaction {
+            InteractionConfig::Dot {
+                self_interaction, ..
+            } => {
+                let pairs = if self_interaction {
+                    n * (n + 1) / 2
+                } else {
+                    n * (n - 1) / 2
+                };
+                d + pairs
+            }
+            InteractionConfig::Cat => d + dims.iter().sum::<usize>(),
+            InteractionConfig::Dcn { .. } => n * d,
+        }
+    }
+
+    /// Checks everything that can be checked without the weights.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.format != FORMAT {
+            return Err(format!("format is '{}', expected '{FORMAT}'", self.format));
+        }
+        if self.format_version != FORMAT_VERSION {
+            return Err(format!(
+                "format_version {} is not supported (this build reads {FORMAT_VERSION})",
+                self.format_version
+            ));
+        }
+        if self.dense_in == 0 {
+            return Err("dense_in must be at least 1".into());
+        }
+        if let Some(i) = self.bottom_mlp.iter().position(|&s| s == 0) {
+            return Err(format!("bottom_mlp[{i}] is 0"));
+        }
+        if let Some(i) = self.top_mlp.iter().position(|&s| s == 0) {
+            return Err(format!("top_mlp[{i}] is 0"));
+        }
+        if self.top_mlp.last() != Some(&1) {
+            return Err(format!(
+                "top_mlp must end in a layer of size 1 (the logit), got {:?}",
+                self.top_mlp
+            ));
+        }
+        if self.tables.is_empty() {
+            return Err("a model needs at least one table".into());
+        }
+        for (i, t) in self.tables.iter().enumerate() {
+            if t.rows == 0 || t.dim == 0 {
+                return Err(format!(
+                    "table '{}' has {} rows x dim {}: both must be at least 1",
+                    t.name, t.rows, t.dim
+                ));
+            }
+            if self.tables[..i].iter().any(|u| u.name == t.name) {
+                return Err(format!("table name '{}' appears twice", t.name));
+            }
+        }
+        let feats = self.features();
+        if feats.is_empty() {
+            return Err("a model needs at least one sparse feature".into());
+        }
+        for (i, f) in feats.iter().enumerate() {
+            if feats[..i].iter().any(|g| g.name == f.name) {
+                return Err(format!("feature name '{}' appears twice", f.name));
+            }
+        }
+        let tables = self.feature_tables()?;
+        let d = self.bottom_out();
+        match self.interaction {
+            InteractionConfig::Dot {
+                self_interaction,
+                pair_order,
+            } => {
+                if self_interaction && pair_order == PairOrder::Upper {
+                    return Err("self_interaction is only defined with pair_order 'lower'".into());
+                }
+                self.check_equal_dims(&tables, d, "dot")?;
+            }
+            InteractionConfig::Cat => {}
+            InteractionConfig::Dcn { layers, low_rank } => {
+                if layers == 0 || low_rank == 0 {
+                    return Err("dcn needs layers >= 1 and low_rank >= 1".into());
+                }
+                self.check_equal_dims(&tables, d, "dcn")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_equal_dims(
+        &self,
+        tables: &[usize],
+        d: usize,
+        kind: &str,
+    ) -> std::result::Result<(), String> {
+        for (f, &t) in tables.iter().enumerate() {
+            let dim = self.tables[t].dim;
+            if dim != d {
+                return Err(format!(
+                    "interaction '{kind}' needs every embedding dim equal to the bottom MLP output ({d}), \
+                     but feature '{}' reads table '{}' of dim {dim}",
+                    self.features()[f].name,
+                    self.tables[t].name
+                ));
+            }
+        }
+        Ok(())
+    }
+}

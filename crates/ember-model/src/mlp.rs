@@ -1,0 +1,313 @@
+//! Linear layers and MLPs: `y = relu?(x W^T + b)` over a row-major batch.
+//!
+//! Batches of two or more rows run one `faer` GEMM per layer, then one pass that adds the bias and
+//! applies the ReLU. A single row runs a GEMV (one dot product per output, split across threads),
+//! which is what batch-1 latency needs: a GEMM kernel's packing costs more than the work there.
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
+
+use crate::simd::Kernels;
+
+/// Which GEMM runs batches of two or more rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gemm {
+    /// Ember's AVX-512 kernel where the CPU has AVX-512 (and `EMBER_ISA` allows it), else faer.
+    Selected,
+    /// faer.
+    Faer,
+}
+
+/// One `nn.Linear` layer (weight `[out, in]`, row-major) with an optional ReLU.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    in_dim: usize,
+    out_dim: usize,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    relu: bool,
+}
+
+impl Linear {
+    /// A layer from PyTorch's layout; the lengths must match (checked by the loader).
+    pub fn new(
+        in_dim: usize,
+        out_dim: usize,
+        weight: Vec<f32>,
+        bias: Vec<f32>,
+        relu: bool,
+    ) -> Self {
+        assert_eq!(weight.len(), in_dim * out_dim, "weight is [out, in]");
+        assert_eq!(bias.len(), out_dim, "bias is [out]");
+        Linear {
+            in_dim,
+            out_dim,
+            weight,
+            bias,
+            relu,
+        }
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
+    }
+
+    pub fn bias(&self) -> &[f32] {
+        &self.bias
+    }
+
+    pub fn relu(&self) -> bool {
+        self.relu
+    }
+
+    /// `y = relu?(x W^T + b)` for `batch` rows: `x` is `[batch, in]`, `y` is `[batch, out]`.
+    pub fn forward(&self, x: &[f32], batch: usize, y: &mut [f32], par: Par) {
+        self.forward_with(x, batch, y, par, Gemm::Selected)
+    }
+
+    /// [`Linear::forward`] with the GEMM named (tests run every one).
+    pub fn forward_with(&self, x: &[f32], batch: usize, y: &mut [f32], par: Par, gemm: Gemm) {
+        debug_assert_eq!(x.len(), batch * self.in_dim);
+        debug_assert_eq!(y.len(), batch * self.out_dim);
+        if batch == 0 {
+            return;
+        }
+        if batch == 1 {
+            self.gemv(x, y, par);
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if gemm == Gemm::Selected && crate::gemm::available() {
+            self.gemm_avx512(x, batch, y, par);
+            return;
+        }
+        let lhs = MatRef::from_row_major_slice(x, batch, self.in_dim);
+        let rhs = MatRef::from_row_major_slice(&self.weight, self.out_dim, self.in_dim).transpose();
+        let dst = MatMut::from_row_major_slice_mut(y, batch, self.out_dim);
+        matmul(dst, Accum::Replace, lhs, rhs, 1.0f32, par);
+        for row in y.chunks_exact_mut(self.out_dim) {
+            bias_act(row, &self.bias, self.relu);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn gemm_avx512(&self, x: &[f32], batch: usize, y: &mut [f32], par: Par) {
+        use crate::gemm::{GemmScratch, YRows, gemm_rows};
+        use std::cell::RefCell;
+        thread_local! {
+            static SCRATCH: RefCell<GemmScratch> = RefCell::new(GemmScratch::default());
+        }
+        let (k, n) = (self.in_dim, self.out_dim);
+        {
+            let yr = YRows::new(y, n);
+            let run = |rows: std::ops::Range<usize>| {
+                SCRATCH.with(|s| {
+                    gemm_rows(x, batch, k, &self.weight, n, rows, yr, &mut s.borrow_mut())
+                })
+            };
+            let threads = par.degree();
+            if threads > 1 && n >= 12 {
+                let chunk = n.div_ceil(threads).next_multiple_of(6);
+                (0..n.div_ceil(chunk))
+                    .into_par_iter()
+                    .for_each(|c| run(c * chunk..((c + 1) * chunk).min(n)));
+            } else {
+                run(0..n);
+            }
+        }
+        for row in y.chunks_exact_mut(n) {
+            bias_act(row, &self.bias, self.relu);
+        }
+    }
+
+    fn gemv(&self, x: &[f32], y: &mut [f32], par: Par) {
+        let k = self.in_dim;
+        let kern = Kernels::selected();
+        let rows = |first: usize, ys: &mut [f32]| {
+            kern.gemv(&self.weight[first * k..(first + ys.len()) * k], x, ys);
+            bias_act(ys, &self.bias[first..first + ys.len()], self.relu);
+        };
+        // Split only when each thread gets a few hundred KB of weights: below that, waking the
+        // pool costs more than it saves.
+        let threads = par.degree();
+        if threads > 1 && self.weight.len() >= 64 * 1024 {
+            let chunk = self.out_dim.div_ceil(threads * 4).next_multiple_of(4);
+            y.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(c, ys)| rows(c * chunk, ys));
+        } else {
+            rows(0, y);
+        }
+    }
+}
+
+/// Adds `bias` to `row` and applies the ReLU if asked, in one pass.
+#[inline]
+pub(crate) fn bias_act(row: &mut [f32], bias: &[f32], relu: bool) {
+    if relu {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            *v = (*v + b).max(0.0);
+        }
+    } else {
+        for (v, &b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// A stack of [`Linear`] layers.
+#[derive(Debug, Clone, Default)]
+pub struct Mlp {
+    layers: Vec<Linear>,
+}
+
+/// Two ping-pong buffers for the activations between layers.
+#[derive(Debug, Default)]
+pub struct MlpScratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl Mlp {
+    pub fn new(layers: Vec<Linear>) -> Self {
+        for w in layers.windows(2) {
+            assert_eq!(w[0].out_dim, w[1].in_dim, "layer sizes must chain");
+        }
+        Mlp { layers }
+    }
+
+    pub fn layers(&self) -> &[Linear] {
+        &self.layers
+    }
+
+    /// Multiply-adds per sample.
+    pub fn macs(&self) -> usize {
+        self.layers.iter().map(|l| l.in_dim * l.out_dim).sum()
+    }
+
+    /// Output size (the input size when there are no layers).
+    pub fn out_dim(&self, in_dim: usize) -> usize {
+        self.layers.last().map_or(in_dim, |l| l.out_dim)
+    }
+
+    /// Runs every layer on `x` (`[batch, in]`) and returns the output, which lives in `scratch`
+    /// (or is `x` itself when there are no layers).
+    pub fn forward<'s>(
+        &self,
+        x: &'s [f32],
+        batch: usize,
+        scratch: &'s mut MlpScratch,
+        par: Par,
+    ) -> &'s [f32] {
+        let Some((first, rest)) = self.layers.split_first() else {
+            return x;
+        };
+        let MlpScratch { a, b } = scratch;
+        a.resize(batch * first.out_dim, 0.0);
+        first.forward(x, batch, a, par);
+        let (mut cur, mut next) = (a, b);
+        for l in rest {
+            next.resize(batch * l.out_dim, 0.0);
+            l.forward(cur, batch, next, par);
+            std::mem::swap(&mut cur, &mut next);
+        }
+        cur
+    }
+}
+
+/// The plain definition, for tests: `y[b][o] = relu?(sum_i x[b][i] * w[o][i] + bias[o])` in f64.
+pub fn linear_reference(l: &Linear, x: &[f32], batch: usize) -> Vec<f32> {
+    let mut y = vec![0f32; batch * l.out_dim];
+    for b in 0..batch {
+        for o in 0..l.out_dim {
+            let mut s = l.bias[o] as f64;
+            for i in 0..l.in_dim {
+                s += x[b * l.in_dim + i] as f64 * l.weight[o * l.in_dim + i] as f64;
+            }
+            let v = s as f32;
+            y[b * l.out_dim + o] = if l.relu { v.max(0.0) } else { v };
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn layer(in_dim: usize, out_dim: usize, relu: bool, seed: u64) -> Linear {
+        let v = crate::random::normal_vec(in_dim * out_dim + out_dim, 0.5, seed);
+        Linear::new(
+            in_dim,
+            out_dim,
+            v[..in_dim * out_dim].to_vec(),
+            v[in_dim * out_dim..].to_vec(),
+            relu,
+        )
+    }
+
+    fn close(got: &[f32], want: &[f32], k: usize) {
+        assert_eq!(got.len(), want.len());
+        let tol = 1e-5 * (k as f32).sqrt().max(1.0);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "element {i}: got {g}, want {w}"
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        #[test]
+        fn linear_matches_reference(
+            batch in prop_oneof![0usize..9, 9usize..140], in_dim in 1usize..70, out_dim in 1usize..40,
+            relu: bool, seed: u64, threads in 1usize..3,
+        ) {
+            let l = layer(in_dim, out_dim, relu, seed);
+            let x = crate::random::normal_vec(batch * in_dim, 1.0, seed ^ 1);
+            let par = if threads == 1 { Par::Seq } else { Par::rayon(threads) };
+            for gemm in [Gemm::Selected, Gemm::Faer] {
+                let mut y = vec![f32::NAN; batch * out_dim];
+                l.forward_with(&x, batch, &mut y, par, gemm);
+                close(&y, &linear_reference(&l, &x, batch), in_dim);
+            }
+        }
+    }
+
+    #[test]
+    fn gemv_splits_large_layers_across_threads() {
+        // Large enough to take the threaded GEMV path.
+        let l = layer(300, 257, true, 7);
+        let x = crate::random::normal_vec(300, 1.0, 8);
+        let mut y = vec![f32::NAN; 257];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| l.forward(&x, 1, &mut y, Par::rayon(2)));
+        close(&y, &linear_reference(&l, &x, 1), 300);
+        assert!(y.iter().any(|&v| v > 0.0) && y.contains(&0.0));
+    }
+
+    #[test]
+    fn mlp_chains_layers() {
+        let m = Mlp::new(vec![layer(5, 7, true, 1), layer(7, 3, false, 2)]);
+        let x = crate::random::normal_vec(4 * 5, 1.0, 3);
+        let mut s = MlpScratch::default();
+        let y = m.forward(&x, 4, &mut s, Par::Seq).to_vec();
+        let h = linear_reference(&m.layers()[0], &x, 4);
+        close(&y, &linear_reference(&m.layers()[1], &h, 4), 7);
+        assert_eq!(m.macs(), 5 * 7 + 7 * 3);
+    }
+}

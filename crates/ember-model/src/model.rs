@@ -1,0 +1,382 @@
+//! A loaded model and the [`Predictor`] that runs its forward pass.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ember_embed::{
+    DType, Dedup, EmbeddingCollection, EmbeddingTable, Feature, KeyedJagged, PagePolicy,
+    PoolOptions, Pooler, ValidatedBatch, workload::seeded_row,
+};
+use faer::Par;
+
+use crate::config::{InteractionConfig, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::interaction::{CrossLayer, Interaction, InteractionScratch, dot_pairs};
+use crate::mlp::{Linear, Mlp, MlpScratch};
+use crate::random::normal_vec;
+use crate::weights::{Weights, read_weights};
+
+/// How to load a model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Re-encode every table in this dtype at load (e.g. quantize f32 tables to int8).
+    pub table_dtype: Option<DType>,
+}
+
+/// A DLRM-family model: bottom MLP, embedding tables, interaction, top MLP, sigmoid.
+#[derive(Debug)]
+pub struct Model {
+    config: ModelConfig,
+    bottom: Mlp,
+    top: Mlp,
+    interaction: Interaction,
+    embeddings: EmbeddingCollection,
+}
+
+impl Model {
+    /// Loads `dir/config.json` and `dir/model.safetensors`.
+    pub fn load(dir: &Path, opts: LoadOptions) -> Result<Model> {
+        if !dir.is_dir() {
+            return Err(ModelError::Io {
+                path: dir.into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not a model directory (expected config.json and model.safetensors in it)",
+                ),
+            });
+        }
+        let mut config = ModelConfig::read(&dir.join("config.json"))?;
+        let w = read_weights(&dir.join("model.safetensors"), &config, opts.table_dtype)?;
+        if let Some(d) = opts.table_dtype {
+            config.tables.iter_mut().for_each(|t| t.dtype = d);
+        }
+        Self::from_weights(config, w)
+    }
+
+    /// Builds a model from a checked config and its weights.
+    pub fn from_weights(config: ModelConfig, w: Weights) -> Result<Model> {
+        config.check().map_err(|reason| ModelError::Config {
+            path: "config".into(),
+            reason,
+        })?;
+        let feature_tables = config
+            .feature_tables()
+            .map_err(|reason| ModelError::Config {
+                path: "config".into(),
+                reason,
+            })?;
+        let features = config
+            .features()
+            .into_iter()
+            .zip(feature_tables)
+            .map(|(f, table)| Feature {
+                name: f.name,
+                table,
+            })
+            .collect();
+        let embeddings = EmbeddingCollection::new(w.tables, features)?;
+        let interaction = match config.interaction {
+            InteractionConfig::Dot {
+                self_interaction,
+                pair_order,
+            } => Interaction::Dot {
+                pairs: dot_pairs(config.features().len() + 1, self_interaction, pair_order),
+                d: config.bottom_out(),
+            },
+            InteractionConfig::Cat => Interaction::Cat,
+            InteractionConfig::Dcn { .. } => Interaction::Dcn { layers: w.cross },
+        };
+        Ok(Model {
+            config,
+            bottom: w.bottom,
+            top: w.top,
+            interaction,
+            embeddings,
+        })
+    }
+
+    /// A model of `config`'s shape with random weights (MLP weights N(0, 1/in), table rows from
+    /// [`seeded_row`]), for benchmarks. Tables are filled on `threads` threads.
+    pub fn random(config: ModelConfig, seed: u64, threads: usize) -> Result<Model> {
+        config.check().map_err(|reason| ModelError::Config {
+            path: "config".into(),
+            reason,
+        })?;
+        let mut s = seed;
+        let mut next = || {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            s
+        };
+        let mut mlp = |in_dim: usize, sizes: &[usize], relu_last: bool| {
+            let mut k_in = in_dim;
+            let layers = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &out)| {
+                    let std = (1.0 / k_in as f32).sqrt();
+                    let w = normal_vec(out * k_in, std, next());
+                    let b = normal_vec(out, 0.01, next());
+                    let l = Linear::new(k_in, out, w, b, relu_last || k + 1 < sizes.len());
+                    k_in = out;
+                    l
+                })
+                .collect();
+            Mlp::new(layers)
+        };
+        let bottom = mlp(config.dense_in, &config.bottom_mlp, true);
+        let top = mlp(config.top_in(), &config.top_mlp, false);
+        let mut cross = Vec::new();
+        if let InteractionConfig::Dcn { layers, low_rank } = config.interaction {
+            let n = config.top_in();
+            for _ in 0..layers {
+                let v = normal_vec(low_rank * n, (1.0 / n as f32).sqrt(), next());
+                let w = normal_vec(n * low_rank, (1.0 / low_rank as f32).sqrt(), next());
+                cross.push(CrossLayer {
+                    v: Linear::new(n, low_rank, v, vec![0.0; low_rank], false),
+                    w: Linear::new(low_rank, n, w, vec![0.0; n], false),
+                });
+            }
+        }
+        let mut tables = Vec::with_capacity(config.tables.len());
+        for (i, t) in config.tables.iter().enumerate() {
+            let mut table =
+                EmbeddingTable::zeroed(&t.name, t.rows, t.dim, t.dtype, PagePolicy::Huge)?;
+            table.fill_rows(threads, |r, row| seeded_row(seed, i, r, row));
+            tables.push(table);
+        }
+        Self::from_weights(
+            config,
+            Weights {
+                bottom,
+                top,
+                cross,
+                tables,
+            },
+        )
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn embeddings(&self) -> &EmbeddingCollection {
+        &self.embeddings
+    }
+
+    pub fn bottom_mlp(&self) -> &Mlp {
+        &self.bottom
+    }
+
+    pub fn top_mlp(&self) -> &Mlp {
+        &self.top
+    }
+
+    /// Sparse feature names in input order.
+    pub fn feature_names(&self) -> Vec<String> {
+        self.embeddings.feature_names()
+    }
+
+    /// Bytes of all tables.
+    pub fn table_bytes(&self) -> usize {
+        self.embeddings.tables().iter().map(|t| t.bytes()).sum()
+    }
+}
+
+/// Where one forward pass spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes {
+    pub embedding: Duration,
+    pub bottom_mlp: Duration,
+    pub interaction: Duration,
+    pub top_mlp: Duration,
+}
+
+impl StageTimes {
+    pub fn total(&self) -> Duration {
+        self.embedding + self.bottom_mlp + self.interaction + self.top_mlp
+    }
+
+    /// Field-wise sum.
+    pub fn plus(self, o: StageTimes) -> StageTimes {
+        StageTimes {
+            embedding: self.embedding + o.embedding,
+            bottom_mlp: self.bottom_mlp + o.bottom_mlp,
+            interaction: self.interaction + o.interaction,
+            top_mlp: self.top_mlp + o.top_mlp,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Scratch {
+    bottom: MlpScratch,
+    pooled: Vec<f32>,
+    inter_out: Vec<f32>,
+    inter: InteractionScratch,
+    top: MlpScratch,
+}
+
+/// Runs a model's forward pass with a fixed number of threads; reuses its buffers across calls.
+/// One `Predictor` per concurrent caller; they can share the `Arc<Model>`.
+#[derive(Debug)]
+pub struct Predictor {
+    model: Arc<Model>,
+    pooler: Pooler,
+    pool: Option<rayon::ThreadPool>,
+    threads: usize,
+    scratch: Scratch,
+}
+
+impl Predictor {
+    /// A predictor running on `threads` threads (1 runs on the calling thread).
+    pub fn new(model: Arc<Model>, threads: usize) -> Result<Predictor> {
+        if threads == 0 {
+            return Err(ModelError::BadOption {
+                option: "threads",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let pooler = Pooler::new(PoolOptions {
+            pooling: model.config.pooling.into(),
+            dedup: Dedup::Auto,
+            threads,
+            ..PoolOptions::default()
+        })?;
+        let pool = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("ember-mlp-{i}"))
+                    .build()
+                    .map_err(|e| ModelError::BadOption {
+                        option: "threads",
+                        reason: format!("cannot start {threads} threads: {e}"),
+                    })?,
+            )
+        } else {
+            None
+        };
+        Ok(Predictor {
+            model,
+            pooler,
+            pool,
+            threads,
+            scratch: Scratch::default(),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Checks that `dense` (`[B, dense_in]`, finite) and `sparse` (the model's features, batch
+    /// `B`, ids in range) form a batch of this model; returns `B`.
+    pub fn check_batch(&self, dense: &[f32], sparse: &KeyedJagged) -> Result<usize> {
+        self.check(dense, sparse).map(|(b, _)| b)
+    }
+
+    fn check<'a>(
+        &self,
+        dense: &[f32],
+        sparse: &'a KeyedJagged,
+    ) -> Result<(usize, ValidatedBatch<'a>)> {
+        let m = &self.model;
+        let n = m.config.dense_in;
+        if !dense.len().is_multiple_of(n) {
+            return Err(ModelError::Input(format!(
+                "dense has {} values, not a multiple of the model's {n} dense features",
+                dense.len()
+            )));
+        }
+        let batch = dense.len() / n;
+        if sparse.batch_size() != batch {
+            return Err(ModelError::Input(format!(
+                "dense has {batch} samples but the sparse features have {}",
+                sparse.batch_size()
+            )));
+        }
+        if let Some(i) = dense.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Input(format!(
+                "dense feature {} of sample {} is {} (must be finite)",
+                i % n,
+                i / n,
+                dense[i]
+            )));
+        }
+        Ok((batch, m.embeddings.validate(sparse)?))
+    }
+
+    /// Writes each sample's logit (the top MLP output, before the sigmoid) into `logits`.
+    pub fn logits(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        logits: &mut [f32],
+    ) -> Result<StageTimes> {
+        let (batch, valid) = self.check(dense, sparse)?;
+        if logits.len() != batch {
+            return Err(ModelError::Input(format!(
+                "output has room for {} scores, the batch has {batch} samples",
+                logits.len()
+            )));
+        }
+        let m = &*self.model;
+        let s = &mut self.scratch;
+        let par = if self.threads > 1 {
+            Par::rayon(self.threads)
+        } else {
+            Par::Seq
+        };
+        let mut t = StageTimes::default();
+
+        let t0 = Instant::now();
+        s.pooled.resize(batch * m.embeddings.total_dim(), 0.0);
+        self.pooler.run(&m.embeddings, valid, &mut s.pooled)?;
+        t.embedding = t0.elapsed();
+
+        let mut stages = || {
+            let t1 = Instant::now();
+            let x = m.bottom.forward(dense, batch, &mut s.bottom, par);
+            t.bottom_mlp = t1.elapsed();
+
+            let t2 = Instant::now();
+            s.inter_out.resize(batch * m.config.top_in(), 0.0);
+            m.interaction
+                .forward(x, &s.pooled, batch, &mut s.inter_out, &mut s.inter, par);
+            t.interaction = t2.elapsed();
+
+            let t3 = Instant::now();
+            let y = m.top.forward(&s.inter_out, batch, &mut s.top, par);
+            logits.copy_from_slice(y);
+            t.top_mlp = t3.elapsed();
+        };
+        match &self.pool {
+            Some(p) => p.install(stages),
+            None => stages(),
+        }
+        Ok(t)
+    }
+
+    /// Writes each sample's predicted probability (sigmoid of the logit) into `scores`.
+    pub fn predict(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        scores: &mut [f32],
+    ) -> Result<StageTimes> {
+        let t = self.logits(dense, sparse, scores)?;
+        scores.iter_mut().for_each(|v| *v = sigmoid(*v));
+        Ok(t)
+    }
+}
+
+/// The logistic function.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}

@@ -1,0 +1,333 @@
+//! Dot products and GEMV rows for the dense layers, per instruction set, chosen once at start-up
+//! (the embedding stage's choice, [`Isa::selected`], so `EMBER_ISA` steers both).
+//!
+//! The GEMV kernel computes four outputs per pass over `x`, so each `x` load feeds four FMAs
+//! and four independent accumulator chains hide the FMA latency. Tails use masked loads (AVX-512)
+//! or a scalar loop (AVX2).
+
+use std::sync::OnceLock;
+
+use ember_embed::Isa;
+
+/// `y[o] = dot(w[o*k .. (o+1)*k], x)` for every `o` in `0..y.len()`.
+type GemvFn = unsafe fn(w: &[f32], x: &[f32], y: &mut [f32]);
+type DotFn = unsafe fn(a: &[f32], b: &[f32]) -> f32;
+
+/// The kernels of one instruction set.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernels {
+    isa: Isa,
+    dot: DotFn,
+    gemv: GemvFn,
+}
+
+impl Kernels {
+    /// The kernels for `isa`; `None` if this CPU lacks it.
+    pub fn for_isa(isa: Isa) -> Option<Kernels> {
+        if !isa.available() {
+            return None;
+        }
+        Some(match isa {
+            Isa::Scalar => Kernels {
+                isa,
+                dot: scalar::dot,
+                gemv: scalar::gemv,
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Kernels {
+                isa,
+                dot: avx2::dot,
+                gemv: avx2::gemv,
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Kernels {
+                isa,
+                dot: avx512::dot,
+                gemv: avx512::gemv,
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => return None,
+        })
+    }
+
+    /// The kernels of the selected instruction set.
+    pub fn selected() -> Kernels {
+        static K: OnceLock<Kernels> = OnceLock::new();
+        *K.get_or_init(|| {
+            let isa = Isa::selected().unwrap_or(Isa::Scalar);
+            Kernels::for_isa(isa).unwrap_or(Kernels {
+                isa: Isa::Scalar,
+                dot: scalar::dot,
+                gemv: scalar::gemv,
+            })
+        })
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// `sum a[i] * b[i]` over the common length.
+    #[inline]
+    pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        // SAFETY: `for_isa` only builds kernels the CPU supports, and the kernel reads `n`
+        // elements of each slice.
+        unsafe { (self.dot)(&a[..n], &b[..n]) }
+    }
+
+    /// `y[o] = dot(w[o*k..(o+1)*k], x)` with `k = x.len()`.
+    #[inline]
+    pub fn gemv(&self, w: &[f32], x: &[f32], y: &mut [f32]) {
+        assert!(
+            w.len() >= y.len() * x.len(),
+            "weight too short for the output"
+        );
+        // SAFETY: the CPU supports the kernel; `w` holds `y.len()` rows of `x.len()` values
+        // (asserted above), which is all the kernel reads.
+        unsafe { (self.gemv)(w, x, y) }
+    }
+}
+
+mod scalar {
+    /// 16 independent accumulators, which the compiler keeps in vector registers.
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        const L: usize = 16;
+        let mut acc = [0f32; L];
+        let n = a.len() / L * L;
+        for (x, y) in a[..n].chunks_exact(L).zip(b[..n].chunks_exact(L)) {
+            for i in 0..L {
+                acc[i] += x[i] * y[i];
+            }
+        }
+        let mut s: f32 = a[n..].iter().zip(&b[n..]).map(|(x, y)| x * y).sum();
+        s += acc.iter().sum::<f32>();
+        s
+    }
+
+    pub(super) unsafe fn gemv(w: &[f32], x: &[f32], y: &mut [f32]) {
+        let k = x.len();
+        for (o, v) in y.iter_mut().enumerate() {
+            // SAFETY: a safe function in an unsafe signature (the kernel table's type).
+            *v = unsafe { dot(&w[o * k..(o + 1) * k], x) };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `b.len() >= a.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY: every load reads 8 floats at i < i + 8 <= n of both slices.
+        unsafe {
+            while i + 16 <= n {
+                acc0 =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(pa.add(i + 8)),
+                    _mm256_loadu_ps(pb.add(i + 8)),
+                    acc1,
+                );
+                i += 16;
+            }
+            if i + 8 <= n {
+                acc0 =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+                i += 8;
+            }
+        }
+        let mut s = hsum(_mm256_add_ps(acc0, acc1));
+        for j in i..n {
+            s += a[j] * b[j];
+        }
+        s
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `w.len() >= y.len() * x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn gemv(w: &[f32], x: &[f32], y: &mut [f32]) {
+        let k = x.len();
+        let body = k / 8 * 8;
+        let px = x.as_ptr();
+        let mut o = 0;
+        while o + 4 <= y.len() {
+            let r: [&[f32]; 4] = std::array::from_fn(|j| &w[(o + j) * k..(o + j + 1) * k]);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < body {
+                // SAFETY: i + 8 <= body <= k, the length of x and of each row r[j].
+                unsafe {
+                    let xv = _mm256_loadu_ps(px.add(i));
+                    for j in 0..4 {
+                        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(r[j].as_ptr().add(i)), xv, acc[j]);
+                    }
+                }
+                i += 8;
+            }
+            for j in 0..4 {
+                let mut s = hsum(acc[j]);
+                for t in body..k {
+                    s += r[j][t] * x[t];
+                }
+                y[o + j] = s;
+            }
+            o += 4;
+        }
+        for (oo, v) in y.iter_mut().enumerate().skip(o) {
+            // SAFETY: same CPU features; the row is k long.
+            *v = unsafe { dot(&w[oo * k..(oo + 1) * k], x) };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    fn tail_mask(rem: usize) -> __mmask16 {
+        ((1u32 << rem) - 1) as __mmask16
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F; `b.len() >= a.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm512_setzero_ps();
+        let mut acc1 = _mm512_setzero_ps();
+        let mut i = 0;
+        // SAFETY: full loads read i..i+16 <= n; the masked load reads only lanes below n - i.
+        unsafe {
+            while i + 32 <= n {
+                acc0 =
+                    _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc0);
+                acc1 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(pa.add(i + 16)),
+                    _mm512_loadu_ps(pb.add(i + 16)),
+                    acc1,
+                );
+                i += 32;
+            }
+            if i + 16 <= n {
+                acc0 =
+                    _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc0);
+                i += 16;
+            }
+            if i < n {
+                let m = tail_mask(n - i);
+                acc1 = _mm512_fmadd_ps(
+                    _mm512_maskz_loadu_ps(m, pa.add(i)),
+                    _mm512_maskz_loadu_ps(m, pb.add(i)),
+                    acc1,
+                );
+            }
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F; `w.len() >= y.len() * x.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gemv(w: &[f32], x: &[f32], y: &mut [f32]) {
+        let k = x.len();
+        let body = k / 16 * 16;
+        let m = tail_mask(k - body);
+        let px = x.as_ptr();
+        let mut o = 0;
+        while o + 4 <= y.len() {
+            let r: [*const f32; 4] =
+                std::array::from_fn(|j| w[(o + j) * k..(o + j + 1) * k].as_ptr());
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            // SAFETY: full loads read i..i+16 <= body <= k of x and of each k-long row; the masked
+            // loads read only the k - body tail lanes.
+            unsafe {
+                while i < body {
+                    let xv = _mm512_loadu_ps(px.add(i));
+                    for j in 0..4 {
+                        acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(r[j].add(i)), xv, acc[j]);
+                    }
+                    i += 16;
+                }
+                if body < k {
+                    let xv = _mm512_maskz_loadu_ps(m, px.add(body));
+                    for j in 0..4 {
+                        acc[j] =
+                            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r[j].add(body)), xv, acc[j]);
+                    }
+                }
+            }
+            for j in 0..4 {
+                y[o + j] = _mm512_reduce_add_ps(acc[j]);
+            }
+            o += 4;
+        }
+        for (oo, v) in y.iter_mut().enumerate().skip(o) {
+            // SAFETY: same CPU features; the row is k long.
+            *v = unsafe { dot(&w[oo * k..(oo + 1) * k], x) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::random::normal_vec;
+    use proptest::prelude::*;
+
+    fn dot_ref(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+    }
+
+    proptest! {
+        #[test]
+        fn kernels_match_reference(k in 0usize..150, rows in 0usize..11, seed: u64) {
+            let w = normal_vec(rows * k, 1.0, seed);
+            let x = normal_vec(k, 1.0, seed ^ 5);
+            for isa in Isa::available_all() {
+                let kern = Kernels::for_isa(isa).unwrap();
+                let mut y = vec![f32::NAN; rows];
+                kern.gemv(&w, &x, &mut y);
+                for o in 0..rows {
+                    let r = &w[o * k..(o + 1) * k];
+                    let want = dot_ref(r, &x);
+                    let tol = 1e-5 * (1.0 + (k as f64).sqrt() * 2.0);
+                    prop_assert!((y[o] as f64 - want).abs() <= tol, "{isa} gemv row {o}: {} vs {want}", y[o]);
+                    let d = kern.dot(r, &x) as f64;
+                    prop_assert!((d - want).abs() <= tol, "{isa} dot: {d} vs {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_listed_isa_has_kernels() {
+        for isa in Isa::available_all() {
+            assert_eq!(Kernels::for_isa(isa).unwrap().isa(), isa);
+        }
+        assert!(Kernels::for_isa(Isa::Scalar).is_some());
+    }
+}

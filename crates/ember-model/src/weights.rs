@@ -1,0 +1,178 @@
+//! Reading `model.safetensors` against a [`ModelConfig`]: every expected tensor must be present
+//! with the right dtype and shape, and nothing else may be there.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use ember_embed::{DType, EmbeddingTable};
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use crate::config::{InteractionConfig, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::interaction::CrossLayer;
+use crate::mlp::{Linear, Mlp};
+
+/// Everything the weights file holds, in Ember's types.
+#[derive(Debug)]
+pub struct Weights {
+    pub bottom: Mlp,
+    pub top: Mlp,
+    pub cross: Vec<CrossLayer>,
+    pub tables: Vec<EmbeddingTable>,
+}
+
+struct Reader<'a> {
+    path: PathBuf,
+    st: SafeTensors<'a>,
+    used: BTreeSet<String>,
+}
+
+impl Reader<'_> {
+    fn err(&self, tensor: &str, reason: impl Into<String>) -> ModelError {
+        ModelError::Weights {
+            path: self.path.clone(),
+            tensor: tensor.into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn raw(&mut self, name: &str, dtype: StDtype, shape: &[usize]) -> Result<&[u8]> {
+        let t = self
+            .st
+            .tensor(name)
+            .map_err(|_| self.err(name, "missing"))?;
+        if t.dtype() != dtype {
+            return Err(self.err(
+                name,
+                format!("dtype is {:?}, expected {dtype:?}", t.dtype()),
+            ));
+        }
+        if t.shape() != shape {
+            return Err(self.err(
+                name,
+                format!("shape is {:?}, expected {shape:?}", t.shape()),
+            ));
+        }
+        self.used.insert(name.to_string());
+        Ok(t.data())
+    }
+
+    fn f32s(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let data = self.raw(name, StDtype::F32, shape)?;
+        Ok(data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    fn mlp(
+        &mut self,
+        prefix: &str,
+        in_dim: usize,
+        sizes: &[usize],
+        relu_last: bool,
+    ) -> Result<Mlp> {
+        let mut layers = Vec::with_capacity(sizes.len());
+        let mut k_in = in_dim;
+        for (k, &out) in sizes.iter().enumerate() {
+            let w = self.f32s(&format!("{prefix}.{k}.weight"), &[out, k_in])?;
+            let b = self.f32s(&format!("{prefix}.{k}.bias"), &[out])?;
+            let relu = relu_last || k + 1 < sizes.len();
+            layers.push(Linear::new(k_in, out, w, b, relu));
+            k_in = out;
+        }
+        Ok(Mlp::new(layers))
+    }
+}
+
+/// Reads and checks the weights of `cfg` from `path`. `table_dtype` re-encodes every table
+/// (e.g. quantizes f32 tables to int8) as it is loaded.
+pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) -> Result<Weights> {
+    let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+        path: path.into(),
+        source,
+    })?;
+    // SAFETY: the mapping is read-only and private; Ember does not write model files while
+    // serving them. A concurrent truncation by another process would raise SIGBUS, which is the
+    // documented risk of serving from a mapping (the same as PyTorch's mmap=True load).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Safetensors {
+        path: path.into(),
+        reason: e.to_string(),
+    })?;
+    let mut r = Reader {
+        path: path.into(),
+        st,
+        used: BTreeSet::new(),
+    };
+    let bottom = r.mlp("bottom_mlp", cfg.dense_in, &cfg.bottom_mlp, true)?;
+    let top = r.mlp("top_mlp", cfg.top_in(), &cfg.top_mlp, false)?;
+    let mut cross = Vec::new();
+    if let InteractionConfig::Dcn { layers, low_rank } = cfg.interaction {
+        let n = cfg.top_in();
+        for l in 0..layers {
+            let v = r.f32s(&format!("crossnet.{l}.V"), &[low_rank, n])?;
+            let w = r.f32s(&format!("crossnet.{l}.W"), &[n, low_rank])?;
+            let b = r.f32s(&format!("crossnet.{l}.bias"), &[n])?;
+            cross.push(CrossLayer {
+                v: Linear::new(n, low_rank, v, vec![0.0; low_rank], false),
+                w: Linear::new(low_rank, n, w, b, false),
+            });
+        }
+    }
+    let mut tables = Vec::with_capacity(cfg.tables.len());
+    for t in &cfg.tables {
+        let name = format!("tables.{}", t.name);
+        let (st_dtype, cols) = match t.dtype {
+            DType::F32 => (StDtype::F32, t.dim),
+            DType::F16 => (StDtype::F16, t.dim),
+            DType::BF16 => (StDtype::BF16, t.dim),
+            DType::Int8 | DType::Int4 => (StDtype::U8, t.dtype.row_bytes(t.dim)),
+        };
+        let bytes = r.raw(&name, st_dtype, &[t.rows, cols])?;
+        let table = EmbeddingTable::from_bytes(&t.name, t.rows, t.dim, t.dtype, bytes)?;
+        tables.push(match table_dtype {
+            Some(d) if d != t.dtype => recode(&table, d)?,
+            _ => table,
+        });
+    }
+    let extra: Vec<String> =
+        r.st.names()
+            .into_iter()
+            .filter(|n| !r.used.contains(*n))
+            .map(|s| s.to_string())
+            .collect();
+    if let Some(first) = extra.first() {
+        return Err(r.err(
+            first,
+            format!(
+                "not part of the model described by config.json ({} unexpected tensor(s); a \
+                 mismatched export?)",
+                extra.len()
+            ),
+        ));
+    }
+    Ok(Weights {
+        bottom,
+        top,
+        cross,
+        tables,
+    })
+}
+
+/// Re-encodes a table in another dtype.
+pub fn recode(t: &EmbeddingTable, dtype: DType) -> Result<EmbeddingTable> {
+    let mut out = EmbeddingTable::zeroed(
+        t.name(),
+        t.rows(),
+        t.dim(),
+        dtype,
+        ember_embed::PagePolicy::Huge,
+    )?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    out.fill_rows(threads, |r, row| t.dequantize_row(r, row));
+    Ok(out)
+}

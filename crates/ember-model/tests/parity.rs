@@ -1,0 +1,231 @@
+//! Parity with PyTorch: each fixture under `tests/fixtures/` is a model exported by
+//! `tools/export_torch.py` from a real PyTorch module with random weights, plus inputs and the
+//! module's outputs (`tools/make_fixtures.py`). Ember must match to 1e-5 relative error with f32
+//! tables, and stay close when the tables are quantized at load.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ember_embed::{DType, Ids, KeyedJagged};
+use ember_model::{LoadOptions, Model, ModelError, Predictor};
+use safetensors::SafeTensors;
+
+struct Fixture {
+    dense: Vec<f32>,
+    lengths: Vec<usize>,
+    ids: Vec<i64>,
+    logits: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+fn dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn read(name: &str) -> Fixture {
+    let bytes = std::fs::read(dir(name).join("inputs.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |n: &str| -> Vec<f32> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let i64s = |n: &str| -> Vec<i64> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    Fixture {
+        dense: f32s("dense"),
+        lengths: i64s("lengths").into_iter().map(|l| l as usize).collect(),
+        ids: i64s("ids"),
+        logits: f32s("logits"),
+        scores: f32s("scores"),
+    }
+}
+
+fn run(name: &str, opts: LoadOptions, threads: usize) -> (Fixture, Vec<f32>, Vec<f32>) {
+    let model = Arc::new(Model::load(&dir(name), opts).unwrap());
+    let fx = read(name);
+    let batch = fx.logits.len();
+    let kj = KeyedJagged::from_lengths(
+        model.feature_names(),
+        batch,
+        &fx.lengths,
+        Ids::I64(fx.ids.clone()),
+        None,
+    )
+    .unwrap();
+    let mut p = Predictor::new(model, threads).unwrap();
+    let mut logits = vec![f32::NAN; batch];
+    p.logits(&fx.dense, &kj, &mut logits).unwrap();
+    let mut scores = vec![f32::NAN; batch];
+    p.predict(&fx.dense, &kj, &mut scores).unwrap();
+    (fx, logits, scores)
+}
+
+/// Largest `|got - want| / max(|want|, 1)`: relative error, measured against 1 for values near
+/// zero (where a relative error says nothing about the model: a logit of 1e-4 off by 1e-9).
+fn max_rel(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
+fn check_f32(name: &str) {
+    for threads in [1, 2] {
+        let (fx, logits, scores) = run(name, LoadOptions::default(), threads);
+        // Not a degenerate fixture: logits spread on both sides of zero, empty bags present.
+        assert!(fx.logits.iter().any(|&l| l > 0.5) && fx.logits.iter().any(|&l| l < -0.5));
+        assert!(fx.lengths.contains(&0) && fx.lengths.iter().any(|&l| l > 1));
+        let (rl, rs) = (max_rel(&logits, &fx.logits), max_rel(&scores, &fx.scores));
+        assert!(
+            rl <= 1e-5 && rs <= 1e-5,
+            "{name}, {threads} threads: logits {rl:e}, scores {rs:e}"
+        );
+    }
+}
+
+#[test]
+fn dlrm_dot_matches_pytorch() {
+    check_f32("dlrm_dot");
+}
+
+#[test]
+fn dlrm_dot_self_interaction_matches_pytorch() {
+    check_f32("dlrm_dot_self");
+}
+
+#[test]
+fn dlrm_cat_matches_pytorch() {
+    check_f32("dlrm_cat");
+}
+
+#[test]
+fn torchrec_dlrm_matches_pytorch() {
+    check_f32("torchrec_dlrm");
+}
+
+#[test]
+fn torchrec_dlrm_dcn_matches_pytorch() {
+    check_f32("torchrec_dcn");
+}
+
+#[test]
+fn quantized_tables_stay_close() {
+    for (dtype, tol) in [
+        (DType::F16, 2e-3),
+        (DType::BF16, 1.5e-2),
+        (DType::Int8, 2e-2),
+    ] {
+        for name in ["dlrm_dot", "torchrec_dcn"] {
+            let opts = LoadOptions {
+                table_dtype: Some(dtype),
+            };
+            let (fx, _, scores) = run(name, opts, 1);
+            let err = scores
+                .iter()
+                .zip(&fx.scores)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                err <= tol,
+                "{name} with {dtype} tables: max score error {err}"
+            );
+            assert!(
+                err > 0.0,
+                "{name} with {dtype}: quantization changed nothing?"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_batches_are_refused_and_the_predictor_keeps_working() {
+    let model = Arc::new(Model::load(&dir("dlrm_dot"), LoadOptions::default()).unwrap());
+    let fx = read("dlrm_dot");
+    let batch = fx.logits.len();
+    let names = model.feature_names();
+    let kj = |ids: Vec<i64>| {
+        KeyedJagged::from_lengths(names.clone(), batch, &fx.lengths, Ids::I64(ids), None).unwrap()
+    };
+    let mut p = Predictor::new(model.clone(), 1).unwrap();
+    let mut out = vec![0f32; batch];
+    // Out-of-range id.
+    let mut ids = fx.ids.clone();
+    ids[3] = 1 << 40;
+    let e = p.predict(&fx.dense, &kj(ids), &mut out).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    // Dense of the wrong width.
+    let e = p
+        .predict(&fx.dense[1..], &kj(fx.ids.clone()), &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(e, ModelError::Input(_)) && e.to_string().contains("not a multiple"),
+        "{e}"
+    );
+    // Non-finite dense value.
+    let mut dense = fx.dense.clone();
+    dense[7] = f32::NAN;
+    let e = p
+        .predict(&dense, &kj(fx.ids.clone()), &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("must be finite"), "{e}");
+    // Wrong output length.
+    let e = p
+        .predict(&fx.dense, &kj(fx.ids.clone()), &mut out[1..])
+        .unwrap_err();
+    assert!(e.to_string().contains("room for"), "{e}");
+    // Still serves the good batch.
+    p.predict(&fx.dense, &kj(fx.ids.clone()), &mut out).unwrap();
+    assert!(max_rel(&out, &fx.scores) <= 1e-5);
+    // Empty batch.
+    let empty = KeyedJagged::from_lengths(names.clone(), 0, &[], Ids::I64(vec![]), None).unwrap();
+    let mut none: [f32; 0] = [];
+    p.predict(&[], &empty, &mut none).unwrap();
+}
+
+#[test]
+fn broken_model_directories_name_the_problem() {
+    let tmp = std::env::temp_dir().join(format!("ember-parity-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let src = dir("dlrm_dot");
+    let config = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let weights = std::fs::read(src.join("model.safetensors")).unwrap();
+    let load = |cfg: &str, w: &[u8]| {
+        std::fs::write(tmp.join("config.json"), cfg).unwrap();
+        std::fs::write(tmp.join("model.safetensors"), w).unwrap();
+        Model::load(&tmp, LoadOptions::default())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = load(&config, &weights[..weights.len() - 100]);
+    assert!(e.contains("safetensors"), "{e}");
+    let e = load(&config.replacen("\"rows\": ", "\"rows\": 1", 1), &weights);
+    assert!(e.contains("tables.") && e.contains("shape"), "{e}");
+    let e = load(&config.replacen("\"dot\"", "\"cat\"", 1), &weights);
+    assert!(e.contains("top_mlp.0.weight") && e.contains("shape"), "{e}");
+    let e = load(
+        &config.replacen("\"format_version\": 1", "\"format_version\": 9", 1),
+        &weights,
+    );
+    assert!(e.contains("format_version 9"), "{e}");
+    let e = load("{", &weights);
+    assert!(e.contains("config.json"), "{e}");
+    let e = Model::load(&tmp.join("nope"), LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a model directory"), "{e}");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
