@@ -319,10 +319,7 @@ mod tests {
         assert_eq!(kj.batch_size(), 2);
         assert_eq!(kj.ids().get(0), (0x1234_5678u64 % 10) as i64);
         assert_eq!(kj.ids().get(1), 0);
-        assert_eq!(
-            kj.ids().get(2),
-            ((0x1234_5678u64 * 2) % 11) as i64
-        );
+        assert_eq!(kj.ids().get(2), ((0x1234_5678u64 * 2) % 11) as i64);
         assert!(b.sparse(&names[..3], &rows[..3]).is_err());
     }
 }

@@ -4,23 +4,31 @@
 //! Why not only `faer`: at batch 64 a layer's weights are touched once per batch, and right after
 //! the embedding stage has streamed tens of MB through the caches they come from DRAM. `faer`
 //! packs them first (a strided, latency-bound pass) and reached 50 GFLOP/s on cold weights here
-//! against 85 on hot ones. This kernel reads each weight row once, sequentially (six rows at a
-//! time: six streams the hardware prefetcher follows), and keeps the batch in registers: `X` is
-//! transposed once per call to `XT[k, b]`, a block of up to 64 samples is four zmm registers per
-//! `k`, and six weight rows x four sample vectors are 24 accumulators.
+//! against 85 on hot ones. This kernel reads the weights in place, six rows at a time (six streams
+//! for the hardware prefetcher, plus a software prefetch of the next tile), and keeps the batch in
+//! registers: `X` is transposed once per call to `XT[k, b]` (16 inputs at a time), a block of up to
+//! 64 samples is four zmm registers per `k`, and six weight rows x four sample vectors are 24
+//! accumulators. Measured on the RM1 layers at batch 64 (`examples/`-style probe, medians of 300
+//! alternating calls): equal to faer on hot weights, 1.06x / 1.34x / 1.51x faster on cold ones
+//! (2048x256, 592x768, 768x384). The CPU's FMA throughput bounds both on hot weights.
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use rayon::prelude::*;
 
 /// Rows of `W` per micro-kernel call.
-const R: usize = 6;
-/// Samples per block (4 zmm of 16 floats).
-const BB: usize = 64;
+const RMAX: usize = 6;
+/// Inputs per block of the 64-sample path: the block of `xt` in use (64 x 64 floats, 16 KB) stays
+/// in L1. Measured against unblocked: equal on hot weights, 1.1-1.3x on cold ones.
+const KC: usize = 64;
 
 /// Reusable buffers.
 #[derive(Debug, Default)]
 pub struct GemmScratch {
-    xt: Vec<f32>,
     wpad: Vec<f32>,
+    acc: Vec<f32>,
 }
 
 /// `y[b * n + o] = sum_k x[b * k_dim + k] * w[o * k_dim + k]` for `b < batch`, `o < n`, on `o` rows
@@ -28,10 +36,15 @@ pub struct GemmScratch {
 /// (`[k_dim, nb * 16]`).
 ///
 /// # Safety
-/// The CPU must support AVX-512F. `w` holds `n * k_dim` values, `xt` `k_dim * nb * 16`, and
-/// `out` has room for `R * nb * 16` values.
+/// The CPU must support AVX-512F. `w` points at `R` rows of `k_dim` values, `xt` at `k_dim` rows
+/// of `NB * 16`, and `out` has room for `R * NB * 16` values.
 #[target_feature(enable = "avx512f")]
-unsafe fn micro<const NB: usize>(w: *const f32, k_dim: usize, xt: *const f32, out: *mut f32) {
+unsafe fn micro<const R: usize, const NB: usize>(
+    w: *const f32,
+    k_dim: usize,
+    xt: *const f32,
+    out: *mut f32,
+) {
     let mut acc = [[_mm512_setzero_ps(); NB]; R];
     let stride = NB * 16;
     for k in 0..k_dim {
@@ -55,6 +68,91 @@ unsafe fn micro<const NB: usize>(w: *const f32, k_dim: usize, xt: *const f32, ou
     }
 }
 
+/// [`micro`] for six rows and 64 samples with every accumulator a named local: the array form
+/// of the generic kernel made LLVM spill four of the 24 accumulators to the stack in the inner
+/// loop (seen in the disassembly), which cost a quarter of the throughput.
+///
+/// Runs inputs `0 .. kc` of the block (the caller offsets `w` and `xt` to the block's first
+/// input), adding to the partial sums in `out` when `accumulate`, and prefetches the weights the
+/// next call will read (`next_w`, rows of stride `k_dim`).
+///
+/// # Safety
+/// The CPU must support AVX-512F. `w` points at 6 rows (stride `k_dim`) of at least `kc` values,
+/// `xt` at `kc` rows of 64 values, `out` at 6 x 64 values; `next_w` is only prefetched.
+#[target_feature(enable = "avx512f")]
+unsafe fn micro_6x64(
+    w: *const f32,
+    k_dim: usize,
+    kc: usize,
+    xt: *const f32,
+    out: *mut f32,
+    accumulate: bool,
+    next_w: *const f32,
+) {
+    macro_rules! zero {
+        ($($a:ident),*) => { $(let mut $a = _mm512_setzero_ps();)* };
+    }
+    zero!(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23);
+    zero!(a30, a31, a32, a33, a40, a41, a42, a43, a50, a51, a52, a53);
+    if accumulate {
+        // SAFETY: out holds the 6 x 64 partial sums of the previous k block.
+        unsafe {
+            macro_rules! load {
+                ($($i:expr => $a:ident),*) => { $($a = _mm512_loadu_ps(out.add($i * 16));)* };
+            }
+            load!(0 => a00, 1 => a01, 2 => a02, 3 => a03, 4 => a10, 5 => a11, 6 => a12, 7 => a13);
+            load!(8 => a20, 9 => a21, 10 => a22, 11 => a23, 12 => a30, 13 => a31, 14 => a32);
+            load!(15 => a33, 16 => a40, 17 => a41, 18 => a42, 19 => a43, 20 => a50, 21 => a51);
+            load!(22 => a52, 23 => a53);
+        }
+    }
+    // The next tile's weight segments, fetched while this one computes (prefetch never faults).
+    for r in 0..6 {
+        let mut off = 0;
+        while off < kc {
+            _mm_prefetch::<_MM_HINT_T0>(next_w.wrapping_add(r * k_dim + off) as *const i8);
+            off += 16;
+        }
+    }
+    macro_rules! row {
+        ($r:expr, $k:expr, $x0:ident, $x1:ident, $x2:ident, $x3:ident, $a0:ident, $a1:ident, $a2:ident, $a3:ident) => {{
+            // SAFETY: $k < kc and the caller guarantees each of the 6 weight rows (stride k_dim)
+            // has kc values from `w`.
+            let wb = unsafe { _mm512_set1_ps(*w.add($r * k_dim + $k)) };
+            $a0 = _mm512_fmadd_ps(wb, $x0, $a0);
+            $a1 = _mm512_fmadd_ps(wb, $x1, $a1);
+            $a2 = _mm512_fmadd_ps(wb, $x2, $a2);
+            $a3 = _mm512_fmadd_ps(wb, $x3, $a3);
+        }};
+    }
+    for k in 0..kc {
+        // SAFETY: as above.
+        let (x0, x1, x2, x3) = unsafe {
+            let xr = xt.add(k * 64);
+            (
+                _mm512_loadu_ps(xr),
+                _mm512_loadu_ps(xr.add(16)),
+                _mm512_loadu_ps(xr.add(32)),
+                _mm512_loadu_ps(xr.add(48)),
+            )
+        };
+        row!(0, k, x0, x1, x2, x3, a00, a01, a02, a03);
+        row!(1, k, x0, x1, x2, x3, a10, a11, a12, a13);
+        row!(2, k, x0, x1, x2, x3, a20, a21, a22, a23);
+        row!(3, k, x0, x1, x2, x3, a30, a31, a32, a33);
+        row!(4, k, x0, x1, x2, x3, a40, a41, a42, a43);
+        row!(5, k, x0, x1, x2, x3, a50, a51, a52, a53);
+    }
+    let all = [
+        a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33, a40, a41,
+        a42, a43, a50, a51, a52, a53,
+    ];
+    for (i, v) in all.iter().enumerate() {
+        // SAFETY: out has 6 * 64 values.
+        unsafe { _mm512_storeu_ps(out.add(i * 16), *v) };
+    }
+}
+
 /// Whether this kernel can run here.
 pub fn available() -> bool {
     ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512)
@@ -72,68 +170,204 @@ fn transpose_block(
 ) {
     xt.clear();
     xt.resize(k_dim * stride, 0.0);
-    for b in 0..bn {
-        let row = &x[(b0 + b) * k_dim..(b0 + b + 1) * k_dim];
-        for (k, &v) in row.iter().enumerate() {
-            xt[k * stride + b] = v;
+    // 16 inputs at a time: the 16 rows of `xt` being written (16 x stride floats) stay in L1
+    // while every sample contributes one cache line of its row. Row by row, each write would
+    // touch a different line of a 512 KB buffer.
+    let mut k0 = 0;
+    while k0 < k_dim {
+        let kn = (k_dim - k0).min(16);
+        for b in 0..bn {
+            let src = &x[(b0 + b) * k_dim + k0..(b0 + b) * k_dim + k0 + kn];
+            for (i, &v) in src.iter().enumerate() {
+                xt[(k0 + i) * stride + b] = v;
+            }
         }
+        k0 += kn;
     }
 }
 
-/// `y = x W^T` over rows `rows` of `W`, for every sample; writes `y[b * n + o]` for `o` in `rows`.
+/// `y = x W^T` (`x`: `[batch, k_dim]`, `w`: `[n, k_dim]`, `y`: `[batch, n]`). Batches run in
+/// blocks of 64 samples; each block is transposed once, then its rows of `W` are split across
+/// `threads` workers of the current rayon pool, which share the transposed block.
 /// Used by [`crate::mlp::Linear`] when [`available`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_rows(
+pub fn gemm(
     x: &[f32],
     batch: usize,
     k_dim: usize,
     w: &[f32],
     n: usize,
-    rows: std::ops::Range<usize>,
-    y: YRows<'_>,
-    scratch: &mut GemmScratch,
+    y: &mut [f32],
+    threads: usize,
 ) {
     assert!(available(), "AVX-512 GEMM called without AVX-512");
-    assert!(x.len() >= batch * k_dim && w.len() >= n * k_dim && rows.end <= n);
-    let mut tile = [0f32; R * BB];
+    assert!(x.len() >= batch * k_dim && w.len() >= n * k_dim && y.len() >= batch * n);
+    thread_local! {
+        static SCRATCH: RefCell<GemmScratch> = RefCell::new(GemmScratch::default());
+        // The calling thread's transposed block; kept, since a fresh 512 KB buffer per call
+        // costs its page faults (measured: 10-20% of a cold 2048x256 layer).
+        static XT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    XT.with(|xt| {
+        gemm_blocks(
+            x,
+            batch,
+            k_dim,
+            w,
+            n,
+            y,
+            threads,
+            &mut xt.borrow_mut(),
+            &SCRATCH,
+        )
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_blocks(
+    x: &[f32],
+    batch: usize,
+    k_dim: usize,
+    w: &[f32],
+    n: usize,
+    y: &mut [f32],
+    threads: usize,
+    xt: &mut Vec<f32>,
+    scratch: &'static std::thread::LocalKey<RefCell<GemmScratch>>,
+) {
+    let yr = YRows::new(y, n);
     let mut b0 = 0;
     while b0 < batch {
-        let bn = (batch - b0).min(BB);
-        let nb = bn.div_ceil(16);
-        let stride = nb * 16;
-        transpose_block(x, k_dim, b0, bn, stride, &mut scratch.xt);
+        let bn = (batch - b0).min(64);
+        let stride = bn.div_ceil(16) * 16;
+        transpose_block(x, k_dim, b0, bn, stride, xt);
+        let block = Block {
+            xt,
+            k_dim,
+            w,
+            b0,
+            bn,
+        };
+        let run = |rows: Range<usize>| scratch.with(|s| block.rows(rows, yr, &mut s.borrow_mut()));
+        if threads > 1 && n >= 12 {
+            let chunk = n.div_ceil(threads).next_multiple_of(6);
+            (0..n.div_ceil(chunk))
+                .into_par_iter()
+                .for_each(|c| run(c * chunk..((c + 1) * chunk).min(n)));
+        } else {
+            run(0..n);
+        }
+        b0 += bn;
+    }
+}
+
+/// One block of at most 64 samples, transposed.
+struct Block<'a> {
+    xt: &'a [f32],
+    k_dim: usize,
+    w: &'a [f32],
+    b0: usize,
+    bn: usize,
+}
+
+impl Block<'_> {
+    /// Rows `rows` of `W` against the block.
+    fn rows(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
+        match self.bn.div_ceil(16) {
+            1 => self.tiles::<1>(rows, y, scratch),
+            2 => self.tiles::<2>(rows, y, scratch),
+            3 => self.tiles::<3>(rows, y, scratch),
+            _ => self.block_6x64(rows, y, scratch),
+        }
+    }
+
+    /// Up to 48 samples: the generic micro-kernel over the whole input width.
+    fn tiles<const NB: usize>(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
+        let (k_dim, stride) = (self.k_dim, NB * 16);
+        let mut tile = [0f32; RMAX * 64];
         let mut o = rows.start;
         while o < rows.end {
-            let rn = (rows.end - o).min(R);
-            let wp = if rn == R {
-                w[o * k_dim..].as_ptr()
+            let rn = (rows.end - o).min(RMAX);
+            let wp = if rn == RMAX {
+                self.w[o * k_dim..].as_ptr()
             } else {
-                // Tail rows: pad to R rows of zeros so the micro-kernel never reads past W.
+                // Tail rows: pad to RMAX rows of zeros so the micro-kernel never reads past W.
                 scratch.wpad.clear();
                 scratch
                     .wpad
-                    .extend_from_slice(&w[o * k_dim..(o + rn) * k_dim]);
-                scratch.wpad.resize(R * k_dim, 0.0);
+                    .extend_from_slice(&self.w[o * k_dim..(o + rn) * k_dim]);
+                scratch.wpad.resize(RMAX * k_dim, 0.0);
                 scratch.wpad.as_ptr()
             };
-            // SAFETY: AVX-512F is asserted above; wp has R rows of k_dim values (W has n >= o + R
-            // rows, or the padded copy); xt is k_dim x stride; tile holds R * 64 values.
-            unsafe {
-                match nb {
-                    1 => micro::<1>(wp, k_dim, scratch.xt.as_ptr(), tile.as_mut_ptr()),
-                    2 => micro::<2>(wp, k_dim, scratch.xt.as_ptr(), tile.as_mut_ptr()),
-                    3 => micro::<3>(wp, k_dim, scratch.xt.as_ptr(), tile.as_mut_ptr()),
-                    _ => micro::<4>(wp, k_dim, scratch.xt.as_ptr(), tile.as_mut_ptr()),
-                }
-            }
+            // SAFETY: AVX-512F is asserted by `gemm`; wp has RMAX rows of k_dim values (W has rows
+            // up to o + RMAX, or the padded copy); xt is k_dim x stride; tile holds RMAX * 64
+            // >= RMAX * stride values.
+            unsafe { micro::<RMAX, NB>(wp, k_dim, self.xt.as_ptr(), tile.as_mut_ptr()) };
             for r in 0..rn {
-                for b in 0..bn {
-                    y.set(b0 + b, o + r, tile[r * stride + b]);
+                for b in 0..self.bn {
+                    y.set(self.b0 + b, o + r, tile[r * stride + b]);
                 }
             }
             o += rn;
         }
-        b0 += bn;
+    }
+
+    /// 49..=64 samples (64 columns of `xt`) through
+    /// rows `rows` of `W`, in blocks of [`KC`] inputs so that the block of `xt` in use stays in L1;
+    /// partial sums live in `scratch.acc`.
+    fn block_6x64(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
+        let (k_dim, w, b0, bn) = (self.k_dim, self.w, self.b0, self.bn);
+        let n_rows = rows.len();
+        let tiles = n_rows.div_ceil(6);
+        // Tail rows: a zero-padded copy of the last tile so the kernel never reads past W.
+        let tail = n_rows % 6;
+        if tail != 0 {
+            let first = rows.start + (tiles - 1) * 6;
+            scratch.wpad.clear();
+            scratch
+                .wpad
+                .extend_from_slice(&w[first * k_dim..(first + tail) * k_dim]);
+            scratch.wpad.resize(6 * k_dim, 0.0);
+        }
+        scratch.acc.resize(tiles * 6 * 64, 0.0);
+        let tile_w = |t: usize| -> *const f32 {
+            if tail != 0 && t == tiles - 1 {
+                scratch.wpad.as_ptr()
+            } else {
+                w[(rows.start + t * 6) * k_dim..].as_ptr()
+            }
+        };
+        let mut k0 = 0;
+        while k0 < k_dim {
+            let kc = KC.min(k_dim - k0);
+            for t in 0..tiles {
+                let next = if t + 1 < tiles {
+                    tile_w(t + 1).wrapping_add(k0)
+                } else {
+                    tile_w(0).wrapping_add(k0 + kc)
+                };
+                // SAFETY: AVX-512F (checked by `gemm`); tile t has 6 rows of k_dim values from
+                // tile_w(t), of which columns k0 .. k0 + kc <= k_dim are read; xt has k_dim rows of
+                // 64; acc has 6 * 64 values per tile; `next` is only prefetched.
+                unsafe {
+                    micro_6x64(
+                        tile_w(t).add(k0),
+                        k_dim,
+                        kc,
+                        self.xt.as_ptr().add(k0 * 64),
+                        scratch.acc.as_mut_ptr().add(t * 384),
+                        k0 > 0,
+                        next,
+                    )
+                };
+            }
+            k0 += kc;
+        }
+        for r in 0..n_rows {
+            let (t, i) = (r / 6, r % 6);
+            for b in 0..bn {
+                y.set(b0 + b, rows.start + r, scratch.acc[t * 384 + i * 64 + b]);
+            }
+        }
     }
 }
 
@@ -147,7 +381,7 @@ pub struct YRows<'a> {
 }
 
 // SAFETY: threads holding copies write disjoint (row, column) cells (each thread owns a range of
-// output columns, see `gemm_rows`), and the borrow of the slice outlives every copy.
+// output columns, see `gemm`), and the borrow of the slice outlives every copy.
 unsafe impl Send for YRows<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for YRows<'_> {}

@@ -4,6 +4,7 @@
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
 
 use crate::config::PairOrder;
 use crate::mlp::Linear;
@@ -73,20 +74,35 @@ impl Interaction {
                 // Per sample: T = [x; pooled] as an n x d matrix, Z = T T^T with one small GEMM
                 // (faer's register-blocked kernel beats pairwise dots ~3x here), then the pairs.
                 let n = pd / d + 1;
-                let InteractionScratch { xl: t, wide: z, .. } = scratch;
-                t.resize(n * d, 0.0);
-                z.resize(n * n, 0.0);
-                for b in 0..batch {
+                let sample = |b: usize, o: &mut [f32], t: &mut Vec<f32>, z: &mut Vec<f32>| {
+                    t.resize(n * d, 0.0);
+                    z.resize(n * n, 0.0);
                     let xr = &x[b * d..(b + 1) * d];
                     t[..d].copy_from_slice(xr);
                     t[d..].copy_from_slice(&pooled[b * pd..(b + 1) * pd]);
                     let tm = MatRef::from_row_major_slice(t, n, d);
                     let zm = MatMut::from_row_major_slice_mut(z, n, n);
                     matmul(zm, Accum::Replace, tm, tm.transpose(), 1.0f32, Par::Seq);
-                    let o = &mut out[b * top_in..(b + 1) * top_in];
                     o[..d].copy_from_slice(xr);
                     for (slot, &(i, j)) in o[d..].iter_mut().zip(pairs) {
                         *slot = z[i as usize * n + j as usize];
+                    }
+                };
+                if par.degree() > 1 && batch > 1 {
+                    // Samples are independent: split them across the pool, a T and Z per task.
+                    let per = batch.div_ceil(par.degree() * 2);
+                    out.par_chunks_mut(per * top_in)
+                        .enumerate()
+                        .for_each(|(c, chunk)| {
+                            let (mut t, mut z) = (Vec::new(), Vec::new());
+                            for (i, o) in chunk.chunks_exact_mut(top_in).enumerate() {
+                                sample(c * per + i, o, &mut t, &mut z);
+                            }
+                        });
+                } else {
+                    let InteractionScratch { xl: t, wide: z, .. } = scratch;
+                    for (b, o) in out.chunks_exact_mut(top_in).enumerate() {
+                        sample(b, o, t, z);
                     }
                 }
             }
@@ -178,7 +194,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
         #[test]
-        fn dot_matches_reference(batch in 0usize..6, d in 1usize..40, f in 0usize..7, sel: bool, upper: bool, seed: u64) {
+        fn dot_matches_reference(batch in 0usize..9, d in 1usize..40, f in 0usize..7, sel: bool, upper: bool, seed: u64, threads in 1usize..3) {
             let order = if upper { PairOrder::Upper } else { PairOrder::Lower };
             let sel = sel && !upper;
             let x = normal_vec(batch * d, 1.0, seed);
@@ -187,7 +203,8 @@ mod tests {
             let top_in = d + pairs.len();
             let it = Interaction::Dot { pairs, d };
             let mut out = vec![f32::NAN; batch * top_in];
-            it.forward(&x, &pooled, batch, &mut out, &mut Default::default(), Par::Seq);
+            let par = if threads == 1 { Par::Seq } else { Par::rayon(threads) };
+            it.forward(&x, &pooled, batch, &mut out, &mut Default::default(), par);
             let want = dot_reference(&x, &pooled, (batch, d, f + 1), sel, order);
             prop_assert_eq!(out.len(), want.len());
             for (g, w) in out.iter().zip(&want) {

@@ -101,29 +101,8 @@ impl Linear {
 
     #[cfg(target_arch = "x86_64")]
     fn gemm_avx512(&self, x: &[f32], batch: usize, y: &mut [f32], par: Par) {
-        use crate::gemm::{GemmScratch, YRows, gemm_rows};
-        use std::cell::RefCell;
-        thread_local! {
-            static SCRATCH: RefCell<GemmScratch> = RefCell::new(GemmScratch::default());
-        }
         let (k, n) = (self.in_dim, self.out_dim);
-        {
-            let yr = YRows::new(y, n);
-            let run = |rows: std::ops::Range<usize>| {
-                SCRATCH.with(|s| {
-                    gemm_rows(x, batch, k, &self.weight, n, rows, yr, &mut s.borrow_mut())
-                })
-            };
-            let threads = par.degree();
-            if threads > 1 && n >= 12 {
-                let chunk = n.div_ceil(threads).next_multiple_of(6);
-                (0..n.div_ceil(chunk))
-                    .into_par_iter()
-                    .for_each(|c| run(c * chunk..((c + 1) * chunk).min(n)));
-            } else {
-                run(0..n);
-            }
-        }
+        crate::gemm::gemm(x, batch, k, &self.weight, n, y, par.degree());
         for row in y.chunks_exact_mut(n) {
             bias_act(row, &self.bias, self.relu);
         }

@@ -121,6 +121,29 @@ fn torchrec_dlrm_dcn_matches_pytorch() {
     check_f32("torchrec_dcn");
 }
 
+/// Tables quantized at export by FBGEMM's own prepack (`tools/export_torch.py --dtype`): Ember reads
+/// the bytes as FBGEMM reads them; the expected outputs are PyTorch's on FBGEMM's dequantized rows.
+#[test]
+fn fbgemm_quantized_exports_match_pytorch() {
+    for name in ["dlrm_dot_int8", "dlrm_dot_int4", "torchrec_dcn_int8"] {
+        let cfg = std::fs::read_to_string(dir(name).join("config.json")).unwrap();
+        let dtype = if name.ends_with("int4") {
+            "int4"
+        } else {
+            "int8"
+        };
+        assert!(
+            cfg.contains(&format!("\"dtype\": \"{dtype}\"")),
+            "{name}: {cfg}"
+        );
+        for threads in [1, 2] {
+            let (fx, logits, _) = run(name, LoadOptions::default(), threads);
+            let r = max_rel(&logits, &fx.logits);
+            assert!(r <= 1e-5, "{name}, {threads} threads: {r:e}");
+        }
+    }
+}
+
 #[test]
 fn quantized_tables_stay_close() {
     for (dtype, tol) in [

@@ -229,6 +229,16 @@ impl Pooler {
         self.isa
     }
 
+    /// Runs `f` on this pooler's thread pool (on the calling thread when it has one thread), so
+    /// that other work (a model's dense layers) shares the pool, and `rayon::join` can run it
+    /// beside [`Pooler::run`].
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
     /// Pools `batch` into `out` (`batch_size x coll.total_dim()` floats).
     pub fn run(
         &self,
