@@ -30,7 +30,7 @@ fn ember<const B: usize>(bencher: Bencher, (i, o): (usize, usize)) {
     let l = layer(i, o);
     let x = normal_vec(B * i, 1.0, 3);
     let mut y = vec![0f32; B * o];
-    bencher.bench_local(|| l.forward_with(black_box(&x), B, &mut y, Par::Seq, Gemm::Selected));
+    bencher.bench_local(|| l.forward_with(black_box(&x), B, &mut y, Par::Seq, Gemm::Ember));
 }
 
 #[divan::bench(args = SHAPES, consts = [64])]
