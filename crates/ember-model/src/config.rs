@@ -65,8 +65,9 @@ pub enum InteractionConfig {
         #[serde(default)]
         pair_order: PairOrder,
     },
-    /// Concatenation (facebookresearch/dlrm `cat`).
-    Cat,
+    /// Concatenation (facebookresearch/dlrm `cat`). A struct variant so that unknown fields are
+    /// refused (serde ignores them on unit variants of tagged enums).
+    Cat {},
     /// DCNv2 low-rank cross network (TorchRec `DLRM_DCN`).
     Dcn { layers: usize, low_rank: usize },
 }
@@ -167,27 +168,31 @@ impl ModelConfig {
         self.bottom_mlp.last().copied().unwrap_or(self.dense_in)
     }
 
-    /// Input size of the top MLP, which the interaction determines.
+    /// Input size of the top MLP, which the interaction determines (0 for a config that
+    /// [`ModelConfig::check`] refuses).
     pub fn top_in(&self) -> usize {
+        self.top_in_checked().unwrap_or(0)
+    }
+
+    /// [`ModelConfig::top_in`], `None` on overflow or a feature naming no table.
+    pub fn top_in_checked(&self) -> Option<usize> {
         let d = self.bottom_out();
-        let dims: Vec<usize> = match self.feature_tables() {
-            Ok(t) => t.iter().map(|&i| self.tables[i].dim).collect(),
-            Err(_) => return 0,
-        };
-        let n = dims.len() + 1;
+        let dims: Vec<usize> = self
+            .feature_tables()
+            .ok()?
+            .iter()
+            .map(|&i| self.tables[i].dim)
+            .collect();
+        let n = dims.len().checked_add(1)?;
         match self.interaction {
             InteractionConfig::Dot {
                 self_interaction, ..
             } => {
-                let pairs = if self_interaction {
-                    n * (n + 1) / 2
-                } else {
-                    n * (n - 1) / 2
-                };
-                d + pairs
+                let m = if self_interaction { n + 1 } else { n - 1 };
+                d.checked_add(n.checked_mul(m)? / 2)
             }
-            InteractionConfig::Cat => d + dims.iter().sum::<usize>(),
-            InteractionConfig::Dcn { .. } => n * d,
+            InteractionConfig::Cat {} => dims.iter().try_fold(d, |a, &b| a.checked_add(b)),
+            InteractionConfig::Dcn { .. } => n.checked_mul(d),
         }
     }
 
@@ -242,6 +247,30 @@ impl ModelConfig {
         }
         let tables = self.feature_tables()?;
         let d = self.bottom_out();
+        for t in &self.tables {
+            t.rows
+                .checked_mul(t.dtype.row_bytes(t.dim))
+                .ok_or_else(|| {
+                    format!(
+                        "table '{}': {} rows x dim {} overflows",
+                        t.name, t.rows, t.dim
+                    )
+                })?;
+        }
+        let top_in = self
+            .top_in_checked()
+            .ok_or("the interaction's output size (the top MLP input) overflows")?;
+        for (name, sizes, first) in [
+            ("bottom_mlp", &self.bottom_mlp, self.dense_in),
+            ("top_mlp", &self.top_mlp, top_in),
+        ] {
+            let mut k_in = first;
+            for (i, &out) in sizes.iter().enumerate() {
+                k_in.checked_mul(out)
+                    .ok_or_else(|| format!("{name}[{i}]: {k_in} x {out} weights overflow"))?;
+                k_in = out;
+            }
+        }
         match self.interaction {
             InteractionConfig::Dot {
                 self_interaction,
@@ -252,7 +281,7 @@ impl ModelConfig {
                 }
                 self.check_equal_dims(&tables, d, "dot")?;
             }
-            InteractionConfig::Cat => {}
+            InteractionConfig::Cat {} => {}
             InteractionConfig::Dcn { layers, low_rank } => {
                 if layers == 0 || low_rank == 0 {
                     return Err("dcn needs layers >= 1 and low_rank >= 1".into());
@@ -281,5 +310,88 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "format": "ember-dlrm", "format_version": 1, "dense_in": 4,
+            "bottom_mlp": [8], "interaction": {"kind": "dot"}, "top_mlp": [5, 1],
+            "tables": [{"name": "a", "rows": 10, "dim": 8, "dtype": "f32"},
+                       {"name": "b", "rows": 3, "dim": 8, "dtype": "int8"}],
+            "features": null
+        })
+    }
+
+    fn check(v: serde_json::Value) -> std::result::Result<ModelConfig, String> {
+        let c: ModelConfig = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        c.check().map(|()| c)
+    }
+
+    #[test]
+    fn top_in_follows_the_interaction() {
+        let c = check(base()).unwrap();
+        assert_eq!(c.top_in(), 8 + 3);
+        let mut v = base();
+        v["interaction"] = serde_json::json!({"kind": "dot", "self_interaction": true});
+        assert_eq!(check(v).unwrap().top_in(), 8 + 6);
+        let mut v = base();
+        v["interaction"] = serde_json::json!({"kind": "cat"});
+        assert_eq!(check(v).unwrap().top_in(), 24);
+        let mut v = base();
+        v["interaction"] = serde_json::json!({"kind": "dcn", "layers": 2, "low_rank": 3});
+        assert_eq!(check(v).unwrap().top_in(), 24);
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_a_reason() {
+        let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+            (
+                "/interaction",
+                serde_json::json!({"kind": "cat", "layers": 3}),
+                "unknown field",
+            ),
+            (
+                "/interaction",
+                serde_json::json!({"kind": "dot", "pair_order": "upper", "self_interaction": true}),
+                "self_interaction",
+            ),
+            (
+                "/interaction",
+                serde_json::json!({"kind": "dcn", "layers": 0, "low_rank": 3}),
+                "layers >= 1",
+            ),
+            ("/top_mlp", serde_json::json!([5, 2]), "size 1"),
+            ("/bottom_mlp", serde_json::json!([7]), "dim 8"),
+            ("/tables/1/dim", serde_json::json!(5), "dim 5"),
+            ("/tables/1/name", serde_json::json!("a"), "appears twice"),
+            ("/tables/1/dtype", serde_json::json!("int3"), "int3"),
+            ("/dense_in", serde_json::json!(0), "dense_in"),
+            ("/format_version", serde_json::json!(2), "format_version 2"),
+            (
+                "/features",
+                serde_json::json!([{"name": "x", "table": "zz"}]),
+                "unknown table 'zz'",
+            ),
+            ("/tables/0/rows", serde_json::json!(usize::MAX), "overflows"),
+        ];
+        for (ptr, val, want) in cases {
+            let mut v = base();
+            *v.pointer_mut(ptr).unwrap_or_else(|| panic!("{ptr}")) = val;
+            let e = check(v).unwrap_err();
+            assert!(e.contains(want), "{ptr}: {e}");
+        }
+        let mut v = base();
+        v["interaction"] = serde_json::json!({"kind": "dcn", "layers": 1, "low_rank": 1});
+        v["dense_in"] = serde_json::json!(1usize << 40);
+        v["bottom_mlp"] = serde_json::json!([1usize << 40]);
+        v["tables"][0]["dim"] = serde_json::json!(1usize << 40);
+        v["tables"][1]["dim"] = serde_json::json!(1usize << 40);
+        let e = check(v).unwrap_err();
+        assert!(e.contains("overflow"), "{e}");
     }
 }

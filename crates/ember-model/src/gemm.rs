@@ -31,9 +31,8 @@ pub struct GemmScratch {
     acc: Vec<f32>,
 }
 
-/// `y[b * n + o] = sum_k x[b * k_dim + k] * w[o * k_dim + k]` for `b < batch`, `o < n`, on `o` rows
-/// `[o_lo, o_hi)` only (the caller splits rows across threads). `xt` is the transposed batch block
-/// (`[k_dim, nb * 16]`).
+/// One register tile: `out[r * NB * 16 + b] = sum_k w[r * k_dim + k] * xt[k * NB * 16 + b]` for
+/// `R` weight rows and `NB * 16` (transposed) samples, over the whole input width.
 ///
 /// # Safety
 /// The CPU must support AVX-512F. `w` points at `R` rows of `k_dim` values, `xt` at `k_dim` rows
@@ -207,19 +206,15 @@ pub fn gemm(
         // costs its page faults (measured: 10-20% of a cold 2048x256 layer).
         static XT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
-    XT.with(|xt| {
-        gemm_blocks(
-            x,
-            batch,
-            k_dim,
-            w,
-            n,
-            y,
-            threads,
-            &mut xt.borrow_mut(),
-            &SCRATCH,
-        )
-    });
+    if k_dim == 0 {
+        y[..batch * n].fill(0.0);
+        return;
+    }
+    // Take the buffer out rather than hold the borrow across the parallel section: a rayon
+    // worker waiting for its row chunks may run another caller's `gemm` on this thread.
+    let mut xt = XT.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    gemm_blocks(x, batch, k_dim, w, n, y, threads, &mut xt, &SCRATCH);
+    XT.with(|b| *b.borrow_mut() = xt);
 }
 
 #[allow(clippy::too_many_arguments)]

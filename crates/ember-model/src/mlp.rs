@@ -277,6 +277,82 @@ mod tests {
         }
     }
 
+    /// Every path of the GEMMs on fixed shapes (proptest may miss the 64-sample blocked path,
+    /// which needs 49+ samples and 65+ inputs): batches below, at and across 16/48/64, inputs
+    /// below and across the 64-input block, one row and tail rows, 1-3 threads.
+    #[test]
+    fn gemm_paths_match_reference_on_fixed_shapes() {
+        for (k, n) in [(300, 50), (129, 13), (64, 7), (1, 12), (65, 1), (200, 6)] {
+            for batch in [2, 17, 48, 49, 64, 65, 113, 130] {
+                let l = layer(k, n, true, (k * n + batch) as u64);
+                let x = crate::random::normal_vec(batch * k, 1.0, batch as u64);
+                let want = linear_reference(&l, &x, batch);
+                for threads in 1..=3 {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let par = if threads == 1 {
+                        Par::Seq
+                    } else {
+                        Par::rayon(threads)
+                    };
+                    for gemm in [Gemm::Ember, Gemm::Faer] {
+                        let mut y = vec![f32::NAN; batch * n];
+                        pool.install(|| l.forward_with(&x, batch, &mut y, par, gemm));
+                        close(&y, &want, k);
+                    }
+                }
+            }
+        }
+        if !crate::gemm::available() {
+            eprintln!(
+                "no AVX-512 here: Gemm::Ember ran faer; its kernel is untested on this machine"
+            );
+        }
+    }
+
+    /// Callers sharing one pool: a worker waiting for its row chunks runs another caller's GEMM
+    /// on the same thread (this panicked with "RefCell already borrowed" when the transposed block
+    /// stayed borrowed across the parallel section).
+    #[test]
+    fn gemm_is_reentrant_on_a_shared_pool() {
+        let l = std::sync::Arc::new(layer(300, 50, false, 3));
+        let x = std::sync::Arc::new(crate::random::normal_vec(64 * 300, 1.0, 4));
+        let want = linear_reference(&l, &x, 64);
+        let pool = std::sync::Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
+        );
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (l, x, pool) = (l.clone(), x.clone(), pool.clone());
+                std::thread::spawn(move || {
+                    let mut y = vec![0f32; 64 * 50];
+                    for _ in 0..40 {
+                        pool.install(|| l.forward_with(&x, 64, &mut y, Par::rayon(2), Gemm::Ember));
+                    }
+                    y
+                })
+            })
+            .collect();
+        for h in handles {
+            close(&h.join().unwrap(), &want, 300);
+        }
+    }
+
+    #[test]
+    fn zero_inputs_give_the_bias() {
+        let l = Linear::new(0, 3, vec![], vec![0.5, -1.0, 2.0], false);
+        for batch in [1, 2, 64] {
+            let mut y = vec![f32::NAN; batch * 3];
+            l.forward_with(&[], batch, &mut y, Par::Seq, Gemm::Ember);
+            assert!(y.chunks(3).all(|r| r == [0.5, -1.0, 2.0]), "{y:?}");
+        }
+    }
+
     #[test]
     fn gemv_splits_large_layers_across_threads() {
         // Large enough to take the threaded GEMV path.

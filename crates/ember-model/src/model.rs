@@ -55,7 +55,7 @@ impl Model {
     }
 
     /// Builds a model from a checked config and its weights.
-    pub fn from_weights(config: ModelConfig, w: Weights) -> Result<Model> {
+    pub(crate) fn from_weights(config: ModelConfig, w: Weights) -> Result<Model> {
         config.check().map_err(|reason| ModelError::Config {
             path: "config".into(),
             reason,
@@ -84,7 +84,7 @@ impl Model {
                 pairs: dot_pairs(config.features().len() + 1, self_interaction, pair_order),
                 d: config.bottom_out(),
             },
-            InteractionConfig::Cat => Interaction::Cat,
+            InteractionConfig::Cat {} => Interaction::Cat,
             InteractionConfig::Dcn { .. } => Interaction::Dcn { layers: w.cross },
         };
         Ok(Model {
@@ -183,20 +183,25 @@ impl Model {
     }
 }
 
-/// Where one forward pass spent its time. With more than one thread the bottom MLP runs beside
-/// the embedding stage: `embedding` is then the wall time of both, and `bottom_mlp` the part of it
-/// the MLP took on its thread.
+/// Where one forward pass spent its time. With more than one thread the bottom MLP runs on one
+/// thread beside the embedding stage (`bottom_overlapped`): `embedding` is then the wall time of
+/// both, `bottom_mlp` the part the MLP took on its thread, and the stages add up to more than
+/// `wall`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StageTimes {
     pub embedding: Duration,
     pub bottom_mlp: Duration,
     pub interaction: Duration,
     pub top_mlp: Duration,
+    /// The whole forward pass.
+    pub wall: Duration,
+    pub bottom_overlapped: bool,
 }
 
 impl StageTimes {
+    /// The wall time of the forward pass.
     pub fn total(&self) -> Duration {
-        self.embedding + self.bottom_mlp + self.interaction + self.top_mlp
+        self.wall
     }
 
     /// Field-wise sum.
@@ -206,6 +211,8 @@ impl StageTimes {
             bottom_mlp: self.bottom_mlp + o.bottom_mlp,
             interaction: self.interaction + o.interaction,
             top_mlp: self.top_mlp + o.top_mlp,
+            wall: self.wall + o.wall,
+            bottom_overlapped: self.bottom_overlapped || o.bottom_overlapped,
         }
     }
 }
@@ -323,6 +330,7 @@ impl Predictor {
         let pooler = &self.pooler;
         pooled.resize(batch * m.embeddings.total_dim(), 0.0);
         let mut t = StageTimes::default();
+        let start = Instant::now();
         pooler.install(|| -> Result<()> {
             let par = if threads > 1 {
                 Par::rayon(threads)
@@ -346,6 +354,7 @@ impl Predictor {
                 pooled_res?;
                 t.embedding = t0.elapsed();
                 t.bottom_mlp = tb;
+                t.bottom_overlapped = true;
                 x
             } else {
                 pooler.run(&m.embeddings, valid, pooled)?;
@@ -368,6 +377,7 @@ impl Predictor {
             t.top_mlp = t3.elapsed();
             Ok(())
         })?;
+        t.wall = start.elapsed();
         Ok(t)
     }
 

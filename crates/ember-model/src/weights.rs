@@ -92,9 +92,11 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
         path: path.into(),
         source,
     })?;
-    // SAFETY: the mapping is read-only and private; Ember does not write model files while
-    // serving them. A concurrent truncation by another process would raise SIGBUS, which is the
-    // documented risk of serving from a mapping (the same as PyTorch's mmap=True load).
+    // SAFETY: the mapping is read-only and lives only while the weights are copied out of it
+    // (every tensor is copied; the map is dropped before this function returns), so a 4 GB table
+    // is not read into a second buffer first. Another process truncating or rewriting the file
+    // during those seconds would be undefined behaviour (SIGBUS or torn values); model files are
+    // not modified in place while a server loads them (export a new directory instead).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
         path: path.into(),
         source,

@@ -237,7 +237,12 @@ fn broken_model_directories_name_the_problem() {
     assert!(e.contains("safetensors"), "{e}");
     let e = load(&config.replacen("\"rows\": ", "\"rows\": 1", 1), &weights);
     assert!(e.contains("tables.") && e.contains("shape"), "{e}");
+    // A dot config's fields under "cat" are refused, not ignored.
     let e = load(&config.replacen("\"dot\"", "\"cat\"", 1), &weights);
+    assert!(e.contains("unknown field `self_interaction`"), "{e}");
+    let mut v: serde_json::Value = serde_json::from_str(&config).unwrap();
+    v["interaction"] = serde_json::json!({"kind": "cat"});
+    let e = load(&v.to_string(), &weights);
     assert!(e.contains("top_mlp.0.weight") && e.contains("shape"), "{e}");
     let e = load(
         &config.replacen("\"format_version\": 1", "\"format_version\": 9", 1),
