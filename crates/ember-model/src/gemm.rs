@@ -157,6 +157,99 @@ pub fn available() -> bool {
     ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512)
 }
 
+/// `dst[c * dst_stride + r] = src[r * src_stride + c]` for a 16 x 16 block.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `src` has 16 rows of 16 readable values at `src_stride`, `dst`
+/// 16 rows of 16 writable values at `dst_stride`.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_16x16(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+    // SAFETY: 16 rows of 16 values each, per the contract.
+    let r: [__m512; 16] =
+        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.add(i * src_stride)) });
+    // Interleave pairs of rows (32-bit), then pairs of pairs (64-bit), then 128-bit lanes twice.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        // i = 4q + j: pairs (t[4q], t[4q+2]) and (t[4q+1], t[4q+3]), lo and hi 64-bit halves.
+        let (q, j) = (i / 4, i % 4);
+        let (a, b) = (
+            _mm512_castps_pd(t[4 * q + j / 2]),
+            _mm512_castps_pd(t[4 * q + j / 2 + 2]),
+        );
+        _mm512_castpd_ps(if j % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    // Now u[4q + j], 128-bit lane L, holds rows 4q .. 4q + 4 of column 4L + j. Two rounds of
+    // 128-bit lane shuffles gather each column's four lanes into one register.
+    let v: [__m512; 16] = std::array::from_fn(|i| {
+        let (h, p, j) = (i / 8, (i / 4) % 2, i % 4);
+        let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
+        if p == 0 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        }
+    });
+    for i in 0..16 {
+        let (p2, j) = (i / 4, i % 4);
+        let (a, b) = (v[4 * (p2 % 2) + j], v[8 + 4 * (p2 % 2) + j]);
+        let w = if p2 < 2 {
+            _mm512_shuffle_f32x4::<0x88>(a, b)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(a, b)
+        };
+        // SAFETY: 16 rows of 16 values each, per the contract.
+        unsafe { _mm512_storeu_ps(dst.add(i * dst_stride), w) };
+    }
+}
+
+/// `dst[c * dst_stride + r] = src[r * src_stride + c]` for `r < rows`, `c < cols`.
+///
+/// # Safety
+/// AVX-512F; `src` and `dst` cover the block at their strides.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose(
+    src: *const f32,
+    rows: usize,
+    cols: usize,
+    src_stride: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    let (r16, c16) = (rows / 16 * 16, cols / 16 * 16);
+    for r in (0..r16).step_by(16) {
+        for c in (0..c16).step_by(16) {
+            // SAFETY: the 16 x 16 block at (r, c) is inside both buffers.
+            unsafe {
+                transpose_16x16(
+                    src.add(r * src_stride + c),
+                    src_stride,
+                    dst.add(c * dst_stride + r),
+                    dst_stride,
+                )
+            };
+        }
+    }
+    // Edges: the columns right of c16 for every row, and the rows below r16.
+    for r in 0..rows {
+        let c_from = if r < r16 { c16 } else { 0 };
+        for c in c_from..cols {
+            // SAFETY: r < rows, c < cols.
+            unsafe { *dst.add(c * dst_stride + r) = *src.add(r * src_stride + c) };
+        }
+    }
+}
+
 /// Transposes samples `b0 .. b0 + bn` of `x` (`[batch, k_dim]`) into `xt` (`[k_dim, stride]`,
 /// zero-padded to `stride` columns).
 fn transpose_block(
@@ -169,20 +262,19 @@ fn transpose_block(
 ) {
     xt.clear();
     xt.resize(k_dim * stride, 0.0);
-    // 16 inputs at a time: the 16 rows of `xt` being written (16 x stride floats) stay in L1
-    // while every sample contributes one cache line of its row. Row by row, each write would
-    // touch a different line of a 512 KB buffer.
-    let mut k0 = 0;
-    while k0 < k_dim {
-        let kn = (k_dim - k0).min(16);
-        for b in 0..bn {
-            let src = &x[(b0 + b) * k_dim + k0..(b0 + b) * k_dim + k0 + kn];
-            for (i, &v) in src.iter().enumerate() {
-                xt[(k0 + i) * stride + b] = v;
-            }
-        }
-        k0 += kn;
-    }
+    assert!(x.len() >= (b0 + bn) * k_dim);
+    // SAFETY: AVX-512F (callers are behind `available`); the source block is rows b0 .. b0 + bn
+    // of x (asserted), the destination k_dim rows of `stride >= bn` values.
+    unsafe {
+        transpose(
+            x[b0 * k_dim..].as_ptr(),
+            bn,
+            k_dim,
+            k_dim,
+            xt.as_mut_ptr(),
+            stride,
+        )
+    };
 }
 
 /// `y = x W^T` (`x`: `[batch, k_dim]`, `w`: `[n, k_dim]`, `y`: `[batch, n]`). Batches run in
@@ -357,12 +449,8 @@ impl Block<'_> {
             }
             k0 += kc;
         }
-        for r in 0..n_rows {
-            let (t, i) = (r / 6, r % 6);
-            for b in 0..bn {
-                y.set(b0 + b, rows.start + r, scratch.acc[t * 384 + i * 64 + b]);
-            }
-        }
+        // acc is [n_rows, 64]: transpose it into columns rows of samples b0 .. b0 + bn of y.
+        y.write_transposed(&scratch.acc, n_rows, bn, 64, b0, rows.start);
     }
 }
 
@@ -391,11 +479,78 @@ impl<'a> YRows<'a> {
         }
     }
 
+    /// `y[b0 + b][o0 + r] = src[r * src_stride + b]` for `r < rows`, `b < samples`.
+    fn write_transposed(
+        &self,
+        src: &[f32],
+        rows: usize,
+        samples: usize,
+        src_stride: usize,
+        b0: usize,
+        o0: usize,
+    ) {
+        if rows == 0 || samples == 0 {
+            return;
+        }
+        assert!(src.len() >= (rows - 1) * src_stride + samples);
+        assert!(o0 + rows <= self.n && (b0 + samples - 1) * self.n + o0 + rows <= self.len);
+        // SAFETY: AVX-512F (only `gemm` builds YRows, behind `available`); both blocks are in
+        // bounds (asserted); the cells written are this caller's (see the Send impl).
+        unsafe {
+            transpose(
+                src.as_ptr(),
+                rows,
+                samples,
+                src_stride,
+                self.ptr.add(b0 * self.n + o0),
+                self.n,
+            )
+        };
+    }
+
     #[inline]
     fn set(&self, b: usize, o: usize, v: f32) {
         let i = b * self.n + o;
         assert!(i < self.len && o < self.n);
         // SAFETY: in bounds (asserted); callers write disjoint cells (see the Send impl).
         unsafe { *self.ptr.add(i) = v };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_matches_the_definition() {
+        if !available() {
+            eprintln!("no AVX-512: transpose not tested here");
+            return;
+        }
+        for (rows, cols) in [
+            (16, 16),
+            (1, 1),
+            (17, 33),
+            (64, 2048 / 8),
+            (5, 16),
+            (16, 5),
+            (48, 31),
+        ] {
+            let src: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.5 - 7.0).collect();
+            let mut dst = vec![f32::NAN; cols * (rows + 3)];
+            // SAFETY: AVX-512F checked; src is rows x cols, dst cols x (rows + 3).
+            unsafe { transpose(src.as_ptr(), rows, cols, cols, dst.as_mut_ptr(), rows + 3) };
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        dst[c * (rows + 3) + r],
+                        src[r * cols + c],
+                        "{rows}x{cols} at ({r}, {c})"
+                    );
+                }
+            }
+            // Padding columns untouched.
+            assert!((0..cols).all(|c| dst[c * (rows + 3) + rows].is_nan()));
+        }
     }
 }
