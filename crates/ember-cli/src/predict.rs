@@ -64,11 +64,8 @@ pub fn run(a: PredictArgs) -> Result<()> {
         );
     }
     let names = model.feature_names();
-    let rows: Vec<usize> = model
-        .embeddings()
-        .features()
-        .iter()
-        .map(|f| model.embeddings().tables()[f.table].rows())
+    let rows: Vec<usize> = (0..names.len())
+        .map(|f| model.embeddings().table_of(f).rows())
         .collect();
     let mut pred = Predictor::new(Arc::new(model), a.threads)?;
 

@@ -8,9 +8,10 @@
 //! for the hardware prefetcher, plus a software prefetch of the next tile), and keeps the batch in
 //! registers: `X` is transposed once per call to `XT[k, b]` (16 inputs at a time), a block of up to
 //! 64 samples is four zmm registers per `k`, and six weight rows x four sample vectors are 24
-//! accumulators. Measured on the RM1 layers at batch 64 (`examples/`-style probe, medians of 300
-//! alternating calls): equal to faer on hot weights, 1.06x / 1.34x / 1.51x faster on cold ones
-//! (2048x256, 592x768, 768x384). The CPU's FMA throughput bounds both on hot weights.
+//! accumulators. Measured on the RM1 layers at batch 64 (medians of 300 alternating calls, caches
+//! flushed between calls): 1.06x / 1.34x / 1.51x faster than faer on cold weights (2048x256,
+//! 592x768, 768x384); about equal on hot ones (`benches/dense.rs`). Both reach about half of the
+//! core's measured FMA peak (152 GFLOP/s), so there is headroom left here.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -24,11 +25,33 @@ const RMAX: usize = 6;
 /// in L1. Measured against unblocked: equal on hot weights, 1.1-1.3x on cold ones.
 const KC: usize = 64;
 
-/// Reusable buffers.
+/// Per-thread buffers of the workers.
 #[derive(Debug, Default)]
-pub struct GemmScratch {
+struct GemmScratch {
     wpad: Vec<f32>,
     acc: Vec<f32>,
+}
+
+impl GemmScratch {
+    /// Rows `first .. first + rn` of `w` (`k_dim` wide), zero-padded to `RMAX` rows in `wpad` when
+    /// `rn < RMAX`, so that a micro-kernel reading `RMAX` rows never reads past `w`.
+    fn rows_ptr(&mut self, w: &[f32], first: usize, rn: usize, k_dim: usize) -> *const f32 {
+        if rn == RMAX {
+            return w[first * k_dim..(first + RMAX) * k_dim].as_ptr();
+        }
+        self.wpad.clear();
+        self.wpad
+            .extend_from_slice(&w[first * k_dim..(first + rn) * k_dim]);
+        self.wpad.resize(RMAX * k_dim, 0.0);
+        self.wpad.as_ptr()
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<GemmScratch> = RefCell::new(GemmScratch::default());
+    // The calling thread's transposed block; kept, since a fresh 512 KB buffer per call costs its
+    // page faults (measured: 10-20% of a cold 2048x256 layer).
+    static XT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// One register tile: `out[r * NB * 16 + b] = sum_k w[r * k_dim + k] * xt[k * NB * 16 + b]` for
@@ -292,12 +315,6 @@ pub fn gemm(
 ) {
     assert!(available(), "AVX-512 GEMM called without AVX-512");
     assert!(x.len() >= batch * k_dim && w.len() >= n * k_dim && y.len() >= batch * n);
-    thread_local! {
-        static SCRATCH: RefCell<GemmScratch> = RefCell::new(GemmScratch::default());
-        // The calling thread's transposed block; kept, since a fresh 512 KB buffer per call
-        // costs its page faults (measured: 10-20% of a cold 2048x256 layer).
-        static XT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    }
     if k_dim == 0 {
         y[..batch * n].fill(0.0);
         return;
@@ -305,7 +322,7 @@ pub fn gemm(
     // Take the buffer out rather than hold the borrow across the parallel section: a rayon
     // worker waiting for its row chunks may run another caller's `gemm` on this thread.
     let mut xt = XT.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    gemm_blocks(x, batch, k_dim, w, n, y, threads, &mut xt, &SCRATCH);
+    gemm_blocks(x, batch, k_dim, w, n, y, threads, &mut xt);
     XT.with(|b| *b.borrow_mut() = xt);
 }
 
@@ -319,7 +336,6 @@ fn gemm_blocks(
     y: &mut [f32],
     threads: usize,
     xt: &mut Vec<f32>,
-    scratch: &'static std::thread::LocalKey<RefCell<GemmScratch>>,
 ) {
     let yr = YRows::new(y, n);
     let mut b0 = 0;
@@ -334,7 +350,7 @@ fn gemm_blocks(
             b0,
             bn,
         };
-        let run = |rows: Range<usize>| scratch.with(|s| block.rows(rows, yr, &mut s.borrow_mut()));
+        let run = |rows: Range<usize>| SCRATCH.with(|s| block.rows(rows, yr, &mut s.borrow_mut()));
         if threads > 1 && n >= 12 {
             let chunk = n.div_ceil(threads).next_multiple_of(6);
             (0..n.div_ceil(chunk))
@@ -374,26 +390,11 @@ impl Block<'_> {
         let mut o = rows.start;
         while o < rows.end {
             let rn = (rows.end - o).min(RMAX);
-            let wp = if rn == RMAX {
-                self.w[o * k_dim..].as_ptr()
-            } else {
-                // Tail rows: pad to RMAX rows of zeros so the micro-kernel never reads past W.
-                scratch.wpad.clear();
-                scratch
-                    .wpad
-                    .extend_from_slice(&self.w[o * k_dim..(o + rn) * k_dim]);
-                scratch.wpad.resize(RMAX * k_dim, 0.0);
-                scratch.wpad.as_ptr()
-            };
-            // SAFETY: AVX-512F is asserted by `gemm`; wp has RMAX rows of k_dim values (W has rows
-            // up to o + RMAX, or the padded copy); xt is k_dim x stride; tile holds RMAX * 64
-            // >= RMAX * stride values.
+            let wp = scratch.rows_ptr(self.w, o, rn, k_dim);
+            // SAFETY: AVX-512F is asserted by `gemm`; wp has RMAX rows of k_dim values; xt is
+            // k_dim x stride; tile holds RMAX * 64 >= RMAX * stride values.
             unsafe { micro::<RMAX, NB>(wp, k_dim, self.xt.as_ptr(), tile.as_mut_ptr()) };
-            for r in 0..rn {
-                for b in 0..self.bn {
-                    y.set(self.b0 + b, o + r, tile[r * stride + b]);
-                }
-            }
+            y.write_transposed(&tile, rn, self.bn, stride, self.b0, o);
             o += rn;
         }
     }
@@ -404,21 +405,17 @@ impl Block<'_> {
     fn block_6x64(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
         let (k_dim, w, b0, bn) = (self.k_dim, self.w, self.b0, self.bn);
         let n_rows = rows.len();
-        let tiles = n_rows.div_ceil(6);
-        // Tail rows: a zero-padded copy of the last tile so the kernel never reads past W.
-        let tail = n_rows % 6;
-        if tail != 0 {
-            let first = rows.start + (tiles - 1) * 6;
-            scratch.wpad.clear();
-            scratch
-                .wpad
-                .extend_from_slice(&w[first * k_dim..(first + tail) * k_dim]);
-            scratch.wpad.resize(6 * k_dim, 0.0);
+        if n_rows == 0 {
+            return;
         }
+        let tiles = n_rows.div_ceil(6);
+        // The last tile may have fewer than 6 rows: a padded copy (the rest point into W).
+        let last_rows = n_rows - (tiles - 1) * 6;
+        let last = scratch.rows_ptr(w, rows.start + (tiles - 1) * 6, last_rows, k_dim);
         scratch.acc.resize(tiles * 6 * 64, 0.0);
         let tile_w = |t: usize| -> *const f32 {
-            if tail != 0 && t == tiles - 1 {
-                scratch.wpad.as_ptr()
+            if t == tiles - 1 {
+                last
             } else {
                 w[(rows.start + t * 6) * k_dim..].as_ptr()
             }
@@ -456,7 +453,7 @@ impl Block<'_> {
 
 /// The output `[batch, n]`, shared by threads that write disjoint column ranges.
 #[derive(Debug, Clone, Copy)]
-pub struct YRows<'a> {
+struct YRows<'a> {
     ptr: *mut f32,
     len: usize,
     n: usize,
@@ -470,7 +467,7 @@ unsafe impl Send for YRows<'_> {}
 unsafe impl Sync for YRows<'_> {}
 
 impl<'a> YRows<'a> {
-    pub fn new(y: &'a mut [f32], n: usize) -> Self {
+    fn new(y: &'a mut [f32], n: usize) -> Self {
         YRows {
             ptr: y.as_mut_ptr(),
             len: y.len(),
@@ -506,14 +503,6 @@ impl<'a> YRows<'a> {
                 self.n,
             )
         };
-    }
-
-    #[inline]
-    fn set(&self, b: usize, o: usize, v: f32) {
-        let i = b * self.n + o;
-        assert!(i < self.len && o < self.n);
-        // SAFETY: in bounds (asserted); callers write disjoint cells (see the Send impl).
-        unsafe { *self.ptr.add(i) = v };
     }
 }
 

@@ -1,8 +1,10 @@
 //! Linear layers and MLPs: `y = relu?(x W^T + b)` over a row-major batch.
 //!
-//! Batches of two or more rows run one `faer` GEMM per layer, then one pass that adds the bias and
-//! applies the ReLU. A single row runs a GEMV (one dot product per output, split across threads),
-//! which is what batch-1 latency needs: a GEMM kernel's packing costs more than the work there.
+//! Batches of two or more rows run one GEMM per layer (Ember's AVX-512 kernel in `gemm.rs` for
+//! layers of at least [`EMBER_GEMM_MIN_BYTES`] of weights, `faer` otherwise), then one pass that
+//! adds the bias and applies the ReLU. A single row runs a GEMV (one dot product per output, split
+//! across threads), which is what batch-1 latency needs: a GEMM kernel's packing costs more than
+//! the work there.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
@@ -93,30 +95,30 @@ impl Linear {
             self.gemv(x, y, par);
             return;
         }
-        #[cfg(target_arch = "x86_64")]
         let ember = match gemm {
             Gemm::Selected => self.weight.len() * 4 >= EMBER_GEMM_MIN_BYTES,
             Gemm::Ember => true,
             Gemm::Faer => false,
         };
-        if ember && crate::gemm::available() {
-            self.gemm_avx512(x, batch, y, par);
-            return;
+        if ember && ember_gemm_here() {
+            #[cfg(target_arch = "x86_64")]
+            crate::gemm::gemm(
+                x,
+                batch,
+                self.in_dim,
+                &self.weight,
+                self.out_dim,
+                y,
+                par.degree(),
+            );
+        } else {
+            let lhs = MatRef::from_row_major_slice(x, batch, self.in_dim);
+            let rhs =
+                MatRef::from_row_major_slice(&self.weight, self.out_dim, self.in_dim).transpose();
+            let dst = MatMut::from_row_major_slice_mut(y, batch, self.out_dim);
+            matmul(dst, Accum::Replace, lhs, rhs, 1.0f32, par);
         }
-        let lhs = MatRef::from_row_major_slice(x, batch, self.in_dim);
-        let rhs = MatRef::from_row_major_slice(&self.weight, self.out_dim, self.in_dim).transpose();
-        let dst = MatMut::from_row_major_slice_mut(y, batch, self.out_dim);
-        matmul(dst, Accum::Replace, lhs, rhs, 1.0f32, par);
         for row in y.chunks_exact_mut(self.out_dim) {
-            bias_act(row, &self.bias, self.relu);
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    fn gemm_avx512(&self, x: &[f32], batch: usize, y: &mut [f32], par: Par) {
-        let (k, n) = (self.in_dim, self.out_dim);
-        crate::gemm::gemm(x, batch, k, &self.weight, n, y, par.degree());
-        for row in y.chunks_exact_mut(n) {
             bias_act(row, &self.bias, self.relu);
         }
     }
@@ -140,6 +142,14 @@ impl Linear {
             rows(0, y);
         }
     }
+}
+
+/// Whether Ember's AVX-512 GEMM can run on this CPU.
+fn ember_gemm_here() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::gemm::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
 }
 
 /// Adds `bias` to `row` and applies the ReLU if asked, in one pass.
@@ -184,11 +194,6 @@ impl Mlp {
     /// Multiply-adds per sample.
     pub fn macs(&self) -> usize {
         self.layers.iter().map(|l| l.in_dim * l.out_dim).sum()
-    }
-
-    /// Output size (the input size when there are no layers).
-    pub fn out_dim(&self, in_dim: usize) -> usize {
-        self.layers.last().map_or(in_dim, |l| l.out_dim)
     }
 
     /// Runs every layer on `x` (`[batch, in]`) and returns the output, which lives in `scratch`

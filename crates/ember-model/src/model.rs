@@ -56,16 +56,8 @@ impl Model {
 
     /// Builds a model from a checked config and its weights.
     pub(crate) fn from_weights(config: ModelConfig, w: Weights) -> Result<Model> {
-        config.check().map_err(|reason| ModelError::Config {
-            path: "config".into(),
-            reason,
-        })?;
-        let feature_tables = config
-            .feature_tables()
-            .map_err(|reason| ModelError::Config {
-                path: "config".into(),
-                reason,
-            })?;
+        config.check().map_err(config_error)?;
+        let feature_tables = config.feature_tables().map_err(config_error)?;
         let features = config
             .features()
             .into_iter()
@@ -99,10 +91,7 @@ impl Model {
     /// A model of `config`'s shape with random weights (MLP weights N(0, 1/in), table rows from
     /// [`seeded_row`]), for benchmarks. Tables are filled on `threads` threads.
     pub fn random(config: ModelConfig, seed: u64, threads: usize) -> Result<Model> {
-        config.check().map_err(|reason| ModelError::Config {
-            path: "config".into(),
-            reason,
-        })?;
+        config.check().map_err(config_error)?;
         let mut s = seed;
         let mut next = || {
             s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -180,6 +169,14 @@ impl Model {
     /// Bytes of all tables.
     pub fn table_bytes(&self) -> usize {
         self.embeddings.tables().iter().map(|t| t.bytes()).sum()
+    }
+}
+
+/// A config refused after it was read (built in code, not from a file).
+fn config_error(reason: String) -> ModelError {
+    ModelError::Config {
+        path: "config".into(),
+        reason,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Dot products and GEMV rows for the dense layers, per instruction set, chosen once at start-up
+//! GEMV rows for the dense layers at batch 1, per instruction set, chosen once at start-up
 //! (the embedding stage's choice, [`Isa::selected`], so `EMBER_ISA` steers both).
 //!
 //! The GEMV kernel computes four outputs per pass over `x`, so each `x` load feeds four FMAs
@@ -11,13 +11,11 @@ use ember_embed::Isa;
 
 /// `y[o] = dot(w[o*k .. (o+1)*k], x)` for every `o` in `0..y.len()`.
 type GemvFn = unsafe fn(w: &[f32], x: &[f32], y: &mut [f32]);
-type DotFn = unsafe fn(a: &[f32], b: &[f32]) -> f32;
 
 /// The kernels of one instruction set.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
     isa: Isa,
-    dot: DotFn,
     gemv: GemvFn,
 }
 
@@ -30,19 +28,16 @@ impl Kernels {
         Some(match isa {
             Isa::Scalar => Kernels {
                 isa,
-                dot: scalar::dot,
                 gemv: scalar::gemv,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Kernels {
                 isa,
-                dot: avx2::dot,
                 gemv: avx2::gemv,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Kernels {
                 isa,
-                dot: avx512::dot,
                 gemv: avx512::gemv,
             },
             #[cfg(not(target_arch = "x86_64"))]
@@ -57,7 +52,6 @@ impl Kernels {
             let isa = Isa::selected().unwrap_or(Isa::Scalar);
             Kernels::for_isa(isa).unwrap_or(Kernels {
                 isa: Isa::Scalar,
-                dot: scalar::dot,
                 gemv: scalar::gemv,
             })
         })
@@ -65,15 +59,6 @@ impl Kernels {
 
     pub fn isa(&self) -> Isa {
         self.isa
-    }
-
-    /// `sum a[i] * b[i]` over the common length.
-    #[inline]
-    pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        // SAFETY: `for_isa` only builds kernels the CPU supports, and the kernel reads `n`
-        // elements of each slice.
-        unsafe { (self.dot)(&a[..n], &b[..n]) }
     }
 
     /// `y[o] = dot(w[o*k..(o+1)*k], x)` with `k = x.len()`.
@@ -91,7 +76,7 @@ impl Kernels {
 
 mod scalar {
     /// 16 independent accumulators, which the compiler keeps in vector registers.
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         const L: usize = 16;
         let mut acc = [0f32; L];
         let n = a.len() / L * L;
@@ -132,7 +117,7 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2 and FMA; `b.len() >= a.len()`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc0 = _mm256_setzero_ps();
@@ -213,7 +198,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support AVX-512F; `b.len() >= a.len()`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc0 = _mm512_setzero_ps();
@@ -316,8 +301,6 @@ mod tests {
                     let want = dot_ref(r, &x);
                     let tol = 1e-5 * (1.0 + (k as f64).sqrt() * 2.0);
                     prop_assert!((y[o] as f64 - want).abs() <= tol, "{isa} gemv row {o}: {} vs {want}", y[o]);
-                    let d = kern.dot(r, &x) as f64;
-                    prop_assert!((d - want).abs() <= tol, "{isa} dot: {d} vs {want}");
                 }
             }
         }
