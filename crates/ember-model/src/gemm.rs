@@ -1,17 +1,18 @@
 //! A GEMM for the dense layers at serving batch sizes, AVX-512 only: `Y[b, o] = sum_k X[b, k] W[o, k]`
-//! with `W` in PyTorch's `[out, in]` layout, never packed.
+//! with `W` in PyTorch's `[out, in]` layout, packed once when the layer is built ([`PackedW`]).
 //!
 //! Why not only `faer`: at batch 64 a layer's weights are touched once per batch, and right after
 //! the embedding stage has streamed tens of MB through the caches they come from DRAM. `faer`
-//! packs them first (a strided, latency-bound pass) and reached 50 GFLOP/s on cold weights here
-//! against 85 on hot ones. This kernel reads the weights in place, six rows at a time (six streams
-//! for the hardware prefetcher, plus a software prefetch of the next tile), and keeps the batch in
-//! registers: `X` is transposed once per call to `XT[k, b]` (16 inputs at a time), a block of up to
-//! 64 samples is four zmm registers per `k`, and six weight rows x four sample vectors are 24
-//! accumulators. Measured on the RM1 layers at batch 64 (medians of 300 alternating calls, caches
-//! flushed between calls): 1.06x / 1.34x / 1.51x faster than faer on cold weights (2048x256,
-//! 592x768, 768x384); about equal on hot ones (`benches/dense.rs`). Both reach about half of the
-//! core's measured FMA peak (152 GFLOP/s), so there is headroom left here.
+//! packs them on every call (a strided, latency-bound pass). This kernel packs them once, at load,
+//! in the exact order it reads them, so a call is one sequential stream of weights, prefetched a
+//! little at every step. It keeps the batch in registers: `X` is transposed once per call to
+//! `XT[k, b]` (16 inputs at a time), a block of up to 64 samples is four zmm registers per `k`,
+//! and six weight rows x four sample vectors are 24 accumulators. Measured on the RM1 layers at
+//! batch 64 (`benches/dense.rs`, medians of 100-200 calls; 2048x256, 592x768, 768x384): 577 /
+//! 472 / 312 us on hot caches (116-123 GFLOP/s, 77-81% of the core's measured FMA peak of 152)
+//! and 723 / 622 / 417 us with the caches flushed before each call, where faer took 1238 / 1186
+//! / 854 us (1.7-2.0x). Batches of fewer than 49 samples (the tail of a batch) read `W` in place
+//! with the generic kernel.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -90,21 +91,21 @@ unsafe fn micro<const R: usize, const NB: usize>(
     }
 }
 
-/// [`micro`] for six rows and 64 samples with every accumulator a named local: the array form
-/// of the generic kernel made LLVM spill four of the 24 accumulators to the stack in the inner
-/// loop (seen in the disassembly), which cost a quarter of the throughput.
+/// [`micro`] for six rows and 64 samples, on one block of [`PackedW`]: input `k` of the six rows
+/// is `w[6 k .. 6 k + 6]`. Every accumulator is a named local: the array form of the generic
+/// kernel made LLVM spill four of the 24 accumulators to the stack in the inner loop (seen in the
+/// disassembly), which cost a quarter of the throughput.
 ///
-/// Runs inputs `0 .. kc` of the block (the caller offsets `w` and `xt` to the block's first
-/// input), adding to the partial sums in `out` when `accumulate`, and prefetches the weights the
-/// next call will read (`next_w`, rows of stride `k_dim`).
+/// Runs inputs `0 .. kc` of the block (the caller offsets `xt` to the block's first input),
+/// adding to the partial sums in `out` when `accumulate`, and prefetches `6 kc` weights from
+/// `next_w`, one line every few steps.
 ///
 /// # Safety
-/// The CPU must support AVX-512F. `w` points at 6 rows (stride `k_dim`) of at least `kc` values,
-/// `xt` at `kc` rows of 64 values, `out` at 6 x 64 values; `next_w` is only prefetched.
+/// The CPU must support AVX-512F. `w` points at `6 kc` values, `xt` at `kc` rows of 64 values,
+/// `out` at 6 x 64 values; `next_w` is only prefetched.
 #[target_feature(enable = "avx512f")]
 unsafe fn micro_6x64(
     w: *const f32,
-    k_dim: usize,
     kc: usize,
     xt: *const f32,
     out: *mut f32,
@@ -128,19 +129,10 @@ unsafe fn micro_6x64(
             load!(22 => a52, 23 => a53);
         }
     }
-    // The next tile's weight segments, fetched while this one computes (prefetch never faults).
-    for r in 0..6 {
-        let mut off = 0;
-        while off < kc {
-            _mm_prefetch::<_MM_HINT_T0>(next_w.wrapping_add(r * k_dim + off) as *const i8);
-            off += 16;
-        }
-    }
     macro_rules! row {
         ($r:expr, $k:expr, $x0:ident, $x1:ident, $x2:ident, $x3:ident, $a0:ident, $a1:ident, $a2:ident, $a3:ident) => {{
-            // SAFETY: $k < kc and the caller guarantees each of the 6 weight rows (stride k_dim)
-            // has kc values from `w`.
-            let wb = unsafe { _mm512_set1_ps(*w.add($r * k_dim + $k)) };
+            // SAFETY: $k < kc, and the caller guarantees `w` has 6 kc values.
+            let wb = unsafe { _mm512_set1_ps(*w.add($k * 6 + $r)) };
             $a0 = _mm512_fmadd_ps(wb, $x0, $a0);
             $a1 = _mm512_fmadd_ps(wb, $x1, $a1);
             $a2 = _mm512_fmadd_ps(wb, $x2, $a2);
@@ -148,6 +140,12 @@ unsafe fn micro_6x64(
         }};
     }
     for k in 0..kc {
+        // One prefetch per step, the weights `next_w` is ahead of this step's: spread over the
+        // loop, they keep a few lines in flight instead of a burst of 24 stalling the loads
+        // (measured: cold layers 1.07-1.1x faster than prefetching the next block up front).
+        // Several steps share a line; the repeats hit lines already requested. Prefetch never
+        // faults.
+        _mm_prefetch::<_MM_HINT_T0>(next_w.wrapping_add(6 * k) as *const i8);
         // SAFETY: as above.
         let (x0, x1, x2, x3) = unsafe {
             let xr = xt.add(k * 64);
@@ -172,6 +170,60 @@ unsafe fn micro_6x64(
     for (i, v) in all.iter().enumerate() {
         // SAFETY: out has 6 * 64 values.
         unsafe { _mm512_storeu_ps(out.add(i * 16), *v) };
+    }
+}
+
+/// A layer's weights re-laid, once, in the order the 64-sample kernel reads them: for each block
+/// of [`KC`] inputs, for each tile of six output rows, for each input of the block, the six rows'
+/// weights (rows past `n` are zero). One sequential stream instead of six rows read in place.
+/// Read in place, six rows `k_dim` floats apart (8 KB for RM1's 2048-wide layer) fall in the same
+/// L1 sets, and a block's 256-byte row segments are too short for the hardware prefetcher: the
+/// packed stream ran RM1's layers 1.08-1.21x faster on hot caches and 1.18-1.31x on cold ones
+/// than the same kernel reading `W` in place (`benches/dense.rs`). It costs a second copy of the
+/// layer's weights.
+#[derive(Debug, Clone)]
+pub struct PackedW {
+    data: Vec<f32>,
+    n: usize,
+    k_dim: usize,
+}
+
+impl PackedW {
+    /// Packs `w` (`[n, k_dim]`, row-major).
+    pub fn new(w: &[f32], n: usize, k_dim: usize) -> Self {
+        assert_eq!(w.len(), n * k_dim, "weight is [n, k_dim]");
+        let tiles = n.div_ceil(RMAX);
+        let mut data = Vec::with_capacity(tiles * RMAX * k_dim);
+        let mut k0 = 0;
+        while k0 < k_dim {
+            let kc = KC.min(k_dim - k0);
+            for t in 0..tiles {
+                for k in k0..k0 + kc {
+                    for r in t * RMAX..(t + 1) * RMAX {
+                        data.push(if r < n { w[r * k_dim + k] } else { 0.0 });
+                    }
+                }
+            }
+            k0 += kc;
+        }
+        PackedW { data, n, k_dim }
+    }
+
+    /// Output rows.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs.
+    pub fn k_dim(&self) -> usize {
+        self.k_dim
+    }
+
+    /// The block of tile `t` for inputs `k0 .. k0 + kc` (`k0` a multiple of [`KC`]).
+    fn block(&self, k0: usize, t: usize) -> &[f32] {
+        let kc = KC.min(self.k_dim - k0);
+        let at = k0 * self.n.div_ceil(RMAX) * RMAX + t * kc * RMAX;
+        &self.data[at..at + kc * RMAX]
     }
 }
 
@@ -241,7 +293,7 @@ unsafe fn transpose_16x16(src: *const f32, src_stride: usize, dst: *mut f32, dst
 /// # Safety
 /// AVX-512F; `src` and `dst` cover the block at their strides.
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose(
+pub(crate) unsafe fn transpose(
     src: *const f32,
     rows: usize,
     cols: usize,
@@ -300,21 +352,28 @@ fn transpose_block(
     };
 }
 
-/// `y = x W^T` (`x`: `[batch, k_dim]`, `w`: `[n, k_dim]`, `y`: `[batch, n]`). Batches run in
-/// blocks of 64 samples; each block is transposed once, then its rows of `W` are split across
-/// `threads` workers of the current rayon pool, which share the transposed block.
+/// `y = x W^T` (`x`: `[batch, k_dim]`, `w`: `[n, k_dim]`, `y`: `[batch, n]`; `packed` is `w`
+/// packed). Batches run in blocks of 64 samples (from `packed`; a last block of fewer reads `w` in
+/// place); each block is transposed once, then its rows of `W` are split across `threads` workers
+/// of the current rayon pool, which share the transposed block.
 /// Used by [`crate::mlp::Linear`] when [`available`].
+#[allow(clippy::too_many_arguments)]
 pub fn gemm(
     x: &[f32],
     batch: usize,
     k_dim: usize,
     w: &[f32],
+    packed: &PackedW,
     n: usize,
     y: &mut [f32],
     threads: usize,
 ) {
     assert!(available(), "AVX-512 GEMM called without AVX-512");
     assert!(x.len() >= batch * k_dim && w.len() >= n * k_dim && y.len() >= batch * n);
+    assert!(
+        packed.n == n && packed.k_dim == k_dim,
+        "packed weights of another shape"
+    );
     if k_dim == 0 {
         y[..batch * n].fill(0.0);
         return;
@@ -322,7 +381,7 @@ pub fn gemm(
     // Take the buffer out rather than hold the borrow across the parallel section: a rayon
     // worker waiting for its row chunks may run another caller's `gemm` on this thread.
     let mut xt = XT.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    gemm_blocks(x, batch, k_dim, w, n, y, threads, &mut xt);
+    gemm_blocks(x, batch, k_dim, w, packed, n, y, threads, &mut xt);
     XT.with(|b| *b.borrow_mut() = xt);
 }
 
@@ -332,6 +391,7 @@ fn gemm_blocks(
     batch: usize,
     k_dim: usize,
     w: &[f32],
+    packed: &PackedW,
     n: usize,
     y: &mut [f32],
     threads: usize,
@@ -347,6 +407,7 @@ fn gemm_blocks(
             xt,
             k_dim,
             w,
+            packed,
             b0,
             bn,
         };
@@ -368,6 +429,7 @@ struct Block<'a> {
     xt: &'a [f32],
     k_dim: usize,
     w: &'a [f32],
+    packed: &'a PackedW,
     b0: usize,
     bn: usize,
 }
@@ -399,46 +461,35 @@ impl Block<'_> {
         }
     }
 
-    /// 49..=64 samples (64 columns of `xt`) through
-    /// rows `rows` of `W`, in blocks of [`KC`] inputs so that the block of `xt` in use stays in L1;
-    /// partial sums live in `scratch.acc`.
+    /// 49..=64 samples (64 columns of `xt`) through rows `rows` of `W` (`rows.start` a multiple
+    /// of six), in blocks of [`KC`] inputs so that the block of `xt` in use stays in L1; partial
+    /// sums live in `scratch.acc`.
     fn block_6x64(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
-        let (k_dim, w, b0, bn) = (self.k_dim, self.w, self.b0, self.bn);
+        let (k_dim, b0, bn) = (self.k_dim, self.b0, self.bn);
         let n_rows = rows.len();
         if n_rows == 0 {
             return;
         }
-        let tiles = n_rows.div_ceil(6);
-        // The last tile may have fewer than 6 rows: a padded copy (the rest point into W).
-        let last_rows = n_rows - (tiles - 1) * 6;
-        let last = scratch.rows_ptr(w, rows.start + (tiles - 1) * 6, last_rows, k_dim);
-        scratch.acc.resize(tiles * 6 * 64, 0.0);
-        let tile_w = |t: usize| -> *const f32 {
-            if t == tiles - 1 {
-                last
-            } else {
-                w[(rows.start + t * 6) * k_dim..].as_ptr()
-            }
-        };
+        assert!(rows.start.is_multiple_of(RMAX) && rows.end <= self.packed.n);
+        let (t0, tiles) = (rows.start / RMAX, n_rows.div_ceil(RMAX));
+        scratch.acc.resize(tiles * RMAX * 64, 0.0);
         let mut k0 = 0;
         while k0 < k_dim {
             let kc = KC.min(k_dim - k0);
             for t in 0..tiles {
-                let next = if t + 1 < tiles {
-                    tile_w(t + 1).wrapping_add(k0)
-                } else {
-                    tile_w(0).wrapping_add(k0 + kc)
-                };
-                // SAFETY: AVX-512F (checked by `gemm`); tile t has 6 rows of k_dim values from
-                // tile_w(t), of which columns k0 .. k0 + kc <= k_dim are read; xt has k_dim rows of
-                // 64; acc has 6 * 64 values per tile; `next` is only prefetched.
+                let wb = self.packed.block(k0, t0 + t);
+                // Two blocks ahead in the packed stream (the next tiles'; measured against one
+                // block and four, cold: 1.05x and equal).
+                let next = wb.as_ptr().wrapping_add(2 * RMAX * kc);
+                // SAFETY: AVX-512F (checked by `gemm`); `wb` holds 6 kc weights; xt has k_dim rows
+                // of 64, of which rows k0 .. k0 + kc <= k_dim are read; acc has 6 * 64 values per
+                // tile; `next` is only prefetched.
                 unsafe {
                     micro_6x64(
-                        tile_w(t).add(k0),
-                        k_dim,
+                        wb.as_ptr(),
                         kc,
                         self.xt.as_ptr().add(k0 * 64),
-                        scratch.acc.as_mut_ptr().add(t * 384),
+                        scratch.acc.as_mut_ptr().add(t * RMAX * 64),
                         k0 > 0,
                         next,
                     )

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use crate::config::PairOrder;
 use crate::mlp::Linear;
+use crate::simd::Kernels;
 
 /// The (i, j) pairs of a dot interaction over `n` vectors, in output order.
 pub fn dot_pairs(n: usize, self_interaction: bool, order: PairOrder) -> Vec<(u32, u32)> {
@@ -41,12 +42,16 @@ pub enum Interaction {
     Dcn { layers: Vec<CrossLayer> },
 }
 
+/// A sample's `T`, `Z` and `T^T` buffers for the dot interaction.
+type Bufs<'a> = (&'a mut Vec<f32>, &'a mut Vec<f32>, &'a mut Vec<f32>);
+
 /// Buffers reused across calls.
 #[derive(Debug, Default)]
 pub struct InteractionScratch {
     xl: Vec<f32>,
     low: Vec<f32>,
     wide: Vec<f32>,
+    zoff: Vec<usize>,
 }
 
 impl Interaction {
@@ -61,6 +66,21 @@ impl Interaction {
         scratch: &mut InteractionScratch,
         par: Par,
     ) {
+        self.forward_with(x, pooled, batch, out, scratch, par, Kernels::selected())
+    }
+
+    /// [`Interaction::forward`] with the kernels named (tests run every instruction set).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_with(
+        &self,
+        x: &[f32],
+        pooled: &[f32],
+        batch: usize,
+        out: &mut [f32],
+        scratch: &mut InteractionScratch,
+        par: Par,
+        kern: Kernels,
+    ) {
         if batch == 0 {
             return;
         }
@@ -71,21 +91,36 @@ impl Interaction {
             Interaction::Dot { pairs, d: dd } => {
                 debug_assert_eq!(d, *dd);
                 debug_assert_eq!(top_in - d, pairs.len());
-                // Per sample: T = [x; pooled] as an n x d matrix, Z = T T^T with one small GEMM
-                // (faer's register-blocked kernel beats pairwise dots ~3x here), then the pairs.
+                // Per sample: T = [x; pooled] as an n x d matrix, then the lower triangle of
+                // Z = T T^T (`simd::Kernels::gram`, 16 dot products at a time; faer's small GEMM
+                // of the whole square where the CPU has no AVX-512), then the pairs.
                 let n = pd / d + 1;
-                let sample = |b: usize, o: &mut [f32], t: &mut Vec<f32>, z: &mut Vec<f32>| {
-                    t.resize(n * d, 0.0);
-                    z.resize(n * n, 0.0);
+                // Z's row stride: the Gram kernel writes 16 columns at a time.
+                let zs = n.div_ceil(16) * 16;
+                // Where each pair sits in Z: the lower triangle holds (max, min) of each pair.
+                let zoff = &mut scratch.zoff;
+                zoff.clear();
+                zoff.extend(pairs.iter().map(|&(i, j)| {
+                    let (hi, lo) = (i.max(j) as usize, i.min(j) as usize);
+                    hi * zs + lo
+                }));
+                let zoff = &*zoff;
+                let sample = |b: usize, o: &mut [f32], (t, z, tt): Bufs<'_>| {
+                    // Rows n .. zs of T are only read by the Gram kernel, for entries past the
+                    // triangle; they keep whatever an earlier sample left.
+                    t.resize(zs * d, 0.0);
+                    z.resize(n * zs, 0.0);
                     let xr = &x[b * d..(b + 1) * d];
                     t[..d].copy_from_slice(xr);
-                    t[d..].copy_from_slice(&pooled[b * pd..(b + 1) * pd]);
-                    let tm = MatRef::from_row_major_slice(t, n, d);
-                    let zm = MatMut::from_row_major_slice_mut(z, n, n);
-                    matmul(zm, Accum::Replace, tm, tm.transpose(), 1.0f32, Par::Seq);
+                    t[d..n * d].copy_from_slice(&pooled[b * pd..(b + 1) * pd]);
+                    if !kern.gram(t, n, d, z, zs, tt) {
+                        let tm = MatRef::from_row_major_slice(&t[..n * d], n, d);
+                        let zm = MatMut::from_row_major_slice_with_stride_mut(z, n, n, zs);
+                        matmul(zm, Accum::Replace, tm, tm.transpose(), 1.0f32, Par::Seq);
+                    }
                     o[..d].copy_from_slice(xr);
-                    for (slot, &(i, j)) in o[d..].iter_mut().zip(pairs) {
-                        *slot = z[i as usize * n + j as usize];
+                    for (slot, &at) in o[d..].iter_mut().zip(zoff) {
+                        *slot = z[at];
                     }
                 };
                 if par.degree() > 1 && batch > 1 {
@@ -94,15 +129,20 @@ impl Interaction {
                     out.par_chunks_mut(per * top_in)
                         .enumerate()
                         .for_each(|(c, chunk)| {
-                            let (mut t, mut z) = (Vec::new(), Vec::new());
+                            let (mut t, mut z, mut tt) = (Vec::new(), Vec::new(), Vec::new());
                             for (i, o) in chunk.chunks_exact_mut(top_in).enumerate() {
-                                sample(c * per + i, o, &mut t, &mut z);
+                                sample(c * per + i, o, (&mut t, &mut z, &mut tt));
                             }
                         });
                 } else {
-                    let InteractionScratch { xl: t, wide: z, .. } = scratch;
+                    let InteractionScratch {
+                        xl: t,
+                        wide: z,
+                        low: tt,
+                        ..
+                    } = scratch;
                     for (b, o) in out.chunks_exact_mut(top_in).enumerate() {
-                        sample(b, o, t, z);
+                        sample(b, o, (t, z, tt));
                     }
                 }
             }
@@ -111,7 +151,7 @@ impl Interaction {
                 // x0 = concat(x, pooled) lives in `out`; xl is iterated in scratch, then copied.
                 concat(x, pooled, batch, out);
                 let n = top_in;
-                let InteractionScratch { xl, low, wide } = scratch;
+                let InteractionScratch { xl, low, wide, .. } = scratch;
                 xl.clear();
                 xl.extend_from_slice(out);
                 for layer in layers {
@@ -142,6 +182,7 @@ fn concat(x: &[f32], pooled: &[f32], batch: usize, out: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::random::normal_vec;
+    use ember_embed::Isa;
     use proptest::prelude::*;
 
     /// facebookresearch/dlrm's definition, in f64: Z = T T^T, then the listed entries.
@@ -194,7 +235,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
         #[test]
-        fn dot_matches_reference(batch in prop_oneof![0usize..9, 9usize..40], d in 1usize..40, f in 0usize..7, sel: bool, upper: bool, seed: u64, threads in 1usize..3) {
+        fn dot_matches_reference(batch in prop_oneof![0usize..9, 9usize..40], d in prop_oneof![1usize..40, 60usize..70], f in prop_oneof![0usize..7, 14usize..40], sel: bool, upper: bool, seed: u64, threads in 1usize..3) {
             let order = if upper { PairOrder::Upper } else { PairOrder::Lower };
             let sel = sel && !upper;
             let x = normal_vec(batch * d, 1.0, seed);
@@ -202,13 +243,16 @@ mod tests {
             let pairs = dot_pairs(f + 1, sel, order);
             let top_in = d + pairs.len();
             let it = Interaction::Dot { pairs, d };
-            let mut out = vec![f32::NAN; batch * top_in];
             let par = if threads == 1 { Par::Seq } else { Par::rayon(threads) };
-            it.forward(&x, &pooled, batch, &mut out, &mut Default::default(), par);
             let want = dot_reference(&x, &pooled, (batch, d, f + 1), sel, order);
-            prop_assert_eq!(out.len(), want.len());
-            for (g, w) in out.iter().zip(&want) {
-                prop_assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (d as f32).sqrt(), "{} vs {}", g, w);
+            for isa in Isa::available_all() {
+                let mut out = vec![f32::NAN; batch * top_in];
+                let kern = Kernels::for_isa(isa).unwrap();
+                it.forward_with(&x, &pooled, batch, &mut out, &mut Default::default(), par, kern);
+                prop_assert_eq!(out.len(), want.len());
+                for (g, w) in out.iter().zip(&want) {
+                    prop_assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (d as f32).sqrt(), "{isa}: {} vs {}", g, w);
+                }
             }
         }
 

@@ -37,6 +37,10 @@ pub struct Linear {
     weight: Vec<f32>,
     bias: Vec<f32>,
     relu: bool,
+    /// The weights laid out for Ember's GEMM: packed at construction when [`Gemm::Selected`]
+    /// would run it, on first use when a caller forces [`Gemm::Ember`].
+    #[cfg(target_arch = "x86_64")]
+    packed: std::sync::OnceLock<crate::gemm::PackedW>,
 }
 
 impl Linear {
@@ -50,13 +54,31 @@ impl Linear {
     ) -> Self {
         assert_eq!(weight.len(), in_dim * out_dim, "weight is [out, in]");
         assert_eq!(bias.len(), out_dim, "bias is [out]");
-        Linear {
+        let l = Linear {
             in_dim,
             out_dim,
             weight,
             bias,
             relu,
+            #[cfg(target_arch = "x86_64")]
+            packed: std::sync::OnceLock::new(),
+        };
+        #[cfg(target_arch = "x86_64")]
+        if l.ember_selected() && ember_gemm_here() {
+            l.packed();
         }
+        l
+    }
+
+    /// Whether [`Gemm::Selected`] picks Ember's GEMM for this layer (where the CPU can run it).
+    fn ember_selected(&self) -> bool {
+        self.weight.len() * 4 >= EMBER_GEMM_MIN_BYTES
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn packed(&self) -> &crate::gemm::PackedW {
+        self.packed
+            .get_or_init(|| crate::gemm::PackedW::new(&self.weight, self.out_dim, self.in_dim))
     }
 
     pub fn in_dim(&self) -> usize {
@@ -96,7 +118,7 @@ impl Linear {
             return;
         }
         let ember = match gemm {
-            Gemm::Selected => self.weight.len() * 4 >= EMBER_GEMM_MIN_BYTES,
+            Gemm::Selected => self.ember_selected(),
             Gemm::Ember => true,
             Gemm::Faer => false,
         };
@@ -107,6 +129,7 @@ impl Linear {
                 batch,
                 self.in_dim,
                 &self.weight,
+                self.packed(),
                 self.out_dim,
                 y,
                 par.degree(),
