@@ -4,8 +4,10 @@
 mod bench_embed;
 mod bench_model;
 mod data;
+mod loadgen;
 mod paths;
 mod predict;
+mod serve;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +28,11 @@ enum Cmd {
     Bench(Bench),
     /// Score a Criteo-format file with a model: AUC, log loss, samples/s, and the scores.
     Predict(predict::PredictArgs),
+    /// Serve a model: KServe v2 over HTTP, /v1/score, Prometheus /metrics, dynamic batching.
+    Serve(serve::ServeArgs),
+    /// Open-loop load on a KServe v2 server: achieved rate and latency percentiles, or the
+    /// highest rate within a p99 objective (--find-max).
+    Loadgen(loadgen::LoadgenArgs),
     /// Data tools: synthetic Criteo-format data.
     #[command(subcommand)]
     Data(data::DataCmd),
@@ -45,6 +52,8 @@ fn run() -> anyhow::Result<()> {
         Cmd::Bench(Bench::Embed(args)) => bench_embed::run(args),
         Cmd::Bench(Bench::Model(args)) => bench_model::run(args),
         Cmd::Predict(args) => predict::run(args),
+        Cmd::Serve(args) => serve::run(args),
+        Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Data(cmd) => data::run(cmd),
     }
 }

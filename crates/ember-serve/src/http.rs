@@ -1,0 +1,252 @@
+//! The HTTP front end: KServe v2 routes, `/v1/score`, `/metrics`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::batcher::Batcher;
+use crate::error::{Result, ServeError};
+use crate::kserve::{self, InferRequest, InferResponse, OutputTensor};
+use crate::metrics as m;
+use crate::samples::ModelSpec;
+use crate::score;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub spec: Arc<ModelSpec>,
+    pub batcher: Arc<Batcher>,
+    pub ready: Arc<AtomicBool>,
+    pub max_body_bytes: usize,
+}
+
+/// The server's routes.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/ready", get(model_ready))
+        .route("/v2/models/{name}/infer", post(infer))
+        .route(
+            "/v2/models/{name}/versions/{version}/infer",
+            post(infer_version),
+        )
+        .route("/v1/score", post(score_route))
+        .route("/metrics", get(metrics_page))
+        .fallback(not_found)
+        // Bodies are read by `read_body`, which answers 400 naming the limit.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app)
+}
+
+fn error_response(e: &ServeError) -> Response {
+    (e.status(), axum::Json(json!({ "error": e.to_string() }))).into_response()
+}
+
+/// Counts the request, times it, and turns errors into JSON bodies.
+fn finish(start: Instant, r: Result<Response>) -> Response {
+    let status = match &r {
+        Ok(_) => "ok",
+        Err(e) => e.label(),
+    };
+    metrics::counter!(m::REQUESTS, "protocol" => "http", "status" => status).increment(1);
+    metrics::histogram!(m::REQUEST_SECONDS).record(start.elapsed().as_secs_f64());
+    match r {
+        Ok(resp) => resp,
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Keeps `ember_requests_in_flight` while alive.
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        metrics::gauge!(m::IN_FLIGHT).increment(1.0);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(m::IN_FLIGHT).decrement(1.0);
+    }
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        ServeError::bad(format!(
+            "request body is over the server's limit of {limit} bytes (--max-body-bytes), or \
+             could not be read: {e}"
+        ))
+    })
+}
+
+async fn live() -> Response {
+    axum::Json(json!({ "live": true })).into_response()
+}
+
+async fn ready(State(app): State<App>) -> Response {
+    let r = app.ready.load(Ordering::Relaxed);
+    let code = if r {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(json!({ "ready": r }))).into_response()
+}
+
+async fn server_metadata() -> Response {
+    axum::Json(json!({
+        "name": "ember",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": [],
+    }))
+    .into_response()
+}
+
+fn check_model(app: &App, name: &str) -> Result<()> {
+    if name == app.spec.name {
+        Ok(())
+    } else {
+        Err(ServeError::NotFound(format!(
+            "unknown model '{name}': this server serves '{}'",
+            app.spec.name
+        )))
+    }
+}
+
+async fn model_metadata(State(app): State<App>, Path(name): Path<String>) -> Response {
+    match check_model(&app, &name) {
+        Ok(()) => axum::Json(kserve::metadata(&app.spec)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn model_ready(State(app): State<App>, Path(name): Path<String>) -> Response {
+    match check_model(&app, &name) {
+        Ok(()) => {
+            let r = app.ready.load(Ordering::Relaxed);
+            axum::Json(json!({ "name": name, "ready": r })).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn infer(State(app): State<App>, Path(name): Path<String>, body: Body) -> Response {
+    let start = Instant::now();
+    let _f = InFlight::new();
+    finish(start, run_infer(&app, &name, None, body).await)
+}
+
+async fn infer_version(
+    State(app): State<App>,
+    Path((name, version)): Path<(String, String)>,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let _f = InFlight::new();
+    finish(start, run_infer(&app, &name, Some(&version), body).await)
+}
+
+async fn run_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Response> {
+    check_model(app, name)?;
+    if let Some(v) = version
+        && v != kserve::VERSION
+    {
+        return Err(ServeError::NotFound(format!(
+            "model '{name}' has no version '{v}' (its only version is '{}')",
+            kserve::VERSION
+        )));
+    }
+    let bytes = read_body(body, app.max_body_bytes).await?;
+    let req: InferRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?;
+    let timeout = kserve::timeout_us(&req)?;
+    let samples = kserve::decode(&app.spec, &req)?;
+    let n = samples.n;
+    let scored = app.batcher.submit(samples, timeout).await?;
+    let resp = InferResponse {
+        model_name: app.spec.name.clone(),
+        model_version: kserve::VERSION.into(),
+        id: req.id,
+        outputs: vec![OutputTensor {
+            name: kserve::SCORES.into(),
+            datatype: "FP32",
+            shape: vec![n],
+            data: scored.scores,
+        }],
+    };
+    Ok(axum::Json(resp).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ScoreQuery {
+    /// Whether TSV lines start with the label column (default true).
+    labels: Option<bool>,
+    /// A deadline, in milliseconds from arrival.
+    timeout_ms: Option<u64>,
+}
+
+async fn score_route(
+    State(app): State<App>,
+    Query(q): Query<ScoreQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let start = Instant::now();
+    let _f = InFlight::new();
+    let r = async {
+        let bytes = read_body(body, app.max_body_bytes).await?;
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        let samples = if json {
+            score::decode_json(&app.spec, &bytes)?
+        } else {
+            score::decode_tsv(&app.spec, &bytes, q.labels.unwrap_or(true))?
+        };
+        let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
+        let scored = app.batcher.submit(samples, timeout).await?;
+        Ok(if json {
+            axum::Json(json!({ "scores": scored.scores })).into_response()
+        } else {
+            let mut text = String::with_capacity(scored.scores.len() * 12);
+            for s in &scored.scores {
+                text.push_str(&s.to_string());
+                text.push('\n');
+            }
+            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+        })
+    }
+    .await;
+    finish(start, r)
+}
+
+async fn metrics_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        m::handle().render(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    error_response(&ServeError::NotFound(
+        "no such route: see GET /v2/models/<name> for the model's inputs; routes are /v2/..., \
+         /v1/score and /metrics"
+            .into(),
+    ))
+}

@@ -1,0 +1,403 @@
+//! The KServe v2 (Triton) inference protocol's JSON form: request and response bodies, model
+//! metadata, and the decoding of an inference request into [`Samples`].
+//!
+//! A model's inputs: `dense`, FP32 `[N, dense_in]`; for every sparse feature `F`, `F_lengths`
+//! (INT32 or INT64 `[N]`: ids per sample) and `F_ids` (INT64 or INT32 `[sum of lengths]`, sample
+//! by sample). Its output: `scores`, FP32 `[N]`, the predicted probabilities. Tensor `data` may be
+//! flat or nested row-major arrays, as the protocol allows. A request may set
+//! `parameters.timeout` (microseconds, as Triton's) for a deadline.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Result, ServeError};
+use crate::samples::{ModelSpec, Samples};
+
+/// `POST /v2/models/{name}/infer` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferRequest {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+    pub inputs: Vec<InferInput>,
+    #[serde(default)]
+    pub outputs: Option<Vec<RequestedOutput>>,
+}
+
+/// One input tensor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferInput {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: String,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+    pub data: FlatData,
+}
+
+/// A leaf of a tensor's `data`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    I(i64),
+    U(u64),
+    F(f64),
+    /// Not a number (a string, bool or null): kept so that the error can name the input.
+    Other,
+}
+
+/// A tensor's `data`, flat or nested arrays read row-major into one list while parsing (no
+/// intermediate JSON tree: measured 2x faster than `serde_json::Value` on one-sample requests).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FlatData(pub Vec<Num>);
+
+impl<'de> Deserialize<'de> for FlatData {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut out = Vec::new();
+        d.deserialize_any(Flatten(&mut out))?;
+        Ok(FlatData(out))
+    }
+}
+
+/// Appends the leaves of one JSON value to the list.
+struct Flatten<'a>(&'a mut Vec<Num>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Flatten<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a number or an array")
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<(), E> {
+        self.0.push(Num::I(v));
+        Ok(())
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<(), E> {
+        self.0.push(Num::U(v));
+        Ok(())
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<(), E> {
+        self.0.push(Num::F(v));
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
+        self.0.push(Num::Other);
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
+        self.0.push(Num::Other);
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> std::result::Result<(), E> {
+        self.0.push(Num::Other);
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<(), A::Error> {
+        // An object is not a tensor value; record it as one bad leaf and skip its contents.
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        self.0.push(Num::Other);
+        Ok(())
+    }
+}
+
+/// An output the client asks for.
+#[derive(Debug, Deserialize)]
+pub struct RequestedOutput {
+    pub name: String,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+}
+
+/// The inference response body.
+#[derive(Debug, Serialize)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub outputs: Vec<OutputTensor>,
+}
+
+/// One output tensor.
+#[derive(Debug, Serialize)]
+pub struct OutputTensor {
+    pub name: String,
+    pub datatype: &'static str,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// A tensor's description in model metadata.
+#[derive(Debug, Serialize)]
+pub struct TensorMeta {
+    pub name: String,
+    pub datatype: &'static str,
+    pub shape: Vec<i64>,
+    /// For `<feature>_ids`: `{"rows": N}`, the size of the table (ids run from 0 to N - 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+}
+
+/// `GET /v2/models/{name}` body.
+#[derive(Debug, Serialize)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: &'static str,
+    pub inputs: Vec<TensorMeta>,
+    pub outputs: Vec<TensorMeta>,
+}
+
+/// The one model version Ember serves.
+pub const VERSION: &str = "1";
+/// The output's name.
+pub const SCORES: &str = "scores";
+
+/// The metadata of the model `spec` describes.
+pub fn metadata(spec: &ModelSpec) -> ModelMetadata {
+    let mut inputs = vec![TensorMeta {
+        name: "dense".into(),
+        datatype: "FP32",
+        shape: vec![-1, spec.dense_in as i64],
+        parameters: None,
+    }];
+    for (f, &rows) in spec.features.iter().zip(&spec.rows) {
+        inputs.push(TensorMeta {
+            name: format!("{f}_lengths"),
+            datatype: "INT64",
+            shape: vec![-1],
+            parameters: None,
+        });
+        inputs.push(TensorMeta {
+            name: format!("{f}_ids"),
+            datatype: "INT64",
+            shape: vec![-1],
+            parameters: Some(serde_json::json!({ "rows": rows })),
+        });
+    }
+    ModelMetadata {
+        name: spec.name.clone(),
+        versions: vec![VERSION.into()],
+        platform: "ember",
+        inputs,
+        outputs: vec![TensorMeta {
+            name: SCORES.into(),
+            datatype: "FP32",
+            shape: vec![-1],
+            parameters: None,
+        }],
+    }
+}
+
+/// The request's deadline, if it set `parameters.timeout` (microseconds).
+pub fn timeout_us(req: &InferRequest) -> Result<Option<u64>> {
+    match req.parameters.as_ref().and_then(|p| p.get("timeout")) {
+        None => Ok(None),
+        Some(v) => v.as_u64().filter(|&t| t > 0).map(Some).ok_or_else(|| {
+            ServeError::bad(format!(
+                "parameters.timeout must be a positive integer of microseconds, not {v}"
+            ))
+        }),
+    }
+}
+
+/// Decodes and checks an inference request against the model.
+pub fn decode(spec: &ModelSpec, req: &InferRequest) -> Result<Samples> {
+    if let Some(outs) = &req.outputs
+        && let Some(o) = outs.iter().find(|o| o.name != SCORES)
+    {
+        return Err(ServeError::bad(format!(
+            "unknown output '{}': the model's only output is '{SCORES}'",
+            o.name
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for i in &req.inputs {
+        if !seen.insert(i.name.as_str()) {
+            return Err(ServeError::bad(format!(
+                "input '{}' is given twice",
+                i.name
+            )));
+        }
+    }
+    let find = |name: &str| -> Result<&InferInput> {
+        req.inputs
+            .iter()
+            .find(|i| i.name == name)
+            .ok_or_else(|| ServeError::bad(format!("missing input '{name}'")))
+    };
+    let expected = 1 + 2 * spec.features.len();
+    if req.inputs.len() > expected {
+        let known = |n: &str| {
+            n == "dense"
+                || spec
+                    .features
+                    .iter()
+                    .any(|f| n == format!("{f}_lengths") || n == format!("{f}_ids"))
+        };
+        if let Some(i) = req.inputs.iter().find(|i| !known(&i.name)) {
+            return Err(ServeError::bad(format!(
+                "unknown input '{}': the model takes 'dense' and '<feature>_lengths' / \
+                 '<feature>_ids' for its {} sparse features (GET /v2/models/{} lists them)",
+                i.name,
+                spec.features.len(),
+                spec.name
+            )));
+        }
+    }
+    let dense_in = find("dense")?;
+    expect_type(dense_in, &["FP32"])?;
+    let shape = dims(dense_in)?;
+    if shape.len() != 2 || shape[1] != spec.dense_in {
+        return Err(ServeError::bad(format!(
+            "input 'dense' has shape {:?}; the model takes [N, {}]",
+            dense_in.shape, spec.dense_in
+        )));
+    }
+    let n = shape[0];
+    let dense: Vec<f32> = numbers(dense_in, n * spec.dense_in)?
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    let mut lengths = Vec::with_capacity(n * spec.features.len());
+    let mut ids = Vec::new();
+    for f in &spec.features {
+        let li = find(&format!("{f}_lengths"))?;
+        expect_type(li, &["INT64", "INT32"])?;
+        let ls = dims(li)?;
+        if ls.len() != 1 || ls[0] != n {
+            return Err(ServeError::bad(format!(
+                "input '{}' has shape {:?}; it needs one length per sample: [{n}]",
+                li.name, li.shape
+            )));
+        }
+        let mut total = 0u64;
+        for (s, v) in integers(li, n)?.into_iter().enumerate() {
+            let l = u32::try_from(v).map_err(|_| {
+                ServeError::bad(format!(
+                    "input '{}': length {v} of sample {s} is not a count of ids",
+                    li.name
+                ))
+            })?;
+            total += l as u64;
+            lengths.push(l);
+        }
+        let ii = find(&format!("{f}_ids"))?;
+        expect_type(ii, &["INT64", "INT32"])?;
+        let is = dims(ii)?;
+        if is.len() != 1 || is[0] as u64 != total {
+            return Err(ServeError::bad(format!(
+                "input '{}' has shape {:?}; its lengths add up to {total} ids: [{total}]",
+                ii.name, ii.shape
+            )));
+        }
+        ids.extend(integers(ii, total as usize)?);
+    }
+    Samples::new(spec, n, dense, lengths, ids)
+}
+
+fn expect_type(i: &InferInput, ok: &[&str]) -> Result<()> {
+    if ok.contains(&i.datatype.as_str()) {
+        Ok(())
+    } else {
+        Err(ServeError::bad(format!(
+            "input '{}' has datatype {}; it must be {}",
+            i.name,
+            i.datatype,
+            ok.join(" or ")
+        )))
+    }
+}
+
+/// The shape as sizes (negative dimensions refused).
+fn dims(i: &InferInput) -> Result<Vec<usize>> {
+    i.shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| {
+            ServeError::bad(format!(
+                "input '{}' has shape {:?}: dimensions must be >= 0",
+                i.name, i.shape
+            ))
+        })
+}
+
+fn count_error(i: &InferInput, got: usize, want: usize) -> ServeError {
+    ServeError::bad(format!(
+        "input '{}' has {got} values in 'data' but its shape {:?} holds {want}",
+        i.name, i.shape
+    ))
+}
+
+fn numbers(i: &InferInput, want: usize) -> Result<Vec<f64>> {
+    let d = &i.data.0;
+    if d.len() != want {
+        return Err(count_error(i, d.len(), want));
+    }
+    d.iter()
+        .enumerate()
+        .map(|(k, v)| match *v {
+            Num::I(x) => Ok(x as f64),
+            Num::U(x) => Ok(x as f64),
+            Num::F(x) => Ok(x),
+            Num::Other => Err(ServeError::bad(format!(
+                "input '{}': value {k} is not a number",
+                i.name
+            ))),
+        })
+        .collect()
+}
+
+fn integers(i: &InferInput, want: usize) -> Result<Vec<i64>> {
+    let int32 = i.datatype == "INT32";
+    let d = &i.data.0;
+    if d.len() != want {
+        return Err(count_error(i, d.len(), want));
+    }
+    d.iter()
+        .enumerate()
+        .map(|(k, v)| {
+            let x = match *v {
+                Num::I(x) => Some(x),
+                Num::U(x) => i64::try_from(x).ok(),
+                Num::F(_) | Num::Other => None,
+            };
+            x.filter(|&x| !int32 || i32::try_from(x).is_ok())
+                .ok_or_else(|| {
+                    ServeError::bad(format!(
+                        "input '{}': value {k} is not an {} ({})",
+                        i.name,
+                        i.datatype,
+                        match v {
+                            Num::F(f) => f.to_string(),
+                            Num::Other => "not a number".into(),
+                            Num::I(x) => x.to_string(),
+                            Num::U(x) => x.to_string(),
+                        }
+                    ))
+                })
+        })
+        .collect()
+}

@@ -1,0 +1,69 @@
+//! Prometheus metrics (`GET /metrics`): the names, their buckets, and the process-wide recorder.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Requests answered, by `protocol` (`http`) and `status` (`ok` or the error's label).
+pub const REQUESTS: &str = "ember_requests_total";
+/// Requests being handled now.
+pub const IN_FLIGHT: &str = "ember_requests_in_flight";
+/// Requests waiting for a batch now.
+pub const QUEUE_DEPTH: &str = "ember_queue_depth";
+/// Seconds from arrival to the answer, per request.
+pub const REQUEST_SECONDS: &str = "ember_request_duration_seconds";
+/// Seconds a request waited in the queue before its batch started.
+pub const QUEUE_WAIT: &str = "ember_queue_wait_seconds";
+/// Seconds of the embedding stage, per batch.
+pub const EMBEDDING_STAGE: &str = "ember_embedding_stage_seconds";
+/// Seconds of the dense stage (MLPs and interaction not overlapped with the embedding stage), per
+/// batch.
+pub const DENSE_STAGE: &str = "ember_dense_stage_seconds";
+/// Samples per batch.
+pub const BATCH_SIZE: &str = "ember_batch_size";
+
+const SECONDS: [f64; 16] = [
+    25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 10e-3, 15e-3, 25e-3, 50e-3,
+    100e-3, 1.0,
+];
+const SIZES: [f64; 12] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+
+/// The process-wide recorder (installed on first use) and its renderer.
+pub fn handle() -> &'static PrometheusHandle {
+    static H: OnceLock<PrometheusHandle> = OnceLock::new();
+    H.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &SIZES))
+            .expect("bucket lists are not empty");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed (an embedding application's); then this
+        // server's metrics go there and /metrics renders an empty page.
+        let _ = metrics::set_global_recorder(recorder);
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(REQUESTS, "Requests answered, by protocol and status");
+    describe_gauge!(IN_FLIGHT, "Requests being handled now");
+    describe_gauge!(QUEUE_DEPTH, "Requests waiting for a batch now");
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "Arrival to answer, per request"
+    );
+    describe_histogram!(
+        QUEUE_WAIT,
+        Unit::Seconds,
+        "Wait in the batching queue, per request"
+    );
+    describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
+    describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
+    describe_histogram!(BATCH_SIZE, Unit::Count, "Samples per batch");
+}

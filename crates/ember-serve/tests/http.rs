@@ -1,0 +1,547 @@
+//! The real server on a free loopback port, driven over HTTP: KServe v2, /v1/score, /metrics,
+//! bad inputs, deadlines and the graceful stop.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ember_embed::{Ids, KeyedJagged};
+use ember_model::criteo::{self, CriteoBatch};
+use ember_model::{LoadOptions, Model, Predictor};
+use ember_serve::{BatchConfig, ServeConfig, Server};
+use serde_json::{Value, json};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model() -> Arc<Model> {
+    Arc::new(Model::load(&root().join("models/default"), LoadOptions::default()).unwrap())
+}
+
+fn config() -> ServeConfig {
+    ServeConfig {
+        http: "127.0.0.1:0".parse().unwrap(),
+        batch: BatchConfig {
+            max_batch: 64,
+            max_delay: Duration::from_micros(500),
+            queue: 256,
+        },
+        ..ServeConfig::default()
+    }
+}
+
+async fn start(cfg: ServeConfig) -> (Server, String, Arc<Model>) {
+    let m = model();
+    let s = Server::start(m.clone(), cfg).await.unwrap();
+    let url = format!("http://{}", s.addr());
+    (s, url, m)
+}
+
+/// One request's samples in the model's inputs: dense `[n, 13]`, per feature lengths and ids.
+struct Req {
+    n: usize,
+    dense: Vec<f32>,
+    /// Per feature: lengths, ids.
+    sparse: Vec<(Vec<i64>, Vec<i64>)>,
+}
+
+fn random_req(m: &Model, n: usize, seed: u64) -> Req {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let dense = (0..n * 13).map(|_| (next() % 800) as f32 / 100.0).collect();
+    let sparse = (0..m.feature_names().len())
+        .map(|f| {
+            let rows = m.embeddings().table_of(f).rows() as u64;
+            let lengths: Vec<i64> = (0..n).map(|_| (next() % 3) as i64).collect();
+            let total: i64 = lengths.iter().sum();
+            let ids = (0..total).map(|_| (next() % rows) as i64).collect();
+            (lengths, ids)
+        })
+        .collect();
+    Req { n, dense, sparse }
+}
+
+fn body(m: &Model, r: &Req, nested: bool) -> Value {
+    let dense: Value = if nested {
+        r.dense
+            .chunks(13)
+            .map(|c| c.to_vec())
+            .collect::<Vec<_>>()
+            .into()
+    } else {
+        r.dense.clone().into()
+    };
+    let mut inputs =
+        vec![json!({"name": "dense", "shape": [r.n, 13], "datatype": "FP32", "data": dense})];
+    for (f, (l, ids)) in m.feature_names().iter().zip(&r.sparse) {
+        inputs.push(
+            json!({"name": format!("{f}_lengths"), "shape": [r.n], "datatype": "INT64", "data": l}),
+        );
+        inputs.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
+    }
+    json!({ "id": "req-7", "inputs": inputs })
+}
+
+fn direct(m: &Arc<Model>, r: &Req) -> Vec<f32> {
+    let mut p = Predictor::new(m.clone(), 1).unwrap();
+    let lengths: Vec<usize> = r
+        .sparse
+        .iter()
+        .flat_map(|(l, _)| l.iter().map(|&x| x as usize))
+        .collect();
+    let ids: Vec<i64> = r.sparse.iter().flat_map(|(_, i)| i.clone()).collect();
+    let kj =
+        KeyedJagged::from_lengths(m.feature_names(), r.n, &lengths, Ids::I64(ids), None).unwrap();
+    let mut out = vec![0.0; r.n];
+    p.predict(&r.dense, &kj, &mut out).unwrap();
+    out
+}
+
+fn assert_close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
+    }
+}
+
+fn scores_of(v: &Value) -> Vec<f32> {
+    v["outputs"][0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metadata() {
+    let (s, url, m) = start(config()).await;
+    let c = reqwest::Client::new();
+    let live: Value = c
+        .get(format!("{url}/v2/health/live"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(live["live"], true);
+    let ready = c
+        .get(format!("{url}/v2/health/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let meta: Value = c
+        .get(format!("{url}/v2/models/default"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["name"], "default");
+    let inputs = meta["inputs"].as_array().unwrap();
+    assert_eq!(inputs.len(), 1 + 2 * m.feature_names().len());
+    assert_eq!(inputs[0]["shape"], json!([-1, 13]));
+    assert_eq!(meta["outputs"][0]["name"], "scores");
+    let r = c
+        .get(format!("{url}/v2/models/other"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown model 'other'")
+    );
+    assert_eq!(
+        c.get(format!("{url}/nope")).send().await.unwrap().status(),
+        404
+    );
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inference_matches_the_predictor() {
+    let (s, url, m) = start(config()).await;
+    let c = reqwest::Client::new();
+    for (seed, n) in [(1u64, 1usize), (2, 5), (3, 17)] {
+        let r = random_req(&m, n, seed);
+        let want = direct(&m, &r);
+        for (nested, route) in [(false, "infer"), (true, "versions/1/infer")] {
+            let resp = c
+                .post(format!("{url}/v2/models/default/{route}"))
+                .json(&body(&m, &r, nested))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["id"], "req-7");
+            assert_eq!(v["model_name"], "default");
+            assert_eq!(v["outputs"][0]["shape"], json!([n]));
+            assert_close(&scores_of(&v), &want);
+        }
+    }
+    // Many at once: batched together, each still gets its own scores.
+    let reqs: Vec<Req> = (0..24)
+        .map(|i| random_req(&m, 1 + i % 4, 100 + i as u64))
+        .collect();
+    let futs = reqs.iter().map(|r| {
+        c.post(format!("{url}/v2/models/default/infer"))
+            .json(&body(&m, r, false))
+            .send()
+    });
+    let resps = futures_join(futs).await;
+    for (resp, r) in resps.into_iter().zip(&reqs) {
+        let v: Value = resp.unwrap().json().await.unwrap();
+        assert_close(&scores_of(&v), &direct(&m, r));
+    }
+    s.shutdown().await.unwrap();
+}
+
+/// Runs the futures concurrently, answers in order.
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    futs: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_400_naming_the_problem_and_serving_goes_on() {
+    let mut cfg = config();
+    cfg.max_body_bytes = 64 << 10;
+    let (s, url, m) = start(cfg).await;
+    let c = reqwest::Client::new();
+    let good = body(&m, &random_req(&m, 2, 5), false);
+    let f0 = m.feature_names()[0].clone();
+    let f3 = m.feature_names()[3].clone();
+    let rows = m.embeddings().table_of(3).rows();
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let mut b = good.clone();
+        f(&mut b);
+        b.to_string()
+    };
+    let cases: Vec<(String, String)> = vec![
+        (
+            "{\"inputs\": [".into(),
+            "malformed inference request JSON".into(),
+        ),
+        ("[1, 2]".into(), "malformed inference request JSON".into()),
+        (
+            edit(&|b| {
+                b["inputs"].as_array_mut().unwrap().remove(0);
+            }),
+            "missing input 'dense'".into(),
+        ),
+        (
+            edit(&|b| b["inputs"][0]["datatype"] = json!("FP64")),
+            "input 'dense' has datatype FP64; it must be FP32".into(),
+        ),
+        (
+            edit(&|b| b["inputs"][0]["shape"] = json!([2, 12])),
+            "input 'dense' has shape [2, 12]; the model takes [N, 13]".into(),
+        ),
+        (
+            edit(&|b| b["inputs"][0]["shape"] = json!([3, 13])),
+            "input 'dense' has 26 values in 'data' but its shape [3, 13] holds 39".into(),
+        ),
+        (
+            edit(&|b| b["inputs"][0]["data"][4] = json!("x")),
+            "input 'dense': value 4 is not a number".into(),
+        ),
+        (
+            edit(&|b| b["inputs"][2]["data"][0] = json!(1.5)),
+            format!("input '{f0}_ids': value 0 is not an INT64 (1.5)"),
+        ),
+        (
+            edit(&|b| b["inputs"][1]["data"] = json!([-1, 1])),
+            format!("input '{f0}_lengths': length -1 of sample 0 is not a count of ids"),
+        ),
+        (
+            edit(&|b| b["inputs"][1]["shape"] = json!([3])),
+            format!("input '{f0}_lengths' has shape [3]; it needs one length per sample: [2]"),
+        ),
+        (
+            edit(&|b| {
+                b["inputs"][8]["data"][0] = json!(rows);
+                b["inputs"][7]["data"] = json!([1, 0]);
+                b["inputs"][8]["shape"] = json!([1]);
+                b["inputs"][8]["data"] = json!([rows]);
+            }),
+            format!("{f3}: id {rows} of sample 0 is out of range (the table has {rows} rows)"),
+        ),
+        (
+            edit(&|b| {
+                b["inputs"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "extra", "shape": [1], "datatype": "INT64", "data": [1]}))
+            }),
+            "unknown input 'extra'".into(),
+        ),
+        (
+            edit(&|b| b["parameters"] = json!({"timeout": "soon"})),
+            "parameters.timeout must be a positive integer of microseconds".into(),
+        ),
+        (
+            edit(&|b| b["outputs"] = json!([{"name": "logits"}])),
+            "unknown output 'logits'".into(),
+        ),
+        (
+            edit(&|b| b["inputs"][0]["shape"] = json!([-2, 13])),
+            "dimensions must be >= 0".into(),
+        ),
+        (
+            format!("{{\"inputs\": [], \"pad\": \"{}\"}}", "x".repeat(70 << 10)),
+            "over the server's limit of 65536 bytes".into(),
+        ),
+    ];
+    for (b, want) in &cases {
+        let r = c
+            .post(format!("{url}/v2/models/default/infer"))
+            .header("content-type", "application/json")
+            .body(b.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "for {want}");
+        let e: Value = r.json().await.unwrap();
+        let msg = e["error"].as_str().unwrap();
+        assert!(
+            msg.contains(want.as_str()),
+            "error '{msg}' does not say '{want}'"
+        );
+        // And the next request is served normally.
+        let ok = c
+            .post(format!("{url}/v2/models/default/infer"))
+            .json(&good)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200);
+    }
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_route_reads_tsv_and_json() {
+    let (s, url, m) = start(config()).await;
+    let c = reqwest::Client::new();
+    let text = std::fs::read_to_string(root().join("data/sample.tsv")).unwrap();
+    let lines: Vec<&str> = text.lines().take(40).collect();
+    // Expected: the same rows through the Criteo reader and the predictor.
+    let mut batch = CriteoBatch::default();
+    for (i, l) in lines.iter().enumerate() {
+        criteo::parse_line(l, "t", i as u64, &mut batch).unwrap();
+    }
+    let rows: Vec<usize> = (0..26).map(|f| m.embeddings().table_of(f).rows()).collect();
+    let kj = batch.sparse(&m.feature_names(), &rows).unwrap();
+    let mut want = vec![0.0; batch.len()];
+    Predictor::new(m.clone(), 1)
+        .unwrap()
+        .predict(&batch.dense, &kj, &mut want)
+        .unwrap();
+
+    let r = c
+        .post(format!("{url}/v1/score"))
+        .body(lines.join("\n"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let got: Vec<f32> = r
+        .text()
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_close(&got, &want);
+
+    // Without the label column.
+    let unlabeled: Vec<&str> = lines
+        .iter()
+        .map(|l| l.split_once('\t').unwrap().1)
+        .collect();
+    let r = c
+        .post(format!("{url}/v1/score?labels=false"))
+        .body(unlabeled.join("\n"))
+        .send()
+        .await
+        .unwrap();
+    let got: Vec<f32> = r
+        .text()
+        .await
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_close(&got, &want);
+
+    // A malformed line: named by line and column.
+    let mut bad = lines[..3].to_vec();
+    let broken = lines[1].replacen('\t', "\tthree", 2);
+    bad[1] = &broken;
+    let r = c
+        .post(format!("{url}/v1/score"))
+        .body(bad.join("\n"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["error"].as_str().unwrap().contains("line 2"), "{e}");
+
+    // Without labels, columns are counted as the client sent them.
+    let r = c
+        .post(format!("{url}/v1/score?labels=false"))
+        .body(format!(
+            "{}\nx\t{}",
+            unlabeled[0],
+            unlabeled[1].split_once('\t').unwrap().1
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    let msg = e["error"].as_str().unwrap();
+    assert!(
+        msg.contains("line 2, column 1: integer feature I1 is 'x'"),
+        "{msg}"
+    );
+
+    // JSON: the model's inputs as they are.
+    let req = random_req(&m, 3, 9);
+    let samples: Vec<Value> = (0..3)
+        .map(|i| {
+            let mut sparse = serde_json::Map::new();
+            for (f, (l, ids)) in m.feature_names().iter().zip(&req.sparse) {
+                let start: i64 = l[..i].iter().sum();
+                let bag = &ids[start as usize..(start + l[i]) as usize];
+                sparse.insert(f.clone(), json!(bag));
+            }
+            json!({"dense": &req.dense[i * 13..(i + 1) * 13], "sparse": sparse})
+        })
+        .collect();
+    let v: Value = c
+        .post(format!("{url}/v1/score"))
+        .json(&samples)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let got: Vec<f32> = v["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    assert_close(&got, &direct(&m, &req));
+    let one: Value = c
+        .post(format!("{url}/v1/score"))
+        .json(&samples[1])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["scores"].as_array().unwrap().len(), 1);
+    let mut missing = samples[0].clone();
+    missing["sparse"]
+        .as_object_mut()
+        .unwrap()
+        .remove(&m.feature_names()[2]);
+    let r = c
+        .post(format!("{url}/v1/score"))
+        .json(&missing)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"].as_str().unwrap().contains(&format!(
+            "sparse feature '{}' is missing",
+            m.feature_names()[2]
+        )),
+        "{e}"
+    );
+    s.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_metrics_and_a_graceful_stop() {
+    let mut cfg = config();
+    cfg.batch.max_delay = Duration::from_millis(150);
+    let (s, url, m) = start(cfg).await;
+    let c = reqwest::Client::new();
+    // A deadline shorter than the batching delay: 504, not computed.
+    let mut b = body(&m, &random_req(&m, 1, 3), false);
+    b["parameters"] = json!({"timeout": 1000});
+    let r = c
+        .post(format!("{url}/v2/models/default/infer"))
+        .json(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    let page = c
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "ember_requests_total{protocol=\"http\",status=\"deadline_exceeded\"}",
+        "ember_request_duration_seconds_bucket",
+        "ember_queue_wait_seconds_bucket",
+        "ember_requests_in_flight",
+    ] {
+        assert!(page.contains(name), "/metrics lacks {name}");
+    }
+    // Requests in flight when the stop comes are answered; then the port is closed.
+    let reqs: Vec<Req> = (0..6).map(|i| random_req(&m, 2, 40 + i)).collect();
+    let futs: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            c.post(format!("{url}/v2/models/default/infer"))
+                .json(&body(&m, r, false))
+                .send()
+        })
+        .map(tokio::spawn)
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.shutdown().await.unwrap();
+    for (f, r) in futs.into_iter().zip(&reqs) {
+        let resp = f.await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        assert_close(&scores_of(&v), &direct(&m, r));
+    }
+    assert!(c.get(format!("{url}/v2/health/live")).send().await.is_err());
+}
