@@ -31,9 +31,9 @@ pub struct ServeArgs {
     /// Threads of the model's forward pass.
     #[arg(long, default_value_t = 1)]
     threads: usize,
-    /// Threads serving connections and decoding requests.
-    #[arg(long, default_value_t = 1)]
-    io_threads: usize,
+    /// Threads serving connections and decoding requests [default: one per core].
+    #[arg(long)]
+    io_threads: Option<usize>,
     /// Most samples in one batch.
     #[arg(long, default_value_t = 256)]
     max_batch: usize,
@@ -52,7 +52,10 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    if a.threads == 0 || a.io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
+    let io_threads = a
+        .io_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if a.threads == 0 || io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
         bail!("--threads, --io-threads, --max-batch and --queue must be at least 1");
     }
     let (model, name) = match &a.preset {
@@ -90,7 +93,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes: a.max_body_bytes,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(a.io_threads)
+        .worker_threads(io_threads)
         .enable_all()
         .build()
         .context("starting the async runtime")?;

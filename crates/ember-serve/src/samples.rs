@@ -16,6 +16,9 @@ pub struct ModelSpec {
     pub features: Vec<String>,
     /// Rows of the table each feature reads.
     pub rows: Vec<usize>,
+    /// KServe input names to their slot: 0 is `dense`, `1 + 2f` feature f's `_lengths`,
+    /// `2 + 2f` its `_ids`.
+    pub input_slots: std::collections::HashMap<String, usize>,
 }
 
 impl ModelSpec {
@@ -25,11 +28,19 @@ impl ModelSpec {
         let tables = cfg
             .feature_tables()
             .expect("a loaded model's features name its tables");
+        let features = model.feature_names();
+        let mut input_slots = std::collections::HashMap::new();
+        input_slots.insert("dense".to_string(), 0);
+        for (f, name) in features.iter().enumerate() {
+            input_slots.insert(format!("{name}_lengths"), 1 + 2 * f);
+            input_slots.insert(format!("{name}_ids"), 2 + 2 * f);
+        }
         ModelSpec {
             name: name.to_string(),
             dense_in: cfg.dense_in,
-            features: model.feature_names(),
+            features,
             rows: tables.iter().map(|&t| cfg.tables[t].rows).collect(),
+            input_slots,
         }
     }
 

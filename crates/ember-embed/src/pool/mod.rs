@@ -198,6 +198,7 @@ impl Pooler {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(opts.threads)
                     .thread_name(|i| format!("ember-pool-{i}"))
+                    .start_handler(|_| crate::fpmode::FlushDenormals::forever())
                     .build()
                     .map_err(|e| EmbedError::ThreadPool {
                         threads: opts.threads,
@@ -231,11 +232,14 @@ impl Pooler {
 
     /// Runs `f` on this pooler's thread pool (on the calling thread when it has one thread), so
     /// that other work (a model's dense layers) shares the pool, and `rayon::join` can run it
-    /// beside [`Pooler::run`].
+    /// beside [`Pooler::run`]. Subnormals flush to zero inside (see [`crate::fpmode`]).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Some(p) => p.install(f),
-            None => f(),
+            None => {
+                let _flush = crate::fpmode::FlushDenormals::new();
+                f()
+            }
         }
     }
 
