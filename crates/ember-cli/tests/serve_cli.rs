@@ -73,3 +73,108 @@ fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
     err.read_to_string(&mut rest).unwrap();
     assert!(rest.contains("stopped"), "{rest}");
 }
+
+/// Starts `ember serve` on a free port; returns the child and its address.
+fn start_server(extra: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (child, addr)
+}
+
+#[test]
+fn loadgen_measures_a_live_server_in_both_formats() {
+    let (mut child, addr) = start_server(&[]);
+    for format in ["kserve", "tsv"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args([
+                "loadgen",
+                "--url",
+                &format!("http://{addr}"),
+                "--qps",
+                "200",
+            ])
+            .args([
+                "--duration",
+                "1",
+                "--warmup",
+                "0.2",
+                "--format",
+                format,
+                "--json",
+            ])
+            .args(["--samples-per-request", "2", "--pooling", "2"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(v["errors"], 0, "{format}: {v}");
+        let ok = v["ok"].as_u64().unwrap();
+        // Poisson arrivals at 200/s for 1 s: far from 0, and none lost.
+        assert!((120..=280).contains(&ok), "{format}: {ok} answered");
+        assert_eq!(
+            v["samples_per_s"].as_f64().unwrap(),
+            2.0 * v["achieved_qps"].as_f64().unwrap()
+        );
+        assert!(v["p50_ms"].as_f64().unwrap() <= v["p99_ms"].as_f64().unwrap());
+    }
+    // find-max stops at the first rate over the objective and reports the steps.
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "loadgen",
+            "--url",
+            &format!("http://{addr}"),
+            "--qps",
+            "100",
+            "--duration",
+            "0.5",
+        ])
+        .args([
+            "--warmup",
+            "0.1",
+            "--find-max",
+            "--slo-p99-ms",
+            "0.001",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["mode"], "find_max");
+    assert!(v["max_qps"].is_null(), "no rate keeps p99 under 1 us: {v}");
+    assert!(!v["steps"].as_array().unwrap().is_empty());
+    // A server that is not there: a clear error, not a hang.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "loadgen",
+            "--url",
+            &format!("http://{addr}"),
+            "--duration",
+            "0.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("asking"));
+}
