@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::Duration;
 
 fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
@@ -28,22 +28,7 @@ fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
 #[test]
 fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["serve", "--http", "127.0.0.1:0", "--max-delay-us", "300000"])
-        .current_dir(std::env::temp_dir())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    // "serving model 'default' on http://127.0.0.1:PORT  (..."
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let (mut child, addr, mut err, line) = start_server(&["--max-delay-us", "300000"]);
     assert!(line.contains("model 'default'"), "{line}");
     let rows = std::fs::read_to_string(root.join("data/sample.tsv")).unwrap();
     let rows: Vec<String> = rows.lines().take(3).map(String::from).collect();
@@ -74,29 +59,32 @@ fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
     assert!(rest.contains("stopped"), "{rest}");
 }
 
-/// Starts `ember serve` on a free port; returns the child and its address.
-fn start_server(extra: &[&str]) -> (std::process::Child, String) {
+/// Starts `ember serve` on a free port (from a directory other than the repository's); returns
+/// the child, its address, the rest of its stderr, and the line that named the address.
+fn start_server(extra: &[&str]) -> (Child, String, BufReader<ChildStderr>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["serve", "--http", "127.0.0.1:0"])
         .args(extra)
+        .current_dir(std::env::temp_dir())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     err.read_line(&mut line).unwrap();
+    // "serving model 'default' on http://127.0.0.1:PORT  (..."
     let addr = line
         .split("http://")
         .nth(1)
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    (child, addr)
+    (child, addr, err, line)
 }
 
 #[test]
 fn loadgen_measures_a_live_server_in_both_formats() {
-    let (mut child, addr) = start_server(&[]);
+    let (mut child, addr, _, _) = start_server(&[]);
     for format in ["kserve", "tsv"] {
         let out = Command::new(env!("CARGO_BIN_EXE_ember"))
             .args([

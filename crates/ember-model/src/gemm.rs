@@ -353,27 +353,14 @@ fn transpose_block(
 }
 
 /// `y = x W^T` (`x`: `[batch, k_dim]`, `w`: `[n, k_dim]`, `y`: `[batch, n]`; `packed` is `w`
-/// packed). Batches run in blocks of 64 samples (from `packed`; a last block of fewer reads `w` in
+/// packed, and gives `n` and `k_dim`). Batches run in blocks of 64 samples (from `packed`; a last block of fewer reads `w` in
 /// place); each block is transposed once, then its rows of `W` are split across `threads` workers
 /// of the current rayon pool, which share the transposed block.
 /// Used by [`crate::mlp::Linear`] when [`available`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    x: &[f32],
-    batch: usize,
-    k_dim: usize,
-    w: &[f32],
-    packed: &PackedW,
-    n: usize,
-    y: &mut [f32],
-    threads: usize,
-) {
+pub fn gemm(x: &[f32], batch: usize, w: &[f32], packed: &PackedW, y: &mut [f32], threads: usize) {
+    let (n, k_dim) = (packed.n, packed.k_dim);
     assert!(available(), "AVX-512 GEMM called without AVX-512");
     assert!(x.len() >= batch * k_dim && w.len() >= n * k_dim && y.len() >= batch * n);
-    assert!(
-        packed.n == n && packed.k_dim == k_dim,
-        "packed weights of another shape"
-    );
     if k_dim == 0 {
         y[..batch * n].fill(0.0);
         return;
@@ -381,22 +368,20 @@ pub fn gemm(
     // Take the buffer out rather than hold the borrow across the parallel section: a rayon
     // worker waiting for its row chunks may run another caller's `gemm` on this thread.
     let mut xt = XT.with(|b| std::mem::take(&mut *b.borrow_mut()));
-    gemm_blocks(x, batch, k_dim, w, packed, n, y, threads, &mut xt);
+    gemm_blocks(x, batch, w, packed, y, threads, &mut xt);
     XT.with(|b| *b.borrow_mut() = xt);
 }
 
-#[allow(clippy::too_many_arguments)]
 fn gemm_blocks(
     x: &[f32],
     batch: usize,
-    k_dim: usize,
     w: &[f32],
     packed: &PackedW,
-    n: usize,
     y: &mut [f32],
     threads: usize,
     xt: &mut Vec<f32>,
 ) {
+    let (n, k_dim) = (packed.n, packed.k_dim);
     let yr = YRows::new(y, n);
     let mut b0 = 0;
     while b0 < batch {
@@ -405,7 +390,6 @@ fn gemm_blocks(
         transpose_block(x, k_dim, b0, bn, stride, xt);
         let block = Block {
             xt,
-            k_dim,
             w,
             packed,
             b0,
@@ -427,7 +411,6 @@ fn gemm_blocks(
 /// One block of at most 64 samples, transposed.
 struct Block<'a> {
     xt: &'a [f32],
-    k_dim: usize,
     w: &'a [f32],
     packed: &'a PackedW,
     b0: usize,
@@ -447,7 +430,7 @@ impl Block<'_> {
 
     /// Up to 48 samples: the generic micro-kernel over the whole input width.
     fn tiles<const NB: usize>(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
-        let (k_dim, stride) = (self.k_dim, NB * 16);
+        let (k_dim, stride) = (self.packed.k_dim, NB * 16);
         let mut tile = [0f32; RMAX * 64];
         let mut o = rows.start;
         while o < rows.end {
@@ -465,7 +448,7 @@ impl Block<'_> {
     /// of six), in blocks of [`KC`] inputs so that the block of `xt` in use stays in L1; partial
     /// sums live in `scratch.acc`.
     fn block_6x64(&self, rows: Range<usize>, y: YRows<'_>, scratch: &mut GemmScratch) {
-        let (k_dim, b0, bn) = (self.k_dim, self.b0, self.bn);
+        let (k_dim, b0, bn) = (self.packed.k_dim, self.b0, self.bn);
         let n_rows = rows.len();
         if n_rows == 0 {
             return;

@@ -48,10 +48,15 @@ type Bufs<'a> = (&'a mut Vec<f32>, &'a mut Vec<f32>, &'a mut Vec<f32>);
 /// Buffers reused across calls.
 #[derive(Debug, Default)]
 pub struct InteractionScratch {
+    // Dot: a sample's T, Z and T^T, and where each pair sits in Z.
+    t: Vec<f32>,
+    z: Vec<f32>,
+    tt: Vec<f32>,
+    zoff: Vec<usize>,
+    // DCN: the running x_l, the low-rank projection, and the wide output.
     xl: Vec<f32>,
     low: Vec<f32>,
     wide: Vec<f32>,
-    zoff: Vec<usize>,
 }
 
 impl Interaction {
@@ -135,12 +140,7 @@ impl Interaction {
                             }
                         });
                 } else {
-                    let InteractionScratch {
-                        xl: t,
-                        wide: z,
-                        low: tt,
-                        ..
-                    } = scratch;
+                    let InteractionScratch { t, z, tt, .. } = scratch;
                     for (b, o) in out.chunks_exact_mut(top_in).enumerate() {
                         sample(b, o, (t, z, tt));
                     }

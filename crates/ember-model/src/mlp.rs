@@ -124,16 +124,7 @@ impl Linear {
         };
         if ember && ember_gemm_here() {
             #[cfg(target_arch = "x86_64")]
-            crate::gemm::gemm(
-                x,
-                batch,
-                self.in_dim,
-                &self.weight,
-                self.packed(),
-                self.out_dim,
-                y,
-                par.degree(),
-            );
+            crate::gemm::gemm(x, batch, &self.weight, self.packed(), y, par.degree());
         } else {
             let lhs = MatRef::from_row_major_slice(x, batch, self.in_dim);
             let rhs =

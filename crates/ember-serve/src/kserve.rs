@@ -268,10 +268,7 @@ pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Samples> {
         )));
     }
     let n = shape[0];
-    let dense: Vec<f32> = numbers(dense_in, n * spec.dense_in)?
-        .into_iter()
-        .map(|v| v as f32)
-        .collect();
+    let dense = floats(dense_in, n * spec.dense_in)?;
     let mut lengths = Vec::with_capacity(n * spec.features.len());
     let mut ids = Vec::new();
     for (fi, f) in spec.features.iter().enumerate() {
@@ -343,7 +340,7 @@ fn count_error(i: &InferInput, got: usize, want: usize) -> ServeError {
     ))
 }
 
-fn numbers(i: &InferInput, want: usize) -> Result<Vec<f64>> {
+fn floats(i: &InferInput, want: usize) -> Result<Vec<f32>> {
     let d = &i.data.0;
     if d.len() != want {
         return Err(count_error(i, d.len(), want));
@@ -351,9 +348,9 @@ fn numbers(i: &InferInput, want: usize) -> Result<Vec<f64>> {
     d.iter()
         .enumerate()
         .map(|(k, v)| match *v {
-            Num::I(x) => Ok(x as f64),
-            Num::U(x) => Ok(x as f64),
-            Num::F(x) => Ok(x),
+            Num::I(x) => Ok(x as f32),
+            Num::U(x) => Ok(x as f32),
+            Num::F(x) => Ok(x as f32),
             Num::Other => Err(ServeError::bad(format!(
                 "input '{}': value {k} is not a number",
                 i.name

@@ -119,18 +119,23 @@ fn scores_of(v: &Value) -> Vec<f32> {
         .collect()
 }
 
+/// GET `url`: the status and the JSON body.
+async fn get_json(c: &reqwest::Client, url: String) -> (u16, Value) {
+    let r = c.get(url).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// POST `body` as JSON to `url`: the status and the JSON body.
+async fn post_json(c: &reqwest::Client, url: String, body: &Value) -> (u16, Value) {
+    let r = c.post(url).json(body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_metadata() {
     let (s, url, m) = start(config()).await;
     let c = reqwest::Client::new();
-    let live: Value = c
-        .get(format!("{url}/v2/health/live"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, live) = get_json(&c, format!("{url}/v2/health/live")).await;
     assert_eq!(live["live"], true);
     let ready = c
         .get(format!("{url}/v2/health/ready"))
@@ -138,26 +143,14 @@ async fn health_and_metadata() {
         .await
         .unwrap();
     assert_eq!(ready.status(), 200);
-    let meta: Value = c
-        .get(format!("{url}/v2/models/default"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, meta) = get_json(&c, format!("{url}/v2/models/default")).await;
     assert_eq!(meta["name"], "default");
     let inputs = meta["inputs"].as_array().unwrap();
     assert_eq!(inputs.len(), 1 + 2 * m.feature_names().len());
     assert_eq!(inputs[0]["shape"], json!([-1, 13]));
     assert_eq!(meta["outputs"][0]["name"], "scores");
-    let r = c
-        .get(format!("{url}/v2/models/other"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
-    let e: Value = r.json().await.unwrap();
+    let (status, e) = get_json(&c, format!("{url}/v2/models/other")).await;
+    assert_eq!(status, 404);
     assert!(
         e["error"]
             .as_str()
@@ -179,14 +172,9 @@ async fn inference_matches_the_predictor() {
         let r = random_req(&m, n, seed);
         let want = direct(&m, &r);
         for (nested, route) in [(false, "infer"), (true, "versions/1/infer")] {
-            let resp = c
-                .post(format!("{url}/v2/models/default/{route}"))
-                .json(&body(&m, &r, nested))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
-            let v: Value = resp.json().await.unwrap();
+            let url = format!("{url}/v2/models/default/{route}");
+            let (status, v) = post_json(&c, url, &body(&m, &r, nested)).await;
+            assert_eq!(status, 200);
             assert_eq!(v["id"], "req-7");
             assert_eq!(v["model_name"], "default");
             assert_eq!(v["outputs"][0]["shape"], json!([n]));
@@ -331,13 +319,8 @@ async fn bad_requests_get_400_naming_the_problem_and_serving_goes_on() {
             "error '{msg}' does not say '{want}'"
         );
         // And the next request is served normally.
-        let ok = c
-            .post(format!("{url}/v2/models/default/infer"))
-            .json(&good)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(ok.status(), 200);
+        let (status, _) = post_json(&c, format!("{url}/v2/models/default/infer"), &good).await;
+        assert_eq!(status, 200);
     }
     s.shutdown().await.unwrap();
 }
@@ -443,15 +426,7 @@ async fn score_route_reads_tsv_and_json() {
             json!({"dense": &req.dense[i * 13..(i + 1) * 13], "sparse": sparse})
         })
         .collect();
-    let v: Value = c
-        .post(format!("{url}/v1/score"))
-        .json(&samples)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, v) = post_json(&c, format!("{url}/v1/score"), &json!(samples)).await;
     let got: Vec<f32> = v["scores"]
         .as_array()
         .unwrap()
@@ -459,29 +434,15 @@ async fn score_route_reads_tsv_and_json() {
         .map(|x| x.as_f64().unwrap() as f32)
         .collect();
     assert_close(&got, &direct(&m, &req));
-    let one: Value = c
-        .post(format!("{url}/v1/score"))
-        .json(&samples[1])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, one) = post_json(&c, format!("{url}/v1/score"), &samples[1]).await;
     assert_eq!(one["scores"].as_array().unwrap().len(), 1);
     let mut missing = samples[0].clone();
     missing["sparse"]
         .as_object_mut()
         .unwrap()
         .remove(&m.feature_names()[2]);
-    let r = c
-        .post(format!("{url}/v1/score"))
-        .json(&missing)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let e: Value = r.json().await.unwrap();
+    let (status, e) = post_json(&c, format!("{url}/v1/score"), &missing).await;
+    assert_eq!(status, 400);
     assert!(
         e["error"].as_str().unwrap().contains(&format!(
             "sparse feature '{}' is missing",
@@ -501,13 +462,8 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     // A deadline shorter than the batching delay: 504, not computed.
     let mut b = body(&m, &random_req(&m, 1, 3), false);
     b["parameters"] = json!({"timeout": 1000});
-    let r = c
-        .post(format!("{url}/v2/models/default/infer"))
-        .json(&b)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 504);
+    let (status, _) = post_json(&c, format!("{url}/v2/models/default/infer"), &b).await;
+    assert_eq!(status, 504);
     let page = c
         .get(format!("{url}/metrics"))
         .send()
