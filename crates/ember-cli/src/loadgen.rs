@@ -1,12 +1,14 @@
-//! `ember loadgen`: open-loop load on a KServe v2 HTTP endpoint. Requests leave at Poisson
+//! `ember loadgen`: open-loop load on a KServe v2 endpoint, over HTTP or gRPC. Requests leave at Poisson
 //! arrival times whatever the server's pace (an open loop), and each latency is measured from
 //! the request's scheduled time, so a server that falls behind shows it in the tail rather than
 //! slowing the load down (no coordinated omission).
 //!
-//! Inputs are random and valid for the model: `GET /v2/models/{name}` gives the dense width, the
-//! features and each table's size (`parameters.rows` of `<feature>_ids`). `--format kserve`
-//! (the default) sends KServe v2 JSON to `/v2/models/{name}/infer`; `--format tsv` sends Criteo
-//! TSV rows to `/v1/score` (Criteo-shaped models only).
+//! Inputs are random and valid for the model: the model's metadata gives the dense width, the
+//! features and each table's size (`parameters.rows` of `<feature>_ids`). Over HTTP,
+//! `--format kserve` (the default) sends KServe v2 JSON to `/v2/models/{name}/infer` and
+//! `--format tsv` sends Criteo TSV rows to `/v1/score` (Criteo-shaped models only). Over gRPC
+//! (`--protocol grpc`), `ModelInfer` calls carry their tensors in `raw_input_contents`, as
+//! Triton's clients send them, over a few HTTP/2 connections.
 //!
 //! Arrivals are timed by a thread of their own (`std::thread::sleep`, ~0.1 ms precision; tokio's
 //! timer has 1 ms), and requests go over a small HTTP/1.1 client (persistent connections, one
@@ -19,15 +21,26 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use ember_serve::grpc::pb::{
+    self, grpc_inference_service_client::GrpcInferenceServiceClient as GrpcClient,
+    infer_parameter::ParameterChoice, model_infer_request::InferInputTensor,
+};
+use ember_serve::grpc::raw_bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 #[derive(Debug, Args)]
 pub struct LoadgenArgs {
-    /// The server's base URL.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    url: String,
+    /// The server's base URL [default: http://127.0.0.1:8080, or :8081 with --protocol grpc].
+    #[arg(long)]
+    url: Option<String>,
+    /// http (KServe v2 over HTTP/1.1) or grpc (KServe v2 / Triton's GRPCInferenceService).
+    #[arg(long, default_value = "http")]
+    protocol: String,
+    /// HTTP/2 connections of --protocol grpc (requests are spread over them).
+    #[arg(long, default_value_t = 4)]
+    grpc_connections: usize,
     /// The model's name on the server.
     #[arg(long, default_value = "default")]
     model: String,
@@ -60,7 +73,8 @@ pub struct LoadgenArgs {
     threads: usize,
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Request format: kserve (JSON to /v2/models/NAME/infer) or tsv (Criteo rows to /v1/score).
+    /// HTTP request format: kserve (JSON to /v2/models/NAME/infer) or tsv (Criteo rows to
+    /// /v1/score).
     #[arg(long, default_value = "kserve")]
     format: String,
     /// Print one JSON object as the last line.
@@ -96,65 +110,12 @@ pub fn run(a: LoadgenArgs) -> anyhow::Result<()> {
 }
 
 async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(usize::MAX)
-        .tcp_nodelay(true)
-        .build()?;
-    let base = a.url.trim_end_matches('/').to_string();
-    let meta: Value = client
-        .get(format!("{base}/v2/models/{}", a.model))
-        .send()
-        .await
-        .with_context(|| format!("asking {base} for model '{}'", a.model))?
-        .error_for_status()
-        .with_context(|| format!("model '{}' on {base}", a.model))?
-        .json()
-        .await?;
-    let hostport = base
-        .strip_prefix("http://")
-        .context("--url must start with http://")?
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let addr = tokio::net::lookup_host(&hostport)
-        .await
-        .with_context(|| format!("resolving {hostport}"))?
-        .next()
-        .with_context(|| format!("{hostport} resolves to no address"))?;
-    let (path, ctype, payloads) = match a.format.as_str() {
-        "kserve" => (
-            format!("/v2/models/{}/infer", a.model),
-            "application/json",
-            bodies(&meta, &a)?,
-        ),
-        "tsv" => (
-            "/v1/score".to_string(),
-            "text/tab-separated-values",
-            tsv_bodies(&meta, &a)?,
-        ),
-        f => bail!("unknown --format '{f}' (kserve or tsv)"),
-    };
-    let requests: Arc<Vec<Arc<[u8]>>> = Arc::new(
-        payloads
-            .iter()
-            .map(|b| {
-                let mut r = format!(
-                    "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: {ctype}\r\n\
-                     Content-Length: {}\r\n\r\n",
-                    b.len()
-                )
-                .into_bytes();
-                r.extend_from_slice(b);
-                r.into()
-            })
-            .collect(),
-    );
-    let pool = Arc::new(http1::Pool::new(addr));
-    pool.warm(64.min(a.max_outstanding))
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
-    let go = |rate: f64| run_at(&pool, &requests, rate, &a);
+    let target = Arc::new(match a.protocol.as_str() {
+        "http" => http_target(&a).await?,
+        "grpc" => grpc_target(&a).await?,
+        p => bail!("unknown --protocol '{p}' (http or grpc)"),
+    });
+    let go = |rate: f64| run_at(&target, rate, &a);
     if !a.find_max {
         let r = go(a.qps).await?;
         print_run(&r);
@@ -226,6 +187,184 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where requests go, and the requests.
+enum Target {
+    /// Pre-built HTTP/1.1 requests (head and body) over a pool of connections.
+    Http {
+        pool: http1::Pool,
+        requests: Vec<Arc<[u8]>>,
+    },
+    /// `ModelInfer` requests over a few HTTP/2 connections.
+    Grpc {
+        clients: Vec<GrpcClient<tonic::transport::Channel>>,
+        requests: Vec<pb::ModelInferRequest>,
+    },
+}
+
+impl Target {
+    /// Sends the `k`-th request; true when it was answered with scores.
+    async fn send(&self, k: usize) -> bool {
+        match self {
+            Target::Http { pool, requests } => {
+                matches!(pool.send(&requests[k % requests.len()]).await, Ok(200))
+            }
+            Target::Grpc { clients, requests } => {
+                let mut c = clients[k % clients.len()].clone();
+                let req = requests[k % requests.len()].clone();
+                c.model_infer(req).await.is_ok()
+            }
+        }
+    }
+}
+
+async fn http_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
+    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let url = a.url.as_deref().unwrap_or("http://127.0.0.1:8080");
+    let base = url.trim_end_matches('/').to_string();
+    let meta: Value = client
+        .get(format!("{base}/v2/models/{}", a.model))
+        .send()
+        .await
+        .with_context(|| format!("asking {base} for model '{}'", a.model))?
+        .error_for_status()
+        .with_context(|| format!("model '{}' on {base}", a.model))?
+        .json()
+        .await?;
+    let shape = json_shape(&meta)?;
+    let hostport = base
+        .strip_prefix("http://")
+        .context("--url must start with http://")?
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let addr = tokio::net::lookup_host(&hostport)
+        .await
+        .with_context(|| format!("resolving {hostport}"))?
+        .next()
+        .with_context(|| format!("{hostport} resolves to no address"))?;
+    let (path, ctype, payloads) = match a.format.as_str() {
+        "kserve" => (
+            format!("/v2/models/{}/infer", a.model),
+            "application/json",
+            bodies(&shape, a),
+        ),
+        "tsv" => (
+            "/v1/score".to_string(),
+            "text/tab-separated-values",
+            tsv_bodies(&shape, a)?,
+        ),
+        f => bail!("unknown --format '{f}' (kserve or tsv)"),
+    };
+    let requests = payloads
+        .iter()
+        .map(|b| {
+            let mut r = format!(
+                "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: {ctype}\r\n\
+                 Content-Length: {}\r\n\r\n",
+                b.len()
+            )
+            .into_bytes();
+            r.extend_from_slice(b);
+            r.into()
+        })
+        .collect();
+    let pool = http1::Pool::new(addr);
+    pool.warm(64.min(a.max_outstanding))
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    Ok(Target::Http { pool, requests })
+}
+
+async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
+    if a.format != "kserve" {
+        bail!(
+            "--format {} is for HTTP; gRPC sends KServe v2 ModelInfer calls",
+            a.format
+        );
+    }
+    if a.grpc_connections == 0 {
+        bail!("--grpc-connections must be at least 1");
+    }
+    let url = a.url.as_deref().unwrap_or("http://127.0.0.1:8081");
+    let url = match url.strip_prefix("grpc://") {
+        Some(rest) => format!("http://{rest}"),
+        None => url.to_string(),
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("--url {url}"))?
+        .tcp_nodelay(true);
+    let mut clients = Vec::with_capacity(a.grpc_connections);
+    for _ in 0..a.grpc_connections {
+        let ch = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("asking {url} for model '{}': connecting", a.model))?;
+        clients.push(GrpcClient::new(ch).max_decoding_message_size(usize::MAX));
+    }
+    let meta = clients[0]
+        .clone()
+        .model_metadata(pb::ModelMetadataRequest {
+            name: a.model.clone(),
+            version: String::new(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))
+        .with_context(|| format!("asking {url} for model '{}'", a.model))?
+        .into_inner();
+    let dense_in = meta
+        .inputs
+        .iter()
+        .find(|i| i.name == "dense")
+        .and_then(|i| i.shape.get(1))
+        .and_then(|&d| usize::try_from(d).ok())
+        .context("model metadata has no 'dense' input of shape [-1, D]")?;
+    let features = meta
+        .inputs
+        .iter()
+        .filter_map(|i| {
+            let name = i.name.strip_suffix("_ids")?;
+            match i.parameters.get("rows")?.parameter_choice {
+                Some(ParameterChoice::Int64Param(r)) => Some((name.to_string(), r as u64)),
+                _ => None,
+            }
+        })
+        .collect();
+    let shape = Shape { dense_in, features };
+    let n = a.samples_per_request;
+    let lengths = raw_bytes(&vec![a.pooling as i64; n], i64::to_le_bytes);
+    let tensor = |name: String, datatype: &str, shape: Vec<i64>| InferInputTensor {
+        name,
+        datatype: datatype.into(),
+        shape,
+        ..Default::default()
+    };
+    let requests = draws(&shape, a)
+        .into_iter()
+        .map(|d| {
+            let mut inputs = vec![tensor(
+                "dense".into(),
+                "FP32",
+                vec![n as i64, shape.dense_in as i64],
+            )];
+            let mut raw = vec![raw_bytes(&d.dense, f32::to_le_bytes)];
+            for ((f, _), ids) in shape.features.iter().zip(&d.ids) {
+                inputs.push(tensor(format!("{f}_lengths"), "INT64", vec![n as i64]));
+                raw.push(lengths.clone());
+                inputs.push(tensor(format!("{f}_ids"), "INT64", vec![ids.len() as i64]));
+                raw.push(raw_bytes(ids, i64::to_le_bytes));
+            }
+            pb::ModelInferRequest {
+                model_name: a.model.clone(),
+                inputs,
+                raw_input_contents: raw,
+                ..Default::default()
+            }
+        })
+        .collect();
+    Ok(Target::Grpc { clients, requests })
+}
+
 fn print_run(r: &Run) {
     println!(
         "offered {:>8.0}/s  achieved {:>8.0}/s ({:>8.0} samples/s)  p50 {:>7.2}  p90 {:>7.2}  \
@@ -242,8 +381,15 @@ fn print_run(r: &Run) {
     );
 }
 
-/// A pool of distinct request bodies, valid for the model.
-fn bodies(meta: &Value, a: &LoadgenArgs) -> anyhow::Result<Vec<Vec<u8>>> {
+/// What requests must match: the dense width and each sparse feature's name and table size.
+#[derive(Debug)]
+struct Shape {
+    dense_in: usize,
+    features: Vec<(String, u64)>,
+}
+
+/// The shape of a model from its KServe v2 JSON metadata.
+fn json_shape(meta: &Value) -> anyhow::Result<Shape> {
     let inputs = meta["inputs"]
         .as_array()
         .context("model metadata has no 'inputs'")?;
@@ -254,41 +400,66 @@ fn bodies(meta: &Value, a: &LoadgenArgs) -> anyhow::Result<Vec<Vec<u8>>> {
         .and_then(Value::as_u64)
         .context("model metadata has no 'dense' input of shape [-1, D]")?
         as usize;
-    let feats: Vec<(String, u64)> = inputs
+    let features = inputs
         .iter()
         .filter_map(|i| {
             let name = i["name"].as_str()?.strip_suffix("_ids")?;
             Some((name.to_string(), i["parameters"]["rows"].as_u64()?))
         })
         .collect();
+    Ok(Shape { dense_in, features })
+}
+
+/// One request's random samples: dense `[n, dense_in]`, and per feature its ids (`pooling` per
+/// sample).
+struct Draw {
+    dense: Vec<f32>,
+    ids: Vec<Vec<i64>>,
+}
+
+/// 64 distinct random requests, valid for the model.
+fn draws(shape: &Shape, a: &LoadgenArgs) -> Vec<Draw> {
     let mut rng = StdRng::seed_from_u64(a.seed);
     let n = a.samples_per_request;
-    let mut out = Vec::new();
-    for _ in 0..64 {
-        let dense: Vec<f32> = (0..n * dense_in)
-            .map(|_| rng.random_range(0.0..4.0))
-            .collect();
-        let mut ins = vec![
-            json!({"name": "dense", "shape": [n, dense_in], "datatype": "FP32", "data": dense}),
-        ];
-        for (f, rows) in &feats {
-            let ids: Vec<u64> = (0..n * a.pooling)
-                .map(|_| rng.random_range(0..*rows))
-                .collect();
-            ins.push(json!({"name": format!("{f}_lengths"), "shape": [n], "datatype": "INT64", "data": vec![a.pooling; n]}));
-            ins.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
-        }
-        out.push(json!({ "inputs": ins }).to_string().into_bytes());
-    }
-    Ok(out)
+    (0..64)
+        .map(|_| Draw {
+            dense: (0..n * shape.dense_in)
+                .map(|_| rng.random_range(0.0..4.0))
+                .collect(),
+            ids: shape
+                .features
+                .iter()
+                .map(|(_, rows)| {
+                    (0..n * a.pooling)
+                        .map(|_| rng.random_range(0..*rows) as i64)
+                        .collect()
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// KServe v2 JSON bodies.
+fn bodies(shape: &Shape, a: &LoadgenArgs) -> Vec<Vec<u8>> {
+    let n = a.samples_per_request;
+    draws(shape, a)
+        .into_iter()
+        .map(|d| {
+            let mut ins = vec![json!({
+                "name": "dense", "shape": [n, shape.dense_in], "datatype": "FP32", "data": d.dense
+            })];
+            for ((f, _), ids) in shape.features.iter().zip(d.ids) {
+                ins.push(json!({"name": format!("{f}_lengths"), "shape": [n], "datatype": "INT64", "data": vec![a.pooling; n]}));
+                ins.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
+            }
+            json!({ "inputs": ins }).to_string().into_bytes()
+        })
+        .collect()
 }
 
 /// Criteo TSV rows (label, 13 integers, 26 hex categoricals), `samples_per_request` per body.
-fn tsv_bodies(meta: &Value, a: &LoadgenArgs) -> anyhow::Result<Vec<Vec<u8>>> {
-    let inputs = meta["inputs"]
-        .as_array()
-        .context("model metadata has no 'inputs'")?;
-    if inputs.len() != 1 + 2 * 26 {
+fn tsv_bodies(shape: &Shape, a: &LoadgenArgs) -> anyhow::Result<Vec<Vec<u8>>> {
+    if shape.dense_in != 13 || shape.features.len() != 26 {
         bail!("--format tsv needs a Criteo-shaped model (13 dense, 26 sparse features)");
     }
     let mut rng = StdRng::seed_from_u64(a.seed);
@@ -425,16 +596,11 @@ mod http1 {
     }
 }
 
-async fn run_at(
-    pool: &Arc<http1::Pool>,
-    requests: &Arc<Vec<Arc<[u8]>>>,
-    rate: f64,
-    a: &LoadgenArgs,
-) -> anyhow::Result<Run> {
+async fn run_at(target: &Arc<Target>, rate: f64, a: &LoadgenArgs) -> anyhow::Result<Run> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(bool, Option<Duration>)>();
     let outstanding = Arc::new(AtomicUsize::new(0));
     let handle = tokio::runtime::Handle::current();
-    let (pool, requests) = (pool.clone(), requests.clone());
+    let target = target.clone();
     let (seed, warmup, duration, max_out) = (a.seed, a.warmup, a.duration, a.max_outstanding);
     // The arrival clock: its own thread, sleeping to each arrival (or sending at once when late).
     let clock = std::thread::spawn(move || {
@@ -455,12 +621,11 @@ async fn run_at(
             } else {
                 outstanding.fetch_add(1, Ordering::Relaxed);
                 sent += usize::from(counted);
-                let (pool, req) = (pool.clone(), requests[k % requests.len()].clone());
-                let (tx, out) = (tx.clone(), outstanding.clone());
+                let (target, tx, out) = (target.clone(), tx.clone(), outstanding.clone());
                 handle.spawn(async move {
                     // A request unanswered for 10 s counts as an error.
-                    let r = tokio::time::timeout(Duration::from_secs(10), pool.send(&req)).await;
-                    let ok = matches!(r, Ok(Ok(200)));
+                    let r = tokio::time::timeout(Duration::from_secs(10), target.send(k)).await;
+                    let ok = matches!(r, Ok(true));
                     out.fetch_sub(1, Ordering::Relaxed);
                     let _ = tx.send((ok, counted.then(|| due.elapsed())));
                 });

@@ -28,6 +28,9 @@ pub struct ServeArgs {
     /// HTTP listen address (KServe v2 under /v2, /v1/score, /metrics).
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: SocketAddr,
+    /// gRPC listen address (KServe v2 / Triton's GRPCInferenceService), or `off`.
+    #[arg(long, default_value = "127.0.0.1:8081", value_parser = parse_grpc)]
+    grpc: GrpcAddr,
     /// Threads of the model's forward pass.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -49,6 +52,19 @@ pub struct ServeArgs {
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
     #[arg(long)]
     dtype: Option<DType>,
+}
+
+/// `--grpc`: an address, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcAddr(Option<SocketAddr>);
+
+fn parse_grpc(s: &str) -> Result<GrpcAddr, String> {
+    if s == "off" {
+        return Ok(GrpcAddr(None));
+    }
+    s.parse()
+        .map(|a| GrpcAddr(Some(a)))
+        .map_err(|e| format!("'{s}' is neither an address (host:port) nor 'off': {e}"))
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -83,6 +99,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     };
     let cfg = ServeConfig {
         http: a.http,
+        grpc: a.grpc.0,
         model_name: a.name.clone().unwrap_or(name),
         threads: a.threads,
         batch: BatchConfig {
@@ -101,12 +118,18 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let model_name = cfg.model_name.clone();
         let server = Server::start(Arc::new(model), cfg)
             .await
-            .with_context(|| format!("listening on {}", a.http))?;
+            .with_context(|| match a.grpc.0 {
+                Some(g) => format!("listening on {} (HTTP) and {g} (gRPC)", a.http),
+                None => format!("listening on {}", a.http),
+            })?;
         let addr = server.addr();
         eprintln!(
             "serving model '{model_name}' on http://{addr}  (POST /v2/models/{model_name}/infer, \
              POST /v1/score, GET /metrics; Ctrl-C or SIGTERM stops)"
         );
+        if let Some(g) = server.grpc_addr() {
+            eprintln!("gRPC (inference.GRPCInferenceService) on {g}");
+        }
         ember_serve::shutdown_signal().await;
         eprintln!("stopping: finishing requests in flight...");
         server.shutdown().await.context("stopping the server")?;

@@ -28,7 +28,13 @@ fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
 #[test]
 fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (mut child, addr, mut err, line) = start_server(&["--max-delay-us", "300000"]);
+    let Started {
+        mut child,
+        addr,
+        mut err,
+        line,
+        ..
+    } = start_server(&["--max-delay-us", "300000"]);
     assert!(line.contains("model 'default'"), "{line}");
     let rows = std::fs::read_to_string(root.join("data/sample.tsv")).unwrap();
     let rows: Vec<String> = rows.lines().take(3).map(String::from).collect();
@@ -59,11 +65,23 @@ fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
     assert!(rest.contains("stopped"), "{rest}");
 }
 
-/// Starts `ember serve` on a free port (from a directory other than the repository's); returns
-/// the child, its address, the rest of its stderr, and the line that named the address.
-fn start_server(extra: &[&str]) -> (Child, String, BufReader<ChildStderr>, String) {
+/// A server started by [`start_server`].
+struct Started {
+    child: Child,
+    /// The HTTP address.
+    addr: String,
+    /// The gRPC address.
+    grpc: String,
+    /// The rest of its stderr.
+    err: BufReader<ChildStderr>,
+    /// The line that named the HTTP address.
+    line: String,
+}
+
+/// Starts `ember serve` on free ports (from a directory other than the repository's).
+fn start_server(extra: &[&str]) -> Started {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["serve", "--http", "127.0.0.1:0"])
+        .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .args(extra)
         .current_dir(std::env::temp_dir())
         .stderr(Stdio::piped())
@@ -79,26 +97,47 @@ fn start_server(extra: &[&str]) -> (Child, String, BufReader<ChildStderr>, Strin
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    (child, addr, err, line)
+    // "gRPC (inference.GRPCInferenceService) on 127.0.0.1:PORT"
+    let mut gline = String::new();
+    err.read_line(&mut gline).unwrap();
+    let grpc = gline
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|a| gline.starts_with("gRPC") && a.contains(':'))
+        .unwrap_or_else(|| panic!("no gRPC address in {gline:?}"))
+        .to_string();
+    Started {
+        child,
+        addr,
+        grpc,
+        err,
+        line,
+    }
 }
 
 #[test]
-fn loadgen_measures_a_live_server_in_both_formats() {
-    let (mut child, addr, _, _) = start_server(&[]);
-    for format in ["kserve", "tsv"] {
+fn loadgen_measures_a_live_server_over_http_and_grpc() {
+    let Started {
+        mut child,
+        addr,
+        grpc,
+        ..
+    } = start_server(&[]);
+    for (protocol, format, url) in [
+        ("http", "kserve", format!("http://{addr}")),
+        ("http", "tsv", format!("http://{addr}")),
+        ("grpc", "kserve", format!("grpc://{grpc}")),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args([
-                "loadgen",
-                "--url",
-                &format!("http://{addr}"),
-                "--qps",
-                "200",
-            ])
+            .args(["loadgen", "--url", &url, "--qps", "200"])
             .args([
                 "--duration",
                 "1",
                 "--warmup",
                 "0.2",
+                "--protocol",
+                protocol,
                 "--format",
                 format,
                 "--json",
@@ -113,10 +152,13 @@ fn loadgen_measures_a_live_server_in_both_formats() {
         );
         let stdout = String::from_utf8(out.stdout).unwrap();
         let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-        assert_eq!(v["errors"], 0, "{format}: {v}");
+        assert_eq!(v["errors"], 0, "{protocol} {format}: {v}");
         let ok = v["ok"].as_u64().unwrap();
         // Poisson arrivals at 200/s for 1 s: far from 0, and none lost.
-        assert!((120..=280).contains(&ok), "{format}: {ok} answered");
+        assert!(
+            (120..=280).contains(&ok),
+            "{protocol} {format}: {ok} answered"
+        );
         assert_eq!(
             v["samples_per_s"].as_f64().unwrap(),
             2.0 * v["achieved_qps"].as_f64().unwrap()
@@ -165,4 +207,21 @@ fn loadgen_measures_a_live_server_in_both_formats() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("asking"));
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "loadgen",
+            "--protocol",
+            "grpc",
+            "--url",
+            &format!("grpc://{grpc}"),
+        ])
+        .args(["--duration", "0.5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("asking") && err.contains("connecting"),
+        "{err}"
+    );
 }

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -16,7 +15,7 @@ use serde_json::json;
 use crate::batcher::Batcher;
 use crate::error::{Result, ServeError};
 use crate::kserve::{self, InferRequest, InferResponse, OutputTensor};
-use crate::metrics as m;
+use crate::metrics::{self as m, Tracked};
 use crate::samples::ModelSpec;
 use crate::score;
 
@@ -55,32 +54,11 @@ fn error_response(e: &ServeError) -> Response {
 }
 
 /// Counts the request, times it, and turns errors into JSON bodies.
-fn finish(start: Instant, r: Result<Response>) -> Response {
-    let status = match &r {
-        Ok(_) => "ok",
-        Err(e) => e.label(),
-    };
-    metrics::counter!(m::REQUESTS, "protocol" => "http", "status" => status).increment(1);
-    metrics::histogram!(m::REQUEST_SECONDS).record(start.elapsed().as_secs_f64());
+fn finish(t: Tracked, r: Result<Response>) -> Response {
+    t.finish(r.as_ref().err());
     match r {
         Ok(resp) => resp,
         Err(e) => error_response(&e),
-    }
-}
-
-/// Keeps `ember_requests_in_flight` while alive.
-struct InFlight;
-
-impl InFlight {
-    fn new() -> Self {
-        metrics::gauge!(m::IN_FLIGHT).increment(1.0);
-        InFlight
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        metrics::gauge!(m::IN_FLIGHT).decrement(1.0);
     }
 }
 
@@ -145,9 +123,8 @@ async fn model_ready(State(app): State<App>, Path(name): Path<String>) -> Respon
 }
 
 async fn infer(State(app): State<App>, Path(name): Path<String>, body: Body) -> Response {
-    let start = Instant::now();
-    let _f = InFlight::new();
-    finish(start, run_infer(&app, &name, None, body).await)
+    let t = Tracked::new("http");
+    finish(t, run_infer(&app, &name, None, body).await)
 }
 
 async fn infer_version(
@@ -155,9 +132,8 @@ async fn infer_version(
     Path((name, version)): Path<(String, String)>,
     body: Body,
 ) -> Response {
-    let start = Instant::now();
-    let _f = InFlight::new();
-    finish(start, run_infer(&app, &name, Some(&version), body).await)
+    let t = Tracked::new("http");
+    finish(t, run_infer(&app, &name, Some(&version), body).await)
 }
 
 async fn run_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Response> {
@@ -205,8 +181,7 @@ async fn score_route(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let start = Instant::now();
-    let _f = InFlight::new();
+    let t = Tracked::new("http");
     let r = async {
         let bytes = read_body(body, app.max_body_bytes).await?;
         let json = headers
@@ -232,7 +207,7 @@ async fn score_route(
         })
     }
     .await;
-    finish(start, r)
+    finish(t, r)
 }
 
 async fn metrics_page() -> Response {

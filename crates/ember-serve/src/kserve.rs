@@ -226,36 +226,54 @@ pub fn timeout_us(req: &InferRequest<'_>) -> Result<Option<u64>> {
     }
 }
 
-/// Decodes and checks an inference request against the model.
+/// An input tensor of either wire form (JSON or protobuf), as the decoder reads it.
+pub trait Tensor {
+    fn name(&self) -> &str;
+    fn datatype(&self) -> &str;
+    fn shape(&self) -> &[i64];
+    /// Appends the tensor's `want` values (its datatype is FP32) to `out`.
+    fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<()>;
+    /// Appends the tensor's `want` values (its datatype is INT64 or INT32) to `out`.
+    fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<()>;
+}
+
+/// Decodes and checks a JSON inference request against the model.
 pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Samples> {
-    if let Some(outs) = &req.outputs
-        && let Some(o) = outs.iter().find(|o| o.name != SCORES)
-    {
-        return Err(ServeError::bad(format!(
-            "unknown output '{}': the model's only output is '{SCORES}'",
-            o.name
-        )));
+    check_outputs(req.outputs.iter().flatten().map(|o| o.name.as_str()))?;
+    decode_tensors(spec, &req.inputs)
+}
+
+/// Refuses requested outputs other than `scores`.
+pub fn check_outputs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<()> {
+    match names.find(|&n| n != SCORES) {
+        Some(o) => Err(ServeError::bad(format!(
+            "unknown output '{o}': the model's only output is '{SCORES}'"
+        ))),
+        None => Ok(()),
     }
+}
+
+/// Decodes the input tensors of a request (either protocol) into checked samples.
+pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Samples> {
     // Each input to its slot: 0 is dense, 1 + 2f feature f's lengths, 2 + 2f its ids.
-    let mut slots: Vec<Option<&InferInput>> = vec![None; 1 + 2 * spec.features.len()];
-    for i in &req.inputs {
-        let Some(&k) = spec.input_slots.get(i.name.as_ref()) else {
+    let mut slots: Vec<Option<&T>> = vec![None; 1 + 2 * spec.features.len()];
+    for i in inputs {
+        let Some(&k) = spec.input_slots.get(i.name()) else {
             return Err(ServeError::bad(format!(
                 "unknown input '{}': the model takes 'dense' and '<feature>_lengths' / \
-                 '<feature>_ids' for its {} sparse features (GET /v2/models/{} lists them)",
-                i.name,
+                 '<feature>_ids' for its {} sparse features (the model's metadata lists them)",
+                i.name(),
                 spec.features.len(),
-                spec.name
             )));
         };
         if slots[k].replace(i).is_some() {
             return Err(ServeError::bad(format!(
                 "input '{}' is given twice",
-                i.name
+                i.name()
             )));
         }
     }
-    let find = |k: usize, name: &dyn Fn() -> String| -> Result<&InferInput> {
+    let find = |k: usize, name: &dyn Fn() -> String| -> Result<&T> {
         slots[k].ok_or_else(|| ServeError::bad(format!("missing input '{}'", name())))
     };
     let dense_in = find(0, &|| "dense".into())?;
@@ -264,13 +282,22 @@ pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Samples> {
     if shape.len() != 2 || shape[1] != spec.dense_in {
         return Err(ServeError::bad(format!(
             "input 'dense' has shape {:?}; the model takes [N, {}]",
-            dense_in.shape, spec.dense_in
+            dense_in.shape(),
+            spec.dense_in
         )));
     }
     let n = shape[0];
-    let dense = floats(dense_in, n * spec.dense_in)?;
+    let want = n.checked_mul(spec.dense_in).ok_or_else(|| {
+        ServeError::bad(format!(
+            "input 'dense' has shape {:?}: too large",
+            dense_in.shape()
+        ))
+    })?;
+    let mut dense = Vec::with_capacity(want.min(1 << 20));
+    dense_in.read_floats(want, &mut dense)?;
     let mut lengths = Vec::with_capacity(n * spec.features.len());
     let mut ids = Vec::new();
+    let mut ls_raw = Vec::with_capacity(n);
     for (fi, f) in spec.features.iter().enumerate() {
         let li = find(1 + 2 * fi, &|| format!("{f}_lengths"))?;
         expect_type(li, &["INT64", "INT32"])?;
@@ -278,15 +305,18 @@ pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Samples> {
         if ls.len() != 1 || ls[0] != n {
             return Err(ServeError::bad(format!(
                 "input '{}' has shape {:?}; it needs one length per sample: [{n}]",
-                li.name, li.shape
+                li.name(),
+                li.shape()
             )));
         }
+        ls_raw.clear();
+        li.read_ints(n, &mut ls_raw)?;
         let mut total = 0u64;
-        for (s, v) in integers(li, n)?.into_iter().enumerate() {
+        for (s, &v) in ls_raw.iter().enumerate() {
             let l = u32::try_from(v).map_err(|_| {
                 ServeError::bad(format!(
                     "input '{}': length {v} of sample {s} is not a count of ids",
-                    li.name
+                    li.name()
                 ))
             })?;
             total += l as u64;
@@ -298,87 +328,104 @@ pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Samples> {
         if is.len() != 1 || is[0] as u64 != total {
             return Err(ServeError::bad(format!(
                 "input '{}' has shape {:?}; its lengths add up to {total} ids: [{total}]",
-                ii.name, ii.shape
+                ii.name(),
+                ii.shape()
             )));
         }
-        ids.extend(integers(ii, total as usize)?);
+        ii.read_ints(total as usize, &mut ids)?;
     }
     Samples::new(spec, n, dense, lengths, ids)
 }
 
-fn expect_type(i: &InferInput, ok: &[&str]) -> Result<()> {
-    if ok.contains(&i.datatype.as_ref()) {
+fn expect_type<T: Tensor>(i: &T, ok: &[&str]) -> Result<()> {
+    if ok.contains(&i.datatype()) {
         Ok(())
     } else {
         Err(ServeError::bad(format!(
             "input '{}' has datatype {}; it must be {}",
-            i.name,
-            i.datatype,
+            i.name(),
+            i.datatype(),
             ok.join(" or ")
         )))
     }
 }
 
 /// The shape as sizes (negative dimensions refused).
-fn dims(i: &InferInput) -> Result<Vec<usize>> {
-    i.shape
+fn dims<T: Tensor>(i: &T) -> Result<Vec<usize>> {
+    i.shape()
         .iter()
         .map(|&d| usize::try_from(d))
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| {
             ServeError::bad(format!(
                 "input '{}' has shape {:?}: dimensions must be >= 0",
-                i.name, i.shape
+                i.name(),
+                i.shape()
             ))
         })
 }
 
-fn count_error(i: &InferInput, got: usize, want: usize) -> ServeError {
+/// The error of a tensor whose value count does not match its shape; `field` names where the
+/// values were read from.
+pub fn count_error<T: Tensor>(i: &T, field: &str, got: usize, want: usize) -> ServeError {
     ServeError::bad(format!(
-        "input '{}' has {got} values in 'data' but its shape {:?} holds {want}",
-        i.name, i.shape
+        "input '{}' has {got} values in '{field}' but its shape {:?} holds {want}",
+        i.name(),
+        i.shape()
     ))
 }
 
-fn floats(i: &InferInput, want: usize) -> Result<Vec<f32>> {
-    let d = &i.data.0;
-    if d.len() != want {
-        return Err(count_error(i, d.len(), want));
+impl Tensor for InferInput<'_> {
+    fn name(&self) -> &str {
+        &self.name
     }
-    d.iter()
-        .enumerate()
-        .map(|(k, v)| match *v {
-            Num::I(x) => Ok(x as f32),
-            Num::U(x) => Ok(x as f32),
-            Num::F(x) => Ok(x as f32),
-            Num::Other => Err(ServeError::bad(format!(
-                "input '{}': value {k} is not a number",
-                i.name
-            ))),
-        })
-        .collect()
-}
+    fn datatype(&self) -> &str {
+        &self.datatype
+    }
+    fn shape(&self) -> &[i64] {
+        &self.shape
+    }
 
-fn integers(i: &InferInput, want: usize) -> Result<Vec<i64>> {
-    let int32 = i.datatype == "INT32";
-    let d = &i.data.0;
-    if d.len() != want {
-        return Err(count_error(i, d.len(), want));
+    fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<()> {
+        let d = &self.data.0;
+        if d.len() != want {
+            return Err(count_error(self, "data", d.len(), want));
+        }
+        for (k, v) in d.iter().enumerate() {
+            out.push(match *v {
+                Num::I(x) => x as f32,
+                Num::U(x) => x as f32,
+                Num::F(x) => x as f32,
+                Num::Other => {
+                    return Err(ServeError::bad(format!(
+                        "input '{}': value {k} is not a number",
+                        self.name
+                    )));
+                }
+            });
+        }
+        Ok(())
     }
-    d.iter()
-        .enumerate()
-        .map(|(k, v)| {
+
+    fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<()> {
+        let int32 = self.datatype == "INT32";
+        let d = &self.data.0;
+        if d.len() != want {
+            return Err(count_error(self, "data", d.len(), want));
+        }
+        for (k, v) in d.iter().enumerate() {
             let x = match *v {
                 Num::I(x) => Some(x),
                 Num::U(x) => i64::try_from(x).ok(),
                 Num::F(_) | Num::Other => None,
             };
-            x.filter(|&x| !int32 || i32::try_from(x).is_ok())
+            let x = x
+                .filter(|&x| !int32 || i32::try_from(x).is_ok())
                 .ok_or_else(|| {
                     ServeError::bad(format!(
                         "input '{}': value {k} is not an {} ({})",
-                        i.name,
-                        i.datatype,
+                        self.name,
+                        self.datatype,
                         match v {
                             Num::F(f) => f.to_string(),
                             Num::Other => "not a number".into(),
@@ -386,7 +433,9 @@ fn integers(i: &InferInput, want: usize) -> Result<Vec<i64>> {
                             Num::U(x) => x.to_string(),
                         }
                     ))
-                })
-        })
-        .collect()
+                })?;
+            out.push(x);
+        }
+        Ok(())
+    }
 }

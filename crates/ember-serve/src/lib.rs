@@ -1,6 +1,6 @@
-//! Ember's inference server: the KServe v2 (Triton) inference protocol over HTTP, a `/v1/score`
-//! route for TSV or JSON samples, dynamic batching in front of one [`ember_model::Predictor`],
-//! Prometheus metrics, and a graceful stop.
+//! Ember's inference server: the KServe v2 (Triton) inference protocol over HTTP and gRPC, a
+//! `/v1/score` route for TSV or JSON samples, dynamic batching in front of one
+//! [`ember_model::Predictor`], Prometheus metrics, and a graceful stop.
 //!
 //! ```no_run
 //! # async fn run(model: std::sync::Arc<ember_model::Model>) -> std::io::Result<()> {
@@ -14,6 +14,7 @@
 
 pub mod batcher;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod kserve;
 pub mod metrics;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ember_model::{Model, Predictor};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 pub use batcher::{BatchConfig, Batcher};
 pub use error::ServeError;
@@ -36,6 +37,8 @@ pub use samples::{ModelSpec, Samples};
 pub struct ServeConfig {
     /// Address of the HTTP listener (port 0 picks a free port).
     pub http: SocketAddr,
+    /// Address of the gRPC listener, if any (port 0 picks a free port).
+    pub grpc: Option<SocketAddr>,
     /// The name clients address the model by.
     pub model_name: String,
     /// Threads of the model's forward pass.
@@ -49,6 +52,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
             http: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc: None,
             model_name: "default".into(),
             threads: 1,
             batch: BatchConfig::default(),
@@ -61,14 +65,35 @@ impl Default for ServeConfig {
 #[derive(Debug)]
 pub struct Server {
     addr: SocketAddr,
+    grpc_addr: Option<SocketAddr>,
     batcher: Arc<Batcher>,
     ready: Arc<AtomicBool>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+/// Serves `router` on `listener` (HTTP/1.1 and HTTP/2, no Nagle delay) until `stop` turns true,
+/// then finishes the requests in flight.
+fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|&s| s).await;
+            })
+            .await
+    })
 }
 
 impl Server {
-    /// Binds the listener and starts serving `model` (call inside a tokio runtime).
+    /// Binds the listeners and starts serving `model` (call inside a tokio runtime).
     pub async fn start(model: Arc<Model>, cfg: ServeConfig) -> std::io::Result<Server> {
         metrics::handle();
         let spec = Arc::new(ModelSpec::of(&model, &cfg.model_name));
@@ -76,6 +101,11 @@ impl Server {
             .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
         let listener = tokio::net::TcpListener::bind(cfg.http).await?;
         let addr = listener.local_addr()?;
+        let grpc_listener = match cfg.grpc {
+            Some(a) => Some(tokio::net::TcpListener::bind(a).await?),
+            None => None,
+        };
+        let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let batcher = Arc::new(Batcher::start(predictor, spec.clone(), cfg.batch));
         let ready = Arc::new(AtomicBool::new(true));
         let app = http::App {
@@ -84,21 +114,18 @@ impl Server {
             ready: ready.clone(),
             max_body_bytes: cfg.max_body_bytes,
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let router = http::router(app);
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = vec![serve(listener, http::router(app.clone()), stopped.clone())];
+        if let Some(l) = grpc_listener {
+            tasks.push(serve(l, grpc::router(app), stopped));
+        }
         Ok(Server {
             addr,
+            grpc_addr,
             batcher,
             ready,
-            stop: Some(stop),
-            task,
+            stop,
+            tasks,
         })
     }
 
@@ -107,21 +134,31 @@ impl Server {
         self.addr
     }
 
+    /// The address the gRPC listener is bound to, if there is one.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
+    }
+
     /// Stops accepting connections, finishes the requests in flight and every queued batch, and
     /// returns when all are answered.
-    pub async fn shutdown(mut self) -> std::io::Result<()> {
+    pub async fn shutdown(self) -> std::io::Result<()> {
         self.ready.store(false, Ordering::Relaxed);
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
+        let _ = self.stop.send(true);
+        let mut result = Ok(());
+        for t in self.tasks {
+            let r = t
+                .await
+                .map_err(|e| std::io::Error::other(format!("a listener task failed: {e}")))
+                .and_then(|r| r);
+            if result.is_ok() {
+                result = r;
+            }
         }
-        let served = (&mut self.task)
-            .await
-            .map_err(|e| std::io::Error::other(format!("the HTTP task failed: {e}")))?;
         let b = self.batcher.clone();
         tokio::task::spawn_blocking(move || b.shutdown())
             .await
             .map_err(|e| std::io::Error::other(format!("stopping the batcher: {e}")))?;
-        served
+        result
     }
 }
 

@@ -1,10 +1,12 @@
 //! Prometheus metrics (`GET /metrics`): the names, their buckets, and the process-wide recorder.
 
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Requests answered, by `protocol` (`http`) and `status` (`ok` or the error's label).
+/// Requests answered, by `protocol` (`http` or `grpc`) and `status` (`ok`, the error's label, or
+/// `cancelled` when the client went away first).
 pub const REQUESTS: &str = "ember_requests_total";
 /// Requests being handled now.
 pub const IN_FLIGHT: &str = "ember_requests_in_flight";
@@ -66,4 +68,45 @@ fn describe() {
     describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
     describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Samples per batch");
+}
+
+/// One request being handled: raises `ember_requests_in_flight` while alive, and counts the
+/// request in `ember_requests_total` with its duration when it ends. A request dropped before
+/// it was answered (the client went away or gave up at its deadline) counts as `cancelled`.
+#[derive(Debug)]
+pub struct Tracked {
+    protocol: &'static str,
+    start: Instant,
+    done: bool,
+}
+
+impl Tracked {
+    pub fn new(protocol: &'static str) -> Self {
+        metrics::gauge!(IN_FLIGHT).increment(1.0);
+        Tracked {
+            protocol,
+            start: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// Records the answer: success, or the error sent back.
+    pub fn finish(mut self, err: Option<&crate::ServeError>) {
+        self.record(err.map_or("ok", |e| e.label()));
+    }
+
+    fn record(&mut self, status: &'static str) {
+        self.done = true;
+        metrics::counter!(REQUESTS, "protocol" => self.protocol, "status" => status).increment(1);
+        metrics::histogram!(REQUEST_SECONDS).record(self.start.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if !self.done {
+            self.record("cancelled");
+        }
+        metrics::gauge!(IN_FLIGHT).decrement(1.0);
+    }
 }

@@ -4,9 +4,13 @@
 use std::sync::Arc;
 
 use ember_model::{LoadOptions, Model};
+use ember_serve::grpc::pb::model_infer_request::InferInputTensor;
+use ember_serve::grpc::pb::{self, InferTensorContents};
+use ember_serve::grpc::{self, raw_bytes};
 use ember_serve::kserve::{self, InferRequest};
 use ember_serve::{ModelSpec, score};
 use proptest::prelude::*;
+use prost::Message;
 use serde_json::{Value, json};
 
 fn spec() -> &'static ModelSpec {
@@ -75,8 +79,184 @@ fn near_request() -> impl Strategy<Value = Value> {
         .prop_map(|(inputs, params)| json!({"inputs": inputs, "parameters": {"timeout": params}}))
 }
 
+fn input_names() -> Vec<String> {
+    std::iter::once("dense".to_string())
+        .chain(
+            spec()
+                .features
+                .iter()
+                .flat_map(|f| [format!("{f}_lengths"), format!("{f}_ids")]),
+        )
+        .collect()
+}
+
+/// A `ModelInferRequest` valid in form, with names, shapes, dtypes, contents and raw bytes drawn
+/// around the valid ones.
+fn near_grpc_request() -> impl Strategy<Value = pb::ModelInferRequest> {
+    let mut names = input_names();
+    names.push("bogus".into());
+    let input = (
+        prop::sample::select(names),
+        prop::collection::vec(-2i64..40, 0..3),
+        prop::sample::select(vec!["FP32", "INT64", "INT32", "BYTES", "FP16"]),
+        prop::collection::vec(-5i64..600_000, 0..40),
+        prop::collection::vec(-1e3f32..1e3, 0..40),
+        prop::collection::vec(any::<u8>(), 0..200),
+        0u8..4,
+    )
+        .prop_map(|(name, shape, dt, ints, floats, raw, kind)| {
+            let contents = match kind {
+                0 => None,
+                1 => Some(InferTensorContents {
+                    int64_contents: ints,
+                    ..Default::default()
+                }),
+                2 => Some(InferTensorContents {
+                    int_contents: ints.iter().map(|&x| x as i32).collect(),
+                    ..Default::default()
+                }),
+                _ => Some(InferTensorContents {
+                    fp32_contents: floats,
+                    ..Default::default()
+                }),
+            };
+            (
+                InferInputTensor {
+                    name,
+                    datatype: dt.into(),
+                    shape,
+                    contents,
+                    ..Default::default()
+                },
+                raw,
+            )
+        });
+    (
+        prop::collection::vec(input, 0..60),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(inputs, use_raw, drop_one)| {
+            let (inputs, mut raw): (Vec<_>, Vec<_>) = inputs
+                .into_iter()
+                .map(|(mut t, r)| {
+                    if use_raw {
+                        t.contents = None;
+                    }
+                    (t, bytes::Bytes::from(r))
+                })
+                .unzip();
+            if !use_raw {
+                raw.clear();
+            } else if drop_one {
+                raw.pop();
+            }
+            pb::ModelInferRequest {
+                model_name: "default".into(),
+                inputs,
+                raw_input_contents: raw,
+                ..Default::default()
+            }
+        })
+}
+
+/// A valid request: `n`, dense `[n, dense_in]`, and per feature the lengths (0 to 3 ids per
+/// bag) and the ids.
+type Valid = (usize, Vec<f32>, Vec<Vec<i64>>, Vec<Vec<i64>>);
+
+fn valid_request() -> impl Strategy<Value = Valid> {
+    (0usize..5).prop_flat_map(|n| {
+        let nf = spec().features.len();
+        (
+            Just(n),
+            prop::collection::vec(-1e3f32..1e3, n * spec().dense_in),
+            prop::collection::vec(prop::collection::vec(0i64..4, n), nf),
+        )
+            .prop_flat_map(|(n, dense, lengths)| {
+                let ids: Vec<_> = lengths
+                    .iter()
+                    .zip(&spec().rows)
+                    .map(|(l, &rows)| {
+                        prop::collection::vec(0..rows as i64, l.iter().sum::<i64>() as usize)
+                    })
+                    .collect();
+                (Just(n), Just(dense), Just(lengths), ids)
+            })
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn grpc_decoder_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+        if let Ok(req) = pb::ModelInferRequest::decode(&bytes[..]) {
+            let _ = grpc::decode(spec(), &req);
+        }
+    }
+
+    #[test]
+    fn grpc_decoder_never_panics_on_near_requests(req in near_grpc_request()) {
+        let _ = grpc::decode(spec(), &req);
+        // And through the wire form, as the server receives it.
+        let again = pb::ModelInferRequest::decode(&req.encode_to_vec()[..]).unwrap();
+        let _ = grpc::decode(spec(), &again);
+    }
+
+    /// The three ways to send one request (JSON, protobuf contents, protobuf raw bytes) decode
+    /// to the same samples.
+    #[test]
+    fn json_and_both_grpc_forms_decode_alike((n, dense, lengths, ids) in valid_request(), int32: bool) {
+        let itype = if int32 { "INT32" } else { "INT64" };
+        let names = input_names();
+        let mut json_inputs = vec![json!({"name": "dense", "shape": [n, spec().dense_in], "datatype": "FP32", "data": dense})];
+        let mut tensors = vec![(names[0].clone(), "FP32", vec![n as i64, spec().dense_in as i64])];
+        let mut contents = vec![InferTensorContents { fp32_contents: dense.clone(), ..Default::default() }];
+        let mut raw = vec![raw_bytes(&dense, f32::to_le_bytes)];
+        let ints = |v: &[i64]| -> (InferTensorContents, bytes::Bytes) {
+            if int32 {
+                let v32: Vec<i32> = v.iter().map(|&x| x as i32).collect();
+                let b = raw_bytes(&v32, i32::to_le_bytes);
+                (InferTensorContents { int_contents: v32, ..Default::default() }, b)
+            } else {
+                (InferTensorContents { int64_contents: v.to_vec(), ..Default::default() }, raw_bytes(v, i64::to_le_bytes))
+            }
+        };
+        for (f, (l, i)) in lengths.iter().zip(&ids).enumerate() {
+            for (name, v) in [(&names[1 + 2 * f], l), (&names[2 + 2 * f], i)] {
+                json_inputs.push(json!({"name": name, "shape": [v.len()], "datatype": itype, "data": v}));
+                tensors.push((name.clone(), itype, vec![v.len() as i64]));
+                let (c, b) = ints(v);
+                contents.push(c);
+                raw.push(b);
+            }
+        }
+        let body = json!({"inputs": json_inputs}).to_string();
+        let from_json = kserve::decode(spec(), &serde_json::from_str(&body).unwrap()).unwrap();
+        let make = |with_contents: bool| pb::ModelInferRequest {
+            model_name: "default".into(),
+            inputs: tensors
+                .iter()
+                .zip(&contents)
+                .map(|((name, dt, shape), c)| InferInputTensor {
+                    name: name.clone(),
+                    datatype: dt.to_string(),
+                    shape: shape.clone(),
+                    contents: with_contents.then(|| c.clone()),
+                    ..Default::default()
+                })
+                .collect(),
+            raw_input_contents: if with_contents { vec![] } else { raw.clone() },
+            ..Default::default()
+        };
+        for with_contents in [true, false] {
+            let wire = make(with_contents).encode_to_vec();
+            let req = pb::ModelInferRequest::decode(&wire[..]).unwrap();
+            prop_assert_eq!(&grpc::decode(spec(), &req).unwrap(), &from_json);
+        }
+        prop_assert_eq!(from_json.n, n);
+        prop_assert_eq!(&from_json.dense, &dense);
+    }
 
     #[test]
     fn infer_decoder_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..300)) {

@@ -1,71 +1,14 @@
 //! The real server on a free loopback port, driven over HTTP: KServe v2, /v1/score, /metrics,
 //! bad inputs, deadlines and the graceful stop.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use ember_embed::{Ids, KeyedJagged};
+use common::*;
 use ember_model::criteo::{self, CriteoBatch};
-use ember_model::{LoadOptions, Model, Predictor};
-use ember_serve::{BatchConfig, ServeConfig, Server};
+use ember_model::{Model, Predictor};
 use serde_json::{Value, json};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> Arc<Model> {
-    Arc::new(Model::load(&root().join("models/default"), LoadOptions::default()).unwrap())
-}
-
-fn config() -> ServeConfig {
-    ServeConfig {
-        http: "127.0.0.1:0".parse().unwrap(),
-        batch: BatchConfig {
-            max_batch: 64,
-            max_delay: Duration::from_micros(500),
-            queue: 256,
-        },
-        ..ServeConfig::default()
-    }
-}
-
-async fn start(cfg: ServeConfig) -> (Server, String, Arc<Model>) {
-    let m = model();
-    let s = Server::start(m.clone(), cfg).await.unwrap();
-    let url = format!("http://{}", s.addr());
-    (s, url, m)
-}
-
-/// One request's samples in the model's inputs: dense `[n, 13]`, per feature lengths and ids.
-struct Req {
-    n: usize,
-    dense: Vec<f32>,
-    /// Per feature: lengths, ids.
-    sparse: Vec<(Vec<i64>, Vec<i64>)>,
-}
-
-fn random_req(m: &Model, n: usize, seed: u64) -> Req {
-    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let dense = (0..n * 13).map(|_| (next() % 800) as f32 / 100.0).collect();
-    let sparse = (0..m.feature_names().len())
-        .map(|f| {
-            let rows = m.embeddings().table_of(f).rows() as u64;
-            let lengths: Vec<i64> = (0..n).map(|_| (next() % 3) as i64).collect();
-            let total: i64 = lengths.iter().sum();
-            let ids = (0..total).map(|_| (next() % rows) as i64).collect();
-            (lengths, ids)
-        })
-        .collect();
-    Req { n, dense, sparse }
-}
 
 fn body(m: &Model, r: &Req, nested: bool) -> Value {
     let dense: Value = if nested {
@@ -86,28 +29,6 @@ fn body(m: &Model, r: &Req, nested: bool) -> Value {
         inputs.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
     }
     json!({ "id": "req-7", "inputs": inputs })
-}
-
-fn direct(m: &Arc<Model>, r: &Req) -> Vec<f32> {
-    let mut p = Predictor::new(m.clone(), 1).unwrap();
-    let lengths: Vec<usize> = r
-        .sparse
-        .iter()
-        .flat_map(|(l, _)| l.iter().map(|&x| x as usize))
-        .collect();
-    let ids: Vec<i64> = r.sparse.iter().flat_map(|(_, i)| i.clone()).collect();
-    let kj =
-        KeyedJagged::from_lengths(m.feature_names(), r.n, &lengths, Ids::I64(ids), None).unwrap();
-    let mut out = vec![0.0; r.n];
-    p.predict(&r.dense, &kj, &mut out).unwrap();
-    out
-}
-
-fn assert_close(got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(want) {
-        assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
-    }
 }
 
 fn scores_of(v: &Value) -> Vec<f32> {
@@ -457,8 +378,35 @@ async fn score_route_reads_tsv_and_json() {
 async fn deadlines_metrics_and_a_graceful_stop() {
     let mut cfg = config();
     cfg.batch.max_delay = Duration::from_millis(150);
+    cfg.batch.queue = 2;
     let (s, url, m) = start(cfg).await;
     let c = reqwest::Client::new();
+    // Two requests wait in a forming batch; a third finds the queue full: 503 at once.
+    let waiting: Vec<Req> = (0..2).map(|i| random_req(&m, 1, 20 + i)).collect();
+    let futs: Vec<_> = waiting
+        .iter()
+        .map(|r| {
+            c.post(format!("{url}/v2/models/default/infer"))
+                .json(&body(&m, r, false))
+                .send()
+        })
+        .map(tokio::spawn)
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, v) = post_json(
+        &c,
+        format!("{url}/v2/models/default/infer"),
+        &body(&m, &random_req(&m, 1, 22), false),
+    )
+    .await;
+    assert_eq!(status, 503, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("at capacity"), "{v}");
+    for (f, r) in futs.into_iter().zip(&waiting) {
+        let resp = f.await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        assert_close(&scores_of(&v), &direct(&m, r));
+    }
     // A deadline shorter than the batching delay: 504, not computed.
     let mut b = body(&m, &random_req(&m, 1, 3), false);
     b["parameters"] = json!({"timeout": 1000});
@@ -474,6 +422,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
         .unwrap();
     for name in [
         "ember_requests_total{protocol=\"http\",status=\"deadline_exceeded\"}",
+        "ember_requests_total{protocol=\"http\",status=\"resource_exhausted\"}",
         "ember_request_duration_seconds_bucket",
         "ember_queue_wait_seconds_bucket",
         "ember_requests_in_flight",
@@ -481,7 +430,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
         assert!(page.contains(name), "/metrics lacks {name}");
     }
     // Requests in flight when the stop comes are answered; then the port is closed.
-    let reqs: Vec<Req> = (0..6).map(|i| random_req(&m, 2, 40 + i)).collect();
+    let reqs: Vec<Req> = (0..2).map(|i| random_req(&m, 3, 40 + i)).collect();
     let futs: Vec<_> = reqs
         .iter()
         .map(|r| {

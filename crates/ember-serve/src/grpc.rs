@@ -1,0 +1,488 @@
+//! The gRPC front end: KServe v2 / Triton's `inference.GRPCInferenceService` (health, metadata
+//! and `ModelInfer`), sharing the HTTP front end's batcher, checks and metrics.
+//!
+//! Inputs are those of the JSON form (see [`crate::kserve`]), with values either in each input's
+//! `contents` (`fp32_contents`, `int64_contents`, `int_contents`) or, as Triton's clients send
+//! them, in `raw_input_contents` (little-endian bytes, one entry per input). The `scores` output
+//! comes back in `raw_output_contents`, as Triton answers.
+//!
+//! A deadline comes from the call's gRPC deadline (`grpc-timeout`) or `parameters.timeout`
+//! (int64 microseconds, as Triton's), the shorter of the two. Errors map to status codes:
+//! INVALID_ARGUMENT (malformed protobuf, wrong inputs, a message over `--max-body-bytes`),
+//! NOT_FOUND, RESOURCE_EXHAUSTED (the queue is full), DEADLINE_EXCEEDED, UNAVAILABLE (stopping).
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use bytes::{BufMut, Bytes};
+use tonic::codec::{BufferSettings, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::error::ServeError;
+use crate::http::App;
+use crate::kserve::{self, Tensor, count_error};
+use crate::metrics::Tracked;
+
+/// The messages, server and client generated from `proto/grpc_service.proto`.
+#[allow(missing_docs, missing_debug_implementations, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("inference");
+}
+
+use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use pb::model_infer_request::InferInputTensor;
+use pb::model_infer_response::InferOutputTensor;
+use pb::model_metadata_response::TensorMetadata;
+use pb::{InferParameter, infer_parameter::ParameterChoice};
+
+/// The protobuf codec of the generated code: prost's, except that a message that does not decode
+/// is the client's fault (INVALID_ARGUMENT), not the server's (tonic's INTERNAL).
+#[derive(Debug)]
+pub struct Codec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Codec(PhantomData)
+    }
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProtoEncoder<T>;
+    type Decoder = ProtoDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProtoEncoder(PhantomData)
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProtoDecoder(PhantomData)
+    }
+}
+
+/// Encodes `T` with prost.
+#[derive(Debug)]
+pub struct ProtoEncoder<T>(PhantomData<T>);
+
+impl<T: prost::Message> Encoder for ProtoEncoder<T> {
+    type Item = T;
+    type Error = Status;
+
+    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // `EncodeBuf` grows as needed, so encoding cannot run out of room.
+        buf.reserve(item.encoded_len());
+        item.encode(buf)
+            .map_err(|e| Status::internal(format!("encoding the response: {e}")))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
+    }
+}
+
+/// Decodes `U` with prost; errors are INVALID_ARGUMENT.
+#[derive(Debug)]
+pub struct ProtoDecoder<U>(PhantomData<U>);
+
+impl<U: prost::Message + Default> Decoder for ProtoDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        U::decode(buf)
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(format!("malformed protobuf message: {e}")))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
+    }
+}
+
+impl From<ServeError> for Status {
+    fn from(e: ServeError) -> Status {
+        let msg = e.to_string();
+        match e {
+            ServeError::BadRequest(_) => Status::invalid_argument(msg),
+            ServeError::NotFound(_) => Status::not_found(msg),
+            ServeError::Overloaded(_) => Status::resource_exhausted(msg),
+            ServeError::DeadlineExceeded(_) => Status::deadline_exceeded(msg),
+            ServeError::ShuttingDown => Status::unavailable(msg),
+            ServeError::Internal(_) => Status::internal(msg),
+        }
+    }
+}
+
+/// The gRPC service over the server's shared state.
+#[derive(Debug, Clone)]
+pub struct Grpc {
+    app: App,
+}
+
+/// The gRPC routes, ready for a listener of their own (HTTP/2 without TLS).
+pub fn router(app: App) -> axum::Router {
+    let limit = app.max_body_bytes;
+    let svc = GrpcInferenceServiceServer::new(Grpc { app })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(usize::MAX);
+    axum::Router::new()
+        .fallback_service(svc)
+        .layer(axum::middleware::map_response(
+            move |r: axum::response::Response| async move { size_error(r, limit) },
+        ))
+}
+
+/// tonic answers a message over the size limit with OUT_OF_RANGE; Ember's contract (as for HTTP
+/// bodies) is INVALID_ARGUMENT naming the flag. Nothing else in this service says OUT_OF_RANGE.
+fn size_error(mut r: axum::response::Response, limit: usize) -> axum::response::Response {
+    let h = r.headers_mut();
+    if h.get("grpc-status").is_some_and(|v| v == "11") {
+        h.insert("grpc-status", HeaderValue::from_static("3"));
+        let msg = format!(
+            "the request message is over the server's limit of {limit} bytes (--max-body-bytes)"
+        );
+        if let Ok(v) = HeaderValue::from_str(&msg) {
+            h.insert("grpc-message", v);
+        }
+    }
+    r
+}
+
+fn check_model(app: &App, name: &str, version: &str) -> Result<(), ServeError> {
+    if name != app.spec.name {
+        return Err(ServeError::NotFound(format!(
+            "unknown model '{name}': this server serves '{}'",
+            app.spec.name
+        )));
+    }
+    if !version.is_empty() && version != kserve::VERSION {
+        return Err(ServeError::NotFound(format!(
+            "model '{name}' has no version '{version}' (its only version is '{}')",
+            kserve::VERSION
+        )));
+    }
+    Ok(())
+}
+
+/// The `grpc-timeout` header (the caller's deadline), in microseconds.
+fn grpc_timeout_us(md: &MetadataMap) -> Result<Option<u64>, ServeError> {
+    let Some(v) = md.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let bad = || ServeError::bad(format!("malformed grpc-timeout header {v:?}"));
+    let s = v.to_str().map_err(|_| bad())?;
+    if s.len() < 2 || s.len() > 9 {
+        return Err(bad());
+    }
+    let (digits, unit) = s.split_at(s.len() - 1);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return Err(bad()),
+    };
+    Ok(Some((d.as_micros() as u64).max(1)))
+}
+
+/// The request's `parameters.timeout`, in microseconds.
+fn parameter_timeout_us(p: &HashMap<String, InferParameter>) -> Result<Option<u64>, ServeError> {
+    match p.get("timeout").map(|v| &v.parameter_choice) {
+        None => Ok(None),
+        Some(Some(ParameterChoice::Int64Param(t))) if *t > 0 => Ok(Some(*t as u64)),
+        Some(other) => Err(ServeError::bad(format!(
+            "parameters.timeout must be a positive int64_param of microseconds, not {other:?}"
+        ))),
+    }
+}
+
+/// An input tensor and, when the request sends raw contents, its bytes.
+struct GrpcTensor<'a> {
+    t: &'a InferInputTensor,
+    raw: Option<(usize, &'a [u8])>,
+}
+
+impl GrpcTensor<'_> {
+    /// The raw bytes as `want` little-endian values of `W` bytes each.
+    fn raw_values<const W: usize>(&self, want: usize) -> Result<Option<&[[u8; W]]>, ServeError> {
+        let Some((k, raw)) = self.raw else {
+            return Ok(None);
+        };
+        let (chunks, rest) = raw.as_chunks::<W>();
+        if chunks.len() != want || !rest.is_empty() {
+            return Err(ServeError::bad(format!(
+                "input '{}': raw_input_contents[{k}] has {} bytes but its shape {:?} of {} holds \
+                 {want} values ({} bytes)",
+                self.t.name,
+                raw.len(),
+                self.t.shape,
+                self.t.datatype,
+                want.saturating_mul(W)
+            )));
+        }
+        Ok(Some(chunks))
+    }
+
+    fn contents(&self) -> Option<&pb::InferTensorContents> {
+        self.t.contents.as_ref()
+    }
+}
+
+impl Tensor for GrpcTensor<'_> {
+    fn name(&self) -> &str {
+        &self.t.name
+    }
+    fn datatype(&self) -> &str {
+        &self.t.datatype
+    }
+    fn shape(&self) -> &[i64] {
+        &self.t.shape
+    }
+
+    fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<(), ServeError> {
+        if let Some(v) = self.raw_values::<4>(want)? {
+            out.extend(v.iter().map(|b| f32::from_le_bytes(*b)));
+            return Ok(());
+        }
+        let v = self.contents().map_or(&[][..], |c| &c.fp32_contents[..]);
+        if v.len() != want {
+            return Err(count_error(self, "contents.fp32_contents", v.len(), want));
+        }
+        out.extend_from_slice(v);
+        Ok(())
+    }
+
+    fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<(), ServeError> {
+        if self.t.datatype == "INT32" {
+            if let Some(v) = self.raw_values::<4>(want)? {
+                out.extend(v.iter().map(|b| i32::from_le_bytes(*b) as i64));
+                return Ok(());
+            }
+            let v = self.contents().map_or(&[][..], |c| &c.int_contents[..]);
+            if v.len() != want {
+                return Err(count_error(self, "contents.int_contents", v.len(), want));
+            }
+            out.extend(v.iter().map(|&x| x as i64));
+        } else {
+            if let Some(v) = self.raw_values::<8>(want)? {
+                out.extend(v.iter().map(|b| i64::from_le_bytes(*b)));
+                return Ok(());
+            }
+            let v = self.contents().map_or(&[][..], |c| &c.int64_contents[..]);
+            if v.len() != want {
+                return Err(count_error(self, "contents.int64_contents", v.len(), want));
+            }
+            out.extend_from_slice(v);
+        }
+        Ok(())
+    }
+}
+
+/// Decodes a `ModelInferRequest` into checked samples.
+pub fn decode(
+    spec: &crate::ModelSpec,
+    req: &pb::ModelInferRequest,
+) -> Result<crate::Samples, ServeError> {
+    kserve::check_outputs(req.outputs.iter().map(|o| o.name.as_str()))?;
+    let raw = &req.raw_input_contents;
+    if !raw.is_empty() {
+        if raw.len() != req.inputs.len() {
+            return Err(ServeError::bad(format!(
+                "raw_input_contents has {} entries for {} inputs: it needs one per input, in \
+                 the order of 'inputs'",
+                raw.len(),
+                req.inputs.len()
+            )));
+        }
+        if let Some(t) = req.inputs.iter().find(|t| t.contents.is_some()) {
+            return Err(ServeError::bad(format!(
+                "input '{}' sets 'contents' but the request sends raw_input_contents: use one \
+                 or the other",
+                t.name
+            )));
+        }
+    }
+    let tensors: Vec<GrpcTensor> = req
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, t)| GrpcTensor {
+            t,
+            raw: raw.get(k).map(|b| (k, &b[..])),
+        })
+        .collect();
+    kserve::decode_tensors(spec, &tensors)
+}
+
+fn tensor_meta(t: kserve::TensorMeta) -> TensorMetadata {
+    let mut parameters = HashMap::new();
+    if let Some(rows) = t
+        .parameters
+        .as_ref()
+        .and_then(|p| p.get("rows"))
+        .and_then(|r| r.as_i64())
+    {
+        parameters.insert(
+            "rows".to_string(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::Int64Param(rows)),
+            },
+        );
+    }
+    TensorMetadata {
+        name: t.name,
+        datatype: t.datatype.into(),
+        shape: t.shape,
+        parameters,
+    }
+}
+
+impl Grpc {
+    async fn infer(
+        &self,
+        md: &MetadataMap,
+        req: pb::ModelInferRequest,
+    ) -> Result<pb::ModelInferResponse, ServeError> {
+        let app = &self.app;
+        check_model(app, &req.model_name, &req.model_version)?;
+        let timeout = match (grpc_timeout_us(md)?, parameter_timeout_us(&req.parameters)?) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let samples = decode(&app.spec, &req)?;
+        let n = samples.n;
+        let scored = app.batcher.submit(samples, timeout).await?;
+        let mut raw = bytes::BytesMut::with_capacity(4 * n);
+        for s in &scored.scores {
+            raw.put_f32_le(*s);
+        }
+        Ok(pb::ModelInferResponse {
+            model_name: app.spec.name.clone(),
+            model_version: kserve::VERSION.into(),
+            id: req.id,
+            parameters: HashMap::new(),
+            outputs: vec![InferOutputTensor {
+                name: kserve::SCORES.into(),
+                datatype: "FP32".into(),
+                shape: vec![n as i64],
+                parameters: HashMap::new(),
+                contents: None,
+            }],
+            raw_output_contents: vec![raw.freeze()],
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Grpc {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        let ready = self.app.ready.load(Ordering::Relaxed);
+        Ok(Response::new(pb::ServerReadyResponse { ready }))
+    }
+
+    async fn model_ready(
+        &self,
+        req: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let r = req.get_ref();
+        check_model(&self.app, &r.name, &r.version)?;
+        let ready = self.app.ready.load(Ordering::Relaxed);
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "ember".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: vec![],
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        req: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let r = req.get_ref();
+        check_model(&self.app, &r.name, &r.version)?;
+        let meta = kserve::metadata(&self.app.spec);
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: meta.name,
+            versions: meta.versions,
+            platform: meta.platform.into(),
+            inputs: meta.inputs.into_iter().map(tensor_meta).collect(),
+            outputs: meta.outputs.into_iter().map(tensor_meta).collect(),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        req: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        let t = Tracked::new("grpc");
+        let (md, _, body) = req.into_parts();
+        let r = self.infer(&md, body).await;
+        t.finish(r.as_ref().err());
+        r.map(Response::new).map_err(Status::from)
+    }
+}
+
+/// Raw little-endian bytes of `values` (for clients building `raw_input_contents`).
+pub fn raw_bytes<T: Copy, const W: usize>(values: &[T], to_le: impl Fn(T) -> [u8; W]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(values.len() * W);
+    for &v in values {
+        b.extend_from_slice(&to_le(v));
+    }
+    b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout(v: &str) -> Result<Option<u64>, ServeError> {
+        let mut md = MetadataMap::new();
+        md.insert("grpc-timeout", v.parse().unwrap());
+        grpc_timeout_us(&md)
+    }
+
+    #[test]
+    fn grpc_timeout_header_in_every_unit() {
+        assert_eq!(grpc_timeout_us(&MetadataMap::new()), Ok(None));
+        assert_eq!(timeout("2H"), Ok(Some(7_200_000_000)));
+        assert_eq!(timeout("3M"), Ok(Some(180_000_000)));
+        assert_eq!(timeout("4S"), Ok(Some(4_000_000)));
+        assert_eq!(timeout("25m"), Ok(Some(25_000)));
+        assert_eq!(timeout("99999999u"), Ok(Some(99_999_999)));
+        assert_eq!(timeout("1500n"), Ok(Some(1)));
+        // Under a microsecond still expires: never an unlimited deadline.
+        assert_eq!(timeout("0n"), Ok(Some(1)));
+        for bad in ["", "m", "12", "12x", "-1S", "123456789S", "1.5S", " 1S"] {
+            assert!(timeout(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

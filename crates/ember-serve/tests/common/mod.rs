@@ -1,0 +1,88 @@
+//! Helpers shared by the server's integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ember_embed::{Ids, KeyedJagged};
+use ember_model::{LoadOptions, Model, Predictor};
+use ember_serve::{BatchConfig, ServeConfig, Server};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn model() -> Arc<Model> {
+    Arc::new(Model::load(&root().join("models/default"), LoadOptions::default()).unwrap())
+}
+
+pub fn config() -> ServeConfig {
+    ServeConfig {
+        http: "127.0.0.1:0".parse().unwrap(),
+        batch: BatchConfig {
+            max_batch: 64,
+            max_delay: Duration::from_micros(500),
+            queue: 256,
+        },
+        ..ServeConfig::default()
+    }
+}
+
+pub async fn start(cfg: ServeConfig) -> (Server, String, Arc<Model>) {
+    let m = model();
+    let s = Server::start(m.clone(), cfg).await.unwrap();
+    let url = format!("http://{}", s.addr());
+    (s, url, m)
+}
+
+/// One request's samples in the model's inputs: dense `[n, 13]`, per feature lengths and ids.
+pub struct Req {
+    pub n: usize,
+    pub dense: Vec<f32>,
+    /// Per feature: lengths, ids.
+    pub sparse: Vec<(Vec<i64>, Vec<i64>)>,
+}
+
+pub fn random_req(m: &Model, n: usize, seed: u64) -> Req {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let dense = (0..n * 13).map(|_| (next() % 800) as f32 / 100.0).collect();
+    let sparse = (0..m.feature_names().len())
+        .map(|f| {
+            let rows = m.embeddings().table_of(f).rows() as u64;
+            let lengths: Vec<i64> = (0..n).map(|_| (next() % 3) as i64).collect();
+            let total: i64 = lengths.iter().sum();
+            let ids = (0..total).map(|_| (next() % rows) as i64).collect();
+            (lengths, ids)
+        })
+        .collect();
+    Req { n, dense, sparse }
+}
+
+pub fn direct(m: &Arc<Model>, r: &Req) -> Vec<f32> {
+    let mut p = Predictor::new(m.clone(), 1).unwrap();
+    let lengths: Vec<usize> = r
+        .sparse
+        .iter()
+        .flat_map(|(l, _)| l.iter().map(|&x| x as usize))
+        .collect();
+    let ids: Vec<i64> = r.sparse.iter().flat_map(|(_, i)| i.clone()).collect();
+    let kj =
+        KeyedJagged::from_lengths(m.feature_names(), r.n, &lengths, Ids::I64(ids), None).unwrap();
+    let mut out = vec![0.0; r.n];
+    p.predict(&r.dense, &kj, &mut out).unwrap();
+    out
+}
+
+pub fn assert_close(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
+    }
+}
