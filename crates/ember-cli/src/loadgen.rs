@@ -5,8 +5,10 @@
 //!
 //! Inputs are random and valid for the model: the model's metadata gives the dense width, the
 //! features and each table's size (`parameters.rows` of `<feature>_ids`). Over HTTP,
-//! `--format kserve` (the default) sends KServe v2 JSON to `/v2/models/{name}/infer` and
-//! `--format tsv` sends Criteo TSV rows to `/v1/score` (Criteo-shaped models only). Over gRPC
+//! `--format kserve` (the default) sends KServe v2 JSON to `/v2/models/{name}/infer`,
+//! `--format binary` the same with the values after the JSON as bytes (Triton's binary tensor
+//! data extension, what Triton's HTTP client sends), and `--format tsv` Criteo TSV rows to
+//! `/v1/score` (Criteo-shaped models only). Over gRPC
 //! (`--protocol grpc`), `ModelInfer` calls carry their tensors in `raw_input_contents`, as
 //! Triton's clients send them, over a few HTTP/2 connections.
 //!
@@ -73,8 +75,9 @@ pub struct LoadgenArgs {
     threads: usize,
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// HTTP request format: kserve (JSON to /v2/models/NAME/infer) or tsv (Criteo rows to
-    /// /v1/score).
+    /// HTTP request format: kserve (JSON to /v2/models/NAME/infer), binary (the same with
+    /// Triton's binary tensor data extension, as Triton's HTTP client sends by default) or tsv
+    /// (Criteo rows to /v1/score).
     #[arg(long, default_value = "kserve")]
     format: String,
     /// Print one JSON object as the last line.
@@ -243,25 +246,34 @@ async fn http_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
         .with_context(|| format!("resolving {hostport}"))?
         .next()
         .with_context(|| format!("{hostport} resolves to no address"))?;
+    let infer = format!("/v2/models/{}/infer", a.model);
+    let no_head = |b: Vec<Vec<u8>>| b.into_iter().map(|b| (b, None)).collect::<Vec<_>>();
     let (path, ctype, payloads) = match a.format.as_str() {
-        "kserve" => (
-            format!("/v2/models/{}/infer", a.model),
-            "application/json",
-            bodies(&shape, a),
+        "kserve" => (infer, "application/json", no_head(bodies(&shape, a))),
+        "binary" => (
+            infer,
+            "application/octet-stream",
+            binary_bodies(&shape, a)
+                .into_iter()
+                .map(|(b, h)| (b, Some(h)))
+                .collect(),
         ),
         "tsv" => (
             "/v1/score".to_string(),
             "text/tab-separated-values",
-            tsv_bodies(&shape, a)?,
+            no_head(tsv_bodies(&shape, a)?),
         ),
-        f => bail!("unknown --format '{f}' (kserve or tsv)"),
+        f => bail!("unknown --format '{f}' (kserve, binary or tsv)"),
     };
     let requests = payloads
         .iter()
-        .map(|b| {
+        .map(|(b, head)| {
+            let extra = head
+                .map(|h| format!("Inference-Header-Content-Length: {h}\r\n"))
+                .unwrap_or_default();
             let mut r = format!(
                 "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: {ctype}\r\n\
-                 Content-Length: {}\r\n\r\n",
+                 {extra}Content-Length: {}\r\n\r\n",
                 b.len()
             )
             .into_bytes();
@@ -453,6 +465,40 @@ fn bodies(shape: &Shape, a: &LoadgenArgs) -> Vec<Vec<u8>> {
                 ins.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
             }
             json!({ "inputs": ins }).to_string().into_bytes()
+        })
+        .collect()
+}
+
+/// KServe v2 requests in Triton's binary tensor data extension, as Triton's HTTP client sends
+/// them by default: a JSON head naming each input's `binary_data_size`, then the values as
+/// little-endian bytes; scores asked back as binary. Returns each body and its JSON's length.
+fn binary_bodies(shape: &Shape, a: &LoadgenArgs) -> Vec<(Vec<u8>, usize)> {
+    let n = a.samples_per_request;
+    let lengths = raw_bytes(&vec![a.pooling as i64; n], i64::to_le_bytes);
+    draws(shape, a)
+        .into_iter()
+        .map(|d| {
+            let dense = raw_bytes(&d.dense, f32::to_le_bytes);
+            let mut ins = vec![json!({
+                "name": "dense", "shape": [n, shape.dense_in], "datatype": "FP32",
+                "parameters": {"binary_data_size": dense.len()}
+            })];
+            let mut bin = dense.to_vec();
+            for ((f, _), ids) in shape.features.iter().zip(d.ids) {
+                let ids = raw_bytes(&ids, i64::to_le_bytes);
+                ins.push(json!({"name": format!("{f}_lengths"), "shape": [n], "datatype": "INT64",
+                    "parameters": {"binary_data_size": lengths.len()}}));
+                ins.push(json!({"name": format!("{f}_ids"), "shape": [ids.len() / 8], "datatype": "INT64",
+                    "parameters": {"binary_data_size": ids.len()}}));
+                bin.extend_from_slice(&lengths);
+                bin.extend_from_slice(&ids);
+            }
+            let mut body = json!({ "inputs": ins, "parameters": {"binary_data_output": true} })
+                .to_string()
+                .into_bytes();
+            let head = body.len();
+            body.extend(bin);
+            (body, head)
         })
         .collect()
 }

@@ -127,6 +127,7 @@ fn loadgen_measures_a_live_server_over_http_and_grpc() {
     for (protocol, format, url) in [
         ("http", "kserve", format!("http://{addr}")),
         ("http", "tsv", format!("http://{addr}")),
+        ("http", "binary", format!("http://{addr}")),
         ("grpc", "kserve", format!("grpc://{grpc}")),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ember"))

@@ -1,5 +1,6 @@
 //! Decoding one KServe v2 request for the shipped default model (one sample, 26 features of one
-//! id each: what `ember loadgen` sends): JSON parse, then the checks against the model.
+//! id each: what `ember loadgen` sends): JSON parse (serde_json, and the fast path of
+//! `fastjson`), then the checks against the model.
 //!
 //! `cargo bench -p ember-serve --bench decode`
 
@@ -44,6 +45,27 @@ fn parse(bencher: Bencher, n: usize) {
             .unwrap()
             .inputs
             .len()
+    });
+}
+
+#[divan::bench(args = [1, 16])]
+fn parse_fast(bencher: Bencher, n: usize) {
+    let b = body(&spec(), n);
+    bencher.bench_local(|| {
+        ember_serve::fastjson::parse_infer(black_box(&b))
+            .unwrap()
+            .inputs
+            .len()
+    });
+}
+
+#[divan::bench(args = [1, 16])]
+fn parse_fast_and_check(bencher: Bencher, n: usize) {
+    let s = spec();
+    let b = body(&s, n);
+    bencher.bench_local(|| {
+        let r = ember_serve::fastjson::parse_infer(black_box(&b)).unwrap();
+        kserve::decode(&s, &r).unwrap().n
     });
 }
 

@@ -215,28 +215,13 @@ struct GrpcTensor<'a> {
 }
 
 impl GrpcTensor<'_> {
-    /// The raw bytes as `want` little-endian values of `W` bytes each.
-    fn raw_values<const W: usize>(&self, want: usize) -> Result<Option<&[[u8; W]]>, ServeError> {
-        let Some((k, raw)) = self.raw else {
-            return Ok(None);
-        };
-        let (chunks, rest) = raw.as_chunks::<W>();
-        if chunks.len() != want || !rest.is_empty() {
-            return Err(ServeError::bad(format!(
-                "input '{}': raw_input_contents[{k}] has {} bytes but its shape {:?} of {} holds \
-                 {want} values ({} bytes)",
-                self.t.name,
-                raw.len(),
-                self.t.shape,
-                self.t.datatype,
-                want.saturating_mul(W)
-            )));
-        }
-        Ok(Some(chunks))
-    }
-
     fn contents(&self) -> Option<&pb::InferTensorContents> {
         self.t.contents.as_ref()
+    }
+
+    /// Where the raw bytes are, for errors.
+    fn raw_field(k: usize) -> String {
+        format!("raw_input_contents[{k}]")
     }
 }
 
@@ -252,9 +237,8 @@ impl Tensor for GrpcTensor<'_> {
     }
 
     fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<(), ServeError> {
-        if let Some(v) = self.raw_values::<4>(want)? {
-            out.extend(v.iter().map(|b| f32::from_le_bytes(*b)));
-            return Ok(());
+        if let Some((k, raw)) = self.raw {
+            return kserve::le_floats(self, &Self::raw_field(k), raw, want, out);
         }
         let v = self.contents().map_or(&[][..], |c| &c.fp32_contents[..]);
         if v.len() != want {
@@ -265,21 +249,16 @@ impl Tensor for GrpcTensor<'_> {
     }
 
     fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<(), ServeError> {
+        if let Some((k, raw)) = self.raw {
+            return kserve::le_ints(self, &Self::raw_field(k), raw, want, out);
+        }
         if self.t.datatype == "INT32" {
-            if let Some(v) = self.raw_values::<4>(want)? {
-                out.extend(v.iter().map(|b| i32::from_le_bytes(*b) as i64));
-                return Ok(());
-            }
             let v = self.contents().map_or(&[][..], |c| &c.int_contents[..]);
             if v.len() != want {
                 return Err(count_error(self, "contents.int_contents", v.len(), want));
             }
             out.extend(v.iter().map(|&x| x as i64));
         } else {
-            if let Some(v) = self.raw_values::<8>(want)? {
-                out.extend(v.iter().map(|b| i64::from_le_bytes(*b)));
-                return Ok(());
-            }
             let v = self.contents().map_or(&[][..], |c| &c.int64_contents[..]);
             if v.len() != want {
                 return Err(count_error(self, "contents.int64_contents", v.len(), want));

@@ -122,21 +122,39 @@ async fn model_ready(State(app): State<App>, Path(name): Path<String>) -> Respon
     }
 }
 
-async fn infer(State(app): State<App>, Path(name): Path<String>, body: Body) -> Response {
+async fn infer(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let t = Tracked::new("http");
-    finish(t, run_infer(&app, &name, None, body).await)
+    finish(t, run_infer(&app, &name, None, &headers, body).await)
 }
 
 async fn infer_version(
     State(app): State<App>,
     Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
     let t = Tracked::new("http");
-    finish(t, run_infer(&app, &name, Some(&version), body).await)
+    finish(
+        t,
+        run_infer(&app, &name, Some(&version), &headers, body).await,
+    )
 }
 
-async fn run_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> Result<Response> {
+/// The header of Triton's binary tensor data extension: the JSON's length in the body.
+const JSON_LENGTH: &str = "inference-header-content-length";
+
+async fn run_infer(
+    app: &App,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response> {
     check_model(app, name)?;
     if let Some(v) = version
         && v != kserve::VERSION
@@ -147,13 +165,33 @@ async fn run_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> 
         )));
     }
     let bytes = read_body(body, app.max_body_bytes).await?;
-    let req: InferRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?;
+    let json_len = match headers.get(JSON_LENGTH) {
+        None => bytes.len(),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&l| l <= bytes.len())
+            .ok_or_else(|| {
+                ServeError::bad(format!(
+                    "header Inference-Header-Content-Length is {v:?}; it must be the length of \
+                     the JSON at the start of the {}-byte body",
+                    bytes.len()
+                ))
+            })?,
+    };
+    let (json_part, binary) = bytes.split_at(json_len);
+    let req: InferRequest = match crate::fastjson::parse_infer(json_part) {
+        Some(r) => r,
+        None => serde_json::from_slice(json_part)
+            .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?,
+    };
     let timeout = kserve::timeout_us(&req)?;
-    let samples = kserve::decode(&app.spec, &req)?;
+    let samples = kserve::decode_with_binary(&app.spec, &req, binary)?;
     let n = samples.n;
+    let binary_out = kserve::binary_output(&req);
     let scored = app.batcher.submit(samples, timeout).await?;
-    let resp = InferResponse {
+    let mut resp = InferResponse {
         model_name: app.spec.name.clone(),
         model_version: kserve::VERSION.into(),
         id: req.id,
@@ -161,10 +199,33 @@ async fn run_infer(app: &App, name: &str, version: Option<&str>, body: Body) -> 
             name: kserve::SCORES.into(),
             datatype: "FP32",
             shape: vec![n],
-            data: scored.scores,
+            parameters: None,
+            data: None,
         }],
     };
-    Ok(axum::Json(resp).into_response())
+    if !binary_out {
+        resp.outputs[0].data = Some(scored.scores);
+        return Ok(axum::Json(resp).into_response());
+    }
+    resp.outputs[0].parameters = Some(json!({ "binary_data_size": 4 * n }));
+    let mut out = serde_json::to_vec(&resp)
+        .map_err(|e| ServeError::Internal(format!("encoding the response: {e}")))?;
+    let header_len = out.len();
+    out.reserve(4 * n);
+    for s in &scored.scores {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (
+                header::HeaderName::from_static(JSON_LENGTH),
+                header_len.to_string(),
+            ),
+        ],
+        out,
+    )
+        .into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -14,6 +14,7 @@
 
 pub mod batcher;
 pub mod error;
+pub mod fastjson;
 pub mod grpc;
 pub mod http;
 pub mod kserve;

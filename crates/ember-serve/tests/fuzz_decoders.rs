@@ -8,7 +8,7 @@ use ember_serve::grpc::pb::model_infer_request::InferInputTensor;
 use ember_serve::grpc::pb::{self, InferTensorContents};
 use ember_serve::grpc::{self, raw_bytes};
 use ember_serve::kserve::{self, InferRequest};
-use ember_serve::{ModelSpec, score};
+use ember_serve::{ModelSpec, fastjson, score};
 use proptest::prelude::*;
 use prost::Message;
 use serde_json::{Value, json};
@@ -23,7 +23,15 @@ fn spec() -> &'static ModelSpec {
 }
 
 fn decode_infer(bytes: &[u8]) {
-    if let Ok(req) = serde_json::from_slice::<InferRequest>(bytes) {
+    let serde = serde_json::from_slice::<InferRequest>(bytes);
+    // The fast path answers only where serde_json would, and the same.
+    if let Some(fast) = fastjson::parse_infer(bytes) {
+        let serde = serde
+            .as_ref()
+            .expect("the fast path accepted what serde_json refuses");
+        assert_eq!(format!("{fast:?}"), format!("{serde:?}"));
+    }
+    if let Ok(req) = serde {
         let _ = kserve::timeout_us(&req);
         let _ = kserve::decode(spec(), &req);
     }
@@ -185,8 +193,91 @@ fn valid_request() -> impl Strategy<Value = Valid> {
     })
 }
 
+/// Requests in the fast path's plain shape (and just outside it), with random whitespace and
+/// number spellings.
+fn plain_request() -> impl Strategy<Value = String> {
+    let num = prop_oneof![
+        any::<i64>().prop_map(|v| v.to_string()),
+        any::<u64>().prop_map(|v| v.to_string()),
+        any::<f64>().prop_map(|v| format!("{v:e}")),
+        any::<f32>().prop_map(|v| v.to_string()),
+        (-1e6f64..1e6).prop_map(|v| v.to_string()),
+        "-?[0-9]{1,25}(\\.[0-9]{0,20})?([eE][-+]?[0-9]{0,4})?",
+        Just("-0".to_string()),
+        Just("1e400".to_string()),
+        Just("01".to_string()),
+    ];
+    let ws = "[ \t\n]{0,2}";
+    let input = (
+        "[a-zA-Z_0-9]{0,8}",
+        prop::collection::vec(-3i64..40, 0..3),
+        prop::sample::select(vec!["FP32", "INT64", "INT32"]),
+        prop::collection::vec(num, 0..8),
+        prop::option::of((0u64..100, any::<bool>())),
+        ws,
+    )
+        .prop_map(|(name, shape, dt, data, params, w)| {
+            let shape: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            let p = match params {
+                Some((n, true)) => format!(",{w}\"parameters\":{{\"binary_data_size\":{n}}}"),
+                Some((n, false)) => format!(",\"parameters\":{w}{{\"other\":\"x\",\"binary_data_size\":{n}{w}}}"),
+                None => String::new(),
+            };
+            format!(
+                "{{{w}\"name\":{w}\"{name}\",\"shape\":[{}],{w}\"datatype\":\"{dt}\",\"data\":[{w}{}]{p}}}",
+                shape.join(","),
+                data.join(&format!(",{w}"))
+            )
+        });
+    (
+        prop::collection::vec(input, 0..6),
+        prop::option::of("[a-z0-9-]{0,6}"),
+        prop::option::of((0u64..10_000, any::<bool>())),
+        any::<bool>(),
+        ws,
+    )
+        .prop_map(|(inputs, id, params, outputs, w)| {
+            let mut s = format!("{w}{{\"inputs\":{w}[{}]", inputs.join(","));
+            if let Some(id) = id {
+                s += &format!(",\"id\":\"{id}\"");
+            }
+            if let Some((t, b)) = params {
+                s += &format!(",\"parameters\":{{\"timeout\":{t},\"binary_data_output\":{b}}}");
+            }
+            if outputs {
+                s += ",\"outputs\":[{\"name\":\"scores\",\"parameters\":{\"binary_data\":true}}]";
+            }
+            s + &format!("}}{w}")
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Wherever the fast path answers, it answers as serde_json does.
+    #[test]
+    fn fast_json_path_agrees_with_serde(body in plain_request()) {
+        decode_infer(body.as_bytes());
+    }
+
+    #[test]
+    fn binary_extension_decoder_never_panics(
+        v in near_request(),
+        sizes in prop::collection::vec(prop::option::of(-3i64..120), 60),
+        binary in prop::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let mut v = v;
+        for (input, size) in v["inputs"].as_array_mut().unwrap().iter_mut().zip(sizes) {
+            if let Some(n) = size {
+                input.as_object_mut().unwrap().remove("data");
+                input["parameters"] = json!({"binary_data_size": n});
+            }
+        }
+        if let Ok(req) = serde_json::from_slice::<InferRequest>(v.to_string().as_bytes()) {
+            let _ = kserve::decode_with_binary(spec(), &req, &binary);
+            let _ = kserve::binary_output(&req);
+        }
+    }
 
     #[test]
     fn grpc_decoder_never_panics_on_bytes(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
@@ -203,8 +294,8 @@ proptest! {
         let _ = grpc::decode(spec(), &again);
     }
 
-    /// The three ways to send one request (JSON, protobuf contents, protobuf raw bytes) decode
-    /// to the same samples.
+    /// The four ways to send one request (JSON, JSON with binary tensor data, protobuf contents,
+    /// protobuf raw bytes) decode to the same samples.
     #[test]
     fn json_and_both_grpc_forms_decode_alike((n, dense, lengths, ids) in valid_request(), int32: bool) {
         let itype = if int32 { "INT32" } else { "INT64" };
@@ -254,6 +345,17 @@ proptest! {
             let req = pb::ModelInferRequest::decode(&wire[..]).unwrap();
             prop_assert_eq!(&grpc::decode(spec(), &req).unwrap(), &from_json);
         }
+        // Triton's binary tensor data extension: every value after the JSON.
+        let mut head: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let mut bin = Vec::new();
+        for (input, b) in head["inputs"].as_array_mut().unwrap().iter_mut().zip(&raw) {
+            input.as_object_mut().unwrap().remove("data");
+            input["parameters"] = json!({"binary_data_size": b.len()});
+            bin.extend_from_slice(b);
+        }
+        let head = head.to_string();
+        let req: InferRequest = serde_json::from_str(&head).unwrap();
+        prop_assert_eq!(&kserve::decode_with_binary(spec(), &req, &bin).unwrap(), &from_json);
         prop_assert_eq!(from_json.n, n);
         prop_assert_eq!(&from_json.dense, &dense);
     }

@@ -450,3 +450,185 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     }
     assert!(c.get(format!("{url}/v2/health/live")).send().await.is_err());
 }
+
+/// A request in Triton's binary tensor data extension: the first `in_json` inputs keep their
+/// values in JSON, the others send them as little-endian bytes after the JSON. Returns the body
+/// and the JSON's length.
+fn binary_body(m: &Model, r: &Req, int32: bool, in_json: usize, out: Value) -> (Vec<u8>, usize) {
+    let mut j = body(m, r, false);
+    j["parameters"] = json!({ "binary_data_output": out });
+    let mut bin = Vec::new();
+    for (k, input) in j["inputs"].as_array_mut().unwrap().iter_mut().enumerate() {
+        if input["datatype"] == "INT64" && int32 {
+            input["datatype"] = json!("INT32");
+        }
+        if k < in_json {
+            continue;
+        }
+        let data = input.as_object_mut().unwrap().remove("data").unwrap();
+        let start = bin.len();
+        for v in data.as_array().unwrap() {
+            match input["datatype"].as_str().unwrap() {
+                "FP32" => bin.extend((v.as_f64().unwrap() as f32).to_le_bytes()),
+                "INT32" => bin.extend((v.as_i64().unwrap() as i32).to_le_bytes()),
+                _ => bin.extend(v.as_i64().unwrap().to_le_bytes()),
+            }
+        }
+        input["parameters"] = json!({ "binary_data_size": bin.len() - start });
+    }
+    let mut b = j.to_string().into_bytes();
+    let len = b.len();
+    b.extend(bin);
+    (b, len)
+}
+
+async fn post_binary(
+    c: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    json_len: &str,
+) -> reqwest::Response {
+    c.post(format!("{url}/v2/models/default/infer"))
+        .header("Inference-Header-Content-Length", json_len)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_tensor_data_extension() {
+    let (s, url, m) = start(config()).await;
+    let c = reqwest::Client::new();
+    // All inputs binary, some, or none; INT64 or INT32; scores back as binary or as JSON.
+    for (k, (in_json, int32, out)) in [
+        (0, false, true),
+        (0, true, false),
+        (1, false, true),
+        (20, true, true),
+        (53, false, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = random_req(&m, 1 + k % 3, 300 + k as u64);
+        let (b, len) = binary_body(&m, &r, int32, in_json, json!(out));
+        let resp = post_binary(&c, &url, b, &len.to_string()).await;
+        assert_eq!(resp.status(), 200);
+        let hl = resp
+            .headers()
+            .get("inference-header-content-length")
+            .map(|v| v.to_str().unwrap().parse::<usize>().unwrap());
+        let bytes = resp.bytes().await.unwrap();
+        let scores: Vec<f32> = if out {
+            let hl = hl.expect("a binary answer names its JSON length");
+            let head: Value = serde_json::from_slice(&bytes[..hl]).unwrap();
+            assert_eq!(head["outputs"][0]["name"], "scores");
+            assert_eq!(
+                head["outputs"][0]["parameters"]["binary_data_size"],
+                4 * r.n
+            );
+            assert!(head["outputs"][0].get("data").is_none());
+            let (v, rest) = bytes[hl..].as_chunks::<4>();
+            assert!(rest.is_empty());
+            v.iter().map(|b| f32::from_le_bytes(*b)).collect()
+        } else {
+            assert!(hl.is_none());
+            scores_of(&serde_json::from_slice(&bytes).unwrap())
+        };
+        assert_close(&scores, &direct(&m, &r));
+    }
+    // Asking for binary scores through the requested output works too.
+    let r = random_req(&m, 2, 320);
+    let mut j = body(&m, &r, false);
+    j["outputs"] = json!([{"name": "scores", "parameters": {"binary_data": true}}]);
+    let resp = post_json_raw(&c, &url, j.to_string()).await;
+    assert!(
+        resp.headers()
+            .contains_key("inference-header-content-length")
+    );
+
+    // Bad binary requests: 400 naming the problem, and the next request is served.
+    let r = random_req(&m, 2, 321);
+    let (good, len) = binary_body(&m, &r, false, 0, json!(true));
+    let head: Value = serde_json::from_slice(&good[..len]).unwrap();
+    // The body with its JSON edited by `f` (and the header's length to match).
+    let edit = |f: &dyn Fn(&mut Value)| -> (Vec<u8>, String, usize) {
+        let mut h = head.clone();
+        f(&mut h);
+        let mut b = h.to_string().into_bytes();
+        let l = b.len();
+        b.extend_from_slice(&good[len..]);
+        (b, l.to_string(), l)
+    };
+    // Dense sent as 48 bytes (and said so) where its shape needs 104.
+    let (mut shrunk, shrunk_len, l) =
+        edit(&|h| h["inputs"][0]["parameters"]["binary_data_size"] = json!(48));
+    shrunk.drain(l + 48..l + 104);
+    let (neg, neg_len, _) = edit(&|h| h["inputs"][0]["parameters"]["binary_data_size"] = json!(-1));
+    let (both, both_len, _) = edit(&|h| h["inputs"][0]["data"] = json!([1.0]));
+    let (neither, neither_len, _) = edit(&|h| {
+        h["inputs"][0].as_object_mut().unwrap().remove("parameters");
+    });
+    let cases: Vec<(Vec<u8>, String, &str)> = vec![
+        (
+            good.clone(),
+            (len + 1).to_string(),
+            "malformed inference request JSON",
+        ),
+        (
+            good.clone(),
+            (good.len() + 1).to_string(),
+            "Inference-Header-Content-Length",
+        ),
+        (
+            good.clone(),
+            "twelve".into(),
+            "Inference-Header-Content-Length",
+        ),
+        (
+            good[..good.len() - 8].to_vec(),
+            len.to_string(),
+            "runs past",
+        ),
+        (
+            [&good[..], &[0u8; 4][..]].concat(),
+            len.to_string(),
+            "add up to",
+        ),
+        (
+            shrunk,
+            shrunk_len,
+            "input 'dense': its binary data has 48 bytes but its shape [2, 13] of FP32 holds 26 \
+             values (104 bytes)",
+        ),
+        (neg, neg_len, "must be a count of bytes"),
+        (
+            both,
+            both_len,
+            "both 'data' and parameters.binary_data_size",
+        ),
+        (neither, neither_len, "input 'dense' has no 'data'"),
+    ];
+    for (k, (b, hl, needle)) in cases.into_iter().enumerate() {
+        let resp = post_binary(&c, &url, b, &hl).await;
+        assert_eq!(resp.status(), 400, "case {k}");
+        let v: Value = resp.json().await.unwrap();
+        let e = v["error"].as_str().unwrap();
+        assert!(e.contains(needle), "case {k}: {e:?} lacks {needle:?}");
+        let resp = post_binary(&c, &url, good.clone(), &len.to_string()).await;
+        assert_eq!(resp.status(), 200, "after case {k}");
+    }
+    s.shutdown().await.unwrap();
+}
+
+async fn post_json_raw(c: &reqwest::Client, url: &str, body: String) -> reqwest::Response {
+    let resp = c
+        .post(format!("{url}/v2/models/default/infer"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp
+}

@@ -1,0 +1,95 @@
+"""Talks to a running `ember serve` with NVIDIA's own Triton clients (tritonclient.grpc and
+tritonclient.http), the way a Triton user would, and checks that both protocols give the same
+scores for the same random requests, and that errors come back as the clients expect.
+
+    pip install "tritonclient[grpc,http]" numpy
+    ember serve &        # HTTP on :8080, gRPC on :8081
+    python tools/triton_client_check.py [--http 127.0.0.1:8080] [--grpc 127.0.0.1:8081]
+
+Not needed at run time and not part of the test suite (it needs Python and the clients); the
+Rust integration tests cover the same protocol with tonic's client.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+import tritonclient.grpc as tg
+import tritonclient.http as th
+
+
+def inputs(mod, meta, n, rng):
+    """Random valid inputs for `n` samples, in the client module `mod`'s InferInput."""
+    out = []
+    dense_in = meta["dense"][1]
+    t = mod.InferInput("dense", [n, dense_in], "FP32")
+    t.set_data_from_numpy(rng.random((n, dense_in), dtype=np.float32) * 4)
+    out.append(t)
+    for name, rows in meta["features"]:
+        lengths = rng.integers(0, 4, n).astype(np.int64)
+        ids = rng.integers(0, rows, int(lengths.sum())).astype(np.int64)
+        for suffix, arr in (("_lengths", lengths), ("_ids", ids)):
+            t = mod.InferInput(name + suffix, list(arr.shape), "INT64")
+            t.set_data_from_numpy(arr)
+            out.append(t)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--http", default="127.0.0.1:8080")
+    ap.add_argument("--grpc", default="127.0.0.1:8081")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--requests", type=int, default=20)
+    a = ap.parse_args()
+
+    g = tg.InferenceServerClient(a.grpc)
+    h = th.InferenceServerClient(a.http)
+    assert g.is_server_live() and g.is_server_ready() and g.is_model_ready(a.model)
+    assert h.is_server_live() and h.is_server_ready() and h.is_model_ready(a.model)
+    gm = g.get_model_metadata(a.model)
+    hm = h.get_model_metadata(a.model)
+    assert [i.name for i in gm.inputs] == [i["name"] for i in hm["inputs"]]
+    # Table sizes: Ember's metadata gives `parameters.rows` on each `<feature>_ids` input (HTTP).
+    meta = {
+        "dense": [int(d) for d in hm["inputs"][0]["shape"]],
+        "features": [
+            (i["name"][: -len("_ids")], i["parameters"]["rows"])
+            for i in hm["inputs"]
+            if i["name"].endswith("_ids")
+        ],
+    }
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for k in range(a.requests):
+        n = 1 + k % 8
+        seed = int(rng.integers(1 << 31))
+        rg = g.infer(a.model, inputs(tg, meta, n, np.random.default_rng(seed)))
+        rh = h.infer(a.model, inputs(th, meta, n, np.random.default_rng(seed)))
+        sg, sh = rg.as_numpy("scores"), rh.as_numpy("scores")
+        assert sg.shape == (n,) and sh.shape == (n,), (sg.shape, sh.shape)
+        assert np.all((sg >= 0) & (sg <= 1))
+        worst = max(worst, float(np.max(np.abs(sg - sh))))
+    assert worst <= 1e-6, f"gRPC and HTTP scores differ by {worst}"
+    # Errors as the clients report them.
+    bad = inputs(tg, meta, 1, rng)[:5]
+    try:
+        g.infer(a.model, bad)
+        sys.exit("a request missing inputs was accepted")
+    except tg.InferenceServerException as e:
+        assert e.status() == "StatusCode.INVALID_ARGUMENT", e.status()
+        print("gRPC error as expected:", e.message())
+    try:
+        h.infer(a.model, inputs(th, meta, 1, rng)[:5])
+        sys.exit("a request missing inputs was accepted")
+    except th.InferenceServerException as e:
+        assert e.status() == "400", e.status()
+        print("HTTP error as expected:", e.message())
+    print(
+        f"tritonclient.grpc and tritonclient.http: {a.requests} requests, same scores "
+        f"(largest difference {worst:.1e}); {len(gm.inputs)} inputs, platform {gm.platform}"
+    )
+
+
+if __name__ == "__main__":
+    main()
