@@ -62,6 +62,26 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// `open`, then items read by `item` separated by commas, then `close` (none at all allowed).
+    fn seq(
+        &mut self,
+        open: u8,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
+        self.eat(open)?;
+        if self.peek()? == close {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            if !self.next(close)? {
+                return Some(());
+            }
+        }
+    }
+
     /// A string without escapes or control characters.
     fn str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
@@ -150,58 +170,41 @@ impl<'a> Parser<'a> {
 
     /// A flat array of numbers appended to `values`; its range there.
     fn numbers(&mut self, values: &mut Vec<Num>) -> Option<Range<usize>> {
-        self.eat(b'[')?;
         let start = values.len();
-        if self.peek()? == b']' {
-            self.i += 1;
-            return Some(start..start);
-        }
-        loop {
-            values.push(self.num()?);
-            if !self.next(b']')? {
-                return Some(start..values.len());
-            }
-        }
+        self.seq(b'[', b']', |p| {
+            values.push(p.num()?);
+            Some(())
+        })?;
+        Some(start..values.len())
     }
 
     fn shape(&mut self) -> Option<SmallVec<[i64; 4]>> {
-        self.eat(b'[')?;
         let mut out = SmallVec::new();
-        if self.peek()? == b']' {
-            self.i += 1;
-            return Some(out);
-        }
-        loop {
-            out.push(match self.num()? {
+        self.seq(b'[', b']', |p| {
+            out.push(match p.num()? {
                 Num::U(v) => i64::try_from(v).ok()?,
                 Num::I(v) => v,
                 _ => return None,
             });
-            if !self.next(b']')? {
-                return Some(out);
-            }
-        }
+            Some(())
+        })?;
+        Some(out)
     }
 
     /// A flat object of numbers, booleans and strings, as (key, value) pairs; `None` on a
     /// repeated key (serde_json refuses those for the fields Ember reads).
     fn params(&mut self) -> Option<Vec<(&'a str, Value)>> {
-        self.eat(b'{')?;
         let mut out: Vec<(&str, Value)> = Vec::new();
-        if self.peek()? == b'}' {
-            self.i += 1;
-            return Some(out);
-        }
-        loop {
-            let k = self.key()?;
+        self.seq(b'{', b'}', |p| {
+            let k = p.key()?;
             if out.iter().any(|(o, _)| *o == k) {
                 return None;
             }
-            let v = match self.peek()? {
-                b'"' => Value::from(self.str()?),
-                b't' => self.word("true", Value::Bool(true))?,
-                b'f' => self.word("false", Value::Bool(false))?,
-                _ => match self.num()? {
+            let v = match p.peek()? {
+                b'"' => Value::from(p.str()?),
+                b't' => p.word("true", Value::Bool(true))?,
+                b'f' => p.word("false", Value::Bool(false))?,
+                _ => match p.num()? {
                     Num::U(v) => Value::from(v),
                     Num::I(v) => Value::from(v),
                     Num::F(v) => Value::from(v),
@@ -209,10 +212,19 @@ impl<'a> Parser<'a> {
                 },
             };
             out.push((k, v));
-            if !self.next(b'}')? {
-                return Some(out);
-            }
-        }
+            Some(())
+        })?;
+        Some(out)
+    }
+
+    /// The value of the parameter `key` in a parameters object (others are ignored).
+    fn param(&mut self, key: &str) -> Option<Option<Value>> {
+        Some(
+            self.params()?
+                .into_iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v),
+        )
     }
 
     fn word(&mut self, w: &str, v: Value) -> Option<Value> {
@@ -223,30 +235,23 @@ impl<'a> Parser<'a> {
     }
 
     fn input(&mut self, values: &mut Vec<Num>) -> Option<InferInput<'a>> {
-        self.eat(b'{')?;
         let (mut name, mut shape, mut datatype, mut parameters, mut data) =
             (None, None, None, None, None);
-        loop {
-            match self.key()? {
-                "name" if name.is_none() => name = Some(self.str()?),
-                "shape" if shape.is_none() => shape = Some(self.shape()?),
-                "datatype" if datatype.is_none() => datatype = Some(self.str()?),
-                "data" if data.is_none() => data = Some(self.numbers(values)?),
+        self.seq(b'{', b'}', |p| {
+            match p.key()? {
+                "name" if name.is_none() => name = Some(p.str()?),
+                "shape" if shape.is_none() => shape = Some(p.shape()?),
+                "datatype" if datatype.is_none() => datatype = Some(p.str()?),
+                "data" if data.is_none() => data = Some(p.numbers(values)?),
                 "parameters" if parameters.is_none() => {
-                    let mut p = InputParams::default();
-                    for (k, v) in self.params()? {
-                        if k == "binary_data_size" {
-                            p.binary_data_size = Some(v);
-                        }
-                    }
-                    parameters = Some(p);
+                    parameters = Some(InputParams {
+                        binary_data_size: p.param("binary_data_size")?,
+                    });
                 }
                 _ => return None,
             }
-            if !self.next(b'}')? {
-                break;
-            }
-        }
+            Some(())
+        })?;
         Some(InferInput {
             name: name?.into(),
             shape: shape?,
@@ -256,84 +261,63 @@ impl<'a> Parser<'a> {
         })
     }
 
-    fn outputs(&mut self) -> Option<Vec<RequestedOutput>> {
-        self.eat(b'[')?;
-        let mut out = Vec::new();
-        if self.peek()? == b']' {
-            self.i += 1;
-            return Some(out);
-        }
-        loop {
-            self.eat(b'{')?;
-            let (mut name, mut parameters) = (None, None);
-            loop {
-                match self.key()? {
-                    "name" if name.is_none() => name = Some(self.str()?.to_string()),
-                    "parameters" if parameters.is_none() => {
-                        let mut p = OutputParams::default();
-                        for (k, v) in self.params()? {
-                            if k == "binary_data" {
-                                p.binary_data = Some(v);
-                            }
-                        }
-                        parameters = Some(p);
-                    }
-                    _ => return None,
+    fn output(&mut self) -> Option<RequestedOutput> {
+        let (mut name, mut parameters) = (None, None);
+        self.seq(b'{', b'}', |p| {
+            match p.key()? {
+                "name" if name.is_none() => name = Some(p.str()?.to_string()),
+                "parameters" if parameters.is_none() => {
+                    parameters = Some(OutputParams {
+                        binary_data: p.param("binary_data")?,
+                    });
                 }
-                if !self.next(b'}')? {
-                    break;
-                }
+                _ => return None,
             }
-            out.push(RequestedOutput {
-                name: name?,
-                parameters,
-            });
-            if !self.next(b']')? {
-                return Some(out);
-            }
-        }
+            Some(())
+        })?;
+        Some(RequestedOutput {
+            name: name?,
+            parameters,
+        })
     }
 
     fn request(&mut self) -> Option<InferRequest<'a>> {
-        self.eat(b'{')?;
         let mut values = Vec::with_capacity(64);
         let (mut id, mut parameters, mut inputs, mut outputs) = (None, None, None, None);
-        loop {
-            match self.key()? {
-                "id" if id.is_none() => id = Some(self.str()?.to_string()),
+        self.seq(b'{', b'}', |p| {
+            match p.key()? {
+                "id" if id.is_none() => id = Some(p.str()?.to_string()),
                 "inputs" if inputs.is_none() => {
-                    self.eat(b'[')?;
                     let mut v = Vec::with_capacity(64);
-                    if self.peek()? == b']' {
-                        self.i += 1;
-                    } else {
-                        loop {
-                            v.push(self.input(&mut values)?);
-                            if !self.next(b']')? {
-                                break;
-                            }
-                        }
-                    }
+                    p.seq(b'[', b']', |p| {
+                        v.push(p.input(&mut values)?);
+                        Some(())
+                    })?;
                     inputs = Some(v);
                 }
                 "parameters" if parameters.is_none() => {
-                    let mut p = RequestParams::default();
-                    for (k, v) in self.params()? {
+                    let mut r = RequestParams::default();
+                    for (k, v) in p.params()? {
                         match k {
-                            "timeout" => p.timeout = Some(v),
-                            "binary_data_output" => p.binary_data_output = Some(v),
+                            "timeout" => r.timeout = Some(v),
+                            "binary_data_output" => r.binary_data_output = Some(v),
                             _ => {}
                         }
                     }
-                    parameters = Some(p);
+                    parameters = Some(r);
                 }
-                "outputs" if outputs.is_none() => outputs = Some(self.outputs()?),
+                "outputs" if outputs.is_none() => {
+                    let mut v = Vec::new();
+                    p.seq(b'[', b']', |p| {
+                        v.push(p.output()?);
+                        Some(())
+                    })?;
+                    outputs = Some(v);
+                }
                 _ => return None,
             }
-            if !self.next(b'}')? {
-                break;
-            }
-        }
+            Some(())
+        })?;
         Some(InferRequest {
             id,
             parameters,

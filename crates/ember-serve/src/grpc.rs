@@ -158,19 +158,7 @@ fn size_error(mut r: axum::response::Response, limit: usize) -> axum::response::
 }
 
 fn check_model(app: &App, name: &str, version: &str) -> Result<(), ServeError> {
-    if name != app.spec.name {
-        return Err(ServeError::NotFound(format!(
-            "unknown model '{name}': this server serves '{}'",
-            app.spec.name
-        )));
-    }
-    if !version.is_empty() && version != kserve::VERSION {
-        return Err(ServeError::NotFound(format!(
-            "model '{name}' has no version '{version}' (its only version is '{}')",
-            kserve::VERSION
-        )));
-    }
-    Ok(())
+    kserve::check_model(&app.spec, name, version)
 }
 
 /// The `grpc-timeout` header (the caller's deadline), in microseconds.

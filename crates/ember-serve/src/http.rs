@@ -95,14 +95,7 @@ async fn server_metadata() -> Response {
 }
 
 fn check_model(app: &App, name: &str) -> Result<()> {
-    if name == app.spec.name {
-        Ok(())
-    } else {
-        Err(ServeError::NotFound(format!(
-            "unknown model '{name}': this server serves '{}'",
-            app.spec.name
-        )))
-    }
+    kserve::check_model(&app.spec, name, "")
 }
 
 async fn model_metadata(State(app): State<App>, Path(name): Path<String>) -> Response {
@@ -155,15 +148,7 @@ async fn run_infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    check_model(app, name)?;
-    if let Some(v) = version
-        && v != kserve::VERSION
-    {
-        return Err(ServeError::NotFound(format!(
-            "model '{name}' has no version '{v}' (its only version is '{}')",
-            kserve::VERSION
-        )));
-    }
+    kserve::check_model(&app.spec, name, version.unwrap_or(""))?;
     let bytes = read_body(body, app.max_body_bytes).await?;
     let json_len = match headers.get(JSON_LENGTH) {
         None => bytes.len(),

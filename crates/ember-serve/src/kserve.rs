@@ -420,6 +420,23 @@ pub fn metadata(spec: &ModelSpec) -> ModelMetadata {
     }
 }
 
+/// Checks that a request addresses the served model, and its one version when it names one
+/// (`""` names none, as gRPC's empty string does).
+pub fn check_model(spec: &ModelSpec, name: &str, version: &str) -> Result<()> {
+    if name != spec.name {
+        return Err(ServeError::NotFound(format!(
+            "unknown model '{name}': this server serves '{}'",
+            spec.name
+        )));
+    }
+    if !version.is_empty() && version != VERSION {
+        return Err(ServeError::NotFound(format!(
+            "model '{name}' has no version '{version}' (its only version is '{VERSION}')"
+        )));
+    }
+    Ok(())
+}
+
 /// The request's deadline, if it set `parameters.timeout` (microseconds).
 pub fn timeout_us(req: &InferRequest<'_>) -> Result<Option<u64>> {
     match req.parameters.as_ref().and_then(|p| p.timeout.as_ref()) {

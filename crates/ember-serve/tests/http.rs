@@ -383,15 +383,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     let c = reqwest::Client::new();
     // Two requests wait in a forming batch; a third finds the queue full: 503 at once.
     let waiting: Vec<Req> = (0..2).map(|i| random_req(&m, 1, 20 + i)).collect();
-    let futs: Vec<_> = waiting
-        .iter()
-        .map(|r| {
-            c.post(format!("{url}/v2/models/default/infer"))
-                .json(&body(&m, r, false))
-                .send()
-        })
-        .map(tokio::spawn)
-        .collect();
+    let futs = spawn_infers(&c, &url, &m, &waiting);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (status, v) = post_json(
         &c,
@@ -401,12 +393,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     .await;
     assert_eq!(status, 503, "{v}");
     assert!(v["error"].as_str().unwrap().contains("at capacity"), "{v}");
-    for (f, r) in futs.into_iter().zip(&waiting) {
-        let resp = f.await.unwrap().unwrap();
-        assert_eq!(resp.status(), 200);
-        let v: Value = resp.json().await.unwrap();
-        assert_close(&scores_of(&v), &direct(&m, r));
-    }
+    expect_scores(futs, &m, &waiting).await;
     // A deadline shorter than the batching delay: 504, not computed.
     let mut b = body(&m, &random_req(&m, 1, 3), false);
     b["parameters"] = json!({"timeout": 1000});
@@ -431,24 +418,36 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     }
     // Requests in flight when the stop comes are answered; then the port is closed.
     let reqs: Vec<Req> = (0..2).map(|i| random_req(&m, 3, 40 + i)).collect();
-    let futs: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            c.post(format!("{url}/v2/models/default/infer"))
-                .json(&body(&m, r, false))
-                .send()
-        })
-        .map(tokio::spawn)
-        .collect();
+    let futs = spawn_infers(&c, &url, &m, &reqs);
     tokio::time::sleep(Duration::from_millis(50)).await;
     s.shutdown().await.unwrap();
-    for (f, r) in futs.into_iter().zip(&reqs) {
+    expect_scores(futs, &m, &reqs).await;
+    assert!(c.get(format!("{url}/v2/health/live")).send().await.is_err());
+}
+
+type Pending = tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>;
+
+/// Sends each request as KServe JSON at once, without waiting for the answers.
+fn spawn_infers(c: &reqwest::Client, url: &str, m: &Model, reqs: &[Req]) -> Vec<Pending> {
+    reqs.iter()
+        .map(|r| {
+            let send = c
+                .post(format!("{url}/v2/models/default/infer"))
+                .json(&body(m, r, false))
+                .send();
+            tokio::spawn(send)
+        })
+        .collect()
+}
+
+/// Each answer is 200 with the model's scores for its request.
+async fn expect_scores(futs: Vec<Pending>, m: &std::sync::Arc<Model>, reqs: &[Req]) {
+    for (f, r) in futs.into_iter().zip(reqs) {
         let resp = f.await.unwrap().unwrap();
         assert_eq!(resp.status(), 200);
         let v: Value = resp.json().await.unwrap();
-        assert_close(&scores_of(&v), &direct(&m, r));
+        assert_close(&scores_of(&v), &direct(m, r));
     }
-    assert!(c.get(format!("{url}/v2/health/live")).send().await.is_err());
 }
 
 /// A request in Triton's binary tensor data extension: the first `in_json` inputs keep their
