@@ -38,77 +38,77 @@ pub enum OnOff {
 pub struct EmbedArgs {
     /// Start from a model shape of the CPU seed paper.
     #[arg(long)]
-    preset: Option<Preset>,
+    pub(crate) preset: Option<Preset>,
     /// Number of tables (one feature each) [default: 8].
     #[arg(long)]
-    tables: Option<usize>,
+    pub(crate) tables: Option<usize>,
     /// Rows per table [default: 500000].
     #[arg(long)]
-    rows: Option<usize>,
+    pub(crate) rows: Option<usize>,
     /// Elements per row [default: 64].
     #[arg(long)]
-    dim: Option<usize>,
+    pub(crate) dim: Option<usize>,
     /// Ids per bag (pooling factor) [default: 80].
     #[arg(long)]
-    pooling: Option<usize>,
+    pub(crate) pooling: Option<usize>,
     /// Samples per batch [default: 64].
     #[arg(long)]
-    batch: Option<usize>,
+    pub(crate) batch: Option<usize>,
     /// Batches per timed run (each with fresh ids).
     #[arg(long, default_value_t = 100)]
-    batches: usize,
+    pub(crate) batches: usize,
     /// Timed runs; medians are reported.
     #[arg(long, default_value_t = 5)]
-    runs: usize,
+    pub(crate) runs: usize,
     /// Worker threads.
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Row element type: f32, f16, bf16, int8 or int4.
     #[arg(long, default_value = "f32")]
-    dtype: DType,
+    pub(crate) dtype: DType,
     /// Batch deduplication: on, off or auto.
     #[arg(long, default_value = "auto")]
-    dedup: Dedup,
+    pub(crate) dedup: Dedup,
     /// How bags combine rows: sum, mean or weighted_sum (random weights).
     #[arg(long, default_value = "sum")]
-    mode: Pooling,
+    pub(crate) mode: Pooling,
     /// Ids: uniform, zipf:ALPHA, or a trace file (one id per line).
     #[arg(long, default_value = "uniform")]
-    ids: String,
+    pub(crate) ids: String,
     /// Software prefetch distance in ids (0: off).
     #[arg(long, default_value_t = 16)]
-    prefetch: usize,
+    pub(crate) prefetch: usize,
     /// Kernel family (default: the best this CPU has, or EMBER_ISA).
     #[arg(long)]
-    isa: Option<Isa>,
+    pub(crate) isa: Option<Isa>,
     /// Back tables with 2 MiB huge pages.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
-    huge_pages: OnOff,
+    pub(crate) huge_pages: OnOff,
     /// Seed of table contents and ids.
     #[arg(long, default_value_t = 42)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Skip the correctness check before timing.
     #[arg(long)]
-    no_check: bool,
+    pub(crate) no_check: bool,
     /// Write the ids as a .npy array [batches, tables, batch*pooling] (for bench/compare_torch.py).
     #[arg(long)]
-    save_ids: Option<PathBuf>,
+    pub(crate) save_ids: Option<PathBuf>,
     /// Print one JSON object as the last line.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 /// The resolved shape.
 #[derive(Debug, Clone, Copy)]
-struct Shape {
-    tables: usize,
-    rows: usize,
-    dim: usize,
-    pooling: usize,
-    batch: usize,
+pub(crate) struct Shape {
+    pub(crate) tables: usize,
+    pub(crate) rows: usize,
+    pub(crate) dim: usize,
+    pub(crate) pooling: usize,
+    pub(crate) batch: usize,
 }
 
-fn resolve(a: &EmbedArgs) -> Result<Shape> {
+pub(crate) fn resolve(a: &EmbedArgs) -> Result<Shape> {
     let base = match a.preset {
         None => Shape {
             tables: 8,
@@ -379,7 +379,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
 }
 
 /// Adds deterministic per-id weights in [0.5, 1.5) to a batch.
-fn with_weights(kj: KeyedJagged) -> Result<KeyedJagged, EmbedError> {
+pub(crate) fn with_weights(kj: KeyedJagged) -> Result<KeyedJagged, EmbedError> {
     let w = (0..kj.num_ids())
         .map(|i| 0.5 + ((i * 2_654_435_761) % 1000) as f32 / 1000.0)
         .collect();

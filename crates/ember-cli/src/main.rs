@@ -1,14 +1,18 @@
+#![recursion_limit = "256"]
 //! The `ember` command. Libraries return typed errors; this binary turns them into messages and
 //! exit codes (`run() -> anyhow::Result`, printed with `{:#}`).
 
 mod bench_embed;
 mod bench_model;
+mod bench_tiered;
+mod convert;
 mod data;
 mod loadgen;
 mod paths;
 mod predict;
 mod serve;
 mod stats;
+mod tier_args;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +43,8 @@ enum Cmd {
     /// Open-loop load on a KServe v2 server: achieved rate and latency percentiles, or the
     /// highest rate within a p99 objective (--find-max).
     Loadgen(loadgen::LoadgenArgs),
+    /// Write tables as row files for the SSD tier (from a model directory or a safetensors file).
+    Convert(convert::ConvertArgs),
     /// Data tools: synthetic Criteo-format data.
     #[command(subcommand)]
     Data(data::DataCmd),
@@ -50,6 +56,9 @@ enum Bench {
     Embed(bench_embed::EmbedArgs),
     /// The whole model: samples/s, batch latency and where the time goes.
     Model(bench_model::ModelArgs),
+    /// The embedding stage with tables on the SSD tier, against the same tables in DRAM and a
+    /// cold plain mmap, plus the disk's own random-read rate.
+    Tiered(bench_tiered::TieredArgs),
 }
 
 fn run() -> anyhow::Result<()> {
@@ -57,6 +66,8 @@ fn run() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Bench(Bench::Embed(args)) => bench_embed::run(args),
         Cmd::Bench(Bench::Model(args)) => bench_model::run(args),
+        Cmd::Bench(Bench::Tiered(args)) => bench_tiered::run(args),
+        Cmd::Convert(args) => convert::run(args),
         Cmd::Predict(args) => predict::run(args),
         Cmd::Serve(args) => serve::run(args),
         Cmd::Loadgen(args) => loadgen::run(args),

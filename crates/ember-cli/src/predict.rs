@@ -3,12 +3,14 @@
 //! 200M rows needs 1.6 GB.
 
 use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
+use crate::tier_args::TierArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_embed::DType;
+use ember_embed::tier::pipeline;
 use ember_model::criteo::{CriteoBatch, CriteoReader, DENSE, SPARSE};
 use ember_model::metrics::{auc, log_loss};
-use ember_model::{LoadOptions, Model, Predictor, StageTimes};
+use ember_model::{Model, Predictor, StageTimes};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -36,6 +38,8 @@ pub struct PredictArgs {
     /// Re-encode the tables at load (f32, f16, bf16, int8, int4).
     #[arg(long)]
     dtype: Option<DType>,
+    #[command(flatten)]
+    tier: TierArgs,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -47,13 +51,10 @@ pub fn run(a: PredictArgs) -> Result<()> {
     }
     let model_dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
     let data = a.data.clone().unwrap_or_else(|| shipped(DEFAULT_DATA));
-    let model = Model::load(
-        &model_dir,
-        LoadOptions {
-            table_dtype: a.dtype,
-        },
-    )
-    .with_context(|| format!("loading model {}", model_dir.display()))?;
+    let mut model = Model::load(&model_dir, a.tier.load_options(a.dtype))
+        .with_context(|| format!("loading model {}", model_dir.display()))?;
+    a.tier.apply(&mut model, &model_dir)?;
+    let depth = a.tier.depth(&model);
     let cfg = model.config();
     if cfg.dense_in != DENSE || model.feature_names().len() != SPARSE {
         bail!(
@@ -69,8 +70,8 @@ pub fn run(a: PredictArgs) -> Result<()> {
         .collect();
     let mut pred = Predictor::new(Arc::new(model), a.threads)?;
 
-    let (input, size): (Box<dyn BufRead>, Option<u64>) = if data.as_os_str() == "-" {
-        (Box::new(BufReader::new(std::io::stdin().lock())), None)
+    let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
+        (Box::new(BufReader::new(std::io::stdin())), None)
     } else {
         let f = std::fs::File::open(&data)
             .with_context(|| format!("cannot open data file {}", data.display()))?;
@@ -101,25 +102,65 @@ pub fn run(a: PredictArgs) -> Result<()> {
 
     let mut labels = Vec::new();
     let mut scores = Vec::new();
-    let mut batch = CriteoBatch::default();
     let mut times = StageTimes::default();
     let start = Instant::now();
     let mut line = String::new();
-    while reader.next_batch(a.batch, &mut batch)? > 0 {
-        let sparse = batch.sparse(&names, &rows)?;
-        let s0 = scores.len();
-        scores.resize(s0 + batch.len(), 0.0);
-        times = times.plus(pred.predict(&batch.dense, &sparse, &mut scores[s0..])?);
-        labels.extend_from_slice(&batch.labels);
-        if let Some(w) = &mut out {
-            line.clear();
-            for s in &scores[s0..] {
-                use std::fmt::Write as _;
-                let _ = writeln!(line, "{s}");
+    let model = pred.model().clone();
+    let stager = model.stager();
+    // Batches are parsed (and, for tables on the SSD tier, their rows read) `depth` batches ahead
+    // of the forward pass, on a thread of their own. A parse error ends the stream and is raised
+    // after the batches before it are scored.
+    let parse_err: std::sync::Mutex<Option<anyhow::Error>> = Default::default();
+    let batches = std::iter::from_fn(|| {
+        let mut batch = CriteoBatch::default();
+        let next = reader
+            .next_batch(a.batch, &mut batch)
+            .map_err(anyhow::Error::from)
+            .and_then(|n| {
+                let sparse = batch.sparse(&names, &rows)?;
+                Ok((n, sparse))
+            });
+        match next {
+            Ok((0, _)) => None,
+            Ok((_, sparse)) => Some((batch, sparse, reader.bytes_read())),
+            Err(e) => {
+                *parse_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                None
             }
-            w.write_all(line.as_bytes())?;
         }
-        bar.set_position(reader.bytes_read());
+    });
+    let depth = if stager.is_active() { depth } else { 0 };
+    pipeline(
+        stager,
+        model.embeddings(),
+        depth,
+        batches,
+        |(_, sparse, _)| sparse,
+        |(batch, sparse, pos), staged| -> Result<()> {
+            let staged = staged?;
+            let s0 = scores.len();
+            scores.resize(s0 + batch.len(), 0.0);
+            times = times.plus(pred.predict_staged(
+                &batch.dense,
+                &sparse,
+                Some(&staged),
+                &mut scores[s0..],
+            )?);
+            labels.extend_from_slice(&batch.labels);
+            if let Some(w) = &mut out {
+                line.clear();
+                for s in &scores[s0..] {
+                    use std::fmt::Write as _;
+                    let _ = writeln!(line, "{s}");
+                }
+                w.write_all(line.as_bytes())?;
+            }
+            bar.set_position(pos);
+            Ok(())
+        },
+    )?;
+    if let Some(e) = parse_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
     }
     bar.finish_and_clear();
     let wall = start.elapsed().as_secs_f64();
@@ -152,10 +193,30 @@ pub fn run(a: PredictArgs) -> Result<()> {
     if let Some(p) = &a.out {
         println!("scores        {}", p.display());
     }
+    let tier = stager.stats();
+    if stager.is_active() {
+        println!(
+            "SSD tier      hit rate {:.3}, {} read from SSD in {} reads, stall {:.2} s, overlap {:.2} ({}, prefetch depth {depth})",
+            tier.hit_rate(),
+            crate::stats::human_bytes(tier.ssd_bytes_read as usize),
+            tier.ssd_reads,
+            tier.stall.as_secs_f64(),
+            tier.overlap(),
+            stager.io_kind(),
+        );
+    }
     if a.json {
         println!(
             "{}",
             json!({
+                "tier": stager.is_active().then(|| json!({
+                    "hit_rate": tier.hit_rate(),
+                    "ssd_bytes_read": tier.ssd_bytes_read,
+                    "ssd_reads": tier.ssd_reads,
+                    "stall_s": tier.stall.as_secs_f64(),
+                    "overlap": tier.overlap(),
+                    "prefetch_depth": depth,
+                })),
                 "rows": n,
                 "auc": a_uc,
                 "log_loss": ll,

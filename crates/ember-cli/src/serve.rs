@@ -9,10 +9,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use ember_embed::DType;
-use ember_model::{LoadOptions, Model};
+use ember_model::Model;
 use ember_serve::{BatchConfig, ServeConfig, Server};
 
 use crate::paths::{DEFAULT_MODEL, shipped};
+use crate::tier_args::TierArgs;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -52,6 +53,8 @@ pub struct ServeArgs {
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
     #[arg(long)]
     dtype: Option<DType>,
+    #[command(flatten)]
+    tier: TierArgs,
 }
 
 /// `--grpc`: an address, or none.
@@ -82,13 +85,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => {
             let dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
-            let model = Model::load(
-                &dir,
-                LoadOptions {
-                    table_dtype: a.dtype,
-                },
-            )
-            .with_context(|| format!("loading model {}", dir.display()))?;
+            let mut model = Model::load(&dir, a.tier.load_options(a.dtype))
+                .with_context(|| format!("loading model {}", dir.display()))?;
+            a.tier.apply(&mut model, &dir)?;
             let name = dir
                 .canonicalize()
                 .ok()

@@ -226,3 +226,97 @@ fn loadgen_measures_a_live_server_over_http_and_grpc() {
         "{err}"
     );
 }
+
+fn get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp
+}
+
+/// `serve --placement ssd` on a converted copy of the shipped model: the same scores as in DRAM,
+/// and the tier's counters on /metrics.
+#[test]
+fn serve_with_tables_on_the_ssd_tier_reports_the_cache_on_metrics() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::env::temp_dir().join(format!("ember-serve-tier-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(root.join("models/default").join(f), dir.join(f)).unwrap();
+    }
+    let d = dir.to_str().unwrap();
+    let st = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["convert", "--model", d])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let rows: String = std::fs::read_to_string(root.join("data/sample.tsv"))
+        .unwrap()
+        .lines()
+        .take(20)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut scores = Vec::new();
+    for extra in [
+        vec!["--model", d],
+        vec![
+            "--model",
+            d,
+            "--placement",
+            "ssd",
+            "--cache-mb",
+            "1",
+            "--cache-policy",
+            "lfu",
+        ],
+    ] {
+        let Started {
+            mut child, addr, ..
+        } = start_server(&extra);
+        let (status, body) = post(&addr, "/v1/score", &rows);
+        assert_eq!(status, 200, "{body}");
+        scores.push(body);
+        let metrics = get(&addr, "/metrics");
+        let tier = extra.contains(&"ssd");
+        for name in [
+            "ember_tier_cache_hit_ratio",
+            "ember_tier_cache_lookups_total",
+            "ember_tier_ssd_read_bytes_total",
+            "ember_tier_stall_seconds",
+            "ember_tier_cache_bytes",
+        ] {
+            assert_eq!(
+                metrics.contains(name),
+                tier,
+                "{name} with {extra:?}:\n{metrics}"
+            );
+        }
+        if tier {
+            let bytes: f64 = metrics
+                .lines()
+                .find(|l| l.starts_with("ember_tier_ssd_read_bytes_total"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|v| v.parse().ok())
+                .unwrap();
+            assert!(bytes >= 4096.0, "{metrics}");
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    assert_eq!(
+        scores[0], scores[1],
+        "scores from the SSD tier differ from DRAM"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -129,6 +129,39 @@ pub enum EmbedError {
         reason: String,
     },
 
+    // ----- the SSD tier -----
+    /// A row file that cannot be used: not one, a version this build does not read, truncated,
+    /// or its header or checksum table damaged.
+    #[error("row file {path}: {reason}")]
+    RowFile { path: String, reason: String },
+    /// A block of a row file does not match its checksum: the file was damaged after it was
+    /// written. No row of that block is returned.
+    #[error(
+        "row file {path}: block {block} (bytes {offset}..{end}) fails its checksum \
+         (stored {stored:08x}, read {actual:08x}); the file is corrupted, rewrite it with `ember convert`",
+        end = offset + *len as u64
+    )]
+    Corrupt {
+        path: String,
+        block: u64,
+        offset: u64,
+        len: usize,
+        stored: u32,
+        actual: u32,
+    },
+    /// Reading or writing a row file failed.
+    #[error("row file {path}: {op}: {reason}")]
+    Io {
+        path: String,
+        op: &'static str,
+        reason: String,
+    },
+    /// A lookup reached a table on the SSD tier without its rows staged first.
+    #[error(
+        "table '{table}' is on the SSD tier: stage the batch (Stager::stage) and pool with Pooler::run_staged"
+    )]
+    NotStaged { table: String },
+
     // ----- workloads -----
     /// An id trace file could not be read or parsed.
     #[error("id trace {path}: {reason}")]

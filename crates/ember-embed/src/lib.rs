@@ -26,6 +26,7 @@ pub mod pool;
 mod prefetch;
 pub mod quant;
 pub mod table;
+pub mod tier;
 pub mod workload;
 
 pub use alloc::PagePolicy;
@@ -35,4 +36,5 @@ pub use error::{EmbedError, Result};
 pub use fpmode::FlushDenormals;
 pub use jagged::{Ids, KeyedJagged};
 pub use pool::{Dedup, Isa, PoolOptions, PoolStats, Pooler, Pooling, pooled_lookup};
-pub use table::EmbeddingTable;
+pub use table::{EmbeddingTable, Placement};
+pub use tier::{CachePolicy, IoMode, StagedBatch, Stager, TierOptions, TierStats};

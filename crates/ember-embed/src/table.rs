@@ -1,10 +1,76 @@
 //! Embedding tables: `rows` rows of `dim` elements of one [`DType`], row-major, packed back to back
-//! (`stride = dtype.row_bytes(dim)`), in a [`RowBuf`] (huge pages by default).
+//! (`stride = dtype.row_bytes(dim)`), placed in one of three ways ([`Placement`]):
+//!
+//! - `dram`: in memory, in a [`RowBuf`] (huge pages by default);
+//! - `mmap`: a plain read-only mapping of a row file's data, paged in by the OS on first touch;
+//! - `ssd`: in a row file read with direct I/O through a [`crate::tier::Stager`] and its cache;
+//!   such a table has no resident bytes, and lookups must be staged first.
 
 use crate::alloc::{PagePolicy, RowBuf};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
+use crate::tier::rowfile::RowFile;
 use rayon::prelude::*;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// Where a table's rows live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// In memory.
+    #[default]
+    Dram,
+    /// A plain mapping of the row file (the OS page cache is the cache).
+    Mmap,
+    /// The SSD tier: a row file, direct I/O, Ember's row cache.
+    Ssd,
+}
+
+impl Placement {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Dram => "dram",
+            Placement::Mmap => "mmap",
+            Placement::Ssd => "ssd",
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Placement {
+    type Err = EmbedError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "dram" => Ok(Placement::Dram),
+            "mmap" => Ok(Placement::Mmap),
+            "ssd" => Ok(Placement::Ssd),
+            _ => Err(EmbedError::BadOption {
+                option: "placement",
+                reason: format!("'{s}' is not dram, mmap or ssd"),
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Storage {
+    Memory(RowBuf),
+    Mapped {
+        map: memmap2::Mmap,
+        offset: usize,
+        len: usize,
+        file: Arc<RowFile>,
+    },
+    Disk(Arc<RowFile>),
+}
 
 /// One embedding table.
 #[derive(Debug)]
@@ -14,7 +80,7 @@ pub struct EmbeddingTable {
     dim: usize,
     dtype: DType,
     stride: usize,
-    data: RowBuf,
+    data: Storage,
 }
 
 impl EmbeddingTable {
@@ -50,8 +116,79 @@ impl EmbeddingTable {
             dim,
             dtype,
             stride,
-            data,
+            data: Storage::Memory(data),
         })
+    }
+
+    /// A table on the SSD tier: the row file at `path`, checked at open (see
+    /// [`crate::tier::rowfile`]). Lookups go through a [`crate::tier::Stager`].
+    pub fn open_ssd(path: &Path) -> Result<Self> {
+        let file = Arc::new(RowFile::open(path)?);
+        Ok(Self::over_file(file.clone(), Storage::Disk(file)))
+    }
+
+    /// A table read through a plain read-only mapping of the row file at `path` (the header and
+    /// checksum table are checked at open; the rows are not, as the OS pages them in unseen).
+    pub fn map_row_file(path: &Path) -> Result<Self> {
+        let file = Arc::new(RowFile::open(path)?);
+        let plain = std::fs::File::open(path).map_err(|e| EmbedError::Io {
+            path: path.display().to_string(),
+            op: "open",
+            reason: e.to_string(),
+        })?;
+        // SAFETY: a read-only shared mapping. Row files are written to a temporary name and
+        // renamed into place, never modified in place; another process truncating the file while
+        // it is mapped would raise SIGBUS on access (documented in docs/ssd-tier.md).
+        let map = unsafe { memmap2::Mmap::map(&plain) }.map_err(|e| EmbedError::Io {
+            path: path.display().to_string(),
+            op: "mmap",
+            reason: e.to_string(),
+        })?;
+        let offset = file.header().data_offset as usize;
+        let len = file.rows() * file.row_bytes();
+        Ok(Self::over_file(
+            file.clone(),
+            Storage::Mapped {
+                map,
+                offset,
+                len,
+                file,
+            },
+        ))
+    }
+
+    /// A table of `placement` from the row file at `path` (`dram` reads the whole file into
+    /// memory, checking every block).
+    pub fn from_row_file(path: &Path, placement: Placement, pages: PagePolicy) -> Result<Self> {
+        match placement {
+            Placement::Ssd => Self::open_ssd(path),
+            Placement::Mmap => Self::map_row_file(path),
+            Placement::Dram => {
+                let f = RowFile::open_with(path, false)?;
+                let mut t = Self::zeroed(
+                    f.header().name.as_str(),
+                    f.rows(),
+                    f.dim(),
+                    f.dtype(),
+                    pages,
+                )?;
+                if let Storage::Memory(buf) = &mut t.data {
+                    f.read_all(buf.as_mut_slice())?;
+                }
+                Ok(t)
+            }
+        }
+    }
+
+    fn over_file(file: Arc<RowFile>, data: Storage) -> Self {
+        EmbeddingTable {
+            name: file.header().name.clone(),
+            rows: file.rows(),
+            dim: file.dim(),
+            dtype: file.dtype(),
+            stride: file.row_bytes(),
+            data,
+        }
     }
 
     /// Builds a table from `rows x dim` f32 values (row-major), quantizing to `dtype`.
@@ -101,7 +238,9 @@ impl EmbeddingTable {
                 ),
             });
         }
-        t.data.as_mut_slice().copy_from_slice(bytes);
+        if let Storage::Memory(buf) = &mut t.data {
+            buf.as_mut_slice().copy_from_slice(bytes);
+        }
         Ok(t)
     }
 
@@ -119,7 +258,10 @@ impl EmbeddingTable {
                 dtype.encode_row(&tmp, row);
             }
         };
-        let data = self.data.as_mut_slice();
+        let Storage::Memory(data) = &mut self.data else {
+            return;
+        };
+        let data = data.as_mut_slice();
         if threads <= 1 {
             data.chunks_mut(CHUNK * stride).enumerate().for_each(body);
         } else {
@@ -158,21 +300,66 @@ impl EmbeddingTable {
     pub fn bytes(&self) -> usize {
         self.rows * self.stride
     }
-    /// All rows as bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        self.data.as_slice()
+    /// Where the rows live.
+    pub fn placement(&self) -> Placement {
+        match self.data {
+            Storage::Memory(_) => Placement::Dram,
+            Storage::Mapped { .. } => Placement::Mmap,
+            Storage::Disk(_) => Placement::Ssd,
+        }
     }
-    /// The encoded bytes of row `r`. Panics when `r >= rows` (ids are validated before lookups).
-    pub fn row_bytes(&self, r: usize) -> &[u8] {
-        &self.data.as_slice()[r * self.stride..(r + 1) * self.stride]
+    /// All rows as bytes, when addressable (`dram` and `mmap`; `None` on the SSD tier).
+    pub fn resident(&self) -> Option<&[u8]> {
+        match &self.data {
+            Storage::Memory(b) => Some(b.as_slice()),
+            Storage::Mapped {
+                map, offset, len, ..
+            } => Some(&map[*offset..*offset + *len]),
+            Storage::Disk(_) => None,
+        }
+    }
+    /// The row file behind an `mmap` or `ssd` table.
+    pub fn row_file(&self) -> Option<&Arc<RowFile>> {
+        match &self.data {
+            Storage::Memory(_) => None,
+            Storage::Mapped { file, .. } | Storage::Disk(file) => Some(file),
+        }
+    }
+    /// Copies the encoded bytes of row `r` into `out` (`stride` bytes), from memory or, on the
+    /// SSD tier, by a checked synchronous read.
+    pub fn read_row(&self, r: usize, out: &mut [u8]) -> Result<()> {
+        if r >= self.rows || out.len() != self.stride {
+            return Err(EmbedError::BadTable {
+                table: self.name.clone(),
+                reason: format!(
+                    "row {r} of {} into {} bytes (rows are {})",
+                    self.rows,
+                    out.len(),
+                    self.stride
+                ),
+            });
+        }
+        if let Storage::Disk(f) = &self.data {
+            return f.read_row(r, out);
+        }
+        if let Some(all) = self.resident() {
+            out.copy_from_slice(&all[r * self.stride..(r + 1) * self.stride]);
+        }
+        Ok(())
     }
     /// Row `r` decoded to f32 into `out` (`out.len() == dim`).
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        self.dtype.decode_row(self.row_bytes(r), out);
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        let mut buf = vec![0u8; self.stride];
+        self.read_row(r, &mut buf)?;
+        self.dtype.decode_row(&buf, out);
+        Ok(())
     }
-    /// Bytes currently backed by huge pages, when the OS tells.
+    /// Bytes currently backed by huge pages, when the OS tells (in-memory tables).
     pub fn huge_page_bytes(&self) -> Option<usize> {
-        self.data.huge_page_bytes()
+        match &self.data {
+            Storage::Memory(b) => b.huge_page_bytes(),
+            _ => None,
+        }
     }
 }
 
@@ -185,7 +372,7 @@ mod tests {
         let vals: Vec<f32> = (0..15).map(|i| i as f32 * 0.5 - 3.0).collect();
         let t = EmbeddingTable::from_f32("t", 5, 3, DType::F32, &vals).unwrap();
         let mut row = [0f32; 3];
-        t.dequantize_row(4, &mut row);
+        t.dequantize_row(4, &mut row).unwrap();
         assert_eq!(row, [3.0, 3.5, 4.0]);
         let e = EmbeddingTable::from_f32("t", 5, 4, DType::F32, &vals).unwrap_err();
         assert!(e.to_string().contains("15 values given"), "{e}");
@@ -205,7 +392,7 @@ mod tests {
             };
             a.fill_rows(1, f);
             b.fill_rows(2, f);
-            assert_eq!(a.as_bytes(), b.as_bytes(), "{dt}");
+            assert_eq!(a.resident(), b.resident(), "{dt}");
             assert_eq!(a.bytes(), 10_000 * dt.row_bytes(7));
         }
     }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ember_embed::{DType, Pooling};
+use ember_embed::{CachePolicy, DType, IoMode, Placement, Pooling, TierOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -33,6 +33,88 @@ pub struct ModelConfig {
     pub features: Option<Vec<FeatureConfig>>,
     #[serde(default)]
     pub pooling: PoolingName,
+    /// How tables placed on the SSD tier are cached and read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<TierConfig>,
+}
+
+/// The `tier` object: settings of the SSD tier (used when a table has `"placement": "ssd"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierConfig {
+    /// DRAM budget of the row cache in MiB, shared by the tier tables.
+    #[serde(default = "default_cache_mb")]
+    pub cache_mb: usize,
+    /// `lru`, `lfu` (LFU with TinyLFU admission) or `pinned`.
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// Batches staged ahead of the one being computed where batches are known ahead (`predict`).
+    #[serde(default = "default_depth")]
+    pub prefetch_depth: usize,
+    /// `auto`, `uring` or `pread`.
+    #[serde(default = "default_io")]
+    pub io: String,
+    /// Reads in flight at most.
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: usize,
+    /// An id trace (one id per line, relative to the model directory) profiled for the pinned set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_trace: Option<String>,
+    /// Re-pin from live counts every this many batches (0: never).
+    #[serde(default)]
+    pub refresh_batches: usize,
+}
+
+fn default_cache_mb() -> usize {
+    1024
+}
+fn default_policy() -> String {
+    "lfu".into()
+}
+fn default_depth() -> usize {
+    1
+}
+fn default_io() -> String {
+    "auto".into()
+}
+fn default_queue_depth() -> usize {
+    128
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            cache_mb: default_cache_mb(),
+            policy: default_policy(),
+            prefetch_depth: default_depth(),
+            io: default_io(),
+            queue_depth: default_queue_depth(),
+            pin_trace: None,
+            refresh_batches: 0,
+        }
+    }
+}
+
+impl TierConfig {
+    /// The options of a [`ember_embed::Stager`] (the pin trace is read by the caller).
+    pub fn options(&self) -> std::result::Result<TierOptions, String> {
+        let policy: CachePolicy = self
+            .policy
+            .parse()
+            .map_err(|e| format!("tier.policy: {e}"))?;
+        let io: IoMode = self.io.parse().map_err(|e| format!("tier.io: {e}"))?;
+        if self.queue_depth == 0 {
+            return Err("tier.queue_depth must be at least 1".into());
+        }
+        Ok(TierOptions {
+            cache_bytes: self.cache_mb.saturating_mul(1 << 20),
+            policy,
+            io,
+            queue_depth: self.queue_depth,
+            refresh_batches: self.refresh_batches,
+            ..TierOptions::default()
+        })
+    }
 }
 
 /// One embedding table.
@@ -44,6 +126,28 @@ pub struct TableConfig {
     pub dim: usize,
     #[serde(with = "dtype_name")]
     pub dtype: DType,
+    /// `dram` (default), `mmap` or `ssd`: where the rows live. `mmap` and `ssd` read
+    /// `rows/NAME.rows` in the model directory (written by `ember convert`).
+    #[serde(default, skip_serializing_if = "is_dram", with = "placement_name")]
+    pub placement: Placement,
+}
+
+fn is_dram(p: &Placement) -> bool {
+    *p == Placement::Dram
+}
+
+mod placement_name {
+    use ember_embed::Placement;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &Placement, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Placement, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// A sparse feature and the table it reads.
@@ -235,6 +339,9 @@ impl ModelConfig {
             if self.tables[..i].iter().any(|u| u.name == t.name) {
                 return Err(format!("table name '{}' appears twice", t.name));
             }
+        }
+        if let Some(t) = &self.tier {
+            t.options()?;
         }
         let feats = self.features();
         if feats.is_empty() {

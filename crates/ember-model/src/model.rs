@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ember_embed::{
-    DType, Dedup, EmbeddingCollection, EmbeddingTable, Feature, KeyedJagged, PagePolicy,
-    PoolOptions, Pooler, ValidatedBatch, workload::seeded_row,
+    DType, Dedup, EmbeddingCollection, EmbeddingTable, Feature, KeyedJagged, PagePolicy, Placement,
+    PoolOptions, Pooler, StagedBatch, Stager, TierOptions, ValidatedBatch,
+    workload::{load_trace, seeded_row},
 };
 use faer::Par;
 
-use crate::config::{InteractionConfig, ModelConfig};
+use crate::config::{InteractionConfig, ModelConfig, TierConfig};
 use crate::error::{ModelError, Result};
 use crate::interaction::{CrossLayer, Interaction, InteractionScratch, dot_pairs};
 use crate::mlp::{Linear, Mlp, MlpScratch};
@@ -22,6 +23,8 @@ use crate::weights::{Weights, read_weights};
 pub struct LoadOptions {
     /// Re-encode every table in this dtype at load (e.g. quantize f32 tables to int8).
     pub table_dtype: Option<DType>,
+    /// Place every table so (overriding config.json's `placement`).
+    pub placement: Option<Placement>,
 }
 
 /// A DLRM-family model: bottom MLP, embedding tables, interaction, top MLP, sigmoid.
@@ -32,6 +35,8 @@ pub struct Model {
     top: Mlp,
     interaction: Interaction,
     embeddings: EmbeddingCollection,
+    /// Stages lookups of the tables on the SSD tier (inactive when there are none).
+    stager: Stager,
 }
 
 impl Model {
@@ -47,15 +52,32 @@ impl Model {
             });
         }
         let mut config = ModelConfig::read(&dir.join("config.json"))?;
+        if let Some(p) = opts.placement {
+            config.tables.iter_mut().for_each(|t| t.placement = p);
+        }
         let w = read_weights(&dir.join("model.safetensors"), &config, opts.table_dtype)?;
         if let Some(d) = opts.table_dtype {
             config.tables.iter_mut().for_each(|t| t.dtype = d);
         }
-        Self::from_weights(config, w)
+        let tier = tier_options(dir, config.tier.as_ref())?;
+        Self::from_weights(config, w, tier)
+    }
+
+    /// Replaces the SSD tier's settings (cache budget, policy, I/O) with `tier`; the cache starts
+    /// empty. `dir` resolves a relative `pin_trace`.
+    pub fn set_tier(&mut self, dir: &Path, tier: TierConfig) -> Result<()> {
+        let opts = tier_options(dir, Some(&tier))?;
+        self.stager = Stager::new(&self.embeddings, opts)?;
+        self.config.tier = Some(tier);
+        Ok(())
     }
 
     /// Builds a model from a checked config and its weights.
-    pub(crate) fn from_weights(config: ModelConfig, w: Weights) -> Result<Model> {
+    pub(crate) fn from_weights(
+        config: ModelConfig,
+        w: Weights,
+        tier: TierOptions,
+    ) -> Result<Model> {
         config.check().map_err(config_error)?;
         let feature_tables = config.feature_tables().map_err(config_error)?;
         let features = config
@@ -79,12 +101,14 @@ impl Model {
             InteractionConfig::Cat {} => Interaction::Cat,
             InteractionConfig::Dcn { .. } => Interaction::Dcn { layers: w.cross },
         };
+        let stager = Stager::new(&embeddings, tier)?;
         Ok(Model {
             config,
             bottom: w.bottom,
             top: w.top,
             interaction,
             embeddings,
+            stager,
         })
     }
 
@@ -142,6 +166,7 @@ impl Model {
                 cross,
                 tables,
             },
+            TierOptions::default(),
         )
     }
 
@@ -166,10 +191,26 @@ impl Model {
         self.embeddings.feature_names()
     }
 
+    /// The SSD tier's stager: its counters, and staging ahead for pipelines.
+    pub fn stager(&self) -> &Stager {
+        &self.stager
+    }
+
     /// Bytes of all tables.
     pub fn table_bytes(&self) -> usize {
         self.embeddings.tables().iter().map(|t| t.bytes()).sum()
     }
+}
+
+/// The stager options of `tier` (defaults when absent), reading the pin trace relative to `dir`.
+fn tier_options(dir: &Path, tier: Option<&TierConfig>) -> Result<TierOptions> {
+    let default = TierConfig::default();
+    let t = tier.unwrap_or(&default);
+    let mut opts = t.options().map_err(config_error)?;
+    if let Some(p) = &t.pin_trace {
+        opts.pin_trace = Some(Arc::new(load_trace(&dir.join(p))?));
+    }
+    Ok(opts)
 }
 
 /// A config refused after it was read (built in code, not from a file).
@@ -306,11 +347,36 @@ impl Predictor {
         Ok((batch, m.embeddings.validate(sparse)?))
     }
 
-    /// Writes each sample's logit (the top MLP output, before the sigmoid) into `logits`.
+    /// Writes each sample's logit (the top MLP output, before the sigmoid) into `logits`. Tables
+    /// on the SSD tier are staged first, inside the embedding stage's time.
     pub fn logits(
         &mut self,
         dense: &[f32],
         sparse: &KeyedJagged,
+        logits: &mut [f32],
+    ) -> Result<StageTimes> {
+        if self.model.stager.is_active() {
+            let t = Instant::now();
+            let (_, valid) = self.check(dense, sparse)?;
+            let staged = self.model.stager.stage(&self.model.embeddings, valid)?;
+            // Staged inline: the whole staging time is a stall.
+            self.model.stager.add_stall(t.elapsed());
+            let mut times = self.logits_staged(dense, sparse, Some(&staged), logits)?;
+            let st = t.elapsed().saturating_sub(times.wall);
+            times.embedding += st;
+            times.wall += st;
+            return Ok(times);
+        }
+        self.logits_staged(dense, sparse, None, logits)
+    }
+
+    /// [`Predictor::logits`] with the SSD tier's rows already staged for this batch (by
+    /// [`ember_embed::tier::pipeline`] over the model's [`Model::stager`]).
+    pub fn logits_staged(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        staged: Option<&StagedBatch>,
         logits: &mut [f32],
     ) -> Result<StageTimes> {
         let (batch, valid) = self.check(dense, sparse)?;
@@ -346,7 +412,7 @@ impl Predictor {
                 // development machine the two "cores" share one core's FMA units, so splitting the
                 // GEMM over both gains little, and overlapping it with the gathers gains more.
                 let (pooled_res, (x, tb)) = rayon::join(
-                    || pooler.run(&m.embeddings, valid, pooled),
+                    || pool(pooler, &m.embeddings, valid, staged, pooled),
                     || {
                         let t1 = Instant::now();
                         let x = m.bottom.forward(dense, batch, bottom, Par::Seq);
@@ -359,7 +425,7 @@ impl Predictor {
                 t.bottom_overlapped = true;
                 x
             } else {
-                pooler.run(&m.embeddings, valid, pooled)?;
+                pool(pooler, &m.embeddings, valid, staged, pooled)?;
                 t.embedding = t0.elapsed();
                 let t1 = Instant::now();
                 let x = m.bottom.forward(dense, batch, bottom, par);
@@ -383,6 +449,19 @@ impl Predictor {
         Ok(t)
     }
 
+    /// [`Predictor::predict`] with the SSD tier's rows already staged for this batch.
+    pub fn predict_staged(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        staged: Option<&StagedBatch>,
+        scores: &mut [f32],
+    ) -> Result<StageTimes> {
+        let t = self.logits_staged(dense, sparse, staged, scores)?;
+        scores.iter_mut().for_each(|v| *v = sigmoid(*v));
+        Ok(t)
+    }
+
     /// Writes each sample's predicted probability (sigmoid of the logit) into `scores`.
     pub fn predict(
         &mut self,
@@ -393,6 +472,19 @@ impl Predictor {
         let t = self.logits(dense, sparse, scores)?;
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         Ok(t)
+    }
+}
+
+fn pool(
+    pooler: &Pooler,
+    coll: &EmbeddingCollection,
+    batch: ValidatedBatch<'_>,
+    staged: Option<&StagedBatch>,
+    out: &mut [f32],
+) -> ember_embed::Result<ember_embed::PoolStats> {
+    match staged {
+        Some(s) => pooler.run_staged(coll, batch, s, out),
+        None => pooler.run(coll, batch, out),
     }
 }
 

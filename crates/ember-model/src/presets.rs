@@ -50,10 +50,12 @@ pub fn preset(name: &str, dtype: DType) -> Result<Preset> {
                 rows,
                 dim: 64,
                 dtype,
+                placement: Default::default(),
             })
             .collect(),
         features: None,
         pooling: PoolingName::Sum,
+        tier: None,
     };
     Ok(Preset {
         name: if name == "rm1" { "rm1" } else { "small" },

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use ember_embed::{DType, EmbeddingTable};
+use ember_embed::{DType, EmbeddingTable, Placement};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
 use crate::config::{InteractionConfig, ModelConfig};
@@ -128,6 +128,14 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
     let mut tables = Vec::with_capacity(cfg.tables.len());
     for t in &cfg.tables {
         let name = format!("tables.{}", t.name);
+        if t.placement != Placement::Dram {
+            // Rows come from the row file; a copy in the safetensors file is allowed and unused.
+            if r.st.names().iter().any(|n| **n == name) {
+                r.used.insert(name);
+            }
+            tables.push(open_row_file(path, t, table_dtype)?);
+            continue;
+        }
         let (st_dtype, cols) = match t.dtype {
             DType::F32 => (StDtype::F32, t.dim),
             DType::F16 => (StDtype::F16, t.dim),
@@ -171,6 +179,58 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
     })
 }
 
+/// Where `ember convert` writes the row file of table `name` of the model directory `dir`.
+pub fn row_file_path(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join("rows").join(format!("{name}.rows"))
+}
+
+/// Opens the row file of a table placed on `mmap` or `ssd`, and checks it is the table the config
+/// describes.
+fn open_row_file(
+    weights: &Path,
+    t: &crate::config::TableConfig,
+    table_dtype: Option<DType>,
+) -> Result<EmbeddingTable> {
+    let dir = weights.parent().unwrap_or(Path::new("."));
+    let path = row_file_path(dir, &t.name);
+    let bad = |reason: String| ModelError::Config {
+        path: path.clone(),
+        reason,
+    };
+    if !path.exists() {
+        return Err(bad(format!(
+            "table '{}' is placed on {} but its row file does not exist; write it with \
+             `ember convert --model {}`",
+            t.name,
+            t.placement,
+            dir.display()
+        )));
+    }
+    if let Some(d) = table_dtype
+        && d != t.dtype
+    {
+        return Err(bad(format!(
+            "table '{}' is on {} in {}: it cannot be re-encoded as {d} at load; convert it with \
+             --dtype {d}",
+            t.name, t.placement, t.dtype
+        )));
+    }
+    let table = EmbeddingTable::from_row_file(&path, t.placement, ember_embed::PagePolicy::Huge)?;
+    if (table.rows(), table.dim(), table.dtype()) != (t.rows, t.dim, t.dtype) {
+        return Err(bad(format!(
+            "holds {} rows x dim {} {}, but config.json says table '{}' is {} x {} {}",
+            table.rows(),
+            table.dim(),
+            table.dtype(),
+            t.name,
+            t.rows,
+            t.dim,
+            t.dtype
+        )));
+    }
+    Ok(table)
+}
+
 /// Subnormal floats read as zero. Their effect on any output is below f32 resolution, and x86
 /// runs arithmetic on them through microcode, about 100x slower: the shipped model, trained with
 /// weight decay, had 18% subnormal table entries and 3,376 subnormal weights in one layer, and
@@ -203,6 +263,16 @@ fn flush_bytes(bytes: &[u8], dtype: DType) -> Vec<u8> {
 
 /// Re-encodes a table in another dtype.
 pub fn recode(t: &EmbeddingTable, dtype: DType) -> Result<EmbeddingTable> {
+    let Some(src) = t.resident() else {
+        return Err(ember_embed::EmbedError::BadTable {
+            table: t.name().into(),
+            reason:
+                "a table on the SSD tier cannot be re-encoded at load; convert it in that dtype"
+                    .into(),
+        }
+        .into());
+    };
+    let stride = t.stride();
     let mut out = EmbeddingTable::zeroed(
         t.name(),
         t.rows(),
@@ -211,7 +281,10 @@ pub fn recode(t: &EmbeddingTable, dtype: DType) -> Result<EmbeddingTable> {
         ember_embed::PagePolicy::Huge,
     )?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    out.fill_rows(threads, |r, row| t.dequantize_row(r, row));
+    out.fill_rows(threads, |r, row| {
+        t.dtype()
+            .decode_row(&src[r * stride..(r + 1) * stride], row)
+    });
     Ok(out)
 }
 

@@ -154,6 +154,7 @@ fn quantized_tables_stay_close() {
         for name in ["dlrm_dot", "torchrec_dcn"] {
             let opts = LoadOptions {
                 table_dtype: Some(dtype),
+                ..LoadOptions::default()
             };
             let (fx, _, scores) = run(name, opts, 1);
             let err = scores
@@ -256,4 +257,156 @@ fn broken_model_directories_name_the_problem() {
         .to_string();
     assert!(e.contains("not a model directory"), "{e}");
     std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// Tables on the SSD tier or mapped from row files score exactly as in memory: the same bytes,
+/// the same kernels. Also through config.json's `placement` and `tier`, with an empty cache (every
+/// row read from disk) and pipelined staging, and a clear error when a row file is missing.
+#[test]
+fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
+    use ember_embed::Placement;
+    use ember_embed::tier::pipeline;
+    use ember_embed::tier::rowfile::write_row_file;
+    use ember_model::weights::row_file_path;
+    for name in ["dlrm_dot", "torchrec_dcn", "dlrm_dot_int8"] {
+        let tmp =
+            std::env::temp_dir().join(format!("ember-tier-parity-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(tmp.join("rows")).unwrap();
+        for f in ["config.json", "model.safetensors", "inputs.safetensors"] {
+            std::fs::copy(dir(name).join(f), tmp.join(f)).unwrap();
+        }
+        let (_, want, _) = run(name, LoadOptions::default(), 1);
+        // Before the row files exist, an ssd placement names the missing file and the fix.
+        let e = Model::load(
+            &tmp,
+            LoadOptions {
+                placement: Some(Placement::Ssd),
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("does not exist") && e.contains("ember convert"),
+            "{e}"
+        );
+        let dram = Model::load(&tmp, LoadOptions::default()).unwrap();
+        for t in dram.embeddings().tables() {
+            let bytes = t.resident().unwrap();
+            write_row_file(
+                &row_file_path(&tmp, t.name()),
+                t.name(),
+                t.rows(),
+                t.dim(),
+                t.dtype(),
+                bytes,
+            )
+            .unwrap();
+        }
+        let fx = read(name);
+        let batch = fx.logits.len();
+        for placement in [Placement::Ssd, Placement::Mmap] {
+            for threads in [1, 2] {
+                let model = Arc::new(
+                    Model::load(
+                        &tmp,
+                        LoadOptions {
+                            placement: Some(placement),
+                            ..LoadOptions::default()
+                        },
+                    )
+                    .unwrap(),
+                );
+                assert_eq!(model.stager().is_active(), placement == Placement::Ssd);
+                let kj = KeyedJagged::from_lengths(
+                    model.feature_names(),
+                    batch,
+                    &fx.lengths,
+                    Ids::I64(fx.ids.clone()),
+                    None,
+                )
+                .unwrap();
+                let mut p = Predictor::new(model.clone(), threads).unwrap();
+                // Twice: cold cache, then warm.
+                for _ in 0..2 {
+                    let mut got = vec![f32::NAN; batch];
+                    p.logits(&fx.dense, &kj, &mut got).unwrap();
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{name} on {placement}, {threads} threads: {got:?} vs {want:?}"
+                    );
+                }
+                if placement == Placement::Ssd {
+                    let s = model.stager().stats();
+                    assert!(s.misses > 0 && s.hits > 0, "{s:?}");
+                    // Pipelined: three copies of the batch staged one ahead.
+                    let items = vec![&kj, &kj, &kj];
+                    pipeline(
+                        model.stager(),
+                        model.embeddings(),
+                        1,
+                        items,
+                        |k| *k,
+                        |k, staged| {
+                            let mut got = vec![f32::NAN; batch];
+                            p.logits_staged(&fx.dense, k, Some(&staged.unwrap()), &mut got)
+                                .unwrap();
+                            assert!(
+                                got.iter()
+                                    .zip(&want)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                            );
+                            Ok::<(), ()>(())
+                        },
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        // Through config.json: the first table on ssd with a zero cache (every row read).
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(tmp.join("config.json")).unwrap())
+                .unwrap();
+        v["tables"][0]["placement"] = "ssd".into();
+        v["tier"] = serde_json::json!({"cache_mb": 0, "policy": "lru", "io": "pread"});
+        std::fs::write(tmp.join("config.json"), v.to_string()).unwrap();
+        let model = Arc::new(Model::load(&tmp, LoadOptions::default()).unwrap());
+        assert_eq!(model.embeddings().tables()[0].placement(), Placement::Ssd);
+        assert_eq!(model.embeddings().tables()[1].placement(), Placement::Dram);
+        let kj = KeyedJagged::from_lengths(
+            model.feature_names(),
+            batch,
+            &fx.lengths,
+            Ids::I64(fx.ids.clone()),
+            None,
+        )
+        .unwrap();
+        let mut got = vec![f32::NAN; batch];
+        Predictor::new(model.clone(), 1)
+            .unwrap()
+            .logits(&fx.dense, &kj, &mut got)
+            .unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        let s = model.stager().stats();
+        assert_eq!(
+            (s.hits, s.misses > 0),
+            (0, true),
+            "a zero cache never hits: {s:?}"
+        );
+        // A bad tier setting is refused with its name.
+        v["tier"] = serde_json::json!({"policy": "mru"});
+        std::fs::write(tmp.join("config.json"), v.to_string()).unwrap();
+        let e = Model::load(&tmp, LoadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tier.policy") && e.contains("mru"), "{e}");
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
 }

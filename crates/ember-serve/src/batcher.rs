@@ -300,6 +300,7 @@ impl Worker {
             .predict(&self.dense, &kj, &mut self.scores)
             .map_err(|e| ServeError::Internal(format!("scoring a batch: {e}")))?;
         metrics::histogram!(m::EMBEDDING_STAGE).record(t.embedding.as_secs_f64());
+        m::record_tier(self.predictor.model().stager());
         let dense = if t.bottom_overlapped {
             t.interaction + t.top_mlp
         } else {

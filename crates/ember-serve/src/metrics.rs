@@ -23,6 +23,19 @@ pub const EMBEDDING_STAGE: &str = "ember_embedding_stage_seconds";
 pub const DENSE_STAGE: &str = "ember_dense_stage_seconds";
 /// Samples per batch.
 pub const BATCH_SIZE: &str = "ember_batch_size";
+/// SSD tier: distinct (feature, id) lookups the row cache answered, and all it was asked.
+pub const TIER_HITS: &str = "ember_tier_cache_hits_total";
+pub const TIER_LOOKUPS: &str = "ember_tier_cache_lookups_total";
+/// SSD tier: hits / lookups since the start.
+pub const TIER_HIT_RATIO: &str = "ember_tier_cache_hit_ratio";
+/// SSD tier: bytes read from row files, and read requests.
+pub const TIER_BYTES: &str = "ember_tier_ssd_read_bytes_total";
+pub const TIER_READS: &str = "ember_tier_ssd_reads_total";
+/// SSD tier: seconds batches waited for their rows since the start (a cumulative gauge: the
+/// server stages each batch as it forms, so this is all staging time).
+pub const TIER_STALL: &str = "ember_tier_stall_seconds";
+/// SSD tier: bytes of rows the cache holds now.
+pub const TIER_CACHE_BYTES: &str = "ember_tier_cache_bytes";
 
 const SECONDS: [f64; 16] = [
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 10e-3, 15e-3, 25e-3, 50e-3,
@@ -68,6 +81,49 @@ fn describe() {
     describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
     describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Samples per batch");
+    describe_counter!(
+        TIER_HITS,
+        "SSD tier: distinct lookups served by the row cache"
+    );
+    describe_counter!(
+        TIER_LOOKUPS,
+        "SSD tier: distinct lookups asked of the row cache"
+    );
+    describe_gauge!(
+        TIER_HIT_RATIO,
+        "SSD tier: row cache hits / lookups since start"
+    );
+    describe_counter!(
+        TIER_BYTES,
+        Unit::Bytes,
+        "SSD tier: bytes read from row files"
+    );
+    describe_counter!(TIER_READS, "SSD tier: read requests to row files");
+    describe_gauge!(
+        TIER_STALL,
+        Unit::Seconds,
+        "SSD tier: seconds batches waited for rows, since start"
+    );
+    describe_gauge!(
+        TIER_CACHE_BYTES,
+        Unit::Bytes,
+        "SSD tier: bytes of rows cached"
+    );
+}
+
+/// Publishes the SSD tier's counters (nothing when no table is on the tier).
+pub fn record_tier(stager: &ember_embed::Stager) {
+    if !stager.is_active() {
+        return;
+    }
+    let s = stager.stats();
+    metrics::counter!(TIER_HITS).absolute(s.hits);
+    metrics::counter!(TIER_LOOKUPS).absolute(s.cache_lookups);
+    metrics::gauge!(TIER_HIT_RATIO).set(s.hit_rate());
+    metrics::counter!(TIER_BYTES).absolute(s.ssd_bytes_read);
+    metrics::counter!(TIER_READS).absolute(s.ssd_reads);
+    metrics::gauge!(TIER_STALL).set(s.stall.as_secs_f64());
+    metrics::gauge!(TIER_CACHE_BYTES).set(stager.cache_usage().0 as f64);
 }
 
 /// One request being handled: raises `ember_requests_in_flight` while alive, and counts the

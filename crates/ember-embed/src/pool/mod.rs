@@ -18,7 +18,7 @@ pub mod reference;
 mod auto;
 mod avx2;
 mod avx512;
-mod dedup;
+pub(crate) mod dedup;
 mod isa;
 mod scalar;
 
@@ -28,6 +28,7 @@ use crate::collection::{EmbeddingCollection, ValidatedBatch};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
+use crate::tier::StagedBatch;
 use auto::AutoDedup;
 use dedup::DedupScratch;
 use rayon::prelude::*;
@@ -243,23 +244,65 @@ impl Pooler {
         }
     }
 
-    /// Pools `batch` into `out` (`batch_size x coll.total_dim()` floats).
+    /// Pools `batch` into `out` (`batch_size x coll.total_dim()` floats). Tables on the SSD tier
+    /// need [`Pooler::run_staged`].
     pub fn run(
         &self,
         coll: &EmbeddingCollection,
         batch: ValidatedBatch<'_>,
         out: &mut [f32],
     ) -> Result<PoolStats> {
+        self.run_inner(coll, batch, None, out)
+    }
+
+    /// Pools `batch` into `out`, reading the SSD tier's tables from `staged` (what
+    /// [`crate::tier::Stager::stage`] returned for this batch) and the others from memory.
+    pub fn run_staged(
+        &self,
+        coll: &EmbeddingCollection,
+        batch: ValidatedBatch<'_>,
+        staged: &StagedBatch,
+        out: &mut [f32],
+    ) -> Result<PoolStats> {
+        self.run_inner(coll, batch, Some(staged), out)
+    }
+
+    fn run_inner(
+        &self,
+        coll: &EmbeddingCollection,
+        batch: ValidatedBatch<'_>,
+        staged: Option<&StagedBatch>,
+        out: &mut [f32],
+    ) -> Result<PoolStats> {
         let kj = batch.get();
         check_call(coll, kj, self.opts.pooling, out)?;
+        // Every feature reads either resident rows or rows staged for exactly this batch shape.
+        for f in 0..coll.features().len() {
+            let table = coll.table_of(f);
+            if table.resident().is_some() {
+                continue;
+            }
+            let range = kj.feature_range(f);
+            match staged.and_then(|s| s.feature(f)) {
+                Some(sf)
+                    if sf.start == range.start
+                        && sf.inverse.len() == range.len()
+                        && sf.rows.len() % table.stride().max(1) == 0 => {}
+                _ => {
+                    return Err(EmbedError::NotStaged {
+                        table: table.name().into(),
+                    });
+                }
+            }
+        }
         let units = plan_units(coll.features().len(), kj.batch_size(), self.opts.threads);
         let out = OutPtr(out.as_mut_ptr());
         let run_one = |u: &Unit| -> PoolStats {
             let slot = rayon::current_thread_index().unwrap_or(0) % self.scratch.len();
             let mut scratch = self.scratch[slot].lock().unwrap_or_else(|p| p.into_inner());
             match kj.ids() {
-                Ids::U32(v) => self.run_unit(coll, kj, v, u, out, &mut scratch),
-                Ids::I64(v) => self.run_unit(coll, kj, v, u, out, &mut scratch),
+                Ids::U32(v) => self.run_unit(coll, kj, v, u, staged, out, &mut scratch),
+                Ids::I64(v) => self.run_unit(coll, kj, v, u, staged, out, &mut scratch),
             }
         };
         let total = match &self.pool {
@@ -278,12 +321,14 @@ impl Pooler {
     }
 
     /// Pools one unit and returns what it did.
+    #[allow(clippy::too_many_arguments)]
     fn run_unit<I: Index>(
         &self,
         coll: &EmbeddingCollection,
         kj: &KeyedJagged,
         all_ids: &[I],
         u: &Unit,
+        staged: Option<&StagedBatch>,
         out: OutPtr,
         scratch: &mut DedupScratch,
     ) -> PoolStats {
@@ -310,7 +355,9 @@ impl Pooler {
             lookups: ids.len(),
             ..Default::default()
         };
-        let dedupable = !ids.is_empty() && DedupScratch::supports(table.rows());
+        let resident = table.resident();
+        let dedupable =
+            resident.is_some() && !ids.is_empty() && DedupScratch::supports(table.rows());
         let (dedup, timed) = match self.opts.dedup {
             Dedup::Off => (false, false),
             Dedup::On => (dedupable, false),
@@ -319,7 +366,7 @@ impl Pooler {
         };
         let start = timed.then(std::time::Instant::now);
         let direct = Segment {
-            rows: table.as_bytes(),
+            rows: resident.unwrap_or(&[]),
             stride: table.stride(),
             dim: table.dim(),
             dtype: table.dtype(),
@@ -331,9 +378,15 @@ impl Pooler {
             mean: self.opts.pooling == Pooling::Mean,
             prefetch: self.opts.prefetch_distance,
         };
-        if dedup {
+        if let (None, Some(sf)) = (resident, staged.and_then(|s| s.feature(u.feature))) {
+            // Checked by run_inner: the feature was staged for this batch.
+            let inverse = &sf.inverse[base - sf.start..end - sf.start];
+            self.kernel(&direct.over(&sf.rows, inverse, 0));
+        } else if resident.is_none() {
+            // Unreachable: run_inner refuses unstaged tier features.
+        } else if dedup {
             let n_unique = scratch.build(ids);
-            scratch.gather(table.as_bytes(), table.stride(), direct.prefetch);
+            scratch.gather(direct.rows, table.stride(), direct.prefetch);
             stats.deduped_units += 1;
             stats.deduped_lookups += ids.len();
             stats.unique_rows += n_unique;

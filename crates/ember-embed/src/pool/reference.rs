@@ -38,7 +38,7 @@ pub fn pooled_lookup(
             for j in bag.clone() {
                 // Validated: 0 <= id < rows.
                 let id = kj.ids().get(j) as usize;
-                table.dequantize_row(id, &mut row);
+                table.dequantize_row(id, &mut row)?;
                 let w = weights.map_or(1.0, |w| f64::from(w[j]));
                 for (a, &x) in acc.iter_mut().zip(&row) {
                     *a += w * f64::from(x);

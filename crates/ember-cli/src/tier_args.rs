@@ -1,0 +1,86 @@
+//! Flags of the SSD tier shared by `predict` and `serve`: they override config.json's table
+//! placement and `tier` object.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ember_embed::{CachePolicy, IoMode, Placement};
+use ember_model::config::TierConfig;
+use ember_model::{LoadOptions, Model};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Args)]
+pub struct TierArgs {
+    /// Place every table so: dram, mmap or ssd (ssd and mmap read rows/NAME.rows, written by
+    /// `ember convert`) [default: each table's placement in config.json, else dram].
+    #[arg(long)]
+    placement: Option<Placement>,
+    /// DRAM budget of the SSD tier's row cache, in MiB [default: config.json's tier.cache_mb, else 1024].
+    #[arg(long)]
+    cache_mb: Option<usize>,
+    /// Row cache policy of the SSD tier: lru, lfu (with TinyLFU admission) or pinned.
+    #[arg(long)]
+    cache_policy: Option<CachePolicy>,
+    /// Batches whose missing rows are read ahead of the one being computed (predict).
+    #[arg(long)]
+    prefetch_depth: Option<usize>,
+    /// I/O engine of the SSD tier: auto, uring or pread.
+    #[arg(long)]
+    io: Option<IoMode>,
+    /// An id trace (one id per line) whose hottest ids the pinned policy pins at start.
+    #[arg(long)]
+    pin_trace: Option<PathBuf>,
+}
+
+impl TierArgs {
+    /// Load options with the placement override.
+    pub fn load_options(&self, table_dtype: Option<ember_embed::DType>) -> LoadOptions {
+        LoadOptions {
+            table_dtype,
+            placement: self.placement,
+        }
+    }
+
+    /// Applies the tier flags to a loaded model (a fresh cache when any is given).
+    pub fn apply(&self, model: &mut Model, dir: &Path) -> Result<()> {
+        if self.cache_mb.is_none()
+            && self.cache_policy.is_none()
+            && self.prefetch_depth.is_none()
+            && self.io.is_none()
+            && self.pin_trace.is_none()
+        {
+            return Ok(());
+        }
+        let mut t = model.config().tier.clone().unwrap_or_default();
+        if let Some(v) = self.cache_mb {
+            t.cache_mb = v;
+        }
+        if let Some(v) = self.cache_policy {
+            t.policy = v.name().into();
+        }
+        if let Some(v) = self.prefetch_depth {
+            t.prefetch_depth = v;
+        }
+        if let Some(v) = self.io {
+            t.io = match v {
+                IoMode::Auto => "auto",
+                IoMode::Uring => "uring",
+                IoMode::Pread => "pread",
+            }
+            .into();
+        }
+        if let Some(p) = &self.pin_trace {
+            let abs =
+                std::path::absolute(p).with_context(|| format!("--pin-trace {}", p.display()))?;
+            t.pin_trace = Some(abs.display().to_string());
+        }
+        model.set_tier(dir, t).context("setting up the SSD tier")?;
+        Ok(())
+    }
+
+    /// The prefetch depth in effect.
+    pub fn depth(&self, model: &Model) -> usize {
+        self.prefetch_depth
+            .or(model.config().tier.as_ref().map(|t| t.prefetch_depth))
+            .unwrap_or_else(|| TierConfig::default().prefetch_depth)
+    }
+}

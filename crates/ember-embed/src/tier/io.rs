@@ -1,0 +1,321 @@
+//! Batched reads from row files: io_uring where the kernel allows it, otherwise a thread pool of
+//! `pread`s, both keeping up to `depth` reads in flight.
+//!
+//! A call hands over every read of a batch at once (the distinct missing blocks of all tables), so
+//! the device sees a deep queue: measured on the development VM's disk with fio, 4 KiB random
+//! reads reach ~61K IOPS at depth 16 and ~72K at depth 128, against ~12K for one synchronous
+//! reader. The engine owns the destination buffer (page-aligned, as `O_DIRECT` needs); the reads
+//! land in it back to back, in the order given.
+
+use super::rowfile::{AlignedBuf, read_full_at};
+use rayon::prelude::*;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::str::FromStr;
+
+/// Which engine to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// io_uring when the kernel allows it, else pread.
+    #[default]
+    Auto,
+    Uring,
+    Pread,
+}
+
+impl FromStr for IoMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(IoMode::Auto),
+            "uring" | "io_uring" => Ok(IoMode::Uring),
+            "pread" => Ok(IoMode::Pread),
+            _ => Err(format!("'{s}' is not auto, uring or pread")),
+        }
+    }
+}
+
+/// The engine in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    Uring,
+    Pread,
+}
+
+impl IoKind {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoKind::Uring => "io_uring",
+            IoKind::Pread => "pread",
+        }
+    }
+}
+
+impl fmt::Display for IoKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One read: `len` bytes (a multiple of the block) at `offset` of `files[file]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    pub file: usize,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// A failed read: which one, and why.
+#[derive(Debug)]
+pub struct ReadError {
+    pub index: usize,
+    pub error: io::Error,
+}
+
+enum Backend {
+    Uring(Box<io_uring::IoUring>),
+    Pread(rayon::ThreadPool),
+}
+
+/// Keeps reads in flight; see the module documentation.
+pub struct IoEngine {
+    // Declared before `buf`: the ring is torn down (its reads finished or cancelled) before the
+    // buffer they write into is unmapped.
+    backend: Backend,
+    buf: Option<AlignedBuf>,
+    depth: usize,
+}
+
+impl fmt::Debug for IoEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IoEngine")
+            .field("kind", &self.kind())
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl IoEngine {
+    /// An engine keeping up to `depth` (at least 1) reads in flight.
+    pub fn new(mode: IoMode, depth: usize) -> io::Result<Self> {
+        let depth = depth.clamp(1, 4096);
+        let uring = || io_uring::IoUring::new(depth.next_power_of_two() as u32);
+        let backend = match mode {
+            IoMode::Uring => Backend::Uring(Box::new(uring()?)),
+            IoMode::Auto => match uring() {
+                Ok(r) => Backend::Uring(Box::new(r)),
+                Err(_) => Backend::Pread(pread_pool(depth)?),
+            },
+            IoMode::Pread => Backend::Pread(pread_pool(depth)?),
+        };
+        Ok(IoEngine {
+            backend,
+            buf: None,
+            depth,
+        })
+    }
+
+    /// The engine in use.
+    pub fn kind(&self) -> IoKind {
+        match self.backend {
+            Backend::Uring(_) => IoKind::Uring,
+            Backend::Pread(_) => IoKind::Pread,
+        }
+    }
+
+    /// Reads in flight at most.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Runs `reads` and returns the buffer holding their bytes back to back, in order. Every read
+    /// must return its full length (a short read means the file shrank: an error).
+    pub fn read(&mut self, files: &[&File], reads: &[Read]) -> Result<&[u8], ReadError> {
+        let total: usize = reads.iter().map(|r| r.len).sum();
+        if let Some(i) = reads.iter().position(|r| r.file >= files.len()) {
+            return Err(ReadError {
+                index: i,
+                error: io::Error::new(io::ErrorKind::InvalidInput, "no such file"),
+            });
+        }
+        if self.buf.as_ref().is_none_or(|b| b.as_ref().len() < total) {
+            // Grow to the next power of two so that a slowly growing batch does not remap often.
+            let len = total.next_power_of_two().max(1 << 16);
+            self.buf = Some(AlignedBuf::new(len).map_err(|error| ReadError { index: 0, error })?);
+        }
+        let Some(buf) = self.buf.as_mut() else {
+            unreachable!("allocated above")
+        };
+        let buf = &mut buf.as_mut()[..total];
+        match &mut self.backend {
+            Backend::Uring(ring) => uring_read(ring, self.depth, files, reads, buf)?,
+            Backend::Pread(pool) => pread_read(pool, files, reads, buf)?,
+        }
+        Ok(&self.buf.as_ref().map_or(&[][..], |b| b.as_ref())[..total])
+    }
+}
+
+fn pread_pool(depth: usize) -> io::Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(depth.min(64))
+        .thread_name(|i| format!("ember-io-{i}"))
+        .build()
+        .map_err(io::Error::other)
+}
+
+fn pread_read(
+    pool: &rayon::ThreadPool,
+    files: &[&File],
+    reads: &[Read],
+    mut buf: &mut [u8],
+) -> Result<(), ReadError> {
+    let mut parts = Vec::with_capacity(reads.len());
+    for r in reads {
+        let (head, rest) = buf.split_at_mut(r.len);
+        parts.push(head);
+        buf = rest;
+    }
+    pool.install(|| {
+        parts
+            .into_par_iter()
+            .zip(reads.par_iter())
+            .enumerate()
+            .try_for_each(
+                |(index, (dst, r))| match read_full_at(files[r.file], dst, r.offset) {
+                    Ok(n) if n == r.len => Ok(()),
+                    Ok(n) => Err(ReadError {
+                        index,
+                        error: short(n, r.len),
+                    }),
+                    Err(error) => Err(ReadError { index, error }),
+                },
+            )
+    })
+}
+
+fn short(n: usize, len: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("short read: {n} of {len} bytes (the file shrank?)"),
+    )
+}
+
+fn uring_read(
+    ring: &mut io_uring::IoUring,
+    depth: usize,
+    files: &[&File],
+    reads: &[Read],
+    buf: &mut [u8],
+) -> Result<(), ReadError> {
+    use io_uring::{opcode, types};
+    let mut starts = Vec::with_capacity(reads.len());
+    let mut at = 0;
+    for r in reads {
+        starts.push(at);
+        at += r.len;
+    }
+    let base = buf.as_mut_ptr();
+    let (mut next, mut inflight) = (0usize, 0usize);
+    let mut first_err: Option<ReadError> = None;
+    while next < reads.len() || inflight > 0 {
+        {
+            let mut sq = ring.submission();
+            while next < reads.len() && inflight < depth && first_err.is_none() {
+                let r = &reads[next];
+                let len = u32::try_from(r.len).unwrap_or(u32::MAX);
+                let sqe = opcode::Read::new(
+                    types::Fd(files[r.file].as_raw_fd()),
+                    base.wrapping_add(starts[next]),
+                    len,
+                )
+                .offset(r.offset)
+                .build()
+                .user_data(next as u64);
+                // SAFETY: the read writes `r.len` bytes at `base + starts[next]`, inside `buf`
+                // (starts are prefix sums of the lengths, whose total is `buf.len()`), and no two
+                // reads overlap. `buf` is borrowed mutably for this whole function, and the
+                // function returns only when `inflight` is 0, i.e. after the kernel has completed
+                // every read it was given, so the memory outlives every write to it.
+                if unsafe { sq.push(&sqe) }.is_err() {
+                    break;
+                }
+                next += 1;
+                inflight += 1;
+            }
+        }
+        if inflight == 0 {
+            break;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                // The ring itself failed: nothing more completes through it. Wait no further
+                // (reads may still be queued in the kernel; `buf` stays mapped inside the engine
+                // until the ring is dropped first, see IoEngine's fields).
+                return Err(ReadError { index: next, error });
+            }
+        }
+        for cqe in ring.completion() {
+            inflight -= 1;
+            let i = cqe.user_data() as usize;
+            let res = cqe.result();
+            let want = reads.get(i).map_or(0, |r| r.len);
+            if first_err.is_none() {
+                if res < 0 {
+                    first_err = Some(ReadError {
+                        index: i,
+                        error: io::Error::from_raw_os_error(-res),
+                    });
+                } else if res as usize != want {
+                    first_err = Some(ReadError {
+                        index: i,
+                        error: short(res as usize, want),
+                    });
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The disk's own random-read rate: `depth` random single-block reads in flight over `files`
+/// (each read at a random block of a random file's first `lens[i]` bytes) for about `secs`
+/// seconds. Returns (reads per second, bytes per second): the ceiling of any lookup that misses
+/// the cache.
+pub fn random_read_rate(
+    engine: &mut IoEngine,
+    files: &[&File],
+    lens: &[u64],
+    block: usize,
+    secs: f64,
+    seed: u64,
+) -> io::Result<(f64, f64)> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let depth = engine.depth();
+    let (mut n, start) = (0u64, std::time::Instant::now());
+    let mut reads = Vec::with_capacity(depth * 4);
+    while start.elapsed().as_secs_f64() < secs {
+        reads.clear();
+        for _ in 0..depth * 4 {
+            let f = rng.random_range(0..files.len());
+            let blocks = (lens[f] / block as u64).max(1);
+            reads.push(Read {
+                file: f,
+                offset: rng.random_range(0..blocks) * block as u64,
+                len: block,
+            });
+        }
+        engine.read(files, &reads).map_err(|e| e.error)?;
+        n += reads.len() as u64;
+    }
+    let s = start.elapsed().as_secs_f64();
+    Ok((n as f64 / s, (n * block as u64) as f64 / s))
+}

@@ -1,0 +1,552 @@
+//! The SSD tier against in-memory tables: row files round-trip every dtype; staged lookups equal
+//! in-memory lookups bit for bit on random batches (odd dims, empty bags, empty batches, weights,
+//! shared tables, u32 and i64 ids) for every cache policy, cache sizes from zero to everything,
+//! inline and pipelined; the cache never exceeds its budget and never evicts a pinned row; damaged
+//! files are refused at open or at read.
+
+use ember_embed::tier::rowfile::{BLOCK, RowFile, RowFileWriter, write_row_file};
+use ember_embed::tier::{CachePolicy, IoMode, Stager, TierOptions, pipeline};
+use ember_embed::*;
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "ember-tier-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn random_table(
+    rng: &mut SmallRng,
+    name: &str,
+    rows: usize,
+    dim: usize,
+    dt: DType,
+) -> EmbeddingTable {
+    let offset: f32 = rng.random_range(-3.0..3.0);
+    let vals: Vec<f32> = (0..rows * dim)
+        .map(|_| offset + rng.random_range(-2.0f32..2.0))
+        .collect();
+    EmbeddingTable::from_f32(name, rows, dim, dt, &vals).unwrap()
+}
+
+fn write(t: &EmbeddingTable, path: &Path) {
+    write_row_file(
+        path,
+        t.name(),
+        t.rows(),
+        t.dim(),
+        t.dtype(),
+        t.resident().unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn row_files_round_trip_every_dtype_and_odd_shapes() {
+    let dir = TempDir::new("roundtrip");
+    let mut rng = SmallRng::seed_from_u64(7);
+    for dt in DType::ALL {
+        for (rows, dim) in [(1, 1), (3, 13), (700, 64), (257, 33), (50, 1100)] {
+            let t = random_table(&mut rng, "tab", rows, dim, dt);
+            let p = dir.path(&format!("{dt}-{rows}-{dim}.rows"));
+            write(&t, &p);
+            let f = RowFile::open(&p).unwrap();
+            assert_eq!(
+                (f.rows(), f.dim(), f.dtype(), f.row_bytes()),
+                (rows, dim, dt, dt.row_bytes(dim))
+            );
+            assert_eq!(f.header().name, "tab");
+            assert_eq!(f.header().data_offset % BLOCK as u64, 0);
+            f.verify_all().unwrap();
+            for placement in [Placement::Dram, Placement::Mmap, Placement::Ssd] {
+                let u = EmbeddingTable::from_row_file(&p, placement, PagePolicy::Small).unwrap();
+                assert_eq!(u.placement(), placement);
+                let mut a = vec![0u8; t.stride()];
+                let mut b = vec![0u8; t.stride()];
+                for r in (0..rows).step_by(1 + rows / 17).chain([rows - 1]) {
+                    t.read_row(r, &mut a).unwrap();
+                    u.read_row(r, &mut b).unwrap();
+                    assert_eq!(a, b, "{dt} {rows}x{dim} row {r} via {placement}");
+                }
+                if placement != Placement::Ssd {
+                    assert_eq!(u.resident(), t.resident());
+                }
+            }
+        }
+    }
+}
+
+/// Builds tables (some on the tier) and random batches of the same features.
+struct Case {
+    seed: u64,
+    dtype: DType,
+    dims: Vec<usize>,
+    on_ssd: Vec<bool>,
+    features: usize,
+    batch: usize,
+    batches: usize,
+    max_len: usize,
+    pooling: Pooling,
+    wide: bool,
+    policy: CachePolicy,
+    /// Cache budget as a fraction of the tier tables' bytes.
+    cache_frac: f64,
+    depth: usize,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed={} {} dims={:?} ssd={:?} feats={} batch={}x{} len<={} {:?} wide={} {} cache={:.2} depth={}",
+            self.seed,
+            self.dtype,
+            self.dims,
+            self.on_ssd,
+            self.features,
+            self.batch,
+            self.batches,
+            self.max_len,
+            self.pooling,
+            self.wide,
+            self.policy,
+            self.cache_frac,
+            self.depth
+        )
+    }
+}
+
+fn case_strategy() -> impl Strategy<Value = Case> {
+    (
+        any::<u64>(),
+        prop::sample::select(DType::ALL.to_vec()),
+        prop::collection::vec((1usize..=70, any::<bool>()), 1..=3),
+        1usize..=4,
+        0usize..=6,
+        1usize..=5,
+        0usize..=12,
+        prop::sample::select(vec![Pooling::Sum, Pooling::Mean, Pooling::WeightedSum]),
+        any::<bool>(),
+        prop::sample::select(CachePolicy::ALL.to_vec()),
+        prop::sample::select(vec![0.0, 0.05, 0.3, 1.0]),
+        0usize..=2,
+    )
+        .prop_map(
+            |(
+                seed,
+                dtype,
+                tabs,
+                features,
+                batch,
+                batches,
+                max_len,
+                pooling,
+                wide,
+                policy,
+                cache_frac,
+                depth,
+            )| {
+                let (dims, mut on_ssd): (Vec<usize>, Vec<bool>) = tabs.into_iter().unzip();
+                on_ssd[0] = true; // at least one table on the tier
+                Case {
+                    seed,
+                    dtype,
+                    dims,
+                    on_ssd,
+                    features,
+                    batch,
+                    batches,
+                    max_len,
+                    pooling,
+                    wide,
+                    policy,
+                    cache_frac,
+                    depth,
+                }
+            },
+        )
+}
+
+/// The same tables twice (in memory, and with `on_ssd` tables from row files), features, and batches.
+fn build(
+    c: &Case,
+    dir: &TempDir,
+) -> (
+    EmbeddingCollection,
+    EmbeddingCollection,
+    Vec<KeyedJagged>,
+    usize,
+) {
+    let mut rng = SmallRng::seed_from_u64(c.seed);
+    let (mut mem, mut tier) = (Vec::new(), Vec::new());
+    let mut tier_bytes = 0;
+    for (t, (&dim, &ssd)) in c.dims.iter().zip(&c.on_ssd).enumerate() {
+        // Enough rows that tables span several 4 KiB blocks.
+        let rows = rng.random_range(1..400);
+        let table = random_table(&mut rng, &format!("table{t}"), rows, dim, c.dtype);
+        let p = dir.path(&format!("table{t}.rows"));
+        write(&table, &p);
+        if ssd {
+            tier_bytes += table.rows() * table.stride();
+        }
+        let placement = if ssd { Placement::Ssd } else { Placement::Dram };
+        tier.push(EmbeddingTable::from_row_file(&p, placement, PagePolicy::Small).unwrap());
+        mem.push(table);
+    }
+    let features: Vec<Feature> = (0..c.features)
+        .map(|f| Feature {
+            name: format!("f{f}"),
+            table: rng.random_range(0..mem.len()),
+        })
+        .collect();
+    let rows: Vec<usize> = features.iter().map(|f| mem[f.table].rows()).collect();
+    let keys: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
+    let mem = EmbeddingCollection::new(mem, features.clone()).unwrap();
+    let tier = EmbeddingCollection::new(tier, features).unwrap();
+    let mut batches = Vec::new();
+    for _ in 0..c.batches {
+        let (mut lengths, mut ids) = (Vec::new(), Vec::new());
+        for &r in &rows {
+            for _ in 0..c.batch {
+                let len = if rng.random_bool(0.2) {
+                    0
+                } else {
+                    rng.random_range(0..=c.max_len)
+                };
+                lengths.push(len);
+                // A hot few rows half the time, so the cache sees reuse.
+                let span = if rng.random_bool(0.5) { r.min(5) } else { r };
+                (0..len).for_each(|_| ids.push(rng.random_range(0..span) as i64));
+            }
+        }
+        let weights = (c.pooling == Pooling::WeightedSum).then(|| {
+            (0..ids.len())
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect()
+        });
+        let ids = if c.wide {
+            Ids::I64(ids)
+        } else {
+            Ids::U32(ids.into_iter().map(|x| x as u32).collect())
+        };
+        batches.push(
+            KeyedJagged::from_lengths(keys.clone(), c.batch, &lengths, ids, weights).unwrap(),
+        );
+    }
+    (mem, tier, batches, tier_bytes)
+}
+
+fn check_case(c: &Case) {
+    let dir = TempDir::new("prop");
+    let (mem, tier, batches, tier_bytes) = build(c, &dir);
+    let budget = (tier_bytes as f64 * c.cache_frac) as usize;
+    // Pin from a "trace" of the batches' own ids (the pinned policy's profile).
+    let trace: Vec<u64> = batches
+        .iter()
+        .flat_map(|b| (0..b.num_ids()).map(|j| b.ids().get(j) as u64))
+        .collect();
+    let opts = TierOptions {
+        cache_bytes: budget,
+        policy: c.policy,
+        io: if c.seed.is_multiple_of(2) {
+            IoMode::Auto
+        } else {
+            IoMode::Pread
+        },
+        queue_depth: 1 + (c.seed % 7) as usize,
+        pin_trace: (!c.seed.is_multiple_of(3)).then(|| Arc::new(trace)),
+        refresh_batches: if c.seed.is_multiple_of(3) { 2 } else { 0 },
+        ..TierOptions::default()
+    };
+    let stager = Stager::new(&tier, opts).unwrap();
+    for threads in [1, 2] {
+        let pooler = Pooler::new(PoolOptions {
+            pooling: c.pooling,
+            dedup: Dedup::Off,
+            threads,
+            ..PoolOptions::default()
+        })
+        .unwrap();
+        let width = mem.total_dim();
+        let mut n = 0;
+        pipeline(
+            &stager,
+            &tier,
+            c.depth,
+            batches.iter(),
+            |b| *b,
+            |kj, staged| -> Result<(), String> {
+                let staged = staged.map_err(|e| e.to_string())?;
+                let mut want = vec![f32::NAN; kj.batch_size() * width];
+                pooler
+                    .run(&mem, mem.validate(kj).unwrap(), &mut want)
+                    .unwrap();
+                let mut got = vec![f32::NAN; want.len()];
+                pooler
+                    .run_staged(&tier, tier.validate(kj).unwrap(), &staged, &mut got)
+                    .unwrap();
+                // Bit-identical: the same kernel sums the same bytes in the same order.
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{c:?} threads={threads}: staged {got:?} != in-memory {want:?}"
+                );
+                stager.check_invariants(budget);
+                n += 1;
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(n, batches.len());
+    }
+    let s = stager.stats();
+    assert_eq!(s.hits + s.misses, s.cache_lookups);
+    assert!(s.cache_lookups <= s.lookups);
+    assert!(
+        s.hits <= s.lookup_hits && s.lookup_hits <= s.lookups,
+        "{s:?}"
+    );
+    assert_eq!(s.misses == 0, s.lookup_hits == s.lookups, "{s:?}");
+    if budget == 0 && c.policy != CachePolicy::Pinned {
+        assert_eq!(s.hits, 0, "an empty cache cannot hit");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn staged_lookups_equal_in_memory_lookups(c in case_strategy()) {
+        check_case(&c);
+    }
+}
+
+#[test]
+fn unstaged_tier_lookup_is_an_error() {
+    let dir = TempDir::new("unstaged");
+    let mut rng = SmallRng::seed_from_u64(3);
+    let t = random_table(&mut rng, "t", 20, 8, DType::F32);
+    let p = dir.path("t.rows");
+    write(&t, &p);
+    let coll =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    let kj =
+        KeyedJagged::from_lengths(vec!["t".into()], 1, &[2], Ids::U32(vec![1, 19]), None).unwrap();
+    let pooler = Pooler::new(PoolOptions::default()).unwrap();
+    let mut out = vec![0f32; 8];
+    let e = pooler
+        .run(&coll, coll.validate(&kj).unwrap(), &mut out)
+        .unwrap_err();
+    assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
+    // A staged batch of another shape is refused too.
+    let other =
+        KeyedJagged::from_lengths(vec!["t".into()], 1, &[1], Ids::U32(vec![3]), None).unwrap();
+    let stager = Stager::new(&coll, TierOptions::default()).unwrap();
+    let staged = stager.stage(&coll, coll.validate(&other).unwrap()).unwrap();
+    let e = pooler
+        .run_staged(&coll, coll.validate(&kj).unwrap(), &staged, &mut out)
+        .unwrap_err();
+    assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
+}
+
+#[test]
+fn pinned_rows_survive_cold_traffic() {
+    let dir = TempDir::new("pinned");
+    let mut rng = SmallRng::seed_from_u64(11);
+    let rows = 4000;
+    let t = random_table(&mut rng, "t", rows, 16, DType::F32);
+    let p = dir.path("t.rows");
+    write(&t, &p);
+    let coll =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    // Hot ids 0..50 appear 5 times each in the profile.
+    let trace: Vec<u64> = (0..5).flat_map(|_| 0..50u64).chain(100..300).collect();
+    let budget = 100 * 64; // 100 rows of 64 bytes, all pinned (a trace is given)
+    let stager = Stager::new(
+        &coll,
+        TierOptions {
+            cache_bytes: budget,
+            policy: CachePolicy::Pinned,
+            pin_trace: Some(Arc::new(trace)),
+            ..TierOptions::default()
+        },
+    )
+    .unwrap();
+    for id in 0..50 {
+        assert!(stager.is_pinned(0, id), "row {id} not pinned");
+    }
+    // Thousands of one-shot cold ids, then check.
+    for b in 0..40u32 {
+        let ids: Vec<u32> = (0..100)
+            .map(|i| 1000 + b * 70 + i)
+            .filter(|&i| (i as usize) < rows)
+            .collect();
+        let kj = KeyedJagged::from_lengths(vec!["t".into()], 1, &[ids.len()], Ids::U32(ids), None)
+            .unwrap();
+        stager.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+        stager.check_invariants(budget);
+    }
+    for id in 0..50 {
+        assert!(
+            stager.is_pinned(0, id),
+            "row {id} was evicted by cold traffic"
+        );
+    }
+    // The hot rows hit without a read.
+    let before = stager.stats();
+    let ids: Vec<u32> = (0..50).collect();
+    let kj = KeyedJagged::from_lengths(vec!["t".into()], 1, &[50], Ids::U32(ids), None).unwrap();
+    stager.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+    let d = stager.stats().since(&before);
+    assert_eq!((d.hits, d.misses, d.ssd_reads), (50, 0, 0));
+    assert_eq!((d.lookups, d.lookup_hits), (50, 50));
+}
+
+/// Flips one byte of `path` at `at`.
+fn flip(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0x5A;
+    f.write_all_at(&b, at).unwrap();
+}
+
+#[test]
+fn damaged_files_are_refused_with_a_clear_error() {
+    let dir = TempDir::new("corrupt");
+    let mut rng = SmallRng::seed_from_u64(5);
+    let rows = 100;
+    let t = random_table(&mut rng, "t", rows, 64, DType::F32); // 256-byte rows, 16 per block
+    let good = dir.path("good.rows");
+    write(&t, &good);
+    let f = RowFile::open(&good).unwrap();
+    let data = f.header().data_offset;
+    let sums = f.header().sums_offset;
+    let len = std::fs::metadata(&good).unwrap().len();
+    drop(f);
+    let copy = |name: &str| {
+        let p = dir.path(name);
+        std::fs::copy(&good, &p).unwrap();
+        p
+    };
+    let open_err = |p: &Path| RowFile::open(p).unwrap_err().to_string();
+
+    // A flipped data byte in block 2 (rows 32..48): open succeeds, a read of that block fails,
+    // naming the block; rows of other blocks still read.
+    let p = copy("data.rows");
+    flip(&p, data + 2 * BLOCK as u64 + 100);
+    let coll =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    let stager = Stager::new(&coll, TierOptions::default()).unwrap();
+    let kj = |ids: Vec<u32>| {
+        KeyedJagged::from_lengths(vec!["t".into()], 1, &[ids.len()], Ids::U32(ids), None).unwrap()
+    };
+    let bad = kj(vec![3, 40]);
+    let e = stager
+        .stage(&coll, coll.validate(&bad).unwrap())
+        .unwrap_err();
+    assert!(matches!(e, EmbedError::Corrupt { block: 2, .. }), "{e}");
+    assert!(e.to_string().contains("fails its checksum"), "{e}");
+    let ok = kj(vec![3, 60, 99]);
+    stager.stage(&coll, coll.validate(&ok).unwrap()).unwrap();
+    // The bad row was not cached by the failed read: asking again fails again.
+    assert!(stager.stage(&coll, coll.validate(&bad).unwrap()).is_err());
+    assert!(matches!(
+        RowFile::open(&p).unwrap().verify_all(),
+        Err(EmbedError::Corrupt { block: 2, .. })
+    ));
+    let mut row = vec![0u8; 256];
+    assert!(coll.tables()[0].read_row(40, &mut row).is_err());
+    // Loading it into memory refuses too.
+    assert!(EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).is_err());
+
+    // Header, checksum table, length, magic, version.
+    let p = copy("header.rows");
+    flip(&p, 20);
+    assert!(
+        open_err(&p).contains("header checksum mismatch"),
+        "{}",
+        open_err(&p)
+    );
+    let p = copy("sums.rows");
+    flip(&p, sums + 4);
+    assert!(
+        open_err(&p).contains("checksum table damaged"),
+        "{}",
+        open_err(&p)
+    );
+    let p = copy("short.rows");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len - BLOCK as u64)
+        .unwrap();
+    assert!(open_err(&p).contains("truncated"), "{}", open_err(&p));
+    let p = copy("long.rows");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len + 1)
+        .unwrap();
+    assert!(open_err(&p).contains("extra bytes"), "{}", open_err(&p));
+    let p = copy("magic.rows");
+    flip(&p, 0);
+    assert!(open_err(&p).contains("not a row file"), "{}", open_err(&p));
+    let p = dir.path("tiny.rows");
+    std::fs::write(&p, b"EMBROWS\0").unwrap();
+    assert!(open_err(&p).contains("shorter than"), "{}", open_err(&p));
+
+    // A writer that never finishes leaves no file under the final name.
+    let p = dir.path("torn.rows");
+    let mut w = RowFileWriter::create(&p, "t", rows, 64, DType::F32).unwrap();
+    w.write_rows(&t.resident().unwrap()[..256 * 10]).unwrap();
+    drop(w);
+    assert!(!p.exists());
+    // Finishing with rows missing is an error, and too many rows too.
+    let mut w = RowFileWriter::create(&p, "t", rows, 64, DType::F32).unwrap();
+    w.write_rows(&t.resident().unwrap()[..256 * 10]).unwrap();
+    assert!(
+        w.finish()
+            .unwrap_err()
+            .to_string()
+            .contains("10 of 100 rows")
+    );
+    let mut w = RowFileWriter::create(&p, "t", 2, 64, DType::F32).unwrap();
+    assert!(w.write_rows(&t.resident().unwrap()[..256 * 3]).is_err());
+}
