@@ -28,7 +28,8 @@ pub struct ConvertArgs {
     #[arg(long)]
     placement: Option<Placement>,
     /// A safetensors file: writes OUT/NAME.rows for each 2-D f32, f16 or bf16 tensor (a leading
-    /// `tables.` is dropped from the name).
+    /// `tables.` is dropped from the name; f32 and bf16 subnormals are flushed to zero, as the
+    /// model loader does). Use this for tables larger than memory: `--model` loads every table.
     #[arg(long, requires = "out")]
     safetensors: Option<PathBuf>,
     /// Output directory for --safetensors.
@@ -87,12 +88,13 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
                 .join(", ")
         );
     }
-    // Load with every table in memory (from the safetensors file, or from existing row files).
+    // Load with every table in memory, from the safetensors file (so a retrained model can be
+    // converted again, and a damaged row file is never the source).
     let model = Model::load(
         dir,
         LoadOptions {
             table_dtype: None,
-            placement: None,
+            placement: Some(Placement::Dram),
         },
     )
     .with_context(|| format!("loading model {}", dir.display()))?;
@@ -102,10 +104,7 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
             continue;
         }
         let Some(bytes) = t.resident() else {
-            bail!(
-                "table '{}' is on the SSD tier in config.json and its row file already exists",
-                t.name()
-            );
+            bail!("table '{}' was not loaded into memory", t.name());
         };
         let t0 = Instant::now();
         let path = row_file_path(dir, t.name());
@@ -140,6 +139,10 @@ fn from_safetensors(a: &ConvertArgs, file: &Path, out: &Path) -> Result<()> {
     for name in names {
         let t = st.tensor(&name)?;
         let table = name.strip_prefix("tables.").unwrap_or(&name);
+        if !ember_model::config::safe_file_name(table) {
+            eprintln!("skipping {name}: the name cannot be a file name");
+            continue;
+        }
         if let Some(only) = &a.tables
             && !only.iter().any(|o| o == table)
         {
@@ -162,7 +165,13 @@ fn from_safetensors(a: &ConvertArgs, file: &Path, out: &Path) -> Result<()> {
         };
         let t0 = Instant::now();
         let path = out.join(format!("{table}.rows"));
-        write_row_file(&path, table, *rows, *dim, dtype, t.data())?;
+        // Subnormals read as zero, as when the model loads the table into memory, so that the tier
+        // and DRAM pool the same bytes.
+        let bytes = match dtype {
+            DType::F32 | DType::BF16 => ember_model::weights::flush_bytes(t.data(), dtype),
+            _ => t.data().to_vec(),
+        };
+        write_row_file(&path, table, *rows, *dim, dtype, &bytes)?;
         done(&path, a.verify, t0)?;
         n += 1;
     }

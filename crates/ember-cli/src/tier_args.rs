@@ -20,7 +20,8 @@ pub struct TierArgs {
     /// Row cache policy of the SSD tier: lru, lfu (with TinyLFU admission) or pinned.
     #[arg(long)]
     cache_policy: Option<CachePolicy>,
-    /// Batches whose missing rows are read ahead of the one being computed (predict).
+    /// Batches whose missing rows are read ahead of the one being computed (predict; serve stages
+    /// each batch as it forms).
     #[arg(long)]
     prefetch_depth: Option<usize>,
     /// I/O engine of the SSD tier: auto, uring or pread.
@@ -44,7 +45,6 @@ impl TierArgs {
     pub fn apply(&self, model: &mut Model, dir: &Path) -> Result<()> {
         if self.cache_mb.is_none()
             && self.cache_policy.is_none()
-            && self.prefetch_depth.is_none()
             && self.io.is_none()
             && self.pin_trace.is_none()
         {
@@ -75,6 +75,11 @@ impl TierArgs {
         }
         model.set_tier(dir, t).context("setting up the SSD tier")?;
         Ok(())
+    }
+
+    /// Whether --prefetch-depth was given.
+    pub fn has_depth(&self) -> bool {
+        self.prefetch_depth.is_some()
     }
 
     /// The prefetch depth in effect.

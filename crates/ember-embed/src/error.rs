@@ -158,7 +158,8 @@ pub enum EmbedError {
     },
     /// A lookup reached a table on the SSD tier without its rows staged first.
     #[error(
-        "table '{table}' is on the SSD tier: stage the batch (Stager::stage) and pool with Pooler::run_staged"
+        "table '{table}' is on the SSD tier and its rows were not staged for this batch: stage the \
+         batch (Stager::stage) and pool that batch with the result (Pooler::run_staged)"
     )]
     NotStaged { table: String },
 

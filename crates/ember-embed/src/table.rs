@@ -131,21 +131,27 @@ impl EmbeddingTable {
     /// checksum table are checked at open; the rows are not, as the OS pages them in unseen).
     pub fn map_row_file(path: &Path) -> Result<Self> {
         let file = Arc::new(RowFile::open(path)?);
-        let plain = std::fs::File::open(path).map_err(|e| EmbedError::Io {
-            path: path.display().to_string(),
-            op: "open",
-            reason: e.to_string(),
-        })?;
-        // SAFETY: a read-only shared mapping. Row files are written to a temporary name and
-        // renamed into place, never modified in place; another process truncating the file while
-        // it is mapped would raise SIGBUS on access (documented in docs/ssd-tier.md).
-        let map = unsafe { memmap2::Mmap::map(&plain) }.map_err(|e| EmbedError::Io {
+        // SAFETY: a read-only shared mapping of the descriptor whose length and header were just
+        // checked. Row files are written to a temporary name and renamed into place, never
+        // modified in place; another process truncating the file while it is mapped would raise
+        // SIGBUS on access (documented in docs/ssd-tier.md).
+        let map = unsafe { memmap2::Mmap::map(file.file()) }.map_err(|e| EmbedError::Io {
             path: path.display().to_string(),
             op: "mmap",
             reason: e.to_string(),
         })?;
         let offset = file.header().data_offset as usize;
         let len = file.rows() * file.row_bytes();
+        if map.len() < offset + len {
+            return Err(EmbedError::RowFile {
+                path: path.display().to_string(),
+                reason: format!(
+                    "mapped {} bytes, the rows end at {}",
+                    map.len(),
+                    offset + len
+                ),
+            });
+        }
         Ok(Self::over_file(
             file.clone(),
             Storage::Mapped {

@@ -20,7 +20,8 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
+        // Under target/ (a real disk filesystem, where O_DIRECT works; /tmp may be tmpfs).
+        let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
             "ember-tier-{tag}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
@@ -365,6 +366,36 @@ fn unstaged_tier_lookup_is_an_error() {
         .run(&coll, coll.validate(&kj).unwrap(), &mut out)
         .unwrap_err();
     assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
+    // A staged batch of the same shape but other ids is refused (its rows are another batch's).
+    let same_shape =
+        KeyedJagged::from_lengths(vec!["t".into()], 1, &[2], Ids::U32(vec![1, 18]), None).unwrap();
+    let stager = Stager::new(&coll, TierOptions::default()).unwrap();
+    let staged = stager
+        .stage(&coll, coll.validate(&same_shape).unwrap())
+        .unwrap();
+    let e = pooler
+        .run_staged(&coll, coll.validate(&kj).unwrap(), &staged, &mut out)
+        .unwrap_err();
+    assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
+    // The same batch pools.
+    pooler
+        .run_staged(
+            &coll,
+            coll.validate(&same_shape).unwrap(),
+            &staged,
+            &mut out,
+        )
+        .unwrap();
+    // A stager built for another collection (same shape, another file) refuses to stage.
+    let p2 = dir.path("t2.rows");
+    write(&t, &p2);
+    let other =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p2).unwrap()])
+            .unwrap();
+    let e = stager
+        .stage(&other, other.validate(&kj).unwrap())
+        .unwrap_err();
+    assert!(e.to_string().contains("other than the stager's"), "{e}");
     // A staged batch of another shape is refused too.
     let other =
         KeyedJagged::from_lengths(vec!["t".into()], 1, &[1], Ids::U32(vec![3]), None).unwrap();
@@ -428,6 +459,22 @@ fn pinned_rows_survive_cold_traffic() {
     let d = stager.stats().since(&before);
     assert_eq!((d.hits, d.misses, d.ssd_reads), (50, 0, 0));
     assert_eq!((d.lookups, d.lookup_hits), (50, 50));
+}
+
+/// Edits the header of `path` with `f` and rewrites its CRC, as a buggy or foreign writer would.
+fn rewrite_header(path: &Path, f: impl FnOnce(&mut [u8])) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut h = vec![0u8; 4096];
+    file.read_exact_at(&mut h, 0).unwrap();
+    f(&mut h);
+    let crc = crc32fast::hash(&h[..4092]);
+    h[4092..].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(&h, 0).unwrap();
 }
 
 /// Flips one byte of `path` at `at`.
@@ -525,6 +572,21 @@ fn damaged_files_are_refused_with_a_clear_error() {
         .set_len(len + 1)
         .unwrap();
     assert!(open_err(&p).contains("extra bytes"), "{}", open_err(&p));
+    // A version this build does not read, with a valid header CRC.
+    let p = copy("version.rows");
+    rewrite_header(&p, |h| h[8..12].copy_from_slice(&2u32.to_le_bytes()));
+    assert!(
+        open_err(&p).contains("format version 2"),
+        "{}",
+        open_err(&p)
+    );
+    // Fields inconsistent with the shape (valid CRC): data offset moved.
+    let p = copy("fields.rows");
+    rewrite_header(&p, |h| {
+        let v = u64::from_le_bytes(h[56..64].try_into().unwrap()) + 4096;
+        h[56..64].copy_from_slice(&v.to_le_bytes());
+    });
+    assert!(open_err(&p).contains("inconsistent"), "{}", open_err(&p));
     let p = copy("magic.rows");
     flip(&p, 0);
     assert!(open_err(&p).contains("not a row file"), "{}", open_err(&p));
@@ -538,6 +600,10 @@ fn damaged_files_are_refused_with_a_clear_error() {
     w.write_rows(&t.resident().unwrap()[..256 * 10]).unwrap();
     drop(w);
     assert!(!p.exists());
+    assert!(
+        !dir.path("torn.rows.tmp").exists(),
+        "an unfinished writer leaves its temporary file"
+    );
     // Finishing with rows missing is an error, and too many rows too.
     let mut w = RowFileWriter::create(&p, "t", rows, 64, DType::F32).unwrap();
     w.write_rows(&t.resident().unwrap()[..256 * 10]).unwrap();
@@ -549,4 +615,70 @@ fn damaged_files_are_refused_with_a_clear_error() {
     );
     let mut w = RowFileWriter::create(&p, "t", 2, 64, DType::F32).unwrap();
     assert!(w.write_rows(&t.resident().unwrap()[..256 * 3]).is_err());
+}
+
+/// Rows larger than a block (4400 bytes: two or three blocks each) and a table larger than the
+/// biggest merged read (256 KiB), every row of it in one batch: reads split at the merge limit,
+/// rows straddling blocks, through io_uring when the kernel allows it and through pread.
+#[test]
+fn large_rows_and_split_merged_reads_equal_in_memory() {
+    let dir = TempDir::new("large");
+    let mut rng = SmallRng::seed_from_u64(21);
+    let (rows, dim) = (300, 1100);
+    let t = random_table(&mut rng, "t", rows, dim, DType::F32);
+    let p = dir.path("t.rows");
+    write(&t, &p);
+    let mem = EmbeddingCollection::one_feature_per_table(vec![t]).unwrap();
+    let tier =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    let mut ids: Vec<u32> = (0..rows as u32).collect();
+    ids.extend((0..50).map(|_| rng.random_range(0..rows as u32)));
+    let lengths: Vec<usize> = vec![ids.len() / 2, ids.len() - ids.len() / 2];
+    let kj = KeyedJagged::from_lengths(vec!["t".into()], 2, &lengths, Ids::U32(ids), None).unwrap();
+    let pooler = Pooler::new(PoolOptions::default()).unwrap();
+    let mut want = vec![0f32; 2 * dim];
+    pooler
+        .run(&mem, mem.validate(&kj).unwrap(), &mut want)
+        .unwrap();
+    for io in [IoMode::Uring, IoMode::Pread] {
+        let opts = TierOptions {
+            cache_bytes: 0,
+            io,
+            queue_depth: 8,
+            ..TierOptions::default()
+        };
+        let stager = match Stager::new(&tier, opts) {
+            Ok(s) => s,
+            Err(e) if io == IoMode::Uring => {
+                eprintln!("skipping io_uring: {e}");
+                continue;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(
+            stager.io_kind().name(),
+            if io == IoMode::Uring {
+                "io_uring"
+            } else {
+                "pread"
+            }
+        );
+        let staged = stager.stage(&tier, tier.validate(&kj).unwrap()).unwrap();
+        let mut got = vec![f32::NAN; 2 * dim];
+        pooler
+            .run_staged(&tier, tier.validate(&kj).unwrap(), &staged, &mut got)
+            .unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{io:?}"
+        );
+        let s = stager.stats();
+        // 300 rows x 4400 bytes = 1.3 MB of blocks: more than 5 reads of at most 256 KiB.
+        assert_eq!(s.misses, rows as u64);
+        assert!(s.ssd_reads >= 6, "{s:?}");
+        assert!(s.ssd_bytes_read >= (rows * 4400) as u64, "{s:?}");
+    }
 }

@@ -219,6 +219,11 @@ mod dtype_name {
     }
 }
 
+/// Whether `name` can be used as a file name inside a directory (no separators, not `.`/`..`).
+pub fn safe_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
 impl ModelConfig {
     /// Reads and checks `path`.
     pub fn read(path: &Path) -> Result<Self> {
@@ -338,6 +343,12 @@ impl ModelConfig {
             }
             if self.tables[..i].iter().any(|u| u.name == t.name) {
                 return Err(format!("table name '{}' appears twice", t.name));
+            }
+            if !safe_file_name(&t.name) {
+                return Err(format!(
+                    "table name '{}' cannot name a file (rows/NAME.rows): no '/', '\\', NUL, or '.'/'..'",
+                    t.name
+                ));
             }
         }
         if let Some(t) = &self.tier {

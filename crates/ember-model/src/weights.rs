@@ -216,6 +216,13 @@ fn open_row_file(
         )));
     }
     let table = EmbeddingTable::from_row_file(&path, t.placement, ember_embed::PagePolicy::Huge)?;
+    if table.name() != t.name {
+        return Err(bad(format!(
+            "holds table '{}', not '{}' (a file copied under the wrong name?)",
+            table.name(),
+            t.name
+        )));
+    }
     if (table.rows(), table.dim(), table.dtype()) != (t.rows, t.dim, t.dtype) {
         return Err(bad(format!(
             "holds {} rows x dim {} {}, but config.json says table '{}' is {} x {} {}",
@@ -242,7 +249,7 @@ pub fn flush(v: f32) -> f32 {
 
 /// [`flush`] over the little-endian bytes of an f32 or bf16 tensor (f16 subnormals decode to
 /// normal f32 values and are left alone).
-fn flush_bytes(bytes: &[u8], dtype: DType) -> Vec<u8> {
+pub fn flush_bytes(bytes: &[u8], dtype: DType) -> Vec<u8> {
     let mut out = bytes.to_vec();
     match dtype {
         DType::F32 => out.chunks_exact_mut(4).for_each(|c| {

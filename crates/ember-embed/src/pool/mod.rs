@@ -284,10 +284,7 @@ impl Pooler {
             }
             let range = kj.feature_range(f);
             match staged.and_then(|s| s.feature(f)) {
-                Some(sf)
-                    if sf.start == range.start
-                        && sf.inverse.len() == range.len()
-                        && sf.rows.len() % table.stride().max(1) == 0 => {}
+                Some(sf) if sf.fits(range.start, kj.ids(), range.clone(), table.stride()) => {}
                 _ => {
                     return Err(EmbedError::NotStaged {
                         table: table.name().into(),

@@ -82,11 +82,27 @@ enum Backend {
 
 /// Keeps reads in flight; see the module documentation.
 pub struct IoEngine {
-    // Declared before `buf`: the ring is torn down (its reads finished or cancelled) before the
-    // buffer they write into is unmapped.
     backend: Backend,
+    /// Where reads land. Never unmapped while the kernel may still write into it: after a ring
+    /// failure with reads in flight the engine is poisoned and the buffer leaked (see
+    /// [`IoEngine::read`] and `Drop`).
     buf: Option<AlignedBuf>,
     depth: usize,
+    /// Set when the ring failed with reads possibly still in flight: every later read fails.
+    poisoned: bool,
+}
+
+/// Buffers above this are unmapped after the call that needed them (a pin load, a huge batch),
+/// so that a one-off large read does not stay resident beside the cache.
+const KEEP_BUF: usize = 64 << 20;
+
+impl Drop for IoEngine {
+    fn drop(&mut self) {
+        if self.poisoned {
+            // Reads may still be in flight into this buffer: leak it rather than unmap it.
+            std::mem::forget(self.buf.take());
+        }
+    }
 }
 
 impl fmt::Debug for IoEngine {
@@ -115,6 +131,7 @@ impl IoEngine {
             backend,
             buf: None,
             depth,
+            poisoned: false,
         })
     }
 
@@ -134,6 +151,22 @@ impl IoEngine {
     /// Runs `reads` and returns the buffer holding their bytes back to back, in order. Every read
     /// must return its full length (a short read means the file shrank: an error).
     pub fn read(&mut self, files: &[&File], reads: &[Read]) -> Result<&[u8], ReadError> {
+        if self.poisoned {
+            return Err(ReadError {
+                index: 0,
+                error: io::Error::other(
+                    "the io_uring ring failed earlier with reads in flight; restart the process \
+                     (or use --io pread)",
+                ),
+            });
+        }
+        if self
+            .buf
+            .as_ref()
+            .is_some_and(|b| b.as_ref().len() > KEEP_BUF)
+        {
+            self.buf = None;
+        }
         let total: usize = reads.iter().map(|r| r.len).sum();
         if let Some(i) = reads.iter().position(|r| r.file >= files.len()) {
             return Err(ReadError {
@@ -151,7 +184,15 @@ impl IoEngine {
         };
         let buf = &mut buf.as_mut()[..total];
         match &mut self.backend {
-            Backend::Uring(ring) => uring_read(ring, self.depth, files, reads, buf)?,
+            Backend::Uring(ring) => {
+                if let Err((e, in_flight)) = uring_read(ring, self.depth, files, reads, buf) {
+                    if in_flight {
+                        self.poisoned = true;
+                        std::mem::forget(self.buf.take());
+                    }
+                    return Err(e);
+                }
+            }
             Backend::Pread(pool) => pread_read(pool, files, reads, buf)?,
         }
         Ok(&self.buf.as_ref().map_or(&[][..], |b| b.as_ref())[..total])
@@ -203,13 +244,15 @@ fn short(n: usize, len: usize) -> io::Error {
     )
 }
 
+/// Runs the reads through the ring. On failure, also says whether reads may still be in flight
+/// (the ring itself failed), in which case `buf` must never be unmapped.
 fn uring_read(
     ring: &mut io_uring::IoUring,
     depth: usize,
     files: &[&File],
     reads: &[Read],
     buf: &mut [u8],
-) -> Result<(), ReadError> {
+) -> Result<(), (ReadError, bool)> {
     use io_uring::{opcode, types};
     let mut starts = Vec::with_capacity(reads.len());
     let mut at = 0;
@@ -236,9 +279,10 @@ fn uring_read(
                 .user_data(next as u64);
                 // SAFETY: the read writes `r.len` bytes at `base + starts[next]`, inside `buf`
                 // (starts are prefix sums of the lengths, whose total is `buf.len()`), and no two
-                // reads overlap. `buf` is borrowed mutably for this whole function, and the
-                // function returns only when `inflight` is 0, i.e. after the kernel has completed
-                // every read it was given, so the memory outlives every write to it.
+                // reads overlap. `buf` is borrowed mutably for this whole function, which returns
+                // when `inflight` is 0 (the kernel has completed every read it was given), or,
+                // when the ring itself fails, reports reads in flight so that the caller leaks
+                // the buffer instead of unmapping it; either way the memory outlives every write.
                 if unsafe { sq.push(&sqe) }.is_err() {
                     break;
                 }
@@ -252,11 +296,13 @@ fn uring_read(
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // Transient (memory pressure, a full completion queue): reap and go on.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                std::thread::yield_now();
+            }
             Err(error) => {
-                // The ring itself failed: nothing more completes through it. Wait no further
-                // (reads may still be queued in the kernel; `buf` stays mapped inside the engine
-                // until the ring is dropped first, see IoEngine's fields).
-                return Err(ReadError { index: next, error });
+                // The ring itself failed: reads may still be in flight into `buf`.
+                return Err((ReadError { index: next, error }, true));
             }
         }
         for cqe in ring.completion() {
@@ -280,7 +326,7 @@ fn uring_read(
         }
     }
     match first_err {
-        Some(e) => Err(e),
+        Some(e) => Err((e, false)),
         None => Ok(()),
     }
 }

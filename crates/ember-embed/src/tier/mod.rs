@@ -164,6 +164,41 @@ pub(crate) struct StagedFeature {
     pub(crate) inverse: Vec<u32>,
     /// Batch position of the feature's first id.
     pub(crate) start: usize,
+    /// Distinct rows in `rows`, and bytes per row.
+    pub(crate) n_rows: usize,
+    pub(crate) stride: usize,
+    /// [`ids_hash`] of the feature's ids: pooling checks the batch is the one staged.
+    pub(crate) ids_hash: u64,
+}
+
+impl StagedFeature {
+    /// Whether this staged feature can be pooled for `ids` (the feature's ids in the batch at
+    /// `start`) over rows of `stride` bytes: same batch position, same ids, and every inverse
+    /// index inside the buffer (so the kernels never read outside it).
+    pub(crate) fn fits(
+        &self,
+        start: usize,
+        ids: &Ids,
+        range: std::ops::Range<usize>,
+        stride: usize,
+    ) -> bool {
+        self.start == start
+            && self.stride == stride
+            && self.inverse.len() == range.len()
+            && self.rows.len() == self.n_rows * stride
+            && self.inverse.iter().fold(0u32, |m, &i| m.max(i)) < self.n_rows.max(1) as u32
+            && (self.inverse.is_empty() || self.n_rows > 0)
+            && ids_hash(ids, range) == self.ids_hash
+    }
+}
+
+/// A hash of ids `range` of a batch (a multiply-xorshift fold).
+pub(crate) fn ids_hash(ids: &Ids, range: std::ops::Range<usize>) -> u64 {
+    let mix = |h: u64, x: u64| (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    match ids {
+        Ids::U32(v) => v[range].iter().fold(0, |h, &x| mix(h, u64::from(x))),
+        Ids::I64(v) => v[range].iter().fold(0, |h, &x| mix(h, x as u64)),
+    }
 }
 
 /// The rows of a batch's tier features, read and checked; pool it with
@@ -319,7 +354,7 @@ impl Stager {
             let mut inner = stager.lock();
             for d in 0..inner.disk.len() {
                 let hot = hottest(trace, inner.disk[d].file.rows(), inner.disk[d].pin_rows);
-                inner.pin(d, &hot)?;
+                inner.pin(d, &hot, &stager.counters)?;
             }
         }
         Ok(stager)
@@ -399,14 +434,25 @@ impl Stager {
         if !self.is_active() {
             return Ok(staged);
         }
-        if self.by_table.len() != coll.tables().len() {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let same = self.by_table.len() == coll.tables().len()
+            && coll
+                .tables()
+                .iter()
+                .zip(&self.by_table)
+                .all(|(t, d)| match d {
+                    Some(d) => t
+                        .row_file()
+                        .is_some_and(|f| Arc::ptr_eq(f, &inner.disk[*d].file)),
+                    None => t.placement() != Placement::Ssd,
+                });
+        if !same {
             return Err(EmbedError::BadOption {
                 option: "stager",
                 reason: "staging a batch of a collection other than the stager's".into(),
             });
         }
-        let mut guard = self.lock();
-        let inner = &mut *guard;
         inner.misses.clear();
         let (mut lookups, mut distinct, mut hits, mut lookup_hits) = (0u64, 0u64, 0u64, 0u64);
         for f in 0..nf {
@@ -451,6 +497,9 @@ impl Stager {
                 rows,
                 inverse: std::mem::take(&mut inner.dedup.inverse),
                 start: range.start,
+                n_rows: n,
+                stride: rb,
+                ids_hash: ids_hash(kj.ids(), range.clone()),
             });
         }
         let io = inner.read_misses(&self.counters, |m, row, disk| {
@@ -480,7 +529,7 @@ impl Stager {
                     .into_iter()
                     .map(|i| i as usize)
                     .collect();
-                inner.pin(d, &hot)?;
+                inner.pin(d, &hot, &self.counters)?;
             }
         }
         c.stage_ns
@@ -610,23 +659,34 @@ impl Inner {
         Ok(waited)
     }
 
-    /// Pins `ids` (hottest first) in tier table `d`, reading the rows.
-    fn pin(&mut self, d: usize, ids: &[usize]) -> Result<()> {
+    /// Pins `ids` (hottest first) in tier table `d`: rows already cached are copied, the others
+    /// read in chunks of at most `PIN_CHUNK` rows (bounded I/O buffers).
+    fn pin(&mut self, d: usize, ids: &[usize], counters: &Counters) -> Result<()> {
+        const PIN_CHUNK: usize = 16 << 10;
         let rb = self.disk[d].file.row_bytes();
         let mut rows = vec![0u8; ids.len() * rb];
         self.misses.clear();
-        self.misses
-            .extend(ids.iter().enumerate().map(|(slot, &id)| Miss {
-                disk: d,
-                id,
-                feature: 0,
-                slot,
-                at: 0,
-            }));
-        let dummy = Counters::default();
-        self.read_misses(&dummy, |m, row, _| {
-            rows[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row)
-        })?;
+        for (slot, &id) in ids.iter().enumerate() {
+            match self.disk[d].cache.get(id as u64) {
+                Some(row) => rows[slot * rb..(slot + 1) * rb].copy_from_slice(row),
+                None => self.misses.push(Miss {
+                    disk: d,
+                    id,
+                    feature: 0,
+                    slot,
+                    at: 0,
+                }),
+            }
+        }
+        let missing = std::mem::take(&mut self.misses);
+        for chunk in missing.chunks(PIN_CHUNK) {
+            self.misses.clear();
+            self.misses.extend_from_slice(chunk);
+            let io = self.read_misses(counters, |m, row, _| {
+                rows[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row)
+            })?;
+            counters.io_ns.fetch_add(io.as_nanos() as u64, Relaxed);
+        }
         self.misses.clear();
         let cache = &mut self.disk[d].cache;
         cache.pin(
@@ -681,11 +741,18 @@ where
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(depth - 1);
     let items = items.into_iter();
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         let stage = &stage;
+        let stop = &stop;
         s.spawn(move || {
             for item in items {
                 let st = stage(&item);
+                // Checked before blocking on the next item too (the loop's `next`); an iterator
+                // that blocks forever (an idle stdin) still delays the end after an error.
+                if stop.load(Relaxed) {
+                    break;
+                }
                 if tx.send((item, st)).is_err() {
                     break;
                 }
@@ -698,6 +765,7 @@ where
             };
             stager.add_stall(t.elapsed());
             if let Err(e) = consume(item, st) {
+                stop.store(true, Relaxed);
                 break Err(e);
             }
         };

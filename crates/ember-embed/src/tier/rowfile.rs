@@ -45,6 +45,9 @@ const HEADER: usize = 4096;
 const HEADER_CRC_AT: usize = HEADER - 4;
 /// Longest table name stored.
 const MAX_NAME: usize = 1024;
+/// Largest dim a row file takes (a 64 MiB f32 row; keeps every size computation far from
+/// overflow).
+const MAX_DIM: usize = 1 << 24;
 
 fn dtype_code(d: DType) -> u32 {
     match d {
@@ -88,13 +91,22 @@ impl RowFileHeader {
         if name.len() > MAX_NAME {
             return Err(bad(format!("name longer than {MAX_NAME} bytes")));
         }
+        if dim > MAX_DIM {
+            return Err(bad(format!("dim {dim} is over {MAX_DIM}")));
+        }
         let row_bytes = dtype.row_bytes(dim) as u64;
-        let bytes = (rows as u64)
-            .checked_mul(row_bytes)
-            .ok_or_else(|| bad(format!("{rows} rows x {row_bytes} bytes overflows")))?;
+        let overflow = || bad(format!("{rows} rows x {row_bytes} bytes overflows"));
+        let bytes = (rows as u64).checked_mul(row_bytes).ok_or_else(overflow)?;
         let blocks = bytes.div_ceil(BLOCK as u64);
         let sums_offset = HEADER as u64;
-        let sums_bytes = (4 * blocks).div_ceil(BLOCK as u64) * BLOCK as u64;
+        let sums_bytes = blocks
+            .checked_mul(4)
+            .ok_or_else(overflow)?
+            .div_ceil(BLOCK as u64)
+            * BLOCK as u64;
+        let data_offset = sums_offset + sums_bytes;
+        let data_bytes = blocks.checked_mul(BLOCK as u64).ok_or_else(overflow)?;
+        data_offset.checked_add(data_bytes).ok_or_else(overflow)?;
         Ok(RowFileHeader {
             name: name.into(),
             dtype,
@@ -103,8 +115,8 @@ impl RowFileHeader {
             row_bytes,
             block_bytes: BLOCK as u64,
             sums_offset,
-            data_offset: sums_offset + sums_bytes,
-            data_bytes: blocks * BLOCK as u64,
+            data_offset,
+            data_bytes,
             sums_crc: 0,
         })
     }
@@ -220,12 +232,23 @@ fn io_err(path: &Path, op: &'static str, e: std::io::Error) -> EmbedError {
 pub struct RowFileWriter {
     path: PathBuf,
     tmp: PathBuf,
-    out: BufWriter<File>,
+    /// Taken by `finish`.
+    out: Option<BufWriter<File>>,
     header: RowFileHeader,
     sums: Vec<u32>,
     block: crc32fast::Hasher,
     in_block: usize,
     bytes: u64,
+    finished: bool,
+}
+
+impl Drop for RowFileWriter {
+    /// An unfinished file is removed: nothing half-written stays on disk.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 impl RowFileWriter {
@@ -242,12 +265,13 @@ impl RowFileWriter {
         Ok(RowFileWriter {
             path: path.into(),
             tmp,
-            out,
+            out: Some(out),
             sums: Vec::with_capacity(header.blocks() as usize),
             header,
             block: crc32fast::Hasher::new(),
             in_block: 0,
             bytes: 0,
+            finished: false,
         })
     }
 
@@ -265,9 +289,10 @@ impl RowFileWriter {
                 ),
             });
         }
-        self.out
-            .write_all(bytes)
-            .map_err(|e| io_err(&self.tmp, "write", e))?;
+        if let Some(out) = self.out.as_mut() {
+            out.write_all(bytes)
+                .map_err(|e| io_err(&self.tmp, "write", e))?;
+        }
         self.hash(bytes);
         self.bytes += bytes.len() as u64;
         Ok(())
@@ -302,9 +327,10 @@ impl RowFileWriter {
         }
         if self.in_block > 0 {
             let pad = vec![0u8; BLOCK - self.in_block];
-            self.out
-                .write_all(&pad)
-                .map_err(|e| io_err(&self.tmp, "write", e))?;
+            if let Some(out) = self.out.as_mut() {
+                out.write_all(&pad)
+                    .map_err(|e| io_err(&self.tmp, "write", e))?;
+            }
             self.hash(&pad);
         }
         debug_assert_eq!(self.sums.len() as u64, self.header.blocks());
@@ -315,12 +341,18 @@ impl RowFileWriter {
             0,
         );
         let tmp = self.tmp.clone();
+        let Some(out) = self.out.take() else {
+            return Err(io_err(
+                &tmp,
+                "write",
+                std::io::Error::other("already finished"),
+            ));
+        };
         let e = |op| {
             let tmp = tmp.clone();
             move |e| io_err(&tmp, op, e)
         };
-        let mut file = self
-            .out
+        let mut file = out
             .into_inner()
             .map_err(|e| e.into_error())
             .map_err(e("write"))?;
@@ -331,6 +363,7 @@ impl RowFileWriter {
         file.write_all(&self.header.encode()).map_err(e("write"))?;
         file.sync_all().map_err(e("sync"))?;
         std::fs::rename(&self.tmp, &self.path).map_err(e("rename"))?;
+        self.finished = true;
         Ok(())
     }
 }
@@ -506,6 +539,20 @@ impl RowFile {
         Ok(())
     }
 
+    /// A read that returned fewer bytes than asked: the file shrank after it was opened.
+    fn check_len(&self, got: usize, want: usize, block: u64) -> Result<()> {
+        if got == want {
+            return Ok(());
+        }
+        Err(EmbedError::RowFile {
+            path: self.path.display().to_string(),
+            reason: format!(
+                "short read at block {block}: {got} of {want} bytes (the file was truncated after \
+                 it was opened)"
+            ),
+        })
+    }
+
     /// Reads row `r` (checked) into `out` (`row_bytes` long), synchronously. For occasional
     /// reads (references, tests); lookups go through a [`crate::tier::Stager`].
     pub fn read_row(&self, r: usize, out: &mut [u8]) -> Result<()> {
@@ -525,6 +572,7 @@ impl RowFile {
             AlignedBuf::new(n as usize * BLOCK).map_err(|e| io_err(&self.path, "allocate", e))?;
         let got = read_full_at(&self.file, buf.as_mut(), self.block_offset(first))
             .map_err(|e| io_err(&self.path, "read", e))?;
+        self.check_len(got, n as usize * BLOCK, first)?;
         self.verify(first, &buf.as_ref()[..got])?;
         let start = r * self.row_bytes() - first as usize * BLOCK;
         out.copy_from_slice(&buf.as_ref()[start..start + self.row_bytes()]);
