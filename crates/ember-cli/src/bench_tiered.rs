@@ -163,6 +163,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
             shape,
             t.mmap_max_secs,
             "mmap (budget)",
+            true,
         )?;
         println!(
             "{}",
@@ -363,6 +364,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
             shape,
             t.mmap_max_secs,
             "mmap (cold)",
+            false,
         )?);
         if t.mmap_budget == OnOff::On {
             let batch_lookups = lookups_per_run / a.batches;
@@ -597,6 +599,7 @@ fn run_tier(
 
 /// Times `n` runs of a plain mmap of the row files, each after dropping them from the page cache;
 /// returns lookups/s per run and the resident fraction before each.
+#[allow(clippy::too_many_arguments)]
 fn cold_mmap_runs(
     paths: &[PathBuf],
     pooler: &Pooler,
@@ -605,6 +608,7 @@ fn cold_mmap_runs(
     (out_len, _): (usize, usize),
     max_secs: f64,
     what: &str,
+    report_runs: bool,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let (mut lps, mut resident) = (Vec::new(), Vec::new());
     for r in 0..n {
@@ -628,6 +632,10 @@ fn cold_mmap_runs(
             }
         }
         lps.push(done as f64 / t0.elapsed().as_secs_f64());
+        if report_runs {
+            println!("{}", json!({ "run": lps[r] }));
+            std::io::Write::flush(&mut std::io::stdout())?;
+        }
         eprintln!(
             "{what} run {r}: {:.3} M lookups/s ({n} of {} batches in {:.1} s)",
             lps[r] / 1e6,
@@ -682,15 +690,23 @@ fn budgeted_mmap(limit: usize, max_secs: f64, runs: usize, batch_lookups: usize)
                 }
             }
         });
-        // The child prints "timing" when it starts its first run, then its JSON.
+        // The child prints "timing" when it starts, one {"run": lookups/s} line per finished run,
+        // then its JSON.
         let mut started: Option<Instant> = None;
+        let mut done_runs: Vec<f64> = Vec::new();
         let mut last = String::new();
-        let budget = std::time::Duration::from_secs_f64(max_secs * runs as f64 + 5.0);
+        // A run stops after the batch that crosses `max_secs`: allow twice that per run.
+        let budget = std::time::Duration::from_secs_f64(2.0 * max_secs * runs as f64 + 10.0);
         loop {
             match rx.recv_timeout(std::time::Duration::from_millis(200)) {
                 Ok((at, line)) => {
                     if line == "timing" {
                         started.get_or_insert(at);
+                    } else if let Some(v) = serde_json::from_str::<Value>(&line)
+                        .ok()
+                        .and_then(|j| j["run"].as_f64())
+                    {
+                        done_runs.push(v);
                     } else {
                         last = line;
                     }
@@ -705,8 +721,15 @@ fn budgeted_mmap(limit: usize, max_secs: f64, runs: usize, batch_lookups: usize)
                 let _ = child.kill();
                 let _ = child.wait();
                 let secs = t0.elapsed().as_secs_f64();
+                if !done_runs.is_empty() {
+                    eprintln!(
+                        "mmap (budget): stopped after {secs:.0} s; {} of {runs} runs finished",
+                        done_runs.len()
+                    );
+                    return Ok(json!({ "run_lookups_per_s": done_runs }));
+                }
                 eprintln!(
-                    "mmap (budget): stopped after {secs:.0} s without finishing its runs: under \
+                    "mmap (budget): stopped after {secs:.0} s before one run finished: under \
                      {:.4} M lookups/s",
                     batch_lookups as f64 / secs / 1e6
                 );
