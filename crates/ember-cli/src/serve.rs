@@ -88,12 +88,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             let mut model = Model::load(&dir, a.tier.load_options(a.dtype))
                 .with_context(|| format!("loading model {}", dir.display()))?;
             a.tier.apply(&mut model, &dir)?;
-            if a.tier.has_depth() {
-                eprintln!(
-                    "note: --prefetch-depth applies to predict; serve stages each batch's rows as \
-                     the batch forms"
-                );
-            }
             let name = dir
                 .canonicalize()
                 .ok()

@@ -20,8 +20,8 @@ pub struct TierArgs {
     /// Row cache policy of the SSD tier: lru, lfu (with TinyLFU admission) or pinned.
     #[arg(long)]
     cache_policy: Option<CachePolicy>,
-    /// Batches whose missing rows are read ahead of the one being computed (predict; serve stages
-    /// each batch as it forms).
+    /// Batches whose missing rows are read ahead of the one being computed (0: each batch reads
+    /// its own rows when it runs).
     #[arg(long)]
     prefetch_depth: Option<usize>,
     /// I/O engine of the SSD tier: auto, uring or pread.
@@ -43,6 +43,9 @@ impl TierArgs {
 
     /// Applies the tier flags to a loaded model (a fresh cache when any is given).
     pub fn apply(&self, model: &mut Model, dir: &Path) -> Result<()> {
+        if let Some(d) = self.prefetch_depth {
+            model.set_prefetch_depth(d);
+        }
         if self.cache_mb.is_none()
             && self.cache_policy.is_none()
             && self.io.is_none()
@@ -75,11 +78,6 @@ impl TierArgs {
         }
         model.set_tier(dir, t).context("setting up the SSD tier")?;
         Ok(())
-    }
-
-    /// Whether --prefetch-depth was given.
-    pub fn has_depth(&self) -> bool {
-        self.prefetch_depth.is_some()
     }
 
     /// The prefetch depth in effect.

@@ -191,6 +191,15 @@ impl Model {
         self.embeddings.feature_names()
     }
 
+    /// Sets how many batches the SSD tier's rows are read ahead where batches are known ahead
+    /// (`predict`, `serve`); the cache is kept.
+    pub fn set_prefetch_depth(&mut self, depth: usize) {
+        self.config
+            .tier
+            .get_or_insert_with(TierConfig::default)
+            .prefetch_depth = depth;
+    }
+
     /// The SSD tier's stager: its counters, and staging ahead for pipelines.
     pub fn stager(&self) -> &Stager {
         &self.stager

@@ -2,6 +2,9 @@
 //! [`Predictor`] and runs batches of up to `max_batch` samples, closing a batch when it is full
 //! or when its first request has waited `max_delay`, whichever comes first.
 //!
+//! With tables on the SSD tier, a second thread runs the forward passes, so that the next batch's
+//! missing rows are read while the current batch computes (`tier.prefetch_depth` batches ahead).
+//!
 //! A full queue refuses at once ([`ServeError::Overloaded`]) rather than growing memory. A
 //! request whose deadline has passed when its batch starts is answered
 //! [`ServeError::DeadlineExceeded`] without being computed. Shutting down stops new requests and
@@ -13,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ember_embed::{Ids, KeyedJagged};
+use ember_embed::{Ids, KeyedJagged, StagedBatch};
 use ember_model::Predictor;
 use tokio::sync::oneshot;
 
@@ -162,8 +165,15 @@ struct Worker {
     queued: Arc<AtomicUsize>,
     /// Whether every table's ids fit in u32 (the embedding stage's compact id type).
     narrow_ids: bool,
-    dense: Vec<f32>,
     scores: Vec<f32>,
+}
+
+/// A batch formed and merged, ready for the forward pass.
+struct Prepared {
+    live: Vec<Job>,
+    n: usize,
+    dense: Vec<f32>,
+    kj: KeyedJagged,
 }
 
 impl Worker {
@@ -180,134 +190,223 @@ impl Worker {
             cfg,
             queued,
             narrow_ids,
-            dense: Vec::new(),
             scores: Vec::new(),
         }
     }
 
-    fn run(mut self, rx: Receiver<Job>) {
+    /// Forms batches and runs them. With tables on the SSD tier and a prefetch depth of at least
+    /// one, a second thread runs the forward passes while this one forms the next batch and reads
+    /// its missing rows (up to `prefetch_depth` batches ahead); otherwise both happen here, and
+    /// the forward pass stages its own rows.
+    fn run(self, rx: Receiver<Job>) {
+        let model = self.predictor.model().clone();
+        let depth = model.config().tier.as_ref().map_or(1, |t| t.prefetch_depth);
+        let Worker {
+            mut predictor,
+            spec,
+            cfg,
+            queued,
+            narrow_ids,
+            mut scores,
+        } = self;
         let mut carry: Option<Job> = None;
-        loop {
-            let first = match carry.take() {
-                Some(j) => j,
-                None => match rx.recv() {
-                    Ok(j) => j,
-                    Err(_) => return, // every sender gone and the queue drained
-                },
-            };
-            let close_at = first.enqueued + self.cfg.max_delay;
-            let mut n = first.samples.n;
-            let mut jobs = vec![first];
-            while n < self.cfg.max_batch {
-                let next = match rx.try_recv() {
-                    Ok(j) => Ok(j),
-                    Err(_) => {
-                        let now = Instant::now();
-                        if now >= close_at {
-                            break;
-                        }
-                        rx.recv_timeout(close_at - now)
-                    }
-                };
-                match next {
-                    Ok(j) if n + j.samples.n > self.cfg.max_batch => {
-                        carry = Some(j);
-                        break;
-                    }
-                    Ok(j) => {
-                        n += j.samples.n;
-                        jobs.push(j);
-                    }
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+        if !model.stager().is_active() || depth == 0 {
+            while let Some(jobs) = form_batch(&rx, &mut carry, &cfg, &queued) {
+                if let Some(p) = prepare(&spec, narrow_ids, jobs) {
+                    compute(&mut predictor, &mut scores, p, None);
                 }
             }
-            // The batch's requests stop waiting now (a carried one still waits).
-            let left = self.queued.fetch_sub(jobs.len(), Ordering::Relaxed) - jobs.len();
-            metrics::gauge!(m::QUEUE_DEPTH).set(left as f64);
-            self.run_batch(jobs);
-        }
-    }
-
-    fn run_batch(&mut self, jobs: Vec<Job>) {
-        let start = Instant::now();
-        let (live, late): (Vec<Job>, Vec<Job>) = jobs
-            .into_iter()
-            .partition(|j| j.deadline.is_none_or(|(d, _)| d > start));
-        for j in late {
-            let us = j.deadline.map_or(0, |(_, us)| us);
-            let _ = j.reply.send(Err(ServeError::DeadlineExceeded(us)));
-        }
-        if live.is_empty() {
             return;
         }
-        for j in &live {
-            metrics::histogram!(m::QUEUE_WAIT).record((start - j.enqueued).as_secs_f64());
-        }
-        let n: usize = live.iter().map(|j| j.samples.n).sum();
-        metrics::histogram!(m::BATCH_SIZE).record(n as f64);
-        match self.score(&live, n) {
-            Ok(()) => {
-                let mut at = 0;
-                for j in live {
-                    let k = j.samples.n;
-                    let _ = j.reply.send(Ok(Scored {
-                        scores: self.scores[at..at + k].to_vec(),
-                        batch: n,
-                    }));
-                    at += k;
+        let (tx, ready) = sync_channel::<(Prepared, ember_embed::Result<StagedBatch>)>(depth - 1);
+        std::thread::scope(|s| {
+            let computer = std::thread::Builder::new()
+                .name("ember-forward".into())
+                .spawn_scoped(s, move || {
+                    for (p, staged) in ready {
+                        compute(&mut predictor, &mut scores, p, Some(staged));
+                    }
+                });
+            if let Err(e) = computer {
+                // No second thread: nothing can be computed; answer what comes.
+                while let Some(jobs) = form_batch(&rx, &mut carry, &cfg, &queued) {
+                    for j in jobs {
+                        let _ = j
+                            .reply
+                            .send(Err(ServeError::Internal(format!("no forward thread: {e}"))));
+                    }
+                }
+                return;
+            }
+            while let Some(jobs) = form_batch(&rx, &mut carry, &cfg, &queued) {
+                let Some(p) = prepare(&spec, narrow_ids, jobs) else {
+                    continue;
+                };
+                let staged = model
+                    .embeddings()
+                    .validate(&p.kj)
+                    .and_then(|b| model.stager().stage(model.embeddings(), b));
+                if tx.send((p, staged)).is_err() {
+                    return;
                 }
             }
-            Err(e) => {
-                for j in live {
-                    let _ = j.reply.send(Err(e.clone()));
+            drop(tx);
+        });
+    }
+}
+
+/// Waits for the next batch: up to `max_batch` samples, closed when full or when its first
+/// request has waited `max_delay`. `None` when every sender is gone and the queue is drained.
+fn form_batch(
+    rx: &Receiver<Job>,
+    carry: &mut Option<Job>,
+    cfg: &BatchConfig,
+    queued: &AtomicUsize,
+) -> Option<Vec<Job>> {
+    let first = match carry.take() {
+        Some(j) => j,
+        None => rx.recv().ok()?,
+    };
+    let close_at = first.enqueued + cfg.max_delay;
+    let mut n = first.samples.n;
+    let mut jobs = vec![first];
+    while n < cfg.max_batch {
+        let next = match rx.try_recv() {
+            Ok(j) => Ok(j),
+            Err(_) => {
+                let now = Instant::now();
+                if now >= close_at {
+                    break;
                 }
+                rx.recv_timeout(close_at - now)
             }
+        };
+        match next {
+            Ok(j) if n + j.samples.n > cfg.max_batch => {
+                *carry = Some(j);
+                break;
+            }
+            Ok(j) => {
+                n += j.samples.n;
+                jobs.push(j);
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
         }
     }
+    // The batch's requests stop waiting now (a carried one still waits).
+    let left = queued.fetch_sub(jobs.len(), Ordering::Relaxed) - jobs.len();
+    metrics::gauge!(m::QUEUE_DEPTH).set(left as f64);
+    Some(jobs)
+}
 
-    /// Merges the jobs into one batch and scores it into `self.scores`.
-    fn score(&mut self, jobs: &[Job], n: usize) -> Result<()> {
-        let nf = self.spec.features.len();
-        self.dense.clear();
-        for j in jobs {
-            self.dense.extend_from_slice(&j.samples.dense);
+/// Answers the requests whose deadline has passed, and merges the others into one batch
+/// (`None` when none is left, or when merging failed and they were answered).
+fn prepare(spec: &ModelSpec, narrow_ids: bool, jobs: Vec<Job>) -> Option<Prepared> {
+    let start = Instant::now();
+    let (live, late): (Vec<Job>, Vec<Job>) = jobs
+        .into_iter()
+        .partition(|j| j.deadline.is_none_or(|(d, _)| d > start));
+    for j in late {
+        let us = j.deadline.map_or(0, |(_, us)| us);
+        let _ = j.reply.send(Err(ServeError::DeadlineExceeded(us)));
+    }
+    if live.is_empty() {
+        return None;
+    }
+    for j in &live {
+        metrics::histogram!(m::QUEUE_WAIT).record((start - j.enqueued).as_secs_f64());
+    }
+    let n: usize = live.iter().map(|j| j.samples.n).sum();
+    metrics::histogram!(m::BATCH_SIZE).record(n as f64);
+    match merge(spec, narrow_ids, &live, n) {
+        Ok((dense, kj)) => Some(Prepared { live, n, dense, kj }),
+        Err(e) => {
+            for j in live {
+                let _ = j.reply.send(Err(e.clone()));
+            }
+            None
         }
-        // Feature-major: feature f's lengths (and ids) of every job, in job order.
-        let mut lengths = Vec::with_capacity(nf * n);
-        let total: usize = jobs.iter().map(|j| j.samples.ids.len()).sum();
-        let mut ids64 = Vec::with_capacity(total);
-        let mut starts: Vec<usize> = vec![0; jobs.len()];
-        for f in 0..nf {
-            for (j, start) in jobs.iter().zip(starts.iter_mut()) {
-                let s = &j.samples;
-                let ls = &s.lengths[f * s.n..(f + 1) * s.n];
-                let count: usize = ls.iter().map(|&l| l as usize).sum();
-                lengths.extend(ls.iter().map(|&l| l as usize));
-                ids64.extend_from_slice(&s.ids[*start..*start + count]);
-                *start += count;
+    }
+}
+
+/// Merges the jobs' samples into one batch: dense rows in job order, and feature-major ids.
+fn merge(
+    spec: &ModelSpec,
+    narrow_ids: bool,
+    jobs: &[Job],
+    n: usize,
+) -> Result<(Vec<f32>, KeyedJagged)> {
+    let nf = spec.features.len();
+    let mut dense = Vec::with_capacity(n * spec.dense_in);
+    for j in jobs {
+        dense.extend_from_slice(&j.samples.dense);
+    }
+    // Feature-major: feature f's lengths (and ids) of every job, in job order.
+    let mut lengths = Vec::with_capacity(nf * n);
+    let total: usize = jobs.iter().map(|j| j.samples.ids.len()).sum();
+    let mut ids64 = Vec::with_capacity(total);
+    let mut starts: Vec<usize> = vec![0; jobs.len()];
+    for f in 0..nf {
+        for (j, start) in jobs.iter().zip(starts.iter_mut()) {
+            let s = &j.samples;
+            let ls = &s.lengths[f * s.n..(f + 1) * s.n];
+            let count: usize = ls.iter().map(|&l| l as usize).sum();
+            lengths.extend(ls.iter().map(|&l| l as usize));
+            ids64.extend_from_slice(&s.ids[*start..*start + count]);
+            *start += count;
+        }
+    }
+    let ids = if narrow_ids {
+        Ids::U32(ids64.iter().map(|&i| i as u32).collect())
+    } else {
+        Ids::I64(ids64)
+    };
+    let kj = KeyedJagged::from_lengths(spec.features.clone(), n, &lengths, ids, None)
+        .map_err(|e| ServeError::Internal(format!("merging a batch: {e}")))?;
+    Ok((dense, kj))
+}
+
+/// Runs the forward pass of a prepared batch (its SSD-tier rows staged already when `staged` is
+/// given) and answers its requests.
+fn compute(
+    predictor: &mut Predictor,
+    scores: &mut Vec<f32>,
+    p: Prepared,
+    staged: Option<ember_embed::Result<StagedBatch>>,
+) {
+    let Prepared { live, n, dense, kj } = p;
+    scores.resize(n, 0.0);
+    let result = match staged {
+        None => predictor.predict(&dense, &kj, scores),
+        Some(Ok(st)) => predictor.predict_staged(&dense, &kj, Some(&st), scores),
+        Some(Err(e)) => Err(e.into()),
+    };
+    match result {
+        Ok(t) => {
+            metrics::histogram!(m::EMBEDDING_STAGE).record(t.embedding.as_secs_f64());
+            m::record_tier(predictor.model().stager());
+            let dense_t = if t.bottom_overlapped {
+                t.interaction + t.top_mlp
+            } else {
+                t.bottom_mlp + t.interaction + t.top_mlp
+            };
+            metrics::histogram!(m::DENSE_STAGE).record(dense_t.as_secs_f64());
+            let mut at = 0;
+            for j in live {
+                let k = j.samples.n;
+                let _ = j.reply.send(Ok(Scored {
+                    scores: scores[at..at + k].to_vec(),
+                    batch: n,
+                }));
+                at += k;
             }
         }
-        let ids = if self.narrow_ids {
-            Ids::U32(ids64.iter().map(|&i| i as u32).collect())
-        } else {
-            Ids::I64(ids64)
-        };
-        let kj = KeyedJagged::from_lengths(self.spec.features.clone(), n, &lengths, ids, None)
-            .map_err(|e| ServeError::Internal(format!("merging a batch: {e}")))?;
-        self.scores.resize(n, 0.0);
-        let t = self
-            .predictor
-            .predict(&self.dense, &kj, &mut self.scores)
-            .map_err(|e| ServeError::Internal(format!("scoring a batch: {e}")))?;
-        metrics::histogram!(m::EMBEDDING_STAGE).record(t.embedding.as_secs_f64());
-        m::record_tier(self.predictor.model().stager());
-        let dense = if t.bottom_overlapped {
-            t.interaction + t.top_mlp
-        } else {
-            t.bottom_mlp + t.interaction + t.top_mlp
-        };
-        metrics::histogram!(m::DENSE_STAGE).record(dense.as_secs_f64());
-        Ok(())
+        Err(e) => {
+            let e = ServeError::Internal(format!("scoring a batch: {e}"));
+            for j in live {
+                let _ = j.reply.send(Err(e.clone()));
+            }
+        }
     }
 }
 

@@ -31,8 +31,9 @@ pub const TIER_HIT_RATIO: &str = "ember_tier_cache_hit_ratio";
 /// SSD tier: bytes read from row files, and read requests.
 pub const TIER_BYTES: &str = "ember_tier_ssd_read_bytes_total";
 pub const TIER_READS: &str = "ember_tier_ssd_reads_total";
-/// SSD tier: seconds batches waited for their rows since the start (a cumulative gauge: the
-/// server stages each batch as it forms, so this is all staging time).
+/// SSD tier: seconds batches waited for their rows since the start (a cumulative gauge). Counted
+/// when rows are read inline (`prefetch_depth` 0); with a forward thread, waiting for rows and
+/// waiting for requests look alike, and are not counted.
 pub const TIER_STALL: &str = "ember_tier_stall_seconds";
 /// SSD tier: bytes of rows the cache holds now.
 pub const TIER_CACHE_BYTES: &str = "ember_tier_cache_bytes";
