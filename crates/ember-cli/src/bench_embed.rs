@@ -343,39 +343,58 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         None => {}
     }
     if a.json {
-        let j = json!({
+        let mut j = json!({
             "lookups_per_s": lps,
             "gb_per_s": gbps,
             "ns_per_lookup": 1e9 / lps,
             "ceiling_lookups_per_s": cps,
             "ceiling_gb_per_s": cgbps,
             "fraction_of_ceiling": lps / cps,
-            "threads": a.threads,
-            "dtype": a.dtype.name(),
-            "dedup": a.dedup.name(),
             "deduped_fraction": deduped_fraction,
-            "unique_ratio": uniq,
-            "mode": a.mode.name(),
-            "tables": s.tables,
-            "rows": s.rows,
-            "dim": s.dim,
-            "pooling": s.pooling,
-            "batch": s.batch,
-            "batches": a.batches,
-            "runs": a.runs,
-            "ids": source.describe(),
-            "isa": isa.name(),
-            "prefetch": a.prefetch,
-            "row_bytes": row_bytes,
-            "table_bytes": total_bytes,
             "huge_page_fraction": huge_frac,
             "quant_rel_error": quant_err,
             "run_lookups_per_s": ember_runs,
             "ceiling_run_lookups_per_s": ceiling_runs,
         });
+        add_workload(&mut j, &a, s, &source, isa, uniq);
         println!("{j}");
     }
     Ok(())
+}
+
+/// Adds the workload's fields (shape, dtype, ids, options), which `bench embed` and `bench tiered`
+/// both report, to the JSON object `j`.
+pub(crate) fn add_workload(
+    j: &mut serde_json::Value,
+    a: &EmbedArgs,
+    s: Shape,
+    source: &IdSource,
+    isa: Isa,
+    unique_ratio: f64,
+) {
+    let row_bytes = a.dtype.row_bytes(s.dim);
+    let fields = json!({
+        "threads": a.threads,
+        "dtype": a.dtype.name(),
+        "dedup": a.dedup.name(),
+        "unique_ratio": unique_ratio,
+        "mode": a.mode.name(),
+        "tables": s.tables,
+        "rows": s.rows,
+        "dim": s.dim,
+        "pooling": s.pooling,
+        "batch": s.batch,
+        "batches": a.batches,
+        "runs": a.runs,
+        "ids": source.describe(),
+        "isa": isa.name(),
+        "prefetch": a.prefetch,
+        "row_bytes": row_bytes,
+        "table_bytes": s.tables * s.rows * row_bytes,
+    });
+    if let (Some(j), serde_json::Value::Object(f)) = (j.as_object_mut(), fields) {
+        j.extend(f);
+    }
 }
 
 /// Adds deterministic per-id weights in [0.5, 1.5) to a batch.

@@ -9,7 +9,7 @@
 //! (rebuilt from the seed) on the same batches, checked bit for bit against the tier's output, and
 //! last the cold mmap. Medians of the runs are reported; `--json` prints one JSON object last.
 
-use crate::bench_embed::{EmbedArgs, OnOff, resolve, with_weights};
+use crate::bench_embed::{EmbedArgs, OnOff, add_workload, resolve, with_weights};
 use crate::stats::{human_bytes, median, mem_available};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
@@ -426,7 +426,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
         isa,
         a.prefetch,
         a.dedup,
-        t.io_name(),
+        t.io.name(),
         if direct { "O_DIRECT" } else { "buffered" },
         t.queue_depth,
         t.prefetch_depth
@@ -504,7 +504,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
         println!("  check: every policy's pooled output equals the DRAM tables' bit for bit");
     }
     if a.json {
-        let j = json!({
+        let mut j = json!({
             "lookups_per_s": best_lps,
             "gb_per_s": best_lps * row_bytes as f64 / 1e9,
             "ns_per_lookup": 1e9 / best_lps.max(1e-9),
@@ -529,43 +529,17 @@ pub fn run(t: TieredArgs) -> Result<()> {
             "disk_reads_per_s": disk_iops,
             "disk_bytes_per_s": disk_bps,
             "direct_io": direct,
-            "io": t.io_name(),
+            "io": t.io.name(),
             "queue_depth": t.queue_depth,
             "prefetch_depth": t.prefetch_depth,
             "cache_bytes": cache_bytes,
-            "threads": a.threads,
-            "dtype": a.dtype.name(),
-            "dedup": a.dedup.name(),
-            "unique_ratio": uniq,
-            "mode": a.mode.name(),
-            "tables": s.tables,
-            "rows": s.rows,
-            "dim": s.dim,
-            "pooling": s.pooling,
-            "batch": s.batch,
-            "batches": a.batches,
-            "runs": a.runs,
             "warmup_batches": warmup.len(),
-            "ids": source.describe(),
-            "isa": isa.name(),
-            "prefetch": a.prefetch,
-            "row_bytes": row_bytes,
-            "table_bytes": total_bytes,
             "checked_against_dram": check,
         });
+        add_workload(&mut j, a, s, &source, isa, uniq);
         println!("{j}");
     }
     Ok(())
-}
-
-impl TieredArgs {
-    fn io_name(&self) -> &'static str {
-        match self.io {
-            IoMode::Auto => "auto",
-            IoMode::Uring => "uring",
-            IoMode::Pread => "pread",
-        }
-    }
 }
 
 /// Pools `batches` through the tier, `depth` batches staged ahead; keeps the last output in

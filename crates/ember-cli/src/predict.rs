@@ -202,7 +202,7 @@ pub fn run(a: PredictArgs) -> Result<()> {
             tier.ssd_reads,
             tier.stall.as_secs_f64(),
             tier.overlap(),
-            stager.io_kind(),
+            stager.io_kind().map_or("none", |k| k.name()),
         );
     }
     if a.json {

@@ -64,12 +64,7 @@ impl TierArgs {
             t.prefetch_depth = v;
         }
         if let Some(v) = self.io {
-            t.io = match v {
-                IoMode::Auto => "auto",
-                IoMode::Uring => "uring",
-                IoMode::Pread => "pread",
-            }
-            .into();
+            t.io = v.name().into();
         }
         if let Some(p) = &self.pin_trace {
             let abs =

@@ -355,10 +355,19 @@ impl EmbeddingTable {
     }
     /// Row `r` decoded to f32 into `out` (`out.len() == dim`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        let mut buf = vec![0u8; self.stride];
-        self.read_row(r, &mut buf)?;
-        self.dtype.decode_row(&buf, out);
-        Ok(())
+        match self.resident() {
+            Some(all) if r < self.rows => {
+                self.dtype
+                    .decode_row(&all[r * self.stride..(r + 1) * self.stride], out);
+                Ok(())
+            }
+            _ => {
+                let mut buf = vec![0u8; self.stride];
+                self.read_row(r, &mut buf)?;
+                self.dtype.decode_row(&buf, out);
+                Ok(())
+            }
+        }
     }
     /// Bytes currently backed by huge pages, when the OS tells (in-memory tables).
     pub fn huge_page_bytes(&self) -> Option<usize> {

@@ -2,6 +2,9 @@
 //! inputs: dims 1..=1024 (many not multiples of 8 or 16), empty bags, empty batches, weights,
 //! mean, dedup on/off/auto, u32 and i64 ids, 1 and 2 threads, several prefetch distances.
 
+mod common;
+
+use common::{BatchShape, random_batch};
 use ember_embed::pool::reference;
 use ember_embed::*;
 use proptest::prelude::*;
@@ -81,34 +84,17 @@ fn build(c: &Case) -> (EmbeddingCollection, KeyedJagged, f32) {
         })
         .collect();
     let rows: Vec<usize> = features.iter().map(|f| tables[f.table].rows()).collect();
-    let keys = features.iter().map(|f| f.name.clone()).collect();
+    let keys: Vec<String> = features.iter().map(|f| f.name.clone()).collect();
     let coll = EmbeddingCollection::new(tables, features).unwrap();
-    let mut lengths = Vec::new();
-    let mut ids = Vec::new();
-    for &r in &rows {
-        for _ in 0..c.batch {
-            let len = if rng.random_bool(0.2) {
-                0
-            } else {
-                rng.random_range(0..=c.max_len)
-            };
-            lengths.push(len);
-            // Draw from a few rows sometimes, so dedup finds repeats.
-            let span = if rng.random_bool(0.5) { r.min(3) } else { r };
-            (0..len).for_each(|_| ids.push(rng.random_range(0..span) as i64));
-        }
-    }
-    let weights = (c.pooling == Pooling::WeightedSum).then(|| {
-        (0..ids.len())
-            .map(|_| rng.random_range(-2.0f32..2.0))
-            .collect()
-    });
-    let ids = if c.wide_ids {
-        Ids::I64(ids)
-    } else {
-        Ids::U32(ids.into_iter().map(|x| x as u32).collect())
+    // Half the bags draw from a few rows, so dedup finds repeats.
+    let shape = BatchShape {
+        batch: c.batch,
+        max_len: c.max_len,
+        hot: 3,
+        weighted: c.pooling == Pooling::WeightedSum,
+        wide: c.wide_ids,
     };
-    let kj = KeyedJagged::from_lengths(keys, c.batch, &lengths, ids, weights).unwrap();
+    let kj = random_batch(&mut rng, &keys, &rows, shape);
     (coll, kj, max_abs)
 }
 

@@ -364,19 +364,20 @@ impl Predictor {
         sparse: &KeyedJagged,
         logits: &mut [f32],
     ) -> Result<StageTimes> {
-        if self.model.stager.is_active() {
-            let t = Instant::now();
-            let (_, valid) = self.check(dense, sparse)?;
-            let staged = self.model.stager.stage(&self.model.embeddings, valid)?;
-            // Staged inline: the whole staging time is a stall.
-            self.model.stager.add_stall(t.elapsed());
-            let mut times = self.logits_staged(dense, sparse, Some(&staged), logits)?;
-            let st = t.elapsed().saturating_sub(times.wall);
-            times.embedding += st;
-            times.wall += st;
-            return Ok(times);
+        let (batch, valid) = self.check(dense, sparse)?;
+        check_out(logits, batch)?;
+        if !self.model.stager.is_active() {
+            return self.forward(dense, batch, valid, None, logits);
         }
-        self.logits_staged(dense, sparse, None, logits)
+        let t = Instant::now();
+        let staged = self.model.stager.stage(&self.model.embeddings, valid)?;
+        // Staged inline: the whole staging time is a stall, and part of the embedding stage.
+        let st = t.elapsed();
+        self.model.stager.add_stall(st);
+        let mut times = self.forward(dense, batch, valid, Some(&staged), logits)?;
+        times.embedding += st;
+        times.wall += st;
+        Ok(times)
     }
 
     /// [`Predictor::logits`] with the SSD tier's rows already staged for this batch (by
@@ -389,12 +390,19 @@ impl Predictor {
         logits: &mut [f32],
     ) -> Result<StageTimes> {
         let (batch, valid) = self.check(dense, sparse)?;
-        if logits.len() != batch {
-            return Err(ModelError::Input(format!(
-                "output has room for {} scores, the batch has {batch} samples",
-                logits.len()
-            )));
-        }
+        check_out(logits, batch)?;
+        self.forward(dense, batch, valid, staged, logits)
+    }
+
+    /// The forward pass of a checked batch of `batch` samples.
+    fn forward(
+        &mut self,
+        dense: &[f32],
+        batch: usize,
+        valid: ValidatedBatch<'_>,
+        staged: Option<&StagedBatch>,
+        logits: &mut [f32],
+    ) -> Result<StageTimes> {
         let m = &*self.model;
         let Scratch {
             bottom,
@@ -482,6 +490,17 @@ impl Predictor {
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         Ok(t)
     }
+}
+
+/// Checks that `logits` has room for one score per sample.
+fn check_out(logits: &[f32], batch: usize) -> Result<()> {
+    if logits.len() != batch {
+        return Err(ModelError::Input(format!(
+            "output has room for {} scores, the batch has {batch} samples",
+            logits.len()
+        )));
+    }
+    Ok(())
 }
 
 fn pool(

@@ -52,18 +52,24 @@ fn read(name: &str) -> Fixture {
     }
 }
 
-fn run(name: &str, opts: LoadOptions, threads: usize) -> (Fixture, Vec<f32>, Vec<f32>) {
-    let model = Arc::new(Model::load(&dir(name), opts).unwrap());
-    let fx = read(name);
+/// The fixture's sparse inputs as a batch of `model`'s features.
+fn fixture_batch(model: &Model, fx: &Fixture) -> KeyedJagged {
     let batch = fx.logits.len();
-    let kj = KeyedJagged::from_lengths(
+    KeyedJagged::from_lengths(
         model.feature_names(),
         batch,
         &fx.lengths,
         Ids::I64(fx.ids.clone()),
         None,
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn run(name: &str, opts: LoadOptions, threads: usize) -> (Fixture, Vec<f32>, Vec<f32>) {
+    let model = Arc::new(Model::load(&dir(name), opts).unwrap());
+    let fx = read(name);
+    let batch = fx.logits.len();
+    let kj = fixture_batch(&model, &fx);
     let mut p = Predictor::new(model, threads).unwrap();
     let mut logits = vec![f32::NAN; batch];
     p.logits(&fx.dense, &kj, &mut logits).unwrap();
@@ -319,14 +325,7 @@ fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
                     .unwrap(),
                 );
                 assert_eq!(model.stager().is_active(), placement == Placement::Ssd);
-                let kj = KeyedJagged::from_lengths(
-                    model.feature_names(),
-                    batch,
-                    &fx.lengths,
-                    Ids::I64(fx.ids.clone()),
-                    None,
-                )
-                .unwrap();
+                let kj = fixture_batch(&model, &fx);
                 let mut p = Predictor::new(model.clone(), threads).unwrap();
                 // Twice: cold cache, then warm.
                 for _ in 0..2 {
@@ -376,14 +375,7 @@ fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
         let model = Arc::new(Model::load(&tmp, LoadOptions::default()).unwrap());
         assert_eq!(model.embeddings().tables()[0].placement(), Placement::Ssd);
         assert_eq!(model.embeddings().tables()[1].placement(), Placement::Dram);
-        let kj = KeyedJagged::from_lengths(
-            model.feature_names(),
-            batch,
-            &fx.lengths,
-            Ids::I64(fx.ids.clone()),
-            None,
-        )
-        .unwrap();
+        let kj = fixture_batch(&model, &fx);
         let mut got = vec![f32::NAN; batch];
         Predictor::new(model.clone(), 1)
             .unwrap()

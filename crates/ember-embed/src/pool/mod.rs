@@ -353,15 +353,6 @@ impl Pooler {
             ..Default::default()
         };
         let resident = table.resident();
-        let dedupable =
-            resident.is_some() && !ids.is_empty() && DedupScratch::supports(table.rows());
-        let (dedup, timed) = match self.opts.dedup {
-            Dedup::Off => (false, false),
-            Dedup::On => (dedupable, false),
-            Dedup::Auto if dedupable => self.auto.choose(u.feature, || scratch.shows_reuse(ids)),
-            Dedup::Auto => (false, false),
-        };
-        let start = timed.then(std::time::Instant::now);
         let direct = Segment {
             rows: resident.unwrap_or(&[]),
             stride: table.stride(),
@@ -375,13 +366,23 @@ impl Pooler {
             mean: self.opts.pooling == Pooling::Mean,
             prefetch: self.opts.prefetch_distance,
         };
-        if let (None, Some(sf)) = (resident, staged.and_then(|s| s.feature(u.feature))) {
-            // Checked by run_inner: the feature was staged for this batch.
-            let inverse = &sf.inverse[base - sf.start..end - sf.start];
-            self.kernel(&direct.over(&sf.rows, inverse, 0));
-        } else if resident.is_none() {
-            // Unreachable: run_inner refuses unstaged tier features.
-        } else if dedup {
+        if resident.is_none() {
+            // A table on the SSD tier: run_inner checked that it was staged for this batch.
+            if let Some(sf) = staged.and_then(|s| s.feature(u.feature)) {
+                let inverse = &sf.inverse[base - sf.start..end - sf.start];
+                self.kernel(&direct.over(&sf.rows, inverse, 0));
+            }
+            return stats;
+        }
+        let dedupable = !ids.is_empty() && DedupScratch::supports(table.rows());
+        let (dedup, timed) = match self.opts.dedup {
+            Dedup::Off => (false, false),
+            Dedup::On => (dedupable, false),
+            Dedup::Auto if dedupable => self.auto.choose(u.feature, || scratch.shows_reuse(ids)),
+            Dedup::Auto => (false, false),
+        };
+        let start = timed.then(std::time::Instant::now);
+        if dedup {
             let n_unique = scratch.build(ids);
             scratch.gather(direct.rows, table.stride(), direct.prefetch);
             stats.deduped_units += 1;

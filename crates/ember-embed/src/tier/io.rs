@@ -25,6 +25,17 @@ pub enum IoMode {
     Pread,
 }
 
+impl IoMode {
+    /// The name `FromStr` reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Auto => "auto",
+            IoMode::Uring => "uring",
+            IoMode::Pread => "pread",
+        }
+    }
+}
+
 impl FromStr for IoMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

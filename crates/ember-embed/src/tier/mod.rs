@@ -154,6 +154,10 @@ struct Counters {
     stage_ns: AtomicU64,
     io_ns: AtomicU64,
     stall_ns: AtomicU64,
+    /// Gauges, not counters (kept by `reset_stats`): bytes and rows the caches hold, published
+    /// after each batch so that readers (the server's /metrics) never wait on the staging lock.
+    cache_bytes: AtomicU64,
+    cache_rows: AtomicU64,
 }
 
 /// One feature's rows for one batch: its distinct rows, compact, and for each of its ids the index
@@ -297,7 +301,8 @@ struct Miss {
 #[derive(Debug)]
 struct Inner {
     disk: Vec<DiskTable>,
-    io: IoEngine,
+    /// `None` when no table is on the tier.
+    io: Option<IoEngine>,
     dedup: DedupScratch,
     misses: Vec<Miss>,
     /// Occurrences of each distinct id of the feature being staged.
@@ -317,7 +322,7 @@ pub struct Stager {
     by_table: Vec<Option<usize>>,
     counters: Counters,
     opts: TierOptions,
-    io_kind: IoKind,
+    io_kind: Option<IoKind>,
     direct: bool,
 }
 
@@ -325,10 +330,6 @@ impl Stager {
     /// A stager for `coll`'s `ssd` tables (it may have none: staging is then free). The cache
     /// budget is shared by the tables in proportion to their sizes; pinned rows are read now.
     pub fn new(coll: &EmbeddingCollection, opts: TierOptions) -> Result<Self> {
-        let io = IoEngine::new(opts.io, opts.queue_depth).map_err(|e| EmbedError::BadOption {
-            option: "io",
-            reason: format!("could not start {:?} I/O: {e}", opts.io),
-        })?;
         let pin_fraction =
             opts.pin_fraction
                 .unwrap_or(if opts.pin_trace.is_some() { 1.0 } else { 0.9 });
@@ -359,6 +360,16 @@ impl Stager {
             by_table[t] = Some(files.len());
             files.push(file.clone());
         }
+        // No engine (no ring, no thread pool) for a collection with nothing on the tier.
+        let io = match files.is_empty() {
+            true => None,
+            false => Some(IoEngine::new(opts.io, opts.queue_depth).map_err(|e| {
+                EmbedError::BadOption {
+                    option: "io",
+                    reason: format!("could not start {} I/O: {e}", opts.io.name()),
+                }
+            })?),
+        };
         let total: usize = files.iter().map(|f| f.rows() * f.row_bytes()).sum();
         let direct = files.iter().all(|f| f.direct());
         let mut opts = opts;
@@ -392,7 +403,7 @@ impl Stager {
         }
         let stager = Stager {
             bufs: Arc::default(),
-            io_kind: io.kind(),
+            io_kind: io.as_ref().map(IoEngine::kind),
             inner: Mutex::new(Inner {
                 disk,
                 io,
@@ -415,6 +426,7 @@ impl Stager {
                 let hot = hottest(trace, inner.disk[d].file.rows(), inner.disk[d].pin_rows);
                 inner.pin(d, &hot, &stager.counters)?;
             }
+            inner.publish_usage(&stager.counters);
         }
         Ok(stager)
     }
@@ -433,8 +445,8 @@ impl Stager {
         &self.opts
     }
 
-    /// The I/O engine in use.
-    pub fn io_kind(&self) -> IoKind {
+    /// The I/O engine in use (`None` when no table is on the tier).
+    pub fn io_kind(&self) -> Option<IoKind> {
         self.io_kind
     }
 
@@ -446,10 +458,11 @@ impl Stager {
     /// Cache budget in bytes actually held by rows (at most the configured budget), and resident
     /// rows, over all tier tables.
     pub fn cache_usage(&self) -> (usize, usize) {
-        let inner = self.lock();
-        inner.disk.iter().fold((0, 0), |(b, r), d| {
-            (b + d.cache.resident_bytes(), r + d.cache.len())
-        })
+        let c = &self.counters;
+        (
+            c.cache_bytes.load(Relaxed) as usize,
+            c.cache_rows.load(Relaxed) as usize,
+        )
     }
 
     /// Counters so far.
@@ -593,6 +606,7 @@ impl Stager {
                 inner.pin(d, &hot, &self.counters)?;
             }
         }
+        inner.publish_usage(c);
         c.stage_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         Ok(staged)
@@ -636,6 +650,15 @@ impl Stager {
 }
 
 impl Inner {
+    /// Stores the caches' current size in the counters' gauges.
+    fn publish_usage(&self, counters: &Counters) {
+        let (bytes, rows) = self.disk.iter().fold((0, 0), |(b, r), d| {
+            (b + d.cache.resident_bytes(), r + d.cache.len())
+        });
+        counters.cache_bytes.store(bytes as u64, Relaxed);
+        counters.cache_rows.store(rows as u64, Relaxed);
+    }
+
     /// Reads every row in `self.misses` (merged into block reads), checks the blocks, and hands
     /// each row to `land`. Returns the time spent waiting for reads.
     fn read_misses(
@@ -695,7 +718,13 @@ impl Inner {
         flush(cur, &mut self.reads, &mut self.read_blocks, &mut buf_len);
         let files: Vec<&File> = disk.iter().map(|d| d.file.file()).collect();
         let t = Instant::now();
-        let buf = self.io.read(&files, &self.reads).map_err(|e| {
+        let Some(io) = self.io.as_mut() else {
+            return Err(EmbedError::BadOption {
+                option: "io",
+                reason: "rows to read but no table on the tier".into(),
+            });
+        };
+        let buf = io.read(&files, &self.reads).map_err(|e| {
             let r = self.reads[e.index.min(self.reads.len() - 1)];
             EmbedError::Io {
                 path: disk[r.file].file.path().display().to_string(),
