@@ -10,6 +10,12 @@ machine hits both alike. Each side times every batch: samples/s, p50 and p99 bat
     python bench/compare_torch_dlrm.py --preset rm1 --batch 64 --threads 1
     python bench/compare_torch_dlrm.py --preset rm1 --batch 256 --threads 2 --rounds 5 --json
     python bench/compare_torch_dlrm.py --torch-only --iters 20        # PyTorch alone
+    python bench/compare_torch_dlrm.py --device cuda --batch 2048 --iters 200   # on a GPU
+
+With --device cuda both sides run on the GPU and every batch starts on the host: PyTorch copies
+its (pinned) inputs with non_blocking=True, runs the model eagerly and synchronizes, per batch;
+Ember runs `bench model --device cuda --gpu-variant V` (its inputs copied on a copy stream while
+the previous batch computes).
 
 Preset rm1 (DeepRecSys RM1-like): dense 2048 -> bottom MLP 2048-256-64 (ReLU after each),
 32 tables x 500,000 rows x dim 64 f32 (4.1 GB), every bag exactly 80 uniform random ids, dot
@@ -60,7 +66,7 @@ def build_model(p, seed=0):
     return DLRMNet(p["dim"], [p["rows"]] * p["tables"], p["bottom"], [num_int] + p["top"], "dot", False, seed).eval()
 
 
-def make_batches(p, batch, count, ids_dtype, seed=1):
+def make_batches(p, batch, count, ids_dtype, seed=1, pin=False):
     gen = torch.Generator().manual_seed(seed)
     per = batch * p["pooling"]
     offsets = torch.arange(0, per, p["pooling"], dtype=ids_dtype)
@@ -68,17 +74,26 @@ def make_batches(p, batch, count, ids_dtype, seed=1):
     for _ in range(count):
         dense = torch.rand(batch, p["bottom"][0], generator=gen)
         ids = torch.randint(0, p["rows"], (p["tables"], per), generator=gen, dtype=torch.int64).to(ids_dtype)
+        if pin:
+            dense, offsets, ids = dense.pin_memory(), offsets.pin_memory(), ids.pin_memory()
         out.append((dense, [offsets] * p["tables"], list(ids)))
     return out
 
 
-def run_torch(model, batches, warmup, iters):
+def run_torch(model, batches, warmup, iters, cuda=False):
     times = []
     with torch.inference_mode():
         for i in range(warmup + iters):
             dense, offs, ids = batches[i % len(batches)]
             t0 = time.perf_counter()
-            model(dense, offs, ids)
+            if cuda:
+                dense = dense.cuda(non_blocking=True)
+                offs = [o.cuda(non_blocking=True) for o in offs]
+                ids = [x.cuda(non_blocking=True) for x in ids]
+                model(dense, offs, ids).cpu()
+                torch.cuda.synchronize()
+            else:
+                model(dense, offs, ids)
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
     return summarize(times, batches[0][0].shape[0])
@@ -93,6 +108,8 @@ def summarize(times, batch):
 def run_ember(a):
     cmd = [a.ember, "bench", "model", "--preset", a.preset, "--batch", str(a.batch), "--threads", str(a.threads),
            "--warmup", str(a.warmup), "--iters", str(a.iters), "--json"]
+    if a.device == "cuda":
+        cmd += ["--device", "cuda", "--gpu-variant", a.gpu_variant]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"ember failed ({' '.join(cmd)}):\n{proc.stderr}{proc.stdout}")
@@ -125,6 +142,8 @@ def main():
     ap.add_argument("--ids-dtype", choices=["int64", "int32"], default="int64",
                     help="PyTorch offsets/ids dtype (default int64, as dlrm)")
     ap.add_argument("--torch-only", action="store_true", help="run the PyTorch side alone")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides run (default cpu)")
+    ap.add_argument("--gpu-variant", default="tuned", help="ember's GPU embedding variant (default tuned)")
     ap.add_argument("--json", action="store_true", help="print a final JSON line")
     a = ap.parse_args()
     p = PRESETS[a.preset]
@@ -138,9 +157,15 @@ def main():
     print(f"building the PyTorch model ({a.preset}: {p['tables']} tables x {p['rows']} rows x dim {p['dim']}) ...",
           file=sys.stderr, flush=True)
     model = build_model(p)
+    cuda = a.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: PyTorch sees no CUDA device")
+        model = model.cuda()
     ids_dtype = torch.int32 if a.ids_dtype == "int32" else torch.int64
     per_batch = a.batch * (p["tables"] * p["pooling"] * ids_dtype.itemsize + p["bottom"][0] * 4)
-    batches = make_batches(p, a.batch, max(1, min(a.warmup + a.iters, POOL_BYTES // per_batch)), ids_dtype)
+    batches = make_batches(p, a.batch, max(1, min(a.warmup + a.iters, POOL_BYTES // per_batch)), ids_dtype,
+                           pin=cuda)
     ember_runs, torch_runs = [], []
     for rnd in range(a.rounds):
         rows = []
@@ -156,7 +181,7 @@ def main():
             ember_runs.append(res)
             rows.append(("ember", res))
         print(f"[round {rnd + 1}/{a.rounds}] pytorch ...", file=sys.stderr, flush=True)
-        torch_runs.append(run_torch(model, batches, a.warmup, a.iters))
+        torch_runs.append(run_torch(model, batches, a.warmup, a.iters, cuda))
         rows.append(("pytorch", torch_runs[-1]))
         show(f"round {rnd + 1}/{a.rounds}", rows)
 
@@ -164,7 +189,7 @@ def main():
         return {k: statistics.median(r[k] for r in runs) for k in ("samples_per_s", "p50_ms", "p99_ms")}
 
     t = med(torch_runs)
-    summary = {"preset": a.preset, "batch": a.batch, "threads": a.threads, "iters": a.iters, "warmup": a.warmup,
+    summary = {"preset": a.preset, "device": a.device, "batch": a.batch, "threads": a.threads, "iters": a.iters, "warmup": a.warmup,
                "rounds": a.rounds, "ids_dtype": a.ids_dtype, "torch_version": torch.__version__, "torch": t,
                "torch_rounds": torch_runs}
     print()

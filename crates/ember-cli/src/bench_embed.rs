@@ -6,6 +6,7 @@
 //! Ember's pooled lookup and of the memory ceiling (the simplest gather-and-sum over the same rows
 //! and ids) and reports medians. `--json` prints one JSON object as the last line.
 
+use crate::device::Device;
 use crate::stats::{human_bytes, median, mem_available};
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
@@ -96,6 +97,27 @@ pub struct EmbedArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Where the lookups run: cpu, or cuda (every GPU variant against the copy bandwidth).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub(crate) device: Device,
+    /// GPU ordinal (--device cuda).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) gpu: usize,
+    /// GPU variants, comma-separated, or all: baseline, tuned, prefetch, l2pin, combined, dedup.
+    #[arg(long, default_value = "all")]
+    pub(crate) variants: String,
+    /// Timed launches per batch (--device cuda).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) gpu_iters: usize,
+    /// Bytes of hot rows to pin in L2, in MiB [default: the device's persisting-L2 maximum].
+    #[arg(long)]
+    pub(crate) pin_mb: Option<usize>,
+    /// Batches, before the measured ones, whose ids profile the hot rows (--device cuda).
+    #[arg(long, default_value_t = 20)]
+    pub(crate) profile_batches: usize,
+    /// The autotuner's cache file [default: $EMBER_TUNE_CACHE or ~/.cache/ember/cuda-tune.json].
+    #[arg(long)]
+    pub(crate) tune_cache: Option<PathBuf>,
 }
 
 /// The resolved shape.
@@ -215,13 +237,19 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         pooling: s.pooling,
         seed: a.seed,
     };
-    let mut batches = generate(&spec, &source, a.batches)?;
+    let gpu_profile = if a.device == Device::Cuda {
+        a.profile_batches
+    } else {
+        0
+    };
+    let mut batches = generate(&spec, &source, gpu_profile + a.batches)?;
     if a.mode == Pooling::WeightedSum {
         batches = batches
             .into_iter()
             .map(with_weights)
             .collect::<Result<_, _>>()?;
     }
+    let profile: Vec<KeyedJagged> = batches.drain(..gpu_profile).collect();
     let validated: Vec<ValidatedBatch<'_>> = batches
         .iter()
         .map(|b| coll.validate(b))
@@ -229,6 +257,15 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     let uniq = unique_ratio(&batches);
     if let Some(path) = &a.save_ids {
         save_ids_npy(path, &batches, s).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.device == Device::Cuda {
+        #[cfg(feature = "cuda")]
+        return crate::bench_gpu::run(&a, s, &coll, &profile, &batches, &source.describe(), uniq);
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = profile;
+            return Err(crate::device::no_cuda());
+        }
     }
 
     let opts = PoolOptions {
@@ -356,7 +393,7 @@ pub fn run(a: EmbedArgs) -> Result<()> {
             "run_lookups_per_s": ember_runs,
             "ceiling_run_lookups_per_s": ceiling_runs,
         });
-        add_workload(&mut j, &a, s, &source, isa, uniq);
+        add_workload(&mut j, &a, s, &source.describe(), isa.name(), uniq);
         println!("{j}");
     }
     Ok(())
@@ -368,8 +405,8 @@ pub(crate) fn add_workload(
     j: &mut serde_json::Value,
     a: &EmbedArgs,
     s: Shape,
-    source: &IdSource,
-    isa: Isa,
+    ids: &str,
+    isa: &str,
     unique_ratio: f64,
 ) {
     let row_bytes = a.dtype.row_bytes(s.dim);
@@ -386,8 +423,8 @@ pub(crate) fn add_workload(
         "batch": s.batch,
         "batches": a.batches,
         "runs": a.runs,
-        "ids": source.describe(),
-        "isa": isa.name(),
+        "ids": ids,
+        "isa": isa,
         "prefetch": a.prefetch,
         "row_bytes": row_bytes,
         "table_bytes": s.tables * s.rows * row_bytes,

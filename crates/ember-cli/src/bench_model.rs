@@ -41,6 +41,8 @@ pub struct ModelArgs {
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    gpu: crate::gpu_args::GpuArgs,
 }
 
 /// Distinct input batches cycled through (ids differ between consecutive batches, as in serving).
@@ -88,23 +90,32 @@ pub fn run(a: ModelArgs) -> Result<()> {
     let batches: Vec<_> = (0..DISTINCT_BATCHES.min(a.warmup + a.iters))
         .map(|i| random_batch(&p.config, a.batch, pooling, a.seed ^ (i as u64 + 1) << 8))
         .collect();
-    let mut pred = Predictor::new(model, a.threads)?;
-    let mut scores = vec![0f32; a.batch];
-    for i in 0..a.warmup {
-        let (d, s) = &batches[i % batches.len()];
-        pred.predict(d, s, &mut scores)?;
-    }
-    let mut lat_ms = Vec::with_capacity(a.iters);
-    let mut stages = StageTimes::default();
-    let start = Instant::now();
-    for i in 0..a.iters {
-        let (d, s) = &batches[(a.warmup + i) % batches.len()];
-        let t = Instant::now();
-        let st = pred.predict(d, s, &mut scores)?;
-        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        stages = stages.plus(st);
-    }
-    let total = start.elapsed().as_secs_f64();
+    let (lat_ms, stages, total, scores) = if a.gpu.is_cuda() {
+        #[cfg(feature = "cuda")]
+        {
+            run_gpu(&a, model, &batches, pooling)?
+        }
+        #[cfg(not(feature = "cuda"))]
+        return Err(crate::device::no_cuda());
+    } else {
+        let mut pred = Predictor::new(model, a.threads)?;
+        let mut scores = vec![0f32; a.batch];
+        for i in 0..a.warmup {
+            let (d, s) = &batches[i % batches.len()];
+            pred.predict(d, s, &mut scores)?;
+        }
+        let mut lat_ms = Vec::with_capacity(a.iters);
+        let mut stages = StageTimes::default();
+        let start = Instant::now();
+        for i in 0..a.iters {
+            let (d, s) = &batches[(a.warmup + i) % batches.len()];
+            let t = Instant::now();
+            let st = pred.predict(d, s, &mut scores)?;
+            lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            stages = stages.plus(st);
+        }
+        (lat_ms, stages, start.elapsed().as_secs_f64(), scores)
+    };
     if scores.iter().any(|s| !s.is_finite()) {
         bail!("non-finite scores: {scores:?}");
     }
@@ -122,9 +133,17 @@ pub fn run(a: ModelArgs) -> Result<()> {
         ("interaction", share(stages.interaction)),
         ("top_mlp", share(stages.top_mlp)),
     ];
+    let on = if a.gpu.is_cuda() {
+        format!(
+            "cuda:{} {}, two batches in flight",
+            a.gpu.gpu, a.gpu.gpu_variant
+        )
+    } else {
+        format!("{} threads", a.threads)
+    };
     println!(
-        "ember bench model: preset {} (batch {}, pooling {}, {} tables, {} threads, {} iters)",
-        p.name, a.batch, pooling, a.dtype, a.threads, a.iters
+        "ember bench model: preset {} (batch {}, pooling {}, {} tables, {on}, {} iters)",
+        p.name, a.batch, pooling, a.dtype, a.iters
     );
     println!("  samples/s   {samples_per_s:.0}");
     println!(
@@ -153,6 +172,8 @@ pub fn run(a: ModelArgs) -> Result<()> {
                 "preset": p.name,
                 "batch": a.batch,
                 "threads": a.threads,
+                "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
+                "gpu_variant": a.gpu.is_cuda().then_some(&a.gpu.gpu_variant),
                 "iters": a.iters,
                 "pooling": pooling,
                 "dtype": a.dtype.name(),
@@ -172,4 +193,42 @@ pub fn run(a: ModelArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The GPU loop: one batch is copied in while the one before computes (two in flight); a
+/// batch's latency runs from its submit to its collect. Stage times are GPU times (events).
+#[cfg(feature = "cuda")]
+fn run_gpu(
+    a: &ModelArgs,
+    model: Arc<Model>,
+    batches: &[(Vec<f32>, ember_embed::KeyedJagged)],
+    pooling: usize,
+) -> Result<(Vec<f64>, StageTimes, f64, Vec<f32>)> {
+    let profile: Vec<_> = batches.iter().map(|(_, kj)| kj.clone()).collect();
+    let mut gp = a.gpu.predictor(model, a.batch, pooling, Some(&profile))?;
+    let mut scores = vec![0f32; a.batch];
+    for i in 0..a.warmup {
+        let (d, s) = &batches[i % batches.len()];
+        gp.predict(d, s, &mut scores)?;
+    }
+    let mut lat_ms = Vec::with_capacity(a.iters);
+    let mut stages = StageTimes::default();
+    let mut submitted = std::collections::VecDeque::new();
+    let start = Instant::now();
+    for i in 0..a.iters {
+        let (d, s) = &batches[(a.warmup + i) % batches.len()];
+        if gp.in_flight() == 2 {
+            stages = stages.plus(gp.collect(&mut scores)?);
+            let t: Instant = submitted.pop_front().expect("one per submit");
+            lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        submitted.push_back(Instant::now());
+        gp.submit(d, s)?;
+    }
+    while gp.in_flight() > 0 {
+        stages = stages.plus(gp.collect(&mut scores)?);
+        let t = submitted.pop_front().expect("one per submit");
+        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((lat_ms, stages, start.elapsed().as_secs_f64(), scores))
 }

@@ -536,7 +536,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
             "warmup_batches": warmup.len(),
             "checked_against_dram": check,
         });
-        add_workload(&mut j, a, s, &source, isa, uniq);
+        add_workload(&mut j, a, s, &source.describe(), isa.name(), uniq);
         println!("{j}");
     }
     Ok(())

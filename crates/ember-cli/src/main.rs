@@ -3,10 +3,14 @@
 //! exit codes (`run() -> anyhow::Result`, printed with `{:#}`).
 
 mod bench_embed;
+#[cfg(feature = "cuda")]
+mod bench_gpu;
 mod bench_model;
 mod bench_tiered;
 mod convert;
 mod data;
+mod device;
+mod gpu_args;
 mod loadgen;
 mod paths;
 mod predict;

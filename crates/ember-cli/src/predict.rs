@@ -2,6 +2,7 @@
 //! not kept, but each row's label and score are (8 bytes a row, for the AUC): a Terabyte day of
 //! 200M rows needs 1.6 GB.
 
+use crate::gpu_args::GpuArgs;
 use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
 use crate::tier_args::TierArgs;
 use anyhow::{Context, Result, bail};
@@ -40,6 +41,8 @@ pub struct PredictArgs {
     dtype: Option<DType>,
     #[command(flatten)]
     tier: TierArgs,
+    #[command(flatten)]
+    gpu: GpuArgs,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -68,7 +71,21 @@ pub fn run(a: PredictArgs) -> Result<()> {
     let rows: Vec<usize> = (0..names.len())
         .map(|f| model.embeddings().table_of(f).rows())
         .collect();
-    let mut pred = Predictor::new(Arc::new(model), a.threads)?;
+    let model = Arc::new(model);
+    #[cfg(feature = "cuda")]
+    let mut gpu_pred = if a.gpu.is_cuda() {
+        if model.stager().is_active() {
+            bail!("--device cuda needs every table in memory (no --placement ssd)");
+        }
+        Some(a.gpu.predictor(model.clone(), a.batch, 1, None)?)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "cuda"))]
+    if a.gpu.is_cuda() {
+        return Err(crate::device::no_cuda());
+    }
+    let mut pred = Predictor::new(model, a.threads)?;
 
     let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
         (Box::new(BufReader::new(std::io::stdin())), None)
@@ -140,12 +157,26 @@ pub fn run(a: PredictArgs) -> Result<()> {
             let staged = staged?;
             let s0 = scores.len();
             scores.resize(s0 + batch.len(), 0.0);
-            times = times.plus(pred.predict_staged(
-                &batch.dense,
-                &sparse,
-                Some(&staged),
-                &mut scores[s0..],
-            )?);
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &mut gpu_pred {
+                times = times.plus(g.predict(&batch.dense, &sparse, &mut scores[s0..])?);
+            } else {
+                times = times.plus(pred.predict_staged(
+                    &batch.dense,
+                    &sparse,
+                    Some(&staged),
+                    &mut scores[s0..],
+                )?);
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                times = times.plus(pred.predict_staged(
+                    &batch.dense,
+                    &sparse,
+                    Some(&staged),
+                    &mut scores[s0..],
+                )?);
+            }
             labels.extend_from_slice(&batch.labels);
             if let Some(w) = &mut out {
                 line.clear();
@@ -171,11 +202,15 @@ pub fn run(a: PredictArgs) -> Result<()> {
     let model_s = times.total().as_secs_f64();
     let a_uc = auc(&labels, &scores);
     let ll = log_loss(&labels, &scores);
+    let on = if a.gpu.is_cuda() {
+        format!("cuda:{} {}", a.gpu.gpu, a.gpu.gpu_variant)
+    } else {
+        format!("{} threads", a.threads)
+    };
     println!(
-        "model {}  data {}  ({} threads, batch {})",
+        "model {}  data {}  ({on}, batch {})",
         model_dir.display(),
         data.display(),
-        a.threads,
         a.batch
     );
     println!("rows          {n}");
@@ -223,6 +258,7 @@ pub fn run(a: PredictArgs) -> Result<()> {
                 "samples_per_s": n as f64 / wall,
                 "forward_samples_per_s": n as f64 / model_s.max(1e-12),
                 "threads": a.threads,
+                "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
                 "batch": a.batch,
             })
         );

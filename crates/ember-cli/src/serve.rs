@@ -12,6 +12,7 @@ use ember_embed::DType;
 use ember_model::Model;
 use ember_serve::{BatchConfig, ServeConfig, Server};
 
+use crate::gpu_args::GpuArgs;
 use crate::paths::{DEFAULT_MODEL, shipped};
 use crate::tier_args::TierArgs;
 
@@ -55,6 +56,8 @@ pub struct ServeArgs {
     dtype: Option<DType>,
     #[command(flatten)]
     tier: TierArgs,
+    #[command(flatten)]
+    gpu: GpuArgs,
 }
 
 /// `--grpc`: an address, or none.
@@ -113,9 +116,23 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let model = Arc::new(model);
+    let engine = if a.gpu.is_cuda() {
+        #[cfg(feature = "cuda")]
+        {
+            // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
+            let gp = a.gpu.predictor(model.clone(), a.max_batch, 20, None)?;
+            ember_serve::Engine::Device(Box::new(gp))
+        }
+        #[cfg(not(feature = "cuda"))]
+        return Err(crate::device::no_cuda());
+    } else {
+        let predictor = ember_model::Predictor::new(model.clone(), a.threads)?;
+        ember_serve::Engine::Cpu(Box::new(predictor))
+    };
     rt.block_on(async move {
         let model_name = cfg.model_name.clone();
-        let server = Server::start(Arc::new(model), cfg)
+        let server = Server::start_engine(model, engine, cfg)
             .await
             .with_context(|| match a.grpc.0 {
                 Some(g) => format!("listening on {} (HTTP) and {g} (gRPC)", a.http),

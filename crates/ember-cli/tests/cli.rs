@@ -245,3 +245,47 @@ fn replays_the_production_trace_when_present() {
     let u = j["unique_ratio"].as_f64().unwrap();
     assert!((0.38..0.50).contains(&u), "unique ratio {u}");
 }
+
+/// `--device cuda` where it cannot run (a build without the `cuda` feature, or no driver or
+/// device) fails with a message that says what is missing, for every command that takes it;
+/// where a GPU is present it runs, and `bench embed` reports every variant.
+#[test]
+fn device_cuda_runs_or_says_what_is_missing() {
+    let cases: Vec<Vec<&str>> = vec![
+        [
+            SMALL.as_slice(),
+            &["--device", "cuda", "--json", "--profile-batches", "2"],
+        ]
+        .concat(),
+        vec![
+            "bench", "model", "--preset", "small", "--iters", "3", "--warmup", "1", "--device",
+            "cuda",
+        ],
+        vec!["predict", "--device", "cuda"],
+    ];
+    for args in cases {
+        let (ok, out, err) = ember(&args);
+        if ok {
+            if args[1] == "embed" {
+                let j = json_of(&out);
+                assert_eq!(j["variants"].as_array().map(Vec::len), Some(6), "{out}");
+            }
+            continue;
+        }
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains("--features cuda")
+                || err.contains("no CUDA device")
+                || err.contains("NVRTC"),
+            "{args:?}: {err}"
+        );
+    }
+    // A bad variant name is refused by name (before any device is touched where CUDA is built).
+    let (ok, _, err) =
+        ember(&[&SMALL[..], &["--device", "cuda", "--variants", "fastest"]].concat());
+    assert!(!ok);
+    assert!(
+        err.contains("fastest") || err.contains("--features cuda"),
+        "{err}"
+    );
+}

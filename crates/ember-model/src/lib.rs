@@ -21,4 +21,4 @@ pub mod weights;
 
 pub use config::{InteractionConfig, ModelConfig, PairOrder};
 pub use error::{ModelError, Result};
-pub use model::{LoadOptions, Model, Predictor, StageTimes, sigmoid};
+pub use model::{LoadOptions, Model, Predictor, Scorer, StageTimes, sigmoid};

@@ -182,6 +182,11 @@ impl Model {
         &self.bottom
     }
 
+    /// The feature interaction between the bottom MLP and the top MLP.
+    pub fn interaction(&self) -> &Interaction {
+        &self.interaction
+    }
+
     pub fn top_mlp(&self) -> &Mlp {
         &self.top
     }
@@ -489,6 +494,37 @@ impl Predictor {
         let t = self.logits(dense, sparse, scores)?;
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         Ok(t)
+    }
+}
+
+/// Something that scores batches of a model: the CPU [`Predictor`], or a predictor on another
+/// device (the CUDA backend's). The server runs one on its batching thread.
+pub trait Scorer: Send {
+    /// Writes each sample's probability into `scores` (one per sample of `sparse`).
+    fn score(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        scores: &mut [f32],
+    ) -> std::result::Result<StageTimes, String>;
+
+    /// The device it runs on, for logs (`cpu`, `cuda:0 NVIDIA H100 ...`).
+    fn device(&self) -> String;
+}
+
+impl Scorer for Predictor {
+    fn score(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        scores: &mut [f32],
+    ) -> std::result::Result<StageTimes, String> {
+        self.predict(dense, sparse, scores)
+            .map_err(|e| e.to_string())
+    }
+
+    fn device(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
     }
 }
 

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ember_embed::{Ids, KeyedJagged, StagedBatch};
-use ember_model::Predictor;
+use ember_model::{Predictor, Scorer, StageTimes};
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServeError};
@@ -78,12 +78,20 @@ impl std::fmt::Debug for Job {
 impl Batcher {
     /// Starts the worker thread, which owns `predictor`.
     pub fn start(predictor: Predictor, spec: Arc<ModelSpec>, cfg: BatchConfig) -> Self {
+        Self::start_engine(Engine::Cpu(Box::new(predictor)), spec, cfg)
+    }
+
+    /// Starts the worker thread with any [`Engine`] (a GPU predictor, say).
+    pub fn start_engine(engine: Engine, spec: Arc<ModelSpec>, cfg: BatchConfig) -> Self {
         let (tx, rx) = sync_channel(cfg.queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let q = queued.clone();
         let worker = std::thread::Builder::new()
             .name("ember-batcher".into())
-            .spawn(move || Worker::new(predictor, spec, cfg, q).run(rx))
+            .spawn(move || match engine {
+                Engine::Cpu(predictor) => Worker::new(*predictor, spec, cfg, q).run(rx),
+                Engine::Device(scorer) => run_device(scorer, spec, cfg, q, rx),
+            })
             .expect("spawn the batcher thread");
         Batcher {
             tx: RwLock::new(Some(tx)),
@@ -155,6 +163,42 @@ impl Batcher {
 impl Drop for Batcher {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// What scores the batches: the CPU predictor (with the SSD tier's pipeline), or a predictor
+/// on another device.
+pub enum Engine {
+    Cpu(Box<Predictor>),
+    Device(Box<dyn Scorer>),
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Engine::Cpu(p) => write!(f, "Engine::Cpu({})", p.device()),
+            Engine::Device(s) => write!(f, "Engine::Device({})", s.device()),
+        }
+    }
+}
+
+/// The worker of a device engine: forms batches and scores them one at a time.
+fn run_device(
+    mut scorer: Box<dyn Scorer>,
+    spec: Arc<ModelSpec>,
+    cfg: BatchConfig,
+    queued: Arc<AtomicUsize>,
+    rx: Receiver<Job>,
+) {
+    let narrow_ids = spec.rows.iter().all(|&r| r <= u32::MAX as usize + 1);
+    let mut carry = None;
+    let mut scores = Vec::new();
+    while let Some(jobs) = form_batch(&rx, &mut carry, &cfg, &queued) {
+        if let Some(p) = prepare(&spec, narrow_ids, jobs) {
+            scores.resize(p.n, 0.0);
+            let r = scorer.score(&p.dense, &p.kj, &mut scores);
+            answer(p, &scores, r);
+        }
     }
 }
 
@@ -374,17 +418,24 @@ fn compute(
     p: Prepared,
     staged: Option<ember_embed::Result<StagedBatch>>,
 ) {
-    let Prepared { live, n, dense, kj } = p;
-    scores.resize(n, 0.0);
+    scores.resize(p.n, 0.0);
     let result = match staged {
-        None => predictor.predict(&dense, &kj, scores),
-        Some(Ok(st)) => predictor.predict_staged(&dense, &kj, Some(&st), scores),
+        None => predictor.predict(&p.dense, &p.kj, scores),
+        Some(Ok(st)) => predictor.predict_staged(&p.dense, &p.kj, Some(&st), scores),
         Some(Err(e)) => Err(e.into()),
     };
+    if result.is_ok() {
+        m::record_tier(predictor.model().stager());
+    }
+    answer(p, scores, result.map_err(|e| e.to_string()));
+}
+
+/// Records a scored batch's stage times and answers its requests.
+fn answer(p: Prepared, scores: &[f32], result: std::result::Result<StageTimes, String>) {
+    let Prepared { live, n, .. } = p;
     match result {
         Ok(t) => {
             metrics::histogram!(m::EMBEDDING_STAGE).record(t.embedding.as_secs_f64());
-            m::record_tier(predictor.model().stager());
             let dense_t = if t.bottom_overlapped {
                 t.interaction + t.top_mlp
             } else {

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ember_model::{Model, Predictor};
 use tokio::sync::watch;
 
-pub use batcher::{BatchConfig, Batcher};
+pub use batcher::{BatchConfig, Batcher, Engine};
 pub use error::ServeError;
 pub use samples::{ModelSpec, Samples};
 
@@ -96,10 +96,19 @@ fn serve(
 impl Server {
     /// Binds the listeners and starts serving `model` (call inside a tokio runtime).
     pub async fn start(model: Arc<Model>, cfg: ServeConfig) -> std::io::Result<Server> {
+        let predictor = Predictor::new(model.clone(), cfg.threads.max(1))
+            .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
+        Self::start_engine(model, Engine::Cpu(Box::new(predictor)), cfg).await
+    }
+
+    /// [`Server::start`] with the batches scored by `engine` (e.g. a GPU predictor of `model`).
+    pub async fn start_engine(
+        model: Arc<Model>,
+        engine: Engine,
+        cfg: ServeConfig,
+    ) -> std::io::Result<Server> {
         metrics::handle();
         let spec = Arc::new(ModelSpec::of(&model, &cfg.model_name));
-        let predictor = Predictor::new(model, cfg.threads.max(1))
-            .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
         let listener = tokio::net::TcpListener::bind(cfg.http).await?;
         let addr = listener.local_addr()?;
         let grpc_listener = match cfg.grpc {
@@ -107,7 +116,7 @@ impl Server {
             None => None,
         };
         let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-        let batcher = Arc::new(Batcher::start(predictor, spec.clone(), cfg.batch));
+        let batcher = Arc::new(Batcher::start_engine(engine, spec.clone(), cfg.batch));
         let ready = Arc::new(AtomicBool::new(true));
         let app = http::App {
             spec,

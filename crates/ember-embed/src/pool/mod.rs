@@ -37,7 +37,7 @@ use std::str::FromStr;
 use std::sync::Mutex;
 
 /// How the rows of a bag are combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pooling {
     /// Sum of the rows.
     Sum,

@@ -1,0 +1,120 @@
+//! `--device cuda` and its companions on `predict`, `serve` and `bench model`.
+
+use std::path::PathBuf;
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
+
+use clap::Args;
+#[cfg(feature = "cuda")]
+use ember_model::Model;
+
+use crate::device::Device;
+
+#[derive(Debug, Args)]
+pub struct GpuArgs {
+    /// Where the forward pass runs: cpu, or cuda (a binary built with --features cuda).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// GPU ordinal (--device cuda).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Embedding kernel on the GPU: baseline, tuned, prefetch, l2pin, combined or dedup. The
+    /// pinning variants (l2pin, combined) need --gpu-profile.
+    #[arg(long, default_value = "tuned")]
+    pub gpu_variant: String,
+    /// A Criteo-format file whose ids (its first 100,000 rows) profile the rows pinned in L2.
+    #[arg(long)]
+    pub gpu_profile: Option<PathBuf>,
+    /// Bytes of hot rows to pin, in MiB [default: the device's persisting-L2 maximum].
+    #[arg(long)]
+    pub pin_mb: Option<usize>,
+    /// The autotuner's cache file [default: $EMBER_TUNE_CACHE or ~/.cache/ember/cuda-tune.json].
+    #[arg(long)]
+    pub tune_cache: Option<PathBuf>,
+}
+
+impl GpuArgs {
+    pub fn is_cuda(&self) -> bool {
+        self.device == Device::Cuda
+    }
+
+    /// A GPU predictor of `model`, tuned (choices cached on disk) on a synthetic batch of
+    /// `tune_batch` samples with `tune_pooling` ids per bag.
+    #[cfg(feature = "cuda")]
+    pub fn predictor(
+        &self,
+        model: Arc<Model>,
+        tune_batch: usize,
+        tune_pooling: usize,
+        profile: Option<&[ember_embed::KeyedJagged]>,
+    ) -> anyhow::Result<ember_cuda::GpuPredictor> {
+        use anyhow::{Context, bail};
+        use ember_cuda::{GpuModel, GpuPredictor, HotPlan, TuneCache, Variant};
+        let variant: Variant = self.gpu_variant.parse()?;
+        let gpu = crate::device::open_gpu(self.gpu)?;
+        let budget = self
+            .pin_mb
+            .map_or(gpu.info().max_persisting_l2_bytes, |mb| mb << 20);
+        let loaded;
+        let profile = match (profile, &self.gpu_profile) {
+            (Some(p), _) => Some(p),
+            (None, Some(path)) => {
+                loaded = criteo_profile(&model, path)?;
+                Some(loaded.as_slice())
+            }
+            (None, None) => None,
+        };
+        let plan = match (variant.pins_l2(), profile) {
+            (false, _) => None,
+            (true, Some(batches)) => Some(HotPlan::profile(model.embeddings(), batches, budget)?),
+            (true, None) => bail!(
+                "--gpu-variant {variant} pins hot rows in L2 and needs a profile: --gpu-profile FILE"
+            ),
+        };
+        let gm = Arc::new(GpuModel::upload(&gpu, model.clone(), plan.as_ref())?);
+        let mut gp = GpuPredictor::new(gm, variant)?;
+        let mut cache = match self.tune_cache.clone().or_else(TuneCache::default_path) {
+            Some(p) => TuneCache::load(&p)?,
+            None => TuneCache::in_memory(),
+        };
+        let (dense, kj) = ember_model::presets::random_batch(
+            model.config(),
+            tune_batch.max(1),
+            tune_pooling.max(1),
+            0x7e57,
+        );
+        gp.tune(&dense, &kj, &mut cache)
+            .context("tuning the embedding kernels")?;
+        Ok(gp)
+    }
+}
+
+/// Up to 100,000 rows of a Criteo file as batches of the model's features (for a hot-row
+/// profile).
+#[cfg(feature = "cuda")]
+fn criteo_profile(
+    model: &Model,
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<ember_embed::KeyedJagged>> {
+    use anyhow::Context;
+    use ember_model::criteo::{CriteoBatch, CriteoReader};
+    let f = std::fs::File::open(path)
+        .with_context(|| format!("cannot open profile {}", path.display()))?;
+    let mut reader = CriteoReader::new(std::io::BufReader::new(f), path.display().to_string());
+    let names = model.feature_names();
+    let rows: Vec<usize> = (0..names.len())
+        .map(|f| model.embeddings().table_of(f).rows())
+        .collect();
+    let mut out = Vec::new();
+    let mut batch = CriteoBatch::default();
+    let mut total = 0;
+    while total < 100_000 {
+        let n = reader.next_batch(4096, &mut batch)?;
+        if n == 0 {
+            break;
+        }
+        total += n;
+        out.push(batch.sparse(&names, &rows)?);
+    }
+    Ok(out)
+}

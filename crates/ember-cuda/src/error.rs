@@ -1,0 +1,59 @@
+use thiserror::Error;
+
+/// Errors of the CUDA backend.
+#[derive(Debug, Error)]
+pub enum CudaError {
+    /// The CUDA driver library (`libcuda.so`) or a device is missing.
+    #[error("no CUDA device: {0}")]
+    Unavailable(String),
+    /// NVRTC (`libnvrtc.so`) is missing.
+    #[error(
+        "NVRTC (libnvrtc.so.13) not found: install the CUDA 13 toolkit or put its lib directory \
+         (e.g. a PyTorch wheel's nvidia/cu13/lib) on LD_LIBRARY_PATH"
+    )]
+    NoNvrtc,
+    /// A kernel failed to compile (the log is NVRTC's).
+    #[error("NVRTC could not compile {kernel} ({options}):\n{log}")]
+    Compile {
+        kernel: String,
+        options: String,
+        log: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA {what}: {source}")]
+    Driver {
+        what: &'static str,
+        source: cudarc::driver::DriverError,
+    },
+    /// A cuBLAS call failed.
+    #[error("cuBLAS {what}: {source:?}")]
+    Blas {
+        what: &'static str,
+        source: cudarc::cublas::result::CublasError,
+    },
+    /// The input (batch, tables, options) does not fit what was asked.
+    #[error("{0}")]
+    Input(String),
+    /// An error of the embedding layer (validation of a batch).
+    #[error(transparent)]
+    Embed(#[from] ember_embed::EmbedError),
+    /// An error of the model layer.
+    #[error(transparent)]
+    Model(#[from] ember_model::ModelError),
+    /// Reading or writing the autotuner's cache file.
+    #[error("autotune cache {path}: {reason}")]
+    TuneCache { path: String, reason: String },
+}
+
+pub type Result<T, E = CudaError> = std::result::Result<T, E>;
+
+/// Attaches what was being done to a driver error.
+pub(crate) trait DriverCtx<T> {
+    fn ctx(self, what: &'static str) -> Result<T>;
+}
+
+impl<T> DriverCtx<T> for std::result::Result<T, cudarc::driver::DriverError> {
+    fn ctx(self, what: &'static str) -> Result<T> {
+        self.map_err(|source| CudaError::Driver { what, source })
+    }
+}

@@ -1,0 +1,214 @@
+//! The occupancy autotuner's search space and its cache.
+//!
+//! For each launch group (tables of one dtype and load shape) and workload class (batch size,
+//! mean bag length, each rounded to a power of two) the tuner times the kernel over a grid of
+//! block sizes and register caps (a cap trades spills for more resident warps, i.e. more loads
+//! in flight), then, for the combined variant, over prefetch depths at the best of those. The
+//! winner is kept in a JSON file (`EMBER_TUNE_CACHE`, default `~/.cache/ember/cuda-tune.json`)
+//! so that later runs start tuned.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CudaError, Result};
+use crate::kernels::{Launch, PoolConfig};
+
+/// Block sizes tried.
+pub const BLOCKS: [u32; 4] = [64, 128, 256, 512];
+/// Register caps tried (0: the compiler's choice).
+pub const REG_CAPS: [u32; 4] = [0, 32, 48, 64];
+/// Prefetch depths tried by the combined variant.
+pub const PREFETCH: [u32; 4] = [1, 2, 4, 8];
+
+/// The first stage: every block size and register cap at prefetch depth `prefetch`. A cap
+/// comes with the matching `__launch_bounds__` occupancy promise (65536 registers per SM).
+pub fn occupancy_grid(prefetch: u32) -> Vec<Launch> {
+    let mut v = Vec::new();
+    for &block in &BLOCKS {
+        for &cap in &REG_CAPS {
+            let min_blocks = if cap == 0 { 0 } else { 65536 / (cap * block) };
+            v.push(Launch {
+                block,
+                min_blocks: min_blocks.min(32),
+                max_regs: cap,
+                prefetch,
+            });
+        }
+    }
+    v
+}
+
+/// The second stage: prefetch depths at the best occupancy setting.
+pub fn prefetch_grid(best: Launch) -> Vec<Launch> {
+    PREFETCH
+        .iter()
+        .map(|&prefetch| Launch { prefetch, ..best })
+        .collect()
+}
+
+/// A tuned choice and what it measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TuneChoice {
+    pub launch: Launch,
+    /// Median time of one launch, microseconds.
+    pub micros: f64,
+    /// Microseconds of the baseline launch on the same workload.
+    pub baseline_micros: f64,
+}
+
+/// The cache key of a launch group on a device and workload class.
+pub fn key(
+    device: &str,
+    cfg: &PoolConfig,
+    dims: &[usize],
+    batch: usize,
+    mean_bag: f64,
+    with_prefetch: bool,
+) -> String {
+    let bucket = |x: f64| (x.max(1.0)).log2().round() as i32;
+    format!(
+        "{device}|{}|dims={:?}|batch~2^{}|bag~2^{}|{}",
+        cfg.name(),
+        dims,
+        bucket(batch as f64),
+        bucket(mean_bag),
+        if with_prefetch { "combined" } else { "tuned" }
+    )
+}
+
+/// Tuned choices, loaded from and saved to a JSON file.
+#[derive(Debug, Clone, Default)]
+pub struct TuneCache {
+    path: Option<PathBuf>,
+    entries: BTreeMap<String, TuneChoice>,
+}
+
+impl TuneCache {
+    /// The default file: `$EMBER_TUNE_CACHE`, else `$HOME/.cache/ember/cuda-tune.json`.
+    pub fn default_path() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("EMBER_TUNE_CACHE") {
+            return Some(PathBuf::from(p));
+        }
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ember/cuda-tune.json"))
+    }
+
+    /// A cache kept in memory only.
+    pub fn in_memory() -> TuneCache {
+        TuneCache::default()
+    }
+
+    /// Loads `path` (a missing file is an empty cache; a damaged one is an error).
+    pub fn load(path: &Path) -> Result<TuneCache> {
+        let err = |reason: String| CudaError::TuneCache {
+            path: path.display().to_string(),
+            reason,
+        };
+        let entries = match std::fs::read(path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(e.to_string()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(err(e.to_string())),
+        };
+        Ok(TuneCache {
+            path: Some(path.to_path_buf()),
+            entries,
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&TuneChoice> {
+        self.entries.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Records a choice and writes the file (atomically: a temporary file, then a rename).
+    pub fn insert(&mut self, key: String, choice: TuneChoice) -> Result<()> {
+        self.entries.insert(key, choice);
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let err = |reason: String| CudaError::TuneCache {
+            path: path.display().to_string(),
+            reason,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        let body = serde_json::to_vec_pretty(&self.entries).map_err(|e| err(e.to_string()))?;
+        std::fs::write(&tmp, body).map_err(|e| err(e.to_string()))?;
+        std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Shape;
+    use ember_embed::{DType, Pooling};
+
+    #[test]
+    fn grids_cover_the_space_and_promise_only_what_the_cap_allows() {
+        let g = occupancy_grid(1);
+        assert_eq!(g.len(), BLOCKS.len() * REG_CAPS.len());
+        assert!(g.contains(&Launch::BASELINE));
+        for l in &g {
+            if l.max_regs > 0 {
+                // min_blocks * block * cap registers fit in one SM's 64K.
+                assert!(l.min_blocks * l.block * l.max_regs <= 65536, "{l:?}");
+                assert!(l.min_blocks >= 1);
+            } else {
+                assert_eq!(l.min_blocks, 0);
+            }
+        }
+        let p = prefetch_grid(g[5]);
+        assert_eq!(p.len(), PREFETCH.len());
+        assert!(
+            p.iter()
+                .all(|l| l.block == g[5].block && l.max_regs == g[5].max_regs)
+        );
+    }
+
+    #[test]
+    fn the_cache_round_trips_through_its_file_and_refuses_damage() {
+        let dir = std::env::temp_dir().join(format!("ember-tune-{}", std::process::id()));
+        let path = dir.join("sub/tune.json");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut c = TuneCache::load(&path).unwrap();
+        assert!(c.is_empty());
+        let cfg = PoolConfig {
+            dtype: DType::F32,
+            shape: Shape::for_table(DType::F32, 128),
+            launch: Launch::BASELINE,
+            id64: true,
+            pooling: Pooling::Sum,
+        };
+        let k = key("NVIDIA H100", &cfg, &[128; 12], 2048, 150.0, true);
+        assert!(k.contains("batch~2^11") && k.contains("bag~2^7"), "{k}");
+        let choice = TuneChoice {
+            launch: Launch {
+                block: 128,
+                min_blocks: 10,
+                max_regs: 48,
+                prefetch: 4,
+            },
+            micros: 812.5,
+            baseline_micros: 1400.0,
+        };
+        c.insert(k.clone(), choice).unwrap();
+        let back = TuneCache::load(&path).unwrap();
+        assert_eq!(back.get(&k), Some(&choice));
+        assert_eq!(back.len(), 1);
+        std::fs::write(&path, b"{ not json").unwrap();
+        let e = TuneCache::load(&path).unwrap_err().to_string();
+        assert!(e.contains("tune.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,338 @@
+//! The GPU against the CPU reference, on the device: random tables (every dtype, odd dims,
+//! features sharing tables), random batches (empty bags, empty batches, weights, u32 and i64
+//! ids), every variant and pooling; and whole models (dot, cat, DCN) against the CPU
+//! predictor. Every test skips, saying why, where there is no CUDA device.
+
+use std::sync::Arc;
+
+use ember_cuda::Gpu;
+use ember_cuda::{
+    GpuEmbeddings, GpuModel, GpuPredictor, HotPlan, TuneCache, Variant, cuda_available,
+};
+use ember_embed::{
+    DType, EmbeddingCollection, EmbeddingTable, Feature, Ids, KeyedJagged, Pooling, pooled_lookup,
+};
+use ember_model::config::{InteractionConfig, ModelConfig, PairOrder, PoolingName, TableConfig};
+use ember_model::{Model, Predictor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn gpu() -> Option<Arc<Gpu>> {
+    if let Err(why) = cuda_available() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(Gpu::open(0).expect("a CUDA device is present"))
+}
+
+/// A random collection: 1-4 tables of random dtype and (often odd) dim, 1-5 features.
+fn random_collection(rng: &mut StdRng) -> EmbeddingCollection {
+    let ntab = rng.random_range(1..=4);
+    let dims = [1usize, 3, 8, 13, 16, 31, 64, 100, 128, 200, 256, 512];
+    let tables: Vec<EmbeddingTable> = (0..ntab)
+        .map(|t| {
+            let rows = rng.random_range(1..3000);
+            let dim = dims[rng.random_range(0..dims.len())];
+            let dtype = DType::ALL[rng.random_range(0..DType::ALL.len())];
+            let values: Vec<f32> = (0..rows * dim)
+                .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+                .collect();
+            EmbeddingTable::from_f32(&format!("t{t}"), rows, dim, dtype, &values).unwrap()
+        })
+        .collect();
+    let nf = rng.random_range(1..=5);
+    let features = (0..nf)
+        .map(|f| Feature {
+            name: format!("f{f}"),
+            table: rng.random_range(0..ntab),
+        })
+        .collect();
+    EmbeddingCollection::new(tables, features).unwrap()
+}
+
+/// A random batch: bags of 0-200 ids (some empty), a skewed id distribution (repeats, so that
+/// dedup and pinning have work), weights, 32- or 64-bit ids.
+fn random_batch(rng: &mut StdRng, coll: &EmbeddingCollection, batch: usize) -> KeyedJagged {
+    let nf = coll.features().len();
+    let mut lengths = Vec::new();
+    let mut ids = Vec::new();
+    for f in 0..nf {
+        let rows = coll.table_of(f).rows();
+        for _ in 0..batch {
+            let len = if rng.random_bool(0.1) {
+                0
+            } else {
+                rng.random_range(0..200)
+            };
+            lengths.push(len);
+            for _ in 0..len {
+                let id = if rng.random_bool(0.7) {
+                    rng.random_range(0..rows.min(20))
+                } else {
+                    rng.random_range(0..rows)
+                };
+                ids.push(id as i64);
+            }
+        }
+    }
+    let weights: Vec<f32> = (0..ids.len())
+        .map(|_| rng.random::<f32>() * 2.0 - 0.5)
+        .collect();
+    let ids = if rng.random_bool(0.5) {
+        Ids::I64(ids)
+    } else {
+        Ids::U32(ids.iter().map(|&i| i as u32).collect())
+    };
+    KeyedJagged::from_lengths(coll.feature_names(), batch, &lengths, ids, Some(weights)).unwrap()
+}
+
+/// |gpu - ref| within f32 accumulation error of the bag's magnitude.
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-4 * w.abs().max(1.0) * 8.0;
+        assert!(
+            (g - w).abs() <= tol && g.is_finite(),
+            "{what}: element {i}: gpu {g} vs reference {w}"
+        );
+    }
+}
+
+#[test]
+fn every_variant_matches_the_cpu_reference() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(2024);
+    let mut cache = TuneCache::in_memory();
+    for case in 0..24 {
+        let coll = random_collection(&mut rng);
+        let batch = [0usize, 1, 7, 64, 129][case % 5];
+        let kj = random_batch(&mut rng, &coll, batch);
+        let strides_total: usize = coll.tables().iter().map(|t| t.bytes()).sum();
+        let plan = HotPlan::profile(&coll, std::slice::from_ref(&kj), strides_total / 2).unwrap();
+        let plain = GpuEmbeddings::upload(&gpu, &coll, None).unwrap();
+        let pinned = GpuEmbeddings::upload(&gpu, &coll, Some(&plan)).unwrap();
+        for pooling in [Pooling::Sum, Pooling::Mean, Pooling::WeightedSum] {
+            let mut want = vec![0f32; batch * coll.total_dim()];
+            pooled_lookup(&coll, coll.validate(&kj).unwrap(), pooling, &mut want).unwrap();
+            for variant in Variant::ALL {
+                // The tuned variants compile and time ~20 kernels per new shape: a few cases.
+                if matches!(variant, Variant::Tuned | Variant::Combined) && case >= 6 {
+                    continue;
+                }
+                let emb = if variant.pins_l2() { &pinned } else { &plain };
+                let mut run = emb.runner(variant, pooling).unwrap();
+                run.upload(emb, &coll, &kj).unwrap();
+                run.tune(emb, &mut cache).unwrap();
+                let mut got = vec![f32::NAN; want.len()];
+                run.launch(emb).unwrap();
+                run.download(emb, &mut got).unwrap();
+                assert_close(&got, &want, &format!("case {case} {variant} {pooling:?}"));
+                // A second batch through the same runner (buffers reused, dedup state reset).
+                let kj2 = random_batch(&mut rng, &coll, batch + 3);
+                let mut want2 = vec![0f32; (batch + 3) * coll.total_dim()];
+                pooled_lookup(&coll, coll.validate(&kj2).unwrap(), pooling, &mut want2).unwrap();
+                let mut got2 = vec![f32::NAN; want2.len()];
+                run.pool(emb, &coll, &kj2, &mut got2).unwrap();
+                assert_close(
+                    &got2,
+                    &want2,
+                    &format!("case {case} {variant} {pooling:?} again"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_launch_the_tuner_can_pick_is_correct() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(99);
+    let values: Vec<f32> = (0..5000 * 128).map(|_| rng.random::<f32>() - 0.5).collect();
+    for dtype in [DType::F32, DType::F16, DType::Int8] {
+        let tables = vec![
+            EmbeddingTable::from_f32("a", 5000, 128, dtype, &values).unwrap(),
+            EmbeddingTable::from_f32("b", 2500, 256, dtype, &values[..2500 * 256]).unwrap(),
+        ];
+        let coll = EmbeddingCollection::one_feature_per_table(tables).unwrap();
+        let kj = random_batch(&mut rng, &coll, 100);
+        let mut want = vec![0f32; 100 * coll.total_dim()];
+        pooled_lookup(
+            &coll,
+            coll.validate(&kj).unwrap(),
+            Pooling::WeightedSum,
+            &mut want,
+        )
+        .unwrap();
+        let emb = GpuEmbeddings::upload(&gpu, &coll, None).unwrap();
+        let mut launches = ember_cuda::tune::occupancy_grid(1);
+        for base in ember_cuda::tune::occupancy_grid(1) {
+            launches.extend(ember_cuda::tune::prefetch_grid(base));
+        }
+        for launch in launches {
+            let mut run = emb.runner(Variant::Baseline, Pooling::WeightedSum).unwrap();
+            run.force_launch(launch);
+            let mut got = vec![f32::NAN; want.len()];
+            match run.pool(&emb, &coll, &kj, &mut got) {
+                Ok(()) => assert_close(&got, &want, &format!("{dtype} {launch:?}")),
+                // A register cap too small for the block cannot launch; the tuner skips it.
+                Err(e) if e.to_string().contains("OUT_OF_RESOURCES") => {}
+                Err(e) => panic!("{dtype} {launch:?}: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_batches_are_refused_before_the_device_sees_them() {
+    let Some(gpu) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(5);
+    let coll = random_collection(&mut rng);
+    let emb = GpuEmbeddings::upload(&gpu, &coll, None).unwrap();
+    let mut run = emb.runner(Variant::Baseline, Pooling::Sum).unwrap();
+    let rows = coll.table_of(0).rows();
+    let nf = coll.features().len();
+    let mut lengths = vec![0usize; nf];
+    lengths[0] = 1;
+    let kj = KeyedJagged::from_lengths(
+        coll.feature_names(),
+        1,
+        &lengths,
+        Ids::I64(vec![rows as i64]),
+        None,
+    )
+    .unwrap();
+    let e = run.upload(&emb, &coll, &kj).unwrap_err().to_string();
+    assert!(e.contains(&rows.to_string()), "{e}");
+    // Weighted pooling without weights.
+    let mut run = emb.runner(Variant::Baseline, Pooling::WeightedSum).unwrap();
+    let kj = KeyedJagged::from_lengths(
+        coll.feature_names(),
+        1,
+        &vec![0; nf],
+        Ids::U32(vec![]),
+        None,
+    )
+    .unwrap();
+    let e = run.upload(&emb, &coll, &kj).unwrap_err().to_string();
+    assert!(e.contains("weights"), "{e}");
+    // Pinning variants need a plan.
+    assert!(emb.runner(Variant::L2Pin, Pooling::Sum).is_err());
+    // The runner still works after the refusals.
+    let good = random_batch(&mut rng, &coll, 4);
+    let mut out = vec![0f32; 4 * coll.total_dim()];
+    run.pool(&emb, &coll, &good, &mut out).unwrap();
+}
+
+fn model_config(interaction: InteractionConfig, dtype: DType, pooling: PoolingName) -> ModelConfig {
+    ModelConfig {
+        format: ember_model::config::FORMAT.into(),
+        format_version: ember_model::config::FORMAT_VERSION,
+        family: None,
+        dense_in: 13,
+        bottom_mlp: vec![64, 16],
+        interaction,
+        top_mlp: vec![48, 1],
+        tables: (0..5)
+            .map(|i| TableConfig {
+                name: format!("t{i}"),
+                rows: 1000 + 37 * i,
+                dim: 16,
+                dtype,
+                placement: Default::default(),
+            })
+            .collect(),
+        features: None,
+        pooling,
+        tier: None,
+    }
+}
+
+#[test]
+fn whole_models_match_the_cpu_predictor() {
+    let Some(gpu) = gpu() else { return };
+    let interactions = [
+        InteractionConfig::Dot {
+            self_interaction: false,
+            pair_order: PairOrder::Lower,
+        },
+        InteractionConfig::Dot {
+            self_interaction: true,
+            pair_order: PairOrder::Upper,
+        },
+        InteractionConfig::Cat {},
+        InteractionConfig::Dcn {
+            layers: 2,
+            low_rank: 8,
+        },
+    ];
+    for (k, inter) in interactions.into_iter().enumerate() {
+        for (dtype, pooling) in [
+            (DType::F32, PoolingName::Sum),
+            (DType::Int8, PoolingName::Mean),
+        ] {
+            let cfg = model_config(inter, dtype, pooling);
+            let model = Arc::new(Model::random(cfg.clone(), 11 + k as u64, 1).unwrap());
+            let gm = Arc::new(GpuModel::upload(&gpu, model.clone(), None).unwrap());
+            for variant in [Variant::Baseline, Variant::Combined, Variant::Dedup] {
+                let gm = if variant.pins_l2() {
+                    let (_, kj) = ember_model::presets::random_batch(&cfg, 64, 10, 3);
+                    let plan = HotPlan::profile(model.embeddings(), &[kj], 64 << 10).unwrap();
+                    Arc::new(GpuModel::upload(&gpu, model.clone(), Some(&plan)).unwrap())
+                } else {
+                    gm.clone()
+                };
+                let mut gp = GpuPredictor::new(gm, variant).unwrap();
+                let mut cpu = Predictor::new(model.clone(), 1).unwrap();
+                // Several batches, two in flight at a time, sizes changing (buffers grow).
+                let batches: Vec<_> = [5usize, 300, 0, 1, 64]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| ember_model::presets::random_batch(&cfg, b, 7, 100 + i as u64))
+                    .collect();
+                let mut want = Vec::new();
+                for (dense, kj) in &batches {
+                    let mut s = vec![0f32; kj.batch_size()];
+                    cpu.predict(dense, kj, &mut s).unwrap();
+                    want.push(s);
+                }
+                let mut i_out = 0;
+                let mut collect_one = |gp: &mut GpuPredictor| {
+                    let mut got = vec![f32::NAN; want[i_out].len()];
+                    gp.collect(&mut got).unwrap();
+                    for (g, w) in got.iter().zip(&want[i_out]) {
+                        assert!(
+                            (g - w).abs() <= 1e-4,
+                            "{inter:?} {dtype} {variant} batch {i_out}: {g} vs {w}"
+                        );
+                    }
+                    i_out += 1;
+                };
+                for (dense, kj) in &batches {
+                    if gp.in_flight() == 2 {
+                        collect_one(&mut gp);
+                    }
+                    gp.submit(dense, kj).unwrap();
+                }
+                while gp.in_flight() > 0 {
+                    collect_one(&mut gp);
+                }
+                assert_eq!(i_out, batches.len());
+                // Bad input: an error, and the predictor goes on.
+                let (dense, kj) = &batches[1];
+                assert!(
+                    gp.predict(&dense[1..], kj, &mut vec![0.0; kj.batch_size()])
+                        .is_err()
+                );
+                let mut nan = dense.clone();
+                nan[3] = f32::NAN;
+                assert!(
+                    gp.predict(&nan, kj, &mut vec![0.0; kj.batch_size()])
+                        .is_err()
+                );
+                let mut s = vec![0f32; kj.batch_size()];
+                gp.predict(dense, kj, &mut s).unwrap();
+                assert!(s.iter().zip(&want[1]).all(|(g, w)| (g - w).abs() <= 1e-4));
+            }
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Every kernel source compiles with NVRTC to a cubin for the GPUs Ember targets (A100 sm_80,
+//! H100 sm_90), for every dtype, load shape, pooling, id width and launch the tuner can pick.
+//! Needs only libnvrtc, no GPU: it runs wherever NVRTC is found (e.g. with a PyTorch wheel's
+//! `nvidia/cu13/lib` on LD_LIBRARY_PATH) and skips, saying so, elsewhere.
+
+use ember_cuda::kernels::{DEDUP_SRC, Launch, MODEL_SRC, PoolConfig, Shape};
+use ember_cuda::{compile_cubin, nvrtc_available, nvrtc_version, tune};
+use ember_embed::{DType, Pooling};
+
+fn skip() -> bool {
+    if !nvrtc_available() {
+        eprintln!(
+            "skipped: libnvrtc.so not found (set LD_LIBRARY_PATH to a CUDA 13 lib directory)"
+        );
+        return true;
+    }
+    eprintln!("NVRTC {:?}", nvrtc_version().unwrap());
+    false
+}
+
+#[test]
+fn pool_kernel_compiles_for_every_dtype_shape_and_pooling() {
+    if skip() {
+        return;
+    }
+    let mut n = 0;
+    for dtype in DType::ALL {
+        // Dims that give every load width and the scalar path, one to several chunks per lane.
+        for dim in [1, 13, 16, 64, 128, 200, 512] {
+            for pooling in [Pooling::Sum, Pooling::Mean, Pooling::WeightedSum] {
+                for (id64, launch) in [(true, Launch::BASELINE), (false, Launch::PREFETCH)] {
+                    let cfg = PoolConfig {
+                        dtype,
+                        shape: Shape::for_table(dtype, dim),
+                        launch,
+                        id64,
+                        pooling,
+                    };
+                    let cubin = compile_cubin(&cfg.source(), &cfg.name(), "sm_90", &cfg.options())
+                        .unwrap_or_else(|e| panic!("{}: {e}", cfg.name()));
+                    assert!(
+                        cubin.starts_with(b"\x7fELF"),
+                        "{}: not an ELF cubin",
+                        cfg.name()
+                    );
+                    n += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{n} pool kernels compiled");
+}
+
+#[test]
+fn every_launch_the_tuner_tries_compiles() {
+    if skip() {
+        return;
+    }
+    let shape = Shape::for_table(DType::F32, 128);
+    let mut launches = tune::occupancy_grid(1);
+    launches.extend(tune::prefetch_grid(Launch::BASELINE));
+    for arch in ["sm_80", "sm_90"] {
+        for &launch in &launches {
+            let cfg = PoolConfig {
+                dtype: DType::F32,
+                shape,
+                launch,
+                id64: true,
+                pooling: Pooling::Sum,
+            };
+            compile_cubin(&cfg.source(), &cfg.name(), arch, &cfg.options())
+                .unwrap_or_else(|e| panic!("{arch} {}: {e}", cfg.name()));
+        }
+    }
+}
+
+#[test]
+fn dedup_and_model_kernels_compile() {
+    if skip() {
+        return;
+    }
+    for arch in ["sm_80", "sm_90"] {
+        compile_cubin(DEDUP_SRC, "dedup.cu", arch, &[]).unwrap();
+        compile_cubin(MODEL_SRC, "model.cu", arch, &[]).unwrap();
+    }
+}
