@@ -19,6 +19,21 @@ pub fn cuda_available() -> std::result::Result<(), String> {
     if !nvrtc_available() {
         return Err(CudaError::NoNvrtc.to_string());
     }
+    // cudarc's CUDA 13 bindings call entry points (e.g. cuEventElapsedTime_v2) that older
+    // drivers lack; they would panic at the call rather than return an error.
+    let mut version = 0;
+    // SAFETY: the library is present (checked above); cuDriverGetVersion needs no cuInit.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("the CUDA driver does not answer: {r:?}"));
+    }
+    if version < 12080 {
+        return Err(format!(
+            "the CUDA driver supports CUDA {}.{}; Ember needs 12.8 or later",
+            version / 1000,
+            version % 1000 / 10
+        ));
+    }
     match CudaContext::device_count() {
         Ok(n) if n > 0 => Ok(()),
         Ok(_) => Err("the CUDA driver reports no device".into()),
@@ -38,6 +53,8 @@ pub struct GpuInfo {
     pub max_persisting_l2_bytes: usize,
     /// The largest access-policy window.
     pub max_window_bytes: usize,
+    /// Resident threads per SM at most (2048 on A100 / H100).
+    pub max_threads_per_sm: usize,
     pub memory_bytes: usize,
 }
 
@@ -85,6 +102,8 @@ impl Gpu {
                 .max(0) as usize,
             max_window_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE)?.max(0)
                 as usize,
+            max_threads_per_sm: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?
+                .max(0) as usize,
             memory_bytes: ctx.total_mem().ctx("reading the memory size")?,
         };
         Ok(Arc::new(Gpu {

@@ -171,7 +171,14 @@ impl GpuEmbeddings {
         let empty = HotPlan::empty(tables.len());
         let plan = plan.unwrap_or(&empty);
         plan.check(&rows)?;
-        for t in tables {
+        for (i, t) in tables.iter().enumerate() {
+            if plan.hot_rows(i) > 0 && t.rows() > i32::MAX as usize {
+                return Err(CudaError::Input(format!(
+                    "table {} has {} rows; renumbering for L2 pinning keeps 32-bit row maps",
+                    t.name(),
+                    t.rows()
+                )));
+            }
             if t.stride() > i32::MAX as usize || t.rows() >= 1 << 40 {
                 return Err(CudaError::Input(format!(
                     "table {} is too large for the GPU kernels ({} rows of {} bytes)",
@@ -509,13 +516,12 @@ pub struct KernelStats {
     pub lanes: u32,
     pub chunks: u32,
     pub block: u32,
-    pub min_blocks: u32,
     pub max_regs: u32,
     pub prefetch: u32,
     pub registers: i32,
     pub local_bytes: i32,
     pub blocks_per_sm: u32,
-    /// Resident warps per SM / 64.
+    /// Resident warps per SM over the SM's maximum.
     pub occupancy: f64,
     /// Autotuner: the chosen launch's and the baseline's time in microseconds, where tuned.
     pub tuned_micros: Option<f64>,
@@ -554,6 +560,10 @@ impl Drop for EmbedRun {
             let _ = set_window(&self.gpu, 0, 0, 0.0);
             // SAFETY: a plain driver call on the bound context.
             let _ = unsafe { sys::cuCtxResetPersistingL2Cache() };
+            let _ = self
+                .gpu
+                .context()
+                .set_limit(sys::CUlimit::CU_LIMIT_PERSISTING_L2_CACHE_SIZE, 0);
         }
     }
 }
@@ -602,6 +612,8 @@ impl EmbedRun {
         coll: &EmbeddingCollection,
         kj: &KeyedJagged,
     ) -> Result<()> {
+        // Until this upload completes, nothing may be launched over half-replaced buffers.
+        self.uploaded = false;
         let valid = coll.validate(kj)?;
         let kj = valid.get();
         if kj.keys() != emb.names.as_slice() {
@@ -616,14 +628,16 @@ impl EmbedRun {
         }
         let gpu = self.gpu.clone();
         let stream = &self.upload_stream();
-        self.batch = kj.batch_size();
-        self.n_ids = kj.num_ids();
-        if self.batch > i32::MAX as usize / 2 || self.n_ids >= u32::MAX as usize {
+        // Dedup's hash table has next_pow2(2n) slots numbered in 32 bits: n < 2^31.
+        if kj.batch_size() > i32::MAX as usize / 2 || kj.num_ids() >= 1 << 31 {
             return Err(CudaError::Input(format!(
-                "batch of {} samples and {} ids is too large for one launch",
-                self.batch, self.n_ids
+                "a batch of {} samples and {} ids is too large for one launch (at most 2^31 ids)",
+                kj.batch_size(),
+                kj.num_ids()
             )));
         }
+        self.batch = kj.batch_size();
+        self.n_ids = kj.num_ids();
         let offsets: Vec<i64> = kj.offsets().iter().map(|&o| o as i64).collect();
         let o = self.bufs.offsets.ensure(&gpu, offsets.len())?;
         stream
@@ -751,6 +765,8 @@ impl EmbedRun {
             launch,
             id64,
             pooling: self.pooling,
+            // Dedup pools from compact rows, which are never renumbered.
+            pin: emb.hot.is_some() && self.variant != Variant::Dedup,
         }
     }
 
@@ -971,8 +987,11 @@ impl EmbedRun {
                 None => {
                     let baseline = self.time_group(emb, g, Launch::BASELINE, id64)?;
                     let mut best = (Launch::BASELINE, baseline);
+                    // Candidates that compile to the same registers and block as one already
+                    // timed are the same kernel: skipped.
+                    let mut seen = std::collections::HashSet::new();
                     for l in tune::occupancy_grid(1) {
-                        if let Some(t) = self.try_time(emb, g, l, id64)?
+                        if let Some(t) = self.try_time(emb, g, l, id64, &mut seen)?
                             && t < best.1
                         {
                             best = (l, t);
@@ -980,7 +999,7 @@ impl EmbedRun {
                     }
                     if combined {
                         for l in tune::prefetch_grid(best.0) {
-                            if let Some(t) = self.try_time(emb, g, l, id64)?
+                            if let Some(t) = self.try_time(emb, g, l, id64, &mut seen)?
                                 && t < best.1
                             {
                                 best = (l, t);
@@ -992,7 +1011,7 @@ impl EmbedRun {
                         micros: best.1,
                         baseline_micros: baseline,
                     };
-                    cache.insert(key, c)?;
+                    cache.insert(key, c);
                     c
                 }
             };
@@ -1003,14 +1022,23 @@ impl EmbedRun {
         Ok(())
     }
 
-    /// Times a candidate; `None` when it cannot launch (too many registers for the block).
+    /// Times a candidate; `None` when it is a kernel already timed (same block, registers and
+    /// prefetch depth) or cannot launch (too many registers for the block).
     fn try_time(
         &mut self,
         emb: &GpuEmbeddings,
         g: usize,
         l: Launch,
         id64: bool,
+        seen: &mut std::collections::HashSet<(u32, i32, u32)>,
     ) -> Result<Option<f64>> {
+        let regs = self
+            .function(emb, g, l, id64)?
+            .num_regs()
+            .ctx("reading the register count")?;
+        if !seen.insert((l.block, regs, l.prefetch)) {
+            return Ok(None);
+        }
         match self.time_group(emb, g, l, id64) {
             Ok(t) => Ok(Some(t)),
             Err(CudaError::Driver { source, .. })
@@ -1059,6 +1087,11 @@ impl EmbedRun {
         if !self.uploaded {
             return Err(CudaError::Input("no batch uploaded".into()));
         }
+        // Raw driver calls (the dedup memsets) use the thread's current context.
+        self.gpu
+            .context()
+            .bind_to_thread()
+            .ctx("binding the context")?;
         if !self.tuned {
             self.tune(emb, &mut TuneCache::in_memory())?;
         }
@@ -1163,13 +1196,13 @@ impl EmbedRun {
                 lanes: group.shape.lanes,
                 chunks: group.shape.chunks,
                 block: launch.block,
-                min_blocks: launch.min_blocks,
                 max_regs: launch.max_regs,
                 prefetch: launch.prefetch,
                 registers: regs,
                 local_bytes: local,
                 blocks_per_sm: blocks,
-                occupancy: f64::from(blocks * launch.block) / 32.0 / 64.0,
+                occupancy: f64::from(blocks * launch.block)
+                    / self.gpu.info().max_threads_per_sm.max(1) as f64,
                 tuned_micros: choice.map(|c| c.micros),
                 baseline_micros: choice.map(|c| c.baseline_micros),
             });

@@ -66,9 +66,7 @@ impl Shape {
 pub struct Launch {
     /// Threads per block.
     pub block: u32,
-    /// Minimum resident blocks per SM promised to the compiler (`__launch_bounds__`); 0: none.
-    pub min_blocks: u32,
-    /// Register cap (`--maxrregcount`); 0: the compiler's choice.
+    /// Register cap (`--maxrregcount`); 0: the compiler's choice within `__launch_bounds__`.
     pub max_regs: u32,
     /// Rows loaded ahead (register prefetch); 1: none.
     pub prefetch: u32,
@@ -78,7 +76,6 @@ impl Launch {
     /// The plain kernel: 256 threads, no register cap, no prefetch.
     pub const BASELINE: Launch = Launch {
         block: 256,
-        min_blocks: 0,
         max_regs: 0,
         prefetch: 1,
     };
@@ -97,6 +94,8 @@ pub struct PoolConfig {
     pub launch: Launch,
     pub id64: bool,
     pub pooling: Pooling,
+    /// Tables in the L2-pinned layout (a row map and a hot region).
+    pub pin: bool,
 }
 
 fn dtype_code(d: DType) -> u32 {
@@ -119,7 +118,7 @@ impl PoolConfig {
         };
         format!(
             "#define DT {}\n#define VEC {}\n#define LANES {}\n#define CH {}\n#define P {}\n\
-             #define ID64 {}\n#define MODE {}\n#define BLOCK {}\n#define MINB {}\n{}",
+             #define ID64 {}\n#define MODE {}\n#define BLOCK {}\n#define REGCAP {}\n#define PIN {}\n{}",
             dtype_code(self.dtype),
             self.shape.vec,
             self.shape.lanes,
@@ -128,7 +127,8 @@ impl PoolConfig {
             u32::from(self.id64),
             mode,
             self.launch.block,
-            self.launch.min_blocks,
+            self.launch.max_regs,
+            u32::from(self.pin),
             POOL_SRC
         )
     }
@@ -145,7 +145,7 @@ impl PoolConfig {
     /// A readable name, used as the program name and the module cache's key.
     pub fn name(&self) -> String {
         format!(
-            "pool_{}_v{}_l{}_c{}_p{}_{}_{}_b{}_m{}_r{}.cu",
+            "pool_{}_v{}_l{}_c{}_p{}_{}_{}_b{}_r{}{}.cu",
             self.dtype,
             self.shape.vec,
             self.shape.lanes,
@@ -154,8 +154,8 @@ impl PoolConfig {
             if self.id64 { "i64" } else { "u32" },
             self.pooling.name(),
             self.launch.block,
-            self.launch.min_blocks,
-            self.launch.max_regs
+            self.launch.max_regs,
+            if self.pin { "_pin" } else { "" }
         )
     }
 }
@@ -210,11 +210,12 @@ mod tests {
             launch: Launch::PREFETCH,
             id64: true,
             pooling: Pooling::WeightedSum,
+            pin: false,
         };
         let s = c.source();
         assert!(s.starts_with("#define DT 4\n"));
         assert!(s.contains("#define P 4\n") && s.contains("#define MODE 2\n"));
-        assert!(s.contains("#define ID64 1\n"));
+        assert!(s.contains("#define ID64 1\n") && s.contains("#define PIN 0\n"));
         assert!(s.contains("extern \"C\" __global__"));
         assert!(c.options().is_empty());
         let capped = PoolConfig {

@@ -5,8 +5,8 @@
 //! stream into a free slot while the compute stream still runs the previous batch; the compute
 //! stream waits for the copy (an event), runs the forward pass, and records "done"; the logits
 //! come back on the copy stream after that event. [`GpuPredictor::submit`] and
-//! [`GpuPredictor::collect`] expose the overlap (`predict` and `bench model` keep one batch in
-//! flight); [`GpuPredictor::predict`] is both in one call.
+//! [`GpuPredictor::collect`] expose the overlap (`bench model` keeps two batches in flight);
+//! [`GpuPredictor::predict`] is both in one call (`predict` and `serve` use it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -176,6 +176,8 @@ pub struct GpuPredictor {
     next: usize,
     /// Slots submitted and not yet collected, oldest first.
     pending: VecDeque<usize>,
+    /// Tuned choices shared by the slots when tuning happens on the first batch.
+    cache: TuneCache,
     bias_act: CudaFunction,
     copy_cols: CudaFunction,
     dot: CudaFunction,
@@ -225,6 +227,7 @@ impl GpuPredictor {
             slots,
             next: 0,
             pending: VecDeque::new(),
+            cache: TuneCache::in_memory(),
         })
     }
 
@@ -286,10 +289,38 @@ impl GpuPredictor {
                 "two batches are in flight: collect one before submitting another".into(),
             ));
         }
+        // The first slot not in flight (a failed submit leaves its slot free).
+        let n = self.slots.len();
+        let si = (0..n)
+            .map(|k| (self.next + k) % n)
+            .find(|s| !self.pending.contains(s))
+            .expect("fewer batches in flight than slots");
+        match self.submit_into(si, batch, dense, sparse) {
+            Ok(()) => {
+                self.next = (si + 1) % n;
+                self.pending.push_back(si);
+                Ok(())
+            }
+            Err(e) => {
+                // Whatever was enqueued for this slot must finish before its buffers are
+                // reused: its next copy waits on `done`.
+                let gpu = &self.m.gpu;
+                let _ = self.slots[si].done.record(gpu.compute());
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies a checked batch into slot `si` and enqueues its forward pass.
+    fn submit_into(
+        &mut self,
+        si: usize,
+        batch: usize,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+    ) -> Result<()> {
         let m = self.m.clone();
         let gpu = m.gpu.clone();
-        let si = self.next;
-        self.next = (self.next + 1) % self.slots.len();
         let cfg = m.model.config();
         let top_in = cfg.top_in();
         let dense_in = cfg.dense_in;
@@ -333,9 +364,10 @@ impl GpuPredictor {
         compute
             .wait(&slot.ready)
             .ctx("ordering compute after the copy")?;
-        self.forward(si)?;
-        self.pending.push_back(si);
-        Ok(())
+        // Variants that tune do it on their first batch, both slots from one cache so that
+        // they choose alike ([`GpuPredictor::tune`] does it ahead, with a cache on disk).
+        slot.run.tune(&m.emb, &mut self.cache)?;
+        self.forward(si)
     }
 
     /// Waits for the oldest batch in flight and writes its scores (sigmoid of the logits) into

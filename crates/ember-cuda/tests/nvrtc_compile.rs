@@ -28,13 +28,17 @@ fn pool_kernel_compiles_for_every_dtype_shape_and_pooling() {
         // Dims that give every load width and the scalar path, one to several chunks per lane.
         for dim in [1, 13, 16, 64, 128, 200, 512] {
             for pooling in [Pooling::Sum, Pooling::Mean, Pooling::WeightedSum] {
-                for (id64, launch) in [(true, Launch::BASELINE), (false, Launch::PREFETCH)] {
+                for (id64, launch, pin) in [
+                    (true, Launch::BASELINE, false),
+                    (false, Launch::PREFETCH, true),
+                ] {
                     let cfg = PoolConfig {
                         dtype,
                         shape: Shape::for_table(dtype, dim),
                         launch,
                         id64,
                         pooling,
+                        pin,
                     };
                     let cubin = compile_cubin(&cfg.source(), &cfg.name(), "sm_90", &cfg.options())
                         .unwrap_or_else(|e| panic!("{}: {e}", cfg.name()));
@@ -67,6 +71,7 @@ fn every_launch_the_tuner_tries_compiles() {
                 launch,
                 id64: true,
                 pooling: Pooling::Sum,
+                pin: true,
             };
             compile_cubin(&cfg.source(), &cfg.name(), arch, &cfg.options())
                 .unwrap_or_else(|e| panic!("{arch} {}: {e}", cfg.name()));

@@ -14,7 +14,10 @@
 //   P         rows loaded ahead before any is accumulated (register prefetch; 1 = none)
 //   ID64      1: ids are int64, 0: uint32
 //   MODE      0 sum, 1 mean, 2 weighted sum
-//   BLOCK     threads per block; MINB minimum resident blocks per SM for __launch_bounds__ (0: none)
+//   BLOCK     threads per block (the launch's; __launch_bounds__ when there is no register cap)
+//   REGCAP    the register cap passed as --maxrregcount (0: none); NVRTC ignores the cap for a
+//             kernel with __launch_bounds__, so a capped kernel has none
+//   PIN       1: tables use the L2-pinned layout (row map, hot region); 0: plain tables
 //
 // Inputs are validated on the host (0 <= id < rows, offsets non-decreasing): the kernel trusts
 // them, as FBGEMM's does.
@@ -25,7 +28,7 @@ typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// Must match `FeatDesc` in src/embed.rs (#[repr(C)], 64 bytes).
+// Must match `desc_words` in src/embed.rs (7 little-endian words, 56 bytes).
 struct FeatDesc {
     const u8* hot;     // rows [0, hot_rows) after renumbering (the L2-pinned region), or null
     const u8* cold;    // rows [hot_rows, rows)
@@ -164,7 +167,14 @@ __device__ __forceinline__ float decode(const Raw& r, int c, int i, float sc, fl
 #endif
 }
 
+// PIN 0: tables in one region each (no renumbering); the pinned layout's branch and row map
+// cost 8 registers on sm_90 (48 vs 40 for f32 dim 128), so kernels without it leave them out.
+#ifndef PIN
+#define PIN 1
+#endif
+
 __device__ __forceinline__ const u8* row_ptr(const FeatDesc& d, i64 id) {
+#if PIN
     if (d.remap != nullptr) {
         id = __ldg(d.remap + id);
     }
@@ -172,6 +182,9 @@ __device__ __forceinline__ const u8* row_ptr(const FeatDesc& d, i64 id) {
         return d.hot + id * d.stride;
     }
     return d.cold + (id - d.hot_rows) * d.stride;
+#else
+    return d.cold + id * d.stride;
+#endif
 }
 
 #if ID64
@@ -180,8 +193,8 @@ typedef i64 id_t_;
 typedef u32 id_t_;
 #endif
 
-#if MINB > 0
-#define BOUNDS __launch_bounds__(BLOCK, MINB)
+#if REGCAP > 0
+#define BOUNDS
 #else
 #define BOUNDS __launch_bounds__(BLOCK)
 #endif
@@ -191,7 +204,7 @@ extern "C" __global__ void BOUNDS ember_pool(const FeatDesc* __restrict__ feats,
                                              const id_t_* __restrict__ ids,
                                              const float* __restrict__ weights,
                                              float* __restrict__ out, int out_stride) {
-    const int bags_per_block = BLOCK / LANES;
+    const int bags_per_block = blockDim.x / LANES;
     const i64 bag = (i64)blockIdx.x * bags_per_block + threadIdx.x / LANES;
     if (bag >= (i64)n_feat * batch) {
         return;  // whole sub-warps leave together: the shuffles below use the sub-warp's mask
