@@ -1,0 +1,17 @@
+use thiserror::Error;
+
+/// Errors of the planner.
+#[derive(Debug, Error)]
+pub enum PlanError {
+    /// A table or device file could not be read or parsed (the message names the line).
+    #[error("{path}: {reason}")]
+    Spec { path: String, reason: String },
+    /// A plan breaks a rule (coverage, memory, ranges).
+    #[error("invalid plan: {0}")]
+    Invalid(String),
+    /// No placement satisfies the memory caps.
+    #[error("does not fit: {0}")]
+    NoFit(String),
+}
+
+pub type Result<T, E = PlanError> = std::result::Result<T, E>;

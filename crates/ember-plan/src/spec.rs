@@ -1,0 +1,234 @@
+//! What is planned: tables and devices.
+//!
+//! Tables come from CSV (a header with at least `name` or `table`, `rows`, `dim`, and
+//! optionally `dtype` (default f32) and `pooling` / `pooling_factor` (default 1); `#` lines are
+//! comments), as in `../shared/data/tables/mlperf_dlrm_dcnv2_tables.csv`, or from JSON (an array
+//! of objects with the same fields).
+
+use std::path::Path;
+
+use ember_embed::DType;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{PlanError, Result};
+
+/// One embedding table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableSpec {
+    pub name: String,
+    pub rows: u64,
+    pub dim: u32,
+    #[serde(with = "dtype_name", default = "f32")]
+    pub dtype: DType,
+    /// Mean ids per sample (bag length).
+    #[serde(default = "one")]
+    pub pooling: f64,
+}
+
+fn f32() -> DType {
+    DType::F32
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+mod dtype_name {
+    use ember_embed::DType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl TableSpec {
+    /// Bytes of the whole table.
+    pub fn bytes(&self) -> u64 {
+        self.rows * self.dtype.row_bytes(self.dim as usize) as u64
+    }
+
+    /// Bytes of a shard of `rows` rows and `cols` columns (quantized rows keep their scale and
+    /// bias per shard).
+    pub fn shard_bytes(&self, rows: u64, cols: u32) -> u64 {
+        rows * self.dtype.row_bytes(cols as usize) as u64
+    }
+
+    /// Bytes read per sample by the whole table: pooling x row bytes.
+    pub fn bytes_per_sample(&self) -> f64 {
+        self.pooling * self.dtype.row_bytes(self.dim as usize) as f64
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.name.is_empty() {
+            return Err("a table has no name".into());
+        }
+        if self.rows == 0 || self.dim == 0 {
+            return Err(format!(
+                "table {}: rows and dim must be at least 1",
+                self.name
+            ));
+        }
+        if !(self.pooling.is_finite() && self.pooling >= 0.0) {
+            return Err(format!(
+                "table {}: pooling must be a finite number >= 0, not {}",
+                self.name, self.pooling
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The devices tables are spread over (identical ones).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSpec {
+    pub count: usize,
+    /// Memory each device may give to tables.
+    pub memory_bytes: u64,
+    /// Memory bandwidth in GB/s, where known (the analytical model's unit of time).
+    #[serde(default)]
+    pub bandwidth_gbps: Option<f64>,
+}
+
+/// Reads tables from a CSV or JSON file (by extension; JSON when it starts with `[`).
+pub fn read_tables(path: &Path) -> Result<Vec<TableSpec>> {
+    let err = |reason: String| PlanError::Spec {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let tables = if text.trim_start().starts_with('[') {
+        serde_json::from_str::<Vec<TableSpec>>(&text).map_err(|e| err(e.to_string()))?
+    } else {
+        parse_csv(&text).map_err(err)?
+    };
+    check_tables(&tables).map_err(err)?;
+    Ok(tables)
+}
+
+/// Checks every table and that names are distinct.
+pub fn check_tables(tables: &[TableSpec]) -> std::result::Result<(), String> {
+    if tables.is_empty() {
+        return Err("no tables".into());
+    }
+    let mut names = std::collections::HashSet::new();
+    for t in tables {
+        t.check()?;
+        if !names.insert(t.name.as_str()) {
+            return Err(format!("table {} is listed twice", t.name));
+        }
+    }
+    Ok(())
+}
+
+/// Parses the CSV form.
+pub fn parse_csv(text: &str) -> std::result::Result<Vec<TableSpec>, String> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let (hl, header) = lines.next().ok_or("no header line")?;
+    let cols: Vec<String> = header.split(',').map(|c| c.trim().to_lowercase()).collect();
+    let find = |names: &[&str]| cols.iter().position(|c| names.contains(&c.as_str()));
+    let name = find(&["name", "table"]).ok_or(format!("line {}: no name column", hl + 1))?;
+    let rows =
+        find(&["rows", "num_embeddings"]).ok_or(format!("line {}: no rows column", hl + 1))?;
+    let dim = find(&["dim", "embedding_dim"]).ok_or(format!("line {}: no dim column", hl + 1))?;
+    let dtype = find(&["dtype"]);
+    let pooling = find(&["pooling", "pooling_factor"]);
+    let mut out = Vec::new();
+    for (i, line) in lines {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() != cols.len() {
+            return Err(format!(
+                "line {}: {} fields, the header has {}",
+                i + 1,
+                f.len(),
+                cols.len()
+            ));
+        }
+        let num = |k: usize, what: &str| -> std::result::Result<f64, String> {
+            f[k].parse::<f64>()
+                .map_err(|_| format!("line {}: {what} '{}' is not a number", i + 1, f[k]))
+        };
+        let int = |k: usize, what: &str| -> std::result::Result<u64, String> {
+            f[k].parse::<u64>()
+                .map_err(|_| format!("line {}: {what} '{}' is not a whole number", i + 1, f[k]))
+        };
+        let d = int(dim, "dim")?;
+        out.push(TableSpec {
+            name: f[name].to_string(),
+            rows: int(rows, "rows")?,
+            dim: u32::try_from(d).map_err(|_| format!("line {}: dim {d} is too large", i + 1))?,
+            dtype: match dtype {
+                Some(k) => f[k].parse().map_err(|e| format!("line {}: {e}", i + 1))?,
+                None => DType::F32,
+            },
+            pooling: match pooling {
+                Some(k) => num(k, "pooling")?,
+                None => 1.0,
+            },
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_with_comments_and_either_column_name() {
+        let t = parse_csv(
+            "# a comment\ntable,rows,dim,pooling_factor\nt0,40000000,128,3\nt1,39060,64,2.5\n",
+        )
+        .unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].name, "t0");
+        assert_eq!(t[0].rows, 40_000_000);
+        assert_eq!(t[1].pooling, 2.5);
+        assert_eq!(t[1].dtype, DType::F32);
+        assert_eq!(t[0].bytes(), 40_000_000 * 512);
+        let t = parse_csv("name,rows,dim,dtype\na,10,13,int8\n").unwrap();
+        assert_eq!((t[0].dtype, t[0].pooling), (DType::Int8, 1.0));
+        assert_eq!(t[0].shard_bytes(10, 13), 10 * 21);
+    }
+
+    #[test]
+    fn bad_csv_names_the_line() {
+        for (text, want) in [
+            ("name,rows,dim\na,10\n", "line 2: 2 fields"),
+            ("name,rows,dim\na,ten,4\n", "line 2: rows 'ten'"),
+            ("name,rows,dim,dtype\na,1,4,f64\n", "line 2"),
+            ("rows,dim\n1,2\n", "no name column"),
+            ("", "no header"),
+        ] {
+            let e = parse_csv(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let dup = parse_csv("name,rows,dim\na,1,4\na,2,4\n").unwrap();
+        assert!(check_tables(&dup).unwrap_err().contains("twice"));
+        let zero = parse_csv("name,rows,dim\na,0,4\n").unwrap();
+        assert!(check_tables(&zero).is_err());
+    }
+
+    #[test]
+    fn the_mlperf_tables_parse_where_present() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/data/tables/mlperf_dlrm_dcnv2_tables.csv");
+        if !p.exists() {
+            eprintln!("skipped: {} not found", p.display());
+            return;
+        }
+        let t = read_tables(&p).unwrap();
+        assert_eq!(t.len(), 26);
+        assert!(t.iter().all(|t| t.dim == 128));
+        let total: u64 = t.iter().map(TableSpec::bytes).sum();
+        assert!(total > 50 << 30, "{total}");
+    }
+}
