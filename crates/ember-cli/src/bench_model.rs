@@ -91,12 +91,7 @@ pub fn run(a: ModelArgs) -> Result<()> {
         .map(|i| random_batch(&p.config, a.batch, pooling, a.seed ^ (i as u64 + 1) << 8))
         .collect();
     let (lat_ms, stages, total, scores) = if a.gpu.is_cuda() {
-        #[cfg(feature = "cuda")]
-        {
-            run_gpu(&a, model, &batches, pooling)?
-        }
-        #[cfg(not(feature = "cuda"))]
-        return Err(crate::device::no_cuda());
+        run_gpu(&a, model, &batches, pooling)?
     } else {
         let mut pred = Predictor::new(model, a.threads)?;
         let mut scores = vec![0f32; a.batch];
@@ -197,14 +192,13 @@ pub fn run(a: ModelArgs) -> Result<()> {
 
 /// The GPU loop: one batch is copied in while the one before computes (two in flight); a
 /// batch's latency runs from its submit to its collect. Stage times are GPU times (events).
-#[cfg(feature = "cuda")]
 fn run_gpu(
     a: &ModelArgs,
     model: Arc<Model>,
     batches: &[(Vec<f32>, ember_embed::KeyedJagged)],
     pooling: usize,
 ) -> Result<(Vec<f64>, StageTimes, f64, Vec<f32>)> {
-    let profile: Vec<_> = batches.iter().map(|(_, kj)| kj.clone()).collect();
+    let profile: Vec<_> = batches.iter().map(|(_, kj)| kj).collect();
     let mut gp = a.gpu.predictor(model, a.batch, pooling, Some(&profile))?;
     let mut scores = vec![0f32; a.batch];
     for i in 0..a.warmup {

@@ -1,14 +1,61 @@
 //! `--device cuda` and its companions on `predict`, `serve` and `bench model`.
 
 use std::path::PathBuf;
-#[cfg(feature = "cuda")]
 use std::sync::Arc;
 
 use clap::Args;
-#[cfg(feature = "cuda")]
 use ember_model::Model;
 
 use crate::device::Device;
+
+#[cfg(feature = "cuda")]
+pub use ember_cuda::GpuPredictor;
+
+/// The GPU predictor's place in a build without CUDA: a type with no values, so that callers
+/// have one code path and [`GpuArgs::predictor`] is what refuses `--device cuda`.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub enum GpuPredictor {}
+
+#[cfg(not(feature = "cuda"))]
+impl GpuPredictor {
+    pub fn predict(
+        &mut self,
+        _: &[f32],
+        _: &ember_embed::KeyedJagged,
+        _: &mut [f32],
+    ) -> anyhow::Result<ember_model::StageTimes> {
+        match *self {}
+    }
+
+    pub fn submit(&mut self, _: &[f32], _: &ember_embed::KeyedJagged) -> anyhow::Result<()> {
+        match *self {}
+    }
+
+    pub fn collect(&mut self, _: &mut [f32]) -> anyhow::Result<ember_model::StageTimes> {
+        match *self {}
+    }
+
+    pub fn in_flight(&self) -> usize {
+        match *self {}
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl ember_model::Scorer for GpuPredictor {
+    fn score(
+        &mut self,
+        _: &[f32],
+        _: &ember_embed::KeyedJagged,
+        _: &mut [f32],
+    ) -> Result<ember_model::StageTimes, String> {
+        match *self {}
+    }
+
+    fn device(&self) -> String {
+        match *self {}
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct GpuArgs {
@@ -39,6 +86,20 @@ impl GpuArgs {
     }
 
     /// A GPU predictor of `model`, tuned (choices cached on disk) on a synthetic batch of
+    /// `tune_batch` samples with `tune_pooling` ids per bag. `profile` (else `--gpu-profile`)
+    /// gives the hot rows of the pinning variants.
+    #[cfg(not(feature = "cuda"))]
+    pub fn predictor(
+        &self,
+        _model: Arc<Model>,
+        _tune_batch: usize,
+        _tune_pooling: usize,
+        _profile: Option<&[&ember_embed::KeyedJagged]>,
+    ) -> anyhow::Result<GpuPredictor> {
+        Err(crate::device::no_cuda())
+    }
+
+    /// A GPU predictor of `model`, tuned (choices cached on disk) on a synthetic batch of
     /// `tune_batch` samples with `tune_pooling` ids per bag.
     #[cfg(feature = "cuda")]
     pub fn predictor(
@@ -46,27 +107,33 @@ impl GpuArgs {
         model: Arc<Model>,
         tune_batch: usize,
         tune_pooling: usize,
-        profile: Option<&[ember_embed::KeyedJagged]>,
-    ) -> anyhow::Result<ember_cuda::GpuPredictor> {
+        profile: Option<&[&ember_embed::KeyedJagged]>,
+    ) -> anyhow::Result<GpuPredictor> {
         use anyhow::{Context, bail};
-        use ember_cuda::{GpuModel, GpuPredictor, HotPlan, TuneCache, Variant};
+        use ember_cuda::{GpuModel, HotPlan, TuneCache, Variant};
         let variant: Variant = self.gpu_variant.parse()?;
         let gpu = crate::device::open_gpu(self.gpu)?;
         let budget = self
             .pin_mb
             .map_or(gpu.info().max_persisting_l2_bytes, |mb| mb << 20);
         let loaded;
+        let loaded_refs: Vec<&ember_embed::KeyedJagged>;
         let profile = match (profile, &self.gpu_profile) {
             (Some(p), _) => Some(p),
             (None, Some(path)) => {
                 loaded = criteo_profile(&model, path)?;
-                Some(loaded.as_slice())
+                loaded_refs = loaded.iter().collect();
+                Some(loaded_refs.as_slice())
             }
             (None, None) => None,
         };
         let plan = match (variant.pins_l2(), profile) {
             (false, _) => None,
-            (true, Some(batches)) => Some(HotPlan::profile(model.embeddings(), batches, budget)?),
+            (true, Some(batches)) => Some(HotPlan::profile(
+                model.embeddings(),
+                batches.iter().copied(),
+                budget,
+            )?),
             (true, None) => bail!(
                 "--gpu-variant {variant} pins hot rows in L2 and needs a profile: --gpu-profile FILE"
             ),

@@ -72,7 +72,6 @@ pub fn run(a: PredictArgs) -> Result<()> {
         .map(|f| model.embeddings().table_of(f).rows())
         .collect();
     let model = Arc::new(model);
-    #[cfg(feature = "cuda")]
     let mut gpu_pred = if a.gpu.is_cuda() {
         if model.stager().is_active() {
             bail!("--device cuda needs every table in memory (no --placement ssd)");
@@ -81,10 +80,6 @@ pub fn run(a: PredictArgs) -> Result<()> {
     } else {
         None
     };
-    #[cfg(not(feature = "cuda"))]
-    if a.gpu.is_cuda() {
-        return Err(crate::device::no_cuda());
-    }
     let mut pred = Predictor::new(model, a.threads)?;
 
     let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
@@ -157,26 +152,13 @@ pub fn run(a: PredictArgs) -> Result<()> {
             let staged = staged?;
             let s0 = scores.len();
             scores.resize(s0 + batch.len(), 0.0);
-            #[cfg(feature = "cuda")]
-            if let Some(g) = &mut gpu_pred {
-                times = times.plus(g.predict(&batch.dense, &sparse, &mut scores[s0..])?);
-            } else {
-                times = times.plus(pred.predict_staged(
-                    &batch.dense,
-                    &sparse,
-                    Some(&staged),
-                    &mut scores[s0..],
-                )?);
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                times = times.plus(pred.predict_staged(
-                    &batch.dense,
-                    &sparse,
-                    Some(&staged),
-                    &mut scores[s0..],
-                )?);
-            }
+            let t = match &mut gpu_pred {
+                Some(g) => g.predict(&batch.dense, &sparse, &mut scores[s0..])?,
+                None => {
+                    pred.predict_staged(&batch.dense, &sparse, Some(&staged), &mut scores[s0..])?
+                }
+            };
+            times = times.plus(t);
             labels.extend_from_slice(&batch.labels);
             if let Some(w) = &mut out {
                 line.clear();

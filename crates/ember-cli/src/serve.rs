@@ -118,14 +118,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let model = Arc::new(model);
     let engine = if a.gpu.is_cuda() {
-        #[cfg(feature = "cuda")]
-        {
-            // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
-            let gp = a.gpu.predictor(model.clone(), a.max_batch, 20, None)?;
-            ember_serve::Engine::Device(Box::new(gp))
-        }
-        #[cfg(not(feature = "cuda"))]
-        return Err(crate::device::no_cuda());
+        // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
+        let gp = a.gpu.predictor(model.clone(), a.max_batch, 20, None)?;
+        ember_serve::Engine::Device(Box::new(gp))
     } else {
         let predictor = ember_model::Predictor::new(model.clone(), a.threads)?;
         ember_serve::Engine::Cpu(Box::new(predictor))

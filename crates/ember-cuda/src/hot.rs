@@ -61,9 +61,9 @@ impl HotPlan {
 
     /// Counts each table's lookups over `batches` (a profile, e.g. warm-up traffic) and picks
     /// the hot rows within `budget` bytes.
-    pub fn profile(
+    pub fn profile<'a>(
         coll: &EmbeddingCollection,
-        batches: &[KeyedJagged],
+        batches: impl IntoIterator<Item = &'a KeyedJagged>,
         budget: usize,
     ) -> Result<HotPlan> {
         let tables = coll.tables();

@@ -98,16 +98,6 @@ pub struct PoolConfig {
     pub pin: bool,
 }
 
-fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::Int8 => 3,
-        DType::Int4 => 4,
-    }
-}
-
 impl PoolConfig {
     /// The source with this configuration's `#define`s in front.
     pub fn source(&self) -> String {
@@ -119,7 +109,7 @@ impl PoolConfig {
         format!(
             "#define DT {}\n#define VEC {}\n#define LANES {}\n#define CH {}\n#define P {}\n\
              #define ID64 {}\n#define MODE {}\n#define BLOCK {}\n#define REGCAP {}\n#define PIN {}\n{}",
-            dtype_code(self.dtype),
+            self.dtype.code(),
             self.shape.vec,
             self.shape.lanes,
             self.shape.chunks,

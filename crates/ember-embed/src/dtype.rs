@@ -47,6 +47,23 @@ impl DType {
         }
     }
 
+    /// The stable number of the dtype in binary formats (row-file headers) and kernel
+    /// configurations (`DT` of the CUDA kernels): f32 0, f16 1, bf16 2, int8 3, int4 4.
+    pub fn code(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::BF16 => 2,
+            DType::Int8 => 3,
+            DType::Int4 => 4,
+        }
+    }
+
+    /// The dtype numbered `code` by [`DType::code`].
+    pub fn from_code(code: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.code() == code)
+    }
+
     /// The name used on the command line and in files.
     pub fn name(self) -> &'static str {
         match self {

@@ -205,7 +205,8 @@ impl From<PoolingName> for Pooling {
     }
 }
 
-mod dtype_name {
+/// Serde for a [`DType`] as its name (`f32`, `int8`, ...), for `#[serde(with = ...)]`.
+pub mod dtype_name {
     use ember_embed::DType;
     use serde::{Deserialize, Deserializer, Serializer};
 

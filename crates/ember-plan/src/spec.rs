@@ -18,7 +18,7 @@ pub struct TableSpec {
     pub name: String,
     pub rows: u64,
     pub dim: u32,
-    #[serde(with = "dtype_name", default = "f32")]
+    #[serde(with = "ember_model::config::dtype_name", default = "f32")]
     pub dtype: DType,
     /// Mean ids per sample (bag length).
     #[serde(default = "one")]
@@ -31,20 +31,6 @@ fn f32() -> DType {
 
 fn one() -> f64 {
     1.0
-}
-
-mod dtype_name {
-    use ember_embed::DType;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(d.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 impl TableSpec {

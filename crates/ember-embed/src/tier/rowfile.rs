@@ -49,20 +49,6 @@ const MAX_NAME: usize = 1024;
 /// overflow).
 const MAX_DIM: usize = 1 << 24;
 
-fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        DType::Int8 => 3,
-        DType::Int4 => 4,
-    }
-}
-
-fn dtype_of(code: u32) -> Option<DType> {
-    DType::ALL.into_iter().find(|&d| dtype_code(d) == code)
-}
-
 /// What the header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowFileHeader {
@@ -135,7 +121,7 @@ impl RowFileHeader {
         let mut h = vec![0u8; HEADER];
         h[0..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        h[12..16].copy_from_slice(&dtype_code(self.dtype).to_le_bytes());
+        h[12..16].copy_from_slice(&self.dtype.code().to_le_bytes());
         let fields = [
             self.rows,
             self.dim,
@@ -181,8 +167,8 @@ impl RowFileHeader {
                 "header checksum mismatch (stored {stored:08x}, computed {actual:08x}): the header is damaged"
             ));
         }
-        let dtype =
-            dtype_of(u32_at(12)).ok_or_else(|| format!("unknown dtype code {}", u32_at(12)))?;
+        let dtype = DType::from_code(u32_at(12))
+            .ok_or_else(|| format!("unknown dtype code {}", u32_at(12)))?;
         let name_len = u32_at(76) as usize;
         if name_len > MAX_NAME {
             return Err(format!("name length {name_len} is over {MAX_NAME}"));
