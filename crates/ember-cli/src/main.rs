@@ -13,6 +13,7 @@ mod device;
 mod gpu_args;
 mod loadgen;
 mod paths;
+mod plan;
 mod predict;
 mod serve;
 mod stats;
@@ -49,6 +50,9 @@ enum Cmd {
     Loadgen(loadgen::LoadgenArgs),
     /// Write tables as row files for the SSD tier (from a model directory or a safetensors file).
     Convert(convert::ConvertArgs),
+    /// Sharding planner: plan tables over devices, calibrate its cost model, evaluate it.
+    #[command(subcommand)]
+    Plan(plan::PlanCmd),
     /// Data tools: synthetic Criteo-format data.
     #[command(subcommand)]
     Data(data::DataCmd),
@@ -76,6 +80,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::Serve(args) => serve::run(args),
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Data(cmd) => data::run(cmd),
+        Cmd::Plan(cmd) => plan::run(cmd),
     }
 }
 

@@ -43,6 +43,8 @@ pub struct PredictArgs {
     tier: TierArgs,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    plan: crate::plan::PlanArgs,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -80,7 +82,10 @@ pub fn run(a: PredictArgs) -> Result<()> {
     } else {
         None
     };
-    let mut pred = Predictor::new(model, a.threads)?;
+    if a.gpu.is_cuda() && a.plan.plan.is_some() {
+        bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
+    }
+    let mut pred: Predictor = a.plan.predictor(model, a.threads)?;
 
     let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
         (Box::new(BufReader::new(std::io::stdin())), None)

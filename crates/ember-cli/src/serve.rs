@@ -58,6 +58,8 @@ pub struct ServeArgs {
     tier: TierArgs,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    plan: crate::plan::PlanArgs,
 }
 
 /// `--grpc`: an address, or none.
@@ -117,12 +119,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let model = Arc::new(model);
+    if a.gpu.is_cuda() && a.plan.plan.is_some() {
+        bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
+    }
     let engine = if a.gpu.is_cuda() {
         // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
         let gp = a.gpu.predictor(model.clone(), a.max_batch, 20, None)?;
         ember_serve::Engine::Device(Box::new(gp))
     } else {
-        let predictor = ember_model::Predictor::new(model.clone(), a.threads)?;
+        let predictor = a.plan.predictor(model.clone(), a.threads)?;
         ember_serve::Engine::Cpu(Box::new(predictor))
     };
     rt.block_on(async move {

@@ -116,6 +116,9 @@ pub enum EmbedError {
         dim: usize,
         expected: usize,
     },
+    /// A sharding plan that does not fit the tables (coverage, overlap, ranges).
+    #[error("sharding plan: {0}")]
+    Sharding(String),
     /// An ISA was requested that this CPU does not have.
     #[error("instruction set {isa} is not available on this CPU")]
     IsaUnavailable { isa: &'static str },

@@ -62,9 +62,14 @@ impl FromStr for Placement {
 
 #[derive(Debug)]
 enum Storage {
-    Memory(RowBuf),
+    /// Bytes `offset .. offset + len` of a buffer (several tables may share one: row views).
+    Memory {
+        buf: Arc<RowBuf>,
+        offset: usize,
+        len: usize,
+    },
     Mapped {
-        map: memmap2::Mmap,
+        map: Arc<memmap2::Mmap>,
         offset: usize,
         len: usize,
         file: Arc<RowFile>,
@@ -116,7 +121,11 @@ impl EmbeddingTable {
             dim,
             dtype,
             stride,
-            data: Storage::Memory(data),
+            data: Storage::Memory {
+                buf: Arc::new(data),
+                offset: 0,
+                len: bytes,
+            },
         })
     }
 
@@ -155,7 +164,7 @@ impl EmbeddingTable {
         Ok(Self::over_file(
             file.clone(),
             Storage::Mapped {
-                map,
+                map: Arc::new(map),
                 offset,
                 len,
                 file,
@@ -178,8 +187,8 @@ impl EmbeddingTable {
                     f.dtype(),
                     pages,
                 )?;
-                if let Storage::Memory(buf) = &mut t.data {
-                    f.read_all(buf.as_mut_slice())?;
+                if let Some(buf) = t.fresh_bytes_mut() {
+                    f.read_all(buf)?;
                 }
                 Ok(t)
             }
@@ -244,8 +253,8 @@ impl EmbeddingTable {
                 ),
             });
         }
-        if let Storage::Memory(buf) = &mut t.data {
-            buf.as_mut_slice().copy_from_slice(bytes);
+        if let Some(buf) = t.fresh_bytes_mut() {
+            buf.copy_from_slice(bytes);
         }
         Ok(t)
     }
@@ -264,10 +273,9 @@ impl EmbeddingTable {
                 dtype.encode_row(&tmp, row);
             }
         };
-        let Storage::Memory(data) = &mut self.data else {
+        let Some(data) = self.fresh_bytes_mut() else {
             return;
         };
-        let data = data.as_mut_slice();
         if threads <= 1 {
             data.chunks_mut(CHUNK * stride).enumerate().for_each(body);
         } else {
@@ -280,6 +288,131 @@ impl EmbeddingTable {
                 Err(_) => data.chunks_mut(CHUNK * stride).enumerate().for_each(body),
             }
         }
+    }
+
+    /// The bytes of an in-memory table nobody else shares yet (right after it was made), to fill.
+    fn fresh_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.data {
+            Storage::Memory { buf, offset, len } => {
+                Arc::get_mut(buf).map(|b| &mut b.as_mut_slice()[*offset..*offset + *len])
+            }
+            _ => None,
+        }
+    }
+
+    /// Rows `start .. end` as a table of their own named `name`, sharing this table's memory
+    /// (no copy). In-memory and mapped tables only: the SSD tier's are refused.
+    pub fn view_rows(&self, name: &str, start: usize, end: usize) -> Result<EmbeddingTable> {
+        let bad = |reason: String| EmbedError::BadTable {
+            table: self.name.clone(),
+            reason,
+        };
+        if start >= end || end > self.rows {
+            return Err(bad(format!(
+                "rows {start}..{end} are empty or outside its {} rows",
+                self.rows
+            )));
+        }
+        let (o, l) = (start * self.stride, (end - start) * self.stride);
+        let data = match &self.data {
+            Storage::Memory { buf, offset, .. } => Storage::Memory {
+                buf: buf.clone(),
+                offset: offset + o,
+                len: l,
+            },
+            Storage::Mapped {
+                map, offset, file, ..
+            } => Storage::Mapped {
+                map: map.clone(),
+                offset: offset + o,
+                len: l,
+                file: file.clone(),
+            },
+            Storage::Disk(_) => {
+                return Err(bad(
+                    "a table on the SSD tier cannot be split into row views".into(),
+                ));
+            }
+        };
+        Ok(EmbeddingTable {
+            name: name.into(),
+            rows: end - start,
+            dim: self.dim,
+            dtype: self.dtype,
+            stride: self.stride,
+            data,
+        })
+    }
+
+    /// Rows `rows` and columns `cols` copied into a new in-memory table named `name`. Float rows
+    /// are decoded and re-encoded (exact); int8 and int4 rows keep their bytes and their row's
+    /// scale and bias, so int4 column ranges must start on an even column and end on one (or at
+    /// the last column).
+    pub fn copy_block(
+        &self,
+        name: &str,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+        pages: PagePolicy,
+    ) -> Result<EmbeddingTable> {
+        let bad = |reason: String| EmbedError::BadTable {
+            table: self.name.clone(),
+            reason,
+        };
+        if rows.start >= rows.end
+            || rows.end > self.rows
+            || cols.start >= cols.end
+            || cols.end > self.dim
+        {
+            return Err(bad(format!(
+                "block rows {rows:?} cols {cols:?} is empty or outside {} x {}",
+                self.rows, self.dim
+            )));
+        }
+        if self.dtype == DType::Int4
+            && (!cols.start.is_multiple_of(2)
+                || (!cols.end.is_multiple_of(2) && cols.end != self.dim))
+        {
+            return Err(bad(format!(
+                "int4 columns {cols:?} do not start and end on byte boundaries"
+            )));
+        }
+        let Some(src) = self.resident() else {
+            return Err(bad(
+                "a table on the SSD tier cannot be copied into shards".into()
+            ));
+        };
+        let width = cols.end - cols.start;
+        let mut t = Self::zeroed(name, rows.end - rows.start, width, self.dtype, pages)?;
+        let (stride, dtype, dim) = (self.stride, self.dtype, self.dim);
+        let out_stride = t.stride;
+        let Some(dst) = t.fresh_bytes_mut() else {
+            return Err(bad("a new table's memory is shared".into()));
+        };
+        let mut row = vec![0f32; dim];
+        for (i, r) in rows.enumerate() {
+            let s = &src[r * stride..(r + 1) * stride];
+            let d = &mut dst[i * out_stride..(i + 1) * out_stride];
+            match dtype {
+                DType::F32 | DType::F16 | DType::BF16 => {
+                    dtype.decode_row(s, &mut row);
+                    dtype.encode_row(&row[cols.clone()], d);
+                }
+                DType::Int8 => {
+                    d[..width].copy_from_slice(&s[cols.clone()]);
+                    d[width..].copy_from_slice(&s[dim..]);
+                }
+                DType::Int4 => {
+                    let (b0, nb) = (cols.start / 2, width.div_ceil(2));
+                    d[..nb].copy_from_slice(&s[b0..b0 + nb]);
+                    if width % 2 == 1 {
+                        d[nb - 1] &= 0x0f;
+                    }
+                    d[nb..].copy_from_slice(&s[dim.div_ceil(2)..]);
+                }
+            }
+        }
+        Ok(t)
     }
 
     /// Table name.
@@ -309,7 +442,7 @@ impl EmbeddingTable {
     /// Where the rows live.
     pub fn placement(&self) -> Placement {
         match self.data {
-            Storage::Memory(_) => Placement::Dram,
+            Storage::Memory { .. } => Placement::Dram,
             Storage::Mapped { .. } => Placement::Mmap,
             Storage::Disk(_) => Placement::Ssd,
         }
@@ -317,7 +450,7 @@ impl EmbeddingTable {
     /// All rows as bytes, when addressable (`dram` and `mmap`; `None` on the SSD tier).
     pub fn resident(&self) -> Option<&[u8]> {
         match &self.data {
-            Storage::Memory(b) => Some(b.as_slice()),
+            Storage::Memory { buf, offset, len } => Some(&buf.as_slice()[*offset..*offset + *len]),
             Storage::Mapped {
                 map, offset, len, ..
             } => Some(&map[*offset..*offset + *len]),
@@ -327,7 +460,7 @@ impl EmbeddingTable {
     /// The row file behind an `mmap` or `ssd` table.
     pub fn row_file(&self) -> Option<&Arc<RowFile>> {
         match &self.data {
-            Storage::Memory(_) => None,
+            Storage::Memory { .. } => None,
             Storage::Mapped { file, .. } | Storage::Disk(file) => Some(file),
         }
     }
@@ -372,7 +505,7 @@ impl EmbeddingTable {
     /// Bytes currently backed by huge pages, when the OS tells (in-memory tables).
     pub fn huge_page_bytes(&self) -> Option<usize> {
         match &self.data {
-            Storage::Memory(b) => b.huge_page_bytes(),
+            Storage::Memory { buf, .. } => buf.huge_page_bytes(),
             _ => None,
         }
     }

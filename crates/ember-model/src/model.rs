@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use ember_embed::{
     DType, Dedup, EmbeddingCollection, EmbeddingTable, Feature, KeyedJagged, PagePolicy, Placement,
-    PoolOptions, Pooler, StagedBatch, Stager, TierOptions, ValidatedBatch,
+    PoolOptions, Pooler, Shard, ShardedEmbeddings, StagedBatch, Stager, TierOptions,
+    ValidatedBatch,
     workload::{load_trace, seeded_row},
 };
 use faer::Par;
@@ -284,6 +285,8 @@ struct Scratch {
 pub struct Predictor {
     model: Arc<Model>,
     pooler: Pooler,
+    /// The embedding stage spread over devices by a sharding plan, when one is given.
+    sharded: Option<Arc<ShardedEmbeddings>>,
     threads: usize,
     scratch: Scratch,
 }
@@ -306,9 +309,46 @@ impl Predictor {
         Ok(Predictor {
             model,
             pooler,
+            sharded: None,
             threads,
             scratch: Scratch::default(),
         })
+    }
+
+    /// A predictor whose embedding stage follows a sharding plan: each device's shards run on
+    /// a pool of `threads_per_device` threads of its own, all devices at once (see
+    /// [`ember_embed::shard`]); the dense layers run on `threads` threads. Row ranges share the
+    /// model's table memory; column ranges are copied. Tables on the SSD tier cannot be sharded.
+    pub fn with_shards(
+        model: Arc<Model>,
+        threads: usize,
+        shards: &[Shard],
+        threads_per_device: usize,
+    ) -> Result<Predictor> {
+        if model.stager().is_active() {
+            return Err(ModelError::BadOption {
+                option: "plan",
+                reason: "a sharding plan needs every table in memory (no --placement ssd)".into(),
+            });
+        }
+        let sharded = ShardedEmbeddings::new(
+            &model.embeddings,
+            shards,
+            PoolOptions {
+                pooling: model.config.pooling.into(),
+                dedup: Dedup::Auto,
+                threads: threads_per_device.max(1),
+                ..PoolOptions::default()
+            },
+        )?;
+        let mut p = Predictor::new(model, threads)?;
+        p.sharded = Some(Arc::new(sharded));
+        Ok(p)
+    }
+
+    /// The sharded embedding stage, when a plan was given.
+    pub fn sharded(&self) -> Option<&ShardedEmbeddings> {
+        self.sharded.as_deref()
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -418,6 +458,7 @@ impl Predictor {
         } = &mut self.scratch;
         let threads = self.threads;
         let pooler = &self.pooler;
+        let sharded = self.sharded.as_deref();
         pooled.resize(batch * m.embeddings.total_dim(), 0.0);
         let mut t = StageTimes::default();
         let start = Instant::now();
@@ -434,7 +475,7 @@ impl Predictor {
                 // development machine the two "cores" share one core's FMA units, so splitting the
                 // GEMM over both gains little, and overlapping it with the gathers gains more.
                 let (pooled_res, (x, tb)) = rayon::join(
-                    || pool(pooler, &m.embeddings, valid, staged, pooled),
+                    || pool(pooler, sharded, &m.embeddings, valid, staged, pooled),
                     || {
                         let t1 = Instant::now();
                         let x = m.bottom.forward(dense, batch, bottom, Par::Seq);
@@ -447,7 +488,7 @@ impl Predictor {
                 t.bottom_overlapped = true;
                 x
             } else {
-                pool(pooler, &m.embeddings, valid, staged, pooled)?;
+                pool(pooler, sharded, &m.embeddings, valid, staged, pooled)?;
                 t.embedding = t0.elapsed();
                 let t1 = Instant::now();
                 let x = m.bottom.forward(dense, batch, bottom, par);
@@ -541,14 +582,16 @@ fn check_out(logits: &[f32], batch: usize) -> Result<()> {
 
 fn pool(
     pooler: &Pooler,
+    sharded: Option<&ShardedEmbeddings>,
     coll: &EmbeddingCollection,
     batch: ValidatedBatch<'_>,
     staged: Option<&StagedBatch>,
     out: &mut [f32],
 ) -> ember_embed::Result<ember_embed::PoolStats> {
-    match staged {
-        Some(s) => pooler.run_staged(coll, batch, s, out),
-        None => pooler.run(coll, batch, out),
+    match (sharded, staged) {
+        (Some(s), _) => s.run(batch, out),
+        (None, Some(s)) => pooler.run_staged(coll, batch, s, out),
+        (None, None) => pooler.run(coll, batch, out),
     }
 }
 

@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{PlanError, Result};
-use crate::plan::{Plan, Shard};
+use crate::plan::{Plan, Shard, shard_bytes};
 use crate::spec::{DeviceSpec, TableSpec};
 
 /// A baseline heuristic.
@@ -84,7 +84,7 @@ impl Baseline {
             _ => None,
         };
         for u in &mut units {
-            let b = u.bytes(&tables[u.table]);
+            let b = shard_bytes(u, &tables[u.table]);
             let fits: Vec<usize> = (0..dev.count)
                 .filter(|&d| used[d] + b <= dev.memory_bytes)
                 .collect();

@@ -9,6 +9,12 @@ pub enum PlanError {
     /// A plan breaks a rule (coverage, memory, ranges).
     #[error("invalid plan: {0}")]
     Invalid(String),
+    /// Running a measurement failed.
+    #[error("measurement failed: {0}")]
+    Measure(String),
+    /// A cost profile that cannot be used.
+    #[error("cost profile {path}: {reason}")]
+    Profile { path: String, reason: String },
     /// No placement satisfies the memory caps.
     #[error("does not fit: {0}")]
     NoFit(String),

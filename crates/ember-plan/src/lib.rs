@@ -9,11 +9,17 @@
 //!
 //! The measured cost model, the search and `ember plan calibrate / eval` build on these.
 
+pub mod access;
 pub mod baselines;
+pub mod cost;
 mod error;
+pub mod eval;
+pub mod measure;
 pub mod plan;
+pub mod search;
 pub mod spec;
+pub mod task;
 
 pub use error::{PlanError, Result};
-pub use plan::{Plan, Shard};
+pub use plan::{Plan, PlanFile, Shard};
 pub use spec::{DeviceSpec, TableSpec};

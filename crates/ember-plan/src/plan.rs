@@ -6,29 +6,21 @@ use serde_json::{Value, json};
 use crate::error::{PlanError, Result};
 use crate::spec::{DeviceSpec, TableSpec};
 
-/// Rows `rows.0 .. rows.1` and columns `cols.0 .. cols.1` of table `table`, on `device`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Shard {
-    pub table: usize,
-    pub rows: (u64, u64),
-    pub cols: (u32, u32),
-    pub device: usize,
+pub use ember_embed::Shard;
+
+/// A whole table on one device.
+pub fn whole(t: &TableSpec, table: usize, device: usize) -> Shard {
+    Shard {
+        table,
+        rows: (0, t.rows),
+        cols: (0, t.dim),
+        device,
+    }
 }
 
-impl Shard {
-    /// A whole table on one device.
-    pub fn whole(t: &TableSpec, table: usize, device: usize) -> Shard {
-        Shard {
-            table,
-            rows: (0, t.rows),
-            cols: (0, t.dim),
-            device,
-        }
-    }
-
-    pub fn bytes(&self, t: &TableSpec) -> u64 {
-        t.shard_bytes(self.rows.1 - self.rows.0, self.cols.1 - self.cols.0)
-    }
+/// Bytes of a shard of table `t`.
+pub fn shard_bytes(s: &Shard, t: &TableSpec) -> u64 {
+    t.shard_bytes(s.num_rows(), s.num_cols())
 }
 
 /// Shards of every table.
@@ -43,7 +35,7 @@ impl Plan {
         let mut b = vec![0u64; devices];
         for s in &self.shards {
             if s.device < devices {
-                b[s.device] += s.bytes(&tables[s.table]);
+                b[s.device] += shard_bytes(s, &tables[s.table]);
             }
         }
         b
@@ -53,48 +45,17 @@ impl Plan {
     /// overlapping, areas adding up) and that every device's shards fit its memory.
     pub fn check(&self, tables: &[TableSpec], dev: &DeviceSpec) -> Result<()> {
         let bad = |m: String| Err(PlanError::Invalid(m));
-        let mut per_table: Vec<Vec<&Shard>> = vec![Vec::new(); tables.len()];
-        for s in &self.shards {
-            let Some(t) = tables.get(s.table) else {
-                return bad(format!(
-                    "a shard names table {}, there are {}",
-                    s.table,
-                    tables.len()
-                ));
-            };
-            if s.device >= dev.count {
-                return bad(format!(
-                    "a shard of {} is on device {}, there are {}",
-                    t.name, s.device, dev.count
-                ));
-            }
-            if s.rows.0 >= s.rows.1 || s.rows.1 > t.rows || s.cols.0 >= s.cols.1 || s.cols.1 > t.dim
-            {
-                return bad(format!(
-                    "shard rows {:?} cols {:?} is empty or outside table {} ({} x {})",
-                    s.rows, s.cols, t.name, t.rows, t.dim
-                ));
-            }
-            per_table[s.table].push(s);
+        if let Some(s) = self.shards.iter().find(|s| s.device >= dev.count) {
+            let name = tables.get(s.table).map_or("?", |t| t.name.as_str());
+            return bad(format!(
+                "a shard of {name} is on device {}, there are {}",
+                s.device, dev.count
+            ));
         }
-        for (t, shards) in tables.iter().zip(&per_table) {
-            let area: u128 = shards
-                .iter()
-                .map(|s| u128::from(s.rows.1 - s.rows.0) * u128::from(s.cols.1 - s.cols.0))
-                .sum();
-            for (i, a) in shards.iter().enumerate() {
-                for b in &shards[i + 1..] {
-                    let rows = a.rows.0 < b.rows.1 && b.rows.0 < a.rows.1;
-                    let cols = a.cols.0 < b.cols.1 && b.cols.0 < a.cols.1;
-                    if rows && cols {
-                        return bad(format!("two shards of {} overlap", t.name));
-                    }
-                }
-            }
-            if area != u128::from(t.rows) * u128::from(t.dim) {
-                return bad(format!("the shards of {} do not cover it exactly", t.name));
-            }
-        }
+        let dims: Vec<(u64, u32)> = tables.iter().map(|t| (t.rows, t.dim)).collect();
+        let names: Vec<String> = tables.iter().map(|t| t.name.clone()).collect();
+        ember_embed::shard::check_cover(&self.shards, &dims, &names)
+            .map_err(|e| PlanError::Invalid(e.to_string()))?;
         for (d, b) in self.device_bytes(tables, dev.count).iter().enumerate() {
             if *b > dev.memory_bytes {
                 return bad(format!(
@@ -146,6 +107,93 @@ impl Plan {
     }
 }
 
+/// A plan file: the tables and devices planned for, the shards, and the model's predictions.
+/// `predict --plan` and `serve --plan` read it and match its tables to a model's by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanFile {
+    pub tables: Vec<TableSpec>,
+    pub devices: DeviceSpec,
+    pub batch: usize,
+    pub shards: Vec<Shard>,
+    /// Predicted microseconds per batch of each device.
+    #[serde(default)]
+    pub predicted_us: Vec<f64>,
+    /// Which cost model predicted them.
+    #[serde(default)]
+    pub cost_model: String,
+}
+
+impl PlanFile {
+    /// Reads and checks a plan file (coverage and memory).
+    pub fn read(path: &std::path::Path) -> Result<PlanFile> {
+        let bad = |reason: String| PlanError::Spec {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let f: PlanFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        crate::spec::check_tables(&f.tables).map_err(bad)?;
+        Plan {
+            shards: f.shards.clone(),
+        }
+        .check(&f.tables, &f.devices)
+        .map_err(|e| bad(e.to_string()))?;
+        Ok(f)
+    }
+
+    /// Writes the plan file.
+    pub fn write(&self, path: &std::path::Path) -> Result<()> {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(self).expect("a plan serializes"),
+        )
+        .map_err(|e| PlanError::Spec {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The shards renumbered onto a model's tables (`(name, rows, dim)` in the model's order):
+    /// every model table must be in the plan with the same rows and dim.
+    pub fn shards_for(&self, model: &[(String, u64, u32)]) -> Result<Vec<Shard>> {
+        let mut map = vec![usize::MAX; self.tables.len()];
+        for (i, (name, rows, dim)) in model.iter().enumerate() {
+            let Some(k) = self.tables.iter().position(|t| &t.name == name) else {
+                return Err(PlanError::Invalid(format!(
+                    "the model's table {name} is not in the plan (it has {})",
+                    self.tables
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            let t = &self.tables[k];
+            if (t.rows, t.dim) != (*rows, *dim) {
+                return Err(PlanError::Invalid(format!(
+                    "table {name} is {rows} x {dim} in the model but {} x {} in the plan",
+                    t.rows, t.dim
+                )));
+            }
+            map[k] = i;
+        }
+        if let Some(k) = map.iter().position(|&m| m == usize::MAX) {
+            return Err(PlanError::Invalid(format!(
+                "the plan's table {} is not in the model",
+                self.tables[k].name
+            )));
+        }
+        Ok(self
+            .shards
+            .iter()
+            .map(|s| Shard {
+                table: map[s.table],
+                ..s.clone()
+            })
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,7 +231,7 @@ mod tests {
                     cols: (4, 8),
                     device: 1,
                 },
-                Shard::whole(&tables[1], 1, 1),
+                whole(&tables[1], 1, 1),
             ],
         };
         good.check(&tables, &dev).unwrap();
@@ -231,8 +279,56 @@ mod tests {
         let mut off = good.clone();
         off.shards[2].device = 2;
         assert!(off.check(&tables, &dev).is_err());
-        let mut outside = good;
+        let mut outside = good.clone();
         outside.shards[2].rows = (0, 51);
         assert!(outside.check(&tables, &dev).is_err());
+
+        // A plan file matches a model's tables by name, in the model's order.
+        let f = PlanFile {
+            tables: tables.clone(),
+            devices: dev,
+            batch: 8,
+            shards: good.shards.clone(),
+            predicted_us: vec![],
+            cost_model: String::new(),
+        };
+        let m = vec![("b".to_string(), 50, 4), ("a".to_string(), 100, 8)];
+        let s = f.shards_for(&m).unwrap();
+        assert_eq!(s.iter().map(|s| s.table).collect::<Vec<_>>(), vec![1, 1, 0]);
+        let wrong = vec![("b".to_string(), 50, 4), ("a".to_string(), 100, 16)];
+        assert!(
+            f.shards_for(&wrong)
+                .unwrap_err()
+                .to_string()
+                .contains("100 x 16")
+        );
+        let missing = vec![("b".to_string(), 50, 4)];
+        assert!(
+            f.shards_for(&missing)
+                .unwrap_err()
+                .to_string()
+                .contains("not in the model")
+        );
+        let extra = vec![
+            ("c".to_string(), 5, 4),
+            ("b".to_string(), 50, 4),
+            ("a".to_string(), 100, 8),
+        ];
+        assert!(
+            f.shards_for(&extra)
+                .unwrap_err()
+                .to_string()
+                .contains("c is not in the plan")
+        );
+        let dir = std::env::temp_dir().join(format!("ember-planfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        f.write(&dir.join("p.json")).unwrap();
+        assert_eq!(PlanFile::read(&dir.join("p.json")).unwrap(), f);
+        let mut broken = f.clone();
+        broken.shards.pop();
+        broken.write(&dir.join("b.json")).unwrap();
+        let e = PlanFile::read(&dir.join("b.json")).unwrap_err().to_string();
+        assert!(e.contains("cover"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,0 +1,253 @@
+//! `ember plan` end to end: plans of the shipped model and of the MLPerf tables, `predict --plan`
+//! against the unsharded model, a small `plan eval`, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn ember(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .expect("run ember");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ember-plan-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn scores(path: &Path) -> Vec<f32> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn plans_of_the_shipped_model_score_like_the_model() {
+    let model = repo("models/default");
+    let m = model.to_str().unwrap();
+    let (plan, torchrec) = (tmp("p.json"), tmp("tr.json"));
+    let (ok, out, err) = ember(&[
+        "plan",
+        "make",
+        "--model",
+        m,
+        "--devices",
+        "3",
+        "--memory",
+        "8MiB",
+        "--out",
+        plan.to_str().unwrap(),
+        "--torchrec",
+        torchrec.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert_eq!(j["predicted_us"].as_array().unwrap().len(), 3);
+    let tr: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&torchrec).unwrap()).unwrap();
+    assert_eq!(tr.as_object().unwrap().len(), 26);
+    assert_eq!(tr["t0"]["sharding_type"], "table_wise");
+
+    // A hand-written plan with a row split and a column split over three devices.
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let tables: Vec<serde_json::Value> = cfg["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| serde_json::json!({"name": t["name"], "rows": t["rows"], "dim": t["dim"]}))
+        .collect();
+    let rows0 = tables[0]["rows"].as_u64().unwrap();
+    let dim1 = tables[1]["dim"].as_u64().unwrap();
+    let rows1 = tables[1]["rows"].as_u64().unwrap();
+    let mut shards = vec![
+        serde_json::json!({"table": 0, "rows": [0, rows0 / 3], "cols": [0, tables[0]["dim"]], "device": 0}),
+        serde_json::json!({"table": 0, "rows": [rows0 / 3, rows0], "cols": [0, tables[0]["dim"]], "device": 1}),
+        serde_json::json!({"table": 1, "rows": [0, rows1], "cols": [0, dim1 / 2], "device": 1}),
+        serde_json::json!({"table": 1, "rows": [0, rows1], "cols": [dim1 / 2, dim1], "device": 2}),
+    ];
+    for (i, t) in tables.iter().enumerate().skip(2) {
+        shards.push(serde_json::json!({"table": i, "rows": [0, t["rows"]], "cols": [0, t["dim"]], "device": i % 3}));
+    }
+    let grid = tmp("grid.json");
+    std::fs::write(
+        &grid,
+        serde_json::json!({
+            "tables": tables,
+            "devices": {"count": 3, "memory_bytes": 1u64 << 30},
+            "batch": 512,
+            "shards": shards,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (plain, made, split) = (tmp("s0.txt"), tmp("s1.txt"), tmp("s2.txt"));
+    for (extra, out) in [
+        (vec![], &plain),
+        (vec!["--plan", plan.to_str().unwrap()], &made),
+        (
+            vec!["--plan", grid.to_str().unwrap(), "--plan-threads", "2"],
+            &split,
+        ),
+    ] {
+        let mut args = vec!["predict", "--model", m, "--out", out.to_str().unwrap()];
+        args.extend(extra);
+        let (ok, _, err) = ember(&args);
+        assert!(ok, "{args:?}: {err}");
+    }
+    let want = scores(&plain);
+    assert!(want.len() > 100);
+    for got in [scores(&made), scores(&split)] {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+        }
+    }
+
+    // A plan that does not cover a table, and one of other tables, are refused by name.
+    let mut broken: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&grid).unwrap()).unwrap();
+    broken["shards"].as_array_mut().unwrap().remove(0);
+    std::fs::write(&grid, broken.to_string()).unwrap();
+    let (ok, _, err) = ember(&["predict", "--model", m, "--plan", grid.to_str().unwrap()]);
+    assert!(!ok && err.contains("t0") && err.contains("cover"), "{err}");
+    let other = tmp("other.csv");
+    std::fs::write(&other, "name,rows,dim\nx,10,4\n").unwrap();
+    let p3 = tmp("p3.json");
+    let (ok, _, err) = ember(&[
+        "plan",
+        "make",
+        "--tables",
+        other.to_str().unwrap(),
+        "--devices",
+        "1",
+        "--memory",
+        "1KiB",
+        "--out",
+        p3.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = ember(&["predict", "--model", m, "--plan", p3.to_str().unwrap()]);
+    assert!(!ok && err.contains("t0 is not in the plan"), "{err}");
+    let (ok, _, err) = ember(&[
+        "plan",
+        "make",
+        "--tables",
+        other.to_str().unwrap(),
+        "--memory",
+        "10 parsecs",
+    ]);
+    assert!(!ok && err.contains("parsecs"), "{err}");
+    let (ok, _, err) = ember(&[
+        "plan",
+        "make",
+        "--tables",
+        other.to_str().unwrap(),
+        "--devices",
+        "2",
+        "--memory",
+        "16",
+    ]);
+    assert!(!ok && err.contains("do not fit"), "{err}");
+}
+
+#[test]
+fn the_mlperf_tables_plan_on_eight_16gib_devices_where_present() {
+    let csv = repo("../shared/data/tables/mlperf_dlrm_dcnv2_tables.csv");
+    if !csv.exists() {
+        eprintln!("skipped: {} not found", csv.display());
+        return;
+    }
+    let plan = tmp("mlperf.json");
+    let (ok, out, err) = ember(&[
+        "plan",
+        "make",
+        "--tables",
+        csv.to_str().unwrap(),
+        "--devices",
+        "8",
+        "--memory",
+        "16GiB",
+        "--batch",
+        "65536",
+        "--out",
+        plan.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let bytes: Vec<u64> = j["device_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect();
+    assert_eq!(bytes.len(), 8);
+    assert!(bytes.iter().all(|&b| b <= 16 << 30), "{bytes:?}");
+    // ~104 GB of tables: the 40M-row tables (20 GB each) must be split by rows.
+    assert!(bytes.iter().sum::<u64>() > 100_000_000_000);
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let t0_shards = f["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["table"] == 0)
+        .count();
+    assert!(t0_shards >= 2, "{t0_shards}");
+    assert!(j["seconds"].as_f64().unwrap() < 5.0);
+}
+
+#[test]
+fn a_small_eval_compares_with_every_baseline_where_the_stats_are_present() {
+    let stats = repo("../shared/data/tables/dlrm_datasets_2021_locality_stats.txt");
+    if !stats.exists() {
+        eprintln!("skipped: {} not found", stats.display());
+        return;
+    }
+    let (ok, out, err) = ember(&[
+        "plan",
+        "eval",
+        "--tasks",
+        "2",
+        "--max-tables",
+        "14",
+        "--max-rows",
+        "20000",
+        "--rounds",
+        "1",
+        "--batch",
+        "64",
+        "--locality",
+        stats.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("improvement over the best baseline"), "{out}");
+    for b in [
+        "random",
+        "size-greedy",
+        "dim-greedy",
+        "lookup-greedy",
+        "size-lookup-greedy",
+    ] {
+        assert!(out.contains(&format!("vs {b} ")), "{b}: {out}");
+    }
+    let (ok, _, err) = ember(&["plan", "eval", "--tasks", "1", "--locality", "/nonexistent"]);
+    assert!(!ok && err.contains("/nonexistent"), "{err}");
+}
