@@ -63,6 +63,10 @@ pub struct MakeArgs {
     locality: Option<PathBuf>,
     #[arg(long)]
     locality_dataset: Option<String>,
+    /// A table's reuse from a trace of its ids (one per line), as NAME=PATH (repeatable):
+    /// the histogram of how often each row appears per batch (batch x pooling ids).
+    #[arg(long, value_name = "NAME=PATH")]
+    trace: Vec<String>,
     /// Write the plan file here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -320,6 +324,23 @@ fn make(a: MakeArgs) -> Result<()> {
         }
         None => vec![Reuse::none(); tables.len()],
     };
+    let mut reuse = reuse;
+    for spec in &a.trace {
+        let Some((name, path)) = spec.split_once('=') else {
+            bail!("--trace {spec}: expected NAME=PATH");
+        };
+        let Some(i) = tables.iter().position(|t| t.name == name) else {
+            bail!("--trace {spec}: no table named {name}");
+        };
+        let ids = ember_embed::workload::load_trace(Path::new(path))?;
+        let window = (a.batch as f64 * tables[i].pooling.max(1.0)).round() as usize;
+        reuse[i] = Reuse::from_trace(&ids, window);
+        eprintln!(
+            "{name}: reuse from {path} ({} ids, {:.2} ids per distinct row per batch)",
+            ids.len(),
+            reuse[i].mean_col_size()
+        );
+    }
     let model = model_from(a.profile.as_deref())?;
     let problem = Problem {
         tables: &tables,

@@ -165,6 +165,52 @@ fn plans_of_the_shipped_model_score_like_the_model() {
         "16",
     ]);
     assert!(!ok && err.contains("do not fit"), "{err}");
+
+    // Reuse from a trace: a hot trace predicts less work than the same table with no reuse.
+    let trace = tmp("trace.txt");
+    std::fs::write(
+        &trace,
+        (0..4000)
+            .map(|i| format!("{}\n", (i * 7) % 13))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let wide = tmp("wide.csv");
+    std::fs::write(&wide, "name,rows,dim,pooling\nx,100000,32,20\n").unwrap();
+    let mut predicted = Vec::new();
+    for extra in [
+        vec![],
+        vec!["--trace".to_string(), format!("x={}", trace.display())],
+    ] {
+        let mut args = vec![
+            "plan",
+            "make",
+            "--tables",
+            wide.to_str().unwrap(),
+            "--devices",
+            "1",
+            "--memory",
+            "1GiB",
+            "--batch",
+            "256",
+            "--json",
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        let (ok, out, err) = ember(&args);
+        assert!(ok, "{err}");
+        let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        predicted.push(j["predicted_us"][0].as_f64().unwrap());
+    }
+    assert!(predicted[1] < predicted[0], "{predicted:?}");
+    let (ok, _, err) = ember(&[
+        "plan",
+        "make",
+        "--tables",
+        other.to_str().unwrap(),
+        "--trace",
+        &format!("nope={}", trace.display()),
+    ]);
+    assert!(!ok && err.contains("no table named nope"), "{err}");
 }
 
 #[test]
@@ -250,4 +296,88 @@ fn a_small_eval_compares_with_every_baseline_where_the_stats_are_present() {
     }
     let (ok, _, err) = ember(&["plan", "eval", "--tasks", "1", "--locality", "/nonexistent"]);
     assert!(!ok && err.contains("/nonexistent"), "{err}");
+}
+
+#[test]
+fn serve_with_a_plan_scores_like_predict() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let model = repo("models/default");
+    let m = model.to_str().unwrap();
+    let plan = tmp("serve-plan.json");
+    let (ok, _, err) = ember(&[
+        "plan",
+        "make",
+        "--model",
+        m,
+        "--devices",
+        "2",
+        "--memory",
+        "8MiB",
+        "--out",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let want_file = tmp("serve-want.txt");
+    let (ok, _, err) = ember(&[
+        "predict",
+        "--model",
+        m,
+        "--out",
+        want_file.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let want = scores(&want_file);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "serve",
+            "--model",
+            m,
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+        ])
+        .args(["--plan", plan.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let addr = loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("server exited: {seen}");
+        }
+        seen += &line;
+        if let Some(rest) = line.split("http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    assert!(seen.contains("2 devices"), "{seen}");
+    let rows = std::fs::read_to_string(repo("data/sample.tsv")).unwrap();
+    let body: String = rows.lines().take(5).map(|l| format!("{l}\n")).collect();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "POST /v1/score HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let got: Vec<f32> = resp
+        .split_once("\r\n\r\n")
+        .unwrap()
+        .1
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(got.len(), 5);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+    }
 }

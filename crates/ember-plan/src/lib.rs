@@ -1,13 +1,17 @@
 //! `ember plan`: sharding embedding tables over devices.
 //!
-//! This crate holds (so far):
 //! - [`spec`]: tables (CSV or JSON: name, rows, dim, dtype, pooling factor) and devices;
+//! - [`access`]: reuse profiles (Meta's locality statistics, or a trace);
 //! - [`plan`]: a plan (which shard of which table lives where), its checks (every row and
-//!   column placed exactly once, memory caps), and its TorchRec `ParameterSharding` view;
+//!   column placed exactly once, memory caps), plan files, and TorchRec's `ParameterSharding`;
 //! - [`baselines`]: the heuristics a planner must beat (random, size-, dim-, lookup- and
-//!   size-lookup-greedy), table-wise.
+//!   size-lookup-greedy), table-wise;
+//! - [`cost`]: the cost model (analytic and boosted), fitted on measurements;
+//! - [`search`]: Ember's planner (placement grid, local search, beam search over column splits);
+//! - [`task`], [`measure`], [`eval`]: NeuroShard-like tasks, measured with Ember's kernels, for
+//!   `ember plan calibrate` and `ember plan eval`.
 //!
-//! The measured cost model, the search and `ember plan calibrate / eval` build on these.
+//! Plans run with [`ember_embed::ShardedEmbeddings`] (`predict --plan`, `serve --plan`).
 
 pub mod access;
 pub mod baselines;
