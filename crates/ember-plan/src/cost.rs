@@ -14,7 +14,8 @@
 //!   coefficients are non-negative least squares on measured device sets, weighted for relative
 //!   error.
 //! - **boosted** (NeuroShard's idea: learn the cost from measurements): gradient-boosted
-//!   regression trees on the load's features (logs of the sums, `m`, the analytic prediction)
+//!   regression trees on the load's features (logs of the sums, `m`, the analytic prediction,
+//!   the share of distinct lines in shards the LLC could hold)
 //!   that predict the log of measured / analytic; the analytic model times that correction.
 //!
 //! `ember plan calibrate` measures device sets with Ember's kernels, fits both on 80% of them,
@@ -210,7 +211,7 @@ impl CostModel {
             .max(1e-3)
     }
 
-    fn tree_features(&self, l: &Load, analytic: f64) -> [f64; 9] {
+    fn tree_features(&self, l: &Load, analytic: f64) -> [f64; 10] {
         let ln = |x: f64| (x.max(0.0) + 1.0).ln();
         [
             ln(l.shards),
@@ -222,6 +223,7 @@ impl CostModel {
             self.miss(l),
             ln(analytic),
             ln(l.bytes / l.shards.max(1.0)),
+            l.cold_small / l.cold_lines.max(1e-9),
         ]
     }
 
