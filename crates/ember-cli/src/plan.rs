@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ember_plan::access::{Locality, Reuse, read_locality};
-use ember_plan::cost::{CostModel, Load, shard_load};
+use ember_plan::cost::{CostModel, device_loads};
 use ember_plan::eval::{self, RunOptions, TaskResult};
 use ember_plan::measure::MeasureOptions;
 use ember_plan::search::{self, Problem, SearchOptions};
@@ -405,21 +405,13 @@ fn print_plan(
     model: &CostModel,
 ) {
     let bytes = plan.device_bytes(tables, dev.count);
+    let loads = device_loads(&plan.shards, tables, reuse, batch, dev.count);
     println!(
         "{:<6} {:>10} {:>8} {:>12}  shards (table[rows][cols])",
         "device", "memory", "lookups", "predicted"
     );
-    for (d, b) in bytes.iter().enumerate() {
+    for (d, (b, load)) in bytes.iter().zip(&loads).enumerate() {
         let mine: Vec<_> = plan.shards.iter().filter(|s| s.device == d).collect();
-        let load = mine.iter().fold(Load::default(), |l, s| {
-            l + shard_load(
-                &tables[s.table],
-                &reuse[s.table],
-                s.num_rows(),
-                s.num_cols(),
-                batch,
-            )
-        });
         let names: Vec<String> = mine
             .iter()
             .map(|s| {
@@ -438,7 +430,7 @@ fn print_plan(
             "{d:<6} {:>10} {:>8.0} {:>9.0} us  {}",
             human_bytes(*b as usize),
             load.lookups,
-            model.predict(&load),
+            model.predict(load),
             names.join(" ")
         );
     }
@@ -538,13 +530,15 @@ fn run_eval(a: EvalArgs) -> Result<()> {
         "plan ms"
     );
     let results = eval::eval(&stats, &model, &opts, |r: &TaskResult| {
-        let (name, best) = r.best_baseline().unwrap_or(("none", f64::NAN));
+        let (name, best) = r
+            .best_baseline()
+            .map_or(("none", f64::NAN), |(b, c)| (b.name.as_str(), c));
         println!(
             "{:>4} {:>6} {:>9} {:>10.0} {:>10.0} {:>10.0} {:>19} {:>7.1}% {:>9.1}",
             r.index,
             r.tables,
             human_bytes(r.table_bytes as usize),
-            r.ember,
+            r.ember(),
             r.ember_predicted,
             best,
             name,
@@ -565,22 +559,22 @@ fn run_eval(a: EvalArgs) -> Result<()> {
         .collect();
     let pred_err: Vec<f64> = results
         .iter()
-        .map(|r| (r.ember_predicted - r.ember).abs() / r.ember.max(1e-9))
+        .map(|r| (r.ember_predicted - r.ember()).abs() / r.ember().max(1e-9))
         .collect();
-    let mut per_base: Vec<(String, f64)> = Vec::new();
-    for (i, (name, _)) in results
-        .first()
-        .map(|r| r.baselines.clone())
-        .unwrap_or_default()
-        .iter()
+    let names = results.first().map_or(vec![], |r| {
+        r.baselines.iter().map(|b| b.name.clone()).collect()
+    });
+    let per_base: Vec<(String, f64)> = names
+        .into_iter()
         .enumerate()
-    {
-        let g: Vec<f64> = results
-            .iter()
-            .filter_map(|r| r.baselines[i].1.map(|c| 1.0 - r.ember / c))
-            .collect();
-        per_base.push((name.clone(), g.iter().sum::<f64>() / g.len().max(1) as f64));
-    }
+        .map(|(i, name)| {
+            let g: Vec<f64> = results
+                .iter()
+                .filter_map(|r| r.baselines[i].cost().map(|c| 1.0 - r.ember() / c))
+                .collect();
+            (name, mean_of(&g))
+        })
+        .collect();
     println!();
     println!(
         "improvement over the best baseline (measured slowest device): mean {:.1}%, median {:.1}%, Ember faster in {wins} of {} tasks",
@@ -596,32 +590,18 @@ fn run_eval(a: EvalArgs) -> Result<()> {
     let headroom: Vec<f64> = results
         .iter()
         .filter_map(|r| {
-            let (i, _) = r
-                .baselines
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (_, c))| c.map(|c| (i, c)))
-                .min_by(|a, b| a.1.total_cmp(&b.1))?;
-            let k = r.baselines[..i].iter().filter(|b| b.1.is_some()).count();
-            let d = r.baseline_devices.get(k)?;
-            let mean = d.iter().sum::<f64>() / d.len().max(1) as f64;
-            let max = d.iter().copied().fold(0.0, f64::max);
-            Some(1.0 - mean / max)
+            let (b, max) = r.best_baseline()?;
+            Some(1.0 - mean_of(b.devices.as_deref()?) / max)
         })
+        .collect();
+    let spread: Vec<f64> = results
+        .iter()
+        .map(|r| r.ember() / mean_of(&r.ember_devices).max(1e-9) - 1.0)
         .collect();
     println!(
         "headroom: a perfectly balanced plan of the best baseline's work would be {:.1}% faster than it on average (Ember's devices: slowest {:.1}% above their mean)",
-        100.0 * headroom.iter().sum::<f64>() / headroom.len().max(1) as f64,
-        100.0
-            * results
-                .iter()
-                .map(|r| {
-                    let mean =
-                        r.ember_devices.iter().sum::<f64>() / r.ember_devices.len().max(1) as f64;
-                    r.ember / mean.max(1e-9) - 1.0
-                })
-                .sum::<f64>()
-            / results.len().max(1) as f64
+        100.0 * mean_of(&headroom),
+        100.0 * mean_of(&spread)
     );
     println!(
         "planning time: max {:.0} ms over all tasks; max {:.0} ms over {} tasks of 55-60 tables",
@@ -631,7 +611,7 @@ fn run_eval(a: EvalArgs) -> Result<()> {
     );
     println!(
         "cost model on Ember's plans: mean error {:.1}% (prediction vs measurement of the slowest device)",
-        100.0 * pred_err.iter().sum::<f64>() / pred_err.len().max(1) as f64
+        100.0 * mean_of(&pred_err)
     );
     if let Some(p) = &a.json_out {
         std::fs::write(
@@ -645,6 +625,11 @@ fn run_eval(a: EvalArgs) -> Result<()> {
         .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+/// The mean (0 for none).
+fn mean_of(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 #[cfg(test)]

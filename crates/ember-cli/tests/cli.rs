@@ -1,19 +1,8 @@
 //! The `ember` binary end to end: `bench embed` on small shapes, its JSON, its .npy output, and
 //! its errors for bad flags.
 
-use std::process::Command;
-
-fn ember(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .output()
-        .expect("run ember");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+mod common;
+use common::{ember, json_of};
 
 const SMALL: [&str; 12] = [
     "bench",
@@ -29,10 +18,6 @@ const SMALL: [&str; 12] = [
     "--runs",
     "2",
 ];
-
-fn json_of(stdout: &str) -> serde_json::Value {
-    serde_json::from_str(stdout.lines().last().expect("output")).expect("last line is JSON")
-}
 
 #[test]
 fn bench_embed_reports_json_for_every_dtype() {

@@ -4,17 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn ember(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .output()
-        .expect("run ember");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+mod common;
+use common::{ember, json_of};
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -57,7 +48,7 @@ fn plans_of_the_shipped_model_score_like_the_model() {
         "--json",
     ]);
     assert!(ok, "{err}");
-    let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let j = json_of(&out);
     assert_eq!(j["predicted_us"].as_array().unwrap().len(), 3);
     let tr: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&torchrec).unwrap()).unwrap();
@@ -198,7 +189,7 @@ fn plans_of_the_shipped_model_score_like_the_model() {
         args.extend(extra.iter().map(String::as_str));
         let (ok, out, err) = ember(&args);
         assert!(ok, "{err}");
-        let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        let j = json_of(&out);
         predicted.push(j["predicted_us"][0].as_f64().unwrap());
     }
     assert!(predicted[1] < predicted[0], "{predicted:?}");
@@ -237,7 +228,7 @@ fn the_mlperf_tables_plan_on_eight_16gib_devices_where_present() {
         "--json",
     ]);
     assert!(ok, "{err}");
-    let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let j = json_of(&out);
     let bytes: Vec<u64> = j["device_bytes"]
         .as_array()
         .unwrap()

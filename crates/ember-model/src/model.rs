@@ -286,7 +286,7 @@ pub struct Predictor {
     model: Arc<Model>,
     pooler: Pooler,
     /// The embedding stage spread over devices by a sharding plan, when one is given.
-    sharded: Option<Arc<ShardedEmbeddings>>,
+    sharded: Option<ShardedEmbeddings>,
     threads: usize,
     scratch: Scratch,
 }
@@ -342,13 +342,13 @@ impl Predictor {
             },
         )?;
         let mut p = Predictor::new(model, threads)?;
-        p.sharded = Some(Arc::new(sharded));
+        p.sharded = Some(sharded);
         Ok(p)
     }
 
     /// The sharded embedding stage, when a plan was given.
     pub fn sharded(&self) -> Option<&ShardedEmbeddings> {
-        self.sharded.as_deref()
+        self.sharded.as_ref()
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -458,7 +458,7 @@ impl Predictor {
         } = &mut self.scratch;
         let threads = self.threads;
         let pooler = &self.pooler;
-        let sharded = self.sharded.as_deref();
+        let sharded = self.sharded.as_ref();
         pooled.resize(batch * m.embeddings.total_dim(), 0.0);
         let mut t = StageTimes::default();
         let start = Instant::now();

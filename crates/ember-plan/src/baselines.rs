@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{PlanError, Result};
-use crate::plan::{Plan, Shard, shard_bytes};
+use crate::plan::{Plan, Shard, row_ranges, shard_bytes};
 use crate::spec::{DeviceSpec, TableSpec};
 
 /// A baseline heuristic.
@@ -57,22 +57,20 @@ impl Baseline {
 
     /// Places `tables` on `dev`.
     pub fn plan(self, tables: &[TableSpec], dev: &DeviceSpec, split_bytes: u64) -> Result<Plan> {
-        let mut units: Vec<Shard> = Vec::new();
-        for (i, t) in tables.iter().enumerate() {
-            let parts = t.bytes().div_ceil(split_bytes.max(1)).max(1);
-            let per = t.rows.div_ceil(parts);
-            let mut r = 0;
-            while r < t.rows {
-                let end = (r + per).min(t.rows);
-                units.push(Shard {
-                    table: i,
-                    rows: (r, end),
-                    cols: (0, t.dim),
-                    device: 0,
-                });
-                r = end;
-            }
-        }
+        let mut units: Vec<Shard> = tables
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| {
+                row_ranges(t, split_bytes)
+                    .into_iter()
+                    .map(move |rows| Shard {
+                        table: i,
+                        rows,
+                        cols: (0, t.dim),
+                        device: 0,
+                    })
+            })
+            .collect();
         let key = |s: &Shard| self.key(&tables[s.table], s.rows.1 - s.rows.0);
         if !matches!(self, Baseline::Random(_)) {
             units.sort_by(|a, b| key(b).total_cmp(&key(a)).then(a.table.cmp(&b.table)));
@@ -113,21 +111,8 @@ impl Baseline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ember_embed::DType;
+    use crate::spec::test_tables as tables;
     use proptest::prelude::*;
-
-    fn tables(spec: &[(u64, u32, f64)]) -> Vec<TableSpec> {
-        spec.iter()
-            .enumerate()
-            .map(|(i, &(rows, dim, pooling))| TableSpec {
-                name: format!("t{i}"),
-                rows,
-                dim,
-                dtype: DType::F32,
-                pooling,
-            })
-            .collect()
-    }
 
     #[test]
     fn size_greedy_balances_bytes() {

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::access::Reuse;
 use crate::error::{PlanError, Result};
+use crate::plan::Shard;
 use crate::spec::TableSpec;
 
 /// The work of a set of shards for one batch (sums over shards).
@@ -107,6 +108,28 @@ pub fn shard_load(t: &TableSpec, reuse: &Reuse, rows: u64, cols: u32, batch: usi
     }
 }
 
+/// Each of `devices` devices' load under `shards` of `tables` (with their reuse) at `batch`.
+pub fn device_loads(
+    shards: &[Shard],
+    tables: &[TableSpec],
+    reuse: &[Reuse],
+    batch: usize,
+    devices: usize,
+) -> Vec<Load> {
+    let mut load = vec![Load::default(); devices];
+    for s in shards {
+        load[s.device] = load[s.device]
+            + shard_load(
+                &tables[s.table],
+                &reuse[s.table],
+                s.num_rows(),
+                s.num_cols(),
+                batch,
+            );
+    }
+    load
+}
+
 /// [`llc_bytes`], read once.
 pub fn machine_llc() -> f64 {
     static LLC: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
@@ -114,7 +137,7 @@ pub fn machine_llc() -> f64 {
 }
 
 /// The size of this machine's last-level cache (sysfs), or 32 MiB.
-pub fn llc_bytes() -> f64 {
+fn llc_bytes() -> f64 {
     for idx in (0..6).rev() {
         let p = format!("/sys/devices/system/cpu/cpu0/cache/index{idx}/size");
         if let Ok(s) = std::fs::read_to_string(p) {
@@ -169,7 +192,7 @@ impl CostModel {
             machine: "builtin (uncalibrated)".into(),
             batch: 512,
             threads: 1,
-            llc_bytes: llc_bytes(),
+            llc_bytes: machine_llc(),
             coef: [2.0, 0.02, 0.004, 0.0015, 0.004, 0.02],
             boosted: None,
             use_boosted: false,

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::access::Locality;
 use crate::baselines::Baseline;
-use crate::cost::{CostModel, Load, shard_load};
+use crate::cost::{CostModel, Load, device_loads};
 use crate::error::Result;
 use crate::measure::{Bench, MeasureOptions};
 use crate::plan::{Plan, Shard};
@@ -34,32 +34,47 @@ pub struct TaskResult {
     pub index: usize,
     pub tables: usize,
     pub table_bytes: u64,
-    /// Measured microseconds per batch of Ember's slowest device.
-    pub ember: f64,
     /// Measured microseconds per batch of each of Ember's devices.
     pub ember_devices: Vec<f64>,
-    /// The model's prediction of it.
+    /// The model's prediction of Ember's slowest device.
     pub ember_predicted: f64,
     pub ember_shards: usize,
     pub plan_seconds: f64,
-    /// Each baseline's measured slowest device (`None` where it found no placement).
-    pub baselines: Vec<(String, Option<f64>)>,
-    /// Each baseline's measured devices.
-    pub baseline_devices: Vec<Vec<f64>>,
+    pub baselines: Vec<BaselineResult>,
+}
+
+/// One baseline's plan of a task, measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineResult {
+    pub name: String,
+    /// Measured microseconds per batch of each device (`None` where it found no placement).
+    pub devices: Option<Vec<f64>>,
+}
+
+impl BaselineResult {
+    /// Its slowest device.
+    pub fn cost(&self) -> Option<f64> {
+        self.devices.as_deref().map(max)
+    }
 }
 
 impl TaskResult {
+    /// Measured microseconds per batch of Ember's slowest device.
+    pub fn ember(&self) -> f64 {
+        max(&self.ember_devices)
+    }
+
     /// The best baseline and its cost.
-    pub fn best_baseline(&self) -> Option<(&str, f64)> {
+    pub fn best_baseline(&self) -> Option<(&BaselineResult, f64)> {
         self.baselines
             .iter()
-            .filter_map(|(n, c)| c.map(|c| (n.as_str(), c)))
+            .filter_map(|b| b.cost().map(|c| (b, c)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
 
     /// 1 - ember / best baseline.
     pub fn improvement(&self) -> Option<f64> {
-        self.best_baseline().map(|(_, b)| 1.0 - self.ember / b)
+        self.best_baseline().map(|(_, b)| 1.0 - self.ember() / b)
     }
 }
 
@@ -68,21 +83,6 @@ pub fn baselines(seed: u64) -> Vec<Baseline> {
     let mut v = vec![Baseline::Random(seed)];
     v.extend(Baseline::GREEDY);
     v
-}
-
-fn device_loads(plan: &Plan, task: &Task, batch: usize) -> Vec<Load> {
-    let mut load = vec![Load::default(); task.devices.count];
-    for s in &plan.shards {
-        load[s.device] = load[s.device]
-            + shard_load(
-                &task.tables[s.table],
-                &task.reuse[s.table],
-                s.num_rows(),
-                s.num_cols(),
-                batch,
-            );
-    }
-    load
 }
 
 fn max(v: &[f64]) -> f64 {
@@ -117,31 +117,25 @@ pub fn eval_task(
     let mut plans = vec![&out.plan];
     plans.extend(base_plans.iter().flatten());
     let mut bench = Bench::new(task, opts.measure, rng);
-    let costs = bench.measure(&plans, task.devices.count)?;
-    let ember = max(&costs[0]);
-    let baseline_devices = costs[1..].to_vec();
-    let mut next = costs[1..].iter();
+    let mut costs = bench.measure(&plans, task.devices.count)?.into_iter();
+    let ember_devices = costs.next().unwrap_or_default();
     let base = names
         .iter()
         .zip(&base_plans)
-        .map(|(n, p)| {
-            (
-                n.to_string(),
-                p.as_ref().and_then(|_| next.next()).map(|c| max(c)),
-            )
+        .map(|(n, p)| BaselineResult {
+            name: n.to_string(),
+            devices: p.as_ref().and_then(|_| costs.next()),
         })
         .collect();
     Ok(TaskResult {
         index,
         tables: task.tables.len(),
         table_bytes: task.tables.iter().map(|t| t.bytes()).sum(),
-        ember,
-        ember_devices: costs[0].clone(),
+        ember_devices,
         ember_predicted: max(&out.predicted),
         ember_shards: out.plan.shards.len(),
         plan_seconds: out.seconds,
         baselines: base,
-        baseline_devices,
     })
 }
 
@@ -237,10 +231,14 @@ pub fn calibration_samples(
         let refs: Vec<&Plan> = plans.iter().collect();
         let all = bench.measure(&refs, task.devices.count)?;
         for (p, costs) in plans.iter().zip(all) {
-            for (l, c) in device_loads(p, &task, opts.measure.batch)
-                .into_iter()
-                .zip(costs)
-            {
+            let loads = device_loads(
+                &p.shards,
+                &task.tables,
+                &task.reuse,
+                opts.measure.batch,
+                task.devices.count,
+            );
+            for (l, c) in loads.into_iter().zip(costs) {
                 if l.shards > 0.0 {
                     mine.push((l, c));
                 }

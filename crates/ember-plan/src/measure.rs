@@ -79,11 +79,6 @@ impl<'a> Bench<'a> {
         }
     }
 
-    /// The task's batches.
-    pub fn batches(&self) -> &[KeyedJagged] {
-        &self.batches
-    }
-
     /// A table holding shard `s` (made once, then shared).
     fn table(&mut self, s: &Shard) -> Result<EmbeddingTable> {
         let key = Shard {

@@ -18,6 +18,20 @@ pub fn whole(t: &TableSpec, table: usize, device: usize) -> Shard {
     }
 }
 
+/// Row ranges of table `t`: the fewest equal parts of at most `split_bytes` bytes (the rule the
+/// planner and every baseline share, so that a table larger than a device can be placed).
+pub fn row_ranges(t: &TableSpec, split_bytes: u64) -> Vec<(u64, u64)> {
+    let parts = t
+        .bytes()
+        .div_ceil(split_bytes.max(1))
+        .clamp(1, t.rows.max(1));
+    let per = t.rows.div_ceil(parts);
+    (0..t.rows)
+        .step_by(per.max(1) as usize)
+        .map(|r| (r, (r + per).min(t.rows)))
+        .collect()
+}
+
 /// Bytes of a shard of table `t`.
 pub fn shard_bytes(s: &Shard, t: &TableSpec) -> u64 {
     t.shard_bytes(s.num_rows(), s.num_cols())

@@ -23,7 +23,7 @@ use crate::access::Reuse;
 use crate::baselines::Baseline;
 use crate::cost::{CostModel, Load, shard_load};
 use crate::error::{PlanError, Result};
-use crate::plan::{Plan, Shard};
+use crate::plan::{Plan, Shard, row_ranges};
 use crate::spec::{DeviceSpec, TableSpec};
 
 /// What to plan.
@@ -99,6 +99,29 @@ struct Placed {
 }
 
 impl Placed {
+    /// `items` items, none placed yet, on `devices` empty devices.
+    fn new(items: usize, devices: usize) -> Placed {
+        Placed {
+            device: vec![0; items],
+            load: vec![Load::default(); devices],
+            used: vec![0; devices],
+            cost: vec![0.0; devices],
+        }
+    }
+
+    /// Puts item `i` on device `d` (its cost is left to the caller to update).
+    fn add(&mut self, i: usize, it: &Item, d: usize) {
+        self.device[i] = d;
+        self.load[d] = self.load[d] + it.load;
+        self.used[d] += it.bytes;
+    }
+
+    /// Takes item `i` off device `d`.
+    fn remove(&mut self, it: &Item, d: usize) {
+        self.load[d] = self.load[d] - it.load;
+        self.used[d] -= it.bytes;
+    }
+
     fn max(&self) -> f64 {
         self.cost.iter().copied().fold(0.0, f64::max)
     }
@@ -114,26 +137,17 @@ pub fn default_split_bytes(dev: &DeviceSpec) -> u64 {
     (dev.memory_bytes / 2).max(1)
 }
 
-/// Row ranges of every table: the fewest equal parts of at most `split_bytes`.
+/// Row ranges of every table ([`row_ranges`]).
 fn units(tables: &[TableSpec], split_bytes: u64) -> Vec<Unit> {
-    let mut out = Vec::new();
-    for (i, t) in tables.iter().enumerate() {
-        let parts = t
-            .bytes()
-            .div_ceil(split_bytes.max(1))
-            .clamp(1, t.rows.max(1));
-        let per = t.rows.div_ceil(parts);
-        let mut r = 0;
-        while r < t.rows {
-            let end = (r + per).min(t.rows);
-            out.push(Unit {
-                table: i,
-                rows: (r, end),
-            });
-            r = end;
-        }
-    }
-    out
+    tables
+        .iter()
+        .enumerate()
+        .flat_map(|(table, t)| {
+            row_ranges(t, split_bytes)
+                .into_iter()
+                .map(move |rows| Unit { table, rows })
+        })
+        .collect()
 }
 
 /// Whether a table of `dim` columns and `dtype` can be cut into `k` equal column parts.
@@ -184,12 +198,7 @@ impl<'a> Search<'a> {
         } else {
             u64::MAX
         };
-        let mut pl = Placed {
-            device: vec![0; items.len()],
-            load: vec![Load::default(); n],
-            used: vec![0; n],
-            cost: vec![0.0; n],
-        };
+        let mut pl = Placed::new(items.len(), n);
         for &i in order {
             let it = &items[i];
             let fits = |d: usize| pl.used[d] + it.bytes <= mem;
@@ -207,9 +216,7 @@ impl<'a> Search<'a> {
                 }
             }
             let (_, d) = best?;
-            pl.device[i] = d;
-            pl.load[d] = pl.load[d] + it.load;
-            pl.used[d] += it.bytes;
+            pl.add(i, it, d);
             pl.cost[d] = self.model.predict(&pl.load[d]);
         }
         Some(pl)
@@ -263,16 +270,11 @@ impl<'a> Search<'a> {
             let Some((_, i, d, swap)) = best else {
                 return;
             };
-            let mv = |pl: &mut Placed, k: usize, from: usize, to: usize| {
-                pl.device[k] = to;
-                pl.load[from] = pl.load[from] - items[k].load;
-                pl.load[to] = pl.load[to] + items[k].load;
-                pl.used[from] -= items[k].bytes;
-                pl.used[to] += items[k].bytes;
-            };
-            mv(pl, i, src, d);
+            pl.remove(&items[i], src);
+            pl.add(i, &items[i], d);
             if let Some(j) = swap {
-                mv(pl, j, d, src);
+                pl.remove(&items[j], d);
+                pl.add(j, &items[j], src);
             }
             for x in [src, d] {
                 pl.cost[x] = self.model.predict(&pl.load[x]);
@@ -284,12 +286,7 @@ impl<'a> Search<'a> {
     /// same row ranges.
     fn adopt(&self, items: &[Item], plan: &Plan) -> Option<Placed> {
         let n = self.p.devices.count;
-        let mut pl = Placed {
-            device: vec![0; items.len()],
-            load: vec![Load::default(); n],
-            used: vec![0; n],
-            cost: vec![0.0; n],
-        };
+        let mut pl = Placed::new(items.len(), n);
         if plan.shards.len() != items.len() {
             return None;
         }
@@ -299,10 +296,7 @@ impl<'a> Search<'a> {
                 .shards
                 .iter()
                 .find(|s| s.table == u.table && s.rows == u.rows)?;
-            let d = s.device;
-            pl.device[i] = d;
-            pl.load[d] = pl.load[d] + it.load;
-            pl.used[d] += it.bytes;
+            pl.add(i, it, s.device);
         }
         for d in 0..n {
             pl.cost[d] = self.model.predict(&pl.load[d]);
@@ -451,28 +445,15 @@ pub fn plan(p: Problem<'_>, model: &CostModel, opts: &SearchOptions) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::device_loads;
+    use crate::spec::test_tables as tables;
     use proptest::prelude::*;
 
-    fn tables(spec: &[(u64, u32, f64)]) -> Vec<TableSpec> {
-        spec.iter()
-            .enumerate()
-            .map(|(i, &(rows, dim, pooling))| TableSpec {
-                name: format!("t{i}"),
-                rows,
-                dim,
-                dtype: DType::F32,
-                pooling,
-            })
-            .collect()
-    }
-
     fn predicted_max(plan: &Plan, t: &[TableSpec], r: &[Reuse], n: usize, m: &CostModel) -> f64 {
-        let mut load = vec![Load::default(); n];
-        for s in &plan.shards {
-            load[s.device] = load[s.device]
-                + shard_load(&t[s.table], &r[s.table], s.num_rows(), s.num_cols(), 512);
-        }
-        load.iter().map(|l| m.predict(l)).fold(0.0, f64::max)
+        device_loads(&plan.shards, t, r, 512, n)
+            .iter()
+            .map(|l| m.predict(l))
+            .fold(0.0, f64::max)
     }
 
     #[test]

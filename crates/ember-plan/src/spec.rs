@@ -164,6 +164,21 @@ pub fn parse_csv(text: &str) -> std::result::Result<Vec<TableSpec>, String> {
     Ok(out)
 }
 
+/// f32 tables `t0, t1, ...` of `(rows, dim, pooling)`, for tests.
+#[cfg(test)]
+pub(crate) fn test_tables(spec: &[(u64, u32, f64)]) -> Vec<TableSpec> {
+    spec.iter()
+        .enumerate()
+        .map(|(i, &(rows, dim, pooling))| TableSpec {
+            name: format!("t{i}"),
+            rows,
+            dim,
+            dtype: DType::F32,
+            pooling,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
