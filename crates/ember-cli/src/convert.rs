@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
-use ember_embed::tier::rowfile::{RowFile, write_row_file};
+use ember_embed::storage::{RowFile, write_row_file};
 use ember_embed::{DType, Placement};
 use ember_model::config::ModelConfig;
 use ember_model::weights::row_file_path;

@@ -42,13 +42,16 @@ impl GpuPredictor {
 }
 
 #[cfg(not(feature = "cuda"))]
-impl ember_model::Scorer for GpuPredictor {
-    fn score(
+impl ember_model::Engine for GpuPredictor {
+    fn model(&self) -> &Arc<Model> {
+        match *self {}
+    }
+
+    fn run(
         &mut self,
-        _: &[f32],
-        _: &ember_embed::KeyedJagged,
+        _: &ember_model::Prepared<'_>,
         _: &mut [f32],
-    ) -> Result<ember_model::StageTimes, String> {
+    ) -> ember_model::Result<ember_model::StageTimes> {
         match *self {}
     }
 

@@ -2,11 +2,7 @@
 //! The `ember` command. Libraries return typed errors; this binary turns them into messages and
 //! exit codes (`run() -> anyhow::Result`, printed with `{:#}`).
 
-mod bench_embed;
-#[cfg(feature = "cuda")]
-mod bench_gpu;
-mod bench_model;
-mod bench_tiered;
+mod bench;
 mod convert;
 mod data;
 mod device;
@@ -16,7 +12,6 @@ mod paths;
 mod plan;
 mod predict;
 mod serve;
-mod stats;
 mod tier_args;
 
 use clap::{Parser, Subcommand};
@@ -40,7 +35,7 @@ struct Cli {
 enum Cmd {
     /// Benchmarks that size hardware and compare Ember with its peers.
     #[command(subcommand)]
-    Bench(Bench),
+    Bench(bench::Bench),
     /// Score a Criteo-format file with a model: AUC, log loss, samples/s, and the scores.
     Predict(predict::PredictArgs),
     /// Serve a model: KServe v2 over HTTP, /v1/score, Prometheus /metrics, dynamic batching.
@@ -58,23 +53,10 @@ enum Cmd {
     Data(data::DataCmd),
 }
 
-#[derive(Debug, Subcommand)]
-enum Bench {
-    /// The embedding stage: pooled lookups over every table of a batch, against the memory ceiling.
-    Embed(bench_embed::EmbedArgs),
-    /// The whole model: samples/s, batch latency and where the time goes.
-    Model(bench_model::ModelArgs),
-    /// The embedding stage with tables on the SSD tier, against the same tables in DRAM and a
-    /// cold plain mmap, plus the disk's own random-read rate.
-    Tiered(bench_tiered::TieredArgs),
-}
-
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Bench(Bench::Embed(args)) => bench_embed::run(args),
-        Cmd::Bench(Bench::Model(args)) => bench_model::run(args),
-        Cmd::Bench(Bench::Tiered(args)) => bench_tiered::run(args),
+        Cmd::Bench(cmd) => bench::run(cmd),
         Cmd::Convert(args) => convert::run(args),
         Cmd::Predict(args) => predict::run(args),
         Cmd::Serve(args) => serve::run(args),

@@ -15,7 +15,7 @@ use ember_plan::task::TaskOptions;
 use ember_plan::{DeviceSpec, Plan, PlanFile, TableSpec};
 use serde_json::json;
 
-use crate::stats::human_bytes;
+use ember_bench::stats::human_bytes;
 
 /// Meta's locality statistics, where a checkout beside `../shared` has them.
 const LOCALITY: &str = "../shared/data/tables/dlrm_datasets_2021_locality_stats.txt";
@@ -332,7 +332,7 @@ fn make(a: MakeArgs) -> Result<()> {
         let Some(i) = tables.iter().position(|t| t.name == name) else {
             bail!("--trace {spec}: no table named {name}");
         };
-        let ids = ember_embed::workload::load_trace(Path::new(path))?;
+        let ids = ember_embed::trace::load_trace(Path::new(path))?;
         let window = (a.batch as f64 * tables[i].pooling.max(1.0)).round() as usize;
         reuse[i] = Reuse::from_trace(&ids, window);
         eprintln!(

@@ -1,21 +1,26 @@
 //! `ember predict`: scores a Criteo-format file with a model, streaming it in batches. Rows are
 //! not kept, but each row's label and score are (8 bytes a row, for the AUC): a Terabyte day of
 //! 200M rows needs 1.6 GB.
+//!
+//! Set up: the model and its engine (the CPU predictor, with a sharding plan or not, or a GPU's).
+//! Score: batches are parsed, checked and prepared (tables on the SSD tier: their rows read)
+//! `prefetch_depth` batches ahead of the engine, on a thread of their own
+//! ([`ember_model::run_ahead`]). Report: AUC, log loss, samples/s, the tier's figures.
 
 use crate::gpu_args::GpuArgs;
 use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
 use crate::tier_args::TierArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use ember_bench::stats::human_bytes;
 use ember_embed::DType;
-use ember_embed::tier::pipeline;
 use ember_model::criteo::{CriteoBatch, CriteoReader, DENSE, SPARSE};
-use ember_model::metrics::{auc, log_loss};
-use ember_model::{Model, Predictor, StageTimes};
+use ember_model::eval::{auc, log_loss};
+use ember_model::{Engine, Model, Prepared, StageTimes, run_ahead};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -50,47 +55,76 @@ pub struct PredictArgs {
     json: bool,
 }
 
+/// What scoring the file gave.
+#[derive(Debug, Default)]
+struct Scored {
+    labels: Vec<f32>,
+    scores: Vec<f32>,
+    /// The forward passes' stage times, summed.
+    times: StageTimes,
+    /// Wall seconds, parsing included.
+    wall: f64,
+}
+
 pub fn run(a: PredictArgs) -> Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
     let model_dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
     let data = a.data.clone().unwrap_or_else(|| shipped(DEFAULT_DATA));
-    let mut model = Model::load(&model_dir, a.tier.load_options(a.dtype))
+    let (model, mut engine) = set_up(&a, &model_dir)?;
+    let depth = match model.stager().is_active() {
+        true => a.tier.depth(&model),
+        false => 0,
+    };
+    let scored = score_file(&a, &model, &mut *engine, &data, depth)?;
+    print(&a, &model, &model_dir, &data, &scored, depth);
+    Ok(())
+}
+
+/// The model (Criteo-shaped) and the engine that runs it.
+fn set_up(a: &PredictArgs, model_dir: &Path) -> Result<(Arc<Model>, Box<dyn Engine>)> {
+    let mut model = Model::load(model_dir, a.tier.load_options(a.dtype))
         .with_context(|| format!("loading model {}", model_dir.display()))?;
-    a.tier.apply(&mut model, &model_dir)?;
-    let depth = a.tier.depth(&model);
-    let cfg = model.config();
-    if cfg.dense_in != DENSE || model.feature_names().len() != SPARSE {
+    a.tier.apply(&mut model, model_dir)?;
+    let inputs = model.inputs();
+    if !inputs.is_criteo() {
         bail!(
             "model {} has {} dense and {} sparse features; Criteo data has {DENSE} and {SPARSE}",
             model_dir.display(),
-            cfg.dense_in,
-            model.feature_names().len()
+            inputs.dense_in,
+            inputs.features.len()
         );
     }
-    let names = model.feature_names();
-    let rows: Vec<usize> = (0..names.len())
-        .map(|f| model.embeddings().table_of(f).rows())
-        .collect();
     let model = Arc::new(model);
-    let mut gpu_pred = if a.gpu.is_cuda() {
-        if model.stager().is_active() {
-            bail!("--device cuda needs every table in memory (no --placement ssd)");
-        }
-        Some(a.gpu.predictor(model.clone(), a.batch, 1, None)?)
-    } else {
-        None
-    };
     if a.gpu.is_cuda() && a.plan.plan.is_some() {
         bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
     }
-    let mut pred: Predictor = a.plan.predictor(model, a.threads)?;
+    let engine: Box<dyn Engine> = match a.gpu.is_cuda() {
+        true => {
+            if model.stager().is_active() {
+                bail!("--device cuda needs every table in memory (no --placement ssd)");
+            }
+            Box::new(a.gpu.predictor(model.clone(), a.batch, 1, None)?)
+        }
+        false => Box::new(a.plan.predictor(model.clone(), a.threads)?),
+    };
+    Ok((model, engine))
+}
 
+/// Streams `data` through the engine, batches prepared `depth` ahead; writes scores to
+/// `--out` as they come.
+fn score_file(
+    a: &PredictArgs,
+    model: &Arc<Model>,
+    engine: &mut dyn Engine,
+    data: &Path,
+    depth: usize,
+) -> Result<Scored> {
     let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
         (Box::new(BufReader::new(std::io::stdin())), None)
     } else {
-        let f = std::fs::File::open(&data)
+        let f = std::fs::File::open(data)
             .with_context(|| format!("cannot open data file {}", data.display()))?;
         let len = f.metadata().ok().map(|m| m.len());
         (Box::new(BufReader::with_capacity(1 << 20, f)), len)
@@ -102,8 +136,69 @@ pub fn run(a: PredictArgs) -> Result<()> {
         )),
         None => None,
     };
-    // A progress bar for long files (stderr; hidden when it is not a terminal).
-    let bar = match size {
+    let bar = progress(size);
+    let inputs = model.inputs();
+    let mut scored = Scored::default();
+    let start = Instant::now();
+    let mut line = String::new();
+    // A parse error ends the stream and is raised after the batches before it are scored.
+    let parse_err: std::sync::Mutex<Option<anyhow::Error>> = Default::default();
+    let batches = std::iter::from_fn(|| {
+        let mut batch = CriteoBatch::default();
+        let next = reader
+            .next_batch(a.batch, &mut batch)
+            .map_err(anyhow::Error::from)
+            .and_then(|n| Ok((n, batch.sparse(&inputs.features, &inputs.rows)?)));
+        match next {
+            Ok((0, _)) => None,
+            Ok((_, sparse)) => Some((batch, sparse, reader.bytes_read())),
+            Err(e) => {
+                *parse_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                None
+            }
+        }
+    });
+    // Checked and prepared (tier rows read) on the parsing thread, `depth` batches ahead.
+    let prepare = |(mut batch, sparse, pos): (CriteoBatch, _, u64)| {
+        let dense = std::mem::take(&mut batch.dense);
+        let prepared = model
+            .batch_owned(dense, sparse)
+            .and_then(|b| model.prepare(b));
+        (batch.labels, prepared, pos)
+    };
+    let consume = |(labels, prepared, pos): (Vec<f32>, ember_model::Result<Prepared>, u64)| {
+        let prepared = prepared?;
+        let s0 = scored.scores.len();
+        scored.scores.resize(s0 + labels.len(), 0.0);
+        let t = engine.run(&prepared, &mut scored.scores[s0..])?;
+        scored.times = scored.times.plus(t);
+        scored.labels.extend_from_slice(&labels);
+        if let Some(w) = &mut out {
+            line.clear();
+            for s in &scored.scores[s0..] {
+                use std::fmt::Write as _;
+                let _ = writeln!(line, "{s}");
+            }
+            w.write_all(line.as_bytes())?;
+        }
+        bar.set_position(pos);
+        anyhow::Ok(())
+    };
+    run_ahead(depth, batches, prepare, consume, |d| model.record_stall(d))?;
+    if let Some(e) = parse_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    bar.finish_and_clear();
+    scored.wall = start.elapsed().as_secs_f64();
+    if let Some(mut w) = out {
+        w.flush()?;
+    }
+    Ok(scored)
+}
+
+/// A progress bar for long files (stderr; hidden when it is not a terminal).
+fn progress(size: Option<u64>) -> ProgressBar {
+    match size {
         Some(n) if n > 16 << 20 => {
             let b = ProgressBar::new(n);
             b.set_style(
@@ -115,80 +210,15 @@ pub fn run(a: PredictArgs) -> Result<()> {
             b
         }
         _ => ProgressBar::hidden(),
-    };
+    }
+}
 
-    let mut labels = Vec::new();
-    let mut scores = Vec::new();
-    let mut times = StageTimes::default();
-    let start = Instant::now();
-    let mut line = String::new();
-    let model = pred.model().clone();
-    let stager = model.stager();
-    // Batches are parsed (and, for tables on the SSD tier, their rows read) `depth` batches ahead
-    // of the forward pass, on a thread of their own. A parse error ends the stream and is raised
-    // after the batches before it are scored.
-    let parse_err: std::sync::Mutex<Option<anyhow::Error>> = Default::default();
-    let batches = std::iter::from_fn(|| {
-        let mut batch = CriteoBatch::default();
-        let next = reader
-            .next_batch(a.batch, &mut batch)
-            .map_err(anyhow::Error::from)
-            .and_then(|n| {
-                let sparse = batch.sparse(&names, &rows)?;
-                Ok((n, sparse))
-            });
-        match next {
-            Ok((0, _)) => None,
-            Ok((_, sparse)) => Some((batch, sparse, reader.bytes_read())),
-            Err(e) => {
-                *parse_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                None
-            }
-        }
-    });
-    let depth = if stager.is_active() { depth } else { 0 };
-    pipeline(
-        stager,
-        model.embeddings(),
-        depth,
-        batches,
-        |(_, sparse, _)| sparse,
-        |(batch, sparse, pos), staged| -> Result<()> {
-            let staged = staged?;
-            let s0 = scores.len();
-            scores.resize(s0 + batch.len(), 0.0);
-            let t = match &mut gpu_pred {
-                Some(g) => g.predict(&batch.dense, &sparse, &mut scores[s0..])?,
-                None => {
-                    pred.predict_staged(&batch.dense, &sparse, Some(&staged), &mut scores[s0..])?
-                }
-            };
-            times = times.plus(t);
-            labels.extend_from_slice(&batch.labels);
-            if let Some(w) = &mut out {
-                line.clear();
-                for s in &scores[s0..] {
-                    use std::fmt::Write as _;
-                    let _ = writeln!(line, "{s}");
-                }
-                w.write_all(line.as_bytes())?;
-            }
-            bar.set_position(pos);
-            Ok(())
-        },
-    )?;
-    if let Some(e) = parse_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
-    }
-    bar.finish_and_clear();
-    let wall = start.elapsed().as_secs_f64();
-    if let Some(mut w) = out {
-        w.flush()?;
-    }
-    let n = labels.len();
-    let model_s = times.total().as_secs_f64();
-    let a_uc = auc(&labels, &scores);
-    let ll = log_loss(&labels, &scores);
+/// Prints the figures, and with `--json` one JSON object as the last line.
+fn print(a: &PredictArgs, model: &Model, model_dir: &Path, data: &Path, s: &Scored, depth: usize) {
+    let n = s.labels.len();
+    let model_s = s.times.total().as_secs_f64();
+    let a_uc = auc(&s.labels, &s.scores);
+    let ll = log_loss(&s.labels, &s.scores);
     let on = if a.gpu.is_cuda() {
         format!("cuda:{} {}", a.gpu.gpu, a.gpu.gpu_variant)
     } else {
@@ -209,22 +239,23 @@ pub fn run(a: PredictArgs) -> Result<()> {
     println!("log loss      {ll:.6}");
     println!(
         "samples/s     {:.0} end to end (parse + forward), {:.0} forward only",
-        n as f64 / wall,
+        n as f64 / s.wall,
         n as f64 / model_s.max(1e-12)
     );
     if let Some(p) = &a.out {
         println!("scores        {}", p.display());
     }
+    let stager = model.stager();
     let tier = stager.stats();
     if stager.is_active() {
         println!(
             "SSD tier      hit rate {:.3}, {} read from SSD in {} reads, stall {:.2} s, overlap {:.2} ({}, prefetch depth {depth})",
             tier.hit_rate(),
-            crate::stats::human_bytes(tier.ssd_bytes_read as usize),
+            human_bytes(tier.ssd_bytes_read as usize),
             tier.ssd_reads,
             tier.stall.as_secs_f64(),
             tier.overlap(),
-            stager.io_kind().map_or("none", |k| k.name()),
+            stager.engine().unwrap_or("none"),
         );
     }
     if a.json {
@@ -242,7 +273,7 @@ pub fn run(a: PredictArgs) -> Result<()> {
                 "rows": n,
                 "auc": a_uc,
                 "log_loss": ll,
-                "samples_per_s": n as f64 / wall,
+                "samples_per_s": n as f64 / s.wall,
                 "forward_samples_per_s": n as f64 / model_s.max(1e-12),
                 "threads": a.threads,
                 "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
@@ -250,5 +281,4 @@ pub fn run(a: PredictArgs) -> Result<()> {
             })
         );
     }
-    Ok(())
 }

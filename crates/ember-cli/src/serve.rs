@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use ember_embed::DType;
-use ember_model::Model;
+use ember_model::{Engine, Model};
 use ember_serve::{BatchConfig, ServeConfig, Server};
 
 use crate::gpu_args::GpuArgs;
@@ -122,17 +122,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if a.gpu.is_cuda() && a.plan.plan.is_some() {
         bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
     }
-    let engine = if a.gpu.is_cuda() {
+    let engine: Box<dyn Engine> = if a.gpu.is_cuda() {
         // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
-        let gp = a.gpu.predictor(model.clone(), a.max_batch, 20, None)?;
-        ember_serve::Engine::Device(Box::new(gp))
+        Box::new(a.gpu.predictor(model, a.max_batch, 20, None)?)
     } else {
-        let predictor = a.plan.predictor(model.clone(), a.threads)?;
-        ember_serve::Engine::Cpu(Box::new(predictor))
+        Box::new(a.plan.predictor(model, a.threads)?)
     };
     rt.block_on(async move {
         let model_name = cfg.model_name.clone();
-        let server = Server::start_engine(model, engine, cfg)
+        let server = Server::start_engine(engine, cfg)
             .await
             .with_context(|| match a.grpc.0 {
                 Some(g) => format!("listening on {} (HTTP) and {g} (gRPC)", a.http),

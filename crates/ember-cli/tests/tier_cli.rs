@@ -144,8 +144,8 @@ fn convert_from_safetensors_writes_every_float_table() {
     let model =
         ember_model::Model::load(&repo().join("models/default"), Default::default()).unwrap();
     for t in model.embeddings().tables() {
-        let f = ember_embed::tier::rowfile::RowFile::open(&dir.join(format!("{}.rows", t.name())))
-            .unwrap();
+        let f =
+            ember_embed::storage::RowFile::open(&dir.join(format!("{}.rows", t.name()))).unwrap();
         assert_eq!(f.header().name, t.name());
         let mut bytes = vec![0u8; t.rows() * t.stride()];
         f.read_all(&mut bytes).unwrap();

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use ember_embed::{DType, EmbeddingCollection, Ids, KeyedJagged, Pooling};
+use ember_embed::{
+    CollectionId, DType, EmbeddingCollection, Ids, KeyedJagged, Pooling, ValidatedBatch,
+};
 
 use crate::device::{Gpu, TIMED, dptr};
 use crate::error::{CudaError, DriverCtx, Result};
@@ -116,6 +118,8 @@ struct Group {
 #[derive(Debug)]
 pub struct GpuEmbeddings {
     gpu: Arc<Gpu>,
+    /// The collection the tables came from: only its batches are pooled.
+    source: CollectionId,
     tables: Vec<DevTable>,
     hot: Option<CudaSlice<u8>>,
     hot_bytes: usize,
@@ -241,6 +245,7 @@ impl GpuEmbeddings {
         let feat_dim: Vec<usize> = (0..nf).map(|f| coll.table_of(f).dim()).collect();
         let mut emb = GpuEmbeddings {
             gpu: gpu.clone(),
+            source: coll.id(),
             tables: dev,
             hot,
             hot_bytes,
@@ -612,11 +617,18 @@ impl EmbedRun {
         coll: &EmbeddingCollection,
         kj: &KeyedJagged,
     ) -> Result<()> {
-        // Until this upload completes, nothing may be launched over half-replaced buffers.
         self.uploaded = false;
         let valid = coll.validate(kj)?;
-        let kj = valid.get();
-        if kj.keys() != emb.names.as_slice() {
+        self.upload_valid(emb, valid)
+    }
+
+    /// Copies the offsets, ids and weights of a batch validated against the collection `emb`
+    /// was uploaded from (checked once upstream, not again) to the device.
+    pub fn upload_valid(&mut self, emb: &GpuEmbeddings, batch: ValidatedBatch<'_>) -> Result<()> {
+        // Until this upload completes, nothing may be launched over half-replaced buffers.
+        self.uploaded = false;
+        let kj = batch.get();
+        if batch.collection() != emb.source || kj.keys() != emb.names.as_slice() {
             return Err(CudaError::Input(
                 "the collection is not the one these tables were uploaded from".into(),
             ));

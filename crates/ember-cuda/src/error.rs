@@ -47,6 +47,23 @@ pub enum CudaError {
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;
 
+impl CudaError {
+    /// The model-level error of a batch that failed on `device`: the caller's mistakes stay
+    /// input errors; the device's own failures say which device.
+    pub fn into_model(self, device: String) -> ember_model::ModelError {
+        use ember_model::ModelError;
+        match self {
+            CudaError::Input(m) => ModelError::Input(m),
+            CudaError::Embed(e) => ModelError::Embed(e),
+            CudaError::Model(e) => e,
+            e => ModelError::Device {
+                device,
+                reason: e.to_string(),
+            },
+        }
+    }
+}
+
 /// Attaches what was being done to a driver error.
 pub(crate) trait DriverCtx<T> {
     fn ctx(self, what: &'static str) -> Result<T>;

@@ -18,7 +18,7 @@ use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, LaunchConfig, PushKerne
 use ember_embed::KeyedJagged;
 use ember_model::interaction::Interaction;
 use ember_model::mlp::Linear;
-use ember_model::{Model, Scorer, StageTimes, sigmoid};
+use ember_model::{Batch, Engine, Model, ModelError, Prepared, StageTimes, sigmoid};
 
 use crate::device::{Gpu, TIMED, dptr};
 use crate::embed::{EmbedRun, GpuEmbeddings, Variant};
@@ -243,41 +243,27 @@ impl GpuPredictor {
         cache: &mut TuneCache,
     ) -> Result<()> {
         let m = self.m.clone();
-        self.check(dense, sparse)?;
+        let batch = m.model.batch(dense, sparse)?;
         for s in &mut self.slots {
-            s.run.upload(&m.emb, m.model.embeddings(), sparse)?;
+            s.run.upload_valid(&m.emb, batch.valid())?;
             m.gpu.copy().synchronize().ctx("uploading")?;
             s.run.tune(&m.emb, cache)?;
         }
         Ok(())
     }
 
-    fn check(&self, dense: &[f32], sparse: &KeyedJagged) -> Result<usize> {
-        // The CPU predictor's checks (shapes, finite dense values); ids are checked at upload.
-        let n = self.m.model.config().dense_in;
-        if !dense.len().is_multiple_of(n) || dense.len() / n != sparse.batch_size() {
-            return Err(CudaError::Input(format!(
-                "dense has {} values; the batch of {} samples needs {}",
-                dense.len(),
-                sparse.batch_size(),
-                sparse.batch_size() * n
-            )));
-        }
-        if let Some(i) = dense.iter().position(|v| !v.is_finite()) {
-            return Err(CudaError::Input(format!(
-                "dense feature {} of sample {} is {} (must be finite)",
-                i % n,
-                i / n,
-                dense[i]
-            )));
-        }
-        Ok(sparse.batch_size())
+    /// Checks a batch (dense shape and values, ids in range), copies it to the device and
+    /// enqueues its forward pass. At most two batches are in flight: a third submit is refused
+    /// until the oldest is collected.
+    pub fn submit(&mut self, dense: &[f32], sparse: &KeyedJagged) -> Result<()> {
+        let model = self.m.model.clone();
+        let batch = model.batch(dense, sparse)?;
+        self.submit_batch(&batch)
     }
 
-    /// Checks a batch, copies it to the device and enqueues its forward pass. At most two
-    /// batches are in flight: a third submit waits for the oldest to be collected.
-    pub fn submit(&mut self, dense: &[f32], sparse: &KeyedJagged) -> Result<()> {
-        let batch = self.check(dense, sparse)?;
+    /// [`GpuPredictor::submit`] for a batch checked already ([`Model::batch`],
+    /// [`Model::merge`]): nothing is checked again.
+    pub fn submit_batch(&mut self, batch: &Batch<'_>) -> Result<()> {
         // cuBLAS and the raw driver calls use the thread's current context.
         self.m
             .gpu
@@ -295,7 +281,7 @@ impl GpuPredictor {
             .map(|k| (self.next + k) % n)
             .find(|s| !self.pending.contains(s))
             .expect("fewer batches in flight than slots");
-        match self.submit_into(si, batch, dense, sparse) {
+        match self.submit_into(si, batch) {
             Ok(()) => {
                 self.next = (si + 1) % n;
                 self.pending.push_back(si);
@@ -312,13 +298,8 @@ impl GpuPredictor {
     }
 
     /// Copies a checked batch into slot `si` and enqueues its forward pass.
-    fn submit_into(
-        &mut self,
-        si: usize,
-        batch: usize,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-    ) -> Result<()> {
+    fn submit_into(&mut self, si: usize, checked: &Batch<'_>) -> Result<()> {
+        let (batch, dense) = (checked.len(), checked.dense());
         let m = self.m.clone();
         let gpu = m.gpu.clone();
         let cfg = m.model.config();
@@ -352,7 +333,7 @@ impl GpuPredictor {
         let copy = gpu.copy();
         copy.wait(&slot.done)
             .ctx("ordering the copy after the slot's last use")?;
-        slot.run.upload(&m.emb, m.model.embeddings(), sparse)?;
+        slot.run.upload_valid(&m.emb, checked.valid())?;
         if !dense.is_empty() {
             let d = slot.dense.as_mut().expect("allocated above");
             copy.memcpy_htod(dense, &mut d.slice_mut(..dense.len()))
@@ -631,15 +612,33 @@ impl GpuPredictor {
     }
 }
 
-impl Scorer for GpuPredictor {
-    fn score(
+impl Engine for GpuPredictor {
+    fn model(&self) -> &Arc<Model> {
+        &self.m.model
+    }
+
+    fn run(
         &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
+        batch: &Prepared<'_>,
         scores: &mut [f32],
-    ) -> std::result::Result<StageTimes, String> {
-        self.predict(dense, sparse, scores)
-            .map_err(|e| e.to_string())
+    ) -> std::result::Result<StageTimes, ModelError> {
+        let device = || self.device();
+        if batch.staged().is_some() {
+            return Err(ModelError::Input(
+                "a batch with rows staged from the SSD tier cannot run on the GPU (every table \
+                 must be in memory)"
+                    .into(),
+            ));
+        }
+        if !self.pending.is_empty() {
+            return Err(
+                CudaError::Input("run with batches in flight: collect them first".into())
+                    .into_model(device()),
+            );
+        }
+        self.submit_batch(batch.batch())
+            .and_then(|()| self.collect(scores))
+            .map_err(|e| e.into_model(self.device()))
     }
 
     fn device(&self) -> String {

@@ -13,7 +13,7 @@ use ember_embed::{
     DType, EmbeddingCollection, EmbeddingTable, Feature, Ids, KeyedJagged, Pooling, pooled_lookup,
 };
 use ember_model::config::{InteractionConfig, ModelConfig, PairOrder, PoolingName, TableConfig};
-use ember_model::{Model, Predictor};
+use ember_model::{Engine, Model, Predictor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -292,7 +292,7 @@ fn whole_models_match_the_cpu_predictor() {
                 let mut want = Vec::new();
                 for (dense, kj) in &batches {
                     let mut s = vec![0f32; kj.batch_size()];
-                    cpu.predict(dense, kj, &mut s).unwrap();
+                    cpu.score(dense, kj, &mut s).unwrap();
                     want.push(s);
                 }
                 let mut i_out = 0;

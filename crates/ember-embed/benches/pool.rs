@@ -8,8 +8,9 @@
 use divan::Bencher;
 use divan::counter::BytesCount;
 use ember_embed::pool::reference;
-use ember_embed::workload::{IdSource, WorkloadSpec, generate, seeded_row};
 use ember_embed::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 const TABLES: usize = 4;
 const ROWS: usize = 256 * 1024;
@@ -25,18 +26,29 @@ fn setup(dtype: DType) -> (EmbeddingCollection, Vec<KeyedJagged>) {
             let mut tab =
                 EmbeddingTable::zeroed(&format!("t{t}"), ROWS, DIM, dtype, PagePolicy::Huge)
                     .unwrap();
-            tab.fill_rows(2, |r, out| seeded_row(1, t, r, out));
+            tab.fill_rows(2, |r, out| {
+                let mut rng = SmallRng::seed_from_u64((t * ROWS + r) as u64);
+                out.iter_mut()
+                    .for_each(|x| *x = rng.random_range(-1.0..1.0));
+            });
             tab
         })
         .collect();
     let coll = EmbeddingCollection::one_feature_per_table(tables).unwrap();
-    let spec = WorkloadSpec {
-        rows: vec![ROWS; TABLES],
-        batch_size: 64,
-        pooling: 32,
-        seed: 3,
-    };
-    (coll, generate(&spec, &IdSource::Uniform, 16).unwrap())
+    // 16 batches of 64 samples x 32 uniform ids per table.
+    let (batch, pooling) = (64, 32);
+    let mut rng = SmallRng::seed_from_u64(3);
+    let keys: Vec<String> = (0..TABLES).map(|t| format!("t{t}")).collect();
+    let batches = (0..16)
+        .map(|_| {
+            let ids = (0..TABLES * batch * pooling)
+                .map(|_| rng.random_range(0..ROWS as u32))
+                .collect();
+            let lengths = vec![pooling; TABLES * batch];
+            KeyedJagged::from_lengths(keys.clone(), batch, &lengths, Ids::U32(ids), None).unwrap()
+        })
+        .collect();
+    (coll, batches)
 }
 
 /// `ISA/dtype` pairs, e.g. `avx512/int8`.

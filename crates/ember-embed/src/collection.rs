@@ -7,6 +7,7 @@
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
 use crate::table::EmbeddingTable;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A sparse feature: its key and the index of the table it reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,9 +16,22 @@ pub struct Feature {
     pub table: usize,
 }
 
+/// Names one collection for the life of the process, so that a batch validated against one
+/// collection (or a stager built for one) is refused by every other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CollectionId(u64);
+
+impl CollectionId {
+    fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        CollectionId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// Tables plus the features that read them.
 #[derive(Debug)]
 pub struct EmbeddingCollection {
+    id: CollectionId,
     tables: Vec<EmbeddingTable>,
     features: Vec<Feature>,
     col_offsets: Vec<usize>,
@@ -25,16 +39,28 @@ pub struct EmbeddingCollection {
 }
 
 /// A batch whose ids have been checked against a collection's tables. Only this type reaches the
-/// kernels, which therefore never see an out-of-range id.
+/// kernels, which therefore never see an out-of-range id; it remembers the collection it was
+/// checked against, and every other collection refuses it.
 #[derive(Debug, Clone, Copy)]
 pub struct ValidatedBatch<'a> {
     kj: &'a KeyedJagged,
+    coll: CollectionId,
 }
 
 impl<'a> ValidatedBatch<'a> {
     /// The underlying batch.
     pub fn get(&self) -> &'a KeyedJagged {
         self.kj
+    }
+
+    /// The collection it was checked against.
+    pub fn collection(&self) -> CollectionId {
+        self.coll
+    }
+
+    /// A batch known to be valid for `coll` by construction (built from checked parts).
+    pub(crate) fn trusted(kj: &'a KeyedJagged, coll: CollectionId) -> Self {
+        ValidatedBatch { kj, coll }
     }
 }
 
@@ -60,6 +86,7 @@ impl EmbeddingCollection {
             total_dim += tables[f.table].dim();
         }
         Ok(EmbeddingCollection {
+            id: CollectionId::next(),
             tables,
             features,
             col_offsets,
@@ -80,6 +107,10 @@ impl EmbeddingCollection {
         Self::new(tables, features)
     }
 
+    /// This collection's identity.
+    pub fn id(&self) -> CollectionId {
+        self.id
+    }
     /// The tables.
     pub fn tables(&self) -> &[EmbeddingTable] {
         &self.tables
@@ -108,6 +139,7 @@ impl EmbeddingCollection {
     /// Checks that the batch has this collection's features in order and that every id is a row
     /// of its feature's table. The error names the feature, the sample and the id.
     pub fn validate<'a>(&self, kj: &'a KeyedJagged) -> Result<ValidatedBatch<'a>> {
+        ID_CHECKS.fetch_add(1, Ordering::Relaxed);
         if kj.keys().len() != self.features.len()
             || kj
                 .keys()
@@ -142,14 +174,38 @@ impl EmbeddingCollection {
                 });
             }
         }
-        Ok(ValidatedBatch { kj })
+        Ok(ValidatedBatch { kj, coll: self.id })
     }
+
+    /// Refuses a batch checked against another collection.
+    pub(crate) fn check_own(&self, batch: ValidatedBatch<'_>) -> Result<()> {
+        if batch.coll == self.id {
+            Ok(())
+        } else {
+            Err(EmbedError::WrongCollection)
+        }
+    }
+}
+
+/// How many times ids were checked against a collection ([`EmbeddingCollection::validate`],
+/// [`EmbeddingCollection::check_samples`]) in this process: lets tests prove that a served
+/// request's ids are checked exactly once.
+pub(crate) static ID_CHECKS: AtomicU64 = AtomicU64::new(0);
+
+/// The number of id checks so far in this process (see [`ID_CHECKS`]); for tests.
+#[doc(hidden)]
+pub fn id_checks() -> u64 {
+    ID_CHECKS.load(Ordering::Relaxed)
 }
 
 /// The position of the first id whose `key` is `rows` or more. A branch-free maximum first (it
 /// vectorizes; an early-exit search does not, and cost 2% of an RM1 batch), the search only when
 /// some id is out of range.
-fn first_out_of_range<T: Copy>(v: &[T], key: impl Fn(T) -> u64, rows: u64) -> Option<usize> {
+pub(crate) fn first_out_of_range<T: Copy>(
+    v: &[T],
+    key: impl Fn(T) -> u64,
+    rows: u64,
+) -> Option<usize> {
     let max = v.iter().fold(0u64, |m, &x| m.max(key(x)));
     if v.is_empty() || max < rows {
         return None;

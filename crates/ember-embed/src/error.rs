@@ -116,6 +116,9 @@ pub enum EmbedError {
         dim: usize,
         expected: usize,
     },
+    /// A batch checked against one collection given to another (a bug of the caller).
+    #[error("the batch was validated against another collection of tables")]
+    WrongCollection,
     /// A sharding plan that does not fit the tables (coverage, overlap, ranges).
     #[error("sharding plan: {0}")]
     Sharding(String),

@@ -163,6 +163,29 @@ impl KeyedJagged {
         Ok(kj)
     }
 
+    /// A batch built from parts that were checked already (a merge of checked samples, a routed
+    /// shard of a valid batch): offsets and ids consistent by construction, checked only in
+    /// debug builds.
+    pub(crate) fn trusted(
+        keys: Vec<String>,
+        batch_size: usize,
+        offsets: Vec<usize>,
+        ids: Ids,
+        weights: Option<Vec<f32>>,
+    ) -> Self {
+        debug_assert_eq!(offsets.len(), keys.len() * batch_size + 1);
+        debug_assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
+        debug_assert_eq!(offsets.last().copied(), Some(ids.len()));
+        debug_assert!(weights.as_ref().is_none_or(|w| w.len() == ids.len()));
+        KeyedJagged {
+            keys,
+            batch_size,
+            offsets,
+            ids,
+            weights,
+        }
+    }
+
     /// The same batch carrying `weights` (one per id) instead of its current weights.
     pub fn with_weights(self, weights: Vec<f32>) -> Result<Self> {
         Self::checked(
@@ -217,6 +240,26 @@ impl KeyedJagged {
     /// Length of bag `(f, b)`.
     pub fn length(&self, f: usize, b: usize) -> usize {
         self.bag(f, b).len()
+    }
+}
+
+/// A row id as the kernels read it.
+pub(crate) trait RowIndex: Copy + Send + Sync + 'static {
+    /// The row. Only called on validated ids (0 <= id < rows).
+    fn idx(self) -> usize;
+}
+
+impl RowIndex for u32 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+impl RowIndex for i64 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
     }
 }
 

@@ -16,27 +16,35 @@
 //! ```
 
 pub mod alloc;
-pub mod ceiling;
+pub mod cache;
+mod checked;
 pub mod collection;
+mod dedup;
 pub mod dtype;
 pub mod error;
 pub mod fpmode;
+mod isa;
 pub mod jagged;
 pub mod pool;
 mod prefetch;
 pub mod quant;
 pub mod shard;
+pub mod storage;
 pub mod table;
 pub mod tier;
-pub mod workload;
+pub mod trace;
 
 pub use alloc::PagePolicy;
-pub use collection::{EmbeddingCollection, Feature, ValidatedBatch};
+pub use cache::{CachePolicy, RowCache};
+pub use checked::{CheckedBatch, CheckedSamples};
+pub use collection::{CollectionId, EmbeddingCollection, Feature, ValidatedBatch, id_checks};
 pub use dtype::DType;
 pub use error::{EmbedError, Result};
 pub use fpmode::FlushDenormals;
+pub use isa::Isa;
 pub use jagged::{Ids, KeyedJagged};
-pub use pool::{Dedup, Isa, PoolOptions, PoolStats, Pooler, Pooling, pooled_lookup};
+pub use pool::{Dedup, PoolOptions, PoolStats, Pooler, Pooling, pooled_lookup};
 pub use shard::{Shard, ShardedEmbeddings};
+pub use storage::{IoKind, IoMode, RowStore};
 pub use table::{EmbeddingTable, Placement};
-pub use tier::{CachePolicy, IoMode, StagedBatch, Stager, TierOptions, TierStats};
+pub use tier::{StagedBatch, Stager, TierOptions, TierStats};

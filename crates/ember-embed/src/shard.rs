@@ -13,7 +13,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::alloc::PagePolicy;
-use crate::collection::{EmbeddingCollection, Feature, ValidatedBatch};
+use crate::checked::CheckedBatch;
+use crate::collection::{CollectionId, EmbeddingCollection, Feature, ValidatedBatch};
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
 use crate::pool::{PoolOptions, PoolStats, Pooler, Pooling};
@@ -178,8 +179,10 @@ impl DeviceShards {
     }
 
     /// This device's part of `kj` (a batch of the source collection's features): per route, the
-    /// ids of its source feature inside its rows, renumbered from the shard's first row.
-    pub fn route(&self, kj: &KeyedJagged) -> Result<KeyedJagged> {
+    /// ids of its source feature inside its rows, renumbered from the shard's first row. Valid
+    /// for the device's collection by construction (only ids inside a shard's rows are kept), so
+    /// it is not checked again.
+    pub fn route(&self, kj: &KeyedJagged) -> Result<CheckedBatch> {
         let bsz = kj.batch_size();
         let mut lengths = Vec::with_capacity(self.routes.len() * bsz);
         let weights_in = kj.weights();
@@ -213,19 +216,28 @@ impl DeviceShards {
             Ids::U32(v) => Ids::U32(gather!(v, u32)),
             Ids::I64(v) => Ids::I64(gather!(v, i64)),
         };
-        KeyedJagged::from_lengths(keys, bsz, &lengths, ids, weights)
+        let mut offsets = Vec::with_capacity(lengths.len() + 1);
+        offsets.push(0);
+        let mut sum = 0;
+        for l in lengths {
+            sum += l;
+            offsets.push(sum);
+        }
+        let kj = KeyedJagged::trusted(keys, bsz, offsets, ids, weights);
+        Ok(CheckedBatch::trusted(kj, self.coll.id()))
     }
 
     /// Pools a routed batch into `out` (`batch x collection().total_dim()`).
-    pub fn pool(&self, routed: &KeyedJagged, out: &mut [f32]) -> Result<PoolStats> {
-        let v = self.coll.validate(routed)?;
-        self.pooler.run(&self.coll, v, out)
+    pub fn pool(&self, routed: &CheckedBatch, out: &mut [f32]) -> Result<PoolStats> {
+        self.pooler.run(&self.coll, routed.view(), out)
     }
 }
 
 /// A collection spread over devices by a plan (see the module docs).
 #[derive(Debug)]
 pub struct ShardedEmbeddings {
+    /// The collection whose batches it pools.
+    source: CollectionId,
     devices: Vec<DeviceShards>,
     pooling: Pooling,
     col_offsets: Vec<usize>,
@@ -286,6 +298,7 @@ impl ShardedEmbeddings {
         }
         let nf = coll.features().len();
         Ok(ShardedEmbeddings {
+            source: coll.id(),
             devices,
             pooling: opts.pooling,
             col_offsets: (0..nf).map(|f| coll.col_offset(f)).collect(),
@@ -302,6 +315,9 @@ impl ShardedEmbeddings {
     /// Pools `batch` (validated against the source collection) into `out` (`batch x total_dim`),
     /// every device at once on its own pool.
     pub fn run(&self, batch: ValidatedBatch<'_>, out: &mut [f32]) -> Result<PoolStats> {
+        if batch.collection() != self.source {
+            return Err(EmbedError::WrongCollection);
+        }
         let kj = batch.get();
         let bsz = kj.batch_size();
         if out.len() != bsz * self.total_dim {

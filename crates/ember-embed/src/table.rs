@@ -3,13 +3,14 @@
 //!
 //! - `dram`: in memory, in a [`RowBuf`] (huge pages by default);
 //! - `mmap`: a plain read-only mapping of a row file's data, paged in by the OS on first touch;
-//! - `ssd`: in a row file read with direct I/O through a [`crate::tier::Stager`] and its cache;
+//! - `ssd`: in a row file read by a [`crate::storage::RowStore`] through a [`crate::tier::Stager`]
+//!   and its cache;
 //!   such a table has no resident bytes, and lookups must be staged first.
 
 use crate::alloc::{PagePolicy, RowBuf};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
-use crate::tier::rowfile::RowFile;
+use crate::storage::{MappedRows, RowFile};
 use rayon::prelude::*;
 use std::fmt;
 use std::path::Path;
@@ -45,6 +46,20 @@ impl fmt::Display for Placement {
     }
 }
 
+/// Serialized as its name (`"dram"`, `"mmap"`, `"ssd"`), as `config.json` writes it.
+impl serde::Serialize for Placement {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Placement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl FromStr for Placement {
     type Err = EmbedError;
     fn from_str(s: &str) -> Result<Self> {
@@ -68,12 +83,8 @@ enum Storage {
         offset: usize,
         len: usize,
     },
-    Mapped {
-        map: Arc<memmap2::Mmap>,
-        offset: usize,
-        len: usize,
-        file: Arc<RowFile>,
-    },
+    /// A plain mapping of a row file (several tables may share one: row views).
+    Mapped(MappedRows),
     Disk(Arc<RowFile>),
 }
 
@@ -140,36 +151,8 @@ impl EmbeddingTable {
     /// checksum table are checked at open; the rows are not, as the OS pages them in unseen).
     pub fn map_row_file(path: &Path) -> Result<Self> {
         let file = Arc::new(RowFile::open(path)?);
-        // SAFETY: a read-only shared mapping of the descriptor whose length and header were just
-        // checked. Row files are written to a temporary name and renamed into place, never
-        // modified in place; another process truncating the file while it is mapped would raise
-        // SIGBUS on access (documented in docs/ssd-tier.md).
-        let map = unsafe { memmap2::Mmap::map(file.file()) }.map_err(|e| EmbedError::Io {
-            path: path.display().to_string(),
-            op: "mmap",
-            reason: e.to_string(),
-        })?;
-        let offset = file.header().data_offset as usize;
-        let len = file.rows() * file.row_bytes();
-        if map.len() < offset + len {
-            return Err(EmbedError::RowFile {
-                path: path.display().to_string(),
-                reason: format!(
-                    "mapped {} bytes, the rows end at {}",
-                    map.len(),
-                    offset + len
-                ),
-            });
-        }
-        Ok(Self::over_file(
-            file.clone(),
-            Storage::Mapped {
-                map: Arc::new(map),
-                offset,
-                len,
-                file,
-            },
-        ))
+        let rows = MappedRows::map(file.clone())?;
+        Ok(Self::over_file(file, Storage::Mapped(rows)))
     }
 
     /// A table of `placement` from the row file at `path` (`dram` reads the whole file into
@@ -320,14 +303,7 @@ impl EmbeddingTable {
                 offset: offset + o,
                 len: l,
             },
-            Storage::Mapped {
-                map, offset, file, ..
-            } => Storage::Mapped {
-                map: map.clone(),
-                offset: offset + o,
-                len: l,
-                file: file.clone(),
-            },
+            Storage::Mapped(m) => Storage::Mapped(m.sub(o, l)),
             Storage::Disk(_) => {
                 return Err(bad(
                     "a table on the SSD tier cannot be split into row views".into(),
@@ -443,7 +419,7 @@ impl EmbeddingTable {
     pub fn placement(&self) -> Placement {
         match self.data {
             Storage::Memory { .. } => Placement::Dram,
-            Storage::Mapped { .. } => Placement::Mmap,
+            Storage::Mapped(_) => Placement::Mmap,
             Storage::Disk(_) => Placement::Ssd,
         }
     }
@@ -451,9 +427,7 @@ impl EmbeddingTable {
     pub fn resident(&self) -> Option<&[u8]> {
         match &self.data {
             Storage::Memory { buf, offset, len } => Some(&buf.as_slice()[*offset..*offset + *len]),
-            Storage::Mapped {
-                map, offset, len, ..
-            } => Some(&map[*offset..*offset + *len]),
+            Storage::Mapped(m) => Some(m.bytes()),
             Storage::Disk(_) => None,
         }
     }
@@ -461,7 +435,8 @@ impl EmbeddingTable {
     pub fn row_file(&self) -> Option<&Arc<RowFile>> {
         match &self.data {
             Storage::Memory { .. } => None,
-            Storage::Mapped { file, .. } | Storage::Disk(file) => Some(file),
+            Storage::Mapped(m) => Some(m.file()),
+            Storage::Disk(file) => Some(file),
         }
     }
     /// Copies the encoded bytes of row `r` into `out` (`stride` bytes), from memory or, on the

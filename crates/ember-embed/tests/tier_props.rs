@@ -7,8 +7,8 @@
 mod common;
 
 use common::{BatchShape, random_batch};
-use ember_embed::tier::rowfile::{BLOCK, RowFile, RowFileWriter, write_row_file};
-use ember_embed::tier::{CachePolicy, IoMode, Stager, TierOptions, pipeline};
+use ember_embed::storage::{BLOCK, RowFile, RowFileWriter, write_row_file};
+use ember_embed::tier::pipeline;
 use ember_embed::*;
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
@@ -254,20 +254,40 @@ fn check_case(c: &Case) {
         .iter()
         .flat_map(|b| (0..b.num_ids()).map(|j| b.ids().get(j) as u64))
         .collect();
+    // The store the case draws, and the mapped store over the same files: every store gives
+    // the in-memory results.
+    let drawn = if c.seed.is_multiple_of(2) {
+        IoMode::Auto
+    } else {
+        IoMode::Pread
+    };
+    for io in [drawn, IoMode::Mmap] {
+        check_store(c, io, &mem, &tier, &batches, budget, &trace);
+    }
+}
+
+fn check_store(
+    c: &Case,
+    io: IoMode,
+    mem: &EmbeddingCollection,
+    tier: &EmbeddingCollection,
+    batches: &[KeyedJagged],
+    budget: usize,
+    trace: &[u64],
+) {
     let opts = TierOptions {
         cache_bytes: budget,
         policy: c.policy,
-        io: if c.seed.is_multiple_of(2) {
-            IoMode::Auto
-        } else {
-            IoMode::Pread
-        },
+        io,
         queue_depth: 1 + (c.seed % 7) as usize,
-        pin_trace: (!c.seed.is_multiple_of(3)).then(|| Arc::new(trace)),
+        pin_trace: (!c.seed.is_multiple_of(3)).then(|| Arc::new(trace.to_vec())),
         refresh_batches: if c.seed.is_multiple_of(3) { 2 } else { 0 },
         ..TierOptions::default()
     };
-    let stager = Stager::new(&tier, opts).unwrap();
+    let stager = Stager::new(tier, opts).unwrap();
+    if stager.is_active() {
+        assert_eq!(stager.engine() == Some("mmap"), io == IoMode::Mmap);
+    }
     for threads in [1, 2] {
         let pooler = Pooler::new(PoolOptions {
             pooling: c.pooling,
@@ -280,7 +300,7 @@ fn check_case(c: &Case) {
         let mut n = 0;
         pipeline(
             &stager,
-            &tier,
+            tier,
             c.depth,
             batches.iter(),
             |b| *b,
@@ -288,11 +308,11 @@ fn check_case(c: &Case) {
                 let staged = staged.map_err(|e| e.to_string())?;
                 let mut want = vec![f32::NAN; kj.batch_size() * width];
                 pooler
-                    .run(&mem, mem.validate(kj).unwrap(), &mut want)
+                    .run(mem, mem.validate(kj).unwrap(), &mut want)
                     .unwrap();
                 let mut got = vec![f32::NAN; want.len()];
                 pooler
-                    .run_staged(&tier, tier.validate(kj).unwrap(), &staged, &mut got)
+                    .run_staged(tier, tier.validate(kj).unwrap(), &staged, &mut got)
                     .unwrap();
                 // Bit-identical: the same kernel sums the same bytes in the same order.
                 let same = got
@@ -301,7 +321,7 @@ fn check_case(c: &Case) {
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "{c:?} threads={threads}: staged {got:?} != in-memory {want:?}"
+                    "{c:?} {io:?} threads={threads}: staged {got:?} != in-memory {want:?}"
                 );
                 stager.check_invariants(budget);
                 n += 1;
@@ -502,20 +522,30 @@ fn damaged_files_are_refused_with_a_clear_error() {
     let coll =
         EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
             .unwrap();
-    let stager = Stager::new(&coll, TierOptions::default()).unwrap();
     let kj = |ids: Vec<u32>| {
         KeyedJagged::from_lengths(vec!["t".into()], 1, &[ids.len()], Ids::U32(ids), None).unwrap()
     };
-    let bad = kj(vec![3, 40]);
-    let e = stager
-        .stage(&coll, coll.validate(&bad).unwrap())
-        .unwrap_err();
-    assert!(matches!(e, EmbedError::Corrupt { block: 2, .. }), "{e}");
-    assert!(e.to_string().contains("fails its checksum"), "{e}");
-    let ok = kj(vec![3, 60, 99]);
-    stager.stage(&coll, coll.validate(&ok).unwrap()).unwrap();
-    // The bad row was not cached by the failed read: asking again fails again.
-    assert!(stager.stage(&coll, coll.validate(&bad).unwrap()).is_err());
+    // Every store checks blocks before any row lands.
+    for io in [IoMode::Auto, IoMode::Pread, IoMode::Mmap] {
+        let opts = TierOptions {
+            io,
+            ..TierOptions::default()
+        };
+        let stager = Stager::new(&coll, opts).unwrap();
+        let bad = kj(vec![3, 40]);
+        let e = stager
+            .stage(&coll, coll.validate(&bad).unwrap())
+            .unwrap_err();
+        assert!(
+            matches!(e, EmbedError::Corrupt { block: 2, .. }),
+            "{io:?}: {e}"
+        );
+        assert!(e.to_string().contains("fails its checksum"), "{e}");
+        let ok = kj(vec![3, 60, 99]);
+        stager.stage(&coll, coll.validate(&ok).unwrap()).unwrap();
+        // The bad row was not cached by the failed read: asking again fails again.
+        assert!(stager.stage(&coll, coll.validate(&bad).unwrap()).is_err());
+    }
     assert!(matches!(
         RowFile::open(&p).unwrap().verify_all(),
         Err(EmbedError::Corrupt { block: 2, .. })
@@ -625,7 +655,7 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
     pooler
         .run(&mem, mem.validate(&kj).unwrap(), &mut want)
         .unwrap();
-    for io in [IoMode::Uring, IoMode::Pread] {
+    for io in [IoMode::Uring, IoMode::Pread, IoMode::Mmap] {
         let opts = TierOptions {
             cache_bytes: 0,
             io,
@@ -641,11 +671,11 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
             Err(e) => panic!("{e}"),
         };
         assert_eq!(
-            stager.io_kind().map(|k| k.name()),
-            Some(if io == IoMode::Uring {
-                "io_uring"
-            } else {
-                "pread"
+            stager.engine(),
+            Some(match io {
+                IoMode::Uring => "io_uring",
+                IoMode::Pread => "pread",
+                _ => "mmap",
             })
         );
         let staged = stager.stage(&tier, tier.validate(&kj).unwrap()).unwrap();

@@ -124,30 +124,15 @@ pub struct TableConfig {
     pub name: String,
     pub rows: usize,
     pub dim: usize,
-    #[serde(with = "dtype_name")]
     pub dtype: DType,
     /// `dram` (default), `mmap` or `ssd`: where the rows live. `mmap` and `ssd` read
     /// `rows/NAME.rows` in the model directory (written by `ember convert`).
-    #[serde(default, skip_serializing_if = "is_dram", with = "placement_name")]
+    #[serde(default, skip_serializing_if = "is_dram")]
     pub placement: Placement,
 }
 
 fn is_dram(p: &Placement) -> bool {
     *p == Placement::Dram
-}
-
-mod placement_name {
-    use ember_embed::Placement;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(p: &Placement, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(p.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Placement, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 /// A sparse feature and the table it reads.
@@ -202,21 +187,6 @@ impl From<PoolingName> for Pooling {
             PoolingName::Sum => Pooling::Sum,
             PoolingName::Mean => Pooling::Mean,
         }
-    }
-}
-
-/// Serde for a [`DType`] as its name (`f32`, `int8`, ...), for `#[serde(with = ...)]`.
-pub mod dtype_name {
-    use ember_embed::DType;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(d.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -48,6 +48,53 @@ pub enum ModelError {
     /// From the embedding stage.
     #[error(transparent)]
     Embed(#[from] EmbedError),
+    /// A device (a GPU) failed running a batch.
+    #[error("{device}: {reason}")]
+    Device { device: String, reason: String },
+}
+
+/// Who is at fault when a batch fails, so that a server can answer with the right status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The caller's input does not fit the model (a 400 / INVALID_ARGUMENT).
+    Input,
+    /// The engine or its storage failed (a 500 / INTERNAL): a damaged row file, a device error.
+    Internal,
+}
+
+impl ModelError {
+    /// Whether the caller or the engine is at fault.
+    pub fn kind(&self) -> ErrorKind {
+        use EmbedError as E;
+        match self {
+            ModelError::Input(_) | ModelError::Criteo { .. } => ErrorKind::Input,
+            ModelError::Embed(
+                E::LengthsCount { .. }
+                | E::LengthsSum { .. }
+                | E::OffsetsCount { .. }
+                | E::OffsetsStart { .. }
+                | E::OffsetsDecreasing { .. }
+                | E::OffsetsEnd { .. }
+                | E::WeightsLen { .. }
+                | E::NegativeId { .. }
+                | E::IdOutOfRange { .. }
+                | E::KeysMismatch { .. }
+                | E::DuplicateKey { .. }
+                | E::MissingWeights
+                | E::UnexpectedWeights { .. },
+            ) => ErrorKind::Input,
+            _ => ErrorKind::Internal,
+        }
+    }
+
+    /// The message for the caller: an input error without the "bad input: " prefix, as a client
+    /// should read it; any other error as displayed.
+    pub fn message(&self) -> String {
+        match self {
+            ModelError::Input(m) => m.clone(),
+            e => e.to_string(),
+        }
+    }
 }
 
 /// `Result` with [`ModelError`].

@@ -209,16 +209,6 @@ impl PackedW {
         PackedW { data, n, k_dim }
     }
 
-    /// Output rows.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
-    /// Inputs.
-    pub fn k_dim(&self) -> usize {
-        self.k_dim
-    }
-
     /// The block of tile `t` for inputs `k0 .. k0 + kc` (`k0` a multiple of [`KC`]).
     fn block(&self, k0: usize, t: usize) -> &[f32] {
         let kc = KC.min(self.k_dim - k0);

@@ -2,23 +2,42 @@
 //! `DLRM_DCN`), loaded from a model directory (`config.json` + `model.safetensors`, see
 //! `docs/model-format.md`), run by a [`Predictor`]: the embedding stage of `ember-embed`, MLPs on
 //! `faer` with a GEMV path for single samples, the interactions, and the sigmoid. Also Criteo TSV
-//! data, a synthetic Criteo generator, and the metrics (AUC, log loss).
+//! data, a synthetic Criteo generator, and the evaluation metrics (AUC, log loss).
+//!
+//! The seam a server or a tool uses is small: [`Model::check_samples`] / [`Model::merge`] /
+//! [`Model::batch`] check inputs once, [`Model::prepare`] stages tier rows, and an [`Engine`]
+//! ([`Predictor`] on CPU, the CUDA backend's `GpuPredictor`) runs the prepared batch. See
+//! `docs/architecture.md` for the path of a request through it.
 
 pub mod config;
 pub mod criteo;
+mod engine;
 pub mod error;
+pub mod eval;
 #[cfg(target_arch = "x86_64")]
-pub mod gemm;
+mod gemm;
+mod inputs;
 pub mod interaction;
-pub mod metrics;
 pub mod mlp;
-pub mod model;
+mod model;
+mod predictor;
 pub mod presets;
 pub mod random;
-pub mod simd;
+mod simd;
 pub mod synth;
 pub mod weights;
 
 pub use config::{InteractionConfig, ModelConfig, PairOrder};
-pub use error::{ModelError, Result};
-pub use model::{LoadOptions, Model, Predictor, Scorer, StageTimes, sigmoid};
+/// The embedding stage's types that appear in this crate's seam, so that its users (a server)
+/// need no other crate.
+pub use ember_embed::{DType, Ids, KeyedJagged, Placement, StagedBatch, TierStats};
+pub use engine::{Engine, StageTimes};
+pub use error::{ErrorKind, ModelError, Result};
+pub use inputs::{Batch, Inputs, Prepared, Samples};
+pub use model::{LoadOptions, Model};
+pub use predictor::{Predictor, sigmoid};
+
+/// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):
+/// `predict` and the server's batcher stage batch N+1's rows while batch N computes. See
+/// [`ember_embed::tier::run_ahead`].
+pub use ember_embed::tier::run_ahead;

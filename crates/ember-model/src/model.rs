@@ -1,22 +1,22 @@
-//! A loaded model and the [`Predictor`] that runs its forward pass.
+//! A model: its configuration, layers and embedding tables (with the SSD tier's stager when
+//! tables live there), loaded from a model directory or built with random weights. Engines
+//! ([`crate::Predictor`] on CPU, the CUDA backend's on a GPU) run it; [`crate::inputs`] checks
+//! and prepares its batches.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use ember_embed::trace::load_trace;
 use ember_embed::{
-    DType, Dedup, EmbeddingCollection, EmbeddingTable, Feature, KeyedJagged, PagePolicy, Placement,
-    PoolOptions, Pooler, Shard, ShardedEmbeddings, StagedBatch, Stager, TierOptions,
-    ValidatedBatch,
-    workload::{load_trace, seeded_row},
+    DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement, Stager, TierOptions,
 };
-use faer::Par;
 
 use crate::config::{InteractionConfig, ModelConfig, TierConfig};
 use crate::error::{ModelError, Result};
-use crate::interaction::{CrossLayer, Interaction, InteractionScratch, dot_pairs};
-use crate::mlp::{Linear, Mlp, MlpScratch};
-use crate::random::normal_vec;
+use crate::interaction::{CrossLayer, Interaction, dot_pairs};
+use crate::mlp::{Linear, Mlp};
+use crate::random::{normal_vec, seeded_row};
 use crate::weights::{Weights, read_weights};
 
 /// How to load a model.
@@ -211,6 +211,25 @@ impl Model {
         &self.stager
     }
 
+    /// Batches whose tier rows are staged ahead of the one being computed where batches are
+    /// known ahead ([`crate::run_ahead`] in `predict` and `serve`): the configured depth when a
+    /// table is on the SSD tier, else 0 (nothing to stage, nothing to overlap).
+    pub fn prefetch_depth(&self) -> usize {
+        match self.stager.is_active() {
+            true => self
+                .config
+                .tier
+                .as_ref()
+                .map_or(TierConfig::default().prefetch_depth, |t| t.prefetch_depth),
+            false => 0,
+        }
+    }
+
+    /// Counts `d` as time a forward pass waited for its batch's tier rows.
+    pub fn record_stall(&self, d: Duration) {
+        self.stager.add_stall(d);
+    }
+
     /// Bytes of all tables.
     pub fn table_bytes(&self) -> usize {
         self.embeddings.tables().iter().map(|t| t.bytes()).sum()
@@ -234,369 +253,4 @@ fn config_error(reason: String) -> ModelError {
         path: "config".into(),
         reason,
     }
-}
-
-/// Where one forward pass spent its time. With more than one thread the bottom MLP runs on one
-/// thread beside the embedding stage (`bottom_overlapped`): `embedding` is then the wall time of
-/// both, `bottom_mlp` the part the MLP took on its thread, and the stages add up to more than
-/// `wall`.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StageTimes {
-    pub embedding: Duration,
-    pub bottom_mlp: Duration,
-    pub interaction: Duration,
-    pub top_mlp: Duration,
-    /// The whole forward pass.
-    pub wall: Duration,
-    pub bottom_overlapped: bool,
-}
-
-impl StageTimes {
-    /// The wall time of the forward pass.
-    pub fn total(&self) -> Duration {
-        self.wall
-    }
-
-    /// Field-wise sum.
-    pub fn plus(self, o: StageTimes) -> StageTimes {
-        StageTimes {
-            embedding: self.embedding + o.embedding,
-            bottom_mlp: self.bottom_mlp + o.bottom_mlp,
-            interaction: self.interaction + o.interaction,
-            top_mlp: self.top_mlp + o.top_mlp,
-            wall: self.wall + o.wall,
-            bottom_overlapped: self.bottom_overlapped || o.bottom_overlapped,
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Scratch {
-    bottom: MlpScratch,
-    pooled: Vec<f32>,
-    inter_out: Vec<f32>,
-    inter: InteractionScratch,
-    top: MlpScratch,
-}
-
-/// Runs a model's forward pass with a fixed number of threads; reuses its buffers across calls.
-/// One `Predictor` per concurrent caller; they can share the `Arc<Model>`.
-#[derive(Debug)]
-pub struct Predictor {
-    model: Arc<Model>,
-    pooler: Pooler,
-    /// The embedding stage spread over devices by a sharding plan, when one is given.
-    sharded: Option<ShardedEmbeddings>,
-    threads: usize,
-    scratch: Scratch,
-}
-
-impl Predictor {
-    /// A predictor running on `threads` threads (1 runs on the calling thread).
-    pub fn new(model: Arc<Model>, threads: usize) -> Result<Predictor> {
-        if threads == 0 {
-            return Err(ModelError::BadOption {
-                option: "threads",
-                reason: "must be at least 1".into(),
-            });
-        }
-        let pooler = Pooler::new(PoolOptions {
-            pooling: model.config.pooling.into(),
-            dedup: Dedup::Auto,
-            threads,
-            ..PoolOptions::default()
-        })?;
-        Ok(Predictor {
-            model,
-            pooler,
-            sharded: None,
-            threads,
-            scratch: Scratch::default(),
-        })
-    }
-
-    /// A predictor whose embedding stage follows a sharding plan: each device's shards run on
-    /// a pool of `threads_per_device` threads of its own, all devices at once (see
-    /// [`ember_embed::shard`]); the dense layers run on `threads` threads. Row ranges share the
-    /// model's table memory; column ranges are copied. Tables on the SSD tier cannot be sharded.
-    pub fn with_shards(
-        model: Arc<Model>,
-        threads: usize,
-        shards: &[Shard],
-        threads_per_device: usize,
-    ) -> Result<Predictor> {
-        if model.stager().is_active() {
-            return Err(ModelError::BadOption {
-                option: "plan",
-                reason: "a sharding plan needs every table in memory (no --placement ssd)".into(),
-            });
-        }
-        let sharded = ShardedEmbeddings::new(
-            &model.embeddings,
-            shards,
-            PoolOptions {
-                pooling: model.config.pooling.into(),
-                dedup: Dedup::Auto,
-                threads: threads_per_device.max(1),
-                ..PoolOptions::default()
-            },
-        )?;
-        let mut p = Predictor::new(model, threads)?;
-        p.sharded = Some(sharded);
-        Ok(p)
-    }
-
-    /// The sharded embedding stage, when a plan was given.
-    pub fn sharded(&self) -> Option<&ShardedEmbeddings> {
-        self.sharded.as_ref()
-    }
-
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
-    }
-
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// Checks that `dense` (`[B, dense_in]`, finite) and `sparse` (the model's features, batch
-    /// `B`, ids in range) form a batch of this model; returns `B`.
-    pub fn check_batch(&self, dense: &[f32], sparse: &KeyedJagged) -> Result<usize> {
-        self.check(dense, sparse).map(|(b, _)| b)
-    }
-
-    fn check<'a>(
-        &self,
-        dense: &[f32],
-        sparse: &'a KeyedJagged,
-    ) -> Result<(usize, ValidatedBatch<'a>)> {
-        let m = &self.model;
-        let n = m.config.dense_in;
-        if !dense.len().is_multiple_of(n) {
-            return Err(ModelError::Input(format!(
-                "dense has {} values, not a multiple of the model's {n} dense features",
-                dense.len()
-            )));
-        }
-        let batch = dense.len() / n;
-        if sparse.batch_size() != batch {
-            return Err(ModelError::Input(format!(
-                "dense has {batch} samples but the sparse features have {}",
-                sparse.batch_size()
-            )));
-        }
-        // A branch-free scan first (it vectorizes; an early-exit search does not), the position
-        // only when some value is not finite.
-        let all_finite = dense
-            .chunks(64)
-            .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()));
-        if !all_finite && let Some(i) = dense.iter().position(|v| !v.is_finite()) {
-            return Err(ModelError::Input(format!(
-                "dense feature {} of sample {} is {} (must be finite)",
-                i % n,
-                i / n,
-                dense[i]
-            )));
-        }
-        Ok((batch, m.embeddings.validate(sparse)?))
-    }
-
-    /// Writes each sample's logit (the top MLP output, before the sigmoid) into `logits`. Tables
-    /// on the SSD tier are staged first, inside the embedding stage's time.
-    pub fn logits(
-        &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-        logits: &mut [f32],
-    ) -> Result<StageTimes> {
-        let (batch, valid) = self.check(dense, sparse)?;
-        check_out(logits, batch)?;
-        if !self.model.stager.is_active() {
-            return self.forward(dense, batch, valid, None, logits);
-        }
-        let t = Instant::now();
-        let staged = self.model.stager.stage(&self.model.embeddings, valid)?;
-        // Staged inline: the whole staging time is a stall, and part of the embedding stage.
-        let st = t.elapsed();
-        self.model.stager.add_stall(st);
-        let mut times = self.forward(dense, batch, valid, Some(&staged), logits)?;
-        times.embedding += st;
-        times.wall += st;
-        Ok(times)
-    }
-
-    /// [`Predictor::logits`] with the SSD tier's rows already staged for this batch (by
-    /// [`ember_embed::tier::pipeline`] over the model's [`Model::stager`]).
-    pub fn logits_staged(
-        &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-        staged: Option<&StagedBatch>,
-        logits: &mut [f32],
-    ) -> Result<StageTimes> {
-        let (batch, valid) = self.check(dense, sparse)?;
-        check_out(logits, batch)?;
-        self.forward(dense, batch, valid, staged, logits)
-    }
-
-    /// The forward pass of a checked batch of `batch` samples.
-    fn forward(
-        &mut self,
-        dense: &[f32],
-        batch: usize,
-        valid: ValidatedBatch<'_>,
-        staged: Option<&StagedBatch>,
-        logits: &mut [f32],
-    ) -> Result<StageTimes> {
-        let m = &*self.model;
-        let Scratch {
-            bottom,
-            pooled,
-            inter_out,
-            inter,
-            top,
-        } = &mut self.scratch;
-        let threads = self.threads;
-        let pooler = &self.pooler;
-        let sharded = self.sharded.as_ref();
-        pooled.resize(batch * m.embeddings.total_dim(), 0.0);
-        let mut t = StageTimes::default();
-        let start = Instant::now();
-        pooler.install(|| -> Result<()> {
-            let par = if threads > 1 {
-                Par::rayon(threads)
-            } else {
-                Par::Seq
-            };
-            let t0 = Instant::now();
-            let x = if threads > 1 {
-                // The bottom MLP does not depend on the embeddings: one thread runs it (compute
-                // bound) while the others pool (memory bound), then joins the pooling. On the
-                // development machine the two "cores" share one core's FMA units, so splitting the
-                // GEMM over both gains little, and overlapping it with the gathers gains more.
-                let (pooled_res, (x, tb)) = rayon::join(
-                    || pool(pooler, sharded, &m.embeddings, valid, staged, pooled),
-                    || {
-                        let t1 = Instant::now();
-                        let x = m.bottom.forward(dense, batch, bottom, Par::Seq);
-                        (x, t1.elapsed())
-                    },
-                );
-                pooled_res?;
-                t.embedding = t0.elapsed();
-                t.bottom_mlp = tb;
-                t.bottom_overlapped = true;
-                x
-            } else {
-                pool(pooler, sharded, &m.embeddings, valid, staged, pooled)?;
-                t.embedding = t0.elapsed();
-                let t1 = Instant::now();
-                let x = m.bottom.forward(dense, batch, bottom, par);
-                t.bottom_mlp = t1.elapsed();
-                x
-            };
-
-            let t2 = Instant::now();
-            inter_out.resize(batch * m.config.top_in(), 0.0);
-            m.interaction
-                .forward(x, pooled, batch, inter_out, inter, par);
-            t.interaction = t2.elapsed();
-
-            let t3 = Instant::now();
-            let y = m.top.forward(inter_out, batch, top, par);
-            logits.copy_from_slice(y);
-            t.top_mlp = t3.elapsed();
-            Ok(())
-        })?;
-        t.wall = start.elapsed();
-        Ok(t)
-    }
-
-    /// [`Predictor::predict`] with the SSD tier's rows already staged for this batch.
-    pub fn predict_staged(
-        &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-        staged: Option<&StagedBatch>,
-        scores: &mut [f32],
-    ) -> Result<StageTimes> {
-        let t = self.logits_staged(dense, sparse, staged, scores)?;
-        scores.iter_mut().for_each(|v| *v = sigmoid(*v));
-        Ok(t)
-    }
-
-    /// Writes each sample's predicted probability (sigmoid of the logit) into `scores`.
-    pub fn predict(
-        &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-        scores: &mut [f32],
-    ) -> Result<StageTimes> {
-        let t = self.logits(dense, sparse, scores)?;
-        scores.iter_mut().for_each(|v| *v = sigmoid(*v));
-        Ok(t)
-    }
-}
-
-/// Something that scores batches of a model: the CPU [`Predictor`], or a predictor on another
-/// device (the CUDA backend's). The server runs one on its batching thread.
-pub trait Scorer: Send {
-    /// Writes each sample's probability into `scores` (one per sample of `sparse`).
-    fn score(
-        &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-        scores: &mut [f32],
-    ) -> std::result::Result<StageTimes, String>;
-
-    /// The device it runs on, for logs (`cpu`, `cuda:0 NVIDIA H100 ...`).
-    fn device(&self) -> String;
-}
-
-impl Scorer for Predictor {
-    fn score(
-        &mut self,
-        dense: &[f32],
-        sparse: &KeyedJagged,
-        scores: &mut [f32],
-    ) -> std::result::Result<StageTimes, String> {
-        self.predict(dense, sparse, scores)
-            .map_err(|e| e.to_string())
-    }
-
-    fn device(&self) -> String {
-        format!("cpu ({} threads)", self.threads)
-    }
-}
-
-/// Checks that `logits` has room for one score per sample.
-fn check_out(logits: &[f32], batch: usize) -> Result<()> {
-    if logits.len() != batch {
-        return Err(ModelError::Input(format!(
-            "output has room for {} scores, the batch has {batch} samples",
-            logits.len()
-        )));
-    }
-    Ok(())
-}
-
-fn pool(
-    pooler: &Pooler,
-    sharded: Option<&ShardedEmbeddings>,
-    coll: &EmbeddingCollection,
-    batch: ValidatedBatch<'_>,
-    staged: Option<&StagedBatch>,
-    out: &mut [f32],
-) -> ember_embed::Result<ember_embed::PoolStats> {
-    match (sharded, staged) {
-        (Some(s), _) => s.run(batch, out),
-        (None, Some(s)) => pooler.run_staged(coll, batch, s, out),
-        (None, None) => pooler.run(coll, batch, out),
-    }
-}
-
-/// The logistic function.
-#[inline]
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }

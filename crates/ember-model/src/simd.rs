@@ -28,6 +28,8 @@ type GramFn = unsafe fn(t: &[f32], n: usize, d: usize, z: &mut [f32], zs: usize,
 /// The kernels of one instruction set.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
+    /// The set these kernels were built for (tests check it).
+    #[cfg_attr(not(test), allow(dead_code))]
     isa: Isa,
     gemv: GemvFn,
     gram: Option<GramFn>,
@@ -75,6 +77,7 @@ impl Kernels {
         })
     }
 
+    #[cfg(test)]
     pub fn isa(&self) -> Isa {
         self.isa
     }
@@ -92,6 +95,7 @@ impl Kernels {
     }
 
     /// Whether this set has a Gram kernel ([`Kernels::gram`] returns `false` otherwise).
+    #[cfg(test)]
     pub fn has_gram(&self) -> bool {
         self.gram.is_some()
     }

@@ -188,7 +188,7 @@ pub fn write_synth(out: &mut impl Write, rows: u64, seed: u64) -> std::io::Resul
 mod tests {
     use super::*;
     use crate::criteo::{CriteoBatch, CriteoReader};
-    use crate::metrics::auc;
+    use crate::eval::auc;
 
     #[test]
     fn synth_rows_parse_and_the_teacher_is_learnable() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ember_embed::{DType, Ids, KeyedJagged};
-use ember_model::{LoadOptions, Model, ModelError, Predictor};
+use ember_model::{Engine, LoadOptions, Model, ModelError, Predictor};
 use safetensors::SafeTensors;
 
 struct Fixture {
@@ -72,10 +72,22 @@ fn run(name: &str, opts: LoadOptions, threads: usize) -> (Fixture, Vec<f32>, Vec
     let kj = fixture_batch(&model, &fx);
     let mut p = Predictor::new(model, threads).unwrap();
     let mut logits = vec![f32::NAN; batch];
-    p.logits(&fx.dense, &kj, &mut logits).unwrap();
+    logits_of(&mut p, &fx.dense, &kj, &mut logits).unwrap();
     let mut scores = vec![f32::NAN; batch];
-    p.predict(&fx.dense, &kj, &mut scores).unwrap();
+    p.score(&fx.dense, &kj, &mut scores).unwrap();
     (fx, logits, scores)
+}
+
+/// The logits of one batch: checked, prepared (tier rows staged) and run.
+fn logits_of(
+    p: &mut Predictor,
+    dense: &[f32],
+    kj: &KeyedJagged,
+    out: &mut [f32],
+) -> ember_model::Result<ember_model::StageTimes> {
+    let model = p.model().clone();
+    let prepared = model.prepare(model.batch(dense, kj)?)?;
+    p.logits(&prepared, out)
 }
 
 /// Largest `|got - want| / max(|want|, 1)`: relative error, measured against 1 for values near
@@ -194,11 +206,11 @@ fn bad_batches_are_refused_and_the_predictor_keeps_working() {
     // Out-of-range id.
     let mut ids = fx.ids.clone();
     ids[3] = 1 << 40;
-    let e = p.predict(&fx.dense, &kj(ids), &mut out).unwrap_err();
+    let e = p.score(&fx.dense, &kj(ids), &mut out).unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
     // Dense of the wrong width.
     let e = p
-        .predict(&fx.dense[1..], &kj(fx.ids.clone()), &mut out)
+        .score(&fx.dense[1..], &kj(fx.ids.clone()), &mut out)
         .unwrap_err();
     assert!(
         matches!(e, ModelError::Input(_)) && e.to_string().contains("not a multiple"),
@@ -207,22 +219,20 @@ fn bad_batches_are_refused_and_the_predictor_keeps_working() {
     // Non-finite dense value.
     let mut dense = fx.dense.clone();
     dense[7] = f32::NAN;
-    let e = p
-        .predict(&dense, &kj(fx.ids.clone()), &mut out)
-        .unwrap_err();
+    let e = p.score(&dense, &kj(fx.ids.clone()), &mut out).unwrap_err();
     assert!(e.to_string().contains("must be finite"), "{e}");
     // Wrong output length.
     let e = p
-        .predict(&fx.dense, &kj(fx.ids.clone()), &mut out[1..])
+        .score(&fx.dense, &kj(fx.ids.clone()), &mut out[1..])
         .unwrap_err();
     assert!(e.to_string().contains("room for"), "{e}");
     // Still serves the good batch.
-    p.predict(&fx.dense, &kj(fx.ids.clone()), &mut out).unwrap();
+    p.score(&fx.dense, &kj(fx.ids.clone()), &mut out).unwrap();
     assert!(max_rel(&out, &fx.scores) <= 1e-5);
     // Empty batch.
     let empty = KeyedJagged::from_lengths(names.clone(), 0, &[], Ids::I64(vec![]), None).unwrap();
     let mut none: [f32; 0] = [];
-    p.predict(&[], &empty, &mut none).unwrap();
+    p.score(&[], &empty, &mut none).unwrap();
 }
 
 #[test]
@@ -271,8 +281,8 @@ fn broken_model_directories_name_the_problem() {
 #[test]
 fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
     use ember_embed::Placement;
-    use ember_embed::tier::pipeline;
-    use ember_embed::tier::rowfile::write_row_file;
+    use ember_embed::storage::write_row_file;
+    use ember_model::run_ahead;
     use ember_model::weights::row_file_path;
     for name in ["dlrm_dot", "torchrec_dcn", "dlrm_dot_int8"] {
         let tmp =
@@ -330,7 +340,7 @@ fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
                 // Twice: cold cache, then warm.
                 for _ in 0..2 {
                     let mut got = vec![f32::NAN; batch];
-                    p.logits(&fx.dense, &kj, &mut got).unwrap();
+                    logits_of(&mut p, &fx.dense, &kj, &mut got).unwrap();
                     assert!(
                         got.iter()
                             .zip(&want)
@@ -343,16 +353,15 @@ fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
                     assert!(s.misses > 0 && s.hits > 0, "{s:?}");
                     // Pipelined: three copies of the batch staged one ahead.
                     let items = vec![&kj, &kj, &kj];
-                    pipeline(
-                        model.stager(),
-                        model.embeddings(),
+                    run_ahead(
                         1,
                         items,
-                        |k| *k,
-                        |k, staged| {
+                        |k| model.prepare(model.batch(&fx.dense, k).unwrap()),
+                        |prepared| {
+                            let prepared = prepared.unwrap();
+                            assert!(prepared.staged().is_some());
                             let mut got = vec![f32::NAN; batch];
-                            p.logits_staged(&fx.dense, k, Some(&staged.unwrap()), &mut got)
-                                .unwrap();
+                            p.logits(&prepared, &mut got).unwrap();
                             assert!(
                                 got.iter()
                                     .zip(&want)
@@ -360,6 +369,7 @@ fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
                             );
                             Ok::<(), ()>(())
                         },
+                        |d| model.record_stall(d),
                     )
                     .unwrap();
                 }
@@ -377,10 +387,8 @@ fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
         assert_eq!(model.embeddings().tables()[1].placement(), Placement::Dram);
         let kj = fixture_batch(&model, &fx);
         let mut got = vec![f32::NAN; batch];
-        Predictor::new(model.clone(), 1)
-            .unwrap()
-            .logits(&fx.dense, &kj, &mut got)
-            .unwrap();
+        let mut p = Predictor::new(model.clone(), 1).unwrap();
+        logits_of(&mut p, &fx.dense, &kj, &mut got).unwrap();
         assert!(
             got.iter()
                 .zip(&want)

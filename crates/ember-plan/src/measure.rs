@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use ember_embed::shard::DeviceShards;
 use ember_embed::{
-    Dedup, EmbeddingTable, Feature, KeyedJagged, PagePolicy, PoolOptions, Pooling, Shard,
+    CheckedBatch, Dedup, EmbeddingTable, Feature, KeyedJagged, PagePolicy, PoolOptions, Pooling,
+    Shard,
 };
 use rand::rngs::StdRng;
 
@@ -107,7 +108,7 @@ impl<'a> Bench<'a> {
     }
 
     /// One device set, ready to time: its collection and its part of every batch.
-    fn prepare(&mut self, shards: &[Shard]) -> Result<Option<(DeviceShards, Vec<KeyedJagged>)>> {
+    fn prepare(&mut self, shards: &[Shard]) -> Result<Option<(DeviceShards, Vec<CheckedBatch>)>> {
         if shards.is_empty() {
             return Ok(None);
         }

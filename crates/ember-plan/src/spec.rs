@@ -18,7 +18,7 @@ pub struct TableSpec {
     pub name: String,
     pub rows: u64,
     pub dim: u32,
-    #[serde(with = "ember_model::config::dtype_name", default = "f32")]
+    #[serde(default = "f32")]
     pub dtype: DType,
     /// Mean ids per sample (bag length).
     #[serde(default = "one")]

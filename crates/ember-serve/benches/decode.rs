@@ -9,7 +9,7 @@ use std::sync::Arc;
 use divan::{Bencher, black_box};
 use ember_model::{LoadOptions, Model};
 use ember_serve::ModelSpec;
-use ember_serve::kserve::{self, InferRequest};
+use ember_serve::kserve::json::{self as kserve, InferRequest};
 use serde_json::json;
 
 fn main() {
@@ -19,7 +19,7 @@ fn main() {
 fn spec() -> ModelSpec {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
     let m = Arc::new(Model::load(&dir, LoadOptions::default()).unwrap());
-    ModelSpec::of(&m, "default")
+    ModelSpec::of(m, "default")
 }
 
 fn body(spec: &ModelSpec, n: usize) -> Vec<u8> {
@@ -27,7 +27,7 @@ fn body(spec: &ModelSpec, n: usize) -> Vec<u8> {
         json!({"name": "dense", "shape": [n, 13], "datatype": "FP32",
         "data": (0..n * 13).map(|i| (i % 7) as f32 * 0.37).collect::<Vec<_>>()}),
     ];
-    for (f, &rows) in spec.features.iter().zip(&spec.rows) {
+    for (f, &rows) in spec.features().iter().zip(&spec.inputs.rows) {
         inputs.push(json!({"name": format!("{f}_lengths"), "shape": [n], "datatype": "INT64", "data": vec![1; n]}));
         inputs.push(
             json!({"name": format!("{f}_ids"), "shape": [n], "datatype": "INT64",
@@ -52,7 +52,7 @@ fn parse(bencher: Bencher, n: usize) {
 fn parse_fast(bencher: Bencher, n: usize) {
     let b = body(&spec(), n);
     bencher.bench_local(|| {
-        ember_serve::fastjson::parse_infer(black_box(&b))
+        ember_serve::kserve::fastjson::parse_infer(black_box(&b))
             .unwrap()
             .inputs
             .len()
@@ -64,8 +64,8 @@ fn parse_fast_and_check(bencher: Bencher, n: usize) {
     let s = spec();
     let b = body(&s, n);
     bencher.bench_local(|| {
-        let r = ember_serve::fastjson::parse_infer(black_box(&b)).unwrap();
-        kserve::decode(&s, &r).unwrap().n
+        let r = ember_serve::kserve::fastjson::parse_infer(black_box(&b)).unwrap();
+        kserve::decode(&s, &r).unwrap().len()
     });
 }
 
@@ -75,7 +75,7 @@ fn parse_and_check(bencher: Bencher, n: usize) {
     let b = body(&s, n);
     bencher.bench_local(|| {
         let r: InferRequest = serde_json::from_slice(black_box(&b)).unwrap();
-        kserve::decode(&s, &r).unwrap().n
+        kserve::decode(&s, &r).unwrap().len()
     });
 }
 

@@ -1,6 +1,8 @@
-//! The server's errors and the HTTP status each maps to.
+//! The server's errors, and the one place they become answers: an HTTP status with a JSON body,
+//! a gRPC status code, and the `status` label of `ember_requests_total`.
 
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 
 /// Why a request was not answered with scores.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -42,6 +44,18 @@ impl ServeError {
         }
     }
 
+    /// The gRPC status code of this error.
+    pub fn grpc_code(&self) -> tonic::Code {
+        match self {
+            ServeError::BadRequest(_) => tonic::Code::InvalidArgument,
+            ServeError::NotFound(_) => tonic::Code::NotFound,
+            ServeError::Overloaded(_) => tonic::Code::ResourceExhausted,
+            ServeError::DeadlineExceeded(_) => tonic::Code::DeadlineExceeded,
+            ServeError::ShuttingDown => tonic::Code::Unavailable,
+            ServeError::Internal(_) => tonic::Code::Internal,
+        }
+    }
+
     /// The label of the `status` dimension of `ember_requests_total`.
     pub fn label(&self) -> &'static str {
         match self {
@@ -55,5 +69,50 @@ impl ServeError {
     }
 }
 
+/// `{"error": "..."}` with the error's status.
+impl IntoResponse for ServeError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.to_string() });
+        (self.status(), axum::Json(body)).into_response()
+    }
+}
+
+impl From<ServeError> for tonic::Status {
+    fn from(e: ServeError) -> tonic::Status {
+        tonic::Status::new(e.grpc_code(), e.to_string())
+    }
+}
+
 /// `Result` with [`ServeError`].
 pub type Result<T> = std::result::Result<T, ServeError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_alike_over_http_and_grpc() {
+        let all = [
+            (ServeError::bad("x"), 400, tonic::Code::InvalidArgument),
+            (ServeError::NotFound("x".into()), 404, tonic::Code::NotFound),
+            (
+                ServeError::Overloaded(3),
+                503,
+                tonic::Code::ResourceExhausted,
+            ),
+            (
+                ServeError::DeadlineExceeded(5),
+                504,
+                tonic::Code::DeadlineExceeded,
+            ),
+            (ServeError::ShuttingDown, 503, tonic::Code::Unavailable),
+            (ServeError::Internal("x".into()), 500, tonic::Code::Internal),
+        ];
+        for (e, http, grpc) in all {
+            assert_eq!(e.status().as_u16(), http, "{e:?}");
+            let s = tonic::Status::from(e.clone());
+            assert_eq!((s.code(), s.message()), (grpc, e.to_string().as_str()));
+            assert_eq!(e.clone().into_response().status().as_u16(), http);
+        }
+    }
+}

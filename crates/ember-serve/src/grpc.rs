@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
@@ -23,9 +22,11 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::error::ServeError;
-use crate::http::App;
 use crate::kserve::{self, Tensor, count_error};
 use crate::metrics::Tracked;
+use crate::spec::ModelSpec;
+use crate::state::App;
+use ember_model::Samples;
 
 /// The messages, server and client generated from `proto/grpc_service.proto`.
 #[allow(missing_docs, missing_debug_implementations, clippy::all)]
@@ -108,20 +109,6 @@ impl<U: prost::Message + Default> Decoder for ProtoDecoder<U> {
     }
 }
 
-impl From<ServeError> for Status {
-    fn from(e: ServeError) -> Status {
-        let msg = e.to_string();
-        match e {
-            ServeError::BadRequest(_) => Status::invalid_argument(msg),
-            ServeError::NotFound(_) => Status::not_found(msg),
-            ServeError::Overloaded(_) => Status::resource_exhausted(msg),
-            ServeError::DeadlineExceeded(_) => Status::deadline_exceeded(msg),
-            ServeError::ShuttingDown => Status::unavailable(msg),
-            ServeError::Internal(_) => Status::internal(msg),
-        }
-    }
-}
-
 /// The gRPC service over the server's shared state.
 #[derive(Debug, Clone)]
 pub struct Grpc {
@@ -155,10 +142,6 @@ fn size_error(mut r: axum::response::Response, limit: usize) -> axum::response::
         }
     }
     r
-}
-
-fn check_model(app: &App, name: &str, version: &str) -> Result<(), ServeError> {
-    kserve::check_model(&app.spec, name, version)
 }
 
 /// The `grpc-timeout` header (the caller's deadline), in microseconds.
@@ -258,10 +241,7 @@ impl Tensor for GrpcTensor<'_> {
 }
 
 /// Decodes a `ModelInferRequest` into checked samples.
-pub fn decode(
-    spec: &crate::ModelSpec,
-    req: &pb::ModelInferRequest,
-) -> Result<crate::Samples, ServeError> {
+pub fn decode(spec: &ModelSpec, req: &pb::ModelInferRequest) -> Result<Samples, ServeError> {
     kserve::check_outputs(req.outputs.iter().map(|o| o.name.as_str()))?;
     let raw = &req.raw_input_contents;
     if !raw.is_empty() {
@@ -323,13 +303,13 @@ impl Grpc {
         req: pb::ModelInferRequest,
     ) -> Result<pb::ModelInferResponse, ServeError> {
         let app = &self.app;
-        check_model(app, &req.model_name, &req.model_version)?;
+        app.check_model(&req.model_name, &req.model_version)?;
         let timeout = match (grpc_timeout_us(md)?, parameter_timeout_us(&req.parameters)?) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let samples = decode(&app.spec, &req)?;
-        let n = samples.n;
+        let n = samples.len();
         let scored = app.batcher.submit(samples, timeout).await?;
         let mut raw = bytes::BytesMut::with_capacity(4 * n);
         for s in &scored.scores {
@@ -365,7 +345,7 @@ impl GrpcInferenceService for Grpc {
         &self,
         _: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
-        let ready = self.app.ready.load(Ordering::Relaxed);
+        let ready = self.app.is_ready();
         Ok(Response::new(pb::ServerReadyResponse { ready }))
     }
 
@@ -374,8 +354,8 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = req.get_ref();
-        check_model(&self.app, &r.name, &r.version)?;
-        let ready = self.app.ready.load(Ordering::Relaxed);
+        self.app.check_model(&r.name, &r.version)?;
+        let ready = self.app.is_ready();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -395,7 +375,7 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = req.get_ref();
-        check_model(&self.app, &r.name, &r.version)?;
+        self.app.check_model(&r.name, &r.version)?;
         let meta = kserve::metadata(&self.app.spec);
         Ok(Response::new(pb::ModelMetadataResponse {
             name: meta.name,

@@ -1,8 +1,5 @@
 //! The HTTP front end: KServe v2 routes, `/v1/score`, `/metrics`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -12,21 +9,12 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::batcher::Batcher;
 use crate::error::{Result, ServeError};
-use crate::kserve::{self, InferRequest, InferResponse, OutputTensor};
+use crate::kserve::json::{InferRequest, InferResponse, OutputTensor};
+use crate::kserve::{self, fastjson, json as kjson};
 use crate::metrics::{self as m, Tracked};
-use crate::samples::ModelSpec;
-use crate::score;
-
-/// What the handlers share.
-#[derive(Debug, Clone)]
-pub struct App {
-    pub spec: Arc<ModelSpec>,
-    pub batcher: Arc<Batcher>,
-    pub ready: Arc<AtomicBool>,
-    pub max_body_bytes: usize,
-}
+use crate::state::App;
+use crate::v1;
 
 /// The server's routes.
 pub fn router(app: App) -> Router {
@@ -49,17 +37,10 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-fn error_response(e: &ServeError) -> Response {
-    (e.status(), axum::Json(json!({ "error": e.to_string() }))).into_response()
-}
-
 /// Counts the request, times it, and turns errors into JSON bodies.
 fn finish(t: Tracked, r: Result<Response>) -> Response {
     t.finish(r.as_ref().err());
-    match r {
-        Ok(resp) => resp,
-        Err(e) => error_response(&e),
-    }
+    r.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes> {
@@ -76,7 +57,7 @@ async fn live() -> Response {
 }
 
 async fn ready(State(app): State<App>) -> Response {
-    let r = app.ready.load(Ordering::Relaxed);
+    let r = app.is_ready();
     let code = if r {
         StatusCode::OK
     } else {
@@ -94,24 +75,17 @@ async fn server_metadata() -> Response {
     .into_response()
 }
 
-fn check_model(app: &App, name: &str) -> Result<()> {
-    kserve::check_model(&app.spec, name, "")
-}
-
 async fn model_metadata(State(app): State<App>, Path(name): Path<String>) -> Response {
-    match check_model(&app, &name) {
+    match app.check_model(&name, "") {
         Ok(()) => axum::Json(kserve::metadata(&app.spec)).into_response(),
-        Err(e) => error_response(&e),
+        Err(e) => e.into_response(),
     }
 }
 
 async fn model_ready(State(app): State<App>, Path(name): Path<String>) -> Response {
-    match check_model(&app, &name) {
-        Ok(()) => {
-            let r = app.ready.load(Ordering::Relaxed);
-            axum::Json(json!({ "name": name, "ready": r })).into_response()
-        }
-        Err(e) => error_response(&e),
+    match app.check_model(&name, "") {
+        Ok(()) => axum::Json(json!({ "name": name, "ready": app.is_ready() })).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -148,7 +122,7 @@ async fn run_infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    kserve::check_model(&app.spec, name, version.unwrap_or(""))?;
+    app.check_model(name, version.unwrap_or(""))?;
     let bytes = read_body(body, app.max_body_bytes).await?;
     let json_len = match headers.get(JSON_LENGTH) {
         None => bytes.len(),
@@ -166,15 +140,15 @@ async fn run_infer(
             })?,
     };
     let (json_part, binary) = bytes.split_at(json_len);
-    let req: InferRequest = match crate::fastjson::parse_infer(json_part) {
+    let req: InferRequest = match fastjson::parse_infer(json_part) {
         Some(r) => r,
         None => serde_json::from_slice(json_part)
             .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?,
     };
-    let timeout = kserve::timeout_us(&req)?;
-    let samples = kserve::decode_with_binary(&app.spec, &req, binary)?;
-    let n = samples.n;
-    let binary_out = kserve::binary_output(&req);
+    let timeout = kjson::timeout_us(&req)?;
+    let samples = kjson::decode_with_binary(&app.spec, &req, binary)?;
+    let n = samples.len();
+    let binary_out = kjson::binary_output(&req);
     let scored = app.batcher.submit(samples, timeout).await?;
     let mut resp = InferResponse {
         model_name: app.spec.name.clone(),
@@ -235,9 +209,9 @@ async fn score_route(
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         let samples = if json {
-            score::decode_json(&app.spec, &bytes)?
+            v1::decode_json(&app.spec, &bytes)?
         } else {
-            score::decode_tsv(&app.spec, &bytes, q.labels.unwrap_or(true))?
+            v1::decode_tsv(&app.spec, &bytes, q.labels.unwrap_or(true))?
         };
         let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
         let scored = app.batcher.submit(samples, timeout).await?;
@@ -265,9 +239,10 @@ async fn metrics_page() -> Response {
 }
 
 async fn not_found() -> Response {
-    error_response(&ServeError::NotFound(
+    ServeError::NotFound(
         "no such route: see GET /v2/models/<name> for the model's inputs; routes are /v2/..., \
          /v1/score and /metrics"
             .into(),
-    ))
+    )
+    .into_response()
 }

@@ -1,6 +1,22 @@
 //! Ember's inference server: the KServe v2 (Triton) inference protocol over HTTP and gRPC, a
 //! `/v1/score` route for TSV or JSON samples, dynamic batching in front of one
-//! [`ember_model::Predictor`], Prometheus metrics, and a graceful stop.
+//! [`ember_model::Engine`] (the CPU [`ember_model::Predictor`], or a GPU's), Prometheus metrics,
+//! and a graceful stop.
+//!
+//! | file | what |
+//! |---|---|
+//! | `http.rs` | the HTTP routes (KServe v2, `/v1/score`, `/metrics`) |
+//! | `grpc.rs` | KServe v2 / Triton's `GRPCInferenceService` |
+//! | `kserve/` | the protocol core (`mod.rs`), its JSON form (`json.rs`) and fast path (`fastjson.rs`) |
+//! | `v1.rs` | `/v1/score`'s TSV and JSON decoders |
+//! | `spec.rs` | what a request must match, and its one check against the model |
+//! | `batcher.rs` | the queue and the batching loop: form -> prepare -> run -> answer |
+//! | `state.rs` | what the handlers share |
+//! | `error.rs` | errors, and their HTTP / gRPC statuses and metric labels |
+//! | `metrics.rs` | Prometheus names and the request tracker |
+//!
+//! It sees the model only through `ember-model`'s seam: [`ember_model::Model::check_samples`],
+//! [`ember_model::Model::merge`], [`ember_model::Model::prepare`] and [`ember_model::Engine`].
 //!
 //! ```no_run
 //! # async fn run(model: std::sync::Arc<ember_model::Model>) -> std::io::Result<()> {
@@ -12,26 +28,27 @@
 //! # }
 //! ```
 
-pub mod batcher;
-pub mod error;
-pub mod fastjson;
+mod batcher;
+mod error;
 pub mod grpc;
-pub mod http;
+mod http;
 pub mod kserve;
 pub mod metrics;
-pub mod samples;
-pub mod score;
+mod spec;
+mod state;
+pub mod v1;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ember_model::{Model, Predictor};
+use ember_model::{Engine, Model, Predictor};
 use tokio::sync::watch;
 
-pub use batcher::{BatchConfig, Batcher, Engine};
+pub use batcher::{BatchConfig, Batcher, Reply};
 pub use error::ServeError;
-pub use samples::{ModelSpec, Samples};
+pub use spec::ModelSpec;
+pub use state::App;
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -94,21 +111,22 @@ fn serve(
 }
 
 impl Server {
-    /// Binds the listeners and starts serving `model` (call inside a tokio runtime).
+    /// Binds the listeners and starts serving `model` on the CPU with `cfg.threads` threads
+    /// (call inside a tokio runtime).
     pub async fn start(model: Arc<Model>, cfg: ServeConfig) -> std::io::Result<Server> {
-        let predictor = Predictor::new(model.clone(), cfg.threads.max(1))
+        let predictor = Predictor::new(model, cfg.threads.max(1))
             .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
-        Self::start_engine(model, Engine::Cpu(Box::new(predictor)), cfg).await
+        Self::start_engine(Box::new(predictor), cfg).await
     }
 
-    /// [`Server::start`] with the batches scored by `engine` (e.g. a GPU predictor of `model`).
+    /// [`Server::start`] with the batches run by `engine` (a CPU predictor with a sharding plan,
+    /// a GPU predictor).
     pub async fn start_engine(
-        model: Arc<Model>,
-        engine: Engine,
+        engine: Box<dyn Engine>,
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
         metrics::handle();
-        let spec = Arc::new(ModelSpec::of(&model, &cfg.model_name));
+        let spec = Arc::new(ModelSpec::of(engine.model().clone(), &cfg.model_name));
         let listener = tokio::net::TcpListener::bind(cfg.http).await?;
         let addr = listener.local_addr()?;
         let grpc_listener = match cfg.grpc {
@@ -116,9 +134,9 @@ impl Server {
             None => None,
         };
         let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-        let batcher = Arc::new(Batcher::start_engine(engine, spec.clone(), cfg.batch));
+        let batcher = Arc::new(Batcher::start(engine, cfg.batch));
         let ready = Arc::new(AtomicBool::new(true));
-        let app = http::App {
+        let app = App {
             spec,
             batcher: batcher.clone(),
             ready: ready.clone(),

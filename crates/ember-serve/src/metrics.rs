@@ -113,7 +113,8 @@ fn describe() {
 }
 
 /// Publishes the SSD tier's counters (nothing when no table is on the tier).
-pub fn record_tier(stager: &ember_embed::Stager) {
+pub fn record_tier(model: &ember_model::Model) {
+    let stager = model.stager();
     if !stager.is_active() {
         return;
     }

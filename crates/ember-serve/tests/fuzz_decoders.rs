@@ -7,8 +7,9 @@ use ember_model::{LoadOptions, Model};
 use ember_serve::grpc::pb::model_infer_request::InferInputTensor;
 use ember_serve::grpc::pb::{self, InferTensorContents};
 use ember_serve::grpc::{self, raw_bytes};
-use ember_serve::kserve::{self, InferRequest};
-use ember_serve::{ModelSpec, fastjson, score};
+use ember_serve::kserve::fastjson;
+use ember_serve::kserve::json::{self as kserve, InferRequest};
+use ember_serve::{ModelSpec, v1 as score};
 use proptest::prelude::*;
 use prost::Message;
 use serde_json::{Value, json};
@@ -18,7 +19,7 @@ fn spec() -> &'static ModelSpec {
     S.get_or_init(|| {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
         let m = Arc::new(Model::load(&dir, LoadOptions::default()).unwrap());
-        ModelSpec::of(&m, "default")
+        ModelSpec::of(m, "default")
     })
 }
 
@@ -64,7 +65,7 @@ fn near_request() -> impl Strategy<Value = Value> {
     let names: Vec<String> = std::iter::once("dense".to_string())
         .chain(
             spec()
-                .features
+                .features()
                 .iter()
                 .flat_map(|f| [format!("{f}_lengths"), format!("{f}_ids")]),
         )
@@ -91,7 +92,7 @@ fn input_names() -> Vec<String> {
     std::iter::once("dense".to_string())
         .chain(
             spec()
-                .features
+                .features()
                 .iter()
                 .flat_map(|f| [format!("{f}_lengths"), format!("{f}_ids")]),
         )
@@ -174,16 +175,16 @@ type Valid = (usize, Vec<f32>, Vec<Vec<i64>>, Vec<Vec<i64>>);
 
 fn valid_request() -> impl Strategy<Value = Valid> {
     (0usize..5).prop_flat_map(|n| {
-        let nf = spec().features.len();
+        let nf = spec().features().len();
         (
             Just(n),
-            prop::collection::vec(-1e3f32..1e3, n * spec().dense_in),
+            prop::collection::vec(-1e3f32..1e3, n * spec().dense_in()),
             prop::collection::vec(prop::collection::vec(0i64..4, n), nf),
         )
             .prop_flat_map(|(n, dense, lengths)| {
                 let ids: Vec<_> = lengths
                     .iter()
-                    .zip(&spec().rows)
+                    .zip(&spec().inputs.rows)
                     .map(|(l, &rows)| {
                         prop::collection::vec(0..rows as i64, l.iter().sum::<i64>() as usize)
                     })
@@ -300,8 +301,8 @@ proptest! {
     fn json_and_both_grpc_forms_decode_alike((n, dense, lengths, ids) in valid_request(), int32: bool) {
         let itype = if int32 { "INT32" } else { "INT64" };
         let names = input_names();
-        let mut json_inputs = vec![json!({"name": "dense", "shape": [n, spec().dense_in], "datatype": "FP32", "data": dense})];
-        let mut tensors = vec![(names[0].clone(), "FP32", vec![n as i64, spec().dense_in as i64])];
+        let mut json_inputs = vec![json!({"name": "dense", "shape": [n, spec().dense_in()], "datatype": "FP32", "data": dense})];
+        let mut tensors = vec![(names[0].clone(), "FP32", vec![n as i64, spec().dense_in() as i64])];
         let mut contents = vec![InferTensorContents { fp32_contents: dense.clone(), ..Default::default() }];
         let mut raw = vec![raw_bytes(&dense, f32::to_le_bytes)];
         let ints = |v: &[i64]| -> (InferTensorContents, bytes::Bytes) {
@@ -356,8 +357,8 @@ proptest! {
         let head = head.to_string();
         let req: InferRequest = serde_json::from_str(&head).unwrap();
         prop_assert_eq!(&kserve::decode_with_binary(spec(), &req, &bin).unwrap(), &from_json);
-        prop_assert_eq!(from_json.n, n);
-        prop_assert_eq!(&from_json.dense, &dense);
+        prop_assert_eq!(from_json.len(), n);
+        prop_assert_eq!(from_json.dense(), &dense[..]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use ember_model::criteo::{self, CriteoBatch};
-use ember_model::{Model, Predictor};
+use ember_model::{Engine, Model, Predictor};
 use serde_json::{Value, json};
 
 fn body(m: &Model, r: &Req, nested: bool) -> Value {
@@ -262,7 +262,7 @@ async fn score_route_reads_tsv_and_json() {
     let mut want = vec![0.0; batch.len()];
     Predictor::new(m.clone(), 1)
         .unwrap()
-        .predict(&batch.dense, &kj, &mut want)
+        .score(&batch.dense, &kj, &mut want)
         .unwrap();
 
     let r = c

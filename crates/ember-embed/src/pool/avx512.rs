@@ -3,8 +3,9 @@
 //! `prefetch` ids ahead. Checked against `reference.rs` by `tests/pool_props.rs`.
 #![cfg(target_arch = "x86_64")]
 
-use super::{Index, Segment};
+use super::Segment;
 use crate::dtype::DType;
+use crate::jagged::RowIndex;
 use crate::prefetch::RowPrefetch;
 use std::arch::x86_64::*;
 
@@ -16,7 +17,7 @@ const MAX_REGS: usize = 8;
 /// # Safety
 /// The CPU must have AVX-512 F/BW/VL, FMA and F16C; every id of `s` must be a row of `s.rows`;
 /// `s.out` must point at `nbags` writable rows of `dim` floats that nothing else accesses.
-pub(crate) unsafe fn pool_segment<I: Index>(s: &Segment<'_, I>) {
+pub(crate) unsafe fn pool_segment<I: RowIndex>(s: &Segment<'_, I>) {
     // SAFETY: forwarded from this function's contract.
     unsafe {
         match s.dtype {
@@ -30,7 +31,7 @@ pub(crate) unsafe fn pool_segment<I: Index>(s: &Segment<'_, I>) {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn run<F: Fmt, I: Index>(s: &Segment<'_, I>) {
+unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
     let mut d0 = 0;
     while d0 < s.dim {
         let w = (s.dim - d0).min(LANES * MAX_REGS);
@@ -53,7 +54,7 @@ unsafe fn run<F: Fmt, I: Index>(s: &Segment<'_, I>) {
 
 /// Elements `d0 .. d0 + w` of every bag, with `N = ceil(w / 16)` accumulators.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn block<F: Fmt, I: Index, const N: usize>(s: &Segment<'_, I>, d0: usize, w: usize) {
+unsafe fn block<F: Fmt, I: RowIndex, const N: usize>(s: &Segment<'_, I>, d0: usize, w: usize) {
     let mut masks = [u16::MAX; N];
     if !w.is_multiple_of(LANES) {
         masks[N - 1] = (1u16 << (w % LANES)) - 1;

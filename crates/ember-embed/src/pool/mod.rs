@@ -18,19 +18,16 @@ pub mod reference;
 mod auto;
 mod avx2;
 mod avx512;
-pub(crate) mod dedup;
-mod isa;
 mod scalar;
 
-pub use isa::Isa;
-
 use crate::collection::{EmbeddingCollection, ValidatedBatch};
+use crate::dedup::DedupScratch;
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
-use crate::jagged::{Ids, KeyedJagged};
+use crate::isa::Isa;
+use crate::jagged::{Ids, KeyedJagged, RowIndex};
 use crate::tier::StagedBatch;
 use auto::AutoDedup;
-use dedup::DedupScratch;
 use rayon::prelude::*;
 use std::fmt;
 use std::str::FromStr;
@@ -274,6 +271,7 @@ impl Pooler {
         staged: Option<&StagedBatch>,
         out: &mut [f32],
     ) -> Result<PoolStats> {
+        coll.check_own(batch)?;
         let kj = batch.get();
         check_call(coll, kj, self.opts.pooling, out)?;
         // Every feature reads either resident rows or rows staged for exactly this batch shape.
@@ -319,7 +317,7 @@ impl Pooler {
 
     /// Pools one unit and returns what it did.
     #[allow(clippy::too_many_arguments)]
-    fn run_unit<I: Index>(
+    fn run_unit<I: RowIndex>(
         &self,
         coll: &EmbeddingCollection,
         kj: &KeyedJagged,
@@ -403,7 +401,7 @@ impl Pooler {
         stats
     }
 
-    fn kernel<I: Index>(&self, seg: &Segment<'_, I>) {
+    fn kernel<I: RowIndex>(&self, seg: &Segment<'_, I>) {
         debug_assert!(
             seg.ids
                 .iter()
@@ -480,26 +478,6 @@ fn plan_units(features: usize, batch: usize, threads: usize) -> Vec<Unit> {
         }
     }
     units
-}
-
-/// A row id as the kernels read it.
-pub(crate) trait Index: Copy + Send + Sync + 'static {
-    /// The row. Only called on validated ids (0 <= id < rows).
-    fn idx(self) -> usize;
-}
-
-impl Index for u32 {
-    #[inline(always)]
-    fn idx(self) -> usize {
-        self as usize
-    }
-}
-
-impl Index for i64 {
-    #[inline(always)]
-    fn idx(self) -> usize {
-        self as usize
-    }
 }
 
 /// The output pointer shared by the units of one call.

@@ -1,13 +1,14 @@
 //! Portable scalar kernel: the fallback on CPUs without AVX2. Same algorithm as the SIMD kernels
 //! (quantized rows accumulate `w * scale * code` and add `sum(w * bias)` once per bag).
 
-use super::{Index, Segment};
+use super::Segment;
 use crate::dtype::DType;
+use crate::jagged::RowIndex;
 use crate::quant::{int4_scale_bias, int8_scale_bias};
 use half::{bf16, f16};
 
 /// Pools every bag of `s`.
-pub(crate) fn pool_segment<I: Index>(s: &Segment<'_, I>) {
+pub(crate) fn pool_segment<I: RowIndex>(s: &Segment<'_, I>) {
     let dim = s.dim;
     for bag in 0..s.nbags() {
         let (lo, hi) = s.bag(bag);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ember_embed::{Ids, KeyedJagged};
+use ember_model::{Engine, Ids, KeyedJagged};
 use ember_model::{LoadOptions, Model, Predictor};
 use ember_serve::{BatchConfig, ServeConfig, Server};
 
@@ -76,7 +76,7 @@ pub fn direct(m: &Arc<Model>, r: &Req) -> Vec<f32> {
     let kj =
         KeyedJagged::from_lengths(m.feature_names(), r.n, &lengths, Ids::I64(ids), None).unwrap();
     let mut out = vec![0.0; r.n];
-    p.predict(&r.dense, &kj, &mut out).unwrap();
+    p.score(&r.dense, &kj, &mut out).unwrap();
     out
 }
 

@@ -14,7 +14,7 @@ use std::ops::Range;
 use serde_json::Value;
 use smallvec::SmallVec;
 
-use crate::kserve::{
+use super::json::{
     InferInput, InferRequest, InputParams, Num, OutputParams, RequestParams, RequestedOutput,
 };
 

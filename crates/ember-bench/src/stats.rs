@@ -15,6 +15,15 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The `p`-th percentile of `sorted` (ascending), nearest rank; NaN when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
 /// Bytes as a short human string (GiB / MiB).
 pub fn human_bytes(b: usize) -> String {
     let b = b as f64;
@@ -42,6 +51,12 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 51.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert!(percentile(&[], 50.0).is_nan());
         assert_eq!(human_bytes(3 << 30), "3.00 GiB");
         assert_eq!(human_bytes(5 << 20), "5.0 MiB");
     }

@@ -3,12 +3,46 @@
 //! bags, no decoding and no output. Benchmarks report Ember as a fraction of it, so users see how
 //! close the kernels come to what the machine's memory system allows.
 
-use crate::collection::EmbeddingCollection;
-use crate::error::{EmbedError, Result};
-use crate::jagged::{Ids, KeyedJagged};
-use crate::pool::{Index, Isa};
-use crate::prefetch::prefetch_span;
+use ember_embed::{EmbedError, EmbeddingCollection, Ids, Isa, KeyedJagged, Result};
 use rayon::prelude::*;
+
+/// A row id as the loop reads it (u32 or i64, validated).
+trait RowIndex: Copy + Send + Sync {
+    fn idx(self) -> usize;
+}
+
+impl RowIndex for u32 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+impl RowIndex for i64 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
+    }
+}
+
+/// Asks the CPU to bring the cache lines of `[p, p + len)` into L1, as the kernels do. Never
+/// faults, whatever `p`.
+#[inline(always)]
+fn prefetch_span(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let mut a = p as usize & !63;
+        let last = (p as usize).wrapping_add(len.max(1) - 1);
+        while a <= last {
+            // SAFETY: prefetch is a hint; it does not fault on any address (Intel SDM, PREFETCHh).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(a as *const i8) };
+            a += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
 
 /// Runs the ceiling loop on a fixed number of threads.
 #[derive(Debug)]
@@ -68,7 +102,7 @@ impl Ceiling {
         }
     }
 
-    fn gather<I: Index>(&self, rows: &[u8], stride: usize, ids: &[I]) -> u64 {
+    fn gather<I: RowIndex>(&self, rows: &[u8], stride: usize, ids: &[I]) -> u64 {
         assert!(
             ids.iter().all(|i| (i.idx() + 1) * stride <= rows.len()),
             "ceiling ids must be validated"
@@ -82,7 +116,7 @@ impl Ceiling {
     }
 }
 
-fn gather_portable<I: Index>(rows: &[u8], stride: usize, ids: &[I], pf: usize) -> u64 {
+fn gather_portable<I: RowIndex>(rows: &[u8], stride: usize, ids: &[I], pf: usize) -> u64 {
     let mut sum = 0u64;
     for (j, id) in ids.iter().enumerate() {
         if pf > 0 && j + pf < ids.len() {
@@ -107,7 +141,7 @@ fn gather_portable<I: Index>(rows: &[u8], stride: usize, ids: &[I], pf: usize) -
 /// AVX-512 F/BW must be available and every id must be a row of `rows`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn gather_avx512<I: Index>(rows: &[u8], stride: usize, ids: &[I], pf: usize) -> u64 {
+unsafe fn gather_avx512<I: RowIndex>(rows: &[u8], stride: usize, ids: &[I], pf: usize) -> u64 {
     use std::arch::x86_64::*;
     let base = rows.as_ptr();
     let mut acc = _mm512_setzero_si512();
@@ -142,7 +176,7 @@ unsafe fn gather_avx512<I: Index>(rows: &[u8], stride: usize, ids: &[I], pf: usi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DType, EmbeddingTable, KeyedJagged};
+    use ember_embed::{DType, EmbeddingTable};
 
     #[test]
     fn every_isa_sums_the_same_bytes() {

@@ -4,7 +4,7 @@
 //! An open-addressing hash table with generation stamps (so it is never cleared between uses)
 //! maps each id to its slot among the distinct ids, in first-seen order.
 
-use super::Index;
+use crate::jagged::RowIndex;
 use crate::prefetch::prefetch_span;
 
 /// Units smaller than this are never deduplicated by `auto`.
@@ -87,7 +87,7 @@ impl DedupScratch {
     }
 
     /// Fills `uniq` and `inverse` for `ids` (each `< u32::MAX`); returns the number of distinct ids.
-    pub(crate) fn build<I: Index>(&mut self, ids: &[I]) -> usize {
+    pub(crate) fn build<I: RowIndex>(&mut self, ids: &[I]) -> usize {
         let mask = self.prepare(ids.len());
         self.uniq.clear();
         self.inverse.clear();
@@ -122,7 +122,7 @@ impl DedupScratch {
 
     /// `auto`'s first filter: does an evenly strided sample of `ids` show any real reuse? (Without
     /// reuse dedup cannot pay; with it, `AutoDedup` measures whether it does.)
-    pub(crate) fn shows_reuse<I: Index>(&mut self, ids: &[I]) -> bool {
+    pub(crate) fn shows_reuse<I: RowIndex>(&mut self, ids: &[I]) -> bool {
         let n = ids.len();
         if n < AUTO_MIN_IDS {
             return false;

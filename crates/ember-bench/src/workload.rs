@@ -1,4 +1,4 @@
-//! Synthetic and replayed id streams for benchmarks, and deterministic table contents.
+//! Synthetic and replayed id streams for benchmarks.
 //!
 //! - `uniform`: ids uniform over the table's rows.
 //! - `zipf:ALPHA`: Zipf-distributed ranks (rank 1 hottest), scattered over the rows by a fixed
@@ -7,8 +7,8 @@
 //!   `>= rows` are dropped, the stream wraps at the end, and feature `f` of `F` starts reading at
 //!   position `f * len / F`.
 
-use crate::error::{EmbedError, Result};
-use crate::jagged::{Ids, KeyedJagged};
+use ember_embed::trace::load_trace;
+use ember_embed::{EmbedError, Ids, KeyedJagged, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -61,32 +61,6 @@ impl FromStr for IdSource {
             ids: Arc::new(load_trace(Path::new(s))?),
         })
     }
-}
-
-/// Reads a trace: one non-negative integer id per line (blank lines ignored).
-pub fn load_trace(path: &Path) -> Result<Vec<u64>> {
-    let err = |reason: String| EmbedError::Trace {
-        path: path.display().to_string(),
-        reason,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let mut ids = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if t.is_empty() {
-            continue;
-        }
-        ids.push(t.parse::<u64>().map_err(|_| {
-            err(format!(
-                "line {}: '{t}' is not a non-negative integer id",
-                n + 1
-            ))
-        })?);
-    }
-    if ids.is_empty() {
-        return Err(err("no ids".into()));
-    }
-    Ok(ids)
 }
 
 /// Shape of a benchmark workload: `rows[f]` is the row count of feature `f`'s table.
@@ -222,24 +196,6 @@ pub fn unique_ratio(batches: &[KeyedJagged]) -> f64 {
     }
 }
 
-/// Deterministic contents of row `row` of table `table`: uniform in [-1, 1), from `seed`.
-/// Benchmarks fill tables with it and regenerate rows to check results without keeping an f32
-/// copy of quantized tables.
-pub fn seeded_row(seed: u64, table: usize, row: usize, out: &mut [f32]) {
-    let mut x = seed
-        ^ (table as u64).wrapping_mul(0xD1B5_4A32_D192_ED03)
-        ^ (row as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for v in out.iter_mut() {
-        // SplitMix64.
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        *v = (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,23 +287,6 @@ mod tests {
                 .contains("not a number")
         );
         assert!("zipf:-1".parse::<IdSource>().is_err());
-        let dir = std::env::temp_dir().join(format!("ember-trace-{}", std::process::id()));
-        std::fs::write(&dir, "1\n2\n\nx3\n").unwrap();
-        let e = load_trace(&dir).unwrap_err().to_string();
-        assert!(e.contains("line 4") && e.contains("x3"), "{e}");
-        std::fs::remove_file(&dir).ok();
         assert!("/nonexistent/trace".parse::<IdSource>().is_err());
-    }
-
-    #[test]
-    fn seeded_rows_are_deterministic_and_spread() {
-        let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
-        seeded_row(5, 1, 2, &mut a);
-        seeded_row(5, 1, 2, &mut b);
-        assert_eq!(a, b);
-        seeded_row(5, 1, 3, &mut b);
-        assert_ne!(a, b);
-        assert!(a.iter().all(|x| (-1.0..1.0).contains(x)));
-        assert!(a.iter().any(|&x| x < -0.5) && a.iter().any(|&x| x > 0.5));
     }
 }

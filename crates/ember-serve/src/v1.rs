@@ -17,7 +17,8 @@ use ember_model::criteo::{self, CriteoBatch};
 use serde::Deserialize;
 
 use crate::error::{Result, ServeError};
-use crate::samples::{ModelSpec, Samples};
+use crate::spec::ModelSpec;
+use ember_model::Samples;
 
 /// One JSON sample.
 #[derive(Debug, Deserialize)]
@@ -55,27 +56,27 @@ pub fn decode_json(spec: &ModelSpec, body: &[u8]) -> Result<Samples> {
         }
     };
     let n = samples.len();
-    let nf = spec.features.len();
-    let mut dense = Vec::with_capacity(n * spec.dense_in);
+    let nf = spec.features().len();
+    let mut dense = Vec::with_capacity(n * spec.dense_in());
     for (s, x) in samples.iter().enumerate() {
-        if x.dense.len() != spec.dense_in {
+        if x.dense.len() != spec.dense_in() {
             return Err(ServeError::bad(format!(
                 "sample {s}: 'dense' has {} values; the model takes {}",
                 x.dense.len(),
-                spec.dense_in
+                spec.dense_in()
             )));
         }
-        if let Some(f) = x.sparse.keys().find(|k| !spec.features.contains(k)) {
+        if let Some(f) = x.sparse.keys().find(|k| !spec.features().contains(k)) {
             return Err(ServeError::bad(format!(
                 "sample {s}: unknown sparse feature '{f}' (the model's are {})",
-                spec.features.join(", ")
+                spec.features().join(", ")
             )));
         }
         dense.extend(x.dense.iter().map(|&v| v as f32));
     }
     let mut lengths = Vec::with_capacity(n * nf);
     let mut ids = Vec::new();
-    for f in &spec.features {
+    for f in spec.features() {
         for (s, x) in samples.iter().enumerate() {
             let bag = x.sparse.get(f).ok_or_else(|| {
                 ServeError::bad(format!(
@@ -86,20 +87,20 @@ pub fn decode_json(spec: &ModelSpec, body: &[u8]) -> Result<Samples> {
             ids.extend_from_slice(bag);
         }
     }
-    Samples::new(spec, n, dense, lengths, ids)
+    spec.check(n, dense, lengths, ids)
 }
 
 /// Decodes Criteo TSV lines (`labels`: whether each line starts with the label column).
 pub fn decode_tsv(spec: &ModelSpec, body: &[u8], labels: bool) -> Result<Samples> {
-    if !spec.is_criteo() {
+    if !spec.inputs.is_criteo() {
         return Err(ServeError::bad(format!(
             "TSV input needs a Criteo-shaped model ({} dense, {} sparse features); model '{}' \
              has {} and {}: send JSON instead",
             criteo::DENSE,
             criteo::SPARSE,
             spec.name,
-            spec.dense_in,
-            spec.features.len()
+            spec.dense_in(),
+            spec.features().len()
         )));
     }
     let text = std::str::from_utf8(body)
@@ -143,8 +144,8 @@ pub fn decode_tsv(spec: &ModelSpec, body: &[u8], labels: bool) -> Result<Samples
     }
     let n = batch.len();
     let kj = batch
-        .sparse(&spec.features, &spec.rows)
+        .sparse(spec.features(), &spec.inputs.rows)
         .map_err(|e| ServeError::bad(e.to_string()))?;
     let ids: Vec<i64> = (0..kj.num_ids()).map(|i| kj.ids().get(i)).collect();
-    Samples::new(spec, n, batch.dense, vec![1; criteo::SPARSE * n], ids)
+    spec.check(n, batch.dense, vec![1; criteo::SPARSE * n], ids)
 }

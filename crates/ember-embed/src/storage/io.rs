@@ -1,5 +1,6 @@
-//! Batched reads from row files: io_uring where the kernel allows it, otherwise a thread pool of
-//! `pread`s, both keeping up to `depth` reads in flight.
+//! Batched block reads: io_uring where the kernel allows it, otherwise a thread pool of `pread`s,
+//! both keeping up to `depth` reads in flight; and the two I/O helpers of the row-file format
+//! (a page-aligned buffer, a read that fills it).
 //!
 //! A call hands over every read of a batch at once (the distinct missing blocks of all tables), so
 //! the device sees a deep queue: measured on the development VM's disk with fio, 4 KiB random
@@ -7,15 +8,17 @@
 //! reader. The engine owns the destination buffer (page-aligned, as `O_DIRECT` needs); the reads
 //! land in it back to back, in the order given.
 
-use super::rowfile::{AlignedBuf, read_full_at};
+use crate::alloc::{PagePolicy, RowBuf};
 use rayon::prelude::*;
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::str::FromStr;
 
-/// Which engine to use.
+/// How the SSD tier reads row files: the engine of a [`super::FileStore`], or a plain mapping
+/// ([`super::MapStore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoMode {
     /// io_uring when the kernel allows it, else pread.
@@ -23,6 +26,9 @@ pub enum IoMode {
     Auto,
     Uring,
     Pread,
+    /// A read-only mapping of each file: rows are copied out of the page cache (no direct I/O;
+    /// the OS decides what stays in memory below Ember's own row cache).
+    Mmap,
 }
 
 impl IoMode {
@@ -32,6 +38,7 @@ impl IoMode {
             IoMode::Auto => "auto",
             IoMode::Uring => "uring",
             IoMode::Pread => "pread",
+            IoMode::Mmap => "mmap",
         }
     }
 }
@@ -43,7 +50,8 @@ impl FromStr for IoMode {
             "auto" => Ok(IoMode::Auto),
             "uring" | "io_uring" => Ok(IoMode::Uring),
             "pread" => Ok(IoMode::Pread),
-            _ => Err(format!("'{s}' is not auto, uring or pread")),
+            "mmap" => Ok(IoMode::Mmap),
+            _ => Err(format!("'{s}' is not auto, uring, pread or mmap")),
         }
     }
 }
@@ -137,6 +145,12 @@ impl IoEngine {
                 Err(_) => Backend::Pread(pread_pool(depth)?),
             },
             IoMode::Pread => Backend::Pread(pread_pool(depth)?),
+            IoMode::Mmap => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "mmap is not a block I/O engine (it reads through a mapping)",
+                ));
+            }
         };
         Ok(IoEngine {
             backend,
@@ -342,37 +356,33 @@ fn uring_read(
     }
 }
 
-/// The disk's own random-read rate: `depth` random single-block reads in flight over `files`
-/// (each read at a random block of a random file's first `lens[i]` bytes) for about `secs`
-/// seconds. Returns (reads per second, bytes per second): the ceiling of any lookup that misses
-/// the cache.
-pub fn random_read_rate(
-    engine: &mut IoEngine,
-    files: &[&File],
-    lens: &[u64],
-    block: usize,
-    secs: f64,
-    seed: u64,
-) -> io::Result<(f64, f64)> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let depth = engine.depth();
-    let (mut n, start) = (0u64, std::time::Instant::now());
-    let mut reads = Vec::with_capacity(depth * 4);
-    while start.elapsed().as_secs_f64() < secs {
-        reads.clear();
-        for _ in 0..depth * 4 {
-            let f = rng.random_range(0..files.len());
-            let blocks = (lens[f] / block as u64).max(1);
-            reads.push(Read {
-                file: f,
-                offset: rng.random_range(0..blocks) * block as u64,
-                len: block,
-            });
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+pub(crate) fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
-        engine.read(files, &reads).map_err(|e| e.error)?;
-        n += reads.len() as u64;
     }
-    let s = start.elapsed().as_secs_f64();
-    Ok((n as f64 / s, (n * block as u64) as f64 / s))
+    Ok(done)
+}
+
+/// A page-aligned buffer, as direct I/O needs.
+#[derive(Debug)]
+pub(crate) struct AlignedBuf(RowBuf);
+
+impl AlignedBuf {
+    /// An anonymous mapping: page-aligned.
+    pub(crate) fn new(len: usize) -> io::Result<Self> {
+        RowBuf::new(len, PagePolicy::Small).map(AlignedBuf)
+    }
+    pub(crate) fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
+        self.0.as_mut_slice()
+    }
 }

@@ -1,0 +1,17 @@
+//! Ember's benchmarks, the code behind `ember bench ...`: each one sets up its workload,
+//! measures Ember against its peer in the same run (the memory ceiling, the same tables in DRAM,
+//! a plain mmap, the disk, PyTorch through the scripts in `bench/`), returns a report value, and
+//! prints it as text or JSON.
+//!
+//! - [`ceiling`]: the memory ceiling, the simplest gather-and-sum over the same rows and ids;
+//! - [`workload`]: id streams (uniform, Zipf, replayed traces);
+//! - [`disk`]: the disk's random-read rate, cold page caches;
+//! - [`stats`]: medians and byte sizes for reports.
+//!
+//! Like the binary it serves, this crate reports errors with `anyhow`: every error ends as a
+//! message to the person who ran the benchmark.
+
+pub mod ceiling;
+pub mod disk;
+pub mod stats;
+pub mod workload;

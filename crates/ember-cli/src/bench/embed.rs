@@ -1,0 +1,217 @@
+//! `ember bench embed`: the embedding-stage benchmark users run to size hardware.
+//!
+//! Set up: the tables (huge pages by default) with deterministic random contents, and every
+//! batch's ids up front. Measure: check the kernel against the scalar reference on the first
+//! batch (and, for quantized dtypes, the pooled error against f32), then alternate timed runs of
+//! Ember's pooled lookup and of the memory ceiling (the simplest gather-and-sum over the same
+//! rows and ids). Report: medians, printed as text, and with `--json` as one JSON object on the
+//! last line. `--device cuda` runs every GPU variant instead ([`super::gpu`]).
+
+use anyhow::Result;
+use ember_bench::ceiling::Ceiling;
+use ember_bench::stats::{human_bytes, median};
+use ember_embed::{EmbeddingCollection, Isa, PoolOptions, PoolStats, Pooler, ValidatedBatch};
+use serde_json::json;
+use std::time::Instant;
+
+use super::check::check;
+use super::setup::{self, EmbedArgs, Shape};
+use crate::device::Device;
+
+/// What one `bench embed` measured.
+#[derive(Debug)]
+struct Report {
+    /// Lookups per second of each timed run, Ember's and the ceiling's.
+    ember_runs: Vec<f64>,
+    ceiling_runs: Vec<f64>,
+    /// Lookups that went through deduplicated units / all lookups.
+    deduped_fraction: f64,
+    /// Pooled error of a quantized dtype against pooling the f32 rows (`None` for f32 or when
+    /// the check was skipped).
+    quant_err: Option<f64>,
+}
+
+pub fn run(a: EmbedArgs) -> Result<()> {
+    let setup::Setup {
+        shape: s,
+        source,
+        isa,
+    } = a.setup()?;
+    let total_bytes = s.table_bytes(a.dtype)?;
+    setup::check_memory(&a, s, total_bytes)?;
+    let (coll, huge) = setup::build_tables(&a, s, total_bytes)?;
+    let gpu_profile = match a.device {
+        Device::Cuda => a.profile_batches,
+        Device::Cpu => 0,
+    };
+    let mut batches = setup::batches(&a, s, &source, gpu_profile + a.batches)?;
+    let profile: Vec<_> = batches.drain(..gpu_profile).collect();
+    let validated: Vec<ValidatedBatch<'_>> = batches
+        .iter()
+        .map(|b| coll.validate(b))
+        .collect::<Result<_, _>>()?;
+    let uniq = setup::uniq(&batches);
+    if let Some(path) = &a.save_ids {
+        use anyhow::Context;
+        super::npy::save_ids(path, &batches, s)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.device == Device::Cuda {
+        return super::gpu::run(&a, s, &coll, &profile, &batches, &source.describe(), uniq);
+    }
+    let report = measure(&a, s, isa, &coll, &validated)?;
+    print(
+        &report,
+        &a,
+        s,
+        isa,
+        &source.describe(),
+        uniq,
+        huge,
+        total_bytes,
+    );
+    Ok(())
+}
+
+/// Checks the kernel, then alternates timed runs of Ember and of the ceiling.
+fn measure(
+    a: &EmbedArgs,
+    s: Shape,
+    isa: Isa,
+    coll: &EmbeddingCollection,
+    validated: &[ValidatedBatch<'_>],
+) -> Result<Report> {
+    let pooler = Pooler::new(PoolOptions {
+        pooling: a.mode,
+        dedup: a.dedup,
+        threads: a.threads,
+        prefetch_distance: a.prefetch,
+        isa: Some(isa),
+    })?;
+    let ceiling = Ceiling::new(a.threads, a.prefetch, isa)?;
+    let mut out = vec![0f32; s.batch * coll.total_dim()];
+    let quant_err = match a.no_check {
+        true => None,
+        false => check(coll, &pooler, validated[0], a.mode, a.seed, &mut out)?,
+    };
+    let lookups_per_run = validated.iter().map(|b| b.get().num_ids()).sum::<usize>();
+    let (mut ember_runs, mut ceiling_runs) = (Vec::new(), Vec::new());
+    let mut dedup_stats = PoolStats::default();
+    let mut sink = 0u64;
+    let time_ember = |out: &mut [f32], stats: &mut PoolStats| -> Result<f64> {
+        let t = Instant::now();
+        for vb in validated {
+            let st = pooler.run(coll, *vb, out)?;
+            *stats = stats.plus(st);
+        }
+        Ok(lookups_per_run as f64 / t.elapsed().as_secs_f64())
+    };
+    let time_ceiling = |sink: &mut u64| -> f64 {
+        let t = Instant::now();
+        for b in validated {
+            *sink = sink.wrapping_add(ceiling.run(coll, b.get()));
+        }
+        lookups_per_run as f64 / t.elapsed().as_secs_f64()
+    };
+    // Warm-up: one run of each (first-touch effects, thread start, branch predictors).
+    time_ember(&mut out, &mut PoolStats::default())?;
+    time_ceiling(&mut sink);
+    for r in 0..a.runs {
+        // Alternate which goes first so drift on a shared machine hits both alike.
+        if r % 2 == 0 {
+            ember_runs.push(time_ember(&mut out, &mut dedup_stats)?);
+            ceiling_runs.push(time_ceiling(&mut sink));
+        } else {
+            ceiling_runs.push(time_ceiling(&mut sink));
+            ember_runs.push(time_ember(&mut out, &mut dedup_stats)?);
+        }
+    }
+    std::hint::black_box(sink);
+    std::hint::black_box(&out);
+    Ok(Report {
+        ember_runs,
+        ceiling_runs,
+        deduped_fraction: dedup_stats.deduped_lookups as f64 / dedup_stats.lookups.max(1) as f64,
+        quant_err,
+    })
+}
+
+/// Prints the report as text, and as JSON with `--json`.
+#[allow(clippy::too_many_arguments)]
+fn print(
+    r: &Report,
+    a: &EmbedArgs,
+    s: Shape,
+    isa: Isa,
+    ids: &str,
+    uniq: f64,
+    huge: Option<usize>,
+    total_bytes: usize,
+) {
+    let row_bytes = a.dtype.row_bytes(s.dim);
+    let lps = median(&r.ember_runs);
+    let cps = median(&r.ceiling_runs);
+    let gbps = lps * row_bytes as f64 / 1e9;
+    let cgbps = cps * row_bytes as f64 / 1e9;
+    let huge_frac = huge.map(|h| h as f64 / total_bytes.max(1) as f64);
+    println!(
+        "ember bench embed: {} tables x {} rows x dim {} {} ({}, huge pages {}), pooling {}, batch {}, mode {}",
+        s.tables,
+        s.rows,
+        s.dim,
+        a.dtype,
+        human_bytes(total_bytes),
+        huge_frac.map_or("unknown".into(), |f| format!("{:.0}%", 100.0 * f)),
+        s.pooling,
+        s.batch,
+        a.mode.name()
+    );
+    println!(
+        "  ids {ids}, unique ratio {uniq:.3}; {} threads, isa {isa}, prefetch {}, dedup {} (deduplicated {:.0}% of lookups)",
+        a.threads,
+        a.prefetch,
+        a.dedup,
+        100.0 * r.deduped_fraction
+    );
+    println!("  {} batches x {} runs, medians:", a.batches, a.runs);
+    println!(
+        "  {:<10} {:>12} {:>9} {:>11}",
+        "", "lookups/s", "GB/s", "ns/lookup"
+    );
+    for (name, lps, gbps) in [("ember", lps, gbps), ("ceiling", cps, cgbps)] {
+        println!(
+            "  {:<10} {:>10.2} M {:>9.2} {:>11.2}",
+            name,
+            lps / 1e6,
+            gbps,
+            1e9 / lps
+        );
+    }
+    println!("  ember / ceiling: {:.1}%", 100.0 * lps / cps);
+    match r.quant_err {
+        Some(e) => println!(
+            "  check: matches the reference; pooled {} vs f32 relative error {:.4}%",
+            a.dtype,
+            100.0 * e
+        ),
+        None if !a.no_check => println!("  check: matches the reference"),
+        None => {}
+    }
+    if a.json {
+        let mut j = json!({
+            "lookups_per_s": lps,
+            "gb_per_s": gbps,
+            "ns_per_lookup": 1e9 / lps,
+            "ceiling_lookups_per_s": cps,
+            "ceiling_gb_per_s": cgbps,
+            "fraction_of_ceiling": lps / cps,
+            "deduped_fraction": r.deduped_fraction,
+            "huge_page_fraction": huge_frac,
+            "quant_rel_error": r.quant_err,
+            "run_lookups_per_s": r.ember_runs,
+            "ceiling_run_lookups_per_s": r.ceiling_runs,
+        });
+        setup::add_workload(&mut j, a, s, ids, isa.name(), uniq);
+        println!("{j}");
+    }
+}

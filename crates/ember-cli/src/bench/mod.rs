@@ -1,0 +1,43 @@
+//! `ember bench ...`: the benchmarks users run to size hardware and to compare Ember with its
+//! peers in one run. Each is shaped the same way: set up its workload, measure Ember and its peer
+//! side by side, gather a report value, print it as text (and with `--json` as one JSON object
+//! on the last line). The measuring blocks they share (the memory-ceiling loop, id streams, the
+//! disk's rate, statistics) are in the `ember-bench` crate.
+//!
+//! | file | benchmark |
+//! |---|---|
+//! | `embed.rs` (+ `check.rs`, `npy.rs`) | `bench embed`: the embedding stage against the memory ceiling |
+//! | `gpu.rs` | `bench embed --device cuda`: every GPU variant against the copy bandwidth |
+//! | `tiered/` | `bench tiered`: the SSD tier against DRAM, mmap and the disk |
+//! | `model.rs` | `bench model`: the whole forward pass |
+//! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
+
+mod check;
+mod embed;
+mod gpu;
+mod model;
+mod npy;
+mod setup;
+mod tiered;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// The embedding stage: pooled lookups over every table of a batch, against the memory ceiling.
+    Embed(setup::EmbedArgs),
+    /// The whole model: samples/s, batch latency and where the time goes.
+    Model(model::ModelArgs),
+    /// The embedding stage with tables on the SSD tier, against the same tables in DRAM and a
+    /// cold plain mmap, plus the disk's own random-read rate.
+    Tiered(tiered::TieredArgs),
+}
+
+pub fn run(cmd: Bench) -> Result<()> {
+    match cmd {
+        Bench::Embed(a) => embed::run(a),
+        Bench::Model(a) => model::run(a),
+        Bench::Tiered(a) => tiered::run(a),
+    }
+}

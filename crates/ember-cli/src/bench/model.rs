@@ -1,0 +1,273 @@
+//! `ember bench model`: the whole forward pass of a preset model with random weights, batch
+//! latency percentiles and where the time goes.
+//!
+//! Set up: the model and 32 distinct input batches (ids differ between consecutive batches, as
+//! in serving). Measure: `--warmup` untimed batches, then `--iters` timed ones, each checked,
+//! prepared and run as a server runs one ([`Engine::score`]); on a GPU, two batches in flight.
+//! Report: samples/s, p50/p99 per batch, the stages' shares, as text and with `--json` as JSON.
+
+use anyhow::{Result, bail};
+use clap::Args;
+use ember_bench::stats::{human_bytes, median, mem_available, percentile};
+use ember_embed::{DType, KeyedJagged};
+use ember_model::presets::{Preset, preset, random_batch};
+use ember_model::{Engine, Model, Predictor, StageTimes};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// Model shape: rm1 (dense 2048 -> 256-64, 32 tables x 500K x 64, pooling 80, dot, top
+    /// 768-384-1) or small (the same with 8 tables x 10K rows).
+    #[arg(long, default_value = "rm1")]
+    preset: String,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Timed batches.
+    #[arg(long, default_value_t = 300)]
+    iters: usize,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 30)]
+    warmup: usize,
+    /// Ids per bag [default: the preset's].
+    #[arg(long)]
+    pooling: Option<usize>,
+    /// Table dtype: f32, f16, bf16, int8, int4.
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+    /// Seed of weights and inputs.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Print a JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    gpu: crate::gpu_args::GpuArgs,
+}
+
+/// One input batch: dense values and sparse ids.
+type Inputs = (Vec<f32>, KeyedJagged);
+
+/// Distinct input batches cycled through (ids differ between consecutive batches, as in serving).
+const DISTINCT_BATCHES: usize = 32;
+
+/// What the timed batches measured.
+#[derive(Debug)]
+struct Report {
+    /// Milliseconds of each timed batch.
+    lat_ms: Vec<f64>,
+    /// The stages' times summed over the timed batches.
+    stages: StageTimes,
+    /// Wall seconds of the timed batches.
+    total: f64,
+}
+
+pub fn run(a: ModelArgs) -> Result<()> {
+    if a.batch == 0 || a.iters == 0 {
+        bail!("--batch and --iters must be at least 1");
+    }
+    let p = preset(&a.preset, a.dtype)?;
+    let pooling = a.pooling.unwrap_or(p.pooling_factor);
+    let (model, batches) = set_up(&a, &p, pooling)?;
+    let (report, scores) = match a.gpu.is_cuda() {
+        true => measure_gpu(&a, model, &batches, pooling)?,
+        false => measure_cpu(&a, model, &batches)?,
+    };
+    if scores.iter().any(|s| !s.is_finite()) {
+        bail!("non-finite scores: {scores:?}");
+    }
+    print(&report, &a, &p, pooling);
+    Ok(())
+}
+
+/// The model with random weights, and the input batches.
+fn set_up(a: &ModelArgs, p: &Preset, pooling: usize) -> Result<(Arc<Model>, Vec<Inputs>)> {
+    let table_bytes = table_bytes(p);
+    if let Some(avail) = mem_available()
+        && table_bytes > avail
+    {
+        bail!(
+            "preset {} needs {} of tables but only {} is available; try --dtype int8",
+            p.name,
+            human_bytes(table_bytes),
+            human_bytes(avail)
+        );
+    }
+    let build = Instant::now();
+    let model = Arc::new(Model::random(p.config.clone(), a.seed, a.threads.max(2))?);
+    eprintln!(
+        "built {} ({} of {} tables) in {:.1}s",
+        p.name,
+        human_bytes(model.table_bytes()),
+        a.dtype,
+        build.elapsed().as_secs_f64()
+    );
+    let batches = (0..DISTINCT_BATCHES.min(a.warmup + a.iters))
+        .map(|i| random_batch(&p.config, a.batch, pooling, a.seed ^ (i as u64 + 1) << 8))
+        .collect();
+    Ok((model, batches))
+}
+
+fn table_bytes(p: &Preset) -> usize {
+    p.config
+        .tables
+        .iter()
+        .map(|t| t.rows * t.dtype.row_bytes(t.dim))
+        .sum()
+}
+
+/// The CPU loop: one batch at a time, as the server's batcher runs them.
+fn measure_cpu(a: &ModelArgs, model: Arc<Model>, batches: &[Inputs]) -> Result<(Report, Vec<f32>)> {
+    let mut pred = Predictor::new(model, a.threads)?;
+    let mut scores = vec![0f32; a.batch];
+    for i in 0..a.warmup {
+        let (d, s) = &batches[i % batches.len()];
+        pred.score(d, s, &mut scores)?;
+    }
+    let mut lat_ms = Vec::with_capacity(a.iters);
+    let mut stages = StageTimes::default();
+    let start = Instant::now();
+    for i in 0..a.iters {
+        let (d, s) = &batches[(a.warmup + i) % batches.len()];
+        let t = Instant::now();
+        let st = pred.score(d, s, &mut scores)?;
+        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        stages = stages.plus(st);
+    }
+    let total = start.elapsed().as_secs_f64();
+    Ok((
+        Report {
+            lat_ms,
+            stages,
+            total,
+        },
+        scores,
+    ))
+}
+
+/// The GPU loop: one batch is copied in while the one before computes (two in flight); a
+/// batch's latency runs from its submit to its collect. Stage times are GPU times (events).
+fn measure_gpu(
+    a: &ModelArgs,
+    model: Arc<Model>,
+    batches: &[Inputs],
+    pooling: usize,
+) -> Result<(Report, Vec<f32>)> {
+    let profile: Vec<_> = batches.iter().map(|(_, kj)| kj).collect();
+    let mut gp = a.gpu.predictor(model, a.batch, pooling, Some(&profile))?;
+    let mut scores = vec![0f32; a.batch];
+    for i in 0..a.warmup {
+        let (d, s) = &batches[i % batches.len()];
+        gp.predict(d, s, &mut scores)?;
+    }
+    let mut lat_ms = Vec::with_capacity(a.iters);
+    let mut stages = StageTimes::default();
+    let mut submitted = std::collections::VecDeque::new();
+    let start = Instant::now();
+    for i in 0..a.iters {
+        let (d, s) = &batches[(a.warmup + i) % batches.len()];
+        if gp.in_flight() == 2 {
+            stages = stages.plus(gp.collect(&mut scores)?);
+            let t: Instant = submitted.pop_front().expect("one per submit");
+            lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        submitted.push_back(Instant::now());
+        gp.submit(d, s)?;
+    }
+    while gp.in_flight() > 0 {
+        stages = stages.plus(gp.collect(&mut scores)?);
+        let t = submitted.pop_front().expect("one per submit");
+        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let total = start.elapsed().as_secs_f64();
+    Ok((
+        Report {
+            lat_ms,
+            stages,
+            total,
+        },
+        scores,
+    ))
+}
+
+/// Prints the report as text, and as JSON with `--json`.
+fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
+    let samples_per_s = (a.batch * a.iters) as f64 / r.total;
+    let mut sorted = r.lat_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let (p50, p99) = (percentile(&sorted, 50.0), percentile(&sorted, 99.0));
+    // Shares of the forward pass's wall time; with threads > 1 the bottom MLP ran beside the
+    // embedding stage (inside its share), so the four add up to more than 100%.
+    let stages = &r.stages;
+    let st = stages.total().as_secs_f64();
+    let share = |d: std::time::Duration| d.as_secs_f64() / st;
+    let parts = [
+        ("embedding", share(stages.embedding)),
+        ("bottom_mlp", share(stages.bottom_mlp)),
+        ("interaction", share(stages.interaction)),
+        ("top_mlp", share(stages.top_mlp)),
+    ];
+    let on = match a.gpu.is_cuda() {
+        true => format!(
+            "cuda:{} {}, two batches in flight",
+            a.gpu.gpu, a.gpu.gpu_variant
+        ),
+        false => format!("{} threads", a.threads),
+    };
+    println!(
+        "ember bench model: preset {} (batch {}, pooling {}, {} tables, {on}, {} iters)",
+        p.name, a.batch, pooling, a.dtype, a.iters
+    );
+    println!("  samples/s   {samples_per_s:.0}");
+    println!(
+        "  batch ms    p50 {p50:.3}  p99 {p99:.3}  median {:.3}",
+        median(&r.lat_ms)
+    );
+    println!(
+        "  where the time goes (share of the forward pass){}:",
+        if stages.bottom_overlapped {
+            "; the bottom MLP ran on one thread beside the embedding stage, inside its share"
+        } else {
+            ""
+        }
+    );
+    for (name, s) in parts {
+        println!(
+            "    {name:<12} {:5.1}%  {}",
+            s * 100.0,
+            "#".repeat((s * 40.0).round() as usize)
+        );
+    }
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "preset": p.name,
+                "batch": a.batch,
+                "threads": a.threads,
+                "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
+                "gpu_variant": a.gpu.is_cuda().then_some(&a.gpu.gpu_variant),
+                "iters": a.iters,
+                "pooling": pooling,
+                "dtype": a.dtype.name(),
+                "samples_per_s": samples_per_s,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "mean_ms": r.lat_ms.iter().sum::<f64>() / r.lat_ms.len() as f64,
+                "bottom_mlp_overlapped": stages.bottom_overlapped,
+                "breakdown": {
+                    "embedding": parts[0].1,
+                    "bottom_mlp": parts[1].1,
+                    "interaction": parts[2].1,
+                    "top_mlp": parts[3].1,
+                },
+                "table_bytes": table_bytes(p),
+            })
+        );
+    }
+}

@@ -1,0 +1,496 @@
+//! `ember bench tiered`: the embedding stage with every table on the SSD tier, side by side in one
+//! run with the same tables fully in DRAM, with a plain mmap of the same row files after dropping
+//! them from the page cache, and with the disk's own random-read rate.
+//!
+//! Set up: write the row files (reused when a file of the same shape and seed exists) and
+//! generate every batch's ids. Measure: the disk's random 4 KiB read rate with direct I/O; for
+//! each cache policy, warm the cache on `--warmup-batches` batches and time `--runs` runs of
+//! `--batches` fresh batches each, staged `--prefetch-depth` batches ahead; the DRAM tables
+//! (rebuilt from the seed) on the same batches, checked bit for bit against the tier's output;
+//! the cold mmap ([`mmap`]). Report: medians of the runs ([`report`]).
+
+mod files;
+mod mmap;
+mod report;
+
+use anyhow::{Context, Result, ensure};
+use clap::Args;
+use ember_bench::disk::random_read_rate;
+use ember_bench::stats::{human_bytes, median, mem_available};
+use ember_bench::workload::IdSource;
+use ember_embed::storage::io::IoEngine;
+use ember_embed::storage::{BLOCK, RowFile};
+use ember_embed::tier::pipeline;
+use ember_embed::trace::load_trace;
+use ember_embed::{
+    CachePolicy, EmbeddingCollection, EmbeddingTable, IoMode, KeyedJagged, PoolOptions, Pooler,
+    Stager, TierOptions,
+};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::setup::{self, EmbedArgs, OnOff, Shape};
+use report::{Disk, Report};
+
+#[derive(Debug, Args)]
+pub struct TieredArgs {
+    #[command(flatten)]
+    embed: EmbedArgs,
+    /// Directory of the row files (written once, reused by later runs with the same shape).
+    #[arg(long, default_value = "ember-tier-bench")]
+    dir: PathBuf,
+    /// DRAM budget of the row cache, MiB.
+    #[arg(long, default_value_t = 1024)]
+    cache_mb: usize,
+    /// Cache policies to run, comma-separated (lru, lfu, pinned).
+    #[arg(long, value_delimiter = ',', default_value = "lru,lfu,pinned")]
+    policies: Vec<CachePolicy>,
+    /// Batches staged ahead of the one being pooled (0: no overlap).
+    #[arg(long, default_value_t = 1)]
+    prefetch_depth: usize,
+    /// I/O engine: auto, uring or pread.
+    #[arg(long, default_value = "auto")]
+    io: IoMode,
+    /// Reads in flight at most.
+    #[arg(long, default_value_t = 128)]
+    queue_depth: usize,
+    /// Profile for the pinned policy's hot set [default: the --ids trace when it is one; else the
+    /// pinned set is refreshed from live counts].
+    #[arg(long)]
+    pin_trace: Option<PathBuf>,
+    /// Share of each table's cache the pinned policy pins, the rest being LRU [default: 1 with a
+    /// pin trace, 0.9 without].
+    #[arg(long)]
+    pin_fraction: Option<f64>,
+    /// Batches that warm the cache before timing [default: --batches x --runs].
+    #[arg(long)]
+    warmup_batches: Option<usize>,
+    /// Timed runs of the cold mmap (each after dropping the files from the page cache).
+    #[arg(long, default_value_t = 2)]
+    mmap_runs: usize,
+    /// Skip the DRAM baseline (it needs the tables' size in free memory).
+    #[arg(long)]
+    no_dram: bool,
+    /// Skip the cold-mmap baseline.
+    #[arg(long)]
+    no_mmap: bool,
+    /// Also time the mmap with only the cache's memory: a child process in a memory cgroup of
+    /// --cache-mb (+32 MiB), so that its page cache gets the tier's budget, as when tables are
+    /// larger than memory (needs root and cgroup v1's memory controller; skipped with a note
+    /// otherwise).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    mmap_budget: OnOff,
+    /// Longest an mmap run may take, in seconds: a run stops after the batch that crosses it and
+    /// reports the lookups it did per second (a budgeted mmap can thrash for hours).
+    #[arg(long, default_value_t = 60.0)]
+    mmap_max_secs: f64,
+    /// (internal) Run only the cold-mmap timing, inside this memory cgroup.
+    #[arg(long, hide = true)]
+    mmap_child: Option<PathBuf>,
+    /// Seconds of the disk random-read measurement.
+    #[arg(long, default_value_t = 3.0)]
+    disk_secs: f64,
+}
+
+/// The batches: warm-up ones, then `runs` runs of `batches` timed ones.
+struct Batches {
+    warmup: Vec<KeyedJagged>,
+    timed: Vec<KeyedJagged>,
+    /// Lookups in one timed run.
+    lookups_per_run: usize,
+}
+
+impl Batches {
+    fn runs(&self, batches: usize) -> Vec<&[KeyedJagged]> {
+        self.timed.chunks(batches).collect()
+    }
+}
+
+pub fn run(t: TieredArgs) -> Result<()> {
+    let a = &t.embed;
+    let setup::Setup {
+        shape: s,
+        source,
+        isa,
+    } = a.setup()?;
+    ensure!(
+        !t.policies.is_empty(),
+        "--policies needs at least one policy"
+    );
+    let paths = row_files(&t, s)?;
+    let work = batches(&t, s, &source)?;
+    let pin_trace: Option<Arc<Vec<u64>>> = match (&t.pin_trace, &source) {
+        (Some(p), _) => Some(Arc::new(load_trace(p)?)),
+        (None, IdSource::Trace { ids, .. }) => Some(ids.clone()),
+        _ => None,
+    };
+    let pooler = Pooler::new(PoolOptions {
+        pooling: a.mode,
+        dedup: a.dedup,
+        threads: a.threads,
+        prefetch_distance: a.prefetch,
+        isa: Some(isa),
+    })?;
+    let runs = work.runs(a.batches);
+    let shape = (s.batch * s.tables * s.dim, work.lookups_per_run);
+    if let Some(cg) = &t.mmap_child {
+        return mmap_child(&t, cg, &paths, &pooler, &runs, shape);
+    }
+    let disk = measure_disk(&t, &paths)?;
+    let cache_bytes = t.cache_mb << 20;
+    let (policies, outs) = measure_policies(&t, s, &paths, &pooler, &work, pin_trace, disk.iops)?;
+    let (dram, checked) = measure_dram(&t, s, &pooler, &runs, work.lookups_per_run, &outs)?;
+    let mut mmap = None;
+    let mut mmap_budget = None;
+    if !t.no_mmap && t.mmap_runs > 0 {
+        mmap = Some(mmap::cold_mmap_runs(
+            &paths,
+            &pooler,
+            &runs,
+            t.mmap_runs,
+            shape,
+            t.mmap_max_secs,
+            "mmap (cold)",
+            false,
+        )?);
+        if t.mmap_budget == OnOff::On {
+            let batch_lookups = work.lookups_per_run / a.batches;
+            match mmap::budgeted_mmap(
+                cache_bytes + (32 << 20),
+                t.mmap_max_secs,
+                t.mmap_runs,
+                batch_lookups,
+            ) {
+                Ok(v) => mmap_budget = Some(v),
+                Err(e) => eprintln!("mmap with the cache budget: skipped ({e:#})"),
+            }
+        }
+    }
+    let report = Report {
+        policies,
+        dram,
+        checked,
+        mmap,
+        mmap_budget,
+        disk,
+        warmup: work.warmup.len(),
+        ids: source.describe(),
+        uniq: setup::uniq(&work.timed),
+        isa,
+        total_bytes: s.tables * s.rows * a.dtype.row_bytes(s.dim),
+        cache_bytes,
+    };
+    report.print(&t, s);
+    Ok(())
+}
+
+/// The row files, written where missing.
+fn row_files(t: &TieredArgs, s: Shape) -> Result<Vec<PathBuf>> {
+    let a = &t.embed;
+    std::fs::create_dir_all(&t.dir).with_context(|| format!("creating {}", t.dir.display()))?;
+    let paths: Vec<PathBuf> = (0..s.tables)
+        .map(|i| {
+            t.dir.join(format!(
+                "t{i}-{}x{}-{}-seed{}.rows",
+                s.rows, s.dim, a.dtype, a.seed
+            ))
+        })
+        .collect();
+    for (i, p) in paths.iter().enumerate() {
+        files::ensure_row_file(p, i, s.rows, s.dim, a.dtype, a.seed)?;
+    }
+    Ok(paths)
+}
+
+/// Warm-up batches, then `runs` sets of timed batches.
+fn batches(t: &TieredArgs, s: Shape, source: &IdSource) -> Result<Batches> {
+    let a = &t.embed;
+    let warm = t.warmup_batches.unwrap_or(a.batches * a.runs);
+    let mut warmup = setup::batches(a, s, source, warm + a.batches * a.runs)?;
+    let timed = warmup.split_off(warm);
+    let lookups_per_run = timed[..a.batches].iter().map(|b| b.num_ids()).sum();
+    Ok(Batches {
+        warmup,
+        timed,
+        lookups_per_run,
+    })
+}
+
+/// The child of the budgeted mmap run: joins the cgroup, then times as the parent does.
+fn mmap_child(
+    t: &TieredArgs,
+    cg: &std::path::Path,
+    paths: &[PathBuf],
+    pooler: &Pooler,
+    runs: &[&[KeyedJagged]],
+    shape: (usize, usize),
+) -> Result<()> {
+    std::fs::write(cg.join("cgroup.procs"), std::process::id().to_string())
+        .with_context(|| format!("joining {}", cg.display()))?;
+    println!("timing");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let (lps, resident) = mmap::cold_mmap_runs(
+        paths,
+        pooler,
+        runs,
+        t.mmap_runs,
+        shape,
+        t.mmap_max_secs,
+        "mmap (budget)",
+        true,
+    )?;
+    println!(
+        "{}",
+        json!({"run_lookups_per_s": lps, "resident_fraction_before": resident})
+    );
+    Ok(())
+}
+
+/// The disk's own rate, with the engine the tier uses (io_uring or pread; for `--io mmap`, the
+/// engine `auto` picks).
+fn measure_disk(t: &TieredArgs, paths: &[PathBuf]) -> Result<Disk> {
+    let opened: Vec<RowFile> = paths
+        .iter()
+        .map(|p| RowFile::open(p))
+        .collect::<Result<_, _>>()?;
+    let mode = match t.io {
+        IoMode::Mmap => IoMode::Auto,
+        m => m,
+    };
+    let mut engine = IoEngine::new(mode, t.queue_depth).context("starting I/O")?;
+    let files: Vec<&std::fs::File> = opened.iter().map(|f| f.file()).collect();
+    let lens: Vec<u64> = opened.iter().map(|f| f.header().file_bytes()).collect();
+    eprint!(
+        "disk: random {BLOCK}-byte direct reads, {} in flight... ",
+        t.queue_depth
+    );
+    let (iops, bytes_per_s) =
+        random_read_rate(&mut engine, &files, &lens, BLOCK, t.disk_secs, t.embed.seed)
+            .context("measuring the disk")?;
+    eprintln!(
+        "{:.0} reads/s, {:.0} MB/s ({})",
+        iops,
+        bytes_per_s / 1e6,
+        engine.kind()
+    );
+    Ok(Disk {
+        iops,
+        bytes_per_s,
+        direct: opened.iter().all(|f| f.direct()) && t.io != IoMode::Mmap,
+    })
+}
+
+/// Each policy's pooled output on the last batch of its first run.
+type Outputs = Vec<(CachePolicy, Vec<f32>)>;
+
+/// The tier once per policy: a JSON object of figures each, and each policy's output on the
+/// last batch of its first run (checked against DRAM's later).
+fn measure_policies(
+    t: &TieredArgs,
+    s: Shape,
+    paths: &[PathBuf],
+    pooler: &Pooler,
+    work: &Batches,
+    pin_trace: Option<Arc<Vec<u64>>>,
+    disk_iops: f64,
+) -> Result<(Vec<Value>, Outputs)> {
+    let a = &t.embed;
+    let cache_bytes = t.cache_mb << 20;
+    let coll = EmbeddingCollection::one_feature_per_table(
+        paths
+            .iter()
+            .map(|p| EmbeddingTable::open_ssd(p))
+            .collect::<Result<_, _>>()?,
+    )?;
+    let runs = work.runs(a.batches);
+    let lookups_per_run = work.lookups_per_run;
+    let mut results = Vec::new();
+    let mut outs = Vec::new();
+    for &policy in &t.policies {
+        let opts = TierOptions {
+            cache_bytes,
+            policy,
+            io: t.io,
+            queue_depth: t.queue_depth,
+            pin_trace: pin_trace.clone(),
+            pin_fraction: t.pin_fraction,
+            ..TierOptions::default()
+        };
+        let t0 = Instant::now();
+        let stager = Stager::new(&coll, opts)?;
+        let setup_s = t0.elapsed().as_secs_f64();
+        let mut out = vec![0f32; s.batch * s.tables * s.dim];
+        let t0 = Instant::now();
+        run_tier(
+            &stager,
+            &coll,
+            pooler,
+            &work.warmup,
+            t.prefetch_depth,
+            &mut out,
+            &mut None,
+        )?;
+        eprintln!(
+            "{policy}: setup {setup_s:.1} s, warm-up {} batches {:.1} s, hit rate {:.3}",
+            work.warmup.len(),
+            t0.elapsed().as_secs_f64(),
+            stager.stats().hit_rate()
+        );
+        stager.reset_stats();
+        let mut lps = Vec::new();
+        for (r, batches) in runs.iter().enumerate() {
+            let mut keep = (r == 0).then(Vec::new);
+            let t0 = Instant::now();
+            run_tier(
+                &stager,
+                &coll,
+                pooler,
+                batches,
+                t.prefetch_depth,
+                &mut out,
+                &mut keep,
+            )?;
+            lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
+            if let Some(k) = keep {
+                outs.push((policy, k));
+            }
+        }
+        stager.check_invariants(cache_bytes);
+        let st = stager.stats();
+        let secs: f64 = lps.iter().map(|l| lookups_per_run as f64 / l).sum();
+        let (cached_bytes, _) = stager.cache_usage();
+        eprintln!(
+            "{policy}: {:.2} M lookups/s (median of {}), hit rate {:.3} (per lookup {:.3}), {} read",
+            median(&lps) / 1e6,
+            lps.len(),
+            st.hit_rate(),
+            st.lookup_hit_rate(),
+            human_bytes(st.ssd_bytes_read as usize)
+        );
+        results.push(json!({
+            "policy": policy.name(),
+            "lookups_per_s": median(&lps),
+            "run_lookups_per_s": lps,
+            "hit_rate": st.hit_rate(),
+            "lookup_hit_rate": st.lookup_hit_rate(),
+            "ssd_bytes_read": st.ssd_bytes_read,
+            "ssd_reads": st.ssd_reads,
+            "ssd_reads_per_s": st.ssd_reads as f64 / secs,
+            "fraction_of_disk_ceiling": st.ssd_reads as f64 / secs / disk_iops,
+            "overlap": st.overlap(),
+            "stall_s": st.stall.as_secs_f64(),
+            "stage_s": st.stage.as_secs_f64(),
+            "io_wait_s": st.io.as_secs_f64(),
+            "cache_bytes_used": cached_bytes,
+            "setup_s": setup_s,
+        }));
+    }
+    Ok((results, outs))
+}
+
+/// The same tables built in memory from the seed, on the same batches as the tier: lookups/s
+/// per run, and whether every policy's output equalled theirs bit for bit (skipped, saying why,
+/// when the tables do not fit the memory available).
+fn measure_dram(
+    t: &TieredArgs,
+    s: Shape,
+    pooler: &Pooler,
+    runs: &[&[KeyedJagged]],
+    lookups_per_run: usize,
+    outs: &[(CachePolicy, Vec<f32>)],
+) -> Result<(Option<Vec<f64>>, Option<bool>)> {
+    let a = &t.embed;
+    if t.no_dram {
+        return Ok((None, None));
+    }
+    let total_bytes = s.tables * s.rows * a.dtype.row_bytes(s.dim);
+    if let Some(avail) = mem_available()
+        && total_bytes as f64 > 0.85 * avail as f64
+    {
+        eprintln!(
+            "dram: skipped, {} of tables but {} of memory available",
+            human_bytes(total_bytes),
+            human_bytes(avail)
+        );
+        return Ok((None, None));
+    }
+    let t0 = Instant::now();
+    let (coll, _) = setup::seeded_tables(a, s, a.pages())?;
+    eprintln!(
+        "dram: built {} in {:.1} s",
+        human_bytes(total_bytes),
+        t0.elapsed().as_secs_f64()
+    );
+    let mut out = vec![0f32; s.batch * s.tables * s.dim];
+    // Warm-up, then the same timed batches as the tier.
+    run_dram(&coll, pooler, runs[0], &mut out)?;
+    let mut lps = Vec::new();
+    for batches in runs {
+        let t0 = Instant::now();
+        run_dram(&coll, pooler, batches, &mut out)?;
+        lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
+    }
+    let mut checked = None;
+    if !outs.is_empty() {
+        // Each policy's output on the last batch of its first run, against DRAM's.
+        let last = runs[0].last().context("no batches")?;
+        pooler.run(&coll, coll.validate(last)?, &mut out)?;
+        for (policy, tier_out) in outs {
+            let same = tier_out.len() == out.len()
+                && tier_out
+                    .iter()
+                    .zip(&out)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+            ensure!(
+                same,
+                "the tier's pooled output ({policy}) differs from the DRAM tables'"
+            );
+        }
+        checked = Some(true);
+    }
+    eprintln!("dram: {:.2} M lookups/s", median(&lps) / 1e6);
+    Ok((Some(lps), checked))
+}
+
+/// Pools `batches` through the tier, `depth` batches staged ahead; keeps the last output in
+/// `keep` when asked.
+fn run_tier(
+    stager: &Stager,
+    coll: &EmbeddingCollection,
+    pooler: &Pooler,
+    batches: &[KeyedJagged],
+    depth: usize,
+    out: &mut [f32],
+    keep: &mut Option<Vec<f32>>,
+) -> Result<()> {
+    pipeline(
+        stager,
+        coll,
+        depth,
+        batches.iter(),
+        |b| *b,
+        |kj, staged| -> Result<()> {
+            let staged = staged?;
+            pooler.run_staged(coll, coll.validate(kj)?, &staged, out)?;
+            Ok(())
+        },
+    )?;
+    if let Some(k) = keep {
+        *k = out.to_vec();
+    }
+    Ok(())
+}
+
+fn run_dram(
+    coll: &EmbeddingCollection,
+    pooler: &Pooler,
+    batches: &[KeyedJagged],
+    out: &mut [f32],
+) -> Result<()> {
+    for kj in batches {
+        pooler.run(coll, coll.validate(kj)?, out)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! What `bench tiered` measured, and how it is printed: the tier under each cache policy, the
+//! same tables in DRAM, the cold and the memory-budgeted mmap, and the disk's own rate, side by
+//! side, as text and (with `--json`) as one JSON object on the last line.
+
+use ember_bench::stats::{human_bytes, median};
+use ember_embed::Isa;
+use ember_embed::storage::BLOCK;
+use serde_json::{Value, json};
+
+use super::TieredArgs;
+use crate::bench::setup::{self, Shape};
+
+/// The disk's own random-read rate, and whether the tier's files bypass the page cache.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Disk {
+    pub(super) iops: f64,
+    pub(super) bytes_per_s: f64,
+    pub(super) direct: bool,
+}
+
+/// Everything one run measured.
+#[derive(Debug)]
+pub(super) struct Report {
+    /// One JSON object per cache policy (lookups/s, hit rates, reads, overlap...).
+    pub(super) policies: Vec<Value>,
+    /// Lookups/s of each DRAM run, when the DRAM baseline ran.
+    pub(super) dram: Option<Vec<f64>>,
+    /// Whether every policy's output equalled the DRAM tables' bit for bit.
+    pub(super) checked: Option<bool>,
+    /// Lookups/s of each cold-mmap run, and the resident fraction before each.
+    pub(super) mmap: Option<(Vec<f64>, Vec<f64>)>,
+    /// The budgeted mmap child's JSON.
+    pub(super) mmap_budget: Option<Value>,
+    pub(super) disk: Disk,
+    pub(super) warmup: usize,
+    pub(super) ids: String,
+    pub(super) uniq: f64,
+    pub(super) isa: Isa,
+    pub(super) total_bytes: usize,
+    pub(super) cache_bytes: usize,
+}
+
+impl Report {
+    pub(super) fn print(&self, t: &TieredArgs, s: Shape) {
+        let a = &t.embed;
+        let row_bytes = a.dtype.row_bytes(s.dim);
+        let best = self
+            .policies
+            .iter()
+            .max_by(|x, y| {
+                x["lookups_per_s"]
+                    .as_f64()
+                    .partial_cmp(&y["lookups_per_s"].as_f64())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
+            .cloned()
+            .unwrap_or(Value::Null);
+        let best_lps = best["lookups_per_s"].as_f64().unwrap_or(0.0);
+        let dram_lps = self.dram.as_ref().map(|v| median(v));
+        let mmap_lps = self.mmap.as_ref().map(|(v, _)| median(v));
+        let budget_lps: Option<f64> = self.mmap_budget.as_ref().and_then(|j: &Value| {
+            let v: Vec<f64> = j["run_lookups_per_s"]
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_f64)
+                .collect();
+            (!v.is_empty()).then(|| median(&v))
+        });
+        let budget_bound: Option<f64> = self
+            .mmap_budget
+            .as_ref()
+            .and_then(|j| j["upper_bound_lookups_per_s"].as_f64());
+        println!(
+            "ember bench tiered: {} tables x {} rows x dim {} {} ({} on {}), cache {} MiB, pooling {}, batch {}, mode {}",
+            s.tables,
+            s.rows,
+            s.dim,
+            a.dtype,
+            human_bytes(self.total_bytes),
+            t.dir.display(),
+            t.cache_mb,
+            s.pooling,
+            s.batch,
+            a.mode.name()
+        );
+        println!(
+            "  ids {}, unique ratio {:.3}; {} threads, isa {}, prefetch {}, dedup {}; I/O {} ({}), queue depth {}, prefetch depth {}",
+            self.ids,
+            self.uniq,
+            a.threads,
+            self.isa,
+            a.prefetch,
+            a.dedup,
+            t.io.name(),
+            if self.disk.direct {
+                "O_DIRECT"
+            } else {
+                "buffered"
+            },
+            t.queue_depth,
+            t.prefetch_depth
+        );
+        println!(
+            "  disk ceiling: {:.0} random {BLOCK}-byte reads/s ({:.0} MB/s)",
+            self.disk.iops,
+            self.disk.bytes_per_s / 1e6
+        );
+        println!(
+            "  hit rate: distinct rows per batch found in the cache (what reads follow); per id: lookups served from the cache"
+        );
+        println!(
+            "  {} warm-up batches, then {} runs x {} batches, medians:",
+            self.warmup, a.runs, a.batches
+        );
+        println!(
+            "  {:<14} {:>12} {:>9} {:>9} {:>10} {:>12} {:>10} {:>8}",
+            "",
+            "lookups/s",
+            "hit rate",
+            "per id",
+            "SSD reads/s",
+            "% of disk",
+            "SSD bytes",
+            "overlap"
+        );
+        for p in &self.policies {
+            println!(
+                "  {:<14} {:>10.3} M {:>9.3} {:>9.3} {:>10.0} {:>11.1}% {:>10} {:>8.2}",
+                format!("tier {}", p["policy"].as_str().unwrap_or("?")),
+                p["lookups_per_s"].as_f64().unwrap_or(0.0) / 1e6,
+                p["hit_rate"].as_f64().unwrap_or(0.0),
+                p["lookup_hit_rate"].as_f64().unwrap_or(0.0),
+                p["ssd_reads_per_s"].as_f64().unwrap_or(0.0),
+                100.0 * p["fraction_of_disk_ceiling"].as_f64().unwrap_or(0.0),
+                human_bytes(p["ssd_bytes_read"].as_u64().unwrap_or(0) as usize),
+                p["overlap"].as_f64().unwrap_or(0.0)
+            );
+        }
+        if let Some(d) = dram_lps {
+            println!("  {:<14} {:>10.3} M", "dram", d / 1e6);
+        }
+        if let Some(m) = mmap_lps {
+            println!("  {:<14} {:>10.3} M", "mmap (cold)", m / 1e6);
+        }
+        if let Some(m) = budget_lps {
+            println!(
+                "  {:<14} {:>10.3} M   (cold, page cache limited to the cache budget)",
+                "mmap (budget)",
+                m / 1e6
+            );
+        }
+        if let Some(m) = budget_bound {
+            println!(
+                "  {:<14} < {:>8.4} M   (cold, page cache limited to the cache budget; stopped before its runs finished)",
+                "mmap (budget)",
+                m / 1e6
+            );
+        }
+        if let Some(d) = dram_lps {
+            println!("  best tier / dram: {:.3}x", best_lps / d);
+        }
+        if let Some(m) = mmap_lps {
+            println!("  best tier / cold mmap: {:.2}x", best_lps / m);
+        }
+        if let Some(m) = budget_lps {
+            println!(
+                "  best tier / mmap with the same memory: {:.2}x",
+                best_lps / m
+            );
+        }
+        if let Some(m) = budget_bound {
+            println!(
+                "  best tier / mmap with the same memory: more than {:.0}x",
+                best_lps / m
+            );
+        }
+        if self.checked == Some(true) {
+            println!("  check: every policy's pooled output equals the DRAM tables' bit for bit");
+        }
+        if a.json {
+            let mut j = json!({
+                "lookups_per_s": best_lps,
+                "gb_per_s": best_lps * row_bytes as f64 / 1e9,
+                "ns_per_lookup": 1e9 / best_lps.max(1e-9),
+                "policy": best["policy"],
+                "hit_rate": best["hit_rate"],
+                "lookup_hit_rate": best["lookup_hit_rate"],
+                "ssd_bytes_read": best["ssd_bytes_read"],
+                "overlap": best["overlap"],
+                "policies": self.policies,
+                "dram_lookups_per_s": dram_lps,
+                "dram_run_lookups_per_s": self.dram,
+                "mmap_cold_lookups_per_s": mmap_lps,
+                "mmap_cold_run_lookups_per_s": self.mmap.as_ref().map(|(v, _)| v.clone()),
+                "mmap_resident_fraction_before": self.mmap.as_ref().map(|(_, r)| r.clone()),
+                "ratio_to_dram": dram_lps.map(|d| best_lps / d),
+                "ratio_to_mmap_cold": mmap_lps.map(|m| best_lps / m),
+                "mmap_budget_lookups_per_s": budget_lps,
+                "mmap_budget_run_lookups_per_s": self.mmap_budget.as_ref().map(|j| j["run_lookups_per_s"].clone()),
+                "ratio_to_mmap_budget": budget_lps.map(|m| best_lps / m),
+                "mmap_budget_upper_bound_lookups_per_s": budget_bound,
+                "ratio_to_mmap_budget_at_least": budget_bound.map(|m| best_lps / m),
+                "disk_reads_per_s": self.disk.iops,
+                "disk_bytes_per_s": self.disk.bytes_per_s,
+                "direct_io": self.disk.direct,
+                "io": t.io.name(),
+                "queue_depth": t.queue_depth,
+                "prefetch_depth": t.prefetch_depth,
+                "cache_bytes": self.cache_bytes,
+                "warmup_batches": self.warmup,
+                "checked_against_dram": self.checked,
+            });
+            setup::add_workload(&mut j, a, s, &self.ids, self.isa.name(), self.uniq);
+            println!("{j}");
+        }
+    }
+}

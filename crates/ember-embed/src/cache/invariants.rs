@@ -1,0 +1,117 @@
+//! The cache's internal invariants, checked by tests (and by the tier's property tests after
+//! every batch).
+
+use super::RowCache;
+use super::sample::Order;
+use super::sketch::COUNTER_MAX;
+use super::slab::{NIL, SlotState};
+
+impl RowCache {
+    /// Checks the internal invariants and panics with a message if one fails (for tests):
+    /// map / slot consistency, `len() <= capacity()`, the eviction structure (LRU list or LFU
+    /// sample set) holds exactly the unpinned residents, every pinned id is resident, the live
+    /// count table respects its bound.
+    pub fn check_invariants(&self) {
+        let cap = self.capacity;
+        assert_eq!(self.slab.len(), cap * self.row_bytes, "slab size");
+        assert_eq!(self.slots.len(), cap, "slots length");
+        assert_eq!(self.state.len(), cap, "state length");
+        assert!(self.len() <= cap, "len {} > capacity {cap}", self.len());
+        assert!(
+            self.resident_bytes() <= cap * self.row_bytes,
+            "resident bytes over budget"
+        );
+        assert_eq!(
+            self.len() + self.free.len(),
+            cap,
+            "resident + free != capacity"
+        );
+        for (&id, &slot) in &self.map {
+            let s = slot as usize;
+            assert!(s < cap, "id {id} maps to slot {slot} >= capacity");
+            assert_ne!(
+                self.state[s],
+                SlotState::Free,
+                "id {id} maps to free slot {slot}"
+            );
+            assert_eq!(
+                self.slots[s].id, id,
+                "slot {slot} holds {} not {id}",
+                self.slots[s].id
+            );
+        }
+        for &slot in &self.free {
+            assert_eq!(
+                self.state[slot as usize],
+                SlotState::Free,
+                "free slot {slot} in use"
+            );
+        }
+        let count = |st: SlotState| self.state.iter().filter(|&&x| x == st).count();
+        let (cached, pinned) = (count(SlotState::Cached), count(SlotState::Pinned));
+        assert_eq!(
+            cached + pinned,
+            self.len(),
+            "slot states disagree with the map"
+        );
+        assert_eq!(pinned, self.pinned.len(), "pinned slot list length");
+        assert!(pinned <= cap, "more pinned rows than capacity");
+        for &slot in &self.pinned {
+            let s = slot as usize;
+            assert_eq!(
+                self.state[s],
+                SlotState::Pinned,
+                "pinned list slot {slot} not pinned"
+            );
+            assert_eq!(
+                self.map.get(&self.slots[s].id),
+                Some(&slot),
+                "pinned slot {slot} not resident"
+            );
+        }
+        match &self.order {
+            Order::Recency(l) => {
+                let (mut seen, mut prev, mut cur) = (0usize, NIL, l.head);
+                while cur != NIL {
+                    assert!(seen < cached, "LRU list longer than the unpinned residents");
+                    let c = cur as usize;
+                    assert_eq!(
+                        self.state[c],
+                        SlotState::Cached,
+                        "LRU list holds slot {cur}"
+                    );
+                    assert_eq!(self.slots[c].prev, prev, "LRU prev link of slot {cur}");
+                    seen += 1;
+                    prev = cur;
+                    cur = self.slots[c].next;
+                }
+                assert_eq!(l.tail, prev, "LRU tail");
+                assert_eq!(seen, cached, "LRU list misses unpinned residents");
+                assert!(self.sketch.is_none(), "sketch outside Lfu");
+            }
+            Order::Sampled(s) => {
+                assert_eq!(s.members.len(), cached, "sample set size");
+                for (i, &slot) in s.members.iter().enumerate() {
+                    assert_eq!(
+                        self.state[slot as usize],
+                        SlotState::Cached,
+                        "sampled {slot}"
+                    );
+                    assert_eq!(
+                        s.pos[slot as usize] as usize, i,
+                        "sample position of {slot}"
+                    );
+                }
+                let sketch = self.sketch.as_ref().expect("Lfu has a sketch");
+                assert!(
+                    sketch.counters().all(|&c| c <= COUNTER_MAX),
+                    "sketch counter"
+                );
+            }
+        }
+        assert!(
+            self.hot.len() <= self.hot.limit(),
+            "live counts over their bound"
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! The second half of the seam: an [`Engine`] runs prepared batches of a model, on the CPU
+//! ([`crate::Predictor`]) or on a device (the CUDA backend's `GpuPredictor`). A server holds one
+//! engine on its batching thread and sees nothing of the model below this trait and
+//! [`crate::inputs`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ember_embed::KeyedJagged;
+
+use crate::error::Result;
+use crate::inputs::Prepared;
+use crate::model::Model;
+
+/// Runs a model's forward pass on prepared batches (see [`crate::inputs`] for how a batch is
+/// checked and prepared). Errors are typed: [`crate::ModelError::kind`] tells a caller's mistake
+/// from a failure of the engine.
+pub trait Engine: Send {
+    /// The model it runs.
+    fn model(&self) -> &Arc<Model>;
+
+    /// Runs `batch`: each sample's probability into `scores` (one per sample). The times are
+    /// the forward pass's; staging the batch is not in them (see [`Engine::score`]).
+    fn run(&mut self, batch: &Prepared<'_>, scores: &mut [f32]) -> Result<StageTimes>;
+
+    /// The device it runs on, for logs (`cpu (2 threads)`, `cuda:0 NVIDIA H100 ...`).
+    fn device(&self) -> String;
+
+    /// Checks, prepares and runs one batch on the calling thread, for callers that score a
+    /// batch at a time: staging the tier rows is part of the embedding stage's time, and all of
+    /// it is a stall.
+    fn score(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        scores: &mut [f32],
+    ) -> Result<StageTimes> {
+        let model = self.model().clone();
+        let prepared = model.prepare(model.batch(dense, sparse)?)?;
+        let times = self.run(&prepared, scores)?;
+        Ok(model.staged_inline(&prepared, times))
+    }
+}
+
+impl Model {
+    /// The times of a batch whose rows were staged on the thread that then ran it: staging is
+    /// added to the embedding stage and the wall time, and counted as a stall.
+    pub fn staged_inline(&self, batch: &Prepared<'_>, mut times: StageTimes) -> StageTimes {
+        if batch.staged().is_some() {
+            let st = batch.staging_time();
+            self.record_stall(st);
+            times.embedding += st;
+            times.wall += st;
+        }
+        times
+    }
+}
+
+/// Where one forward pass spent its time. With more than one thread the bottom MLP runs on one
+/// thread beside the embedding stage (`bottom_overlapped`): `embedding` is then the wall time of
+/// both, `bottom_mlp` the part the MLP took on its thread, and the stages add up to more than
+/// `wall`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StageTimes {
+    pub embedding: Duration,
+    pub bottom_mlp: Duration,
+    pub interaction: Duration,
+    pub top_mlp: Duration,
+    /// The whole forward pass.
+    pub wall: Duration,
+    pub bottom_overlapped: bool,
+}
+
+impl StageTimes {
+    /// The wall time of the forward pass.
+    pub fn total(&self) -> Duration {
+        self.wall
+    }
+
+    /// The dense layers' time on the critical path: the top of the network, plus the bottom
+    /// MLP when it did not run beside the embedding stage.
+    pub fn dense(&self) -> Duration {
+        match self.bottom_overlapped {
+            true => self.interaction + self.top_mlp,
+            false => self.bottom_mlp + self.interaction + self.top_mlp,
+        }
+    }
+
+    /// Field-wise sum.
+    pub fn plus(self, o: StageTimes) -> StageTimes {
+        StageTimes {
+            embedding: self.embedding + o.embedding,
+            bottom_mlp: self.bottom_mlp + o.bottom_mlp,
+            interaction: self.interaction + o.interaction,
+            top_mlp: self.top_mlp + o.top_mlp,
+            wall: self.wall + o.wall,
+            bottom_overlapped: self.bottom_overlapped || o.bottom_overlapped,
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The first half of the seam a server (or `predict`, or a benchmark) sees: inputs checked
+//! against a model exactly once, then batched and prepared for an [`crate::Engine`].
+//!
+//! ```text
+//! request ──check_samples──> Samples ─┐
+//! request ──check_samples──> Samples ─┼─merge──> Batch ──prepare──> Prepared ──Engine::run──> scores
+//! (dense, KeyedJagged) ──────batch────┘          (checked)    (tier rows staged)
+//! ```
+//!
+//! - [`Model::check_samples`] checks one request's samples when they arrive (dense shape and
+//!   finiteness, one length per (feature, sample), every id a row of its table), so that one bad
+//!   request is refused alone and never fails the batch it would have joined; errors name the
+//!   input, the sample and the value.
+//! - [`Model::merge`] joins checked requests into one [`Batch`] without checking them again.
+//! - [`Model::batch`] / [`Model::batch_owned`] check a whole batch at once (`predict`,
+//!   benchmarks, tests).
+//! - [`Model::prepare`] stages the batch's rows from the SSD tier, if any table is there; it may
+//!   run on another thread, one or more batches ahead of the engine ([`crate::run_ahead`]).
+//!
+//! Nothing after this point checks ids again: the types carry the proof.
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use ember_embed::{
+    CheckedBatch, CheckedSamples, EmbedError, KeyedJagged, StagedBatch, ValidatedBatch,
+};
+
+use crate::error::{ModelError, Result};
+use crate::model::Model;
+
+/// What a model takes: what a request must match.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inputs {
+    /// Dense features per sample.
+    pub dense_in: usize,
+    /// Sparse feature names, in the model's order.
+    pub features: Vec<String>,
+    /// Rows of the table each feature reads (ids run from 0 to rows - 1).
+    pub rows: Vec<usize>,
+}
+
+impl Inputs {
+    /// Whether the model takes Criteo rows (13 dense, 26 sparse features).
+    pub fn is_criteo(&self) -> bool {
+        self.dense_in == crate::criteo::DENSE && self.features.len() == crate::criteo::SPARSE
+    }
+}
+
+/// The inputs of one request's samples, checked against a model: `dense` is `[n, dense_in]`
+/// and finite; for feature `f`, sample `s` has `lengths()[f * n + s]` ids, stored feature-major
+/// in `ids()`, each a row of the feature's table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Samples {
+    dense: Vec<f32>,
+    sparse: CheckedSamples,
+}
+
+impl Samples {
+    /// Samples.
+    pub fn len(&self) -> usize {
+        self.sparse.len()
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.sparse.is_empty()
+    }
+    /// Dense features, sample after sample.
+    pub fn dense(&self) -> &[f32] {
+        &self.dense
+    }
+    /// Ids per (feature, sample), feature-major.
+    pub fn lengths(&self) -> &[u32] {
+        self.sparse.lengths()
+    }
+    /// The ids, feature-major.
+    pub fn ids(&self) -> &[i64] {
+        self.sparse.ids()
+    }
+}
+
+/// The sparse half of a batch: borrowed from the caller, or owned (a merge of requests).
+#[derive(Debug)]
+enum Sparse<'a> {
+    Borrowed(ValidatedBatch<'a>),
+    Owned(CheckedBatch),
+}
+
+/// A batch of a model's inputs, checked: dense `[n, dense_in]` finite values, and sparse ids in
+/// range (borrowed from the caller or owned).
+#[derive(Debug)]
+pub struct Batch<'a> {
+    dense: Cow<'a, [f32]>,
+    sparse: Sparse<'a>,
+}
+
+impl Batch<'_> {
+    /// Samples.
+    pub fn len(&self) -> usize {
+        self.sparse().batch_size()
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Dense features, sample after sample.
+    pub fn dense(&self) -> &[f32] {
+        &self.dense
+    }
+    /// The sparse features.
+    pub fn sparse(&self) -> &KeyedJagged {
+        self.valid().get()
+    }
+    /// The sparse features as the embedding stage takes them.
+    pub fn valid(&self) -> ValidatedBatch<'_> {
+        match &self.sparse {
+            Sparse::Borrowed(v) => *v,
+            Sparse::Owned(c) => c.view(),
+        }
+    }
+}
+
+/// A batch ready for an engine: checked, and its rows on the SSD tier staged.
+#[derive(Debug)]
+pub struct Prepared<'a> {
+    batch: Batch<'a>,
+    staged: Option<StagedBatch>,
+    staging: Duration,
+}
+
+impl<'a> Prepared<'a> {
+    /// The batch.
+    pub fn batch(&self) -> &Batch<'a> {
+        &self.batch
+    }
+    /// Samples.
+    pub fn len(&self) -> usize {
+        self.batch.len()
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+    /// The staged tier rows (`None` when no table is on the tier).
+    pub fn staged(&self) -> Option<&StagedBatch> {
+        self.staged.as_ref()
+    }
+    /// How long staging took.
+    pub fn staging_time(&self) -> Duration {
+        self.staging
+    }
+}
+
+impl Model {
+    /// What the model takes: dense width, features and their tables' sizes.
+    pub fn inputs(&self) -> Inputs {
+        let coll = self.embeddings();
+        Inputs {
+            dense_in: self.config().dense_in,
+            features: coll.feature_names(),
+            rows: (0..coll.features().len())
+                .map(|f| coll.table_of(f).rows())
+                .collect(),
+        }
+    }
+
+    /// Checks one request's `n` samples (see [`Samples`]); errors name the input, the sample
+    /// and the value, as a client should read them.
+    pub fn check_samples(
+        &self,
+        n: usize,
+        dense: Vec<f32>,
+        lengths: Vec<u32>,
+        ids: Vec<i64>,
+    ) -> Result<Samples> {
+        let dense_in = self.config().dense_in;
+        if dense.len() != n.saturating_mul(dense_in) {
+            return Err(ModelError::Input(format!(
+                "dense has {} values; {n} samples of {dense_in} dense features need {}",
+                dense.len(),
+                n.saturating_mul(dense_in)
+            )));
+        }
+        check_finite(&dense, dense_in)?;
+        let sparse = self
+            .embeddings()
+            .check_samples(n, lengths, ids)
+            .map_err(request_error)?;
+        Ok(Samples { dense, sparse })
+    }
+
+    /// Joins checked requests into one batch, their samples in order, without checking them
+    /// again.
+    pub fn merge(&self, parts: &[&Samples]) -> Result<Batch<'static>> {
+        let n: usize = parts.iter().map(|p| p.len()).sum();
+        let mut dense = Vec::with_capacity(n * self.config().dense_in);
+        for p in parts {
+            dense.extend_from_slice(&p.dense);
+        }
+        let sparse: Vec<&CheckedSamples> = parts.iter().map(|p| &p.sparse).collect();
+        Ok(Batch {
+            dense: Cow::Owned(dense),
+            sparse: Sparse::Owned(self.embeddings().merge(&sparse)?),
+        })
+    }
+
+    /// Checks a batch borrowed from the caller: `dense` (`[B, dense_in]`, finite) and `sparse`
+    /// (the model's features, batch `B`, ids in range).
+    pub fn batch<'a>(&self, dense: &'a [f32], sparse: &'a KeyedJagged) -> Result<Batch<'a>> {
+        self.check_dense(dense, sparse.batch_size())?;
+        Ok(Batch {
+            dense: Cow::Borrowed(dense),
+            sparse: Sparse::Borrowed(self.embeddings().validate(sparse)?),
+        })
+    }
+
+    /// [`Model::batch`] for a batch the caller hands over.
+    pub fn batch_owned(&self, dense: Vec<f32>, sparse: KeyedJagged) -> Result<Batch<'static>> {
+        self.check_dense(&dense, sparse.batch_size())?;
+        Ok(Batch {
+            dense: Cow::Owned(dense),
+            sparse: Sparse::Owned(self.embeddings().check(sparse)?),
+        })
+    }
+
+    /// Stages the batch's rows on the SSD tier (nothing when no table is there).
+    pub fn prepare<'a>(&self, batch: Batch<'a>) -> Result<Prepared<'a>> {
+        let t = Instant::now();
+        let staged = match self.stager().is_active() {
+            true => Some(self.stager().stage(self.embeddings(), batch.valid())?),
+            false => None,
+        };
+        Ok(Prepared {
+            batch,
+            staged,
+            staging: t.elapsed(),
+        })
+    }
+
+    /// Dense values of a batch of `batch` samples: a multiple of `dense_in`, one row per
+    /// sample, finite.
+    fn check_dense(&self, dense: &[f32], batch: usize) -> Result<()> {
+        let n = self.config().dense_in;
+        if !dense.len().is_multiple_of(n) {
+            return Err(ModelError::Input(format!(
+                "dense has {} values, not a multiple of the model's {n} dense features",
+                dense.len()
+            )));
+        }
+        if dense.len() / n != batch {
+            return Err(ModelError::Input(format!(
+                "dense has {} samples but the sparse features have {batch}",
+                dense.len() / n
+            )));
+        }
+        check_finite(dense, n)
+    }
+}
+
+/// Refuses a dense value that is not finite, naming its feature and sample. A branch-free scan
+/// first (it vectorizes; an early-exit search does not), the position only when some value is
+/// not finite.
+fn check_finite(dense: &[f32], dense_in: usize) -> Result<()> {
+    let all_finite = dense
+        .chunks(64)
+        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()));
+    if !all_finite && let Some(i) = dense.iter().position(|v| !v.is_finite()) {
+        let n = dense_in.max(1);
+        return Err(ModelError::Input(format!(
+            "dense feature {} of sample {} is {} (must be finite)",
+            i % n,
+            i / n,
+            dense[i]
+        )));
+    }
+    Ok(())
+}
+
+/// A request's sparse inputs refused by the embedding stage, said as the client sent them.
+fn request_error(e: EmbedError) -> ModelError {
+    ModelError::Input(match e {
+        EmbedError::LengthsCount {
+            got,
+            features,
+            batch_size,
+            expected,
+        } => format!(
+            "{got} lengths for {batch_size} samples of {features} sparse features (need {expected})"
+        ),
+        EmbedError::LengthsSum { sum, ids } => {
+            format!("the lengths add up to {sum} ids but {ids} ids were sent")
+        }
+        EmbedError::IdOutOfRange {
+            feature,
+            sample,
+            id,
+            rows,
+            ..
+        } => format!(
+            "{feature}: id {id} of sample {sample} is out of range (the table has {rows} rows)"
+        ),
+        e => e.to_string(),
+    })
+}

@@ -1,0 +1,185 @@
+//! The batcher against the predictor alone: merged batches score like single requests, a full
+//! queue refuses at once, late requests are answered without scores, shutdown finishes what is
+//! queued, empty requests need no batch.
+
+use super::*;
+use crate::spec::ModelSpec;
+use ember_model::{Ids, KeyedJagged, LoadOptions, Model, Predictor};
+
+/// The shipped default model.
+pub(crate) fn default_model() -> Arc<Model> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+    Arc::new(Model::load(&dir, LoadOptions::default()).expect("the shipped model loads"))
+}
+
+/// `n` samples with random dense values and 0-3 random ids per bag.
+pub(crate) fn random_samples(spec: &ModelSpec, n: usize, seed: u64) -> Samples {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let dense = (0..n * spec.dense_in())
+        .map(|_| (next() % 1000) as f32 / 250.0)
+        .collect();
+    let mut lengths = Vec::new();
+    let mut ids = Vec::new();
+    for &rows in &spec.inputs.rows {
+        for _ in 0..n {
+            let l = (next() % 4) as u32;
+            lengths.push(l);
+            ids.extend((0..l).map(|_| (next() % rows as u64) as i64));
+        }
+    }
+    spec.check(n, dense, lengths, ids).unwrap()
+}
+
+/// Scores `s` alone, without the batcher.
+fn direct(model: &Arc<Model>, spec: &ModelSpec, s: &Samples) -> Vec<f32> {
+    let mut p = Predictor::new(model.clone(), 1).unwrap();
+    let lengths: Vec<usize> = s.lengths().iter().map(|&l| l as usize).collect();
+    let kj = KeyedJagged::from_lengths(
+        spec.features().to_vec(),
+        s.len(),
+        &lengths,
+        Ids::I64(s.ids().to_vec()),
+        None,
+    )
+    .unwrap();
+    let mut out = vec![0.0; s.len()];
+    p.score(s.dense(), &kj, &mut out).unwrap();
+    out
+}
+
+fn start(cfg: BatchConfig) -> (Arc<Model>, Arc<ModelSpec>, Arc<Batcher>) {
+    let model = default_model();
+    let spec = Arc::new(ModelSpec::of(model.clone(), "default"));
+    let p = Predictor::new(model.clone(), 1).unwrap();
+    let b = Arc::new(Batcher::start(Box::new(p), cfg));
+    (model, spec, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merged_batches_score_like_single_requests() {
+    let cfg = BatchConfig {
+        max_batch: 16,
+        max_delay: Duration::from_millis(20),
+        queue: 1000,
+    };
+    let (model, spec, b) = start(cfg);
+    let reqs: Vec<Samples> = (0..40)
+        .map(|i| random_samples(&spec, 1 + i % 3, i as u64))
+        .collect();
+    let tasks: Vec<_> = reqs
+        .iter()
+        .cloned()
+        .map(|s| {
+            let b = b.clone();
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect();
+    let mut largest = 0;
+    for (t, s) in tasks.into_iter().zip(&reqs) {
+        let got = t.await.unwrap().unwrap();
+        assert!(got.batch <= 16, "batch of {} over max_batch", got.batch);
+        largest = largest.max(got.batch);
+        let want = direct(&model, &spec, s);
+        assert_eq!(got.scores.len(), s.len());
+        for (g, w) in got.scores.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
+        }
+    }
+    assert!(
+        largest > 3,
+        "no request was batched with another (largest batch {largest})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_at_once() {
+    let cfg = BatchConfig {
+        max_batch: 1000,
+        max_delay: Duration::from_millis(300),
+        queue: 2,
+    };
+    let (_, spec, b) = start(cfg);
+    let waiting: Vec<_> = (0..2)
+        .map(|i| {
+            let (b, s) = (b.clone(), random_samples(&spec, 1, i));
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect();
+    // Let both reach the queue.
+    while b.queued() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let t = Instant::now();
+    let third = b.submit(random_samples(&spec, 1, 9), None).await;
+    assert_eq!(third.unwrap_err(), ServeError::Overloaded(2));
+    assert!(t.elapsed() < Duration::from_millis(100), "refusal waited");
+    for w in waiting {
+        assert_eq!(w.await.unwrap().unwrap().scores.len(), 1);
+    }
+    // Room again.
+    assert!(b.submit(random_samples(&spec, 2, 3), None).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_requests_are_answered_without_scores() {
+    let cfg = BatchConfig {
+        max_batch: 1000,
+        max_delay: Duration::from_millis(100),
+        queue: 10,
+    };
+    let (_, spec, b) = start(cfg);
+    let late = b.submit(random_samples(&spec, 1, 1), Some(1_000)).await;
+    assert_eq!(late.unwrap_err(), ServeError::DeadlineExceeded(1_000));
+    let fine = b.submit(random_samples(&spec, 1, 2), Some(5_000_000)).await;
+    assert!(fine.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_what_is_queued_then_refuses() {
+    // One long-forming batch holds all ten, so that they are all waiting when the stop comes.
+    let cfg = BatchConfig {
+        max_batch: 1000,
+        max_delay: Duration::from_secs(5),
+        queue: 100,
+    };
+    let (_, spec, b) = start(cfg);
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let (b, s) = (b.clone(), random_samples(&spec, 2, i));
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect();
+    while b.queued() < 10 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let b2 = b.clone();
+    tokio::task::spawn_blocking(move || b2.shutdown())
+        .await
+        .unwrap();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().scores.len(), 2);
+    }
+    // The stop closed the forming batch at once rather than after max_delay.
+    assert!(t0.elapsed() < Duration::from_secs(4));
+    let after = b.submit(random_samples(&spec, 1, 0), None).await;
+    assert_eq!(after.unwrap_err(), ServeError::ShuttingDown);
+}
+
+#[test]
+fn empty_requests_need_no_batch() {
+    let (_, spec, b) = start(BatchConfig::default());
+    let s = spec.check(0, vec![], vec![], vec![]).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert!(rt.block_on(b.submit(s, None)).unwrap().scores.is_empty());
+}
