@@ -1,4 +1,4 @@
-//! `ember convert`: writes row files (the SSD tier's format, see `ember_embed::tier::rowfile`)
+//! `ember convert`: writes row files (the SSD tier's format, see `ember_embed::storage::rowfile`)
 //! from a model directory's tables or from the 2-D tensors of a safetensors file.
 
 use anyhow::{Context, Result, bail, ensure};

@@ -24,7 +24,8 @@ pub struct TierArgs {
     /// its own rows when it runs).
     #[arg(long)]
     prefetch_depth: Option<usize>,
-    /// I/O engine of the SSD tier: auto, uring or pread.
+    /// How the SSD tier reads row files: auto, uring or pread (direct I/O), or mmap (a plain
+    /// mapping, through the page cache).
     #[arg(long)]
     io: Option<IoMode>,
     /// An id trace (one id per line) whose hottest ids the pinned policy pins at start.

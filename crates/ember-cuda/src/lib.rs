@@ -4,7 +4,7 @@
 //!   at run time for the device's own architecture and cached per configuration).
 //! - [`GpuEmbeddings`]: an [`ember_embed::EmbeddingCollection`] uploaded to the device, and the
 //!   table-batched pooled lookup in every [`Variant`]: the baseline kernel, occupancy-tuned
-//!   ([`tune`]), register prefetch, L2 pinning of the hot rows ([`hot`]), their combination,
+//!   ([`tune`]), register prefetch, L2 pinning of the hot rows ([`HotPlan`]), their combination,
 //!   and deduplication on the GPU.
 //! - [`GpuModel`]: a whole [`ember_model::Model`] on the device (MLPs through cuBLAS, the
 //!   interaction as a kernel, host-device copies on their own stream overlapped with compute).
@@ -14,11 +14,11 @@
 //! saying so.
 
 mod device;
-pub mod embed;
+mod embed;
 mod error;
-pub mod hot;
+mod hot;
 pub mod kernels;
-pub mod model;
+mod model;
 mod nvrtc;
 pub mod tune;
 

@@ -15,22 +15,22 @@
 //! assert_eq!(out, [9.0, 11.0, 13.0, 0.0, 0.0, 0.0]);
 //! ```
 
-pub mod alloc;
-pub mod cache;
+mod alloc;
+mod cache;
 mod checked;
-pub mod collection;
+mod collection;
 mod dedup;
-pub mod dtype;
-pub mod error;
-pub mod fpmode;
+mod dtype;
+mod error;
+mod fpmode;
 mod isa;
-pub mod jagged;
+mod jagged;
 pub mod pool;
 mod prefetch;
-pub mod quant;
+mod quant;
 pub mod shard;
 pub mod storage;
-pub mod table;
+mod table;
 pub mod tier;
 pub mod trace;
 

@@ -141,7 +141,7 @@ impl EmbeddingTable {
     }
 
     /// A table on the SSD tier: the row file at `path`, checked at open (see
-    /// [`crate::tier::rowfile`]). Lookups go through a [`crate::tier::Stager`].
+    /// [`crate::storage::rowfile`]). Lookups go through a [`crate::tier::Stager`].
     pub fn open_ssd(path: &Path) -> Result<Self> {
         let file = Arc::new(RowFile::open(path)?);
         Ok(Self::over_file(file.clone(), Storage::Disk(file)))

@@ -51,7 +51,7 @@ pub struct TierConfig {
     /// Batches staged ahead of the one being computed where batches are known ahead (`predict`).
     #[serde(default = "default_depth")]
     pub prefetch_depth: usize,
-    /// `auto`, `uring` or `pread`.
+    /// `auto`, `uring`, `pread` or `mmap`.
     #[serde(default = "default_io")]
     pub io: String,
     /// Reads in flight at most.

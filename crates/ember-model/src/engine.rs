@@ -1,7 +1,7 @@
 //! The second half of the seam: an [`Engine`] runs prepared batches of a model, on the CPU
 //! ([`crate::Predictor`]) or on a device (the CUDA backend's `GpuPredictor`). A server holds one
 //! engine on its batching thread and sees nothing of the model below this trait and
-//! [`crate::inputs`].
+//! [`crate::Model::prepare`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::inputs::Prepared;
 use crate::model::Model;
 
-/// Runs a model's forward pass on prepared batches (see [`crate::inputs`] for how a batch is
+/// Runs a model's forward pass on prepared batches (see [`Model::prepare`] for how a batch is
 /// checked and prepared). Errors are typed: [`crate::ModelError::kind`] tells a caller's mistake
 /// from a failure of the engine.
 pub trait Engine: Send {

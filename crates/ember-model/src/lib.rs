@@ -12,7 +12,7 @@
 pub mod config;
 pub mod criteo;
 mod engine;
-pub mod error;
+mod error;
 pub mod eval;
 #[cfg(target_arch = "x86_64")]
 mod gemm;
@@ -28,14 +28,19 @@ pub mod synth;
 pub mod weights;
 
 pub use config::{InteractionConfig, ModelConfig, PairOrder};
+/// How many times ids were checked against a model's tables in this process: tests use it to
+/// prove that a served request is checked exactly once.
+#[doc(hidden)]
+pub use ember_embed::id_checks;
 /// The embedding stage's types that appear in this crate's seam, so that its users (a server)
 /// need no other crate.
-pub use ember_embed::{DType, Ids, KeyedJagged, Placement, StagedBatch, TierStats};
+pub use ember_embed::{DType, Ids, KeyedJagged, Placement, Shard, StagedBatch, TierStats};
 pub use engine::{Engine, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
+pub use mlp::sigmoid;
 pub use model::{LoadOptions, Model};
-pub use predictor::{Predictor, sigmoid};
+pub use predictor::Predictor;
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):
 /// `predict` and the server's batcher stage batch N+1's rows while batch N computes. See

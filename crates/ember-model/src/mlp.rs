@@ -251,6 +251,12 @@ pub fn linear_reference(l: &Linear, x: &[f32], batch: usize) -> Vec<f32> {
     y
 }
 
+/// The logistic function: a model's output activation (its logit to a probability).
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

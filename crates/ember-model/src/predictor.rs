@@ -16,7 +16,7 @@ use crate::engine::{Engine, StageTimes};
 use crate::error::{ModelError, Result};
 use crate::inputs::Prepared;
 use crate::interaction::InteractionScratch;
-use crate::mlp::MlpScratch;
+use crate::mlp::{MlpScratch, sigmoid};
 use crate::model::Model;
 
 #[derive(Debug, Default)]
@@ -232,10 +232,4 @@ fn pool_batch(
         (None, Some(s)) => pooler.run_staged(coll, batch, s, out),
         (None, None) => pooler.run(coll, batch, out),
     }
-}
-
-/// The logistic function.
-#[inline]
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }

@@ -157,7 +157,7 @@ pub fn write_synth(out: &mut impl Write, rows: u64, seed: u64) -> std::io::Resul
             }
         }
         let z = teacher.logit(&dense_log, &ranks);
-        let label = rng.random::<f32>() < crate::sigmoid(z);
+        let label = rng.random::<f32>() < crate::mlp::sigmoid(z);
         positives += u64::from(label);
         line.clear();
         line.push(if label { '1' } else { '0' });

@@ -130,7 +130,7 @@ pub fn device_loads(
     load
 }
 
-/// [`llc_bytes`], read once.
+/// `llc_bytes`, read once.
 pub fn machine_llc() -> f64 {
     static LLC: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *LLC.get_or_init(llc_bytes)

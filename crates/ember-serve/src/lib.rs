@@ -33,7 +33,7 @@ mod error;
 pub mod grpc;
 mod http;
 pub mod kserve;
-pub mod metrics;
+mod metrics;
 mod spec;
 mod state;
 pub mod v1;

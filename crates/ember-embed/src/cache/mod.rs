@@ -102,7 +102,7 @@ impl fmt::Display for CachePolicy {
 
 /// A DRAM cache of fixed-size rows keyed by row id, with a capacity in rows.
 ///
-/// See the [module documentation](self) for the policies. All row bytes live in one slab, and
+/// See the `cache` module's documentation (`cache/mod.rs`) for the policies. All row bytes live in one slab, and
 /// every index structure is sized in [`RowCache::new`]: `get` and `insert` never allocate.
 pub struct RowCache {
     policy: CachePolicy,

@@ -1,6 +1,6 @@
 //! The table-batched pooled lookup (EmbeddingBag / SparseLengthsSum over every feature at once).
 //!
-//! Specification (see [`reference`] for it as code): for every feature `f` and sample `b`,
+//! Specification (see [`mod@reference`] for it as code): for every feature `f` and sample `b`,
 //! `out[b, col(f)..col(f)+dim(f)]` is the sum (or mean, or weighted sum) of the rows of `f`'s table
 //! selected by the bag's ids; empty bags give zeros. `out` is `batch_size x total_dim` f32,
 //! row-major: the features' pooled vectors side by side, ready for the feature interaction.
@@ -230,7 +230,7 @@ impl Pooler {
 
     /// Runs `f` on this pooler's thread pool (on the calling thread when it has one thread), so
     /// that other work (a model's dense layers) shares the pool, and `rayon::join` can run it
-    /// beside [`Pooler::run`]. Subnormals flush to zero inside (see [`crate::fpmode`]).
+    /// beside [`Pooler::run`]. Subnormals flush to zero inside (see [`crate::FlushDenormals`]).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Some(p) => p.install(f),

@@ -9,14 +9,14 @@
 //!   tables" into checked bytes. Two backends read row files:
 //!   - [`FileStore`] ([`file`]): the I/O engine, with `O_DIRECT` where the filesystem allows it;
 //!     adjacent blocks are merged into reads of up to 256 KiB.
-//!   - [`MapStore`] ([`mmap`]): a plain read-only mapping, rows copied out of the page cache.
+//!   - [`MapStore`] (`mmap.rs`): a plain read-only mapping, rows copied out of the page cache.
 //!
 //!   A remote store (rows in a Redis Cluster) is the next one: a file of its own implementing
 //!   [`RowStore`], chosen by a table's placement.
-//! - [`MappedRows`] ([`mmap`]): the mapping that `mmap`-placed tables are read through in place
+//! - [`MappedRows`] (`mmap.rs`): the mapping that `mmap`-placed tables are read through in place
 //!   (the page cache is their only cache, so they need no store).
 //!
-//! Nothing here knows tables, batches or caches: this module sits below [`crate::table`] and
+//! Nothing here knows tables, batches or caches: this module sits below [`crate::EmbeddingTable`] and
 //! [`crate::tier`], which use it.
 
 pub mod io;

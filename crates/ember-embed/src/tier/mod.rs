@@ -1,5 +1,5 @@
 //! The SSD tier: tables larger than memory, read from a [`crate::storage::RowStore`] (row files
-//! through io_uring, `pread` or a mapping) behind a DRAM row cache ([`crate::cache`]), with the
+//! through io_uring, `pread` or a mapping) behind a DRAM row cache ([`crate::RowCache`]), with the
 //! next batch's rows read while the current one is pooled ([`pipeline`]).
 //!
 //! Lookups on tier tables are staged: [`Stager::stage`] finds each feature's distinct ids in the

@@ -12,6 +12,7 @@ use super::stager::Stager;
 use crate::collection::EmbeddingCollection;
 use crate::error::Result;
 use crate::jagged::KeyedJagged;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 /// 0: inline on the calling thread, no overlap). `consume` gets every prepared item in order; the
 /// first error it returns stops the pipeline (the producer stops before its next item). `waited`
 /// is told how long `consume`'s thread waited for each item (with depth 0, all of `prepare`'s
-/// time).
+/// time). Where no thread can be started, it runs inline, as with depth 0.
 pub fn run_ahead<T, U, E, I>(
     depth: usize,
     items: I,
@@ -32,34 +33,49 @@ where
     I: IntoIterator<Item = T> + Send,
     I::IntoIter: Send,
 {
-    if depth == 0 {
+    let inline = |items: I::IntoIter, consume: &mut dyn FnMut(U) -> std::result::Result<(), E>| {
         for item in items {
             let t = Instant::now();
             let u = prepare(item);
             waited(t.elapsed());
             consume(u)?;
         }
-        return Ok(());
+        Ok(())
+    };
+    if depth == 0 {
+        return inline(items.into_iter(), &mut consume);
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(depth - 1);
-    let items = items.into_iter();
+    // Shared so that the items are not lost with the closure when the thread cannot start.
+    let items = Mutex::new(Some(items.into_iter()));
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let prepare = &prepare;
-        let stop = &stop;
-        s.spawn(move || {
-            for item in items {
-                let u = prepare(item);
-                // Checked before blocking on the next item too (the loop's `next`); an iterator
-                // that blocks forever (an idle stdin) still delays the end after an error.
-                if stop.load(Relaxed) {
-                    break;
+        let (stop, shared) = (&stop, &items);
+        let producer = std::thread::Builder::new()
+            .name("ember-prepare".into())
+            .spawn_scoped(s, move || {
+                let taken = shared.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let Some(items) = taken else { return };
+                for item in items {
+                    let u = prepare(item);
+                    // Checked before blocking on the next item too (the loop's `next`); an iterator
+                    // that blocks forever (an idle stdin) still delays the end after an error.
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    if tx.send(u).is_err() {
+                        break;
+                    }
                 }
-                if tx.send(u).is_err() {
-                    break;
-                }
-            }
-        });
+            });
+        if producer.is_err() {
+            let taken = items.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return match taken {
+                Some(items) => inline(items, &mut consume),
+                None => Ok(()),
+            };
+        }
         let result = loop {
             let t = Instant::now();
             let Ok(u) = rx.recv() else {

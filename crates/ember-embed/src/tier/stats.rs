@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-/// Counters of the tier since it was built (or since [`Stager::reset_stats`]).
+/// Counters of the tier since it was built (or since [`super::Stager::reset_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TierStats {
     /// Batches staged.

@@ -50,7 +50,7 @@ pub struct TieredArgs {
     /// Batches staged ahead of the one being pooled (0: no overlap).
     #[arg(long, default_value_t = 1)]
     prefetch_depth: usize,
-    /// I/O engine: auto, uring or pread.
+    /// How row files are read: auto, uring or pread (direct I/O), or mmap (through the page cache).
     #[arg(long, default_value = "auto")]
     io: IoMode,
     /// Reads in flight at most.

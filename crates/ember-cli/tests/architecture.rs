@@ -1,0 +1,337 @@
+//! The house rules of the workspace, checked on its sources (`docs/architecture.md` states
+//! them):
+//!
+//! - crates depend one way: embed <- model <- serve / plan / cuda / bench <- cli, and the server
+//!   sees the model only through `ember-model` (no `ember-embed` anywhere in `ember-serve`);
+//! - no import cycle between the modules of a crate, nor between the files of a module
+//!   directory (an import that "runs back up" closes a cycle);
+//! - no source file over 600 lines of non-test code without a stated reason;
+//! - every source path `docs/architecture.md` names exists.
+//!
+//! Test code (`#[cfg(test)]` modules, `tests/`, `benches/`) is not held to the import rules:
+//! tests may reach anywhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const CRATES: [&str; 7] = [
+    "ember-embed",
+    "ember-model",
+    "ember-serve",
+    "ember-cuda",
+    "ember-plan",
+    "ember-bench",
+    "ember-cli",
+];
+
+/// Files allowed over the size limit, with why.
+const LARGE: [(&str, &str); 0] = [];
+
+/// Lines of non-test code: everything before a top-level `#[cfg(test)]`.
+fn code_of(text: &str) -> &str {
+    match text.find("\n#[cfg(test)]") {
+        Some(i) => &text[..i],
+        None => text,
+    }
+}
+
+/// The code of a line, without its comment (`//` at the start or after white space; `://` in
+/// a string is kept).
+fn strip_comment(line: &str) -> &str {
+    let b = line.as_bytes();
+    for i in 0..b.len().saturating_sub(1) {
+        if b[i] == b'/' && b[i + 1] == b'/' && (i == 0 || b[i - 1].is_ascii_whitespace()) {
+            return &line[..i];
+        }
+    }
+    line
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The module path of a source file (`src/tier/stager.rs` -> `["tier", "stager"]`,
+/// `src/tier/mod.rs` -> `["tier"]`, `src/lib.rs` -> `[]`).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The paths (`crate::a::b`, `super::c`) a file's code names, resolved to module paths (as far
+/// as they are modules of the crate), including those inside `use crate::{a::X, b::Y}` groups.
+fn references(code: &str, me: &[String], modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let mut out = BTreeSet::new();
+    let idents = |s: &str| -> Vec<String> {
+        s.split("::")
+            .map(|p| {
+                p.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .take_while(|p| !p.is_empty())
+            .collect()
+    };
+    // The longest prefix of `path` that is a module.
+    let resolve = |path: Vec<String>, out: &mut BTreeSet<Vec<String>>| {
+        for n in (1..=path.len()).rev() {
+            if modules.contains(&path[..n]) {
+                out.insert(path[..n].to_vec());
+                return;
+            }
+        }
+    };
+    for line in code.lines() {
+        let line = strip_comment(line);
+        for (kw, base) in [
+            ("crate::", Vec::<String>::new()),
+            ("super::", parent_of(me)),
+        ] {
+            let mut rest = line;
+            while let Some(i) = rest.find(kw) {
+                let after = &rest[i + kw.len()..];
+                let prefix_ok = i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric();
+                rest = after;
+                if !prefix_ok {
+                    continue;
+                }
+                let mut path = base.clone();
+                if let Some(group) = after.strip_prefix('{') {
+                    let end = group.find('}').unwrap_or(group.len());
+                    for item in group[..end].split(',') {
+                        let mut p = path.clone();
+                        p.extend(idents(item.trim()));
+                        resolve(p, &mut out);
+                    }
+                    continue;
+                }
+                path.extend(idents(after));
+                resolve(path, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// The module a `super::` in a file of module `me` names: its parent (for `mod.rs` and other
+/// files alike, `super` of module `a::b` is `a`).
+fn parent_of(me: &[String]) -> Vec<String> {
+    me[..me.len().saturating_sub(1)].to_vec()
+}
+
+/// A cycle in `edges`, if there is one (as a path of nodes).
+fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            match state.get(m).copied().unwrap_or(0) {
+                1 => {
+                    let at = stack.iter().position(|s| s == m).unwrap_or(0);
+                    let mut cycle = stack[at..].to_vec();
+                    cycle.push(m.clone());
+                    return Some(cycle);
+                }
+                0 => {
+                    if let Some(c) = visit(m, edges, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in edges.keys() {
+        if state.get(n).copied().unwrap_or(0) == 0 {
+            let mut stack = Vec::new();
+            if let Some(c) = visit(n, edges, &mut state, &mut stack) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn modules_import_without_cycles() {
+    for krate in CRATES {
+        let src = root().join("crates").join(krate).join("src");
+        let files = rust_files(&src);
+        let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(&src, f)).collect();
+        // Per directory module (and the crate root, `[]`): the graph of its child modules.
+        let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+        for f in &files {
+            let me = module_of(&src, f);
+            if me.last().is_some_and(|m| m == "tests") {
+                continue;
+            }
+            let text = std::fs::read_to_string(f).unwrap();
+            for target in references(code_of(&text), &me, &modules) {
+                // The edge is between the two children of the modules' deepest common ancestor.
+                let common = me.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if common >= me.len() || common >= target.len() {
+                    continue; // a module's own items, or its ancestors' / descendants'
+                }
+                graphs
+                    .entry(me[..common].to_vec())
+                    .or_default()
+                    .entry(me[common].clone())
+                    .or_default()
+                    .insert(target[common].clone());
+            }
+        }
+        for (parent, edges) in &graphs {
+            if let Some(cycle) = find_cycle(edges) {
+                panic!(
+                    "{krate}: modules of `{}` import each other in a cycle: {}",
+                    if parent.is_empty() {
+                        "crate".to_string()
+                    } else {
+                        parent.join("::")
+                    },
+                    cycle.join(" -> ")
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn crates_depend_one_way_and_the_server_only_on_the_model() {
+    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("ember-embed", &[][..]),
+        ("ember-model", &["ember-embed"][..]),
+        ("ember-serve", &["ember-model"][..]),
+        ("ember-plan", &["ember-embed"][..]),
+        ("ember-cuda", &["ember-embed", "ember-model"][..]),
+        (
+            "ember-bench",
+            &["ember-embed", "ember-model", "ember-cuda"][..],
+        ),
+        (
+            "ember-cli",
+            &[
+                "ember-embed",
+                "ember-model",
+                "ember-serve",
+                "ember-plan",
+                "ember-cuda",
+                "ember-bench",
+            ][..],
+        ),
+    ]);
+    for krate in CRATES {
+        let toml =
+            std::fs::read_to_string(root().join("crates").join(krate).join("Cargo.toml")).unwrap();
+        for line in toml.lines() {
+            let Some(dep) = line.split(['=', '.', ' ']).next() else {
+                continue;
+            };
+            if dep.starts_with("ember-") && dep != krate {
+                assert!(
+                    allowed[krate].contains(&dep),
+                    "{krate} depends on {dep}: the crates depend one way (see docs/architecture.md)"
+                );
+            }
+        }
+    }
+    let serve = root().join("crates/ember-serve");
+    for dir in ["src", "tests", "benches"] {
+        for f in rust_files(&serve.join(dir)) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let names_embed = text.match_indices("ember_embed").any(|(i, m)| {
+                let next = text[i + m.len()..].chars().next();
+                !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            assert!(
+                !names_embed,
+                "{} names ember_embed: the server sees the model only through ember-model",
+                f.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn source_files_hold_one_concern() {
+    let allowed: BTreeMap<&str, &str> = LARGE.into_iter().collect();
+    let mut over = Vec::new();
+    for krate in CRATES {
+        let src = root().join("crates").join(krate).join("src");
+        for f in rust_files(&src) {
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            if rel.ends_with("/tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            let lines = code_of(&text).lines().count();
+            if lines > 600 && !allowed.contains_key(rel.as_str()) {
+                over.push(format!("{rel}: {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "source files over 600 lines of non-test code (split them, or list them in LARGE with \
+         a reason): {over:?}"
+    );
+}
+
+#[test]
+fn the_architecture_document_names_files_that_exist() {
+    let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut named = 0;
+    for piece in doc.split('`') {
+        let p = piece.trim();
+        if p.starts_with("crates/") && !p.contains(' ') && !p.contains('*') {
+            // `crates/ember-embed/src/tier/stager.rs` or a directory `crates/ember-embed/src/tier/`.
+            let path = p.split(['#', ':']).next().unwrap_or(p);
+            assert!(
+                root().join(path).exists(),
+                "docs/architecture.md names {p}, which does not exist"
+            );
+            named += 1;
+        }
+    }
+    assert!(
+        named >= 20,
+        "docs/architecture.md names only {named} source paths"
+    );
+}

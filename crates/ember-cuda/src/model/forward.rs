@@ -1,0 +1,208 @@
+//! The forward pass a [`GpuPredictor`] enqueues for a slot on the compute stream: the
+//! embedding stage's launches, the MLPs through cuBLAS SGEMM plus a bias-and-activation kernel,
+//! the interaction kernels, with events marking the stages.
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::{DevInteraction, DevLinear, GpuPredictor};
+use crate::device::dptr;
+use crate::error::{CudaError, DriverCtx, Result};
+
+impl GpuPredictor {
+    /// Enqueues slot `si`'s forward pass on the compute stream.
+    pub(super) fn forward(&mut self, si: usize) -> Result<()> {
+        let m = self.m.clone();
+        let gpu = &m.gpu;
+        let stream = gpu.compute();
+        let slot = &mut self.slots[si];
+        let batch = slot.batch;
+        slot.marks[0].record(stream).ctx("recording an event")?;
+        slot.run.launch(&m.emb)?;
+        slot.marks[1].record(stream).ctx("recording an event")?;
+        let pooled = slot.run.output_ptr();
+        let p = |b: &Option<CudaSlice<f32>>| dptr(b.as_ref().expect("allocated"), stream);
+        let acts = [p(&slot.act[0]), p(&slot.act[1])];
+        let mut cur = p(&slot.dense);
+        let mut which = 0usize;
+        // Bottom MLP: layer k writes act[k % 2] (so the output of layer k is read by k + 1).
+        for l in &m.bottom {
+            let out = acts[which];
+            self.linear(l, cur, batch, out)?;
+            cur = out;
+            which ^= 1;
+        }
+        let slot = &self.slots[si];
+        slot.marks[2].record(stream).ctx("recording an event")?;
+        let cfg = m.model.config();
+        let top_in = cfg.top_in();
+        let d = cfg.bottom_out();
+        let pd = m.emb.total_dim();
+        let inter_out = p(&slot.inter_out);
+        let x = cur;
+        let top_input = match &m.inter {
+            DevInteraction::Dot { pairs, n_pairs, d } => {
+                let n = pd / d + 1;
+                let smem = n * d * 4;
+                let use_smem = i32::from(smem <= 48 * 1024);
+                let (pairs, n_pairs_i, d_i, n_i, top_in_i) = (
+                    dptr(pairs, stream),
+                    *n_pairs as i32,
+                    *d as i32,
+                    n as i32,
+                    top_in as i32,
+                );
+                if batch > 0 {
+                    let mut b = stream.launch_builder(&self.dot);
+                    b.arg(&x)
+                        .arg(&pooled)
+                        .arg(&d_i)
+                        .arg(&n_i)
+                        .arg(&pairs)
+                        .arg(&n_pairs_i)
+                        .arg(&inter_out)
+                        .arg(&top_in_i)
+                        .arg(&use_smem);
+                    let cfg = LaunchConfig {
+                        grid_dim: (batch as u32, 1, 1),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: if use_smem == 1 { smem as u32 } else { 0 },
+                    };
+                    // SAFETY: arguments match ember_dot_interact; x is [batch, d], pooled
+                    // [batch, (n-1) d], inter_out [batch, top_in], pairs 2 x n_pairs ints < n.
+                    unsafe { b.launch(cfg) }.ctx("launching the dot interaction")?;
+                }
+                inter_out
+            }
+            DevInteraction::Cat => {
+                self.copy_cols(x, d, inter_out, top_in, 0, batch)?;
+                self.copy_cols(pooled, pd, inter_out, top_in, d, batch)?;
+                inter_out
+            }
+            DevInteraction::Dcn { layers } => {
+                // x0 = [x, pooled] in inter_out; xl iterates in its own buffer.
+                self.copy_cols(x, d, inter_out, top_in, 0, batch)?;
+                self.copy_cols(pooled, pd, inter_out, top_in, d, batch)?;
+                let xl = p(&slot.xl);
+                let (low, wide) = (p(&slot.low), p(&slot.wide));
+                self.copy_cols(inter_out, top_in, xl, top_in, 0, batch)?;
+                for (v, w) in layers {
+                    self.gemm(v, xl, batch, low)?;
+                    self.gemm(w, low, batch, wide)?;
+                    let total = (batch * top_in) as i64;
+                    let n = top_in as i32;
+                    let bias = dptr(&w.b, stream);
+                    if total > 0 {
+                        let mut b = stream.launch_builder(&self.cross);
+                        b.arg(&xl)
+                            .arg(&inter_out)
+                            .arg(&wide)
+                            .arg(&bias)
+                            .arg(&n)
+                            .arg(&total);
+                        // SAFETY: four [batch, top_in] / [top_in] buffers, as the kernel reads.
+                        unsafe { b.launch(grid(total)) }.ctx("launching the cross update")?;
+                    }
+                }
+                xl
+            }
+        };
+        let slot = &self.slots[si];
+        slot.marks[3].record(stream).ctx("recording an event")?;
+        cur = top_input;
+        for l in &m.top {
+            let out = acts[which];
+            self.linear(l, cur, batch, out)?;
+            cur = out;
+            which ^= 1;
+        }
+        debug_assert_eq!(cur, acts[which ^ 1]);
+        let slot = &self.slots[si];
+        slot.marks[4].record(stream).ctx("recording an event")?;
+        slot.done.record(stream).ctx("recording an event")?;
+        Ok(())
+    }
+
+    /// `y = x W^T` (row-major `[batch, in] -> [batch, out]`) through cuBLAS's column-major
+    /// SGEMM: `y^T = W x^T`, with `W` read transposed from its row-major `[out, in]` layout.
+    fn gemm(&self, l: &DevLinear, x: u64, batch: usize, y: u64) -> Result<()> {
+        if batch == 0 {
+            return Ok(());
+        }
+        let stream = self.m.gpu.compute();
+        let w = dptr(&l.w, stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: w holds out x in floats, x holds batch x in, y holds batch x out (sized at
+        // submit); the handle runs on the compute stream that orders every use.
+        unsafe {
+            cudarc::cublas::result::sgemm(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                l.n_out as i32,
+                batch as i32,
+                l.n_in as i32,
+                &alpha,
+                w as *const f32,
+                l.n_in as i32,
+                x as *const f32,
+                l.n_in as i32,
+                &beta,
+                y as *mut f32,
+                l.n_out as i32,
+            )
+        }
+        .map_err(|source| CudaError::Blas {
+            what: "SGEMM",
+            source,
+        })
+    }
+
+    /// A linear layer with its bias and activation.
+    fn linear(&self, l: &DevLinear, x: u64, batch: usize, y: u64) -> Result<()> {
+        self.gemm(l, x, batch, y)?;
+        let total = (batch * l.n_out) as i64;
+        if total == 0 {
+            return Ok(());
+        }
+        let stream = self.m.gpu.compute();
+        let bias = dptr(&l.b, stream);
+        let n = l.n_out as i32;
+        let relu = i32::from(l.relu);
+        let mut b = stream.launch_builder(&self.bias_act);
+        b.arg(&y).arg(&bias).arg(&n).arg(&total).arg(&relu);
+        // SAFETY: y holds batch x n_out floats, bias n_out.
+        unsafe { b.launch(grid(total)) }.ctx("launching bias and activation")?;
+        Ok(())
+    }
+
+    fn copy_cols(
+        &self,
+        src: u64,
+        width: usize,
+        dst: u64,
+        dst_stride: usize,
+        col: usize,
+        batch: usize,
+    ) -> Result<()> {
+        let total = (batch * width) as i64;
+        if total == 0 {
+            return Ok(());
+        }
+        let stream = self.m.gpu.compute();
+        let (w, ds, c, b_) = (width as i32, dst_stride as i32, col as i32, batch as i32);
+        let mut b = stream.launch_builder(&self.copy_cols);
+        b.arg(&src).arg(&w).arg(&dst).arg(&ds).arg(&c).arg(&b_);
+        // SAFETY: src is [batch, width], dst [batch, dst_stride] with col + width <= stride.
+        unsafe { b.launch(grid(total)) }.ctx("launching a column copy")?;
+        Ok(())
+    }
+}
+
+fn grid(total: i64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((total as u64).div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
