@@ -304,6 +304,7 @@ fn answer(live: Vec<Job>, n: usize, scores: &[f32], result: ember_model::Result<
             }
         }
         Err(e) => {
+            // Its requests were checked when they arrived: whatever fails now is the server's.
             let e = ServeError::Internal(format!("scoring a batch: {e}"));
             for j in live {
                 let _ = j.reply.send(Err(e.clone()));

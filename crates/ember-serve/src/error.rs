@@ -83,6 +83,17 @@ impl From<ServeError> for tonic::Status {
     }
 }
 
+/// A model's refusal of a request: the caller's mistake (a 400 naming the input, the sample and
+/// the value) or the model's own failure (a 500).
+impl From<ember_model::ModelError> for ServeError {
+    fn from(e: ember_model::ModelError) -> ServeError {
+        match e.kind() {
+            ember_model::ErrorKind::Input => ServeError::BadRequest(e.message()),
+            ember_model::ErrorKind::Internal => ServeError::Internal(e.to_string()),
+        }
+    }
+}
+
 /// `Result` with [`ServeError`].
 pub type Result<T> = std::result::Result<T, ServeError>;
 
@@ -114,5 +125,23 @@ mod tests {
             assert_eq!((s.code(), s.message()), (grpc, e.to_string().as_str()));
             assert_eq!(e.clone().into_response().status().as_u16(), http);
         }
+    }
+
+    #[test]
+    fn the_model_says_whose_fault_an_error_is() {
+        use ember_model::ModelError;
+        let input = ServeError::from(ModelError::Input(
+            "dense feature 2 of sample 0 is NaN".into(),
+        ));
+        assert_eq!(
+            input,
+            ServeError::BadRequest("dense feature 2 of sample 0 is NaN".into())
+        );
+        let device = ServeError::from(ModelError::Device {
+            device: "cuda:0".into(),
+            reason: "launch failed".into(),
+        });
+        assert_eq!(device, ServeError::Internal("cuda:0: launch failed".into()));
+        assert_eq!(device.status().as_u16(), 500);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ember_model::{Inputs, Model, Samples};
 
-use crate::error::{Result, ServeError};
+use crate::error::Result;
 
 /// The served model as requests see it.
 #[derive(Debug, Clone)]
@@ -62,8 +62,6 @@ impl ModelSpec {
         lengths: Vec<u32>,
         ids: Vec<i64>,
     ) -> Result<Samples> {
-        self.model
-            .check_samples(n, dense, lengths, ids)
-            .map_err(|e| ServeError::bad(e.message()))
+        Ok(self.model.check_samples(n, dense, lengths, ids)?)
     }
 }

@@ -10,7 +10,7 @@
 use anyhow::Result;
 use ember_bench::ceiling::Ceiling;
 use ember_bench::stats::{human_bytes, median};
-use ember_embed::{EmbeddingCollection, Isa, PoolOptions, PoolStats, Pooler, ValidatedBatch};
+use ember_embed::{EmbeddingCollection, Isa, PoolStats, ValidatedBatch};
 use serde_json::json;
 use std::time::Instant;
 
@@ -81,13 +81,7 @@ fn measure(
     coll: &EmbeddingCollection,
     validated: &[ValidatedBatch<'_>],
 ) -> Result<Report> {
-    let pooler = Pooler::new(PoolOptions {
-        pooling: a.mode,
-        dedup: a.dedup,
-        threads: a.threads,
-        prefetch_distance: a.prefetch,
-        isa: Some(isa),
-    })?;
+    let pooler = a.pooler(isa)?;
     let ceiling = Ceiling::new(a.threads, a.prefetch, isa)?;
     let mut out = vec![0f32; s.batch * coll.total_dim()];
     let quant_err = match a.no_check {
@@ -109,7 +103,7 @@ fn measure(
     let time_ceiling = |sink: &mut u64| -> f64 {
         let t = Instant::now();
         for b in validated {
-            *sink = sink.wrapping_add(ceiling.run(coll, b.get()));
+            *sink = sink.wrapping_add(ceiling.run(coll, *b));
         }
         lookups_per_run as f64 / t.elapsed().as_secs_f64()
     };

@@ -8,7 +8,7 @@ use ember_bench::stats::{human_bytes, mem_available};
 use ember_bench::workload::{IdSource, WorkloadSpec, generate, unique_ratio};
 use ember_embed::{
     DType, Dedup, EmbedError, EmbeddingCollection, EmbeddingTable, Isa, KeyedJagged, PagePolicy,
-    Pooling,
+    PoolOptions, Pooler, Pooling,
 };
 use ember_model::random::seeded_row;
 use serde_json::json;
@@ -159,6 +159,17 @@ impl EmbedArgs {
             None => Isa::selected()?,
         };
         Ok(Setup { shape, source, isa })
+    }
+
+    /// The pooler the flags ask for.
+    pub(crate) fn pooler(&self, isa: Isa) -> Result<Pooler> {
+        Ok(Pooler::new(PoolOptions {
+            pooling: self.mode,
+            dedup: self.dedup,
+            threads: self.threads,
+            prefetch_distance: self.prefetch,
+            isa: Some(isa),
+        })?)
     }
 
     /// How table memory is backed.

@@ -82,7 +82,8 @@ impl GpuPredictor {
         })
     }
 
-    pub fn model(&self) -> &Arc<GpuModel> {
+    /// The model on the device (its [`Engine::model`] is the host model it came from).
+    pub fn gpu_model(&self) -> &Arc<GpuModel> {
         &self.m
     }
 

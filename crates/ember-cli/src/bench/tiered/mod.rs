@@ -23,8 +23,8 @@ use ember_embed::storage::{BLOCK, RowFile};
 use ember_embed::tier::pipeline;
 use ember_embed::trace::load_trace;
 use ember_embed::{
-    CachePolicy, EmbeddingCollection, EmbeddingTable, IoMode, KeyedJagged, PoolOptions, Pooler,
-    Stager, TierOptions,
+    CachePolicy, EmbeddingCollection, EmbeddingTable, IoMode, KeyedJagged, Pooler, Stager,
+    TierOptions,
 };
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -126,13 +126,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
         (None, IdSource::Trace { ids, .. }) => Some(ids.clone()),
         _ => None,
     };
-    let pooler = Pooler::new(PoolOptions {
-        pooling: a.mode,
-        dedup: a.dedup,
-        threads: a.threads,
-        prefetch_distance: a.prefetch,
-        isa: Some(isa),
-    })?;
+    let pooler = a.pooler(isa)?;
     let runs = work.runs(a.batches);
     let shape = (s.batch * s.tables * s.dim, work.lookups_per_run);
     if let Some(cg) = &t.mmap_child {
