@@ -125,7 +125,8 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
 }
 
 fn from_safetensors(a: &ConvertArgs, file: &Path, out: &Path) -> Result<()> {
-    let f = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let f = ember_embed::files::open_regular(file, "weights file")
+        .with_context(|| format!("opening {}", file.display()))?;
     // SAFETY: read-only mapping used only while the tensors are written out; the file is not
     // modified in place by Ember (see ember_model::weights).
     let map =

@@ -168,7 +168,7 @@ fn criteo_profile(
 ) -> anyhow::Result<Vec<ember_embed::KeyedJagged>> {
     use anyhow::Context;
     use ember_model::criteo::{CriteoBatch, CriteoReader};
-    let f = std::fs::File::open(path)
+    let f = ember_embed::files::open_regular(path, "profile data file")
         .with_context(|| format!("cannot open profile {}", path.display()))?;
     let mut reader = CriteoReader::new(std::io::BufReader::new(f), path.display().to_string());
     let names = model.feature_names();

@@ -21,6 +21,21 @@ use clap::{Parser, Subcommand};
 /// under load (`perf`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `mi_option_purge_delay` in mimalloc v3's `mimalloc.h` (the version `libmimalloc-sys` builds;
+/// its Rust bindings name no constant for it).
+const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+/// Memory freed goes back to the OS at once rather than after mimalloc's default 1 s delay,
+/// which only runs on the next allocation of the same thread: after a burst of large requests
+/// the server's RSS stayed ~200 MB above its steady level for as long as it was idle; with no
+/// delay it returns to within ~16 MB in a second, at no measured cost in throughput or p99
+/// (`ember loadgen` at 12K requests/s and at 1.3K requests/s of 256 samples).
+fn tune_allocator() {
+    // SAFETY: sets one of mimalloc's global integer options, which it reads at each purge; no
+    // pointer is passed.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+}
 use std::process::ExitCode;
 
 /// Ember: an inference engine for deep learning recommendation models.
@@ -67,6 +82,7 @@ fn run() -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    tune_allocator();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -124,7 +124,7 @@ fn score_file(
     let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
         (Box::new(BufReader::new(std::io::stdin())), None)
     } else {
-        let f = std::fs::File::open(data)
+        let f = ember_embed::files::open_regular(data, "data file")
             .with_context(|| format!("cannot open data file {}", data.display()))?;
         let len = f.metadata().ok().map(|m| m.len());
         (Box::new(BufReader::with_capacity(1 << 20, f)), len)

@@ -48,9 +48,16 @@ pub struct ServeArgs {
     /// Most requests waiting for a batch; more are refused with 503.
     #[arg(long, default_value_t = 4096)]
     queue: usize,
-    /// Largest request body, in bytes; larger ones get 400.
+    /// Longest a request may be expected to wait for its batch, in milliseconds; one expected
+    /// to wait longer (or past its own deadline) is refused at once with 503 /
+    /// RESOURCE_EXHAUSTED. 0: no bound but the request's deadline.
+    #[arg(long, default_value_t = 50.0)]
+    max_queue_delay_ms: f64,
+    /// Largest request body, in bytes; larger ones get 400 (from Content-Length, unread).
     #[arg(long, default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    #[command(flatten)]
+    conn: ConnArgs,
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
     #[arg(long)]
     dtype: Option<DType>,
@@ -60,6 +67,78 @@ pub struct ServeArgs {
     gpu: GpuArgs,
     #[command(flatten)]
     plan: crate::plan::PlanArgs,
+}
+
+/// How connections are held (`ember_serve::ConnConfig`).
+#[derive(Debug, Args)]
+pub struct ConnArgs {
+    /// Longest a request head (request line and headers) may take from its first byte, in
+    /// seconds; slower ones are closed.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout_s: f64,
+    /// Seconds a request body may take before it must keep up --min-body-rate; slower bodies
+    /// get 408 and their connection closes.
+    #[arg(long, default_value_t = 10.0)]
+    body_timeout_s: f64,
+    /// Bytes per second a request body must average after --body-timeout-s (0: no minimum).
+    #[arg(long, default_value_t = 4096)]
+    min_body_rate: u64,
+    /// Seconds a connection with nothing in flight stays open (HTTP/1.1 keep-alive, HTTP/2).
+    #[arg(long, default_value_t = 60.0)]
+    idle_timeout_s: f64,
+    /// Seconds between HTTP/2 keep-alive pings (0: none).
+    #[arg(long, default_value_t = 30.0)]
+    h2_ping_interval_s: f64,
+    /// Seconds an HTTP/2 ping may go unanswered before the connection is closed.
+    #[arg(long, default_value_t = 10.0)]
+    h2_ping_timeout_s: f64,
+    /// Most connections open at once (also kept within the process's descriptor limit, which
+    /// is raised to its hard limit at start); at the cap the oldest idle one is closed, or the
+    /// new one refused when none is idle.
+    #[arg(long, default_value_t = 16_384)]
+    max_connections: usize,
+    /// Largest request head, in bytes; larger ones get 431.
+    #[arg(long, default_value_t = 32 << 10)]
+    max_header_bytes: usize,
+    /// Seconds a stop (SIGTERM, SIGINT, SIGHUP) waits for requests already received before it
+    /// drops what is left and exits; a second signal exits at once.
+    #[arg(long, default_value_t = 5.0)]
+    shutdown_grace_s: f64,
+    /// Most bytes of request bodies held at once across connections (each until its request
+    /// is answered; a decoded request costs at most ~7x its body); more get 503.
+    #[arg(long, default_value_t = 256 << 20)]
+    max_inflight_bytes: usize,
+}
+
+/// Seconds from a flag, which must be finite and at least 0.
+fn secs(flag: &str, s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| anyhow::anyhow!("{flag} must be a number of seconds >= 0, not {s}"))
+}
+
+impl ConnArgs {
+    fn config(&self) -> anyhow::Result<ember_serve::ConnConfig> {
+        let positive = |flag: &str, s: f64| match secs(flag, s)? {
+            d if d.is_zero() => bail!("{flag} must be above 0"),
+            d => Ok(d),
+        };
+        if self.max_connections == 0 || self.max_header_bytes < 1024 {
+            bail!("--max-connections must be at least 1 and --max-header-bytes at least 1024");
+        }
+        let ping = secs("--h2-ping-interval-s", self.h2_ping_interval_s)?;
+        Ok(ember_serve::ConnConfig {
+            header_timeout: positive("--header-timeout-s", self.header_timeout_s)?,
+            idle_timeout: positive("--idle-timeout-s", self.idle_timeout_s)?,
+            body_timeout: secs("--body-timeout-s", self.body_timeout_s)?,
+            min_body_rate: self.min_body_rate,
+            h2_ping_interval: (!ping.is_zero()).then_some(ping),
+            h2_ping_timeout: positive("--h2-ping-timeout-s", self.h2_ping_timeout_s)?,
+            max_connections: self.max_connections,
+            max_header_bytes: self.max_header_bytes,
+            shutdown_grace: secs("--shutdown-grace-s", self.shutdown_grace_s)?,
+            max_inflight_bytes: self.max_inflight_bytes,
+        })
+    }
 }
 
 /// `--grpc`: an address, or none.
@@ -110,8 +189,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             max_batch: a.max_batch,
             max_delay: Duration::from_micros(a.max_delay_us),
             queue: a.queue,
+            max_queue_delay: match secs("--max-queue-delay-ms", a.max_queue_delay_ms / 1e3)? {
+                d if d.is_zero() => None,
+                d => Some(d),
+            },
         },
         max_body_bytes: a.max_body_bytes,
+        conn: a.conn.config()?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(io_threads)
@@ -128,6 +212,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     } else {
         Box::new(a.plan.predictor(model, a.threads)?)
     };
+    let grace = cfg.conn.shutdown_grace;
     rt.block_on(async move {
         let model_name = cfg.model_name.clone();
         let server = Server::start_engine(engine, cfg)
@@ -139,15 +224,30 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         let addr = server.addr();
         eprintln!(
             "serving model '{model_name}' on http://{addr}  (POST /v2/models/{model_name}/infer, \
-             POST /v1/score, GET /metrics; Ctrl-C or SIGTERM stops)"
+             POST /v1/score, GET /metrics; up to {} connections; Ctrl-C, SIGTERM or SIGHUP \
+             stops, a second signal exits at once)",
+            server.connection_cap()
         );
         if let Some(g) = server.grpc_addr() {
             eprintln!("gRPC (inference.GRPCInferenceService) on {g}");
         }
-        ember_serve::shutdown_signal().await;
-        eprintln!("stopping: finishing requests in flight...");
+        let signal = ember_serve::shutdown_signal().await;
+        eprintln!(
+            "{}: stopping (answering the requests received, for up to {:.1} s)...",
+            signal.name(),
+            grace.as_secs_f64()
+        );
+        // A second signal does not wait for anything.
+        tokio::spawn(async {
+            let again = ember_serve::shutdown_signal().await;
+            eprintln!("{}: exiting now", again.name());
+            std::process::exit(128 + again.number());
+        });
         server.shutdown().await.context("stopping the server")?;
         eprintln!("stopped");
-        Ok(())
-    })
+        anyhow::Ok(())
+    })?;
+    // Nothing is left to wait for: the server answered or dropped every request.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    Ok(())
 }

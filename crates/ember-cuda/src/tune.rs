@@ -104,7 +104,7 @@ impl TuneCache {
             path: path.display().to_string(),
             reason,
         };
-        let entries = match std::fs::read(path) {
+        let entries = match ember_embed::files::read_limited(path, "tuning cache", 16 << 20) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| err(e.to_string()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(err(e.to_string())),

@@ -69,7 +69,8 @@ impl EmbeddingCollection {
     pub fn new(tables: Vec<EmbeddingTable>, features: Vec<Feature>) -> Result<Self> {
         let mut col_offsets = Vec::with_capacity(features.len());
         let mut total_dim = 0;
-        for (i, f) in features.iter().enumerate() {
+        let mut names = std::collections::HashSet::with_capacity(features.len());
+        for f in &features {
             if f.table >= tables.len() {
                 return Err(EmbedError::NoSuchTable {
                     feature: f.name.clone(),
@@ -77,7 +78,7 @@ impl EmbeddingCollection {
                     tables: tables.len(),
                 });
             }
-            if features[..i].iter().any(|g| g.name == f.name) {
+            if !names.insert(f.name.as_str()) {
                 return Err(EmbedError::DuplicateKey {
                     key: f.name.clone(),
                 });

@@ -39,6 +39,66 @@ impl Ids {
             Ids::I64(v) => v[i],
         }
     }
+
+    /// An empty list with room for `capacity` ids: 32-bit when `narrow` (every table has at
+    /// most 2^32 rows, so every valid id fits), else 64-bit.
+    pub fn with_capacity(narrow: bool, capacity: usize) -> Ids {
+        match narrow {
+            true => Ids::U32(Vec::with_capacity(capacity)),
+            false => Ids::I64(Vec::with_capacity(capacity)),
+        }
+    }
+
+    /// Appends an id. A 32-bit list that is given an id that does not fit (negative, or past
+    /// 2^32 - 1: out of range of every table it is for, to be refused by the check naming it)
+    /// becomes 64-bit.
+    pub fn push(&mut self, id: i64) {
+        match self {
+            Ids::U32(v) => match u32::try_from(id) {
+                Ok(x) => v.push(x),
+                Err(_) => {
+                    let mut wide: Vec<i64> = v.iter().map(|&x| i64::from(x)).collect();
+                    wide.push(id);
+                    *self = Ids::I64(wide);
+                }
+            },
+            Ids::I64(v) => v.push(id),
+        }
+    }
+
+    /// The ids at positions `range`, in the same width.
+    pub fn slice(&self, range: Range<usize>) -> Ids {
+        match self {
+            Ids::U32(v) => Ids::U32(v[range].to_vec()),
+            Ids::I64(v) => Ids::I64(v[range].to_vec()),
+        }
+    }
+}
+
+impl From<Vec<i64>> for Ids {
+    fn from(v: Vec<i64>) -> Ids {
+        Ids::I64(v)
+    }
+}
+
+impl From<Vec<u32>> for Ids {
+    fn from(v: Vec<u32>) -> Ids {
+        Ids::U32(v)
+    }
+}
+
+/// The first key that appears twice: a scan for the few keys of a usual batch, a set past
+/// them (linear in the number of keys, which a model may have by the million).
+fn first_duplicate(keys: &[String]) -> Option<&String> {
+    if keys.len() <= 32 {
+        return keys
+            .iter()
+            .enumerate()
+            .find(|(i, k)| keys[..*i].contains(k))
+            .map(|(_, k)| k);
+    }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    keys.iter().find(|k| !seen.insert(k.as_str()))
 }
 
 /// A validated keyed jagged batch.
@@ -130,10 +190,8 @@ impl KeyedJagged {
         ids: Ids,
         weights: Option<Vec<f32>>,
     ) -> Result<Self> {
-        for (i, k) in keys.iter().enumerate() {
-            if keys[..i].contains(k) {
-                return Err(EmbedError::DuplicateKey { key: k.clone() });
-            }
+        if let Some(k) = first_duplicate(&keys) {
+            return Err(EmbedError::DuplicateKey { key: k.clone() });
         }
         if let Some(w) = &weights
             && w.len() != ids.len()
@@ -269,6 +327,19 @@ mod tests {
 
     fn keys(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("f{i}")).collect()
+    }
+
+    #[test]
+    fn duplicate_keys_are_found_among_few_and_many() {
+        for n in [0, 1, 5, 32, 33, 1000] {
+            assert_eq!(first_duplicate(&keys(n)), None, "{n}");
+            if n < 2 {
+                continue;
+            }
+            let mut k = keys(n);
+            k[n - 1] = k[n / 2].clone();
+            assert_eq!(first_duplicate(&k), Some(&k[n / 2]), "{n}");
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod collection;
 mod dedup;
 mod dtype;
 mod error;
+pub mod files;
 mod fpmode;
 mod isa;
 mod jagged;
@@ -36,7 +37,7 @@ pub mod trace;
 
 pub use alloc::PagePolicy;
 pub use cache::{CachePolicy, RowCache};
-pub use checked::{CheckedBatch, CheckedSamples};
+pub use checked::{CheckedBatch, CheckedSamples, Lengths, Pieces};
 pub use collection::{CollectionId, EmbeddingCollection, Feature, ValidatedBatch, id_checks};
 pub use dtype::DType;
 pub use error::{EmbedError, Result};

@@ -96,7 +96,7 @@ fn bad_samples_are_refused_by_name() {
     // Feature y reads table b (9 rows): sample 1's second id is 9.
     let lengths = vec![1, 0, 1, 2, 0, 0];
     let e = coll
-        .check_samples(2, lengths.clone(), vec![16, 0, 3, 9])
+        .check_samples(2, lengths.clone(), vec![16i64, 0, 3, 9])
         .unwrap_err();
     assert_eq!(
         e,
@@ -110,7 +110,7 @@ fn bad_samples_are_refused_by_name() {
     );
     // Negative ids are out of range too.
     let e = coll
-        .check_samples(2, lengths.clone(), vec![-1, 0, 3, 8])
+        .check_samples(2, lengths.clone(), vec![-1i64, 0, 3, 8])
         .unwrap_err();
     assert!(
         matches!(
@@ -123,7 +123,9 @@ fn bad_samples_are_refused_by_name() {
         ),
         "{e}"
     );
-    let e = coll.check_samples(2, vec![1; 5], vec![0; 5]).unwrap_err();
+    let e = coll
+        .check_samples(2, vec![1; 5], vec![0i64; 5])
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -136,11 +138,11 @@ fn bad_samples_are_refused_by_name() {
         "{e}"
     );
     let e = coll
-        .check_samples(2, lengths.clone(), vec![0; 3])
+        .check_samples(2, lengths.clone(), vec![0i64; 3])
         .unwrap_err();
     assert_eq!(e, EmbedError::LengthsSum { sum: 4, ids: 3 });
     // Zero samples are fine and merge into an empty batch.
-    let none = coll.check_samples(0, vec![], vec![]).unwrap();
+    let none = coll.check_samples(0, vec![], Vec::<i64>::new()).unwrap();
     let b = coll.merge(&[&none]).unwrap();
     assert_eq!((b.batch_size(), b.get().num_ids()), (0, 0));
     assert_eq!(b.get().offsets(), &[0]);
@@ -166,7 +168,7 @@ fn batches_of_another_collection_are_refused() {
         .unwrap_err();
     assert_eq!(e, EmbedError::WrongCollection);
     pooler.run(&b, b.validate(&kj).unwrap(), &mut out).unwrap();
-    let s = a.check_samples(1, vec![1, 1, 1], vec![3, 4, 5]).unwrap();
+    let s = a.check_samples(1, vec![1, 1, 1], vec![3i64, 4, 5]).unwrap();
     assert_eq!(b.merge(&[&s]).unwrap_err(), EmbedError::WrongCollection);
     let shards: Vec<Shard> = (0..2)
         .map(|t| Shard {
@@ -180,4 +182,100 @@ fn batches_of_another_collection_are_refused() {
     let e = sharded.run(b.validate(&kj).unwrap(), &mut out).unwrap_err();
     assert_eq!(e, EmbedError::WrongCollection);
     sharded.run(a.validate(&kj).unwrap(), &mut out).unwrap();
+}
+
+#[test]
+fn ids_are_kept_32_bit_whichever_width_they_came_in() {
+    let coll = collection([17, 9]);
+    assert!(coll.narrow_ids());
+    let lengths = vec![1, 0, 1, 2, 0, 0];
+    let wide = coll
+        .check_samples(2, lengths.clone(), vec![16i64, 0, 3, 8])
+        .unwrap();
+    let narrow = coll
+        .check_samples(2, lengths.clone(), vec![16u32, 0, 3, 8])
+        .unwrap();
+    assert_eq!(wide.ids(), &Ids::U32(vec![16, 0, 3, 8]));
+    assert_eq!(wide, narrow);
+    // Pushed one by one: 32-bit until an id does not fit, then 64-bit (and refused by name).
+    let mut ids = Ids::with_capacity(true, 4);
+    for x in [16, 0, 3] {
+        ids.push(x);
+    }
+    assert!(matches!(ids, Ids::U32(_)));
+    ids.push(1 << 40);
+    assert_eq!(ids, Ids::I64(vec![16, 0, 3, 1 << 40]));
+    let e = coll.check_samples(2, lengths, ids).unwrap_err();
+    assert!(
+        matches!(e, EmbedError::IdOutOfRange { id, sample: 1, .. } if id == 1 << 40),
+        "{e}"
+    );
+    // Pieces keep the width.
+    let pieces: Vec<_> = narrow.pieces(1).collect();
+    assert_eq!(pieces[0].ids(), &Ids::U32(vec![16, 0]));
+    assert_eq!(pieces[1].ids(), &Ids::U32(vec![3, 8]));
+}
+
+#[test]
+fn one_id_per_bag_needs_no_lengths_and_checks_and_merges_alike() {
+    let coll = collection([17, 9]);
+    let mut rng = SmallRng::seed_from_u64(5);
+    let n = 7;
+    let ids: Vec<i64> = (0..3)
+        .flat_map(|f| {
+            let rows = coll.table_of(f).rows();
+            (0..n)
+                .map(|_| rng.random_range(0..rows as i64))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let ones = coll.check_samples(n, Lengths::Ones, ids.clone()).unwrap();
+    let each = coll
+        .check_samples(n, vec![1u32; 3 * n], ids.clone())
+        .unwrap();
+    assert_eq!(ones.lengths(), each.lengths());
+    let other = coll
+        .check_samples(2, vec![1, 0, 2, 1, 0, 3], vec![1i64, 2, 3, 4, 5, 6, 7])
+        .unwrap();
+    // Merged with others and cut into pieces, it is what the explicit lengths give.
+    assert_eq!(
+        coll.merge(&[&other, &ones, &other]).unwrap(),
+        coll.merge(&[&other, &each, &other]).unwrap()
+    );
+    for max in [1, 3, 7, 10] {
+        let a: Vec<_> = ones
+            .pieces(max)
+            .map(|p| coll.merge(&[&p]).unwrap())
+            .collect();
+        let b: Vec<_> = each
+            .pieces(max)
+            .map(|p| coll.merge(&[&p]).unwrap())
+            .collect();
+        assert_eq!(a, b, "max {max}");
+    }
+    // Errors name the sample as with explicit lengths.
+    let mut bad = ids.clone();
+    bad[n + 4] = 9; // feature y (table b, 9 rows), sample 4
+    let e = coll
+        .check_samples(n, Lengths::Ones, bad.clone())
+        .unwrap_err();
+    assert_eq!(
+        e,
+        coll.check_samples(n, vec![1u32; 3 * n], bad).unwrap_err()
+    );
+    assert!(
+        matches!(
+            e,
+            EmbedError::IdOutOfRange {
+                sample: 4,
+                id: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = coll
+        .check_samples(n, Lengths::Ones, vec![0i64; 5])
+        .unwrap_err();
+    assert_eq!(e, EmbedError::LengthsSum { sum: 21, ids: 5 });
 }

@@ -1,5 +1,7 @@
 //! `config.json`: the architecture of a model directory (see `docs/model-format.md`).
 
+use ember_embed::files;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use ember_embed::{CachePolicy, DType, IoMode, Placement, Pooling, TierOptions};
@@ -198,10 +200,12 @@ pub fn safe_file_name(name: &str) -> bool {
 impl ModelConfig {
     /// Reads and checks `path`.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.into(),
-            source,
-        })?;
+        let text = ember_embed::files::read_text(path, "model config", files::TEXT_LIMIT).map_err(
+            |source| ModelError::Io {
+                path: path.into(),
+                source,
+            },
+        )?;
         let cfg: ModelConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
             path: path.into(),
             reason: e.to_string(),
@@ -230,15 +234,20 @@ impl ModelConfig {
 
     /// The table index each feature reads.
     pub fn feature_tables(&self) -> std::result::Result<Vec<usize>, String> {
+        // By name, once: linear in the model's size (a config may have 10^6 features).
+        let index: HashMap<&str, usize> = self
+            .tables
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
         self.features()
             .iter()
             .map(|f| {
-                self.tables
-                    .iter()
-                    .position(|t| t.name == f.table)
-                    .ok_or_else(|| {
-                        format!("feature '{}' reads unknown table '{}'", f.name, f.table)
-                    })
+                index.get(f.table.as_str()).copied().ok_or_else(|| {
+                    format!("feature '{}' reads unknown table '{}'", f.name, f.table)
+                })
             })
             .collect()
     }
@@ -305,14 +314,15 @@ impl ModelConfig {
         if self.tables.is_empty() {
             return Err("a model needs at least one table".into());
         }
-        for (i, t) in self.tables.iter().enumerate() {
+        let mut table_names = HashSet::with_capacity(self.tables.len());
+        for t in &self.tables {
             if t.rows == 0 || t.dim == 0 {
                 return Err(format!(
                     "table '{}' has {} rows x dim {}: both must be at least 1",
                     t.name, t.rows, t.dim
                 ));
             }
-            if self.tables[..i].iter().any(|u| u.name == t.name) {
+            if !table_names.insert(t.name.as_str()) {
                 return Err(format!("table name '{}' appears twice", t.name));
             }
             if !safe_file_name(&t.name) {
@@ -329,8 +339,9 @@ impl ModelConfig {
         if feats.is_empty() {
             return Err("a model needs at least one sparse feature".into());
         }
-        for (i, f) in feats.iter().enumerate() {
-            if feats[..i].iter().any(|g| g.name == f.name) {
+        let mut feature_names = HashSet::with_capacity(feats.len());
+        for f in &feats {
+            if !feature_names.insert(f.name.as_str()) {
                 return Err(format!("feature name '{}' appears twice", f.name));
             }
         }

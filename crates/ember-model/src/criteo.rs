@@ -4,8 +4,9 @@
 //! categorical is 0, otherwise `int(hex, 16)`, hashed `mod rows` when a batch is built (dlrm's
 //! `--max-ind-range`); missing trailing fields read as empty.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
+use ember_embed::files::LINE_LIMIT;
 use ember_embed::{Ids, KeyedJagged};
 
 use crate::error::{ModelError, Result};
@@ -194,8 +195,10 @@ impl<R: BufRead> CriteoReader<R> {
         out.clear();
         while out.len() < max {
             self.buf.clear();
-            let n = self
-                .inner
+            // A line is read up to its bounded length, never past it: /dev/zero or a binary file
+            // fails at the first long line instead of filling memory.
+            let n = (&mut self.inner)
+                .take(LINE_LIMIT + 1)
                 .read_line(&mut self.buf)
                 .map_err(|e| ModelError::Criteo {
                     source_name: self.source.clone(),
@@ -205,6 +208,17 @@ impl<R: BufRead> CriteoReader<R> {
                 })?;
             if n == 0 {
                 break;
+            }
+            if n as u64 > LINE_LIMIT {
+                return Err(ModelError::Criteo {
+                    source_name: self.source.clone(),
+                    line: self.line_no + 1,
+                    column: 0,
+                    reason: format!(
+                        "the line is longer than {} bytes: not Criteo TSV (a row is ~200 bytes)",
+                        LINE_LIMIT
+                    ),
+                });
             }
             self.bytes += n as u64;
             self.line_no += 1;
@@ -306,6 +320,14 @@ mod tests {
         let mut r = CriteoReader::new("1\n1\tbad\n".as_bytes(), "f.tsv");
         let e = r.next_batch(10, &mut b).unwrap_err().to_string();
         assert!(e.starts_with("f.tsv, line 2, column 2"), "{e}");
+        // An endless line (/dev/zero) stops at the line limit.
+        let zeros = std::io::BufReader::new(std::io::repeat(0));
+        let mut r = CriteoReader::new(zeros, "/dev/zero");
+        let e = r.next_batch(10, &mut b).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1") && e.contains("longer than 1048576 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -23,7 +23,8 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use ember_embed::{
-    CheckedBatch, CheckedSamples, EmbedError, KeyedJagged, StagedBatch, ValidatedBatch,
+    CheckedBatch, CheckedSamples, EmbedError, Ids, KeyedJagged, Lengths, StagedBatch,
+    ValidatedBatch,
 };
 
 use crate::error::{ModelError, Result};
@@ -70,12 +71,30 @@ impl Samples {
         &self.dense
     }
     /// Ids per (feature, sample), feature-major.
-    pub fn lengths(&self) -> &[u32] {
+    pub fn lengths(&self) -> Cow<'_, [u32]> {
         self.sparse.lengths()
     }
-    /// The ids, feature-major.
-    pub fn ids(&self) -> &[i64] {
+    /// The ids, feature-major (32-bit when every table has at most 2^32 rows).
+    pub fn ids(&self) -> &Ids {
         self.sparse.ids()
+    }
+
+    /// The samples in pieces of at most `max`, in order, each still checked (a request larger
+    /// than a batch runs as several). Each piece is copied out when it is asked for.
+    pub fn pieces(&self, max: usize) -> impl Iterator<Item = Samples> + '_ {
+        let max = max.max(1);
+        let width = self.dense.len().checked_div(self.len()).unwrap_or(0);
+        self.sparse
+            .pieces(max)
+            .zip(
+                self.dense
+                    .chunks(max * width.max(1))
+                    .chain(std::iter::repeat(&[][..])),
+            )
+            .map(|(sparse, dense)| Samples {
+                dense: dense.to_vec(),
+                sparse,
+            })
     }
 }
 
@@ -170,8 +189,8 @@ impl Model {
         &self,
         n: usize,
         dense: Vec<f32>,
-        lengths: Vec<u32>,
-        ids: Vec<i64>,
+        lengths: impl Into<Lengths>,
+        ids: impl Into<Ids>,
     ) -> Result<Samples> {
         let dense_in = self.config().dense_in;
         if dense.len() != n.saturating_mul(dense_in) {

@@ -34,7 +34,7 @@ pub use config::{InteractionConfig, ModelConfig, PairOrder};
 pub use ember_embed::id_checks;
 /// The embedding stage's types that appear in this crate's seam, so that its users (a server)
 /// need no other crate.
-pub use ember_embed::{DType, Ids, KeyedJagged, Placement, Shard, StagedBatch, TierStats};
+pub use ember_embed::{DType, Ids, KeyedJagged, Lengths, Placement, Shard, StagedBatch, TierStats};
 pub use engine::{Engine, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};

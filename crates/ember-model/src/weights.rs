@@ -88,9 +88,11 @@ impl Reader<'_> {
 /// Reads and checks the weights of `cfg` from `path`. `table_dtype` re-encodes every table
 /// (e.g. quantizes f32 tables to int8) as it is loaded.
 pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) -> Result<Weights> {
-    let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
-        path: path.into(),
-        source,
+    let file = ember_embed::files::open_regular(path, "weights file").map_err(|source| {
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
     })?;
     // SAFETY: the mapping is read-only and lives only while the weights are copied out of it
     // (every tensor is copied; the map is dropped before this function returns), so a 4 GB table

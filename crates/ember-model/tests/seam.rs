@@ -107,6 +107,31 @@ fn merged_requests_score_like_one_checked_batch() {
 }
 
 #[test]
+fn a_request_in_pieces_is_the_request() {
+    for name in ["dlrm_dot", "torchrec_dcn"] {
+        let model = load(&fixture(name));
+        let mut rng = StdRng::seed_from_u64(11);
+        for n in [0usize, 1, 7, 16, 37] {
+            let (d, l, i) = request(&model, n, &mut rng);
+            let whole = model.check_samples(n, d, l, i).unwrap();
+            for max in [1usize, 5, 16, 100] {
+                let pieces: Vec<Samples> = whole.pieces(max).collect();
+                assert_eq!(pieces.len(), n.div_ceil(max), "{name} n={n} max={max}");
+                assert!(pieces.iter().all(|p| (1..=max).contains(&p.len())));
+                // Merged back, the pieces are the request.
+                let refs: Vec<&Samples> = pieces.iter().collect();
+                let again = model.merge(&refs).unwrap();
+                let once = model.merge(&[&whole]).unwrap();
+                assert_eq!(again.len(), n);
+                assert_eq!(again.dense(), once.dense(), "{name} n={n} max={max}");
+                assert_eq!(again.sparse().offsets(), once.sparse().offsets());
+                assert_eq!(again.sparse().ids(), once.sparse().ids());
+            }
+        }
+    }
+}
+
+#[test]
 fn request_errors_name_the_input_the_sample_and_the_value() {
     let model = load(&fixture("dlrm_dot"));
     // C1 reads t0 (7 rows), C2 t1 (130), C3 t2 (1000), C4 t3 (33); 13 dense features.

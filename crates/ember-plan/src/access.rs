@@ -40,9 +40,12 @@ impl Locality {
 
 /// Reads every dataset of a locality statistics file.
 pub fn read_locality(path: &Path) -> Result<Vec<Locality>> {
-    let text = std::fs::read_to_string(path).map_err(|e| PlanError::Spec {
-        path: path.display().to_string(),
-        reason: e.to_string(),
+    let limit = ember_embed::files::TEXT_LIMIT;
+    let text = ember_embed::files::read_text(path, "locality stats", limit).map_err(|e| {
+        PlanError::Spec {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }
     })?;
     parse_locality(&text).map_err(|reason| PlanError::Spec {
         path: path.display().to_string(),

@@ -24,6 +24,8 @@
 
 use std::path::Path;
 
+use ember_embed::files;
+
 use serde::{Deserialize, Serialize};
 
 use crate::access::Reuse;
@@ -315,7 +317,8 @@ impl CostModel {
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let text = files::read_text(path, "cost profile", files::TEXT_LIMIT)
+            .map_err(|e| bad(e.to_string()))?;
         let m: CostModel = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         if m.coef.iter().any(|c| !c.is_finite() || *c < 0.0) || m.llc_bytes <= 0.0 {
             return Err(bad("coefficients must be finite and non-negative".into()));

@@ -144,7 +144,8 @@ impl PlanFile {
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let text = ember_embed::files::read_text(path, "plan", ember_embed::files::TEXT_LIMIT)
+            .map_err(|e| bad(e.to_string()))?;
         let f: PlanFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         crate::spec::check_tables(&f.tables).map_err(bad)?;
         Plan {

@@ -87,7 +87,8 @@ pub fn read_tables(path: &Path) -> Result<Vec<TableSpec>> {
         path: path.display().to_string(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let text = ember_embed::files::read_text(path, "table spec", ember_embed::files::TEXT_LIMIT)
+        .map_err(|e| err(e.to_string()))?;
     let tables = if text.trim_start().starts_with('[') {
         serde_json::from_str::<Vec<TableSpec>>(&text).map_err(|e| err(e.to_string()))?
     } else {

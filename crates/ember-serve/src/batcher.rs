@@ -3,7 +3,7 @@
 //! prepares them and runs them on the model's [`Engine`], then answers each request:
 //!
 //! ```text
-//! form batch -> prepare (drop late requests, merge, stage tier rows) -> run -> answer
+//! admit -> queue -> form batch -> prepare (drop late requests, merge, stage tier rows) -> run -> answer
 //! ```
 //!
 //! The loop is [`ember_model::run_ahead`], the same pipeline the SSD tier uses: when the model
@@ -12,10 +12,17 @@
 //! of it runs on the batcher's thread. Requests arrive checked ([`crate::ModelSpec::check`]), so
 //! nothing here checks their ids again.
 //!
-//! A full queue refuses at once ([`ServeError::Overloaded`]) rather than growing memory. A
-//! request whose deadline has passed when its batch starts is answered
-//! [`ServeError::DeadlineExceeded`] without being computed. Shutting down stops new requests and
-//! finishes every queued one.
+//! Load is shed, not queued: a request whose expected wait (`admit.rs`) is over its deadline or
+//! `max_queue_delay`, or that finds the queue full, is refused at once
+//! ([`ServeError::Overloaded`]). A request larger than `max_batch` runs as `max_batch` pieces,
+//! each queued when the one before is answered, so that small requests interleave with it
+//! instead of waiting behind all of it. A request whose deadline has passed when its batch
+//! starts is answered [`ServeError::DeadlineExceeded`] without being computed, and one whose
+//! client went away is dropped. Shutting down stops new requests and finishes the queued ones
+//! until its deadline ([`Batcher::shutdown_by`]); those left then are answered
+//! [`ServeError::ShuttingDown`].
+
+mod admit;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,16 +36,20 @@ use tokio::sync::oneshot;
 
 use crate::error::{Result, ServeError};
 use crate::metrics as m;
+use admit::Load;
 
 /// Batching limits.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchConfig {
-    /// Most samples in one batch (a larger single request runs alone).
+    /// Most samples in one batch (a larger request runs as pieces of this size).
     pub max_batch: usize,
     /// Longest a request waits for others to join its batch.
     pub max_delay: Duration,
     /// Most requests waiting (in the queue or in a batch still forming); one more is refused.
     pub queue: usize,
+    /// Longest a request may be expected to wait before its batch starts; one expected to wait
+    /// longer is refused at once (`None`: only its own deadline bounds it).
+    pub max_queue_delay: Option<Duration>,
 }
 
 impl Default for BatchConfig {
@@ -47,6 +58,7 @@ impl Default for BatchConfig {
             max_batch: 256,
             max_delay: Duration::from_micros(500),
             queue: 4096,
+            max_queue_delay: Some(Duration::from_millis(50)),
         }
     }
 }
@@ -64,6 +76,24 @@ struct Job {
     deadline: Option<(Instant, u64)>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Reply>>,
+    /// Its samples count as pending until it is answered or dropped.
+    _pending: Pending,
+}
+
+/// Samples counted in [`Load`] until dropped.
+struct Pending(Arc<Load>, usize);
+
+impl Pending {
+    fn new(load: &Arc<Load>, n: usize) -> Self {
+        load.add(n);
+        Pending(load.clone(), n)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.done(self.1);
+    }
 }
 
 impl std::fmt::Debug for Job {
@@ -79,30 +109,47 @@ impl std::fmt::Debug for Job {
 pub struct Batcher {
     tx: RwLock<Option<SyncSender<Job>>>,
     queued: Arc<AtomicUsize>,
-    capacity: usize,
+    cfg: BatchConfig,
+    load: Arc<Load>,
+    /// When set, queued requests not yet started then are answered `ShuttingDown`.
+    abandon_at: Arc<Mutex<Option<Instant>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Batcher {
     /// Starts the batching thread, which owns `engine` (the CPU predictor, a GPU predictor).
     pub fn start(engine: Box<dyn Engine>, cfg: BatchConfig) -> Self {
-        let (tx, rx) = sync_channel(cfg.queue.max(1));
+        let cfg = BatchConfig {
+            max_batch: cfg.max_batch.max(1),
+            queue: cfg.queue.max(1),
+            ..cfg
+        };
+        let (tx, rx) = sync_channel(cfg.queue);
         let queued = Arc::new(AtomicUsize::new(0));
-        let q = queued.clone();
+        let load = Arc::new(Load::new(cfg.max_batch));
+        let abandon_at = Arc::new(Mutex::new(None));
+        let shared = Shared {
+            queued: queued.clone(),
+            load: load.clone(),
+            abandon_at: abandon_at.clone(),
+        };
         let worker = std::thread::Builder::new()
             .name("ember-batcher".into())
-            .spawn(move || run(engine, cfg, q, rx))
+            .spawn(move || run(engine, cfg, shared, rx))
             .expect("spawn the batcher thread");
         Batcher {
             tx: RwLock::new(Some(tx)),
             queued,
-            capacity: cfg.queue.max(1),
+            cfg,
+            load,
+            abandon_at,
             worker: Mutex::new(Some(worker)),
         }
     }
 
-    /// Queues `samples`; the answer comes when their batch has run. `timeout_us`, if given, is the
-    /// request's deadline from now.
+    /// Queues `samples` (as `max_batch` pieces when there are more); the answer comes when
+    /// their batches have run. `timeout_us`, if given, is the request's deadline from now. A
+    /// request expected to wait past its deadline or the queue-delay bound is refused at once.
     pub async fn submit(&self, samples: Samples, timeout_us: Option<u64>) -> Result<Reply> {
         if samples.is_empty() {
             return Ok(Reply {
@@ -111,11 +158,91 @@ impl Batcher {
             });
         }
         let now = Instant::now();
+        let deadline = timeout_us.map(|us| (now + Duration::from_micros(us), us));
+        // The first piece is admitted and counted in one atomic step, so that requests
+        // arriving together cannot all pass on the same count; the later pieces of an admitted
+        // request are counted when they are queued.
+        let first = samples.len().min(self.cfg.max_batch);
+        let held = self.reserve(first, timeout_us)?;
+        if samples.len() <= self.cfg.max_batch {
+            return self.enqueue(samples, deadline, held).await;
+        }
+        // One piece in the queue at a time: requests that arrive meanwhile run between them.
+        let mut scores = Vec::with_capacity(samples.len());
+        let mut batch = 0;
+        let mut held = Some(held);
+        for piece in samples.pieces(self.cfg.max_batch) {
+            let counted = held
+                .take()
+                .unwrap_or_else(|| Pending::new(&self.load, piece.len()));
+            let r = self.enqueue(piece, deadline, counted).await?;
+            scores.extend_from_slice(&r.scores);
+            batch = batch.max(r.batch);
+        }
+        Ok(Reply { scores, batch })
+    }
+
+    /// The bound on a request's wait: the queue-delay bound or its deadline, the smaller.
+    fn bound(&self, timeout_us: Option<u64>) -> Option<Duration> {
+        match (self.cfg.max_queue_delay, timeout_us) {
+            (Some(q), Some(us)) => Some(q.min(Duration::from_micros(us))),
+            (q, us) => q.or(us.map(Duration::from_micros)),
+        }
+    }
+
+    /// Admits `n` samples and counts them as pending, or refuses them as [`Batcher::admit`].
+    fn reserve(&self, n: usize, timeout_us: Option<u64>) -> Result<Pending> {
+        let Some(bound) = self.bound(timeout_us) else {
+            return Ok(Pending::new(&self.load, n));
+        };
+        match self.load.try_add(n, bound) {
+            Ok(()) => Ok(Pending(self.load.clone(), n)),
+            Err(wait) => Err(self.refusal(wait, bound)),
+        }
+    }
+
+    /// The 503 of a request expected to wait `wait`, over `bound`.
+    fn refusal(&self, wait: Duration, bound: Duration) -> ServeError {
+        metrics::counter!(m::REQUESTS_REFUSED, "reason" => "overloaded").increment(1);
+        let why = match self.cfg.max_queue_delay {
+            Some(q) if q <= bound => "the queue-delay bound (--max-queue-delay-ms)",
+            _ => "the request's deadline",
+        };
+        ServeError::Overloaded(format!(
+            "its expected wait of {:.1} ms is over {why} of {:.1} ms",
+            wait.as_secs_f64() * 1e3,
+            bound.as_secs_f64() * 1e3
+        ))
+    }
+
+    /// Refuses a request expected to wait longer than its deadline (`timeout_us` from now) or
+    /// the queue-delay bound. A front end calls it before reading and decoding a request, to
+    /// refuse it without that work; [`Batcher::submit`] decides again, atomically with counting
+    /// the request in.
+    pub fn admit(&self, timeout_us: Option<u64>) -> Result<()> {
+        let Some(bound) = self.bound(timeout_us) else {
+            return Ok(());
+        };
+        let wait = self.load.expected_wait();
+        if wait <= bound {
+            return Ok(());
+        }
+        Err(self.refusal(wait, bound))
+    }
+
+    /// Queues samples of at most `max_batch` and waits for their answer.
+    async fn enqueue(
+        &self,
+        samples: Samples,
+        deadline: Option<(Instant, u64)>,
+        counted: Pending,
+    ) -> Result<Reply> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
+            _pending: counted,
             samples,
-            deadline: timeout_us.map(|us| (now + Duration::from_micros(us), us)),
-            enqueued: now,
+            deadline,
+            enqueued: Instant::now(),
             reply,
         };
         {
@@ -123,16 +250,20 @@ impl Batcher {
             let Some(tx) = tx.as_ref() else {
                 return Err(ServeError::ShuttingDown);
             };
+            let full = || {
+                metrics::counter!(m::REQUESTS_REFUSED, "reason" => "queue_full").increment(1);
+                ServeError::Overloaded(format!("{} requests are queued", self.cfg.queue))
+            };
             // Waiting includes sitting in a batch that is still forming.
-            if self.queued.fetch_add(1, Ordering::Relaxed) >= self.capacity {
+            if self.queued.fetch_add(1, Ordering::Relaxed) >= self.cfg.queue {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
-                return Err(ServeError::Overloaded(self.capacity));
+                return Err(full());
             }
             match tx.try_send(job) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => {
                     self.queued.fetch_sub(1, Ordering::Relaxed);
-                    return Err(ServeError::Overloaded(self.capacity));
+                    return Err(full());
                 }
                 Err(TrySendError::Disconnected(_)) => {
                     self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -151,6 +282,16 @@ impl Batcher {
         self.queued.load(Ordering::Relaxed)
     }
 
+    /// Samples submitted and not yet answered.
+    pub fn pending_samples(&self) -> usize {
+        self.load.pending()
+    }
+
+    /// The wait a request arriving now is expected to have before its batch starts.
+    pub fn expected_wait(&self) -> Duration {
+        self.load.expected_wait()
+    }
+
     /// Refuses new requests, lets the worker finish every queued one, and waits for it.
     pub fn shutdown(&self) {
         self.tx.write().unwrap_or_else(|e| e.into_inner()).take();
@@ -158,6 +299,20 @@ impl Batcher {
             let _ = w.join();
         }
     }
+
+    /// [`Batcher::shutdown`], but requests whose batch has not started by `end` are answered
+    /// [`ServeError::ShuttingDown`] instead of run (the batch running then finishes).
+    pub fn shutdown_by(&self, end: Instant) {
+        *self.abandon_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(end);
+        self.shutdown();
+    }
+}
+
+/// What the batching loop shares with the [`Batcher`].
+struct Shared {
+    queued: Arc<AtomicUsize>,
+    load: Arc<Load>,
+    abandon_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Drop for Batcher {
@@ -172,19 +327,27 @@ type Ready = (Vec<Job>, ember_model::Result<Prepared<'static>>);
 
 /// The batching loop: form -> prepare -> run -> answer, until every sender is gone and the queue
 /// is drained.
-fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, queued: Arc<AtomicUsize>, rx: Receiver<Job>) {
+fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiver<Job>) {
     let model = engine.model().clone();
     let depth = model.prefetch_depth();
     let mut carry: Option<Job> = None;
+    let Shared {
+        queued,
+        load,
+        abandon_at,
+    } = shared;
     let batches = std::iter::from_fn(move || form_batch(&rx, &mut carry, &cfg, &queued));
     let mut scores = Vec::new();
     let _ = run_ahead(
         depth,
         batches,
-        |jobs| prepare(&model, jobs),
+        |jobs| prepare(&model, jobs, &abandon_at),
         |ready: Option<Ready>| {
             if let Some((live, prepared)) = ready {
+                let start = Instant::now();
+                let n = live.iter().map(|j| j.samples.len()).sum();
                 run_batch(&mut *engine, &model, depth, &mut scores, live, prepared);
+                load.observe(n, start.elapsed());
             }
             Ok::<(), Infallible>(())
         },
@@ -238,16 +401,25 @@ fn form_batch(
     Some(jobs)
 }
 
-/// Answers the requests whose deadline has passed, merges the others into one batch and stages
+/// Answers the requests whose deadline has passed (all of them once the stop's deadline has
+/// passed), drops those whose client went away, merges the others into one batch and stages
 /// its tier rows (`None` when no request is left).
-fn prepare(model: &Model, jobs: Vec<Job>) -> Option<Ready> {
+fn prepare(model: &Model, jobs: Vec<Job>, abandon_at: &Mutex<Option<Instant>>) -> Option<Ready> {
     let start = Instant::now();
-    let (live, late): (Vec<Job>, Vec<Job>) = jobs
-        .into_iter()
-        .partition(|j| j.deadline.is_none_or(|(d, _)| d > start));
+    let abandon = abandon_at
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some_and(|end| start >= end);
+    let (live, late): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| {
+        !abandon && !j.reply.is_closed() && j.deadline.is_none_or(|(d, _)| d > start)
+    });
     for j in late {
-        let us = j.deadline.map_or(0, |(_, us)| us);
-        let _ = j.reply.send(Err(ServeError::DeadlineExceeded(us)));
+        let e = match j.deadline {
+            _ if abandon => ServeError::ShuttingDown,
+            Some((_, us)) => ServeError::DeadlineExceeded(us),
+            None => continue,
+        };
+        let _ = j.reply.send(Err(e));
     }
     if live.is_empty() {
         return None;
@@ -314,4 +486,4 @@ fn answer(live: Vec<Job>, n: usize, scores: &[f32], result: ember_model::Result<
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

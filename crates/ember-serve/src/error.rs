@@ -13,9 +13,16 @@ pub enum ServeError {
     /// No such model or route (404 / NOT_FOUND).
     #[error("{0}")]
     NotFound(String),
-    /// The batching queue is full (503 / RESOURCE_EXHAUSTED); retry later.
-    #[error("the server is at capacity: {0} requests are queued; retry later")]
-    Overloaded(usize),
+    /// The route exists but not for this method (405 / UNIMPLEMENTED).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The request body arrived too slowly (408, and the connection closes / DEADLINE_EXCEEDED).
+    #[error("{0}")]
+    RequestTimeout(String),
+    /// The server is at capacity (503 / RESOURCE_EXHAUSTED): the queue is full, or the request's
+    /// expected wait is over its deadline or the queue-delay bound. Says which; retry later.
+    #[error("the server is at capacity: {0}; retry later")]
+    Overloaded(String),
     /// The request's deadline passed before it was scored (504 / DEADLINE_EXCEEDED).
     #[error("the request's deadline of {0} us passed before it was scored")]
     DeadlineExceeded(u64),
@@ -38,6 +45,8 @@ impl ServeError {
         match self {
             ServeError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ServeError::NotFound(_) => StatusCode::NOT_FOUND,
+            ServeError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ServeError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ServeError::Overloaded(_) | ServeError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ServeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             ServeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -49,6 +58,8 @@ impl ServeError {
         match self {
             ServeError::BadRequest(_) => tonic::Code::InvalidArgument,
             ServeError::NotFound(_) => tonic::Code::NotFound,
+            ServeError::MethodNotAllowed(_) => tonic::Code::Unimplemented,
+            ServeError::RequestTimeout(_) => tonic::Code::DeadlineExceeded,
             ServeError::Overloaded(_) => tonic::Code::ResourceExhausted,
             ServeError::DeadlineExceeded(_) => tonic::Code::DeadlineExceeded,
             ServeError::ShuttingDown => tonic::Code::Unavailable,
@@ -61,6 +72,8 @@ impl ServeError {
         match self {
             ServeError::BadRequest(_) => "invalid_argument",
             ServeError::NotFound(_) => "not_found",
+            ServeError::MethodNotAllowed(_) => "method_not_allowed",
+            ServeError::RequestTimeout(_) => "request_timeout",
             ServeError::Overloaded(_) => "resource_exhausted",
             ServeError::DeadlineExceeded(_) => "deadline_exceeded",
             ServeError::ShuttingDown => "unavailable",
@@ -69,11 +82,19 @@ impl ServeError {
     }
 }
 
-/// `{"error": "..."}` with the error's status.
+/// `{"error": "..."}` with the error's status. A body that arrived too slowly also closes the
+/// connection (the rest of it is not read).
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.to_string() });
-        (self.status(), axum::Json(body)).into_response()
+        let mut resp = (self.status(), axum::Json(body)).into_response();
+        if let ServeError::RequestTimeout(_) = self {
+            resp.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
 }
 
@@ -107,7 +128,17 @@ mod tests {
             (ServeError::bad("x"), 400, tonic::Code::InvalidArgument),
             (ServeError::NotFound("x".into()), 404, tonic::Code::NotFound),
             (
-                ServeError::Overloaded(3),
+                ServeError::MethodNotAllowed("x".into()),
+                405,
+                tonic::Code::Unimplemented,
+            ),
+            (
+                ServeError::RequestTimeout("x".into()),
+                408,
+                tonic::Code::DeadlineExceeded,
+            ),
+            (
+                ServeError::Overloaded("3 requests are queued".into()),
                 503,
                 tonic::Code::ResourceExhausted,
             ),

@@ -22,7 +22,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::error::ServeError;
-use crate::kserve::{self, Tensor, count_error};
+use crate::kserve::{self, IntSink, Tensor, count_error};
 use crate::metrics::Tracked;
 use crate::spec::ModelSpec;
 use crate::state::App;
@@ -207,6 +207,22 @@ impl Tensor for GrpcTensor<'_> {
         &self.t.shape
     }
 
+    fn count(&self) -> usize {
+        if let Some((_, raw)) = self.raw {
+            return raw
+                .len()
+                .checked_div(kserve::width(&self.t.datatype))
+                .unwrap_or(0);
+        }
+        self.contents()
+            .map_or(0, |c| match self.t.datatype.as_str() {
+                "FP32" => c.fp32_contents.len(),
+                "INT32" => c.int_contents.len(),
+                "INT64" => c.int64_contents.len(),
+                _ => 0,
+            })
+    }
+
     fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<(), ServeError> {
         if let Some((k, raw)) = self.raw {
             return kserve::le_floats(self, &Self::raw_field(k), raw, want, out);
@@ -219,7 +235,7 @@ impl Tensor for GrpcTensor<'_> {
         Ok(())
     }
 
-    fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<(), ServeError> {
+    fn read_ints<S: IntSink>(&self, want: usize, out: &mut S) -> Result<(), ServeError> {
         if let Some((k, raw)) = self.raw {
             return kserve::le_ints(self, &Self::raw_field(k), raw, want, out);
         }
@@ -228,13 +244,15 @@ impl Tensor for GrpcTensor<'_> {
             if v.len() != want {
                 return Err(count_error(self, "contents.int_contents", v.len(), want));
             }
-            out.extend(v.iter().map(|&x| x as i64));
+            out.reserve_ints(want);
+            v.iter().for_each(|&x| out.push_int(i64::from(x)));
         } else {
             let v = self.contents().map_or(&[][..], |c| &c.int64_contents[..]);
             if v.len() != want {
                 return Err(count_error(self, "contents.int64_contents", v.len(), want));
             }
-            out.extend_from_slice(v);
+            out.reserve_ints(want);
+            v.iter().for_each(|&x| out.push_int(x));
         }
         Ok(())
     }
@@ -308,6 +326,8 @@ impl Grpc {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        // Refused before decoding when the server is already past its queue bound.
+        app.batcher.admit(timeout)?;
         let samples = decode(&app.spec, &req)?;
         let n = samples.len();
         let scored = app.batcher.submit(samples, timeout).await?;

@@ -9,6 +9,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::conn::{OverBudget, SlowBody};
 use crate::error::{Result, ServeError};
 use crate::kserve::json::{InferRequest, InferResponse, OutputTensor};
 use crate::kserve::{self, fastjson, json as kjson};
@@ -32,6 +33,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/score", post(score_route))
         .route("/metrics", get(metrics_page))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `read_body`, which answers 400 naming the limit.
         .layer(DefaultBodyLimit::disable())
         .with_state(app)
@@ -43,13 +45,80 @@ fn finish(t: Tracked, r: Result<Response>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+/// Reads a request body of at most `limit` bytes: over it, 400 naming the limit; arriving
+/// below the minimum rate, 408 (the connection closes); past the in-flight budget, 503. A body
+/// of declared length is read into one buffer of that size (no copy from a list of chunks: a
+/// large body costs its size once, not twice); a body of one chunk is kept as it came.
+async fn read_body(mut body: Body, limit: usize) -> Result<axum::body::Bytes> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+    let over = || {
         ServeError::bad(format!(
-            "request body is over the server's limit of {limit} bytes (--max-body-bytes), or \
-             could not be read: {e}"
+            "request body is over the server's limit of {limit} bytes (--max-body-bytes)"
         ))
-    })
+    };
+    let declared = body.size_hint().exact();
+    if declared.is_some_and(|d| d > limit as u64) {
+        return Err(over());
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|e| body_error(&e))?.into_data() else {
+            continue;
+        };
+        if buf.is_empty() && body.is_end_stream() {
+            if data.len() > limit {
+                return Err(over());
+            }
+            return Ok(data);
+        }
+        if buf.len() + data.len() > limit {
+            return Err(over());
+        }
+        if buf.capacity() == 0 {
+            buf.reserve_exact(declared.map_or(data.len(), |d| d as usize));
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.into())
+}
+
+/// Admits a request before its body is read: a server already past its queue bound refuses
+/// it (503) without buffering the body, which is read and dropped chunk by chunk so that the
+/// connection stays usable (closing with unread bytes would reset it, and the client could lose
+/// the answer). The batcher decides again, exactly, when the decoded request is submitted.
+async fn admit_unread(app: &App, body: Body, timeout_us: Option<u64>) -> Result<Body> {
+    use http_body_util::BodyExt;
+    let Err(refused) = app.batcher.admit(timeout_us) else {
+        return Ok(body);
+    };
+    let mut body = body;
+    let mut left = app.max_body_bytes;
+    while let Some(Ok(frame)) = body.frame().await {
+        let n = frame.data_ref().map_or(0, |d| d.len());
+        if n > left {
+            break;
+        }
+        left -= n;
+    }
+    Err(refused)
+}
+
+/// Why a body could not be read: too slow (408), past the in-flight budget (503), or broken.
+fn body_error(e: &axum::Error) -> ServeError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(slow) = s.downcast_ref::<SlowBody>() {
+            metrics::counter!(m::REQUESTS_REFUSED, "reason" => "slow_body").increment(1);
+            return ServeError::RequestTimeout(slow.to_string());
+        }
+        if let Some(over) = s.downcast_ref::<OverBudget>() {
+            metrics::counter!(m::REQUESTS_REFUSED, "reason" => "inflight_bytes").increment(1);
+            return ServeError::Overloaded(over.to_string());
+        }
+        source = s.source();
+    }
+    ServeError::bad(format!("the request body could not be read: {e}"))
 }
 
 async fn live() -> Response {
@@ -123,37 +192,19 @@ async fn run_infer(
     body: Body,
 ) -> Result<Response> {
     app.check_model(name, version.unwrap_or(""))?;
+    // Refused before reading when the server is already past its queue bound.
+    let body = admit_unread(app, body, None).await?;
     let bytes = read_body(body, app.max_body_bytes).await?;
-    let json_len = match headers.get(JSON_LENGTH) {
-        None => bytes.len(),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&l| l <= bytes.len())
-            .ok_or_else(|| {
-                ServeError::bad(format!(
-                    "header Inference-Header-Content-Length is {v:?}; it must be the length of \
-                     the JSON at the start of the {}-byte body",
-                    bytes.len()
-                ))
-            })?,
-    };
-    let (json_part, binary) = bytes.split_at(json_len);
-    let req: InferRequest = match fastjson::parse_infer(json_part) {
-        Some(r) => r,
-        None => serde_json::from_slice(json_part)
-            .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?,
-    };
-    let timeout = kjson::timeout_us(&req)?;
-    let samples = kjson::decode_with_binary(&app.spec, &req, binary)?;
-    let n = samples.len();
-    let binary_out = kjson::binary_output(&req);
-    let scored = app.batcher.submit(samples, timeout).await?;
+    let d = decode_infer(app, headers, &bytes)?;
+    // The body and its parsed values are not needed while the samples wait and run.
+    drop(bytes);
+    let n = d.samples.len();
+    let scored = app.batcher.submit(d.samples, d.timeout).await?;
+    let (id, binary_out) = (d.id, d.binary_out);
     let mut resp = InferResponse {
         model_name: app.spec.name.clone(),
         model_version: kserve::VERSION.into(),
-        id: req.id,
+        id,
         outputs: vec![OutputTensor {
             name: kserve::SCORES.into(),
             datatype: "FP32",
@@ -187,6 +238,45 @@ async fn run_infer(
         .into_response())
 }
 
+/// What a KServe request asks, decoded from its body.
+struct Decoded {
+    samples: ember_model::Samples,
+    timeout: Option<u64>,
+    id: Option<String>,
+    binary_out: bool,
+}
+
+/// Decodes a KServe request body: JSON, then its binary tensor data if any.
+fn decode_infer(app: &App, headers: &HeaderMap, bytes: &[u8]) -> Result<Decoded> {
+    let json_len = match headers.get(JSON_LENGTH) {
+        None => bytes.len(),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&l| l <= bytes.len())
+            .ok_or_else(|| {
+                ServeError::bad(format!(
+                    "header Inference-Header-Content-Length is {v:?}; it must be the length of \
+                     the JSON at the start of the {}-byte body",
+                    bytes.len()
+                ))
+            })?,
+    };
+    let (json_part, binary) = bytes.split_at(json_len);
+    let req: InferRequest = match fastjson::parse_infer(json_part) {
+        Some(r) => r,
+        None => serde_json::from_slice(json_part)
+            .map_err(|e| ServeError::bad(format!("malformed inference request JSON: {e}")))?,
+    };
+    Ok(Decoded {
+        timeout: kjson::timeout_us(&req)?,
+        samples: kjson::decode_with_binary(&app.spec, &req, binary)?,
+        binary_out: kjson::binary_output(&req),
+        id: req.id,
+    })
+}
+
 #[derive(Debug, Deserialize)]
 struct ScoreQuery {
     /// Whether TSV lines start with the label column (default true).
@@ -203,7 +293,15 @@ async fn score_route(
 ) -> Response {
     let t = Tracked::new("http");
     let r = async {
+        let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
+        let body = admit_unread(&app, body, timeout).await?;
         let bytes = read_body(body, app.max_body_bytes).await?;
+        if bytes.trim_ascii().is_empty() {
+            return Err(ServeError::bad(
+                "the request body is empty: send Criteo TSV lines (text/tab-separated-values), or \
+                 JSON {\"instances\": [...]} with Content-Type: application/json",
+            ));
+        }
         let json = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -213,7 +311,7 @@ async fn score_route(
         } else {
             v1::decode_tsv(&app.spec, &bytes, q.labels.unwrap_or(true))?
         };
-        let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
+        drop(bytes);
         let scored = app.batcher.submit(samples, timeout).await?;
         Ok(if json {
             axum::Json(json!({ "scores": scored.scores })).into_response()
@@ -230,12 +328,25 @@ async fn score_route(
     finish(t, r)
 }
 
-async fn metrics_page() -> Response {
+async fn metrics_page(State(app): State<App>) -> Response {
+    metrics::gauge!(m::INFLIGHT_BYTES).set(app.budget.used() as f64);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         m::handle().render(),
     )
         .into_response()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let allowed = match uri.path() {
+        p if p.ends_with("/infer") || p == "/v1/score" => "POST",
+        _ => "GET",
+    };
+    let e = ServeError::MethodNotAllowed(format!(
+        "{method} is not allowed on {}: use {allowed}",
+        uri.path()
+    ));
+    ([(header::ALLOW, allowed)], e).into_response()
 }
 
 async fn not_found() -> Response {

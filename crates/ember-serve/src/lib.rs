@@ -29,6 +29,7 @@
 //! ```
 
 mod batcher;
+mod conn;
 mod error;
 pub mod grpc;
 mod http;
@@ -46,6 +47,7 @@ use ember_model::{Engine, Model, Predictor};
 use tokio::sync::watch;
 
 pub use batcher::{BatchConfig, Batcher, Reply};
+pub use conn::{ConnConfig, OverBudget, SlowBody};
 pub use error::ServeError;
 pub use spec::ModelSpec;
 pub use state::App;
@@ -64,6 +66,8 @@ pub struct ServeConfig {
     pub batch: BatchConfig,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// Connection timeouts, the connection cap, the stop's grace period.
+    pub conn: ConnConfig,
 }
 
 impl Default for ServeConfig {
@@ -75,6 +79,7 @@ impl Default for ServeConfig {
             threads: 1,
             batch: BatchConfig::default(),
             max_body_bytes: 16 << 20,
+            conn: ConnConfig::default(),
         }
     }
 }
@@ -88,26 +93,8 @@ pub struct Server {
     ready: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-}
-
-/// Serves `router` on `listener` (HTTP/1.1 and HTTP/2, no Nagle delay) until `stop` turns true,
-/// then finishes the requests in flight.
-fn serve(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    mut stop: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|&s| s).await;
-            })
-            .await
-    })
+    registry: Arc<conn::Registry>,
+    grace: std::time::Duration,
 }
 
 impl Server {
@@ -126,6 +113,12 @@ impl Server {
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
         metrics::handle();
+        // The connection cap, not the OS, decides when connections are refused.
+        let fd_limit = conn::raise_fd_limit();
+        let registry = Arc::new(conn::Registry::new(conn::connection_cap(
+            cfg.conn.max_connections,
+            fd_limit,
+        )));
         let spec = Arc::new(ModelSpec::of(engine.model().clone(), &cfg.model_name));
         let listener = tokio::net::TcpListener::bind(cfg.http).await?;
         let addr = listener.local_addr()?;
@@ -136,16 +129,35 @@ impl Server {
         let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let batcher = Arc::new(Batcher::start(engine, cfg.batch));
         let ready = Arc::new(AtomicBool::new(true));
+        let budget = Arc::new(conn::Budget::new(cfg.conn.max_inflight_bytes));
         let app = App {
             spec,
             batcher: batcher.clone(),
             ready: ready.clone(),
             max_body_bytes: cfg.max_body_bytes,
+            budget: budget.clone(),
         };
         let (stop, stopped) = watch::channel(false);
-        let mut tasks = vec![serve(listener, http::router(app.clone()), stopped.clone())];
+        let conn_cfg = Arc::new(cfg.conn.clone());
+        let http = conn::Listener {
+            router: http::router(app.clone()),
+            cfg: conn_cfg.clone(),
+            registry: registry.clone(),
+            max_body_bytes: Some(cfg.max_body_bytes),
+            budget: budget.clone(),
+            grpc: false,
+        };
+        let mut tasks = vec![http.spawn(listener, stopped.clone())];
         if let Some(l) = grpc_listener {
-            tasks.push(serve(l, grpc::router(app), stopped));
+            let grpc = conn::Listener {
+                router: grpc::router(app),
+                cfg: conn_cfg,
+                registry: registry.clone(),
+                max_body_bytes: None,
+                budget,
+                grpc: true,
+            };
+            tasks.push(grpc.spawn(l, stopped));
         }
         Ok(Server {
             addr,
@@ -154,6 +166,8 @@ impl Server {
             ready,
             stop,
             tasks,
+            registry,
+            grace: cfg.conn.shutdown_grace,
         })
     }
 
@@ -167,9 +181,17 @@ impl Server {
         self.grpc_addr
     }
 
-    /// Stops accepting connections, finishes the requests in flight and every queued batch, and
-    /// returns when all are answered.
+    /// The most connections it holds open (the configured cap within the descriptors the
+    /// process has).
+    pub fn connection_cap(&self) -> usize {
+        self.registry.cap()
+    }
+
+    /// Stops: refuses new connections, closes idle ones and those still sending a request,
+    /// answers every request already received (queued ones included), and returns when all are
+    /// answered or the grace period has run out (what is left then is dropped).
     pub async fn shutdown(self) -> std::io::Result<()> {
+        let end = std::time::Instant::now() + self.grace;
         self.ready.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
         let mut result = Ok(());
@@ -182,25 +204,64 @@ impl Server {
                 result = r;
             }
         }
+        self.registry.stop_all();
+        self.registry.drain(self.grace).await;
         let b = self.batcher.clone();
-        tokio::task::spawn_blocking(move || b.shutdown())
+        tokio::task::spawn_blocking(move || b.shutdown_by(end))
             .await
             .map_err(|e| std::io::Error::other(format!("stopping the batcher: {e}")))?;
         result
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT).
-pub async fn shutdown_signal() {
+/// A signal that stops the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGTERM.
+    Terminate,
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGHUP (the terminal closed): stops the server the same way (there is nothing to
+    /// reload).
+    Hangup,
+}
+
+impl StopSignal {
+    /// The signal's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopSignal::Terminate => "SIGTERM",
+            StopSignal::Interrupt => "SIGINT",
+            StopSignal::Hangup => "SIGHUP",
+        }
+    }
+
+    /// The signal's number (an exit status of `128 + number` says a process died of it).
+    pub fn number(self) -> i32 {
+        match self {
+            StopSignal::Terminate => 15,
+            StopSignal::Interrupt => 2,
+            StopSignal::Hangup => 1,
+        }
+    }
+}
+
+/// Resolves on SIGTERM, SIGINT (Ctrl-C) or SIGHUP, saying which.
+pub async fn shutdown_signal() -> StopSignal {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).expect("install a SIGTERM handler");
+        let mut hup = signal(SignalKind::hangup()).expect("install a SIGHUP handler");
         tokio::select! {
-            _ = term.recv() => {},
-            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => StopSignal::Terminate,
+            _ = hup.recv() => StopSignal::Hangup,
+            _ = tokio::signal::ctrl_c() => StopSignal::Interrupt,
         }
     }
     #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        StopSignal::Interrupt
+    }
 }

@@ -14,6 +14,8 @@ pub const IN_FLIGHT: &str = "ember_requests_in_flight";
 pub const QUEUE_DEPTH: &str = "ember_queue_depth";
 /// Seconds from arrival to the answer, per request.
 pub const REQUEST_SECONDS: &str = "ember_request_duration_seconds";
+/// Seconds from a request's start to its refusal for load (503 / RESOURCE_EXHAUSTED).
+pub const REFUSAL_SECONDS: &str = "ember_refusal_seconds";
 /// Seconds a request waited in the queue before its batch started.
 pub const QUEUE_WAIT: &str = "ember_queue_wait_seconds";
 /// Seconds of the embedding stage, per batch.
@@ -23,6 +25,22 @@ pub const EMBEDDING_STAGE: &str = "ember_embedding_stage_seconds";
 pub const DENSE_STAGE: &str = "ember_dense_stage_seconds";
 /// Samples per batch.
 pub const BATCH_SIZE: &str = "ember_batch_size";
+/// Connections open now.
+pub const CONNECTIONS_OPEN: &str = "ember_connections_open";
+/// Connections closed, by `reason`: `client` (the client closed it), `error`, `idle_timeout`,
+/// `header_timeout` (a request head too slow), `evicted` (closed to make room for a new one at
+/// the connection cap), `shutdown`, `grace_expired` (still open when the stop's grace ran out).
+pub const CONNECTIONS_CLOSED: &str = "ember_connections_closed_total";
+/// Connections refused, by `reason`: `max_connections` (at the cap with none idle),
+/// `fd_exhausted` (the OS had no descriptor left), `accept_error`.
+pub const CONNECTIONS_REFUSED: &str = "ember_connections_refused_total";
+/// Requests refused before they were queued, by `reason`: `body_too_large` (from
+/// `Content-Length`), `header_too_large`, `slow_body` (below the minimum rate), `overloaded`
+/// (its expected wait was over its deadline or the queue-delay bound), `queue_full`,
+/// `inflight_bytes` (over the in-flight body budget).
+pub const REQUESTS_REFUSED: &str = "ember_requests_refused_total";
+/// Bytes of request bodies held now (each until its request is answered).
+pub const INFLIGHT_BYTES: &str = "ember_inflight_body_bytes";
 /// SSD tier: distinct (feature, id) lookups the row cache answered, and all it was asked.
 pub const TIER_HITS: &str = "ember_tier_cache_hits_total";
 pub const TIER_LOOKUPS: &str = "ember_tier_cache_lookups_total";
@@ -69,10 +87,27 @@ fn describe() {
     describe_counter!(REQUESTS, "Requests answered, by protocol and status");
     describe_gauge!(IN_FLIGHT, "Requests being handled now");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a batch now");
+    describe_gauge!(CONNECTIONS_OPEN, "Connections open now");
+    describe_counter!(CONNECTIONS_CLOSED, "Connections closed, by reason");
+    describe_counter!(CONNECTIONS_REFUSED, "Connections refused, by reason");
+    describe_counter!(
+        REQUESTS_REFUSED,
+        "Requests refused before they were queued, by reason"
+    );
+    describe_gauge!(
+        INFLIGHT_BYTES,
+        Unit::Bytes,
+        "Bytes of request bodies held now (each until its request is answered)"
+    );
     describe_histogram!(
         REQUEST_SECONDS,
         Unit::Seconds,
         "Arrival to answer, per request"
+    );
+    describe_histogram!(
+        REFUSAL_SECONDS,
+        Unit::Seconds,
+        "Arrival to a 503 / RESOURCE_EXHAUSTED answer, per request refused for load"
     );
     describe_histogram!(
         QUEUE_WAIT,
@@ -128,6 +163,11 @@ pub fn record_tier(model: &ember_model::Model) {
     metrics::gauge!(TIER_CACHE_BYTES).set(stager.cache_usage().0 as f64);
 }
 
+/// Counts a request refused before a handler took it (it gets no duration).
+pub fn count_refused_request(protocol: &'static str, e: &crate::ServeError) {
+    metrics::counter!(REQUESTS, "protocol" => protocol, "status" => e.label()).increment(1);
+}
+
 /// One request being handled: raises `ember_requests_in_flight` while alive, and counts the
 /// request in `ember_requests_total` with its duration when it ends. A request dropped before
 /// it was answered (the client went away or gave up at its deadline) counts as `cancelled`.
@@ -156,7 +196,11 @@ impl Tracked {
     fn record(&mut self, status: &'static str) {
         self.done = true;
         metrics::counter!(REQUESTS, "protocol" => self.protocol, "status" => status).increment(1);
-        metrics::histogram!(REQUEST_SECONDS).record(self.start.elapsed().as_secs_f64());
+        let took = self.start.elapsed().as_secs_f64();
+        metrics::histogram!(REQUEST_SECONDS).record(took);
+        if status == "resource_exhausted" {
+            metrics::histogram!(REFUSAL_SECONDS).record(took);
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ember_model::{Inputs, Model, Samples};
+use ember_model::{Ids, Inputs, Lengths, Model, Samples};
 
 use crate::error::Result;
 
@@ -21,6 +21,8 @@ pub struct ModelSpec {
     /// KServe input names to their slot: 0 is `dense`, `1 + 2f` feature f's `_lengths`,
     /// `2 + 2f` its `_ids`.
     pub input_slots: HashMap<String, usize>,
+    /// Sparse feature names to their index.
+    pub feature_index: HashMap<String, usize>,
     model: Arc<Model>,
 }
 
@@ -34,10 +36,17 @@ impl ModelSpec {
             input_slots.insert(format!("{name}_lengths"), 1 + 2 * f);
             input_slots.insert(format!("{name}_ids"), 2 + 2 * f);
         }
+        let feature_index = inputs
+            .features
+            .iter()
+            .enumerate()
+            .map(|(f, name)| (name.clone(), f))
+            .collect();
         ModelSpec {
             name: name.to_string(),
             inputs,
             input_slots,
+            feature_index,
             model,
         }
     }
@@ -59,9 +68,15 @@ impl ModelSpec {
         &self,
         n: usize,
         dense: Vec<f32>,
-        lengths: Vec<u32>,
-        ids: Vec<i64>,
+        lengths: impl Into<Lengths>,
+        ids: impl Into<Ids>,
     ) -> Result<Samples> {
         Ok(self.model.check_samples(n, dense, lengths, ids)?)
+    }
+
+    /// An empty id list with room for `capacity`, as the checked samples keep them (32-bit when
+    /// every table fits): decoders that build it need no conversion.
+    pub fn new_ids(&self, capacity: usize) -> Ids {
+        Ids::with_capacity(self.model.embeddings().narrow_ids(), capacity)
     }
 }

@@ -1,10 +1,11 @@
 //! What the HTTP and gRPC handlers share: the served model's spec, the batcher, whether the
-//! server is ready, and the request size limit.
+//! server is ready, the request size limit and the in-flight byte budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::batcher::Batcher;
+use crate::conn::Budget;
 use crate::error::Result;
 use crate::kserve;
 use crate::spec::ModelSpec;
@@ -16,6 +17,8 @@ pub struct App {
     pub batcher: Arc<Batcher>,
     pub ready: Arc<AtomicBool>,
     pub max_body_bytes: usize,
+    /// Bytes of request bodies in flight, across connections.
+    pub(crate) budget: Arc<Budget>,
 }
 
 impl App {

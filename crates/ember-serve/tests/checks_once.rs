@@ -129,6 +129,7 @@ async fn ids_are_checked_once_per_request() {
             max_batch: 256,
             max_delay: Duration::from_millis(20),
             queue: 256,
+            max_queue_delay: None,
         },
         ..ServeConfig::default()
     };

@@ -37,18 +37,29 @@ impl Pool {
         Ok(())
     }
 
-    /// Sends `request` (head and body) and returns the response's status code.
+    /// Sends `request` (head and body) and returns the response's status code. A kept-alive
+    /// connection the server closed meanwhile (its idle timeout) is replaced by a new one once,
+    /// as HTTP clients do when a reused connection fails before any response byte.
     pub async fn send(&self, request: &[u8]) -> std::io::Result<u16> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut conn = match idle {
-            Some(c) => c,
-            None => {
-                let c = TcpStream::connect(self.addr).await?;
-                c.set_nodelay(true)?;
-                c
+        if let Some(conn) = idle {
+            match self.exchange(conn, request).await {
+                Err(Exchange::BeforeResponse(_)) => {}
+                Err(Exchange::After(e)) => return Err(e),
+                Ok(status) => return Ok(status),
             }
-        };
-        conn.write_all(request).await?;
+        }
+        let c = TcpStream::connect(self.addr).await?;
+        c.set_nodelay(true)?;
+        self.exchange(c, request).await.map_err(|e| match e {
+            Exchange::BeforeResponse(e) | Exchange::After(e) => e,
+        })
+    }
+
+    async fn exchange(&self, mut conn: TcpStream, request: &[u8]) -> Result<u16, Exchange> {
+        conn.write_all(request)
+            .await
+            .map_err(Exchange::BeforeResponse)?;
         let (status, keep) = read_response(&mut conn).await?;
         if keep {
             self.idle
@@ -60,32 +71,49 @@ impl Pool {
     }
 }
 
+/// How an exchange failed: before any byte of the response (the request may be sent again on
+/// a new connection), or after.
+enum Exchange {
+    BeforeResponse(std::io::Error),
+    After(std::io::Error),
+}
+
 fn bad(msg: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_string())
 }
 
 /// Reads one response; returns its status and whether the connection stays open.
-async fn read_response(conn: &mut TcpStream) -> std::io::Result<(u16, bool)> {
+async fn read_response(conn: &mut TcpStream) -> Result<(u16, bool), Exchange> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let head_end = loop {
-        let n = conn.read(&mut chunk).await?;
+        let n = match conn.read(&mut chunk).await {
+            Ok(n) => n,
+            Err(e) if buf.is_empty() => return Err(Exchange::BeforeResponse(e)),
+            Err(e) => return Err(Exchange::After(e)),
+        };
+        if n == 0 && buf.is_empty() {
+            return Err(Exchange::BeforeResponse(bad(
+                "connection closed before the response",
+            )));
+        }
         if n == 0 {
-            return Err(bad("connection closed before the response"));
+            return Err(Exchange::After(bad("connection closed inside the head")));
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break p + 4;
         }
         if buf.len() > 64 << 10 {
-            return Err(bad("response head over 64 KB"));
+            return Err(Exchange::After(bad("response head over 64 KB")));
         }
     };
-    let head = std::str::from_utf8(&buf[..head_end]).map_err(|_| bad("head is not UTF-8"))?;
+    let head = std::str::from_utf8(&buf[..head_end])
+        .map_err(|_| Exchange::After(bad("head is not UTF-8")))?;
     let status: u16 = head
         .get(9..12)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no status code"))?;
+        .ok_or_else(|| Exchange::After(bad("no status code")))?;
     let mut len = None;
     let mut keep = true;
     for line in head.lines().skip(1) {
@@ -96,16 +124,16 @@ async fn read_response(conn: &mut TcpStream) -> std::io::Result<(u16, bool)> {
             } else if k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close") {
                 keep = false;
             } else if k.eq_ignore_ascii_case("transfer-encoding") {
-                return Err(bad("chunked responses are not supported"));
+                return Err(Exchange::After(bad("chunked responses are not supported")));
             }
         }
     }
-    let len = len.ok_or_else(|| bad("no Content-Length"))?;
+    let len = len.ok_or_else(|| Exchange::After(bad("no Content-Length")))?;
     let mut have = buf.len() - head_end;
     while have < len {
-        let n = conn.read(&mut chunk).await?;
+        let n = conn.read(&mut chunk).await.map_err(Exchange::After)?;
         if n == 0 {
-            return Err(bad("connection closed inside the body"));
+            return Err(Exchange::After(bad("connection closed inside the body")));
         }
         have += n;
     }

@@ -21,7 +21,7 @@ mod http1;
 mod requests;
 mod target;
 
-use target::{Target, grpc_target, http_target};
+use target::{Outcome, Target, grpc_target, http_target};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -81,12 +81,38 @@ pub struct LoadgenArgs {
     /// (Criteo rows to /v1/score).
     #[arg(long, default_value = "kserve")]
     format: String,
+    /// Rates one after the other instead of --qps / --duration: `RATE:SECONDS,...` (e.g.
+    /// `20000:60,4000:10`: an overload, then the normal rate). All of them are measured.
+    #[arg(long, conflicts_with = "find_max")]
+    phases: Option<String>,
+    /// Also report every SECONDS of the measurement on its own: offered, answered, refused,
+    /// errors, p50 / p99 of the answered (by scheduled time).
+    #[arg(long)]
+    timeline: Option<f64>,
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
 }
 
-/// One measurement at one offered rate.
+/// `--phases`: (requests per second, seconds) pairs.
+fn parse_phases(s: &str) -> anyhow::Result<Vec<(f64, f64)>> {
+    s.split(',')
+        .map(|p| {
+            let (r, d) = p
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("--phases: '{p}' is not RATE:SECONDS"))?;
+            let (r, d): (f64, f64) = (r.trim().parse()?, d.trim().parse()?);
+            if !(r > 0.0 && d > 0.0 && r.is_finite() && d.is_finite()) {
+                bail!("--phases: '{p}' needs a positive rate and duration");
+            }
+            Ok((r, d))
+        })
+        .collect()
+}
+
+/// One measurement at one offered rate (or one schedule of rates). Latencies are those of the
+/// requests answered with scores; refused ones (503 / RESOURCE_EXHAUSTED) are counted and timed
+/// apart, and are not errors.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Run {
     offered_qps: f64,
@@ -94,12 +120,58 @@ struct Run {
     samples_per_s: f64,
     sent: usize,
     ok: usize,
+    refused: usize,
     errors: usize,
     p50_ms: f64,
     p90_ms: f64,
     p99_ms: f64,
     p999_ms: f64,
     max_ms: f64,
+    /// Time to the refusal, of the refused requests.
+    refused_p99_ms: f64,
+    refused_max_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timeline: Option<Vec<Bucket>>,
+    /// With --phases, each phase on its own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    phases: Vec<Phase>,
+}
+
+/// One `--phases` phase, by the requests' scheduled times.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Phase {
+    offered_qps: f64,
+    secs: f64,
+    sent: usize,
+    ok: usize,
+    refused: usize,
+    errors: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    refused_p50_ms: f64,
+    refused_p99_ms: f64,
+}
+
+/// One `--timeline` interval, by the requests' scheduled times.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Bucket {
+    /// Start of the interval, seconds into the measurement.
+    t: f64,
+    sent: usize,
+    ok: usize,
+    refused: usize,
+    errors: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// The `p` quantile of sorted values (NaN when there are none).
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
 pub fn run(a: LoadgenArgs) -> anyhow::Result<()> {
@@ -119,10 +191,15 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         "grpc" => grpc_target(&a).await?,
         p => bail!("unknown --protocol '{p}' (http or grpc)"),
     });
-    let go = |rate: f64| run_at(&target, rate, &a);
+    let go = |rate: f64| run_at(&target, vec![(rate, a.duration)], &a);
     if !a.find_max {
-        let r = go(a.qps).await?;
+        let phases = match &a.phases {
+            Some(p) => parse_phases(p)?,
+            None => vec![(a.qps, a.duration)],
+        };
+        let r = run_at(&target, phases, &a).await?;
         print_run(&r);
+        print_timeline(&r);
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         }
@@ -130,7 +207,7 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
     }
     // Double until the objective fails, then bisect between the last pass and the first failure.
     let slo = a.slo_p99_ms;
-    let passes = |r: &Run| r.p99_ms <= slo && r.errors * 100 <= r.sent;
+    let passes = |r: &Run| r.p99_ms <= slo && (r.errors + r.refused) * 100 <= r.sent;
     let mut steps = Vec::new();
     let (mut lo, mut hi) = (0.0f64, None::<f64>);
     let mut rate = a.qps;
@@ -194,7 +271,7 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
 fn print_run(r: &Run) {
     println!(
         "offered {:>8.0}/s  achieved {:>8.0}/s ({:>8.0} samples/s)  p50 {:>7.2}  p90 {:>7.2}  \
-         p99 {:>7.2}  p999 {:>7.2} ms  errors {}/{}",
+         p99 {:>7.2}  p999 {:>7.2} ms  refused {}/{} (p99 {:.2} ms)  errors {}/{}",
         r.offered_qps,
         r.achieved_qps,
         r.samples_per_s,
@@ -202,23 +279,70 @@ fn print_run(r: &Run) {
         r.p90_ms,
         r.p99_ms,
         r.p999_ms,
+        r.refused,
+        r.sent,
+        r.refused_p99_ms,
         r.errors,
         r.sent
     );
 }
 
-async fn run_at(target: &Arc<Target>, rate: f64, a: &LoadgenArgs) -> anyhow::Result<Run> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(bool, Option<Duration>)>();
+fn print_timeline(r: &Run) {
+    for p in &r.phases {
+        println!(
+            "  phase {:>8.0}/s x {:>5.0} s: ok {:>7}  refused {:>7} (p50 {:.2}, p99 {:.2} ms)  \
+             errors {:>5}  p50 {:>7.2}  p99 {:>7.2}  max {:>7.2} ms",
+            p.offered_qps,
+            p.secs,
+            p.ok,
+            p.refused,
+            p.refused_p50_ms,
+            p.refused_p99_ms,
+            p.errors,
+            p.p50_ms,
+            p.p99_ms,
+            p.max_ms
+        );
+    }
+    for b in r.timeline.iter().flatten() {
+        println!(
+            "  t {:>7.1} s  sent {:>7}  ok {:>7}  refused {:>7}  errors {:>5}  p50 {:>7.2}  \
+             p99 {:>7.2} ms",
+            b.t, b.sent, b.ok, b.refused, b.errors, b.p50_ms, b.p99_ms
+        );
+    }
+}
+
+async fn run_at(
+    target: &Arc<Target>,
+    phases: Vec<(f64, f64)>,
+    a: &LoadgenArgs,
+) -> anyhow::Result<Run> {
+    /// What each request reports: its outcome, and its scheduled time into the measurement
+    /// with its latency (none for warm-up requests).
+    type Report = (Outcome, Option<(Duration, Duration)>);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Report>();
     let outstanding = Arc::new(AtomicUsize::new(0));
     let handle = tokio::runtime::Handle::current();
     let target = target.clone();
-    let (seed, warmup, duration, max_out) = (a.seed, a.warmup, a.duration, a.max_outstanding);
+    let (seed, warmup, max_out) = (a.seed, a.warmup, a.max_outstanding);
+    let secs: f64 = phases.iter().map(|p| p.1).sum();
+    let phase_list = phases.clone();
+    let sent_total = phases.iter().map(|p| p.0 * p.1).sum::<f64>();
+    let first_rate = phases[0].0;
     // The arrival clock: its own thread, sleeping to each arrival (or sending at once when late).
     let clock = std::thread::spawn(move || {
-        let mut rng = StdRng::seed_from_u64(seed ^ rate.to_bits());
+        let mut rng = StdRng::seed_from_u64(seed ^ first_rate.to_bits());
         let start = Instant::now();
         let warm = Duration::from_secs_f64(warmup);
-        let end = warm + Duration::from_secs_f64(duration);
+        // Where each phase ends, from the start of the measurement.
+        let mut ends = Vec::with_capacity(phases.len());
+        let mut at = warm;
+        for &(rate, d) in &phases {
+            at += Duration::from_secs_f64(d);
+            ends.push((at, rate));
+        }
+        let end = at;
         let (mut next, mut sent, mut refused, mut k) = (Duration::ZERO, 0usize, 0usize, 0usize);
         while next < end {
             let due = start + next;
@@ -233,18 +357,23 @@ async fn run_at(target: &Arc<Target>, rate: f64, a: &LoadgenArgs) -> anyhow::Res
                 outstanding.fetch_add(1, Ordering::Relaxed);
                 sent += usize::from(counted);
                 let (target, tx, out) = (target.clone(), tx.clone(), outstanding.clone());
+                let at = next.saturating_sub(warm);
                 handle.spawn(async move {
                     // A request unanswered for 10 s counts as an error.
                     let r = tokio::time::timeout(Duration::from_secs(10), target.send(k)).await;
-                    let ok = matches!(r, Ok(true));
+                    let outcome = r.unwrap_or(Outcome::Error);
                     out.fetch_sub(1, Ordering::Relaxed);
-                    let _ = tx.send((ok, counted.then(|| due.elapsed())));
+                    let _ = tx.send((outcome, counted.then(|| (at, due.elapsed()))));
                 });
             }
             k += 1;
-            // Exponential inter-arrival times: a Poisson process of the given rate, ramped up
-            // from a tenth of it over the warm-up (uncounted) so that a cold server is not hit
-            // by the full rate while its connections are still being set up.
+            // Exponential inter-arrival times: a Poisson process of the phase's rate, ramped up
+            // from a tenth of the first over the warm-up (uncounted) so that a cold server is
+            // not hit by the full rate while its connections are still being set up.
+            let rate = ends
+                .iter()
+                .find(|(e, _)| next < *e)
+                .map_or(first_rate, |&(_, r)| r);
             let ramp = if next < warm {
                 0.1 + 0.9 * next.as_secs_f64() / warm.as_secs_f64()
             } else {
@@ -255,42 +384,130 @@ async fn run_at(target: &Arc<Target>, rate: f64, a: &LoadgenArgs) -> anyhow::Res
         }
         (sent, refused)
     });
-    let (sent, refused) = tokio::task::spawn_blocking(move || clock.join())
+    let (sent, dropped) = tokio::task::spawn_blocking(move || clock.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the arrival clock thread panicked"))?;
 
-    let mut lat = Vec::with_capacity(sent);
-    let mut errors = refused;
-    let mut ok = 0usize;
-    while let Some((good, d)) = rx.recv().await {
-        if let Some(d) = d {
-            if good {
-                ok += 1;
-                lat.push(d.as_secs_f64() * 1e3);
-            } else {
-                errors += 1;
+    let width = a.timeline.filter(|w| *w > 0.0);
+    let nb = width.map_or(0, |w| (secs / w).ceil() as usize);
+    let mut buckets: Vec<(Bucket, Vec<f64>)> = (0..nb)
+        .map(|i| {
+            let b = Bucket {
+                t: i as f64 * width.unwrap_or(0.0),
+                sent: 0,
+                ok: 0,
+                refused: 0,
+                errors: 0,
+                p50_ms: f64::NAN,
+                p99_ms: f64::NAN,
+            };
+            (b, Vec::new())
+        })
+        .collect();
+    let (mut lat, mut refused_lat) = (Vec::with_capacity(sent), Vec::new());
+    let mut errors = dropped;
+    // Per phase: answered latencies, refused latencies, errors.
+    let mut by_phase: Vec<(Vec<f64>, Vec<f64>, usize)> =
+        phase_list.iter().map(|_| Default::default()).collect();
+    let phase_end: Vec<f64> = phase_list
+        .iter()
+        .scan(0.0, |t, p| {
+            *t += p.1;
+            Some(*t)
+        })
+        .collect();
+    while let Some((outcome, when)) = rx.recv().await {
+        let Some((at, d)) = when else { continue };
+        let ms = d.as_secs_f64() * 1e3;
+        let k = phase_end
+            .iter()
+            .position(|&e| at.as_secs_f64() < e)
+            .unwrap_or(phase_end.len() - 1);
+        match outcome {
+            Outcome::Ok => by_phase[k].0.push(ms),
+            Outcome::Refused => by_phase[k].1.push(ms),
+            Outcome::Error => by_phase[k].2 += 1,
+        }
+        let bucket = width
+            .map(|w| ((at.as_secs_f64() / w) as usize).min(nb.saturating_sub(1)))
+            .and_then(|i| buckets.get_mut(i));
+        let (b, blat) = match bucket {
+            Some((b, l)) => (Some(b), Some(l)),
+            None => (None, None),
+        };
+        if let Some(b) = b {
+            b.sent += 1;
+            match outcome {
+                Outcome::Ok => b.ok += 1,
+                Outcome::Refused => b.refused += 1,
+                Outcome::Error => b.errors += 1,
             }
+        }
+        match outcome {
+            Outcome::Ok => {
+                lat.push(ms);
+                if let Some(l) = blat {
+                    l.push(ms);
+                }
+            }
+            Outcome::Refused => refused_lat.push(ms),
+            Outcome::Error => errors += 1,
         }
     }
     lat.sort_by(f64::total_cmp);
-    let q = |p: f64| -> f64 {
-        if lat.is_empty() {
-            return f64::NAN;
-        }
-        lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1]
+    refused_lat.sort_by(f64::total_cmp);
+    let timeline = width.map(|_| {
+        buckets
+            .into_iter()
+            .map(|(mut b, mut l)| {
+                l.sort_by(f64::total_cmp);
+                b.p50_ms = quantile(&l, 0.5);
+                b.p99_ms = quantile(&l, 0.99);
+                b
+            })
+            .collect()
+    });
+    let phases = match phase_list.len() {
+        1 => Vec::new(),
+        _ => phase_list
+            .iter()
+            .zip(by_phase)
+            .map(|(&(rate, secs), (mut l, mut r, errors))| {
+                l.sort_by(f64::total_cmp);
+                r.sort_by(f64::total_cmp);
+                Phase {
+                    offered_qps: rate,
+                    secs,
+                    sent: l.len() + r.len() + errors,
+                    ok: l.len(),
+                    refused: r.len(),
+                    errors,
+                    p50_ms: quantile(&l, 0.5),
+                    p99_ms: quantile(&l, 0.99),
+                    max_ms: l.last().copied().unwrap_or(f64::NAN),
+                    refused_p50_ms: quantile(&r, 0.5),
+                    refused_p99_ms: quantile(&r, 0.99),
+                }
+            })
+            .collect(),
     };
-    let secs = a.duration;
+    let ok = lat.len();
     Ok(Run {
-        offered_qps: rate,
+        offered_qps: sent_total / secs,
         achieved_qps: ok as f64 / secs,
         samples_per_s: (ok * a.samples_per_request) as f64 / secs,
-        sent: sent + refused,
+        sent: sent + dropped,
         ok,
+        refused: refused_lat.len(),
         errors,
-        p50_ms: q(0.5),
-        p90_ms: q(0.9),
-        p99_ms: q(0.99),
-        p999_ms: q(0.999),
+        p50_ms: quantile(&lat, 0.5),
+        p90_ms: quantile(&lat, 0.9),
+        p99_ms: quantile(&lat, 0.99),
+        p999_ms: quantile(&lat, 0.999),
         max_ms: lat.last().copied().unwrap_or(f64::NAN),
+        refused_p99_ms: quantile(&refused_lat, 0.99),
+        refused_max_ms: refused_lat.last().copied().unwrap_or(f64::NAN),
+        timeline,
+        phases,
     })
 }

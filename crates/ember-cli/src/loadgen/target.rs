@@ -30,17 +30,39 @@ pub(super) enum Target {
     },
 }
 
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Answered with scores.
+    Ok,
+    /// Refused for load: 503 (HTTP) or RESOURCE_EXHAUSTED / UNAVAILABLE (gRPC).
+    Refused,
+    /// Anything else (another status, a transport error, no answer in time).
+    Error,
+}
+
 impl Target {
-    /// Sends the `k`-th request; true when it was answered with scores.
-    pub(super) async fn send(&self, k: usize) -> bool {
+    /// Sends the `k`-th request.
+    pub(super) async fn send(&self, k: usize) -> Outcome {
         match self {
-            Target::Http { pool, requests } => {
-                matches!(pool.send(&requests[k % requests.len()]).await, Ok(200))
-            }
+            Target::Http { pool, requests } => match pool.send(&requests[k % requests.len()]).await
+            {
+                Ok(200) => Outcome::Ok,
+                Ok(503) => Outcome::Refused,
+                _ => Outcome::Error,
+            },
             Target::Grpc { clients, requests } => {
                 let mut c = clients[k % clients.len()].clone();
                 let req = requests[k % requests.len()].clone();
-                c.model_infer(req).await.is_ok()
+                match c.model_infer(req).await {
+                    Ok(_) => Outcome::Ok,
+                    Err(s) => match s.code() {
+                        tonic::Code::ResourceExhausted | tonic::Code::Unavailable => {
+                            Outcome::Refused
+                        }
+                        _ => Outcome::Error,
+                    },
+                }
             }
         }
     }

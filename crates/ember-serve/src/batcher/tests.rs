@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::spec::ModelSpec;
-use ember_model::{Ids, KeyedJagged, LoadOptions, Model, Predictor};
+use ember_model::{KeyedJagged, LoadOptions, Model, Predictor};
 
 /// The shipped default model.
 pub(crate) fn default_model() -> Arc<Model> {
@@ -46,7 +46,7 @@ fn direct(model: &Arc<Model>, spec: &ModelSpec, s: &Samples) -> Vec<f32> {
         spec.features().to_vec(),
         s.len(),
         &lengths,
-        Ids::I64(s.ids().to_vec()),
+        s.ids().clone(),
         None,
     )
     .unwrap();
@@ -69,6 +69,7 @@ async fn merged_batches_score_like_single_requests() {
         max_batch: 16,
         max_delay: Duration::from_millis(20),
         queue: 1000,
+        max_queue_delay: None,
     };
     let (model, spec, b) = start(cfg);
     let reqs: Vec<Samples> = (0..40)
@@ -105,6 +106,7 @@ async fn a_full_queue_refuses_at_once() {
         max_batch: 1000,
         max_delay: Duration::from_millis(300),
         queue: 2,
+        max_queue_delay: None,
     };
     let (_, spec, b) = start(cfg);
     let waiting: Vec<_> = (0..2)
@@ -119,7 +121,10 @@ async fn a_full_queue_refuses_at_once() {
     }
     let t = Instant::now();
     let third = b.submit(random_samples(&spec, 1, 9), None).await;
-    assert_eq!(third.unwrap_err(), ServeError::Overloaded(2));
+    assert_eq!(
+        third.unwrap_err(),
+        ServeError::Overloaded("2 requests are queued".into())
+    );
     assert!(t.elapsed() < Duration::from_millis(100), "refusal waited");
     for w in waiting {
         assert_eq!(w.await.unwrap().unwrap().scores.len(), 1);
@@ -134,6 +139,7 @@ async fn late_requests_are_answered_without_scores() {
         max_batch: 1000,
         max_delay: Duration::from_millis(100),
         queue: 10,
+        max_queue_delay: None,
     };
     let (_, spec, b) = start(cfg);
     let late = b.submit(random_samples(&spec, 1, 1), Some(1_000)).await;
@@ -149,6 +155,7 @@ async fn shutdown_finishes_what_is_queued_then_refuses() {
         max_batch: 1000,
         max_delay: Duration::from_secs(5),
         queue: 100,
+        max_queue_delay: None,
     };
     let (_, spec, b) = start(cfg);
     let t0 = Instant::now();
@@ -177,9 +184,148 @@ async fn shutdown_finishes_what_is_queued_then_refuses() {
 #[test]
 fn empty_requests_need_no_batch() {
     let (_, spec, b) = start(BatchConfig::default());
-    let s = spec.check(0, vec![], vec![], vec![]).unwrap();
+    let s = spec.check(0, vec![], vec![], Vec::<i64>::new()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     assert!(rt.block_on(b.submit(s, None)).unwrap().scores.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_expected_to_wait_too_long_is_refused_at_once() {
+    let cfg = BatchConfig {
+        max_batch: 1000,
+        max_delay: Duration::from_millis(300),
+        queue: 100,
+        max_queue_delay: Some(Duration::from_nanos(1)),
+    };
+    let (_, spec, b) = start(cfg);
+    // Nothing ahead: no wait, whatever the bound.
+    assert!(b.expected_wait().is_zero());
+    assert_eq!(
+        b.submit(random_samples(&spec, 3, 1), None)
+            .await
+            .unwrap()
+            .scores
+            .len(),
+        3
+    );
+    // One request waits in a forming batch: the next is expected to wait behind it.
+    let ahead = {
+        let (b, s) = (b.clone(), random_samples(&spec, 5, 2));
+        tokio::spawn(async move { b.submit(s, None).await })
+    };
+    while b.pending_samples() < 5 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(b.expected_wait() > Duration::ZERO);
+    let t = Instant::now();
+    let refused = b.submit(random_samples(&spec, 1, 3), None).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(50),
+        "the refusal waited"
+    );
+    let Err(ServeError::Overloaded(why)) = refused else {
+        panic!("{refused:?}")
+    };
+    assert!(why.contains("--max-queue-delay-ms"), "{why}");
+    assert_eq!(ahead.await.unwrap().unwrap().scores.len(), 5);
+    assert_eq!(b.pending_samples(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_would_miss_its_deadline_is_refused_at_once() {
+    let cfg = BatchConfig {
+        max_batch: 1000,
+        max_delay: Duration::from_millis(300),
+        queue: 100,
+        max_queue_delay: None,
+    };
+    let (_, spec, b) = start(cfg);
+    b.submit(random_samples(&spec, 2, 1), None).await.unwrap();
+    let ahead = {
+        let (b, s) = (b.clone(), random_samples(&spec, 5, 2));
+        tokio::spawn(async move { b.submit(s, None).await })
+    };
+    while b.pending_samples() < 5 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // No queue bound: a request without a deadline still queues, one whose deadline is shorter
+    // than the expected wait does not.
+    let refused = b.submit(random_samples(&spec, 1, 3), Some(0)).await;
+    let Err(ServeError::Overloaded(why)) = refused else {
+        panic!("{refused:?}")
+    };
+    assert!(why.contains("deadline"), "{why}");
+    let queued = b.submit(random_samples(&spec, 1, 4), None).await;
+    assert_eq!(queued.unwrap().scores.len(), 1);
+    assert_eq!(ahead.await.unwrap().unwrap().scores.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_requests_run_in_pieces_and_let_small_ones_through() {
+    let cfg = BatchConfig {
+        max_batch: 8,
+        max_delay: Duration::ZERO,
+        queue: 100,
+        max_queue_delay: None,
+    };
+    let (model, spec, b) = start(cfg);
+    let big = random_samples(&spec, 101, 5);
+    let want = direct(&model, &spec, &big);
+    let got = b.submit(big, None).await.unwrap();
+    assert_eq!(got.batch, 8);
+    assert_eq!(got.scores.len(), 101);
+    for (i, (g, w)) in got.scores.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-6 * w.abs().max(1.0),
+            "sample {i}: {g} vs {w}"
+        );
+    }
+    // A small request sent while a large one runs is answered before it.
+    let huge = random_samples(&spec, 8 * 400, 6);
+    let large = {
+        let b = b.clone();
+        tokio::spawn(async move { b.submit(huge, None).await })
+    };
+    while b.pending_samples() == 0 {
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
+    let small = b.submit(random_samples(&spec, 2, 7), None).await.unwrap();
+    assert_eq!(small.scores.len(), 2);
+    assert!(
+        !large.is_finished(),
+        "the small request waited for all of the large one"
+    );
+    assert_eq!(large.await.unwrap().unwrap().scores.len(), 3200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_with_a_deadline_answers_what_it_cannot_run() {
+    let cfg = BatchConfig {
+        max_batch: 1000,
+        max_delay: Duration::from_secs(5),
+        queue: 100,
+        max_queue_delay: None,
+    };
+    let (_, spec, b) = start(cfg);
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let (b, s) = (b.clone(), random_samples(&spec, 2, i));
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect();
+    while b.queued() < 10 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let t0 = Instant::now();
+    let b2 = b.clone();
+    tokio::task::spawn_blocking(move || b2.shutdown_by(Instant::now()))
+        .await
+        .unwrap();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap_err(), ServeError::ShuttingDown);
+    }
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(b.pending_samples(), 0);
 }

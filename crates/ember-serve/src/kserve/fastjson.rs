@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 
 use super::json::{
     InferInput, InferRequest, InputParams, Num, OutputParams, RequestParams, RequestedOutput,
+    Values,
 };
 
 /// The request in `body`, if it has the plain shape (see the module's note).
@@ -169,7 +170,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A flat array of numbers appended to `values`; its range there.
-    fn numbers(&mut self, values: &mut Vec<Num>) -> Option<Range<usize>> {
+    fn numbers(&mut self, values: &mut Values) -> Option<Range<usize>> {
         let start = values.len();
         self.seq(b'[', b']', |p| {
             values.push(p.num()?);
@@ -234,7 +235,7 @@ impl<'a> Parser<'a> {
         })
     }
 
-    fn input(&mut self, values: &mut Vec<Num>) -> Option<InferInput<'a>> {
+    fn input(&mut self, values: &mut Values) -> Option<InferInput<'a>> {
         let (mut name, mut shape, mut datatype, mut parameters, mut data) =
             (None, None, None, None, None);
         self.seq(b'{', b'}', |p| {
@@ -282,7 +283,9 @@ impl<'a> Parser<'a> {
     }
 
     fn request(&mut self) -> Option<InferRequest<'a>> {
-        let mut values = Vec::with_capacity(64);
+        // Every value takes 2 bytes or more (a digit and a separator): room for all of them
+        // at once, so that the list never grows by copying (memory is touched as it fills).
+        let mut values = Values::with_capacity(self.b.len() / 2 + 1);
         let (mut id, mut parameters, mut inputs, mut outputs) = (None, None, None, None);
         self.seq(b'{', b'}', |p| {
             match p.key()? {

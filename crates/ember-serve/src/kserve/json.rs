@@ -13,7 +13,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use smallvec::SmallVec;
 
-use super::{Tensor, check_outputs, count_error, decode_tensors, le_floats, le_ints};
+use super::values::Flatten;
+pub use super::values::{Num, Values};
+use super::{
+    IntSink, Tensor, check_outputs, count_error, decode_tensors, le_floats, le_ints, width,
+};
 use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
 use ember_model::Samples;
@@ -31,7 +35,7 @@ pub struct InferRequest<'a> {
     pub inputs: Vec<InferInput<'a>>,
     pub outputs: Option<Vec<RequestedOutput>>,
     /// The `data` values of every input, input after input; each input holds its range.
-    pub values: Vec<Num>,
+    pub values: Values,
 }
 
 /// Request `parameters` Ember reads; others are accepted and ignored (Triton hands them to
@@ -92,7 +96,7 @@ impl<'de: 'a, 'a> Visitor<'de> for RequestVisitor<'a> {
         mut map: A,
     ) -> std::result::Result<Self::Value, A::Error> {
         let (mut id, mut parameters, mut inputs, mut outputs) = (None, None, None, None);
-        let mut values = Vec::with_capacity(64);
+        let mut values = Values::with_capacity(64);
         while let Some(Str(key)) = map.next_key::<Str<'de>>()? {
             match key.as_ref() {
                 "id" => set(&mut id, "id", map.next_value::<Option<String>>()?)?,
@@ -160,7 +164,7 @@ fn set<T, E: serde::de::Error>(
 
 /// `inputs`: a list allocated once, each input's data appended to `values`.
 struct InputsSeed<'v, 'a> {
-    values: &'v mut Vec<Num>,
+    values: &'v mut Values,
     _a: std::marker::PhantomData<&'a ()>,
 }
 
@@ -196,7 +200,7 @@ impl<'de: 'a, 'a> Visitor<'de> for InputsSeed<'_, 'a> {
 
 /// One input; its `data` leaves appended to `values`.
 struct InputSeed<'v, 'a> {
-    values: &'v mut Vec<Num>,
+    values: &'v mut Values,
     _a: std::marker::PhantomData<&'a ()>,
 }
 
@@ -247,78 +251,6 @@ impl<'de: 'a, 'a> Visitor<'de> for InputSeed<'_, 'a> {
             parameters: parameters.flatten(),
             data,
         })
-    }
-}
-
-/// A leaf of a tensor's `data`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Num {
-    I(i64),
-    U(u64),
-    F(f64),
-    /// Not a number (a string, bool or null): kept so that the error can name the input.
-    Other,
-}
-
-/// Appends the leaves of one JSON value to the list.
-/// (A tensor's `data` may be flat or nested arrays; it is read row-major into one list while
-/// parsing, with no intermediate JSON tree: 2x faster than `serde_json::Value`.)
-struct Flatten<'a>(&'a mut Vec<Num>);
-
-impl<'de> serde::de::DeserializeSeed<'de> for Flatten<'_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Flatten<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a number or an array")
-    }
-    fn visit_i64<E>(self, v: i64) -> std::result::Result<(), E> {
-        self.0.push(Num::I(v));
-        Ok(())
-    }
-    fn visit_u64<E>(self, v: u64) -> std::result::Result<(), E> {
-        self.0.push(Num::U(v));
-        Ok(())
-    }
-    fn visit_f64<E>(self, v: f64) -> std::result::Result<(), E> {
-        self.0.push(Num::F(v));
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> std::result::Result<(), E> {
-        self.0.push(Num::Other);
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> std::result::Result<(), E> {
-        self.0.push(Num::Other);
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> std::result::Result<(), E> {
-        self.0.push(Num::Other);
-        Ok(())
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(
-        self,
-        mut seq: A,
-    ) -> std::result::Result<(), A::Error> {
-        while seq.next_element_seed(Flatten(&mut *self.0))?.is_some() {}
-        Ok(())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<(), A::Error> {
-        // An object is not a tensor value; record it as one bad leaf and skip its contents.
-        while map
-            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-            .is_some()
-        {}
-        self.0.push(Num::Other);
-        Ok(())
     }
 }
 
@@ -426,7 +358,7 @@ pub fn decode_with_binary(
                 Some(b)
             }
         };
-        let data = i.data.as_ref().map(|r| &req.values[r.clone()]);
+        let data = i.data.clone().map(|r| (&req.values, r));
         tensors.push(JsonTensor { i, data, bin });
     }
     if at != binary.len() {
@@ -455,7 +387,7 @@ pub fn binary_output(req: &InferRequest<'_>) -> bool {
 /// A JSON input with its values: in JSON, or as binary data.
 struct JsonTensor<'a, 'b> {
     i: &'a InferInput<'b>,
-    data: Option<&'a [Num]>,
+    data: Option<(&'a Values, std::ops::Range<usize>)>,
     bin: Option<&'a [u8]>,
 }
 
@@ -470,8 +402,17 @@ impl Tensor for JsonTensor<'_, '_> {
         &self.i.shape
     }
 
+    fn count(&self) -> usize {
+        match (&self.data, self.bin) {
+            (Some((_, r)), _) => r.len(),
+            (None, b) => b.map_or(0, |b| {
+                b.len().checked_div(width(&self.i.datatype)).unwrap_or(0)
+            }),
+        }
+    }
+
     fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<()> {
-        let Some(d) = self.data else {
+        let Some((values, range)) = self.data.clone() else {
             return le_floats(
                 self,
                 "its binary data",
@@ -480,11 +421,12 @@ impl Tensor for JsonTensor<'_, '_> {
                 out,
             );
         };
-        if d.len() != want {
-            return Err(count_error(self, "data", d.len(), want));
+        if range.len() != want {
+            return Err(count_error(self, "data", range.len(), want));
         }
-        for (k, v) in d.iter().enumerate() {
-            out.push(match *v {
+        out.reserve(want);
+        for (k, v) in values.iter(range).enumerate() {
+            out.push(match v {
                 Num::I(x) => x as f32,
                 Num::U(x) => x as f32,
                 Num::F(x) => x as f32,
@@ -499,8 +441,8 @@ impl Tensor for JsonTensor<'_, '_> {
         Ok(())
     }
 
-    fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<()> {
-        let Some(d) = self.data else {
+    fn read_ints<S: IntSink>(&self, want: usize, out: &mut S) -> Result<()> {
+        let Some((values, range)) = self.data.clone() else {
             return le_ints(
                 self,
                 "its binary data",
@@ -510,11 +452,12 @@ impl Tensor for JsonTensor<'_, '_> {
             );
         };
         let int32 = self.i.datatype == "INT32";
-        if d.len() != want {
-            return Err(count_error(self, "data", d.len(), want));
+        if range.len() != want {
+            return Err(count_error(self, "data", range.len(), want));
         }
-        for (k, v) in d.iter().enumerate() {
-            let x = match *v {
+        out.reserve_ints(want);
+        for (k, v) in values.iter(range).enumerate() {
+            let x = match v {
                 Num::I(x) => Some(x),
                 Num::U(x) => i64::try_from(x).ok(),
                 Num::F(_) | Num::Other => None,
@@ -527,14 +470,15 @@ impl Tensor for JsonTensor<'_, '_> {
                         self.i.name,
                         self.i.datatype,
                         match v {
-                            Num::F(f) => f.to_string(),
+                            // Kept as f32: shown as one.
+                            Num::F(f) => (f as f32).to_string(),
                             Num::Other => "not a number".into(),
                             Num::I(x) => x.to_string(),
                             Num::U(x) => x.to_string(),
                         }
                     ))
                 })?;
-            out.push(x);
+            out.push_int(x);
         }
         Ok(())
     }
@@ -562,7 +506,8 @@ mod tests {
         assert_eq!(r.outputs.unwrap()[0].name, "scores");
         assert_eq!(r.inputs.len(), 3);
         assert_eq!(r.inputs[0].data, Some(0..4));
-        assert_eq!(r.values, [Num::U(1), Num::F(2.5), Num::I(-3), Num::U(4)]);
+        let got: Vec<Num> = r.values.iter(0..r.values.len()).collect();
+        assert_eq!(got, [Num::I(1), Num::F(2.5), Num::I(-3), Num::I(4)]);
         assert_eq!(r.inputs[1].data, None);
         assert_eq!(
             r.inputs[1].parameters.as_ref().unwrap().binary_data_size,

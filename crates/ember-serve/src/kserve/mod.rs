@@ -11,13 +11,14 @@
 
 pub mod fastjson;
 pub mod json;
+pub mod values;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
-use ember_model::Samples;
+use ember_model::{Ids, Samples};
 
 /// A tensor's description in model metadata.
 #[derive(Debug, Serialize)]
@@ -106,7 +107,46 @@ pub trait Tensor {
     /// Appends the tensor's `want` values (its datatype is FP32) to `out`.
     fn read_floats(&self, want: usize, out: &mut Vec<f32>) -> Result<()>;
     /// Appends the tensor's `want` values (its datatype is INT64 or INT32) to `out`.
-    fn read_ints(&self, want: usize, out: &mut Vec<i64>) -> Result<()>;
+    fn read_ints<S: IntSink>(&self, want: usize, out: &mut S) -> Result<()>;
+    /// How many values its data holds as its datatype reads them (unchecked: for sizing).
+    fn count(&self) -> usize;
+}
+
+/// Bytes per value of a datatype read from raw bytes (0 for others).
+pub fn width(datatype: &str) -> usize {
+    match datatype {
+        "FP32" | "INT32" => 4,
+        "INT64" => 8,
+        _ => 0,
+    }
+}
+
+/// Where integers are read to: a list of lengths, or the request's ids (32-bit when the
+/// model's tables allow, [`ModelSpec::new_ids`]).
+pub trait IntSink {
+    fn reserve_ints(&mut self, n: usize);
+    fn push_int(&mut self, v: i64);
+}
+
+impl IntSink for Vec<i64> {
+    fn reserve_ints(&mut self, n: usize) {
+        self.reserve(n);
+    }
+    fn push_int(&mut self, v: i64) {
+        self.push(v);
+    }
+}
+
+impl IntSink for Ids {
+    fn reserve_ints(&mut self, n: usize) {
+        match self {
+            Ids::U32(v) => v.reserve(n),
+            Ids::I64(v) => v.reserve(n),
+        }
+    }
+    fn push_int(&mut self, v: i64) {
+        self.push(v);
+    }
 }
 
 /// `raw` as `want` little-endian values of `W` bytes each; `field` says where the bytes were
@@ -151,14 +191,17 @@ pub fn le_ints(
     field: &str,
     raw: &[u8],
     want: usize,
-    out: &mut Vec<i64>,
+    out: &mut impl IntSink,
 ) -> Result<()> {
     if t.datatype() == "INT32" {
         let v = le_values::<4>(t, field, raw, want)?;
-        out.extend(v.iter().map(|b| i32::from_le_bytes(*b) as i64));
+        out.reserve_ints(want);
+        v.iter()
+            .for_each(|b| out.push_int(i64::from(i32::from_le_bytes(*b))));
     } else {
         let v = le_values::<8>(t, field, raw, want)?;
-        out.extend(v.iter().map(|b| i64::from_le_bytes(*b)));
+        out.reserve_ints(want);
+        v.iter().for_each(|b| out.push_int(i64::from_le_bytes(*b)));
     }
     Ok(())
 }
@@ -213,11 +256,12 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
             dense_in.shape()
         ))
     })?;
-    let mut dense = Vec::with_capacity(want.min(1 << 20));
+    // Sized by the tensor once its values are counted (a shape alone proves nothing).
+    let mut dense = Vec::new();
     dense_in.read_floats(want, &mut dense)?;
-    let mut lengths = Vec::with_capacity(n * spec.features().len());
-    let mut ids = Vec::new();
-    let mut ls_raw = Vec::with_capacity(n);
+    // Every feature's lengths first: their sums size the ids, read once into their place.
+    let nf = spec.features().len();
+    let mut length_tensors = Vec::with_capacity(nf);
     for (fi, f) in spec.features().iter().enumerate() {
         let li = find(1 + 2 * fi, &|| format!("{f}_lengths"))?;
         expect_type(li, &["INT64", "INT32"])?;
@@ -229,6 +273,14 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
                 li.shape()
             )));
         }
+        length_tensors.push(li);
+    }
+    // Room for them all at once, bounded by the values the tensors really hold.
+    let room = length_tensors.iter().map(|t| t.count().min(n)).sum();
+    let mut lengths = Vec::with_capacity(room);
+    let mut totals = Vec::with_capacity(nf);
+    let mut ls_raw = Vec::new();
+    for li in length_tensors {
         ls_raw.clear();
         li.read_ints(n, &mut ls_raw)?;
         let mut total = 0u64;
@@ -242,6 +294,12 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
             total += l as u64;
             lengths.push(l);
         }
+        totals.push(total);
+    }
+    drop(ls_raw);
+    let mut id_tensors = Vec::with_capacity(nf);
+    for (fi, f) in spec.features().iter().enumerate() {
+        let total = totals[fi];
         let ii = find(2 + 2 * fi, &|| format!("{f}_ids"))?;
         expect_type(ii, &["INT64", "INT32"])?;
         let is = dims(ii)?;
@@ -252,6 +310,17 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
                 ii.shape()
             )));
         }
+        id_tensors.push(ii);
+    }
+    // Room for every id at once (no growth by copying), bounded by the values the tensors
+    // really hold.
+    let room: usize = id_tensors
+        .iter()
+        .zip(&totals)
+        .map(|(t, &total)| t.count().min(total as usize))
+        .sum();
+    let mut ids = spec.new_ids(room);
+    for (ii, &total) in id_tensors.iter().zip(&totals) {
         ii.read_ints(total as usize, &mut ids)?;
     }
     spec.check(n, dense, lengths, ids)

@@ -24,6 +24,7 @@ pub fn config() -> ServeConfig {
             max_batch: 64,
             max_delay: Duration::from_micros(500),
             queue: 256,
+            max_queue_delay: None,
         },
         ..ServeConfig::default()
     }

@@ -32,6 +32,8 @@ impl RowFile {
             path: path.display().to_string(),
             reason,
         };
+        // A FIFO or device would block or never end: refused before it is opened.
+        crate::files::check_regular(path, "row file").map_err(|e| io_err(path, "open", e))?;
         let (file, direct) = match direct {
             true => match OpenOptions::new()
                 .read(true)

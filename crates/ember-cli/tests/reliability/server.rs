@@ -1,0 +1,254 @@
+//! `ember serve` as a child process on free loopback ports: start, talk plain HTTP/1.1 to it,
+//! read its metrics and its memory, signal it, and always stop it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running server; killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub grpc: Option<SocketAddr>,
+    /// Its stderr after the start lines, as it comes.
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// `ember serve` with `args` (HTTP and gRPC on free ports unless `args` set them).
+    pub fn start(args: &[&str]) -> Server {
+        Self::start_with(Command::new(env!("CARGO_BIN_EXE_ember")), args)
+    }
+
+    /// [`Server::start`] under `sh -c 'ulimit -n N; exec ember serve ...'`: a process with
+    /// only `n` file descriptors.
+    pub fn start_with_fd_limit(n: u64, args: &[&str]) -> Server {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!(
+                "ulimit -S -n {n} && ulimit -H -n {n} && exec \"$0\" \"$@\""
+            ))
+            .arg(env!("CARGO_BIN_EXE_ember"));
+        Self::start_with(c, args)
+    }
+
+    fn start_with(mut cmd: Command, args: &[&str]) -> Server {
+        let mut full = vec!["serve"];
+        if !args.contains(&"--http") {
+            full.extend(["--http", "127.0.0.1:0"]);
+        }
+        if !args.contains(&"--grpc") {
+            full.extend(["--grpc", "127.0.0.1:0"]);
+        }
+        full.extend(args);
+        let mut child = cmd
+            .args(&full)
+            .current_dir(std::env::temp_dir())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start ember serve");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let (mut addr, mut grpc) = (None, None);
+        let mut line = String::new();
+        let wants_grpc = !args.windows(2).any(|w| w == ["--grpc", "off"]);
+        while addr.is_none() || (wants_grpc && grpc.is_none()) {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                let _ = child.kill();
+                panic!("ember serve {full:?} exited before it served: {line}");
+            }
+            if let Some(rest) = line.split("http://").nth(1) {
+                addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+            } else if line.starts_with("gRPC") {
+                grpc = line.trim().rsplit(' ').next().and_then(|a| a.parse().ok());
+            }
+        }
+        let log = Arc::new(Mutex::new(String::new()));
+        let l = log.clone();
+        std::thread::spawn(move || {
+            let mut buf = String::new();
+            while err.read_line(&mut buf).unwrap_or(0) > 0 {
+                l.lock().unwrap().push_str(&buf);
+                buf.clear();
+            }
+        });
+        Server {
+            child,
+            addr: addr.unwrap(),
+            grpc,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. "TERM") to the server.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal}");
+    }
+
+    /// Waits up to `limit` for the server to exit.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// A request: `(status, body)`; `None` when the connection failed.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        ctype: &str,
+        body: &[u8],
+    ) -> Option<(u16, String)> {
+        request(
+            self.addr,
+            method,
+            path,
+            ctype,
+            body,
+            Duration::from_secs(30),
+        )
+    }
+
+    /// The value of a metric line (`name{labels}` as printed), 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        let (_, text) = self
+            .request("GET", "/metrics", "text/plain", b"")
+            .expect("GET /metrics");
+        metric_in(&text, series)
+    }
+
+    /// (resident, peak resident) memory in bytes, from /proc.
+    pub fn rss(&self) -> (u64, u64) {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kb = |k: &str| {
+            s.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        };
+        (kb("VmRSS:"), kb("VmHWM:"))
+    }
+
+    /// Resets the peak resident memory to the current one.
+    pub fn reset_peak(&self) {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5").unwrap();
+    }
+
+    /// Descriptors the server has open.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `series` in a Prometheus text page (0 when absent).
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .filter(|rest| rest.starts_with(' '))
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// One HTTP/1.1 request on a new connection (closed after): `(status, body)`.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    ctype: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    parse_response(&resp)
+}
+
+/// `(status, body)` of a raw response.
+pub fn parse_response(resp: &[u8]) -> Option<(u16, String)> {
+    let text = String::from_utf8_lossy(resp);
+    let status = text.get(9..12)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// Raises this process's descriptor limit to its hard limit (for tests that open thousands of
+/// connections); returns the limit in effect.
+pub fn raise_fd_limit() -> u64 {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the local struct they are given.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        l.rlim_cur = l.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+    }
+    l.rlim_cur
+}
+
+/// TSV rows of the shipped model's shape (Criteo: label, 13 integers, 26 hex categories).
+pub fn tsv_rows(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out = Vec::with_capacity(n * 200);
+    for _ in 0..n {
+        let mut line = String::from("0");
+        for _ in 0..13 {
+            line.push_str(&format!("\t{}", next() % 100));
+        }
+        for _ in 0..26 {
+            line.push_str(&format!("\t{:08x}", next() as u32));
+        }
+        line.push('\n');
+        out.extend_from_slice(line.as_bytes());
+    }
+    out
+}

@@ -1,0 +1,225 @@
+//! Admission by expected queueing time: a request is refused at once (503 /
+//! RESOURCE_EXHAUSTED) when the wait before its batch starts would pass its deadline or the
+//! server's queue-delay bound (`--max-queue-delay-ms`), as Triton's queue policy bounds a
+//! model's queue, but decided when the request arrives rather than after it waited. Under any
+//! offered load the requests taken then wait at most about the bound, and the queue (and the
+//! memory it holds) stays as long as the bound allows.
+//!
+//! The wait is predicted from the samples ahead of the request (submitted, not yet answered) and
+//! a batch cost model `t(n) = a + b n` fitted to the batches the engine ran (least squares with
+//! exponential forgetting, so it follows the model's real speed, tier misses included):
+//! `wait = ceil(P / max_batch) a + P b` for `P` samples ahead.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Weight of the past per batch observed (about the last 30 batches count).
+const FORGET: f64 = 0.967;
+
+/// Samples ahead of new requests and the fitted batch cost: what admission reads.
+#[derive(Debug)]
+pub(crate) struct Load {
+    /// Samples submitted and not yet answered (queued, forming, or running).
+    pending: AtomicUsize,
+    max_batch: usize,
+    /// The fitted cost per batch (`a`) and per sample (`b`), in ns, as f64 bits; read without a
+    /// lock on every request.
+    a_ns: AtomicU64,
+    b_ns: AtomicU64,
+    fit: Mutex<Fit>,
+}
+
+impl Load {
+    pub(crate) fn new(max_batch: usize) -> Self {
+        Load {
+            pending: AtomicUsize::new(0),
+            max_batch: max_batch.max(1),
+            a_ns: AtomicU64::new(0f64.to_bits()),
+            b_ns: AtomicU64::new(0f64.to_bits()),
+            fit: Mutex::new(Fit::default()),
+        }
+    }
+
+    /// Samples submitted and not yet answered.
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.load(Relaxed)
+    }
+
+    /// `n` more samples wait (undone by [`Load::done`]).
+    pub(crate) fn add(&self, n: usize) {
+        self.pending.fetch_add(n, Relaxed);
+    }
+
+    /// `n` samples were answered.
+    pub(crate) fn done(&self, n: usize) {
+        self.pending.fetch_sub(n, Relaxed);
+    }
+
+    /// The predicted wait of a request arriving now, before its batch starts.
+    pub(crate) fn expected_wait(&self) -> Duration {
+        self.wait_behind(self.pending())
+    }
+
+    /// The predicted wait behind `pending` samples.
+    fn wait_behind(&self, pending: usize) -> Duration {
+        let p = pending as f64;
+        let a = f64::from_bits(self.a_ns.load(Relaxed));
+        let b = f64::from_bits(self.b_ns.load(Relaxed));
+        let batches = (p / self.max_batch as f64).ceil();
+        Duration::from_nanos((batches * a + p * b).max(0.0) as u64)
+    }
+
+    /// Counts `n` more pending samples if the wait behind those pending now is within `bound`;
+    /// otherwise that wait. One atomic step: of requests arriving together, each is judged on
+    /// the count that includes those admitted before it.
+    pub(crate) fn try_add(&self, n: usize, bound: Duration) -> Result<(), Duration> {
+        let mut wait = Duration::ZERO;
+        self.pending
+            .fetch_update(Relaxed, Relaxed, |p| {
+                wait = self.wait_behind(p);
+                (wait <= bound).then_some(p + n)
+            })
+            .map(drop)
+            .map_err(|_| wait)
+    }
+
+    /// A batch of `n` samples took `t` to run.
+    pub(crate) fn observe(&self, n: usize, t: Duration) {
+        let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
+        fit.add(n as f64, t.as_nanos() as f64);
+        let (a, b) = fit.solve();
+        self.a_ns.store(a.to_bits(), Relaxed);
+        self.b_ns.store(b.to_bits(), Relaxed);
+    }
+}
+
+/// Least squares of `t = a + b n` over decayed sums.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Fit {
+    s0: f64,
+    sn: f64,
+    st: f64,
+    snn: f64,
+    snt: f64,
+}
+
+impl Fit {
+    pub(crate) fn add(&mut self, n: f64, t: f64) {
+        for s in [
+            &mut self.s0,
+            &mut self.sn,
+            &mut self.st,
+            &mut self.snn,
+            &mut self.snt,
+        ] {
+            *s *= FORGET;
+        }
+        self.s0 += 1.0;
+        self.sn += n;
+        self.st += t;
+        self.snn += n * n;
+        self.snt += n * t;
+    }
+
+    /// `(a, b)`, both at least 0. With one batch size seen so far, all of the cost is put on
+    /// the samples (`a` = 0): it over-predicts the wait behind small batches, so that a burst
+    /// right after a quiet spell is shed early rather than queued long.
+    pub(crate) fn solve(&self) -> (f64, f64) {
+        if self.s0 <= 0.0 || self.sn <= 0.0 {
+            return (0.0, 0.0);
+        }
+        let var = self.s0 * self.snn - self.sn * self.sn;
+        let per_sample = (0.0, self.st / self.sn);
+        if var <= 1e-6 * self.s0 * self.snn {
+            return per_sample;
+        }
+        let b = (self.s0 * self.snt - self.sn * self.st) / var;
+        let a = (self.st - b * self.sn) / self.s0;
+        match (a >= 0.0, b >= 0.0) {
+            (true, true) => (a, b),
+            // Noise can tilt the line: keep the average, on whichever term is sound.
+            (false, _) => per_sample,
+            (true, false) => (self.st / self.s0, 0.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fit_recovers_a_line_and_stays_sound() {
+        let mut f = Fit::default();
+        assert_eq!(f.solve(), (0.0, 0.0));
+        for i in 0..200 {
+            let n = (1 + (i * 37) % 256) as f64;
+            f.add(n, 50_000.0 + 2_000.0 * n);
+        }
+        let (a, b) = f.solve();
+        assert!(
+            (a - 50_000.0).abs() < 1.0 && (b - 2_000.0).abs() < 1e-3,
+            "{a} {b}"
+        );
+
+        // One size only: all of it per sample.
+        let mut one = Fit::default();
+        for _ in 0..10 {
+            one.add(4.0, 40_000.0);
+        }
+        let (a, b) = one.solve();
+        assert_eq!(a, 0.0);
+        assert!((b - 10_000.0).abs() < 1e-6, "{b}");
+
+        // A line sloping down (noise) never gives a negative cost.
+        let mut down = Fit::default();
+        down.add(1.0, 10_000.0);
+        down.add(100.0, 5_000.0);
+        let (a, b) = down.solve();
+        assert!(a >= 0.0 && b >= 0.0);
+        assert!((a + b * 50.0) > 0.0);
+    }
+
+    #[test]
+    fn the_wait_counts_batches_and_samples_ahead() {
+        let load = Load::new(100);
+        assert_eq!(load.expected_wait(), Duration::ZERO);
+        for n in [1usize, 10, 50, 100, 100, 20, 70] {
+            load.observe(n, Duration::from_nanos(1_000_000 + 10_000 * n as u64));
+        }
+        load.add(250);
+        // 3 batches ahead: 3 ms + 250 x 10 us = 5.5 ms.
+        let w = load.expected_wait().as_secs_f64();
+        assert!((w - 5.5e-3).abs() < 1e-6, "{w}");
+        load.done(250);
+        assert_eq!(load.pending(), 0);
+        assert_eq!(load.expected_wait(), Duration::ZERO);
+    }
+
+    #[test]
+    fn admission_and_counting_are_one_step_under_contention() {
+        // 1 ms per sample, one sample per batch cost-free: a 10 ms bound admits samples while
+        // fewer than 10 are ahead, so 8 threads racing with 100 tries each of 1 sample admit
+        // exactly 11 (the one that sees 10 ahead is the first refused).
+        let load = std::sync::Arc::new(Load::new(1000));
+        for _ in 0..40 {
+            load.observe(10, Duration::from_millis(10));
+        }
+        let bound = Duration::from_millis(10);
+        let admitted: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    let load = load.clone();
+                    s.spawn(move || (0..100).filter(|_| load.try_add(1, bound).is_ok()).count())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 11);
+        assert_eq!(load.pending(), 11);
+        // A refusal reports the wait it saw.
+        let w = load.try_add(1, bound).unwrap_err();
+        assert!((w.as_secs_f64() - 0.011).abs() < 1e-6, "{w:?}");
+    }
+}

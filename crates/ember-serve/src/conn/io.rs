@@ -1,0 +1,235 @@
+//! The socket of one connection, as hyper reads it: every read tells the connection's state
+//! (the start of a request head after idle), the first bytes tell HTTP/2 (its preface) from
+//! HTTP/1, and an HTTP/1 request head longer than `max_header_bytes` is answered 431 with a
+//! JSON body here, before hyper has buffered it (hyper's own answer to a head over its buffer
+//! has no body).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::state::ConnState;
+use crate::metrics as m;
+
+/// The client preface every HTTP/2 connection starts with.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A TCP stream that reports its reads to the connection's state.
+#[derive(Debug)]
+pub(crate) struct WatchedStream {
+    tcp: TcpStream,
+    state: Arc<ConnState>,
+    /// Bytes of the preface matched so far; `None` once decided.
+    preface: Option<usize>,
+    head: HeadScan,
+}
+
+/// Where the HTTP/1 request head being read stands.
+#[derive(Debug)]
+struct HeadScan {
+    limit: usize,
+    /// Bytes of the head so far.
+    bytes: usize,
+    /// How much of the blank line (`\r\n\r\n`) ending a head the last bytes matched.
+    matched: usize,
+    /// The head ended; `Some(begun)` holds the connection's request count then (the bytes after
+    /// it are its body until a request starts).
+    ended_at: Option<u64>,
+}
+
+impl HeadScan {
+    /// Scans `bytes` of a head; returns whether it is now over the limit.
+    fn scan(&mut self, bytes: &[u8]) -> bool {
+        for (i, &b) in bytes.iter().enumerate() {
+            self.matched = match (self.matched, b) {
+                (0 | 2, b'\r') => self.matched + 1,
+                (1 | 3, b'\n') => self.matched + 1,
+                (_, b'\r') => 1,
+                _ => 0,
+            };
+            if self.matched == 4 {
+                self.bytes += i + 1;
+                return self.bytes > self.limit;
+            }
+        }
+        self.bytes += bytes.len();
+        self.bytes > self.limit
+    }
+}
+
+impl WatchedStream {
+    pub(crate) fn new(tcp: TcpStream, state: Arc<ConnState>, max_header_bytes: usize) -> Self {
+        WatchedStream {
+            tcp,
+            state,
+            preface: Some(0),
+            head: HeadScan {
+                limit: max_header_bytes,
+                bytes: 0,
+                matched: 0,
+                ended_at: None,
+            },
+        }
+    }
+
+    /// Looks for the HTTP/2 preface in the first bytes read.
+    fn sniff(&mut self, bytes: &[u8]) {
+        let Some(seen) = self.preface else {
+            return;
+        };
+        let n = bytes.len().min(H2_PREFACE.len() - seen);
+        if bytes[..n] != H2_PREFACE[seen..seen + n] {
+            self.preface = None;
+        } else if seen + n == H2_PREFACE.len() {
+            self.state.set_http2();
+            self.preface = None;
+        } else {
+            self.preface = Some(seen + n);
+        }
+    }
+
+    /// Follows HTTP/1 request heads read while no request is in flight; true when one is over
+    /// the limit.
+    fn head_too_large(&mut self, bytes: &[u8]) -> bool {
+        if self.state.is_http2() || self.state.busy() {
+            return false;
+        }
+        let head = &mut self.head;
+        if let Some(at) = head.ended_at {
+            if self.state.begun() == at {
+                // The body of a request hyper has not started yet.
+                return false;
+            }
+            *head = HeadScan {
+                limit: head.limit,
+                bytes: 0,
+                matched: 0,
+                ended_at: None,
+            };
+        }
+        let over = head.scan(bytes);
+        if head.matched == 4 {
+            head.ended_at = Some(self.state.begun());
+        }
+        over
+    }
+
+    /// Answers 431 with a JSON body (best effort: a small write to a fresh socket buffer).
+    fn refuse_head(&mut self) -> io::Error {
+        metrics::counter!(m::REQUESTS_REFUSED, "reason" => "header_too_large").increment(1);
+        let body = serde_json::json!({
+            "error": format!(
+                "the request head is over the server's limit of {} bytes (--max-header-bytes)",
+                self.head.limit
+            )
+        })
+        .to_string();
+        let resp = format!(
+            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = self.tcp.try_write(resp.as_bytes());
+        io::Error::new(io::ErrorKind::InvalidData, "request head too large")
+    }
+}
+
+impl AsyncRead for WatchedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        let after = buf.filled().len();
+        if after > before {
+            let me = &mut *self;
+            let new = &buf.filled()[before..after];
+            me.sniff(new);
+            if me.head_too_large(new) {
+                return Poll::Ready(Err(me.refuse_head()));
+            }
+            me.state.on_read();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for WatchedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(limit: usize, chunks: &[&[u8]]) -> (bool, usize, bool) {
+        let mut h = HeadScan {
+            limit,
+            bytes: 0,
+            matched: 0,
+            ended_at: None,
+        };
+        let mut over = false;
+        for c in chunks {
+            over |= h.scan(c);
+            if h.matched == 4 {
+                break;
+            }
+        }
+        (over, h.bytes, h.matched == 4)
+    }
+
+    #[test]
+    fn a_head_ends_at_its_blank_line_even_across_reads() {
+        let head = b"POST /x HTTP/1.1\r\nHost: a\r\n\r\nBODY";
+        assert_eq!(scan(100, &[head]), (false, head.len() - 4, true));
+        let (a, b) = head.split_at(27);
+        assert_eq!(scan(100, &[a, b]), (false, head.len() - 4, true));
+        // "\r\n\r" then "\n": split inside the blank line.
+        let (a, b) = head.split_at(29);
+        assert_eq!(scan(100, &[a, b]), (false, head.len() - 4, true));
+        // Lone CRs or LFs do not end it.
+        assert!(!scan(100, &[b"GET / HTTP/1.1\r\r\n\n\r\nx"]).2);
+        // A whole head over the limit, in one read.
+        let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        big.extend_from_slice(&[b'a'; 100]);
+        big.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(scan(100, &[&big]), (true, big.len(), true));
+        // A head with no end, over the limit.
+        let long = vec![b'a'; 101];
+        assert_eq!(scan(100, &[&long]), (true, 101, false));
+        assert_eq!(scan(100, &[&long[..60], &long[60..]]), (true, 101, false));
+    }
+}

@@ -1,0 +1,471 @@
+//! The connection layer: accepting connections, holding each to its timeouts, capping how many
+//! are open, and ending them all when the server stops. HTTP/1.1, HTTP/2 and gRPC alike.
+//!
+//! - **Timeouts** ([`ConnConfig`]): a request head must arrive within `header_timeout` of its
+//!   first byte (slow headers); a body must keep up `min_body_rate` after `body_timeout`
+//!   (`body.rs`); a connection with nothing in flight closes after `idle_timeout`; HTTP/2
+//!   connections are pinged every `h2_ping_interval` and closed when a ping goes unanswered for
+//!   `h2_ping_timeout`. Each connection's watchdog (its task) sleeps until the deadline its state
+//!   (`state.rs`) gives, and its reader (`io.rs`) marks the bytes as they come.
+//! - **The cap**: at most `max_connections` open (within the descriptors the process has; its
+//!   soft limit is raised to the hard one at start, `limits.rs`). At the cap, the oldest idle
+//!   connection is closed to make room; with none idle, the new one is refused. When the OS runs
+//!   out of descriptors anyway, accepting pauses and an idle connection is closed.
+//! - **Refusals before work**: on the HTTP listener, a `Content-Length` over the body limit is
+//!   refused from the header (400, the body is never read), and request heads over
+//!   `max_header_bytes` get 431 with a JSON body.
+//! - **Stopping** ([`Registry::stop_all`]): connections with nothing in flight close at once,
+//!   those still receiving a request (head or body) are dropped, the others finish their
+//!   requests; the server waits for them up to its grace period, then drops what is left.
+//!
+//! Every refusal and close is counted in `/metrics` (`ember_connections_*`).
+
+mod body;
+mod budget;
+mod io;
+mod limits;
+mod state;
+
+pub use body::{OverBudget, SlowBody};
+pub(crate) use budget::Budget;
+pub(crate) use limits::{connection_cap, raise_fd_limit};
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode, header};
+use axum::response::IntoResponse;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tower::ServiceExt;
+
+use crate::error::ServeError;
+use crate::metrics as m;
+use body::MinRateBody;
+use budget::Share;
+use io::WatchedStream;
+use state::{Close, ConnState};
+
+/// How connections are held (see the module documentation); every field is a flag of
+/// `ember serve`.
+#[derive(Debug, Clone)]
+pub struct ConnConfig {
+    /// Longest a request head may take from its first byte.
+    pub header_timeout: Duration,
+    /// Longest a connection may stay open with nothing in flight.
+    pub idle_timeout: Duration,
+    /// Grace period before a request body must keep up `min_body_rate`.
+    pub body_timeout: Duration,
+    /// Bytes per second a request body must average after `body_timeout` (0: no minimum).
+    pub min_body_rate: u64,
+    /// HTTP/2 keep-alive pings (`None`: no pings).
+    pub h2_ping_interval: Option<Duration>,
+    /// Longest an HTTP/2 ping may go unanswered.
+    pub h2_ping_timeout: Duration,
+    /// Most connections open at once (also bounded by the process's descriptors).
+    pub max_connections: usize,
+    /// Largest request head (HTTP/1 request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Longest the server waits for requests in flight when it stops.
+    pub shutdown_grace: Duration,
+    /// Most bytes of request bodies held at once, across connections (each until its request
+    /// is answered); a request past it gets 503.
+    pub max_inflight_bytes: usize,
+}
+
+impl Default for ConnConfig {
+    fn default() -> Self {
+        ConnConfig {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(10),
+            min_body_rate: 4096,
+            h2_ping_interval: Some(Duration::from_secs(30)),
+            h2_ping_timeout: Duration::from_secs(10),
+            max_connections: 16_384,
+            max_header_bytes: 32 << 10,
+            shutdown_grace: Duration::from_secs(5),
+            max_inflight_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Every open connection of the server (both listeners), for the cap and for stopping.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    cap: usize,
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, (Arc<ConnState>, AbortHandle)>>,
+    /// Connections asked to make room that have not closed yet (they no longer count).
+    evicting: AtomicUsize,
+}
+
+/// Whether a new connection may open.
+enum Admit {
+    Yes,
+    /// At the cap: the oldest idle connection was asked to close to make room.
+    Evicted,
+    No,
+}
+
+impl Registry {
+    pub(crate) fn new(cap: usize) -> Self {
+        Registry {
+            cap,
+            next: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+            evicting: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ConnState>, AbortHandle)>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Connections open now.
+    pub(crate) fn open(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The cap on open connections.
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+
+    fn admit(&self) -> Admit {
+        let open = self.open().saturating_sub(self.evicting.load(Relaxed));
+        if open < self.cap {
+            Admit::Yes
+        } else if self.evict_oldest_idle() {
+            Admit::Evicted
+        } else {
+            Admit::No
+        }
+    }
+
+    /// Asks the connection idle the longest (and not already asked) to close; false when none
+    /// is idle.
+    fn evict_oldest_idle(&self) -> bool {
+        let conns = self.lock();
+        let oldest = conns
+            .values()
+            .filter(|(s, _)| !s.evicted())
+            .filter_map(|(s, _)| s.idle_since().map(|t| (t, s)))
+            .min_by_key(|(t, _)| *t);
+        match oldest {
+            Some((_, s)) => {
+                s.evict();
+                self.evicting.fetch_add(1, Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A connection ended: it leaves the registry (and the evictions under way).
+    fn remove(&self, id: u64, state: &ConnState) {
+        if self.lock().remove(&id).is_some() && state.evicted() {
+            self.evicting.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Asks every connection to stop (see the module documentation).
+    pub(crate) fn stop_all(&self) {
+        self.lock().values().for_each(|(s, _)| s.stop());
+    }
+
+    /// Waits until every connection has ended or `grace` has passed; drops those left then.
+    /// Returns how many were dropped.
+    pub(crate) async fn drain(&self, grace: Duration) -> usize {
+        let end = Instant::now() + grace;
+        while self.open() > 0 && Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let left: Vec<AbortHandle> = self.lock().values().map(|(_, a)| a.clone()).collect();
+        left.iter().for_each(AbortHandle::abort);
+        if !left.is_empty() {
+            metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => "grace_expired")
+                .increment(left.len() as u64);
+        }
+        left.len()
+    }
+}
+
+/// A listener's connections and the service behind them.
+#[derive(Debug, Clone)]
+pub(crate) struct Listener {
+    pub(crate) router: axum::Router,
+    pub(crate) cfg: Arc<ConnConfig>,
+    pub(crate) registry: Arc<Registry>,
+    /// The body limit refused from `Content-Length` (the HTTP listener; gRPC has its own).
+    pub(crate) max_body_bytes: Option<usize>,
+    /// The server-wide in-flight body budget.
+    pub(crate) budget: Arc<Budget>,
+    /// The gRPC listener (body failures are gRPC statuses).
+    pub(crate) grpc: bool,
+}
+
+impl Listener {
+    /// Accepts connections on `listener` until `stop` turns true.
+    pub(crate) fn spawn(
+        self,
+        listener: TcpListener,
+        mut stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<std::io::Result<()>> {
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .max_buf_size(self.cfg.max_header_bytes.max(8192) * 2 + 8192)
+            .max_headers(200);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(self.cfg.h2_ping_interval)
+            .keep_alive_timeout(self.cfg.h2_ping_timeout)
+            .max_header_list_size(self.cfg.max_header_bytes.max(8192) as u32);
+        let builder = Arc::new(builder);
+        tokio::spawn(async move {
+            loop {
+                let stopped = async {
+                    let _ = stop.wait_for(|&s| s).await;
+                };
+                tokio::select! {
+                    _ = stopped => return Ok(()),
+                    r = listener.accept() => match r {
+                        Ok((tcp, _)) => self.accept(tcp, &builder),
+                        Err(e) => self.accept_error(e).await,
+                    },
+                }
+            }
+        })
+    }
+
+    fn accept(&self, tcp: TcpStream, builder: &Arc<Builder<TokioExecutor>>) {
+        match self.registry.admit() {
+            Admit::Yes => {}
+            Admit::Evicted => {}
+            Admit::No => {
+                metrics::counter!(m::CONNECTIONS_REFUSED, "reason" => "max_connections")
+                    .increment(1);
+                drop(tcp);
+                return;
+            }
+        }
+        let _ = tcp.set_nodelay(true);
+        let state = Arc::new(ConnState::new());
+        let service = ConnService {
+            listener: self.clone(),
+            state: state.clone(),
+        };
+        let (cfg, builder, st) = (self.cfg.clone(), builder.clone(), state.clone());
+        let st2 = state.clone();
+        let registry = self.registry.clone();
+        let id = self.registry.next.fetch_add(1, Relaxed);
+        // Spawned and registered under the lock, so that a connection that ends at once is
+        // never registered after it removed itself.
+        let mut conns = self.registry.lock();
+        let task = tokio::spawn(async move {
+            let reason = serve_connection(tcp, st, &builder, service, &cfg).await;
+            metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => reason).increment(1);
+            registry.remove(id, &st2);
+            metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
+        });
+        metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
+        conns.insert(id, (state, task.abort_handle()));
+    }
+
+    /// An accept that failed: out of descriptors (pause, and close an idle connection), or a
+    /// connection that died in the backlog (go on).
+    async fn accept_error(&self, e: std::io::Error) {
+        let out_of_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        let reason = if out_of_fds {
+            "fd_exhausted"
+        } else {
+            "accept_error"
+        };
+        metrics::counter!(m::CONNECTIONS_REFUSED, "reason" => reason).increment(1);
+        if out_of_fds {
+            self.registry.evict_oldest_idle();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Serves one connection until it ends; returns why (the `reason` label).
+async fn serve_connection(
+    tcp: TcpStream,
+    state: Arc<ConnState>,
+    builder: &Builder<TokioExecutor>,
+    service: ConnService,
+    cfg: &ConnConfig,
+) -> &'static str {
+    let io = TokioIo::new(WatchedStream::new(tcp, state.clone(), cfg.max_header_bytes));
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let why = loop {
+        let deadline = match state.check(cfg) {
+            Ok(d) => d,
+            Err(why) => break why,
+        };
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = conn.as_mut() => return if r.is_ok() { "client" } else { "error" },
+            _ = sleep => {}
+            _ = state.changed.notified() => {}
+        }
+    };
+    let graceful = match why {
+        Close::Header => false,
+        // A request not fully received when the server stops is dropped, not waited for.
+        Close::Shutdown => !state.receiving() && !state.head_in_progress(),
+        Close::Idle | Close::Evicted => true,
+    };
+    if graceful {
+        conn.as_mut().graceful_shutdown();
+        // Idle connections close at once; requests in flight finish (the server's grace period
+        // bounds them when it stops).
+        let limit = match why {
+            Close::Shutdown => Duration::MAX,
+            _ => Duration::from_secs(1),
+        };
+        let _ = tokio::time::timeout(limit, conn).await;
+    }
+    why.label()
+}
+
+/// The service of one connection: marks requests in flight, refuses oversize bodies and heads
+/// before any work, holds bodies to their minimum rate, and hands the request to the router.
+#[derive(Debug, Clone)]
+struct ConnService {
+    listener: Listener,
+    state: Arc<ConnState>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let guard = self.state.begin();
+        let l = &self.listener;
+        let share = Arc::new(Share::new(l.budget.clone()));
+        let refusal = refuse_early(&req, l.max_body_bytes, l.cfg.max_header_bytes)
+            .or_else(|| refuse_over_budget(&req, &share, l.grpc));
+        if let Some(refusal) = refusal {
+            return Box::pin(async move {
+                drop(guard);
+                Ok(refusal)
+            });
+        }
+        let limits = (l.cfg.body_timeout, l.cfg.min_body_rate);
+        let (state, body_share) = (self.state.clone(), share.clone());
+        let grpc = l.grpc;
+        let req = req.map(|b| Body::new(MinRateBody::new(b, state, limits, body_share, grpc)));
+        let router = l.router.clone();
+        Box::pin(async move {
+            let r = router.oneshot(req).await;
+            // The request's bytes count until its answer is made.
+            drop((guard, share));
+            r
+        })
+    }
+}
+
+/// A 503 for a request whose declared `Content-Length` does not fit in the in-flight budget
+/// (its body is not read).
+fn refuse_over_budget(
+    req: &Request<Incoming>,
+    share: &Share,
+    grpc: bool,
+) -> Option<Response<Body>> {
+    let len = content_length(req)?;
+    if share.cover(usize::try_from(len).unwrap_or(usize::MAX)) {
+        return None;
+    }
+    metrics::counter!(m::REQUESTS_REFUSED, "reason" => "inflight_bytes").increment(1);
+    let limit = share.budget().limit();
+    let e = ServeError::Overloaded(OverBudget { limit }.to_string());
+    m::count_refused_request(if grpc { "grpc" } else { "http" }, &e);
+    let mut resp = match grpc {
+        true => tonic::Status::from(e).into_http(),
+        false => e.into_response(),
+    };
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    Some(resp)
+}
+
+/// The request's `Content-Length`, if it declares one.
+fn content_length(req: &Request<Incoming>) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// A response refusing `req` before its body is read: a `Content-Length` over the body limit
+/// (400, as a body over it gets), or a head over `max_header_bytes` (431). Both close the
+/// connection (the body is not read).
+fn refuse_early(
+    req: &Request<Incoming>,
+    max_body: Option<usize>,
+    max_header: usize,
+) -> Option<Response<Body>> {
+    let head: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum::<usize>()
+        + req.uri().to_string().len();
+    if head > max_header {
+        metrics::counter!(m::REQUESTS_REFUSED, "reason" => "header_too_large").increment(1);
+        let body = serde_json::json!({
+            "error": format!(
+                "the request head is {head} bytes, over the server's limit of {max_header} \
+                 bytes (--max-header-bytes)"
+            )
+        });
+        let resp = (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            [(header::CONNECTION, "close")],
+            axum::Json(body),
+        );
+        return Some(resp.into_response());
+    }
+    let limit = max_body?;
+    let len = content_length(req)?;
+    if len <= limit as u64 {
+        return None;
+    }
+    metrics::counter!(m::REQUESTS_REFUSED, "reason" => "body_too_large").increment(1);
+    let e = ServeError::bad(format!(
+        "request body of {len} bytes (Content-Length) is over the server's limit of {limit} \
+         bytes (--max-body-bytes)"
+    ));
+    m::count_refused_request("http", &e);
+    let mut resp = e.into_response();
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    Some(resp)
+}
