@@ -120,10 +120,10 @@ impl Server {
             fd_limit,
         )));
         let spec = Arc::new(ModelSpec::of(engine.model().clone(), &cfg.model_name));
-        let listener = tokio::net::TcpListener::bind(cfg.http).await?;
+        let listener = conn::listen(cfg.http)?;
         let addr = listener.local_addr()?;
         let grpc_listener = match cfg.grpc {
-            Some(a) => Some(tokio::net::TcpListener::bind(a).await?),
+            Some(a) => Some(conn::listen(a)?),
             None => None,
         };
         let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;

@@ -5,6 +5,23 @@
 /// allocator, the runtime.
 pub(crate) const RESERVED_FDS: usize = 256;
 
+/// Connections the kernel may hold complete but not yet accepted (capped by
+/// `net.core.somaxconn`). Tokio's default of 1024 overflowed when a burst of clients connected
+/// while the workers were busy: each dropped SYN is retried by the client only after a second.
+pub(crate) const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as tokio's
+/// `bind` sets).
+pub(crate) fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit in effect after.
 pub(crate) fn raise_fd_limit() -> Option<usize> {
     let mut lim = libc::rlimit {

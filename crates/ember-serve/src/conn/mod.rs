@@ -28,7 +28,7 @@ mod state;
 
 pub use body::{OverBudget, SlowBody};
 pub(crate) use budget::Budget;
-pub(crate) use limits::{connection_cap, raise_fd_limit};
+pub(crate) use limits::{connection_cap, listen, raise_fd_limit};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
