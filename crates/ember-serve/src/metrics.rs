@@ -78,8 +78,30 @@ pub fn handle() -> &'static PrometheusHandle {
         // server's metrics go there and /metrics renders an empty page.
         let _ = metrics::set_global_recorder(recorder);
         describe();
+        spawn_upkeep(handle.clone(), UPKEEP_EVERY);
         handle
     })
+}
+
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The exporter keeps every histogram sample until its upkeep folds them into the buckets, and
+/// a recorder built by hand (as here, so that no HTTP listener of its own starts) gets no upkeep
+/// task: without this thread a server nobody scrapes grew by ~100 bytes per request (+200 MiB
+/// in an hour's soak at 600 requests/s).
+fn spawn_upkeep(handle: PrometheusHandle, every: std::time::Duration) {
+    let started = std::thread::Builder::new()
+        .name("ember-metrics".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(e) = started {
+        eprintln!("warning: no metrics upkeep thread ({e}); histograms fold only when scraped");
+    }
 }
 
 fn describe() {
@@ -210,5 +232,30 @@ impl Drop for Tracked {
             self.record("cancelled");
         }
         metrics::gauge!(IN_FLIGHT).decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_recorder_comes_with_its_upkeep_thread() {
+        super::handle();
+        let names = || -> Vec<String> {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|n| n.trim().to_string())
+                .collect()
+        };
+        // A new thread names itself once it runs: look for up to 2 s.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while !names().iter().any(|n| n == "ember-metrics") {
+            assert!(
+                std::time::Instant::now() < end,
+                "no upkeep thread among {:?}",
+                names()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
