@@ -75,6 +75,16 @@ impl RssLog {
     }
 }
 
+/// The requests of the overload and soak figures: binary KServe, 256 samples each.
+const LOAD: [&str; 6] = [
+    "--format",
+    "binary",
+    "--samples-per-request",
+    "256",
+    "--warmup",
+    "2",
+];
+
 /// The highest rate of `common` requests with p99 <= 10 ms (`--find-max`), on a warmed server:
 /// a fresh server's first batches are slow (page faults, caches, the admission model's first
 /// fit), and the search's first step must not fail on them.
@@ -176,14 +186,7 @@ fn figure_idle_flood_and_slowloris() {
 fn figure_overload_5x() {
     // Objective: p99 10 ms; the queue-delay bound is half of it.
     let s = Server::start(&["--grpc", "off", "--max-queue-delay-ms", "5"]);
-    let common = [
-        "--format",
-        "binary",
-        "--samples-per-request",
-        "256",
-        "--warmup",
-        "2",
-    ];
+    let common = LOAD;
     let max = highest_rate(&s, &common);
     let rate = format!("{max:.0}");
     // Steady: the sustainable rate for 20 s.
@@ -264,14 +267,7 @@ fn soak_at_80_percent_of_the_highest_rate() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3600);
     let s = Server::start(&["--grpc", "off", "--max-queue-delay-ms", "5"]);
-    let common = [
-        "--format",
-        "binary",
-        "--samples-per-request",
-        "256",
-        "--warmup",
-        "2",
-    ];
+    let common = LOAD;
     let rate = 0.8 * highest_rate(&s, &common);
     let rss = RssLog::start(s.pid(), Duration::from_secs(5));
     let run = loadgen(

@@ -55,6 +55,25 @@ fn direct(model: &Arc<Model>, spec: &ModelSpec, s: &Samples) -> Vec<f32> {
     out
 }
 
+/// Submits `n` requests of `samples` samples each (seeds 0..n) and waits until all are queued.
+async fn queue_requests(
+    b: &Arc<Batcher>,
+    spec: &ModelSpec,
+    n: usize,
+    samples: usize,
+) -> Vec<tokio::task::JoinHandle<Result<Reply>>> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (b, s) = (b.clone(), random_samples(spec, samples, i as u64));
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect();
+    while b.queued() < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tasks
+}
+
 fn start(cfg: BatchConfig) -> (Arc<Model>, Arc<ModelSpec>, Arc<Batcher>) {
     let model = default_model();
     let spec = Arc::new(ModelSpec::of(model.clone(), "default"));
@@ -109,16 +128,7 @@ async fn a_full_queue_refuses_at_once() {
         max_queue_delay: None,
     };
     let (_, spec, b) = start(cfg);
-    let waiting: Vec<_> = (0..2)
-        .map(|i| {
-            let (b, s) = (b.clone(), random_samples(&spec, 1, i));
-            tokio::spawn(async move { b.submit(s, None).await })
-        })
-        .collect();
-    // Let both reach the queue.
-    while b.queued() < 2 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let waiting = queue_requests(&b, &spec, 2, 1).await;
     let t = Instant::now();
     let third = b.submit(random_samples(&spec, 1, 9), None).await;
     assert_eq!(
@@ -159,15 +169,7 @@ async fn shutdown_finishes_what_is_queued_then_refuses() {
     };
     let (_, spec, b) = start(cfg);
     let t0 = Instant::now();
-    let tasks: Vec<_> = (0..10)
-        .map(|i| {
-            let (b, s) = (b.clone(), random_samples(&spec, 2, i));
-            tokio::spawn(async move { b.submit(s, None).await })
-        })
-        .collect();
-    while b.queued() < 10 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let tasks = queue_requests(&b, &spec, 10, 2).await;
     let b2 = b.clone();
     tokio::task::spawn_blocking(move || b2.shutdown())
         .await
@@ -309,15 +311,7 @@ async fn a_stop_with_a_deadline_answers_what_it_cannot_run() {
         max_queue_delay: None,
     };
     let (_, spec, b) = start(cfg);
-    let tasks: Vec<_> = (0..10)
-        .map(|i| {
-            let (b, s) = (b.clone(), random_samples(&spec, 2, i));
-            tokio::spawn(async move { b.submit(s, None).await })
-        })
-        .collect();
-    while b.queued() < 10 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let tasks = queue_requests(&b, &spec, 10, 2).await;
     let t0 = Instant::now();
     let b2 = b.clone();
     tokio::task::spawn_blocking(move || b2.shutdown_by(Instant::now()))
