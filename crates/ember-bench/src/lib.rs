@@ -6,6 +6,7 @@
 //! - [`ceiling`]: the memory ceiling, the simplest gather-and-sum over the same rows and ids;
 //! - [`workload`]: id streams (uniform, Zipf, replayed traces);
 //! - [`disk`]: the disk's random-read rate, cold page caches;
+//! - [`redis_cluster`]: a real Redis Cluster on loopback, started and torn down by the caller;
 //! - [`stats`]: medians and byte sizes for reports.
 //!
 //! Like the binary it serves, this crate reports errors with `anyhow`: every error ends as a
@@ -13,5 +14,6 @@
 
 pub mod ceiling;
 pub mod disk;
+pub mod redis_cluster;
 pub mod stats;
 pub mod workload;

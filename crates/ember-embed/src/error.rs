@@ -169,6 +169,36 @@ pub enum EmbedError {
     )]
     NotStaged { table: String },
 
+    // ----- the remote tier (a Redis Cluster) -----
+    /// The store could not answer in time: a node is down, unreachable, paused, or failing over.
+    /// Requests needing it fail fast; it is retried on the next batch.
+    #[error("{store} is unavailable ({kind}{at}): {detail}", at = if node.is_empty() { String::new() } else { format!(" at {node}") })]
+    StoreUnavailable {
+        store: String,
+        kind: &'static str,
+        node: String,
+        detail: String,
+    },
+    /// A model or version in the store that cannot be served as asked.
+    #[error("remote store: model '{model}' version {version}: {reason}")]
+    RemoteStore {
+        model: String,
+        version: u64,
+        reason: String,
+    },
+    /// A row that is missing in the store or of the wrong length (a partial or damaged push).
+    /// Never served as zeros.
+    #[error(
+        "remote store: model '{model}' version {version}, table '{table}', row {row}: {reason}"
+    )]
+    RemoteRow {
+        model: String,
+        version: u64,
+        table: String,
+        row: usize,
+        reason: String,
+    },
+
     // ----- workloads -----
     /// An id trace file could not be read or parsed.
     #[error("id trace {path}: {reason}")]

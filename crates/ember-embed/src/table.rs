@@ -5,7 +5,9 @@
 //! - `mmap`: a plain read-only mapping of a row file's data, paged in by the OS on first touch;
 //! - `ssd`: in a row file read by a [`crate::storage::RowStore`] through a [`crate::tier::Stager`]
 //!   and its cache;
-//!   such a table has no resident bytes, and lookups must be staged first.
+//!   such a table has no resident bytes, and lookups must be staged first;
+//! - `remote`: in a Redis Cluster ([`crate::storage::remote`]), read like `ssd` through the
+//!   stager and its cache; the table holds only its shape.
 
 use crate::alloc::{PagePolicy, RowBuf};
 use crate::dtype::DType;
@@ -27,6 +29,8 @@ pub enum Placement {
     Mmap,
     /// The SSD tier: a row file, direct I/O, Ember's row cache.
     Ssd,
+    /// A Redis Cluster, behind Ember's row cache.
+    Remote,
 }
 
 impl Placement {
@@ -36,6 +40,7 @@ impl Placement {
             Placement::Dram => "dram",
             Placement::Mmap => "mmap",
             Placement::Ssd => "ssd",
+            Placement::Remote => "remote",
         }
     }
 }
@@ -46,7 +51,7 @@ impl fmt::Display for Placement {
     }
 }
 
-/// Serialized as its name (`"dram"`, `"mmap"`, `"ssd"`), as `config.json` writes it.
+/// Serialized as its name (`"dram"`, `"mmap"`, `"ssd"`, `"remote"`), as `config.json` writes it.
 impl serde::Serialize for Placement {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_str(self.name())
@@ -67,9 +72,10 @@ impl FromStr for Placement {
             "dram" => Ok(Placement::Dram),
             "mmap" => Ok(Placement::Mmap),
             "ssd" => Ok(Placement::Ssd),
+            "remote" => Ok(Placement::Remote),
             _ => Err(EmbedError::BadOption {
                 option: "placement",
-                reason: format!("'{s}' is not dram, mmap or ssd"),
+                reason: format!("'{s}' is not dram, mmap, ssd or remote"),
             }),
         }
     }
@@ -86,6 +92,8 @@ enum Storage {
     /// A plain mapping of a row file (several tables may share one: row views).
     Mapped(MappedRows),
     Disk(Arc<RowFile>),
+    /// Rows in a remote store: nothing here but the shape.
+    Remote,
 }
 
 /// One embedding table.
@@ -147,6 +155,25 @@ impl EmbeddingTable {
         Ok(Self::over_file(file.clone(), Storage::Disk(file)))
     }
 
+    /// A table whose rows live in a remote store (placement `remote`): only its shape is held
+    /// here; lookups go through a [`crate::tier::Stager`] opened with the store's address.
+    pub fn remote(name: &str, rows: usize, dim: usize, dtype: DType) -> Result<Self> {
+        if dim == 0 {
+            return Err(EmbedError::BadTable {
+                table: name.into(),
+                reason: "dim must be at least 1".into(),
+            });
+        }
+        Ok(EmbeddingTable {
+            name: name.into(),
+            rows,
+            dim,
+            dtype,
+            stride: dtype.row_bytes(dim),
+            data: Storage::Remote,
+        })
+    }
+
     /// A table read through a plain read-only mapping of the row file at `path` (the header and
     /// checksum table are checked at open; the rows are not, as the OS pages them in unseen).
     pub fn map_row_file(path: &Path) -> Result<Self> {
@@ -159,7 +186,7 @@ impl EmbeddingTable {
     /// memory, checking every block).
     pub fn from_row_file(path: &Path, placement: Placement, pages: PagePolicy) -> Result<Self> {
         match placement {
-            Placement::Ssd => Self::open_ssd(path),
+            Placement::Ssd | Placement::Remote => Self::open_ssd(path),
             Placement::Mmap => Self::map_row_file(path),
             Placement::Dram => {
                 let f = RowFile::open_with(path, false)?;
@@ -304,10 +331,11 @@ impl EmbeddingTable {
                 len: l,
             },
             Storage::Mapped(m) => Storage::Mapped(m.sub(o, l)),
-            Storage::Disk(_) => {
-                return Err(bad(
-                    "a table on the SSD tier cannot be split into row views".into(),
-                ));
+            Storage::Disk(_) | Storage::Remote => {
+                return Err(bad(format!(
+                    "a table placed {} cannot be split into row views",
+                    self.placement()
+                )));
             }
         };
         Ok(EmbeddingTable {
@@ -421,6 +449,7 @@ impl EmbeddingTable {
             Storage::Memory { .. } => Placement::Dram,
             Storage::Mapped(_) => Placement::Mmap,
             Storage::Disk(_) => Placement::Ssd,
+            Storage::Remote => Placement::Remote,
         }
     }
     /// All rows as bytes, when addressable (`dram` and `mmap`; `None` on the SSD tier).
@@ -428,13 +457,13 @@ impl EmbeddingTable {
         match &self.data {
             Storage::Memory { buf, offset, len } => Some(&buf.as_slice()[*offset..*offset + *len]),
             Storage::Mapped(m) => Some(m.bytes()),
-            Storage::Disk(_) => None,
+            Storage::Disk(_) | Storage::Remote => None,
         }
     }
     /// The row file behind an `mmap` or `ssd` table.
     pub fn row_file(&self) -> Option<&Arc<RowFile>> {
         match &self.data {
-            Storage::Memory { .. } => None,
+            Storage::Memory { .. } | Storage::Remote => None,
             Storage::Mapped(m) => Some(m.file()),
             Storage::Disk(file) => Some(file),
         }
@@ -453,8 +482,14 @@ impl EmbeddingTable {
                 ),
             });
         }
-        if let Storage::Disk(f) = &self.data {
-            return f.read_row(r, out);
+        match &self.data {
+            Storage::Disk(f) => return f.read_row(r, out),
+            Storage::Remote => {
+                return Err(EmbedError::NotStaged {
+                    table: self.name.clone(),
+                });
+            }
+            _ => {}
         }
         if let Some(all) = self.resident() {
             out.copy_from_slice(&all[r * self.stride..(r + 1) * self.stride]);

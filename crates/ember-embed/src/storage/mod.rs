@@ -11,8 +11,8 @@
 //!     adjacent blocks are merged into reads of up to 256 KiB.
 //!   - [`MapStore`] (`mmap.rs`): a plain read-only mapping, rows copied out of the page cache.
 //!
-//!   A remote store (rows in a Redis Cluster) is the next one: a file of its own implementing
-//!   [`RowStore`], chosen by a table's placement.
+//!   A third reads rows from a Redis Cluster: [`remote::RedisStore`], for tables placed
+//!   `remote` ([`remote`] has the client, the key layout and `ember store`'s operations).
 //! - [`MappedRows`] (`mmap.rs`): the mapping that `mmap`-placed tables are read through in place
 //!   (the page cache is their only cache, so they need no store).
 //!
@@ -20,6 +20,7 @@
 //! [`crate::tier`], which use it.
 
 pub mod io;
+pub mod remote;
 pub mod rowfile;
 
 mod file;

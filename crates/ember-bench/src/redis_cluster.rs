@@ -1,0 +1,338 @@
+//! A real Redis Cluster on loopback for tests and benchmarks: `redis-server` processes (Debian's
+//! `redis-server` package) on free ports in a temporary directory, joined with
+//! `redis-cli --cluster create`, torn down when dropped. Every wait is bounded.
+//!
+//! Nodes run with `cluster-require-full-coverage no` and `cluster-allow-reads-when-down yes`
+//! (what `docs/remote-tier.md` recommends): a failed primary then costs only its own slots.
+
+use anyhow::{Context, Result, bail, ensure};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether `redis-server` and `redis-cli` can be run; `Err` says what is missing.
+pub fn available() -> std::result::Result<(), String> {
+    for bin in ["redis-server", "redis-cli"] {
+        let ok = Command::new(bin)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err(format!(
+                "`{bin}` is not installed (apt-get install -y redis-server)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One node.
+#[derive(Debug)]
+pub struct LocalNode {
+    pub port: u16,
+    child: Option<Child>,
+    stopped: bool,
+}
+
+impl LocalNode {
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// A running cluster (see the module documentation).
+#[derive(Debug)]
+pub struct LocalCluster {
+    dir: PathBuf,
+    pub nodes: Vec<LocalNode>,
+    pub node_timeout_ms: u64,
+}
+
+/// Free loopback ports `p` with `p + 10000` (the cluster bus) free too.
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let mut out = Vec::new();
+    let mut tries = 0;
+    while out.len() < n {
+        tries += 1;
+        ensure!(tries < 10_000, "no free loopback ports found");
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let p = l.local_addr()?.port();
+        if !(1024..=55_000).contains(&p) || out.contains(&p) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", p + 10_000)).is_err() {
+            continue;
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
+
+fn connect(port: u16) -> Result<redis::Connection> {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let conn = c.get_connection_with_timeout(Duration::from_millis(500))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    Ok(conn)
+}
+
+/// `redis-cli`-style query of one node.
+pub fn query(port: u16, cmd: &redis::Cmd) -> Result<redis::Value> {
+    let mut c = connect(port)?;
+    Ok(cmd.query(&mut c)?)
+}
+
+/// A field of `INFO <section>` (or of `CLUSTER INFO` for the section `cluster`).
+fn info_field(port: u16, section: &str, field: &str) -> Result<String> {
+    let cmd = match section {
+        "cluster" => redis::cmd("CLUSTER").arg("INFO").clone(),
+        _ => redis::cmd("INFO").arg(section).clone(),
+    };
+    let v: String = cmd.query(&mut connect(port)?)?;
+    v.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|s| s.trim().to_string())
+        .with_context(|| format!("INFO {section} has no {field}"))
+}
+
+impl LocalCluster {
+    /// Starts `primaries` primaries with `replicas` replicas each and waits until the cluster
+    /// is `ok` everywhere and every replica is in sync (within `timeout`).
+    pub fn start(primaries: usize, replicas: usize, node_timeout_ms: u64) -> Result<Self> {
+        available().map_err(anyhow::Error::msg)?;
+        let dir = std::env::temp_dir().join(format!(
+            "ember-redis-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos() ^ rand::random::<u64>() as u128
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let n = primaries * (1 + replicas);
+        let ports = free_ports(n)?;
+        let mut c = LocalCluster {
+            dir,
+            nodes: Vec::new(),
+            node_timeout_ms,
+        };
+        for &p in &ports {
+            let child = c.spawn(p)?;
+            c.nodes.push(LocalNode {
+                port: p,
+                child: Some(child),
+                stopped: false,
+            });
+        }
+        for node in &c.nodes {
+            wait_for(Duration::from_secs(10), || {
+                Ok(matches!(
+                    query(node.port, &redis::cmd("PING")),
+                    Ok(redis::Value::SimpleString(_))
+                ))
+            })
+            .with_context(|| format!("redis-server on port {} did not start", node.port))?;
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &c.nodes {
+            create.arg(node.addr());
+        }
+        create
+            .arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes");
+        let out = create
+            .output()
+            .context("running redis-cli --cluster create")?;
+        ensure!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        c.wait_healthy(Duration::from_secs(30))?;
+        Ok(c)
+    }
+
+    fn spawn(&self, port: u16) -> Result<Child> {
+        let log = self.dir.join(format!("{port}.log"));
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes"])
+            .args([
+                "--cluster-config-file",
+                &self
+                    .dir
+                    .join(format!("nodes-{port}.conf"))
+                    .to_string_lossy(),
+            ])
+            .args(["--cluster-node-timeout", &self.node_timeout_ms.to_string()])
+            .args(["--cluster-require-full-coverage", "no"])
+            .args(["--cluster-allow-reads-when-down", "yes"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", &self.dir.to_string_lossy()])
+            .args(["--logfile", &log.to_string_lossy()])
+            .args(["--protected-mode", "no", "--daemonize", "no"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting redis-server")
+    }
+
+    /// `redis://127.0.0.1:p1,...` naming every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(LocalNode::addr).collect();
+        format!("redis://{}", nodes.join(","))
+    }
+
+    /// Ports of the nodes that are primaries now (by `CLUSTER NODES` of a live node).
+    pub fn primaries(&self) -> Result<Vec<u16>> {
+        let live = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running() && !n.stopped)
+            .context("no live node")?;
+        let v: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut connect(live.port)?)?;
+        let mut ports = Vec::new();
+        for line in v.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 2 && f[2].contains("master") && !f[2].contains("fail") {
+                let addr = f[1].split('@').next().unwrap_or("");
+                if let Some(p) = addr.rsplit(':').next().and_then(|p| p.parse().ok()) {
+                    ports.push(p);
+                }
+            }
+        }
+        ports.sort_unstable();
+        Ok(ports)
+    }
+
+    /// Index of the node on `port`.
+    pub fn index(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| n.port == port)
+    }
+
+    /// Waits until every running node says `cluster_state:ok`, every slot is served by a
+    /// running primary and every running replica's link to its primary is up.
+    pub fn wait_healthy(&self, timeout: Duration) -> Result<()> {
+        wait_for(timeout, || {
+            for n in self.nodes.iter().filter(|n| n.is_running() && !n.stopped) {
+                if info_field(n.port, "cluster", "cluster_state")
+                    .ok()
+                    .as_deref()
+                    != Some("ok")
+                {
+                    return Ok(false);
+                }
+                if info_field(n.port, "replication", "role").ok().as_deref() == Some("slave")
+                    && info_field(n.port, "replication", "master_link_status")
+                        .ok()
+                        .as_deref()
+                        != Some("up")
+                {
+                    return Ok(false);
+                }
+            }
+            let primaries = self.primaries()?;
+            Ok(primaries
+                .iter()
+                .all(|p| self.index(*p).is_some_and(|i| self.nodes[i].is_running())))
+        })
+        .context("the cluster did not become healthy")
+    }
+
+    /// Kills node `i` (SIGKILL), as a crash would.
+    pub fn kill(&mut self, i: usize) -> Result<()> {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            if self.nodes[i].stopped {
+                signal(c.id(), libc::SIGCONT);
+            }
+            c.kill()?;
+            c.wait()?;
+        }
+        self.nodes[i].stopped = false;
+        Ok(())
+    }
+
+    /// Restarts killed node `i` (it rejoins from its nodes.conf, as a replica after failover).
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        ensure!(self.nodes[i].child.is_none(), "node {i} is running");
+        let port = self.nodes[i].port;
+        self.nodes[i].child = Some(self.spawn(port)?);
+        wait_for(Duration::from_secs(10), || {
+            Ok(query(port, &redis::cmd("PING")).is_ok())
+        })
+    }
+
+    /// Pauses node `i` (SIGSTOP): its sockets stay open and nothing answers.
+    pub fn pause(&mut self, i: usize) {
+        if let Some(pid) = self.nodes[i].pid() {
+            signal(pid, libc::SIGSTOP);
+            self.nodes[i].stopped = true;
+        }
+    }
+
+    /// Resumes paused node `i` (SIGCONT).
+    pub fn resume(&mut self, i: usize) {
+        if let Some(pid) = self.nodes[i].pid() {
+            signal(pid, libc::SIGCONT);
+            self.nodes[i].stopped = false;
+        }
+    }
+
+    /// `used_memory` of node `port`.
+    pub fn used_memory(port: u16) -> Result<u64> {
+        Ok(info_field(port, "memory", "used_memory")?.parse()?)
+    }
+
+    /// The temporary directory (logs, nodes.conf).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child process we spawned and have not reaped; no memory is involved.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Polls `f` every 50 ms until it says yes or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(true) = f() {
+            return Ok(());
+        }
+        if t0.elapsed() > timeout {
+            bail!("gave up after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                if n.stopped {
+                    signal(c.id(), libc::SIGCONT);
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

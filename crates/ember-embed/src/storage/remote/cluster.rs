@@ -1,0 +1,960 @@
+//! A Redis Cluster client built for serving: every call has a deadline, retries are bounded and
+//! fit inside it, and a batch's commands go to their nodes as one pipeline per node, all sent
+//! before any reply is read (so the nodes work in parallel on one thread).
+//!
+//! The `redis` crate speaks the protocol (connections, RESP parsing); this file owns routing:
+//! the slot map from `CLUSTER SLOTS`, `MOVED` / `ASK` redirections, failover, and which copy of a
+//! slot a read goes to. The crate's own cluster client waits at least 1.28 s per retry and does
+//! not pipeline across nodes on one call, which serving cannot afford.
+//!
+//! One call ([`Cluster::run`]):
+//! 1. route each command to a node by its key's slot (primary; with `read_from_replicas`, the
+//!    primary and its replicas in turn; a node that failed recently is skipped while another copy
+//!    of its slots exists);
+//! 2. send every node its commands in one write, then read every node's replies, each node's
+//!    socket given the attempt's share of the time left (`time left / attempts left`);
+//! 3. commands answered `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING`, or lost with their
+//!    connection (refused, reset, timed out) are retried, at most `retries` times, after a refresh
+//!    of the slot map where it is stale, on another copy of the slot where the node failed;
+//! 4. past the deadline or the retries, the call fails with the first error, naming the node.
+//!
+//! Rows of a `ready` version never change, so a replica's copy is as good as its primary's: a
+//! read that fails on a primary is retried on a replica at once, without waiting for failover.
+
+use super::slot::{SLOTS, key_slot};
+use crate::error::{EmbedError, Result};
+use redis::Value;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// How to reach a cluster, and how long to wait for it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterOptions {
+    /// Nodes to learn the cluster from, `host:port`.
+    pub seeds: Vec<String>,
+    /// `AUTH` credentials, if the cluster asks for them.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Longest wait for a TCP connection to a node.
+    pub connect_timeout: Duration,
+    /// Deadline of one call (a batch's fetch), retries included.
+    pub timeout: Duration,
+    /// Retries of the commands that failed, within the deadline.
+    pub retries: u32,
+    /// Spread reads over each slot's primary and replicas.
+    pub read_from_replicas: bool,
+    /// How long a node that failed is avoided while another copy of its slots exists.
+    pub down_for: Duration,
+}
+
+impl fmt::Debug for ClusterOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterOptions")
+            .field("seeds", &self.seeds)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("read_from_replicas", &self.read_from_replicas)
+            .finish()
+    }
+}
+
+impl ClusterOptions {
+    /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out).
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |reason: String| EmbedError::BadOption {
+            option: "redis",
+            reason,
+        };
+        let rest = url.strip_prefix("redis://").unwrap_or(url);
+        if rest.starts_with("rediss://") || url.starts_with("rediss://") {
+            return Err(bad("TLS (rediss://) is not supported yet".into()));
+        }
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((a, h)) => (Some(a), h),
+            None => (None, rest),
+        };
+        let (username, password) = match auth {
+            None => (None, None),
+            Some(a) => match a.split_once(':') {
+                Some((u, p)) => ((!u.is_empty()).then(|| u.to_string()), Some(p.to_string())),
+                None => (None, Some(a.to_string())),
+            },
+        };
+        let seeds: Vec<String> = hosts
+            .trim_end_matches('/')
+            .split(',')
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect();
+        if seeds.is_empty() {
+            return Err(bad(format!(
+                "'{url}' names no node (expected redis://host:port)"
+            )));
+        }
+        for s in &seeds {
+            let ok = s
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !ok {
+                return Err(bad(format!("'{s}' in '{url}' is not host:port")));
+            }
+        }
+        Ok(ClusterOptions {
+            seeds,
+            username,
+            password,
+            ..ClusterOptions::default()
+        })
+    }
+
+    /// The seeds, for messages: `redis cluster at 127.0.0.1:7000,127.0.0.1:7001`.
+    pub fn describe(&self) -> String {
+        format!("redis cluster at {}", self.seeds.join(","))
+    }
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            seeds: Vec::new(),
+            username: None,
+            password: None,
+            connect_timeout: Duration::from_millis(250),
+            timeout: Duration::from_millis(100),
+            retries: 2,
+            read_from_replicas: false,
+            down_for: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Why a call failed, for messages and the `kind` label of error metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailKind {
+    /// No connection (refused, reset, unreachable).
+    Connect,
+    /// No answer within the time given.
+    Timeout,
+    /// The cluster is failing over or resharding (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, ...)
+    /// past the retries.
+    Redirect,
+    /// The node answered an error that retrying will not fix.
+    Server,
+    /// A slot no node serves.
+    Uncovered,
+}
+
+impl FailKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailKind::Connect => "connect",
+            FailKind::Timeout => "timeout",
+            FailKind::Redirect => "redirect",
+            FailKind::Server => "server",
+            FailKind::Uncovered => "uncovered",
+        }
+    }
+}
+
+/// A failed call: what, where, and the node's or the socket's words.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub kind: FailKind,
+    /// `host:port`, or empty where no node is involved.
+    pub node: String,
+    pub detail: String,
+}
+
+impl Failure {
+    fn new(kind: FailKind, node: &str, detail: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            node: node.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The error of this failure, naming the store.
+    pub fn into_error(self, store: &str) -> EmbedError {
+        EmbedError::StoreUnavailable {
+            store: store.into(),
+            kind: self.kind.name(),
+            node: self.node,
+            detail: self.detail,
+        }
+    }
+}
+
+/// Commands for [`Cluster::run`]: packed (RESP) commands back to back in one buffer, each with the
+/// slot of its key.
+#[derive(Debug, Default)]
+pub struct Ops {
+    buf: Vec<u8>,
+    ops: Vec<(u16, u32, u32)>,
+}
+
+impl Ops {
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.ops.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Adds a command on `key` (its slot routes it).
+    pub fn push(&mut self, key: &[u8], cmd: &redis::Cmd) {
+        let start = self.buf.len() as u32;
+        cmd.write_packed_command(&mut self.buf);
+        self.ops.push((key_slot(key), start, self.buf.len() as u32));
+    }
+
+    /// Adds `GETRANGE key start end` (packed by hand: the hot path of remote reads).
+    pub fn getrange(&mut self, key: &[u8], start: usize, end: usize) {
+        use std::io::Write;
+        let s0 = self.buf.len() as u32;
+        let (mut a, mut b) = (itoa_buf(), itoa_buf());
+        let a = fmt_usize(&mut a, start);
+        let b = fmt_usize(&mut b, end);
+        let _ = write!(self.buf, "*4\r\n$8\r\nGETRANGE\r\n${}\r\n", key.len());
+        self.buf.extend_from_slice(key);
+        let _ = write!(self.buf, "\r\n${}\r\n", a.len());
+        self.buf.extend_from_slice(a);
+        let _ = write!(self.buf, "\r\n${}\r\n", b.len());
+        self.buf.extend_from_slice(b);
+        self.buf.extend_from_slice(b"\r\n");
+        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
+    }
+
+    /// Adds `SET key value` (packed by hand: values are large blocks, not copied twice).
+    pub fn set(&mut self, key: &[u8], value: &[u8]) {
+        use std::io::Write;
+        let s0 = self.buf.len() as u32;
+        let _ = write!(self.buf, "*3\r\n$3\r\nSET\r\n${}\r\n", key.len());
+        self.buf.extend_from_slice(key);
+        let _ = write!(self.buf, "\r\n${}\r\n", value.len());
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
+        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
+    }
+
+    fn bytes(&self, i: usize) -> &[u8] {
+        let (_, s, e) = self.ops[i];
+        &self.buf[s as usize..e as usize]
+    }
+}
+
+fn itoa_buf() -> [u8; 20] {
+    [0; 20]
+}
+
+fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+/// Per-node counters of what calls moved (read by the metrics).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeStats {
+    pub node: String,
+    /// Commands answered, and bytes of their replies' values.
+    pub commands: u64,
+    pub bytes: u64,
+    /// Round trips (one pipeline each).
+    pub round_trips: u64,
+    /// Failures by kind (see [`FailKind::name`]).
+    pub errors: HashMap<&'static str, u64>,
+}
+
+struct Node {
+    addr: String,
+    conn: Option<redis::Connection>,
+    /// Whether this connection was sent `READONLY` (replica reads).
+    readonly: bool,
+    /// Not to be used until then while another copy exists.
+    down_until: Option<Instant>,
+    stats: NodeStats,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("addr", &self.addr)
+            .field("connected", &self.conn.is_some())
+            .field("down_until", &self.down_until)
+            .finish()
+    }
+}
+
+/// A slot range and the nodes holding it, primary first.
+#[derive(Debug, Clone)]
+struct Range {
+    copies: Vec<usize>,
+}
+
+/// A connection to a Redis Cluster (see the module documentation). Not shared: one per store.
+#[derive(Debug)]
+pub struct Cluster {
+    opts: ClusterOptions,
+    nodes: Vec<Node>,
+    ranges: Vec<Range>,
+    /// Index into `ranges` for each slot (`u16::MAX`: no node serves it).
+    slot_range: Vec<u16>,
+    stale: bool,
+    refreshed: Option<Instant>,
+    /// Turn of the next replica read.
+    turn: usize,
+    store: String,
+}
+
+/// What happened to one command in an attempt.
+enum Outcome {
+    Retry(Failure),
+    Fail(Failure),
+}
+
+impl Cluster {
+    /// Connects: learns the slot map from the first seed that answers within `connect_timeout`.
+    pub fn connect(opts: ClusterOptions) -> Result<Cluster> {
+        let store = opts.describe();
+        let mut c = Cluster {
+            opts,
+            nodes: Vec::new(),
+            ranges: Vec::new(),
+            slot_range: vec![u16::MAX; SLOTS],
+            stale: true,
+            refreshed: None,
+            turn: 0,
+            store,
+        };
+        let deadline = Instant::now() + c.opts.timeout.max(c.opts.connect_timeout * 2);
+        c.refresh(deadline).map_err(|f| f.into_error(&c.store))?;
+        Ok(c)
+    }
+
+    /// What the store is called in errors.
+    pub fn name(&self) -> &str {
+        &self.store
+    }
+
+    pub fn options(&self) -> &ClusterOptions {
+        &self.opts
+    }
+
+    /// Primaries serving at least one slot, `host:port`.
+    pub fn primaries(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .ranges
+            .iter()
+            .map(|r| self.nodes[r.copies[0]].addr.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// One of `keys` per primary that serves any of them (to route a per-connection command
+    /// such as `WAIT` to every node a round wrote to).
+    pub fn one_key_per_primary<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Vec<&'a [u8]> {
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        for k in keys {
+            let r = self.slot_range[key_slot(k) as usize];
+            if r == u16::MAX {
+                continue;
+            }
+            let p = self.ranges[r as usize].copies[0];
+            if !seen.contains(&p) {
+                seen.push(p);
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    /// Counters per node.
+    pub fn node_stats(&self) -> Vec<NodeStats> {
+        self.nodes.iter().map(|n| n.stats.clone()).collect()
+    }
+
+    fn node_index(&mut self, addr: &str) -> usize {
+        match self.nodes.iter().position(|n| n.addr == addr) {
+            Some(i) => i,
+            None => {
+                self.nodes.push(Node {
+                    addr: addr.into(),
+                    conn: None,
+                    readonly: false,
+                    down_until: None,
+                    stats: NodeStats {
+                        node: addr.into(),
+                        ..NodeStats::default()
+                    },
+                });
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    /// Re-reads the slot map (`CLUSTER SLOTS`) from a known node or a seed.
+    fn refresh(&mut self, deadline: Instant) -> std::result::Result<(), Failure> {
+        let mut candidates: Vec<String> = self.nodes.iter().map(|n| n.addr.clone()).collect();
+        for s in &self.opts.seeds {
+            if !candidates.contains(s) {
+                candidates.push(s.clone());
+            }
+        }
+        // Nodes that failed lately last.
+        let now = Instant::now();
+        candidates.sort_by_key(|a| {
+            self.nodes
+                .iter()
+                .find(|n| &n.addr == a)
+                .is_some_and(|n| n.down_until.is_some_and(|t| t > now))
+        });
+        let mut first: Option<Failure> = None;
+        for addr in candidates {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let i = self.node_index(&addr);
+            let cmd = redis::cmd("CLUSTER").arg("SLOTS").get_packed_command();
+            match self.request(i, &cmd, deadline) {
+                Ok(Value::Array(slots)) if !slots.is_empty() => {
+                    self.install(&addr, &slots);
+                    self.stale = false;
+                    self.refreshed = Some(Instant::now());
+                    return Ok(());
+                }
+                Ok(Value::ServerError(e)) => {
+                    first.get_or_insert(Failure::new(FailKind::Server, &addr, e.to_string()));
+                }
+                Ok(other) => {
+                    first.get_or_insert(Failure::new(
+                        FailKind::Server,
+                        &addr,
+                        format!("CLUSTER SLOTS answered {other:?}: is this a cluster node?"),
+                    ));
+                }
+                Err(f) => {
+                    first.get_or_insert(f);
+                }
+            }
+        }
+        Err(first.unwrap_or_else(|| {
+            Failure::new(
+                FailKind::Timeout,
+                "",
+                "no node answered CLUSTER SLOTS in time",
+            )
+        }))
+    }
+
+    /// Installs a `CLUSTER SLOTS` answer from `from`.
+    fn install(&mut self, from: &str, slots: &[Value]) {
+        self.ranges.clear();
+        self.slot_range.iter_mut().for_each(|s| *s = u16::MAX);
+        let from_host = from
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(h, _)| h)
+            .to_string();
+        for entry in slots {
+            let Value::Array(parts) = entry else { continue };
+            let (Some(Value::Int(lo)), Some(Value::Int(hi))) = (parts.first(), parts.get(1)) else {
+                continue;
+            };
+            let mut copies = Vec::new();
+            for node in &parts[2..] {
+                let Value::Array(n) = node else { continue };
+                let host = match n.first() {
+                    Some(Value::BulkString(b)) if !b.is_empty() && b != b"?" => {
+                        String::from_utf8_lossy(b).into_owned()
+                    }
+                    _ => from_host.clone(),
+                };
+                let Some(Value::Int(port)) = n.get(1) else {
+                    continue;
+                };
+                let i = self.node_index(&format!("{host}:{port}"));
+                copies.push(i);
+            }
+            if copies.is_empty() {
+                continue;
+            }
+            let r = self.ranges.len() as u16;
+            self.ranges.push(Range { copies });
+            let (lo, hi) = (
+                (*lo).clamp(0, SLOTS as i64 - 1),
+                (*hi).clamp(0, SLOTS as i64 - 1),
+            );
+            for s in lo..=hi {
+                self.slot_range[s as usize] = r;
+            }
+        }
+        // Replicas answer reads only after READONLY; the role of a node may have changed.
+        for n in &mut self.nodes {
+            n.readonly = false;
+            if n.conn.is_some() {
+                // Keep the connection: READONLY is sent again before the next replica read.
+            }
+        }
+    }
+
+    /// The node a command on `slot` goes to, avoiding `avoid` and nodes down where another copy
+    /// exists. `read`: whether it may go to a replica.
+    fn route(&mut self, slot: u16, read: bool, avoid: Option<usize>) -> Option<(usize, bool)> {
+        let r = self.slot_range[slot as usize];
+        if r == u16::MAX {
+            return None;
+        }
+        let copies = &self.ranges[r as usize].copies;
+        let now = Instant::now();
+        let usable =
+            |i: usize| Some(i) != avoid && self.nodes[i].down_until.is_none_or(|t| t <= now);
+        let primary = copies[0];
+        if !read {
+            return Some((primary, false));
+        }
+        if self.opts.read_from_replicas && copies.len() > 1 {
+            let k = copies.len();
+            self.turn = self.turn.wrapping_add(1);
+            for j in 0..k {
+                let c = copies[(self.turn + j) % k];
+                if usable(c) {
+                    return Some((c, c != primary));
+                }
+            }
+        } else if usable(primary) {
+            return Some((primary, false));
+        } else if let Some(&c) = copies[1..].iter().find(|&&c| usable(c)) {
+            return Some((c, true));
+        }
+        Some((primary, false))
+    }
+
+    /// Connects node `i` if needed (and sends `READONLY` if `replica`), within `deadline`.
+    fn ensure(
+        &mut self,
+        i: usize,
+        replica: bool,
+        deadline: Instant,
+    ) -> std::result::Result<(), Failure> {
+        let addr = self.nodes[i].addr.clone();
+        if self.nodes[i].conn.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let t = left.min(self.opts.connect_timeout);
+            if t.is_zero() {
+                return Err(Failure::new(
+                    FailKind::Timeout,
+                    &addr,
+                    "no time left to connect",
+                ));
+            }
+            let auth = match (&self.opts.username, &self.opts.password) {
+                (Some(u), Some(p)) => format!("{u}:{p}@"),
+                (None, Some(p)) => format!(":{p}@"),
+                _ => String::new(),
+            };
+            let client = redis::Client::open(format!("redis://{auth}{addr}/"))
+                .map_err(|e| Failure::new(FailKind::Connect, &addr, e.to_string()))?;
+            let conn = client.get_connection_with_timeout(t).map_err(|e| {
+                let kind = match e.is_timeout() {
+                    true => FailKind::Timeout,
+                    false => FailKind::Connect,
+                };
+                Failure::new(kind, &addr, format!("connecting: {e}"))
+            })?;
+            self.nodes[i].conn = Some(conn);
+            self.nodes[i].readonly = false;
+        }
+        if replica && !self.nodes[i].readonly {
+            let cmd = redis::cmd("READONLY").get_packed_command();
+            match self.request(i, &cmd, deadline)? {
+                Value::Okay | Value::SimpleString(_) => self.nodes[i].readonly = true,
+                other => {
+                    return Err(Failure::new(
+                        FailKind::Server,
+                        &addr,
+                        format!("READONLY answered {other:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One command to node `i`, its reply (server errors as values).
+    fn request(
+        &mut self,
+        i: usize,
+        cmd: &[u8],
+        deadline: Instant,
+    ) -> std::result::Result<Value, Failure> {
+        self.ensure(i, false, deadline)?;
+        let n = &mut self.nodes[i];
+        let conn = n.conn.as_mut().expect("connected above");
+        let r = send(conn, cmd, deadline).and_then(|()| recv(conn, deadline));
+        match r {
+            Ok(v) => Ok(v),
+            Err((kind, detail)) => {
+                n.conn = None;
+                Err(Failure::new(kind, &n.addr, detail))
+            }
+        }
+    }
+
+    /// Runs `ops` and returns their replies in order, or the first failure (see the module
+    /// documentation). `read`: the commands only read (they may go to replicas). A reply that is
+    /// an error the cluster will not fix by retrying fails the call.
+    pub fn run(&mut self, ops: &Ops, read: bool, deadline: Instant) -> Result<Vec<Value>> {
+        self.run_inner(ops, read, deadline)
+            .map_err(|f| f.into_error(&self.store))
+    }
+
+    fn run_inner(
+        &mut self,
+        ops: &Ops,
+        read: bool,
+        deadline: Instant,
+    ) -> std::result::Result<Vec<Value>, Failure> {
+        let n = ops.len();
+        let mut replies: Vec<Option<Value>> = (0..n).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..n).collect();
+        // Per command: a node to avoid (it failed), an ASK target.
+        let mut avoid: Vec<Option<usize>> = vec![None; n];
+        let mut ask: Vec<Option<usize>> = vec![None; n];
+        let mut last: Option<Failure> = None;
+        let attempts = self.opts.retries + 1;
+        for attempt in 0..attempts {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if self.stale
+                && self
+                    .refreshed
+                    .is_none_or(|t| now.duration_since(t) >= Duration::from_millis(10))
+            {
+                // A failed refresh keeps the old map: the commands then fail or get redirected.
+                let share = deadline.saturating_duration_since(now) / 2;
+                let _ = self.refresh(now + share);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt_deadline = Instant::now() + left / (attempts - attempt);
+            // Group by node.
+            let mut groups: Vec<(usize, bool, Vec<usize>)> = Vec::new();
+            let mut failed: Vec<(usize, Outcome)> = Vec::new();
+            for &c in &pending {
+                let slot = ops.ops[c].0;
+                let target = match ask[c] {
+                    Some(node) => Some((node, false)),
+                    None => self.route(slot, read, avoid[c]),
+                };
+                match target {
+                    None => failed.push((
+                        c,
+                        Outcome::Retry(Failure::new(
+                            FailKind::Uncovered,
+                            "",
+                            format!("no node serves slot {slot}"),
+                        )),
+                    )),
+                    Some((node, replica)) => match groups.iter_mut().find(|g| g.0 == node) {
+                        Some(g) => g.2.push(c),
+                        None => groups.push((node, replica, vec![c])),
+                    },
+                }
+            }
+            if failed.iter().any(|f| matches!(f.1, Outcome::Retry(_))) {
+                self.stale = true;
+            }
+            // Send everything, then read everything.
+            let mut sent: Vec<usize> = Vec::with_capacity(groups.len());
+            let mut wire = Vec::new();
+            for (g, (node, replica, cmds)) in groups.iter().enumerate() {
+                let (node, replica) = (*node, *replica);
+                if let Err(f) = self.ensure(node, replica, attempt_deadline) {
+                    self.node_failed(node, f.kind);
+                    for &c in cmds {
+                        failed.push((c, Outcome::Retry(f.clone())));
+                        avoid[c] = Some(node);
+                    }
+                    continue;
+                }
+                wire.clear();
+                for &c in cmds {
+                    if ask[c].is_some() {
+                        wire.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                    }
+                    wire.extend_from_slice(ops.bytes(c));
+                }
+                let nd = &mut self.nodes[node];
+                let conn = nd.conn.as_mut().expect("ensured");
+                match send(conn, &wire, attempt_deadline) {
+                    Ok(()) => sent.push(g),
+                    Err((kind, detail)) => {
+                        let f = Failure::new(kind, &nd.addr, detail);
+                        self.node_failed(node, kind);
+                        for &c in cmds {
+                            failed.push((c, Outcome::Retry(f.clone())));
+                            avoid[c] = Some(node);
+                        }
+                    }
+                }
+            }
+            for g in sent {
+                let (node, _, cmds) = &groups[g];
+                let node = *node;
+                let mut broke: Option<Failure> = None;
+                let mut bytes = 0u64;
+                let mut answered = 0u64;
+                for &c in cmds {
+                    if let Some(f) = &broke {
+                        failed.push((c, Outcome::Retry(f.clone())));
+                        avoid[c] = Some(node);
+                        continue;
+                    }
+                    let nd = &mut self.nodes[node];
+                    let conn = nd.conn.as_mut().expect("sent on it");
+                    if ask[c].is_some() {
+                        // ASKING's own +OK.
+                        if let Err((kind, detail)) = recv(conn, attempt_deadline) {
+                            broke = Some(Failure::new(kind, &nd.addr, detail));
+                            failed.push((c, Outcome::Retry(broke.clone().expect("set"))));
+                            continue;
+                        }
+                    }
+                    match recv(conn, attempt_deadline) {
+                        Ok(Value::ServerError(e)) => {
+                            let text = e.to_string();
+                            let outcome = self.on_server_error(c, &e, &text, node, &mut ask);
+                            failed.push((c, outcome));
+                        }
+                        Ok(v) => {
+                            if let Value::BulkString(b) = &v {
+                                bytes += b.len() as u64;
+                            }
+                            answered += 1;
+                            ask[c] = None;
+                            replies[c] = Some(v);
+                        }
+                        Err((kind, detail)) => {
+                            let f = Failure::new(kind, &nd.addr, detail);
+                            broke = Some(f.clone());
+                            failed.push((c, Outcome::Retry(f)));
+                            avoid[c] = Some(node);
+                        }
+                    }
+                }
+                let nd = &mut self.nodes[node];
+                nd.stats.commands += answered;
+                nd.stats.bytes += bytes;
+                nd.stats.round_trips += 1;
+                if let Some(f) = broke {
+                    // Replies may still be on their way: the connection's state is unknown.
+                    self.node_failed(node, f.kind);
+                }
+            }
+            pending.clear();
+            for (c, outcome) in failed {
+                match outcome {
+                    Outcome::Fail(f) => return Err(f),
+                    Outcome::Retry(f) => {
+                        last.get_or_insert(f);
+                        pending.push(c);
+                    }
+                }
+            }
+            if pending.is_empty() {
+                return Ok(replies
+                    .into_iter()
+                    .map(|r| r.expect("every command answered"))
+                    .collect());
+            }
+            pending.sort_unstable();
+            if attempt + 1 < attempts {
+                // A short pause before retrying (a failover or a resharding step takes time).
+                let pause = Duration::from_millis(1 << attempt.min(4));
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(pause.min(left / 4));
+            }
+        }
+        let mut f = last.unwrap_or_else(|| {
+            Failure::new(
+                FailKind::Timeout,
+                "",
+                "the deadline passed before the call could start",
+            )
+        });
+        if Instant::now() >= deadline && f.kind != FailKind::Timeout {
+            f.detail = format!("{} (deadline of {:?} reached)", f.detail, self.opts.timeout);
+        }
+        Err(f)
+    }
+
+    /// Counts a failure of node `i`, drops its connection and avoids it for a while.
+    fn node_failed(&mut self, i: usize, kind: FailKind) {
+        let n = &mut self.nodes[i];
+        n.conn = None;
+        n.readonly = false;
+        n.down_until = Some(Instant::now() + self.opts.down_for);
+        *n.stats.errors.entry(kind.name()).or_default() += 1;
+        self.stale = true;
+    }
+
+    fn on_server_error(
+        &mut self,
+        c: usize,
+        e: &redis::ServerError,
+        text: &str,
+        node: usize,
+        ask: &mut [Option<usize>],
+    ) -> Outcome {
+        use redis::ServerErrorKind as K;
+        let addr = self.nodes[node].addr.clone();
+        let redirect = |kind| Failure::new(kind, &addr, text.to_string());
+        match e.kind() {
+            Some(K::Moved) => {
+                self.stale = true;
+                ask[c] = None;
+                *self.nodes[node].stats.errors.entry("moved").or_default() += 1;
+                Outcome::Retry(redirect(FailKind::Redirect))
+            }
+            Some(K::Ask) => {
+                // "ASK <slot> <host:port>"
+                let target = e
+                    .details()
+                    .and_then(|d| d.split_whitespace().nth(1))
+                    .map(str::to_string);
+                match target {
+                    Some(t) => {
+                        let i = self.node_index(&t);
+                        ask[c] = Some(i);
+                    }
+                    None => self.stale = true,
+                }
+                Outcome::Retry(redirect(FailKind::Redirect))
+            }
+            Some(K::TryAgain | K::ClusterDown | K::BusyLoading | K::MasterDown) => {
+                self.stale = true;
+                ask[c] = None;
+                Outcome::Retry(redirect(FailKind::Redirect))
+            }
+            _ => Outcome::Fail(redirect(FailKind::Server)),
+        }
+    }
+}
+
+fn left(deadline: Instant) -> std::result::Result<Duration, (FailKind, String)> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    match d.is_zero() {
+        true => Err((FailKind::Timeout, "no time left".into())),
+        false => Ok(d),
+    }
+}
+
+fn io_kind(e: &redis::RedisError) -> FailKind {
+    match e.is_timeout() {
+        true => FailKind::Timeout,
+        false => FailKind::Connect,
+    }
+}
+
+fn send(
+    conn: &mut redis::Connection,
+    bytes: &[u8],
+    deadline: Instant,
+) -> std::result::Result<(), (FailKind, String)> {
+    conn.set_write_timeout(Some(left(deadline)?))
+        .map_err(|e| (io_kind(&e), e.to_string()))?;
+    conn.send_packed_command(bytes)
+        .map_err(|e| (io_kind(&e), format!("sending: {e}")))
+}
+
+fn recv(
+    conn: &mut redis::Connection,
+    deadline: Instant,
+) -> std::result::Result<Value, (FailKind, String)> {
+    conn.set_read_timeout(Some(left(deadline)?))
+        .map_err(|e| (io_kind(&e), e.to_string()))?;
+    conn.recv_response().map_err(|e| {
+        let kind = io_kind(&e);
+        let what = match kind {
+            FailKind::Timeout => "no reply in time".to_string(),
+            _ => format!("reading: {e}"),
+        };
+        (kind, what)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_and_without_scheme_and_auth() {
+        let o = ClusterOptions::parse("redis://127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        assert_eq!(o.seeds, ["127.0.0.1:7000", "127.0.0.1:7001"]);
+        assert_eq!(o.password, None);
+        let o = ClusterOptions::parse("redis://u:p@h:1/").unwrap();
+        assert_eq!(
+            (o.username.as_deref(), o.password.as_deref()),
+            (Some("u"), Some("p"))
+        );
+        assert_eq!(o.seeds, ["h:1"]);
+        let o = ClusterOptions::parse(":secret@h:2").unwrap();
+        assert_eq!((o.username.as_deref(), o.password.as_deref()), (None, Some("secret")));
+        assert!(!format!("{o:?}").contains("secret"));
+        for bad in [
+            "redis://",
+            "redis://host",
+            "redis://h:notaport",
+            "rediss://h:1",
+        ] {
+            assert!(ClusterOptions::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn getrange_is_packed_as_the_crate_packs_it() {
+        let mut ops = Ops::default();
+        ops.getrange(b"ember:m:v1:t:17", 0, 255);
+        ops.getrange(b"k", 1_000_000, 1_000_071);
+        ops.set(b"s", b"\x00\r\nv");
+        let mut want = Vec::new();
+        redis::cmd("GETRANGE")
+            .arg("ember:m:v1:t:17")
+            .arg(0)
+            .arg(255)
+            .write_packed_command(&mut want);
+        redis::cmd("GETRANGE")
+            .arg("k")
+            .arg(1_000_000)
+            .arg(1_000_071)
+            .write_packed_command(&mut want);
+        redis::cmd("SET")
+            .arg("s")
+            .arg(b"\x00\r\nv")
+            .write_packed_command(&mut want);
+        assert_eq!(ops.buf, want);
+        assert_eq!(ops.ops[0].0, key_slot(b"ember:m:v1:t:17"));
+        assert_eq!(ops.len(), 3);
+    }
+}

@@ -1,0 +1,359 @@
+//! [`RedisStore`]: the [`RowStore`] of tables placed `remote`. A batch's missing rows become one
+//! `GETRANGE` each, sent as one pipeline per node (all nodes in parallel, [`Cluster::run`]);
+//! every reply is checked for its length before any row lands.
+
+use super::cluster::{Cluster, ClusterOptions, Ops};
+use super::layout::{self, VersionState, block_prefix};
+use super::manifest::{Manifest, ManifestTable};
+use crate::dtype::DType;
+use crate::error::{EmbedError, Result};
+use crate::storage::{ReadStats, RowRequest, RowStore};
+use redis::Value;
+use std::time::Instant;
+
+/// Where a model's remote tables are: the cluster, the model's name in it, and the version
+/// (`None`: the newest `ready` one at start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteSource {
+    pub cluster: ClusterOptions,
+    pub model: String,
+    pub version: Option<u64>,
+}
+
+/// A table a store is opened for: its name and shape, as the model's config gives them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteTableSpec {
+    pub name: String,
+    pub rows: usize,
+    pub dim: usize,
+    pub dtype: DType,
+}
+
+#[derive(Debug)]
+struct StoreTable {
+    name: String,
+    prefix: Vec<u8>,
+    row_bytes: usize,
+    rows_per_block: usize,
+}
+
+/// Reads rows of one version of one model from a Redis Cluster (see the module documentation).
+#[derive(Debug)]
+pub struct RedisStore {
+    cluster: Cluster,
+    model: String,
+    version: u64,
+    tables: Vec<StoreTable>,
+    ops: Ops,
+    key: Vec<u8>,
+}
+
+impl RedisStore {
+    /// Connects, resolves the version and checks `tables` against its manifest (same names,
+    /// rows, dims and dtypes).
+    pub fn open(src: &RemoteSource, tables: &[RemoteTableSpec]) -> Result<Self> {
+        layout::check_name("model", &src.model)?;
+        let mut cluster = Cluster::connect(src.cluster.clone())?;
+        let version = resolve_version(&mut cluster, &src.model, src.version)?;
+        let manifest = read_manifest(&mut cluster, &src.model, version)?;
+        let mut out = Vec::with_capacity(tables.len());
+        for t in tables {
+            let bad = |reason: String| EmbedError::RemoteStore {
+                model: src.model.clone(),
+                version,
+                reason: format!("table '{}': {reason}", t.name),
+            };
+            let Some(m) = manifest.table(&t.name) else {
+                return Err(bad(format!(
+                    "not in the store (it has {})",
+                    manifest
+                        .tables
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            if (m.rows, m.dim, m.dtype) != (t.rows, t.dim, t.dtype) {
+                return Err(bad(format!(
+                    "the store has {} x {} {}, the model's config says {} x {} {}",
+                    m.rows, m.dim, m.dtype, t.rows, t.dim, t.dtype
+                )));
+            }
+            if m.row_bytes != t.dtype.row_bytes(t.dim) || m.rows_per_block == 0 {
+                return Err(bad(format!(
+                    "its manifest gives {} bytes per row and {} rows per block",
+                    m.row_bytes, m.rows_per_block
+                )));
+            }
+            out.push(StoreTable {
+                name: t.name.clone(),
+                prefix: block_prefix(&src.model, version, &t.name).into_bytes(),
+                row_bytes: m.row_bytes,
+                rows_per_block: m.rows_per_block,
+            });
+        }
+        Ok(RedisStore {
+            cluster,
+            model: src.model.clone(),
+            version,
+            tables: out,
+            ops: Ops::default(),
+            key: Vec::new(),
+        })
+    }
+
+    /// The version served.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Whether the cluster answers: a `PING` to every primary within the deadline.
+    pub fn probe(&mut self) -> Result<()> {
+        let mut ops = Ops::default();
+        // One key per primary is not known without slots; a tiny read of the manifest's key
+        // and one block per table touches the nodes the rows live on.
+        for t in &self.tables {
+            self.key.clear();
+            self.key.extend_from_slice(&t.prefix);
+            self.key.extend_from_slice(b"0");
+            ops.getrange(&self.key, 0, 0);
+        }
+        let deadline = Instant::now() + self.cluster.options().timeout;
+        self.cluster.run(&ops, true, deadline).map(|_| ())
+    }
+}
+
+impl RowStore for RedisStore {
+    fn engine(&self) -> &'static str {
+        "redis"
+    }
+
+    fn direct(&self) -> bool {
+        true
+    }
+
+    fn row_bytes(&self, table: usize) -> usize {
+        self.tables[table].row_bytes
+    }
+
+    fn read(
+        &mut self,
+        reqs: &mut [RowRequest],
+        land: &mut dyn FnMut(&RowRequest, &[u8]),
+    ) -> Result<ReadStats> {
+        if reqs.is_empty() {
+            return Ok(ReadStats::default());
+        }
+        let t0 = Instant::now();
+        self.ops.clear();
+        for r in reqs.iter() {
+            let t = &self.tables[r.table];
+            let (block, in_block) = (r.row / t.rows_per_block, r.row % t.rows_per_block);
+            self.key.clear();
+            self.key.extend_from_slice(&t.prefix);
+            self.key.extend_from_slice(block.to_string().as_bytes());
+            let start = in_block * t.row_bytes;
+            self.ops.getrange(&self.key, start, start + t.row_bytes - 1);
+        }
+        let before: u64 = self
+            .cluster
+            .node_stats()
+            .iter()
+            .map(|n| n.round_trips)
+            .sum();
+        let deadline = t0 + self.cluster.options().timeout;
+        let replies = self.cluster.run(&self.ops, true, deadline)?;
+        // Check every reply before landing any row.
+        for (r, v) in reqs.iter().zip(&replies) {
+            let t = &self.tables[r.table];
+            let got = match v {
+                Value::BulkString(b) => b.len(),
+                Value::Nil => 0,
+                other => {
+                    return Err(self.row_error(r, format!("the store answered {other:?}")));
+                }
+            };
+            if got != t.row_bytes {
+                let reason = match got {
+                    0 => "missing in the store (a partial push?)".to_string(),
+                    n => format!(
+                        "{n} bytes in the store, expected {} (a partial push?)",
+                        t.row_bytes
+                    ),
+                };
+                return Err(self.row_error(r, reason));
+            }
+        }
+        let mut bytes = 0u64;
+        for (r, v) in reqs.iter().zip(&replies) {
+            if let Value::BulkString(b) = v {
+                bytes += b.len() as u64;
+                land(r, b);
+            }
+        }
+        let after: u64 = self
+            .cluster
+            .node_stats()
+            .iter()
+            .map(|n| n.round_trips)
+            .sum();
+        Ok(ReadStats {
+            reads: after - before,
+            bytes,
+            wait: t0.elapsed(),
+        })
+    }
+}
+
+impl RedisStore {
+    fn row_error(&self, r: &RowRequest, reason: String) -> EmbedError {
+        EmbedError::RemoteRow {
+            model: self.model.clone(),
+            version: self.version,
+            table: self.tables[r.table].name.clone(),
+            row: r.row,
+            reason,
+        }
+    }
+}
+
+/// One command's reply (`read`: it may go to a replica).
+pub(crate) fn call(
+    cluster: &mut Cluster,
+    key: &str,
+    cmd: &redis::Cmd,
+    read: bool,
+) -> Result<Value> {
+    let mut ops = Ops::default();
+    ops.push(key.as_bytes(), cmd);
+    let deadline = Instant::now() + cluster.options().timeout;
+    let mut v = cluster.run(&ops, read, deadline)?;
+    let v = v.pop().expect("one reply");
+    if let Value::ServerError(e) = &v {
+        return Err(EmbedError::StoreUnavailable {
+            store: cluster.name().into(),
+            kind: "server",
+            node: String::new(),
+            detail: format!("{key}: {e}"),
+        });
+    }
+    Ok(v)
+}
+
+/// Every field and value of a small hash, with `HSCAN` (bounded steps, never `HGETALL`).
+pub(crate) fn hash_entries(cluster: &mut Cluster, key: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let v = call(
+            cluster,
+            key,
+            redis::cmd("HSCAN")
+                .arg(key)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(1000),
+            false,
+        )?;
+        let Value::Array(parts) = v else {
+            return Err(bad_reply(cluster, key, "HSCAN"));
+        };
+        let (Some(Value::BulkString(next)), Some(Value::Array(items))) =
+            (parts.first(), parts.get(1))
+        else {
+            return Err(bad_reply(cluster, key, "HSCAN"));
+        };
+        for pair in items.chunks(2) {
+            if let [Value::BulkString(f), Value::BulkString(v)] = pair {
+                out.push((
+                    String::from_utf8_lossy(f).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                ));
+            }
+        }
+        cursor = String::from_utf8_lossy(next).into_owned();
+        if cursor == "0" {
+            return Ok(out);
+        }
+    }
+}
+
+pub(crate) fn bad_reply(cluster: &Cluster, key: &str, cmd: &str) -> EmbedError {
+    EmbedError::StoreUnavailable {
+        store: cluster.name().into(),
+        kind: "server",
+        node: String::new(),
+        detail: format!("{cmd} {key}: unexpected reply"),
+    }
+}
+
+/// A model's versions and their states, oldest first.
+pub fn versions(cluster: &mut Cluster, model: &str) -> Result<Vec<(u64, VersionState)>> {
+    let mut v: Vec<(u64, VersionState)> = hash_entries(cluster, &layout::versions_key(model))?
+        .into_iter()
+        .filter_map(|(f, s)| Some((f.parse().ok()?, VersionState::parse(&s)?)))
+        .collect();
+    v.sort_unstable_by_key(|e| e.0);
+    Ok(v)
+}
+
+/// `version` if it is ready, or the newest ready one.
+pub fn resolve_version(cluster: &mut Cluster, model: &str, version: Option<u64>) -> Result<u64> {
+    let all = versions(cluster, model)?;
+    let err = |version: u64, reason: String| EmbedError::RemoteStore {
+        model: model.into(),
+        version,
+        reason,
+    };
+    match version {
+        Some(v) => match all.iter().find(|e| e.0 == v) {
+            Some((_, VersionState::Ready)) => Ok(v),
+            Some((_, s)) => Err(err(v, format!("it is {} and cannot be served", s.name()))),
+            None => Err(err(v, format!("no such version in {}", cluster.name()))),
+        },
+        None => all
+            .iter()
+            .rev()
+            .find(|e| e.1 == VersionState::Ready)
+            .map(|e| e.0)
+            .ok_or_else(|| {
+                err(
+                    0,
+                    format!(
+                        "no ready version in {} (push one with `ember store push`)",
+                        cluster.name()
+                    ),
+                )
+            }),
+    }
+}
+
+/// A version's manifest.
+pub fn read_manifest(cluster: &mut Cluster, model: &str, version: u64) -> Result<Manifest> {
+    let key = layout::manifest_key(model, version);
+    match call(cluster, &key, redis::cmd("GET").arg(&key), true)? {
+        Value::BulkString(b) => Manifest::from_json(model, version, &b),
+        _ => Err(EmbedError::RemoteStore {
+            model: model.into(),
+            version,
+            reason: format!("no manifest at {key}"),
+        }),
+    }
+}
+
+/// What a table of a manifest looks like as a spec.
+impl From<&ManifestTable> for RemoteTableSpec {
+    fn from(t: &ManifestTable) -> Self {
+        RemoteTableSpec {
+            name: t.name.clone(),
+            rows: t.rows,
+            dim: t.dim,
+            dtype: t.dtype,
+        }
+    }
+}
