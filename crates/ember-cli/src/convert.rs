@@ -95,6 +95,7 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
         LoadOptions {
             table_dtype: None,
             placement: Some(Placement::Dram),
+            ..LoadOptions::default()
         },
     )
     .with_context(|| format!("loading model {}", dir.display()))?;

@@ -12,6 +12,7 @@ mod paths;
 mod plan;
 mod predict;
 mod serve;
+mod store;
 mod tier_args;
 
 use clap::{Parser, Subcommand};
@@ -66,6 +67,9 @@ enum Cmd {
     /// Data tools: synthetic Criteo-format data.
     #[command(subcommand)]
     Data(data::DataCmd),
+    /// Tables in a Redis Cluster: push a model's tables, list, verify and remove versions.
+    #[command(subcommand)]
+    Store(store::StoreCmd),
 }
 
 fn run() -> anyhow::Result<()> {
@@ -78,6 +82,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Data(cmd) => data::run(cmd),
         Cmd::Plan(cmd) => plan::run(cmd),
+        Cmd::Store(cmd) => store::run(cmd),
     }
 }
 

@@ -5,13 +5,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 use ember_embed::{CachePolicy, IoMode, Placement};
 use ember_model::config::TierConfig;
-use ember_model::{LoadOptions, Model};
+use ember_model::{LoadOptions, Model, RemoteOverride};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct TierArgs {
-    /// Place every table so: dram, mmap or ssd (ssd and mmap read rows/NAME.rows, written by
-    /// `ember convert`) [default: each table's placement in config.json, else dram].
+    /// Place every table so: dram, mmap, ssd or remote (ssd and mmap read rows/NAME.rows,
+    /// written by `ember convert`; remote reads the cluster of --redis, pushed there by `ember
+    /// store push`) [default: each table's placement in config.json, else dram].
     #[arg(long)]
     placement: Option<Placement>,
     /// DRAM budget of the SSD tier's row cache, in MiB [default: config.json's tier.cache_mb, else 1024].
@@ -31,6 +32,25 @@ pub struct TierArgs {
     /// An id trace (one id per line) whose hottest ids the pinned policy pins at start.
     #[arg(long)]
     pin_trace: Option<PathBuf>,
+    /// The Redis Cluster of the tables placed remote: redis://[user:password@]host:port[,...]
+    /// [default: config.json's remote.redis].
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// The model's name in the store [default: the model directory's name].
+    #[arg(long)]
+    store_model: Option<String>,
+    /// The version in the store to serve [default: the newest ready one at start].
+    #[arg(long)]
+    store_version: Option<u64>,
+    /// Deadline of one batch's remote fetch, retries included, in ms [default: 100].
+    #[arg(long)]
+    redis_timeout_ms: Option<u64>,
+    /// Retries of a failed remote fetch within its deadline [default: 2].
+    #[arg(long)]
+    redis_retries: Option<u32>,
+    /// Spread remote reads over the replicas as well as the primaries.
+    #[arg(long)]
+    read_from_replicas: bool,
 }
 
 impl TierArgs {
@@ -39,6 +59,14 @@ impl TierArgs {
         LoadOptions {
             table_dtype,
             placement: self.placement,
+            remote: RemoteOverride {
+                redis: self.redis.clone(),
+                model: self.store_model.clone(),
+                version: self.store_version,
+                timeout_ms: self.redis_timeout_ms,
+                retries: self.redis_retries,
+                read_from_replicas: self.read_from_replicas.then_some(true),
+            },
         }
     }
 

@@ -244,6 +244,7 @@ fn model_config(interaction: InteractionConfig, dtype: DType, pooling: PoolingNa
         features: None,
         pooling,
         tier: None,
+        remote: None,
     }
 }
 

@@ -38,6 +38,74 @@ pub struct ModelConfig {
     /// How tables placed on the SSD tier are cached and read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<TierConfig>,
+    /// Where tables placed `remote` live (a Redis Cluster); they are cached as `tier` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteConfig>,
+}
+
+/// The `remote` object: the Redis Cluster holding the tables placed `remote` (pushed there by
+/// `ember store push`), and how long a fetch may take.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// `redis://[user:password@]host:port[,host:port...]`: any nodes of the cluster.
+    pub redis: String,
+    /// The model's name in the store [default: the model directory's name].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The version to serve [default: the newest ready one at start].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// Deadline of one batch's fetch, retries included, in milliseconds.
+    #[serde(default = "default_remote_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Retries of a failed fetch within its deadline.
+    #[serde(default = "default_remote_retries")]
+    pub retries: u32,
+    /// Spread reads over the replicas as well as the primaries.
+    #[serde(default)]
+    pub read_from_replicas: bool,
+}
+
+fn default_remote_timeout_ms() -> u64 {
+    100
+}
+fn default_remote_retries() -> u32 {
+    2
+}
+
+impl RemoteConfig {
+    /// A config for the cluster at `redis` with the defaults.
+    pub fn new(redis: &str) -> Self {
+        RemoteConfig {
+            redis: redis.into(),
+            model: None,
+            version: None,
+            timeout_ms: default_remote_timeout_ms(),
+            retries: default_remote_retries(),
+            read_from_replicas: false,
+        }
+    }
+
+    /// The stager's source: `dir_name` names the model when `model` does not.
+    pub fn source(
+        &self,
+        dir_name: &str,
+    ) -> std::result::Result<ember_embed::storage::remote::RemoteSource, String> {
+        let mut cluster = ember_embed::storage::remote::ClusterOptions::parse(&self.redis)
+            .map_err(|e| format!("remote.redis: {e}"))?;
+        if self.timeout_ms == 0 {
+            return Err("remote.timeout_ms must be at least 1".into());
+        }
+        cluster.timeout = std::time::Duration::from_millis(self.timeout_ms);
+        cluster.retries = self.retries;
+        cluster.read_from_replicas = self.read_from_replicas;
+        Ok(ember_embed::storage::remote::RemoteSource {
+            cluster,
+            model: self.model.clone().unwrap_or_else(|| dir_name.to_string()),
+            version: self.version,
+        })
+    }
 }
 
 /// The `tier` object: settings of the SSD tier (used when a table has `"placement": "ssd"`).
@@ -127,8 +195,9 @@ pub struct TableConfig {
     pub rows: usize,
     pub dim: usize,
     pub dtype: DType,
-    /// `dram` (default), `mmap` or `ssd`: where the rows live. `mmap` and `ssd` read
-    /// `rows/NAME.rows` in the model directory (written by `ember convert`).
+    /// `dram` (default), `mmap`, `ssd` or `remote`: where the rows live. `mmap` and `ssd` read
+    /// `rows/NAME.rows` in the model directory (written by `ember convert`); `remote` reads the
+    /// cluster of the `remote` object (rows pushed by `ember store push`).
     #[serde(default, skip_serializing_if = "is_dram")]
     pub placement: Placement,
 }

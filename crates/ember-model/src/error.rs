@@ -60,6 +60,9 @@ pub enum ErrorKind {
     Input,
     /// The engine or its storage failed (a 500 / INTERNAL): a damaged row file, a device error.
     Internal,
+    /// A store the model reads from did not answer in time (a 503 / UNAVAILABLE naming it): the
+    /// request may succeed when retried.
+    Unavailable,
 }
 
 impl ModelError {
@@ -83,6 +86,7 @@ impl ModelError {
                 | E::MissingWeights
                 | E::UnexpectedWeights { .. },
             ) => ErrorKind::Input,
+            ModelError::Embed(E::StoreUnavailable { .. }) => ErrorKind::Unavailable,
             _ => ErrorKind::Internal,
         }
     }

@@ -12,7 +12,7 @@ use ember_embed::{
     DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement, Stager, TierOptions,
 };
 
-use crate::config::{InteractionConfig, ModelConfig, TierConfig};
+use crate::config::{InteractionConfig, ModelConfig, RemoteConfig, TierConfig};
 use crate::error::{ModelError, Result};
 use crate::interaction::{CrossLayer, Interaction, dot_pairs};
 use crate::mlp::{Linear, Mlp};
@@ -20,12 +20,57 @@ use crate::random::{normal_vec, seeded_row};
 use crate::weights::{Weights, read_weights};
 
 /// How to load a model.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     /// Re-encode every table in this dtype at load (e.g. quantize f32 tables to int8).
     pub table_dtype: Option<DType>,
     /// Place every table so (overriding config.json's `placement`).
     pub placement: Option<Placement>,
+    /// Overrides of config.json's `remote` object (the cluster of `remote` tables).
+    pub remote: RemoteOverride,
+}
+
+/// What a command line overrides in config.json's `remote` object; `redis` is needed where the
+/// config has none.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteOverride {
+    pub redis: Option<String>,
+    pub model: Option<String>,
+    pub version: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub retries: Option<u32>,
+    pub read_from_replicas: Option<bool>,
+}
+
+impl RemoteOverride {
+    /// `config` with these overrides (`None` when neither gives a cluster).
+    pub fn apply(&self, config: Option<RemoteConfig>) -> Option<RemoteConfig> {
+        let mut c = match (config, &self.redis) {
+            (Some(mut c), Some(url)) => {
+                c.redis = url.clone();
+                c
+            }
+            (Some(c), None) => c,
+            (None, Some(url)) => RemoteConfig::new(url),
+            (None, None) => return None,
+        };
+        if let Some(m) = &self.model {
+            c.model = Some(m.clone());
+        }
+        if let Some(v) = self.version {
+            c.version = Some(v);
+        }
+        if let Some(v) = self.timeout_ms {
+            c.timeout_ms = v;
+        }
+        if let Some(v) = self.retries {
+            c.retries = v;
+        }
+        if let Some(v) = self.read_from_replicas {
+            c.read_from_replicas = v;
+        }
+        Some(c)
+    }
 }
 
 /// A DLRM-family model: bottom MLP, embedding tables, interaction, top MLP, sigmoid.
@@ -56,18 +101,19 @@ impl Model {
         if let Some(p) = opts.placement {
             config.tables.iter_mut().for_each(|t| t.placement = p);
         }
+        config.remote = opts.remote.apply(config.remote.take());
         let w = read_weights(&dir.join("model.safetensors"), &config, opts.table_dtype)?;
         if let Some(d) = opts.table_dtype {
             config.tables.iter_mut().for_each(|t| t.dtype = d);
         }
-        let tier = tier_options(dir, config.tier.as_ref())?;
+        let tier = tier_options(dir, config.tier.as_ref(), config.remote.as_ref())?;
         Self::from_weights(config, w, tier)
     }
 
     /// Replaces the SSD tier's settings (cache budget, policy, I/O) with `tier`; the cache starts
     /// empty. `dir` resolves a relative `pin_trace`.
     pub fn set_tier(&mut self, dir: &Path, tier: TierConfig) -> Result<()> {
-        let opts = tier_options(dir, Some(&tier))?;
+        let opts = tier_options(dir, Some(&tier), self.config.remote.as_ref())?;
         self.stager = Stager::new(&self.embeddings, opts)?;
         self.config.tier = Some(tier);
         Ok(())
@@ -237,12 +283,23 @@ impl Model {
 }
 
 /// The stager options of `tier` (defaults when absent), reading the pin trace relative to `dir`.
-fn tier_options(dir: &Path, tier: Option<&TierConfig>) -> Result<TierOptions> {
+fn tier_options(
+    dir: &Path,
+    tier: Option<&TierConfig>,
+    remote: Option<&RemoteConfig>,
+) -> Result<TierOptions> {
     let default = TierConfig::default();
     let t = tier.unwrap_or(&default);
     let mut opts = t.options().map_err(config_error)?;
     if let Some(p) = &t.pin_trace {
         opts.pin_trace = Some(Arc::new(load_trace(&dir.join(p))?));
+    }
+    if let Some(r) = remote {
+        let name = std::path::absolute(dir)
+            .ok()
+            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".into());
+        opts.remote = Some(r.source(&name).map_err(config_error)?);
     }
     Ok(opts)
 }

@@ -56,6 +56,7 @@ pub fn preset(name: &str, dtype: DType) -> Result<Preset> {
         features: None,
         pooling: PoolingName::Sum,
         tier: None,
+        remote: None,
     };
     Ok(Preset {
         name: if name == "rm1" { "rm1" } else { "small" },

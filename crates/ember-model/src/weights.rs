@@ -130,6 +130,24 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
     let mut tables = Vec::with_capacity(cfg.tables.len());
     for t in &cfg.tables {
         let name = format!("tables.{}", t.name);
+        if t.placement == Placement::Remote {
+            // Rows come from the cluster; a copy in the safetensors file is allowed and unused.
+            if r.st.names().iter().any(|n| **n == name) {
+                r.used.insert(name);
+            }
+            if table_dtype.is_some_and(|d| d != t.dtype) {
+                return Err(ModelError::BadOption {
+                    option: "table_dtype",
+                    reason: format!(
+                        "table '{}' is placed remote and cannot be re-encoded at load: push it \
+                         in the dtype to serve (ember store push --table-dtype)",
+                        t.name
+                    ),
+                });
+            }
+            tables.push(EmbeddingTable::remote(&t.name, t.rows, t.dim, t.dtype)?);
+            continue;
+        }
         if t.placement != Placement::Dram {
             // Rows come from the row file; a copy in the safetensors file is allowed and unused.
             if r.st.names().iter().any(|n| **n == name) {

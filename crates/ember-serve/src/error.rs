@@ -29,6 +29,10 @@ pub enum ServeError {
     /// The server is shutting down (503 / UNAVAILABLE).
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A store the model reads rows from did not answer in time (503 / UNAVAILABLE); the message
+    /// names it. Retry later (on another replica).
+    #[error("{0}")]
+    Unavailable(String),
     /// A bug or an unexpected failure of the model (500 / INTERNAL).
     #[error("internal error: {0}")]
     Internal(String),
@@ -47,7 +51,9 @@ impl ServeError {
             ServeError::NotFound(_) => StatusCode::NOT_FOUND,
             ServeError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ServeError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            ServeError::Overloaded(_) | ServeError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ServeError::Overloaded(_) | ServeError::ShuttingDown | ServeError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ServeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             ServeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -62,7 +68,7 @@ impl ServeError {
             ServeError::RequestTimeout(_) => tonic::Code::DeadlineExceeded,
             ServeError::Overloaded(_) => tonic::Code::ResourceExhausted,
             ServeError::DeadlineExceeded(_) => tonic::Code::DeadlineExceeded,
-            ServeError::ShuttingDown => tonic::Code::Unavailable,
+            ServeError::ShuttingDown | ServeError::Unavailable(_) => tonic::Code::Unavailable,
             ServeError::Internal(_) => tonic::Code::Internal,
         }
     }
@@ -76,7 +82,7 @@ impl ServeError {
             ServeError::RequestTimeout(_) => "request_timeout",
             ServeError::Overloaded(_) => "resource_exhausted",
             ServeError::DeadlineExceeded(_) => "deadline_exceeded",
-            ServeError::ShuttingDown => "unavailable",
+            ServeError::ShuttingDown | ServeError::Unavailable(_) => "unavailable",
             ServeError::Internal(_) => "internal",
         }
     }
@@ -111,6 +117,7 @@ impl From<ember_model::ModelError> for ServeError {
         match e.kind() {
             ember_model::ErrorKind::Input => ServeError::BadRequest(e.message()),
             ember_model::ErrorKind::Internal => ServeError::Internal(e.to_string()),
+            ember_model::ErrorKind::Unavailable => ServeError::Unavailable(e.to_string()),
         }
     }
 }
@@ -148,6 +155,11 @@ mod tests {
                 tonic::Code::DeadlineExceeded,
             ),
             (ServeError::ShuttingDown, 503, tonic::Code::Unavailable),
+            (
+                ServeError::Unavailable("redis cluster at x is unavailable".into()),
+                503,
+                tonic::Code::Unavailable,
+            ),
             (ServeError::Internal("x".into()), 500, tonic::Code::Internal),
         ];
         for (e, http, grpc) in all {

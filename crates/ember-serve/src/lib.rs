@@ -97,6 +97,24 @@ pub struct Server {
     grace: std::time::Duration,
 }
 
+/// Asks the model's remote store whether it answers every second, so that readiness follows it
+/// while no request does (a failed batch marks it down at once; this brings it back). Stops
+/// with the server.
+fn spawn_store_probe(model: Arc<ember_model::Model>, ready: Arc<AtomicBool>) {
+    let spawned = std::thread::Builder::new()
+        .name("ember-store-probe".into())
+        .spawn(move || {
+            while ready.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                let _ = model.stager().probe_stores();
+                metrics::record_store(&model);
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("ember: could not start the store probe ({e}); readiness follows requests only");
+    }
+}
+
 impl Server {
     /// Binds the listeners and starts serving `model` on the CPU with `cfg.threads` threads
     /// (call inside a tokio runtime).
@@ -138,6 +156,9 @@ impl Server {
             budget: budget.clone(),
         };
         let (stop, stopped) = watch::channel(false);
+        if app.spec.model().stager().has_remote() {
+            spawn_store_probe(app.spec.model().clone(), ready.clone());
+        }
         let conn_cfg = Arc::new(cfg.conn.clone());
         let http = conn::Listener {
             router: http::router(app.clone()),

@@ -56,6 +56,17 @@ pub const TIER_STALL: &str = "ember_tier_stall_seconds";
 /// SSD tier: bytes of rows the cache holds now.
 pub const TIER_CACHE_BYTES: &str = "ember_tier_cache_bytes";
 
+/// Remote tier: one batch's fetch from the cluster, retries included (recorded by the store).
+pub const REMOTE_FETCH_SECONDS: &str = "ember_remote_fetch_seconds";
+/// Remote tier, per node: rows (commands) answered, bytes of rows, round trips (pipelines).
+pub const REMOTE_ROWS: &str = "ember_remote_rows_total";
+pub const REMOTE_BYTES: &str = "ember_remote_bytes_total";
+pub const REMOTE_ROUND_TRIPS: &str = "ember_remote_round_trips_total";
+/// Remote tier, per node: failures by kind (connect, timeout, moved, redirect, server).
+pub const REMOTE_ERRORS: &str = "ember_remote_errors_total";
+/// Remote tier: 1 while the store answered the last batch or probe, else 0.
+pub const REMOTE_UP: &str = "ember_remote_up";
+
 const SECONDS: [f64; 16] = [
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 10e-3, 15e-3, 25e-3, 50e-3,
     100e-3, 1.0,
@@ -106,6 +117,20 @@ fn spawn_upkeep(handle: PrometheusHandle, every: std::time::Duration) {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_histogram!(
+        REMOTE_FETCH_SECONDS,
+        Unit::Seconds,
+        "Remote tier: one batch's fetch of missing rows, retries included"
+    );
+    describe_counter!(REMOTE_ROWS, "Remote tier: rows fetched, by node");
+    describe_counter!(
+        REMOTE_BYTES,
+        Unit::Bytes,
+        "Remote tier: bytes of rows fetched, by node"
+    );
+    describe_counter!(REMOTE_ROUND_TRIPS, "Remote tier: pipelines sent, by node");
+    describe_counter!(REMOTE_ERRORS, "Remote tier: failures, by node and kind");
+    describe_gauge!(REMOTE_UP, "Remote tier: 1 while the store answers, else 0");
     describe_counter!(REQUESTS, "Requests answered, by protocol and status");
     describe_gauge!(IN_FLIGHT, "Requests being handled now");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a batch now");
@@ -175,6 +200,7 @@ pub fn record_tier(model: &ember_model::Model) {
     if !stager.is_active() {
         return;
     }
+    record_store(model);
     let s = stager.stats();
     metrics::counter!(TIER_HITS).absolute(s.hits);
     metrics::counter!(TIER_LOOKUPS).absolute(s.cache_lookups);
@@ -183,6 +209,25 @@ pub fn record_tier(model: &ember_model::Model) {
     metrics::counter!(TIER_READS).absolute(s.ssd_reads);
     metrics::gauge!(TIER_STALL).set(s.stall.as_secs_f64());
     metrics::gauge!(TIER_CACHE_BYTES).set(stager.cache_usage().0 as f64);
+}
+
+/// Publishes the remote store's counters per node and whether it answers (nothing without one).
+pub fn record_store(model: &ember_model::Model) {
+    let stager = model.stager();
+    if !stager.has_remote() {
+        return;
+    }
+    metrics::gauge!(REMOTE_UP).set(if stager.store_healthy() { 1.0 } else { 0.0 });
+    for n in stager.remote_nodes() {
+        let node = n.node.clone();
+        metrics::counter!(REMOTE_ROWS, "node" => node.clone()).absolute(n.commands);
+        metrics::counter!(REMOTE_BYTES, "node" => node.clone()).absolute(n.bytes);
+        metrics::counter!(REMOTE_ROUND_TRIPS, "node" => node.clone()).absolute(n.round_trips);
+        for (kind, count) in n.errors {
+            metrics::counter!(REMOTE_ERRORS, "node" => node.clone(), "kind" => kind)
+                .absolute(count);
+        }
+    }
 }
 
 /// Counts a request refused before a handler took it (it gets no duration).

@@ -27,6 +27,11 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
+    /// The model served.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
     /// The spec of `model`, served as `name`.
     pub fn of(model: Arc<Model>, name: &str) -> Self {
         let inputs = model.inputs();

@@ -22,9 +22,10 @@ pub struct App {
 }
 
 impl App {
-    /// Whether the server takes requests (false once it is stopping).
+    /// Whether the server takes requests: false once it is stopping, and while a store the
+    /// model reads rows from (a Redis Cluster) does not answer.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && self.spec.model().stager().store_healthy()
     }
 
     /// Checks that a request addresses the served model (and its one version, when it names

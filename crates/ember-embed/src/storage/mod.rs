@@ -80,6 +80,18 @@ pub trait RowStore: fmt::Debug + Send {
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
     ) -> Result<ReadStats>;
+    /// Whether the backend answers now (a remote store's nodes; local files always do).
+    fn probe(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Whether it reads over the network (its failures are the store being unavailable).
+    fn remote(&self) -> bool {
+        false
+    }
+    /// Counters per node of a remote store.
+    fn node_stats(&self) -> Vec<remote::NodeStats> {
+        Vec::new()
+    }
 }
 
 /// Opens the store that reads `files` (the row files of a collection's SSD-tier tables, in the

@@ -2,6 +2,7 @@
 
 use crate::cache::CachePolicy;
 use crate::storage::IoMode;
+use crate::storage::remote::RemoteSource;
 use std::sync::Arc;
 
 /// How the tier runs.
@@ -24,6 +25,8 @@ pub struct TierOptions {
     /// Re-pin the hottest rows from live access counts every this many staged batches (0: never;
     /// the pinned policy without a trace uses 64).
     pub refresh_batches: usize,
+    /// Where tables placed `remote` are: the cluster, the model's name, the version.
+    pub remote: Option<RemoteSource>,
 }
 
 impl Default for TierOptions {
@@ -36,6 +39,7 @@ impl Default for TierOptions {
             pin_fraction: None,
             pin_trace: None,
             refresh_batches: 0,
+            remote: None,
         }
     }
 }

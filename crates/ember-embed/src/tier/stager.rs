@@ -12,9 +12,11 @@ use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
 use crate::jagged::Ids;
+use crate::storage::remote::{RedisStore, RemoteTableSpec};
 use crate::storage::{RowRequest, RowStore, open_row_files};
 use crate::table::Placement;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +70,9 @@ pub struct Stager {
     /// Engines of the stores, and whether all bypass the page cache (fixed at start).
     engines: Vec<&'static str>,
     direct: bool,
+    /// Whether a store reads over the network, and whether it answered last time.
+    remote: bool,
+    healthy: AtomicBool,
 }
 
 impl Stager {
@@ -85,32 +90,67 @@ impl Stager {
         }
         let mut by_table = vec![None; coll.tables().len()];
         let mut files = Vec::new();
+        let mut remote = Vec::new();
+        // (store, index in that store, rows, row bytes), in tier-table order.
+        let mut shapes: Vec<(usize, usize, usize, usize)> = Vec::new();
+        let file_store = 0;
+        let remote_store = usize::from(
+            coll.tables()
+                .iter()
+                .any(|t| t.placement() == Placement::Ssd),
+        );
         for (t, table) in coll.tables().iter().enumerate() {
-            if table.placement() != Placement::Ssd {
+            let placement = table.placement();
+            if !matches!(placement, Placement::Ssd | Placement::Remote) {
                 continue;
             }
-            let Some(file) = table.row_file() else {
-                continue;
-            };
             if !DedupScratch::supports(table.rows()) {
                 return Err(EmbedError::BadTable {
                     table: table.name().into(),
                     reason: format!(
-                        "{} rows: the SSD tier takes tables of fewer than 2^32 - 1 rows",
+                        "{} rows: the {placement} tier takes tables of fewer than 2^32 - 1 rows",
                         table.rows()
                     ),
                 });
             }
-            by_table[t] = Some(files.len());
-            files.push(file.clone());
+            match placement {
+                Placement::Ssd => {
+                    let Some(file) = table.row_file() else {
+                        continue;
+                    };
+                    shapes.push((file_store, files.len(), file.rows(), file.row_bytes()));
+                    files.push(file.clone());
+                }
+                _ => {
+                    shapes.push((remote_store, remote.len(), table.rows(), table.stride()));
+                    remote.push(RemoteTableSpec {
+                        name: table.name().into(),
+                        rows: table.rows(),
+                        dim: table.dim(),
+                        dtype: table.dtype(),
+                    });
+                }
+            }
+            by_table[t] = Some(shapes.len() - 1);
         }
-        let total: usize = files.iter().map(|f| f.rows() * f.row_bytes()).sum();
-        let shapes: Vec<(usize, usize)> = files.iter().map(|f| (f.rows(), f.row_bytes())).collect();
-        // No store (no ring, no thread pool) for a collection with nothing on the tier.
-        let stores = match files.is_empty() {
-            true => Vec::new(),
-            false => vec![open_row_files(files, opts.io, opts.queue_depth)?],
-        };
+        let total: usize = shapes.iter().map(|s| s.2 * s.3).sum();
+        // No store (no ring, no thread pool, no connection) for what has no table.
+        let mut stores: Vec<Box<dyn RowStore>> = Vec::new();
+        if !files.is_empty() {
+            stores.push(open_row_files(files, opts.io, opts.queue_depth)?);
+        }
+        if !remote.is_empty() {
+            let Some(src) = &opts.remote else {
+                return Err(EmbedError::BadOption {
+                    option: "redis",
+                    reason: format!(
+                        "table '{}' is placed remote: give the cluster (--redis redis://host:port)",
+                        remote[0].name
+                    ),
+                });
+            };
+            stores.push(Box::new(RedisStore::open(src, &remote)?));
+        }
         let mut opts = opts;
         if opts.policy == CachePolicy::Pinned
             && opts.pin_trace.is_none()
@@ -120,7 +160,7 @@ impl Stager {
         }
         let live = opts.policy == CachePolicy::Pinned && opts.refresh_batches > 0;
         let mut tables = Vec::with_capacity(shapes.len());
-        for (i, (rows, row_bytes)) in shapes.into_iter().enumerate() {
+        for (store, table, rows, row_bytes) in shapes {
             let share = if total == 0 {
                 0.0
             } else {
@@ -134,8 +174,8 @@ impl Stager {
             let mut cache = RowCache::new(opts.policy, capacity, row_bytes);
             cache.set_track_hot(live);
             tables.push(TierTable {
-                store: 0,
-                table: i,
+                store,
+                table,
                 rows,
                 row_bytes,
                 cache,
@@ -146,6 +186,8 @@ impl Stager {
             recycler: Arc::default(),
             engines: stores.iter().map(|s| s.engine()).collect(),
             direct: stores.iter().all(|s| s.direct()),
+            remote: stores.iter().any(|s| s.remote()),
+            healthy: AtomicBool::new(true),
             inner: Mutex::new(Inner {
                 tables,
                 stores,
@@ -301,7 +343,12 @@ impl Stager {
                 sf.rows[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row);
             }
             table.cache.insert(m.id as u64, row);
-        })?;
+        });
+        if self.remote {
+            let down = matches!(io, Err(EmbedError::StoreUnavailable { .. }));
+            self.healthy.store(!down, Relaxed);
+        }
+        let io = io?;
         let c = &self.counters;
         let batches = c.batches.fetch_add(1, Relaxed) + 1;
         c.lookups.fetch_add(lookups, Relaxed);
@@ -328,6 +375,36 @@ impl Stager {
         inner.publish_usage(c);
         Counters::add_time(&c.stage_ns, t0.elapsed());
         Ok(staged)
+    }
+
+    /// Whether a table is read from a remote store.
+    pub fn has_remote(&self) -> bool {
+        self.remote
+    }
+
+    /// Whether the stores answered the last batch or probe (always true without a remote one).
+    pub fn store_healthy(&self) -> bool {
+        self.healthy.load(Relaxed)
+    }
+
+    /// Asks every store whether it answers now (a remote store's nodes), and records the answer
+    /// for [`Stager::store_healthy`].
+    pub fn probe_stores(&self) -> Result<()> {
+        let mut inner = self.lock();
+        let r = inner.stores.iter_mut().try_for_each(|s| s.probe());
+        if self.remote {
+            self.healthy.store(r.is_ok(), Relaxed);
+        }
+        r
+    }
+
+    /// Counters per node of the remote stores.
+    pub fn remote_nodes(&self) -> Vec<crate::storage::remote::NodeStats> {
+        self.lock()
+            .stores
+            .iter()
+            .flat_map(|s| s.node_stats())
+            .collect()
     }
 
     /// Checks the caches' invariants (tests): budget, pinned residency, internal consistency.

@@ -920,7 +920,10 @@ mod tests {
         );
         assert_eq!(o.seeds, ["h:1"]);
         let o = ClusterOptions::parse(":secret@h:2").unwrap();
-        assert_eq!((o.username.as_deref(), o.password.as_deref()), (None, Some("secret")));
+        assert_eq!(
+            (o.username.as_deref(), o.password.as_deref()),
+            (None, Some("secret"))
+        );
         assert!(!format!("{o:?}").contains("secret"));
         for bad in [
             "redis://",

@@ -141,6 +141,18 @@ impl RowStore for RedisStore {
         self.tables[table].row_bytes
     }
 
+    fn probe(&mut self) -> Result<()> {
+        RedisStore::probe(self)
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+
+    fn node_stats(&self) -> Vec<super::NodeStats> {
+        self.cluster.node_stats()
+    }
+
     fn read(
         &mut self,
         reqs: &mut [RowRequest],
@@ -167,7 +179,9 @@ impl RowStore for RedisStore {
             .map(|n| n.round_trips)
             .sum();
         let deadline = t0 + self.cluster.options().timeout;
-        let replies = self.cluster.run(&self.ops, true, deadline)?;
+        let replies = self.cluster.run(&self.ops, true, deadline);
+        metrics::histogram!("ember_remote_fetch_seconds").record(t0.elapsed().as_secs_f64());
+        let replies = replies?;
         // Check every reply before landing any row.
         for (r, v) in reqs.iter().zip(&replies) {
             let t = &self.tables[r.table];

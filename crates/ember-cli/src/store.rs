@@ -1,0 +1,263 @@
+//! `ember store`: a model's tables in a Redis Cluster (see `docs/remote-tier.md`).
+//!
+//! - `push`: uploads a model directory's tables as a new version (pipelined, parallel across the
+//!   nodes, resumable, verified), with a progress bar;
+//! - `ls`: models and versions with their sizes and states;
+//! - `verify`: reads a version back and checks every block's CRC;
+//! - `rm`: removes a version in bounded steps.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use ember_embed::DType;
+use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions};
+use ember_model::{LoadOptions, Model};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCmd {
+    /// Upload a model directory's tables as a version (resumes an interrupted push of the same
+    /// tables).
+    Push(PushArgs),
+    /// List models and their versions.
+    Ls(ClusterArgs),
+    /// Read a version back and check every block against its CRC-32.
+    Verify(VersionArgs),
+    /// Remove a version (never served again from the first step; safe to run again).
+    Rm(VersionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// The cluster: redis://[user:password@]host:port[,host:port...].
+    #[arg(long, value_name = "URL")]
+    redis: String,
+    /// Deadline of one round of commands, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    timeout_s: f64,
+}
+
+impl ClusterArgs {
+    fn connect(&self) -> Result<Cluster> {
+        let mut o = ClusterOptions::parse(&self.redis)?;
+        if self.timeout_s.is_nan() || self.timeout_s <= 0.0 {
+            bail!("--timeout-s must be positive");
+        }
+        o.timeout = Duration::from_secs_f64(self.timeout_s);
+        o.connect_timeout = Duration::from_secs(2);
+        Cluster::connect(o).with_context(|| format!("connecting to {}", self.redis))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The model directory (config.json and model.safetensors, or row files of `ember convert`).
+    #[arg(long)]
+    model: PathBuf,
+    /// The model's name in the store [default: the directory's name].
+    #[arg(long)]
+    name: Option<String>,
+    /// The version to push [default: resume an interrupted push of the same tables, else the
+    /// newest version + 1].
+    #[arg(long)]
+    version: Option<u64>,
+    /// Encode the tables in this dtype (f32, f16, bf16, int8, int4) before pushing.
+    #[arg(long)]
+    table_dtype: Option<DType>,
+    /// MiB of blocks written per round (one pipeline per node).
+    #[arg(long, default_value_t = 32)]
+    window_mb: usize,
+    /// Replicas that must acknowledge each round (0: do not wait).
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The model's name in the store.
+    #[arg(long)]
+    model: String,
+    /// The version.
+    #[arg(long)]
+    version: u64,
+}
+
+pub fn run(cmd: StoreCmd) -> Result<()> {
+    match cmd {
+        StoreCmd::Push(a) => push(a),
+        StoreCmd::Ls(a) => ls(a),
+        StoreCmd::Verify(a) => verify(a),
+        StoreCmd::Rm(a) => rm(a),
+    }
+}
+
+/// The name of directory `dir`.
+pub fn dir_name(dir: &std::path::Path) -> String {
+    std::path::absolute(dir)
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into())
+}
+
+fn push(a: PushArgs) -> Result<()> {
+    let name = a.name.clone().unwrap_or_else(|| dir_name(&a.model));
+    // Tables come from the directory as it places them (row files stay on disk), except those
+    // placed remote, which are read from the safetensors file.
+    let mut config = ember_model::config::ModelConfig::read(&a.model.join("config.json"))
+        .with_context(|| format!("reading {}", a.model.join("config.json").display()))?;
+    let placement = config
+        .tables
+        .iter()
+        .any(|t| t.placement == ember_embed::Placement::Remote)
+        .then_some(ember_embed::Placement::Dram);
+    config.remote = None;
+    let model = Model::load(
+        &a.model,
+        LoadOptions {
+            table_dtype: a.table_dtype,
+            placement,
+            ..LoadOptions::default()
+        },
+    )
+    .with_context(|| format!("loading model {}", a.model.display()))?;
+    let tables: Vec<&ember_embed::EmbeddingTable> = model.embeddings().tables().iter().collect();
+    let mut cluster = a.cluster.connect()?;
+    let total: u64 = tables.iter().map(|t| t.bytes() as u64).sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("pushing {name}"));
+    let opts = PushOptions {
+        version: a.version,
+        window_bytes: a.window_mb.max(1) << 20,
+        round_timeout: Duration::from_secs_f64(a.cluster.timeout_s),
+        replicas: a.replicas,
+    };
+    let rep = remote::push(&mut cluster, &name, &tables, &opts, &mut |done, _| {
+        bar.set_position(done)
+    })
+    .with_context(|| format!("pushing {name} to {}", a.cluster.redis))?;
+    bar.finish_and_clear();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": name,
+                "version": rep.version,
+                "resumed": rep.resumed,
+                "tables": rep.tables,
+                "rows": rep.rows,
+                "bytes": rep.bytes,
+                "bytes_written": rep.bytes_written,
+                "blocks": rep.blocks,
+                "blocks_skipped": rep.blocks_skipped,
+                "seconds": rep.seconds,
+                "rows_per_s": rep.rows as f64 / rep.seconds.max(1e-9),
+                "unreplicated_rounds": rep.unreplicated_rounds,
+            })
+        );
+    } else {
+        println!(
+            "{name} version {} is ready: {} tables, {} rows, {} in {} blocks{} in {:.2} s ({:.0} rows/s, {:.0} MB/s), verified",
+            rep.version,
+            rep.tables,
+            rep.rows,
+            ember_bench::stats::human_bytes(rep.bytes),
+            rep.blocks,
+            if rep.resumed {
+                format!(
+                    " (resumed: {} blocks were already there)",
+                    rep.blocks_skipped
+                )
+            } else {
+                String::new()
+            },
+            rep.seconds,
+            rep.rows as f64 / rep.seconds.max(1e-9),
+            rep.bytes_written as f64 / rep.seconds.max(1e-9) / 1e6,
+        );
+        if rep.unreplicated_rounds > 0 {
+            eprintln!(
+                "warning: {} rounds were not acknowledged by {} replica(s) in time: a failover \
+                 now could lose rows (they would be refused, never served as zeros; `ember \
+                 store verify` checks)",
+                rep.unreplicated_rounds, a.replicas
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ls(a: ClusterArgs) -> Result<()> {
+    let mut cluster = a.connect()?;
+    let all = remote::list(&mut cluster)?;
+    if all.is_empty() {
+        println!("no models in {}", cluster.name());
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}",
+        "MODEL", "VERSION", "STATE", "TABLES", "ROWS", "SIZE"
+    );
+    for (m, versions) in all {
+        for v in versions {
+            println!(
+                "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}",
+                m,
+                v.version,
+                v.state.name(),
+                v.tables,
+                v.rows,
+                ember_bench::stats::human_bytes(v.bytes)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn verify(a: VersionArgs) -> Result<()> {
+    let mut cluster = a.cluster.connect()?;
+    let timeout = Duration::from_secs_f64(a.cluster.timeout_s);
+    let rep = remote::verify(&mut cluster, &a.model, a.version, timeout)?;
+    if rep.bad.is_empty() {
+        println!(
+            "{} version {}: {} blocks, {} verified",
+            a.model,
+            a.version,
+            rep.blocks,
+            ember_bench::stats::human_bytes(rep.bytes)
+        );
+        return Ok(());
+    }
+    for (t, b, what) in rep.bad.iter().take(20) {
+        eprintln!("table '{t}' block {b}: {what}");
+    }
+    bail!(
+        "{} version {}: {} of {} blocks are missing or damaged (push it again under a new version)",
+        a.model,
+        a.version,
+        rep.bad.len(),
+        rep.blocks
+    )
+}
+
+fn rm(a: VersionArgs) -> Result<()> {
+    let mut cluster = a.cluster.connect()?;
+    let timeout = Duration::from_secs_f64(a.cluster.timeout_s);
+    let n = remote::remove(&mut cluster, &a.model, a.version, timeout)?;
+    println!("{} version {} removed ({n} blocks)", a.model, a.version);
+    Ok(())
+}
