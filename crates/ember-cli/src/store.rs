@@ -19,12 +19,15 @@ use std::time::Duration;
 pub enum StoreCmd {
     /// Upload a model directory's tables as a version (resumes an interrupted push of the same
     /// tables).
+    #[command(disable_version_flag = true)]
     Push(PushArgs),
     /// List models and their versions.
     Ls(ClusterArgs),
     /// Read a version back and check every block against its CRC-32.
+    #[command(disable_version_flag = true)]
     Verify(VersionArgs),
     /// Remove a version (never served again from the first step; safe to run again).
+    #[command(disable_version_flag = true)]
     Rm(VersionArgs),
 }
 

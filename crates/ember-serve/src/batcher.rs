@@ -476,8 +476,12 @@ fn answer(live: Vec<Job>, n: usize, scores: &[f32], result: ember_model::Result<
             }
         }
         Err(e) => {
-            // Its requests were checked when they arrived: whatever fails now is the server's.
-            let e = ServeError::Internal(format!("scoring a batch: {e}"));
+            // Its requests were checked when they arrived: whatever fails now is the server's,
+            // or a store's that did not answer in time (a 503 naming it).
+            let e = match e.kind() {
+                ember_model::ErrorKind::Unavailable => ServeError::Unavailable(e.to_string()),
+                _ => ServeError::Internal(format!("scoring a batch: {e}")),
+            };
             for j in live {
                 let _ = j.reply.send(Err(e.clone()));
             }

@@ -5,6 +5,10 @@
 //!
 //! Every test skips with a message where `redis-server` is not installed (`.ci/run` installs it).
 
+mod serve;
+#[allow(dead_code)]
+#[path = "../reliability/server.rs"]
+mod server;
 mod store;
 
 use ember_bench::redis_cluster::{self, LocalCluster};
@@ -16,4 +20,23 @@ pub fn cluster(replicas: usize) -> Option<LocalCluster> {
         return None;
     }
     Some(LocalCluster::start(3, replicas, 1000).expect("starting a local Redis Cluster"))
+}
+
+/// The shipped model's directory.
+pub fn default_model() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default")
+}
+
+/// `ember store push` of the shipped model into `c` (name `default`); panics on failure.
+pub fn push_default(c: &LocalCluster) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["store", "push", "--redis", &c.url(), "--model"])
+        .arg(default_model())
+        .output()
+        .expect("running ember store push");
+    assert!(
+        out.status.success(),
+        "ember store push: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

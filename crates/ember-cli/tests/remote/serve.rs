@@ -1,0 +1,295 @@
+//! `ember serve` with its tables in the cluster: scores identical to DRAM, several replicas, and
+//! what a killed primary, a paused node and a whole cluster down cost.
+
+use crate::server::{Server, request, tsv_rows};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Request bodies and the scores a DRAM server gives them.
+fn references(n: usize) -> (Vec<Vec<u8>>, Vec<String>) {
+    let dram = Server::start(&["--grpc", "off"]);
+    let bodies: Vec<Vec<u8>> = (0..n as u64).map(|s| tsv_rows(16, 100 + s)).collect();
+    let scores = bodies
+        .iter()
+        .map(|b| {
+            let (code, body) = dram.request("POST", "/v1/score", "text/plain", b).unwrap();
+            assert_eq!(code, 200, "{body}");
+            body
+        })
+        .collect();
+    (bodies, scores)
+}
+
+fn remote_server(url: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--grpc", "off", "--placement", "remote", "--redis", url];
+    args.extend(extra);
+    Server::start(&args)
+}
+
+#[test]
+fn replicas_on_one_cluster_score_exactly_as_dram() {
+    let Some(c) = super::cluster(1) else { return };
+    super::push_default(&c);
+    let (bodies, want) = references(12);
+    // Two replicas: one with a cache too small to hold much, one with the default cache.
+    let a = remote_server(&c.url(), &["--cache-mb", "1", "--cache-policy", "lru"]);
+    let b = remote_server(&c.url(), &["--cache-policy", "lfu", "--read-from-replicas"]);
+    for _ in 0..2 {
+        for (body, want) in bodies.iter().zip(&want) {
+            for s in [&a, &b] {
+                let (code, got) = s.request("POST", "/v1/score", "text/plain", body).unwrap();
+                assert_eq!((code, &got), (200, want));
+            }
+        }
+    }
+    for s in [&a, &b] {
+        assert_eq!(
+            s.request("GET", "/v2/health/ready", "text/plain", b"")
+                .unwrap()
+                .0,
+            200
+        );
+        let metrics = s.request("GET", "/metrics", "text/plain", b"").unwrap().1;
+        assert!(
+            metrics.contains("ember_remote_rows_total{node=\"127.0.0.1:"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("ember_remote_fetch_seconds_bucket"),
+            "no fetch histogram"
+        );
+        assert!(metrics.contains("ember_remote_up 1"));
+    }
+}
+
+#[test]
+fn a_model_missing_from_the_store_is_refused_at_start_with_its_name() {
+    let Some(c) = super::cluster(0) else { return };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "serve",
+            "--grpc",
+            "off",
+            "--http",
+            "127.0.0.1:0",
+            "--placement",
+            "remote",
+        ])
+        .args(["--redis", &c.url(), "--store-model", "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'nope'") && err.contains("no ready version"),
+        "{err}"
+    );
+}
+
+/// What a load of sequential requests saw: `(sent at, took, status, scores matched)`.
+type Log = Arc<Mutex<Vec<(Duration, Duration, u16, bool)>>>;
+
+/// Sends the bodies in turn to `addr` until `stop`, from `threads` threads, logging each answer.
+/// A 200 whose scores differ from the reference is logged as not matching; any other status
+/// must name the store.
+fn load(
+    s: &Server,
+    bodies: Arc<Vec<Vec<u8>>>,
+    want: Arc<Vec<String>>,
+    threads: usize,
+    stop: Arc<AtomicBool>,
+    t0: Instant,
+) -> (Log, Vec<std::thread::JoinHandle<()>>) {
+    let log: Log = Arc::default();
+    let handles = (0..threads)
+        .map(|k| {
+            let (bodies, want, stop, log, addr) = (
+                bodies.clone(),
+                want.clone(),
+                stop.clone(),
+                log.clone(),
+                s.addr,
+            );
+            std::thread::spawn(move || {
+                let mut i = k;
+                while !stop.load(Ordering::Relaxed) {
+                    let j = i % bodies.len();
+                    i += threads;
+                    let sent = t0.elapsed();
+                    let r = request(
+                        addr,
+                        "POST",
+                        "/v1/score",
+                        "text/plain",
+                        &bodies[j],
+                        Duration::from_secs(10),
+                    );
+                    let took = t0.elapsed() - sent;
+                    let (code, body) = r.unwrap_or((0, String::new()));
+                    if code != 200 {
+                        assert!(
+                            code == 503 && body.contains("redis cluster at"),
+                            "{code}: {body}"
+                        );
+                    }
+                    log.lock()
+                        .unwrap()
+                        .push((sent, took, code, code != 200 || body == want[j]));
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        })
+        .collect();
+    (log, handles)
+}
+
+fn finish(stop: &AtomicBool, handles: Vec<std::thread::JoinHandle<()>>) {
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().expect("a load thread failed");
+    }
+}
+
+#[test]
+fn a_killed_primary_costs_no_wrong_score_and_serving_recovers_by_itself() {
+    let Some(mut c) = super::cluster(1) else {
+        return;
+    };
+    super::push_default(&c);
+    let (bodies, want) = references(8);
+    // No cache: every batch reads the cluster.
+    let s = remote_server(&c.url(), &["--cache-mb", "0"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
+    std::thread::sleep(Duration::from_millis(800));
+    let victim = c.index(c.primaries().unwrap()[0]).unwrap();
+    let killed_at = t0.elapsed();
+    c.kill(victim).unwrap();
+    // Failover: a replica takes over after the node timeout.
+    c.wait_healthy(Duration::from_secs(20)).unwrap();
+    let healthy_at = t0.elapsed();
+    std::thread::sleep(Duration::from_millis(1500));
+    finish(&stop, handles);
+    let log = log.lock().unwrap();
+    assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
+    let window = killed_at..killed_at + Duration::from_millis(c.node_timeout_ms + 2000);
+    let late: Vec<_> = log
+        .iter()
+        .filter(|e| e.2 != 200 && !window.contains(&e.0))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "failures outside the failover window: {late:?}"
+    );
+    let after: Vec<_> = log
+        .iter()
+        .filter(|e| e.0 > healthy_at + Duration::from_millis(500))
+        .collect();
+    assert!(
+        after.len() > 10 && after.iter().all(|e| e.2 == 200),
+        "not back to serving: {after:?}"
+    );
+    let failed = log.iter().filter(|e| e.2 != 200).count();
+    eprintln!(
+        "killed primary: {} requests, {failed} answered 503, failover after {:?}",
+        log.len(),
+        healthy_at - killed_at
+    );
+}
+
+#[test]
+fn a_paused_node_delays_no_request_past_its_deadline() {
+    let Some(mut c) = super::cluster(1) else {
+        return;
+    };
+    super::push_default(&c);
+    let (bodies, want) = references(8);
+    let s = remote_server(&c.url(), &["--cache-mb", "0", "--redis-timeout-ms", "100"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = c.index(c.primaries().unwrap()[1]).unwrap();
+    c.pause(victim);
+    std::thread::sleep(Duration::from_millis(1500));
+    c.resume(victim);
+    std::thread::sleep(Duration::from_millis(500));
+    finish(&stop, handles);
+    let log = log.lock().unwrap();
+    assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
+    // A request waits for at most one batch's fetch deadline (100 ms) plus its own queueing and
+    // compute; a paused node must never hold a request for seconds.
+    let slowest = log.iter().map(|e| e.1).max().unwrap();
+    assert!(
+        slowest < Duration::from_millis(800),
+        "a request took {slowest:?}"
+    );
+    let failed = log.iter().filter(|e| e.2 != 200).count();
+    eprintln!(
+        "paused node: {} requests, {failed} answered 503, slowest {slowest:?}",
+        log.len()
+    );
+}
+
+#[test]
+fn the_whole_cluster_down_answers_503_naming_it_and_readiness_follows() {
+    let Some(mut c) = super::cluster(1) else {
+        return;
+    };
+    super::push_default(&c);
+    let (bodies, want) = references(2);
+    let s = remote_server(&c.url(), &["--cache-mb", "0"]);
+    let ready = |s: &Server| {
+        s.request("GET", "/v2/health/ready", "text/plain", b"")
+            .unwrap()
+            .0
+    };
+    assert_eq!(ready(&s), 200);
+    // Every node paused: nothing answers.
+    for i in 0..c.nodes.len() {
+        c.pause(i);
+    }
+    let t = Instant::now();
+    let (code, body) = s
+        .request("POST", "/v1/score", "text/plain", &bodies[0])
+        .unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("redis cluster at") && body.contains("unavailable"),
+        "{body}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(800),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(ready(&s), 503);
+    // Back: serving and readiness return by themselves.
+    for i in 0..c.nodes.len() {
+        c.resume(i);
+    }
+    let back = ember_bench::redis_cluster::wait_for(Duration::from_secs(10), || {
+        let r = s
+            .request("POST", "/v1/score", "text/plain", &bodies[1])
+            .unwrap();
+        Ok(r.0 == 200 && r.1 == want[1])
+    });
+    assert!(back.is_ok(), "serving did not come back");
+    ember_bench::redis_cluster::wait_for(Duration::from_secs(5), || Ok(ready(&s) == 200)).unwrap();
+    // Killed for good: still a clear 503, fast.
+    for i in 0..c.nodes.len() {
+        c.kill(i).unwrap();
+    }
+    let t = Instant::now();
+    let (code, body) = s
+        .request("POST", "/v1/score", "text/plain", &bodies[0])
+        .unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        t.elapsed() < Duration::from_millis(800),
+        "took {:?}",
+        t.elapsed()
+    );
+}
