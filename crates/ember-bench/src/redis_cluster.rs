@@ -105,6 +105,11 @@ fn info_field(port: u16, section: &str, field: &str) -> Result<String> {
         .with_context(|| format!("INFO {section} has no {field}"))
 }
 
+/// A numeric field of `INFO <section>` of the node on `port`.
+pub fn info_u64(port: u16, section: &str, field: &str) -> Result<u64> {
+    Ok(info_field(port, section, field)?.parse()?)
+}
+
 impl LocalCluster {
     /// Starts `primaries` primaries with `replicas` replicas each and waits until the cluster
     /// is `ok` everywhere and every replica is in sync (within `timeout`).

@@ -9,6 +9,7 @@
 //! | `embed.rs` (+ `check.rs`, `npy.rs`) | `bench embed`: the embedding stage against the memory ceiling |
 //! | `gpu.rs` | `bench embed --device cuda`: every GPU variant against the copy bandwidth |
 //! | `tiered/` | `bench tiered`: the SSD tier against DRAM, mmap and the disk |
+//! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
 //! | `model.rs` | `bench model`: the whole forward pass |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
@@ -17,6 +18,7 @@ mod embed;
 mod gpu;
 mod model;
 mod npy;
+mod remote;
 mod setup;
 mod tiered;
 
@@ -32,6 +34,9 @@ pub enum Bench {
     /// The embedding stage with tables on the SSD tier, against the same tables in DRAM and a
     /// cold plain mmap, plus the disk's own random-read rate.
     Tiered(tiered::TieredArgs),
+    /// The embedding stage with tables in a Redis Cluster (started here) behind the row cache,
+    /// against DRAM, the cluster's own fetch rate, and the field's key layouts.
+    Remote(remote::RemoteArgs),
 }
 
 pub fn run(cmd: Bench) -> Result<()> {
@@ -39,5 +44,6 @@ pub fn run(cmd: Bench) -> Result<()> {
         Bench::Embed(a) => embed::run(a),
         Bench::Model(a) => model::run(a),
         Bench::Tiered(a) => tiered::run(a),
+        Bench::Remote(a) => remote::run(a),
     }
 }

@@ -73,7 +73,13 @@ pub struct Stager {
     /// Whether a store reads over the network, and whether it answered last time.
     remote: bool,
     healthy: AtomicBool,
+    /// Each batch's wait for its missing rows, seconds (batches with misses; the newest
+    /// [`FETCH_SAMPLES`] at most), for percentiles.
+    fetch_samples: Mutex<Vec<f32>>,
 }
+
+/// Fetch times kept at most.
+const FETCH_SAMPLES: usize = 1 << 20;
 
 impl Stager {
     /// A stager for `coll`'s `ssd` tables (it may have none: staging is then free). The cache
@@ -188,6 +194,7 @@ impl Stager {
             direct: stores.iter().all(|s| s.direct()),
             remote: stores.iter().any(|s| s.remote()),
             healthy: AtomicBool::new(true),
+            fetch_samples: Mutex::default(),
             inner: Mutex::new(Inner {
                 tables,
                 stores,
@@ -349,6 +356,12 @@ impl Stager {
             self.healthy.store(!down, Relaxed);
         }
         let io = io?;
+        if !inner.misses.is_empty() {
+            let mut samples = self.fetch_samples.lock().unwrap_or_else(|p| p.into_inner());
+            if samples.len() < FETCH_SAMPLES {
+                samples.push(io.as_secs_f32());
+            }
+        }
         let c = &self.counters;
         let batches = c.batches.fetch_add(1, Relaxed) + 1;
         c.lookups.fetch_add(lookups, Relaxed);
@@ -375,6 +388,12 @@ impl Stager {
         inner.publish_usage(c);
         Counters::add_time(&c.stage_ns, t0.elapsed());
         Ok(staged)
+    }
+
+    /// Each batch's wait for its missing rows since the last call, seconds (batches that had
+    /// misses only).
+    pub fn take_fetch_samples(&self) -> Vec<f32> {
+        std::mem::take(&mut *self.fetch_samples.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Whether a table is read from a remote store.
