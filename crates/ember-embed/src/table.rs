@@ -521,6 +521,38 @@ impl EmbeddingTable {
     }
 }
 
+/// A table's rows for `ember store push`.
+impl crate::storage::remote::RowSource for EmbeddingTable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn row_bytes<'a>(
+        &'a self,
+        rows: std::ops::Range<usize>,
+        buf: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8]> {
+        let s = self.stride;
+        if let Some(all) = self.resident() {
+            return Ok(&all[rows.start * s..rows.end * s]);
+        }
+        buf.clear();
+        buf.resize(rows.len() * s, 0);
+        for (i, r) in rows.enumerate() {
+            self.read_row(r, &mut buf[i * s..(i + 1) * s])?;
+        }
+        Ok(buf)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

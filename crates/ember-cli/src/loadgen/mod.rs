@@ -35,7 +35,8 @@ use serde_json::json;
 
 #[derive(Debug, Args)]
 pub struct LoadgenArgs {
-    /// The server's base URL [default: http://127.0.0.1:8080, or :8081 with --protocol grpc].
+    /// The server's base URL, or several comma-separated (stateless replicas: requests are spread
+    /// over them in turn) [default: http://127.0.0.1:8080, or :8081 with --protocol grpc].
     #[arg(long)]
     url: Option<String>,
     /// http (KServe v2 over HTTP/1.1) or grpc (KServe v2 / Triton's GRPCInferenceService).

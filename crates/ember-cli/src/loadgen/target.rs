@@ -18,10 +18,10 @@ use super::requests::{Shape, binary_bodies, bodies, draws, json_shape, tsv_bodie
 
 /// Where requests go, and the requests.
 pub(super) enum Target {
-    /// Pre-built HTTP/1.1 requests (head and body) over a pool of connections.
+    /// Pre-built HTTP/1.1 requests (head and body) over a pool of connections per server
+    /// (`--url A,B,...`: request k goes to server k mod n).
     Http {
-        pool: http1::Pool,
-        requests: Vec<Arc<[u8]>>,
+        servers: Vec<(http1::Pool, Vec<Arc<[u8]>>)>,
     },
     /// `ModelInfer` requests over a few HTTP/2 connections.
     Grpc {
@@ -45,12 +45,17 @@ impl Target {
     /// Sends the `k`-th request.
     pub(super) async fn send(&self, k: usize) -> Outcome {
         match self {
-            Target::Http { pool, requests } => match pool.send(&requests[k % requests.len()]).await
-            {
-                Ok(200) => Outcome::Ok,
-                Ok(503) => Outcome::Refused,
-                _ => Outcome::Error,
-            },
+            Target::Http { servers } => {
+                let (pool, requests) = &servers[k % servers.len()];
+                match pool
+                    .send(&requests[(k / servers.len()) % requests.len()])
+                    .await
+                {
+                    Ok(200) => Outcome::Ok,
+                    Ok(503) => Outcome::Refused,
+                    _ => Outcome::Error,
+                }
+            }
             Target::Grpc { clients, requests } => {
                 let mut c = clients[k % clients.len()].clone();
                 let req = requests[k % requests.len()].clone();
@@ -68,10 +73,34 @@ impl Target {
     }
 }
 
+/// The servers of `--url` (comma-separated), or `default`.
+fn urls(a: &LoadgenArgs, default: &str) -> Vec<String> {
+    a.url
+        .as_deref()
+        .unwrap_or(default)
+        .split(',')
+        .map(|u| u.trim().trim_end_matches('/').to_string())
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
 pub(super) async fn http_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
+    let mut servers = Vec::new();
+    for base in urls(a, "http://127.0.0.1:8080") {
+        servers.push(http_server(a, base).await?);
+    }
+    if servers.is_empty() {
+        bail!("--url names no server");
+    }
+    Ok(Target::Http { servers })
+}
+
+/// One server's connection pool and requests.
+async fn http_server(
+    a: &LoadgenArgs,
+    base: String,
+) -> anyhow::Result<(http1::Pool, Vec<Arc<[u8]>>)> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
-    let url = a.url.as_deref().unwrap_or("http://127.0.0.1:8080");
-    let base = url.trim_end_matches('/').to_string();
     let meta: Value = client
         .get(format!("{base}/v2/models/{}", a.model))
         .send()
@@ -133,7 +162,7 @@ pub(super) async fn http_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
     pool.warm(64.min(a.max_outstanding))
         .await
         .with_context(|| format!("connecting to {addr}"))?;
-    Ok(Target::Http { pool, requests })
+    Ok((pool, requests))
 }
 
 pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
@@ -146,16 +175,25 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
     if a.grpc_connections == 0 {
         bail!("--grpc-connections must be at least 1");
     }
-    let url = a.url.as_deref().unwrap_or("http://127.0.0.1:8081");
-    let url = match url.strip_prefix("grpc://") {
-        Some(rest) => format!("http://{rest}"),
-        None => url.to_string(),
-    };
-    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
-        .with_context(|| format!("--url {url}"))?
-        .tcp_nodelay(true);
-    let mut clients = Vec::with_capacity(a.grpc_connections);
-    for _ in 0..a.grpc_connections {
+    // Connections spread over the servers of --url in turn.
+    let mut endpoints = Vec::new();
+    for url in urls(a, "http://127.0.0.1:8081") {
+        let url = match url.strip_prefix("grpc://") {
+            Some(rest) => format!("http://{rest}"),
+            None => url,
+        };
+        let e = tonic::transport::Endpoint::from_shared(url.clone())
+            .with_context(|| format!("--url {url}"))?
+            .tcp_nodelay(true);
+        endpoints.push((url, e));
+    }
+    if endpoints.is_empty() {
+        bail!("--url names no server");
+    }
+    let url = endpoints[0].0.clone();
+    let mut clients = Vec::with_capacity(a.grpc_connections.max(endpoints.len()));
+    for k in 0..a.grpc_connections.max(endpoints.len()) {
+        let (url, endpoint) = &endpoints[k % endpoints.len()];
         let ch = endpoint
             .connect()
             .await

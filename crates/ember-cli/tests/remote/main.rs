@@ -5,6 +5,7 @@
 //!
 //! Every test skips with a message where `redis-server` is not installed (`.ci/run` installs it).
 
+mod cli;
 mod serve;
 #[allow(dead_code)]
 #[path = "../reliability/server.rs"]
@@ -13,13 +14,39 @@ mod store;
 
 use ember_bench::redis_cluster::{self, LocalCluster};
 
+/// A started cluster, held by one test at a time (each is 3 to 6 processes, and the fault tests
+/// time requests: on a 2-core machine, several at once starve each other).
+#[derive(Debug)]
+pub struct Held {
+    cluster: LocalCluster,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.cluster
+    }
+}
+
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut LocalCluster {
+        &mut self.cluster
+    }
+}
+
 /// A started cluster, or `None` (with the reason printed) where Redis is not installed.
-pub fn cluster(replicas: usize) -> Option<LocalCluster> {
+pub fn cluster(replicas: usize) -> Option<Held> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if let Err(why) = redis_cluster::available() {
         eprintln!("skipped: {why}");
         return None;
     }
-    Some(LocalCluster::start(3, replicas, 1000).expect("starting a local Redis Cluster"))
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    Some(Held {
+        cluster: LocalCluster::start(3, replicas, 1000).expect("starting a local Redis Cluster"),
+        _turn: turn,
+    })
 }
 
 /// The shipped model's directory.

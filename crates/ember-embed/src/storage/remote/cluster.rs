@@ -21,287 +21,13 @@
 //! Rows of a `ready` version never change, so a replica's copy is as good as its primary's: a
 //! read that fails on a primary is retried on a replica at once, without waiting for failover.
 
+use super::ops::Ops;
+use super::options::{ClusterOptions, FailKind, Failure};
 use super::slot::{SLOTS, key_slot};
-use crate::error::{EmbedError, Result};
+use super::wire::{Node, NodeStats, recv, send};
+use crate::error::Result;
 use redis::Value;
-use std::collections::HashMap;
-use std::fmt;
 use std::time::{Duration, Instant};
-
-/// How to reach a cluster, and how long to wait for it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClusterOptions {
-    /// Nodes to learn the cluster from, `host:port`.
-    pub seeds: Vec<String>,
-    /// `AUTH` credentials, if the cluster asks for them.
-    pub username: Option<String>,
-    pub password: Option<String>,
-    /// Longest wait for a TCP connection to a node.
-    pub connect_timeout: Duration,
-    /// Deadline of one call (a batch's fetch), retries included.
-    pub timeout: Duration,
-    /// Retries of the commands that failed, within the deadline.
-    pub retries: u32,
-    /// Spread reads over each slot's primary and replicas.
-    pub read_from_replicas: bool,
-    /// How long a node that failed is avoided while another copy of its slots exists.
-    pub down_for: Duration,
-}
-
-impl fmt::Debug for ClusterOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClusterOptions")
-            .field("seeds", &self.seeds)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("connect_timeout", &self.connect_timeout)
-            .field("timeout", &self.timeout)
-            .field("retries", &self.retries)
-            .field("read_from_replicas", &self.read_from_replicas)
-            .finish()
-    }
-}
-
-impl ClusterOptions {
-    /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out).
-    pub fn parse(url: &str) -> Result<Self> {
-        let bad = |reason: String| EmbedError::BadOption {
-            option: "redis",
-            reason,
-        };
-        let rest = url.strip_prefix("redis://").unwrap_or(url);
-        if rest.starts_with("rediss://") || url.starts_with("rediss://") {
-            return Err(bad("TLS (rediss://) is not supported yet".into()));
-        }
-        let (auth, hosts) = match rest.rsplit_once('@') {
-            Some((a, h)) => (Some(a), h),
-            None => (None, rest),
-        };
-        let (username, password) = match auth {
-            None => (None, None),
-            Some(a) => match a.split_once(':') {
-                Some((u, p)) => ((!u.is_empty()).then(|| u.to_string()), Some(p.to_string())),
-                None => (None, Some(a.to_string())),
-            },
-        };
-        let seeds: Vec<String> = hosts
-            .trim_end_matches('/')
-            .split(',')
-            .map(|h| h.trim().to_string())
-            .filter(|h| !h.is_empty())
-            .collect();
-        if seeds.is_empty() {
-            return Err(bad(format!(
-                "'{url}' names no node (expected redis://host:port)"
-            )));
-        }
-        for s in &seeds {
-            let ok = s
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-            if !ok {
-                return Err(bad(format!("'{s}' in '{url}' is not host:port")));
-            }
-        }
-        Ok(ClusterOptions {
-            seeds,
-            username,
-            password,
-            ..ClusterOptions::default()
-        })
-    }
-
-    /// The seeds, for messages: `redis cluster at 127.0.0.1:7000,127.0.0.1:7001`.
-    pub fn describe(&self) -> String {
-        format!("redis cluster at {}", self.seeds.join(","))
-    }
-}
-
-impl Default for ClusterOptions {
-    fn default() -> Self {
-        ClusterOptions {
-            seeds: Vec::new(),
-            username: None,
-            password: None,
-            connect_timeout: Duration::from_millis(250),
-            timeout: Duration::from_millis(100),
-            retries: 2,
-            read_from_replicas: false,
-            down_for: Duration::from_millis(500),
-        }
-    }
-}
-
-/// Why a call failed, for messages and the `kind` label of error metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailKind {
-    /// No connection (refused, reset, unreachable).
-    Connect,
-    /// No answer within the time given.
-    Timeout,
-    /// The cluster is failing over or resharding (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, ...)
-    /// past the retries.
-    Redirect,
-    /// The node answered an error that retrying will not fix.
-    Server,
-    /// A slot no node serves.
-    Uncovered,
-}
-
-impl FailKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            FailKind::Connect => "connect",
-            FailKind::Timeout => "timeout",
-            FailKind::Redirect => "redirect",
-            FailKind::Server => "server",
-            FailKind::Uncovered => "uncovered",
-        }
-    }
-}
-
-/// A failed call: what, where, and the node's or the socket's words.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub kind: FailKind,
-    /// `host:port`, or empty where no node is involved.
-    pub node: String,
-    pub detail: String,
-}
-
-impl Failure {
-    fn new(kind: FailKind, node: &str, detail: impl Into<String>) -> Self {
-        Failure {
-            kind,
-            node: node.into(),
-            detail: detail.into(),
-        }
-    }
-
-    /// The error of this failure, naming the store.
-    pub fn into_error(self, store: &str) -> EmbedError {
-        EmbedError::StoreUnavailable {
-            store: store.into(),
-            kind: self.kind.name(),
-            node: self.node,
-            detail: self.detail,
-        }
-    }
-}
-
-/// Commands for [`Cluster::run`]: packed (RESP) commands back to back in one buffer, each with the
-/// slot of its key.
-#[derive(Debug, Default)]
-pub struct Ops {
-    buf: Vec<u8>,
-    ops: Vec<(u16, u32, u32)>,
-}
-
-impl Ops {
-    pub fn clear(&mut self) {
-        self.buf.clear();
-        self.ops.clear();
-    }
-
-    pub fn len(&self) -> usize {
-        self.ops.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
-    /// Adds a command on `key` (its slot routes it).
-    pub fn push(&mut self, key: &[u8], cmd: &redis::Cmd) {
-        let start = self.buf.len() as u32;
-        cmd.write_packed_command(&mut self.buf);
-        self.ops.push((key_slot(key), start, self.buf.len() as u32));
-    }
-
-    /// Adds `GETRANGE key start end` (packed by hand: the hot path of remote reads).
-    pub fn getrange(&mut self, key: &[u8], start: usize, end: usize) {
-        use std::io::Write;
-        let s0 = self.buf.len() as u32;
-        let (mut a, mut b) = (itoa_buf(), itoa_buf());
-        let a = fmt_usize(&mut a, start);
-        let b = fmt_usize(&mut b, end);
-        let _ = write!(self.buf, "*4\r\n$8\r\nGETRANGE\r\n${}\r\n", key.len());
-        self.buf.extend_from_slice(key);
-        let _ = write!(self.buf, "\r\n${}\r\n", a.len());
-        self.buf.extend_from_slice(a);
-        let _ = write!(self.buf, "\r\n${}\r\n", b.len());
-        self.buf.extend_from_slice(b);
-        self.buf.extend_from_slice(b"\r\n");
-        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
-    }
-
-    /// Adds `SET key value` (packed by hand: values are large blocks, not copied twice).
-    pub fn set(&mut self, key: &[u8], value: &[u8]) {
-        use std::io::Write;
-        let s0 = self.buf.len() as u32;
-        let _ = write!(self.buf, "*3\r\n$3\r\nSET\r\n${}\r\n", key.len());
-        self.buf.extend_from_slice(key);
-        let _ = write!(self.buf, "\r\n${}\r\n", value.len());
-        self.buf.extend_from_slice(value);
-        self.buf.extend_from_slice(b"\r\n");
-        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
-    }
-
-    fn bytes(&self, i: usize) -> &[u8] {
-        let (_, s, e) = self.ops[i];
-        &self.buf[s as usize..e as usize]
-    }
-}
-
-fn itoa_buf() -> [u8; 20] {
-    [0; 20]
-}
-
-fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    &buf[i..]
-}
-
-/// Per-node counters of what calls moved (read by the metrics).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct NodeStats {
-    pub node: String,
-    /// Commands answered, and bytes of their replies' values.
-    pub commands: u64,
-    pub bytes: u64,
-    /// Round trips (one pipeline each).
-    pub round_trips: u64,
-    /// Failures by kind (see [`FailKind::name`]).
-    pub errors: HashMap<&'static str, u64>,
-}
-
-struct Node {
-    addr: String,
-    conn: Option<redis::Connection>,
-    /// Whether this connection was sent `READONLY` (replica reads).
-    readonly: bool,
-    /// Not to be used until then while another copy exists.
-    down_until: Option<Instant>,
-    stats: NodeStats,
-}
-
-impl fmt::Debug for Node {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Node")
-            .field("addr", &self.addr)
-            .field("connected", &self.conn.is_some())
-            .field("down_until", &self.down_until)
-            .finish()
-    }
-}
 
 /// A slot range and the nodes holding it, primary first.
 #[derive(Debug, Clone)]
@@ -387,6 +113,14 @@ impl Cluster {
             }
         }
         out
+    }
+
+    /// Replicas of the slot of `key` (0 where no node serves it).
+    pub fn replicas_of(&self, key: &[u8]) -> usize {
+        match self.slot_range[key_slot(key) as usize] {
+            u16::MAX => 0,
+            r => self.ranges[r as usize].copies.len() - 1,
+        }
     }
 
     /// Counters per node.
@@ -509,12 +243,7 @@ impl Cluster {
             }
         }
         // Replicas answer reads only after READONLY; the role of a node may have changed.
-        for n in &mut self.nodes {
-            n.readonly = false;
-            if n.conn.is_some() {
-                // Keep the connection: READONLY is sent again before the next replica read.
-            }
-        }
+        self.nodes.iter_mut().for_each(|n| n.readonly = false);
     }
 
     /// The node a command on `slot` goes to, avoiding `avoid` and nodes down where another copy
@@ -662,7 +391,7 @@ impl Cluster {
             let mut groups: Vec<(usize, bool, Vec<usize>)> = Vec::new();
             let mut failed: Vec<(usize, Outcome)> = Vec::new();
             for &c in &pending {
-                let slot = ops.ops[c].0;
+                let slot = ops.slot(c);
                 let target = match ask[c] {
                     Some(node) => Some((node, false)),
                     None => self.route(slot, read, avoid[c]),
@@ -859,105 +588,5 @@ impl Cluster {
             }
             _ => Outcome::Fail(redirect(FailKind::Server)),
         }
-    }
-}
-
-fn left(deadline: Instant) -> std::result::Result<Duration, (FailKind, String)> {
-    let d = deadline.saturating_duration_since(Instant::now());
-    match d.is_zero() {
-        true => Err((FailKind::Timeout, "no time left".into())),
-        false => Ok(d),
-    }
-}
-
-fn io_kind(e: &redis::RedisError) -> FailKind {
-    match e.is_timeout() {
-        true => FailKind::Timeout,
-        false => FailKind::Connect,
-    }
-}
-
-fn send(
-    conn: &mut redis::Connection,
-    bytes: &[u8],
-    deadline: Instant,
-) -> std::result::Result<(), (FailKind, String)> {
-    conn.set_write_timeout(Some(left(deadline)?))
-        .map_err(|e| (io_kind(&e), e.to_string()))?;
-    conn.send_packed_command(bytes)
-        .map_err(|e| (io_kind(&e), format!("sending: {e}")))
-}
-
-fn recv(
-    conn: &mut redis::Connection,
-    deadline: Instant,
-) -> std::result::Result<Value, (FailKind, String)> {
-    conn.set_read_timeout(Some(left(deadline)?))
-        .map_err(|e| (io_kind(&e), e.to_string()))?;
-    conn.recv_response().map_err(|e| {
-        let kind = io_kind(&e);
-        let what = match kind {
-            FailKind::Timeout => "no reply in time".to_string(),
-            _ => format!("reading: {e}"),
-        };
-        (kind, what)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_parse_with_and_without_scheme_and_auth() {
-        let o = ClusterOptions::parse("redis://127.0.0.1:7000,127.0.0.1:7001").unwrap();
-        assert_eq!(o.seeds, ["127.0.0.1:7000", "127.0.0.1:7001"]);
-        assert_eq!(o.password, None);
-        let o = ClusterOptions::parse("redis://u:p@h:1/").unwrap();
-        assert_eq!(
-            (o.username.as_deref(), o.password.as_deref()),
-            (Some("u"), Some("p"))
-        );
-        assert_eq!(o.seeds, ["h:1"]);
-        let o = ClusterOptions::parse(":secret@h:2").unwrap();
-        assert_eq!(
-            (o.username.as_deref(), o.password.as_deref()),
-            (None, Some("secret"))
-        );
-        assert!(!format!("{o:?}").contains("secret"));
-        for bad in [
-            "redis://",
-            "redis://host",
-            "redis://h:notaport",
-            "rediss://h:1",
-        ] {
-            assert!(ClusterOptions::parse(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn getrange_is_packed_as_the_crate_packs_it() {
-        let mut ops = Ops::default();
-        ops.getrange(b"ember:m:v1:t:17", 0, 255);
-        ops.getrange(b"k", 1_000_000, 1_000_071);
-        ops.set(b"s", b"\x00\r\nv");
-        let mut want = Vec::new();
-        redis::cmd("GETRANGE")
-            .arg("ember:m:v1:t:17")
-            .arg(0)
-            .arg(255)
-            .write_packed_command(&mut want);
-        redis::cmd("GETRANGE")
-            .arg("k")
-            .arg(1_000_000)
-            .arg(1_000_071)
-            .write_packed_command(&mut want);
-        redis::cmd("SET")
-            .arg("s")
-            .arg(b"\x00\r\nv")
-            .write_packed_command(&mut want);
-        assert_eq!(ops.buf, want);
-        assert_eq!(ops.ops[0].0, key_slot(b"ember:m:v1:t:17"));
-        assert_eq!(ops.len(), 3);
     }
 }

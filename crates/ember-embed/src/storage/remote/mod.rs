@@ -4,10 +4,14 @@
 //! |---|---|
 //! | `layout.rs` | every key, and how rows are packed into blocks (the measured choice) |
 //! | `slot.rs` | the cluster's key slot (CRC-16) |
+//! | `options.rs` | [`ClusterOptions`] (the `redis://` URL, timeouts, retries) and how calls fail |
+//! | `ops.rs` | [`Ops`]: a call's commands, packed |
+//! | `wire.rs` | a node's connection: sends and receives bounded by a deadline |
 //! | `cluster.rs` | [`Cluster`]: routing, one pipeline per node, deadlines, bounded retries, failover |
 //! | `manifest.rs` | [`Manifest`]: a version's tables, shapes and block CRCs |
 //! | `store.rs` | [`RedisStore`]: the [`crate::storage::RowStore`] of `remote` tables |
-//! | `admin.rs` | [`push`], [`verify`], [`list`], [`remove`]: what `ember store` runs |
+//! | `push.rs` | [`push`]: a model's tables as a version (resumable, verified) |
+//! | `admin.rs` | [`verify`], [`list`], [`remove`]: the rest of what `ember store` runs |
 //!
 //! `docs/remote-tier.md` is the user's guide: layout and its figures, commands, failure
 //! semantics, sizing and a deployment sketch.
@@ -16,15 +20,21 @@ mod admin;
 mod cluster;
 pub mod layout;
 mod manifest;
+mod ops;
+mod options;
+mod push;
 pub mod slot;
 mod store;
+mod wire;
 
-pub use admin::{
-    PushOptions, PushReport, VerifyReport, VersionListing, list, push, remove, verify,
-};
-pub use cluster::{Cluster, ClusterOptions, FailKind, NodeStats, Ops};
+pub use admin::{VerifyReport, VersionListing, list, remove, verify};
+pub use cluster::Cluster;
 pub use layout::VersionState;
 pub use manifest::{Manifest, ManifestTable};
+pub use ops::Ops;
+pub use options::{ClusterOptions, FailKind, Failure};
+pub use push::{PushOptions, PushReport, RowSource, push};
 pub use store::{
     RedisStore, RemoteSource, RemoteTableSpec, read_manifest, resolve_version, versions,
 };
+pub use wire::NodeStats;

@@ -2,9 +2,11 @@
 //! `GETRANGE` each, sent as one pipeline per node (all nodes in parallel, [`Cluster::run`]);
 //! every reply is checked for its length before any row lands.
 
-use super::cluster::{Cluster, ClusterOptions, Ops};
+use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
+use super::ops::Ops;
+use super::options::ClusterOptions;
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};

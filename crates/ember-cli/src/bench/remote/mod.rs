@@ -10,24 +10,26 @@
 //! warm-up then timed runs, checked bit for bit against DRAM; the ceiling loop with as many rows
 //! per batch as the smallest cache missed.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
 use ember_bench::stats::{human_bytes, median, percentile};
-use ember_embed::storage::remote::{
-    self, Cluster, ClusterOptions, Ops, PushOptions, RemoteSource, slot::key_slot,
-};
+use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
 use ember_embed::tier::pipeline;
 use ember_embed::{
     CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Pooler, Stager, TierOptions,
 };
-use rand::{Rng, SeedableRng};
-use redis::Value;
 use serde_json::{Value as Json, json};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::setup::{self, EmbedArgs};
+
+mod ceiling;
+mod layouts;
+
+use ceiling::ceiling_loop;
+use layouts::layout_study;
 
 #[derive(Debug, Args)]
 pub struct RemoteArgs {
@@ -72,7 +74,10 @@ pub fn run(r: RemoteArgs) -> Result<()> {
         source,
         isa,
     } = a.setup()?;
-    ensure!(!r.policies.is_empty(), "--policies needs at least one policy");
+    ensure!(
+        !r.policies.is_empty(),
+        "--policies needs at least one policy"
+    );
     let total = s.table_bytes(a.dtype)?;
     let (dram, _) = setup::build_tables(a, s, total)?;
     let local = match &r.redis {
@@ -88,7 +93,10 @@ pub fn run(r: RemoteArgs) -> Result<()> {
             Some(c)
         }
     };
-    let url = r.redis.clone().unwrap_or_else(|| local.as_ref().expect("started").url());
+    let url = r
+        .redis
+        .clone()
+        .unwrap_or_else(|| local.as_ref().expect("started").url());
     let mut admin_opts = ClusterOptions::parse(&url)?;
     admin_opts.timeout = Duration::from_secs(60);
     let mut admin = Cluster::connect(admin_opts.clone())?;
@@ -100,7 +108,10 @@ pub fn run(r: RemoteArgs) -> Result<()> {
     };
 
     // Push, against redis-benchmark's pipelined SET of the same value size.
-    let model = format!("bench-{}x{}x{}-{}-{}", s.tables, s.rows, s.dim, a.dtype, a.seed);
+    let model = format!(
+        "bench-{}x{}x{}-{}-{}",
+        s.tables, s.rows, s.dim, a.dtype, a.seed
+    );
     if let Ok(vs) = remote::versions(&mut admin, &model) {
         for (v, _) in vs {
             remote::remove(&mut admin, &model, v, Duration::from_secs(60))?;
@@ -109,7 +120,13 @@ pub fn run(r: RemoteArgs) -> Result<()> {
     let tables: Vec<&EmbeddingTable> = dram.tables().iter().collect();
     let mem0 = used_memory(&primaries)?;
     let t0 = Instant::now();
-    let rep = remote::push(&mut admin, &model, &tables, &PushOptions::default(), &mut |_, _| {})?;
+    let rep = remote::push(
+        &mut admin,
+        &model,
+        &tables,
+        &PushOptions::default(),
+        &mut |_, _| {},
+    )?;
     let push_s = t0.elapsed().as_secs_f64();
     let stored = used_memory(&primaries)?.saturating_sub(mem0);
     let manifest = remote::read_manifest(&mut admin, &model, rep.version)?;
@@ -199,13 +216,19 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
                 if std::ptr::eq(*batches, runs[0]) {
                     ensure!(
-                        out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        out.iter()
+                            .zip(&want)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
                         "the remote tier's pooled output ({policy}) differs from DRAM's"
                     );
                 }
             }
             let st = stager.stats();
-            let mut fetch: Vec<f64> = stager.take_fetch_samples().iter().map(|&x| x as f64).collect();
+            let mut fetch: Vec<f64> = stager
+                .take_fetch_samples()
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
             fetch.sort_by(f64::total_cmp);
             let batches_timed = (runs.len() * a.batches) as f64;
             let misses_per_batch = st.misses as f64 / batches_timed;
@@ -223,7 +246,9 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 percentile(&fetch, 0.99) * 1e3,
             );
             if fraction == r.cache_fractions.iter().copied().fold(f64::MAX, f64::min) {
-                smallest_misses = Some(smallest_misses.map_or(misses_per_batch, |x: f64| x.max(misses_per_batch)));
+                smallest_misses = Some(
+                    smallest_misses.map_or(misses_per_batch, |x: f64| x.max(misses_per_batch)),
+                );
             }
             results.push(json!({
                 "cache_fraction": fraction,
@@ -248,7 +273,15 @@ pub fn run(r: RemoteArgs) -> Result<()> {
     // The cluster's own rate for fetches of that size.
     let ceiling = match smallest_misses {
         Some(m) if m >= 1.0 => {
-            let c = ceiling_loop(&url, &model, rep.version, &manifest, m.round() as usize, r.loop_secs, a.seed)?;
+            let c = ceiling_loop(
+                &url,
+                &model,
+                rep.version,
+                &manifest,
+                m.round() as usize,
+                r.loop_secs,
+                a.seed,
+            )?;
             eprintln!(
                 "ceiling: plain pipelined GETRANGE loop, {} rows per batch: {:.0} rows/s, p99 {:.2} ms per batch",
                 m.round(),
@@ -256,7 +289,9 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 c.1 * 1e3
             );
             for res in results.iter_mut() {
-                if res["cache_fraction"].as_f64() == Some(r.cache_fractions.iter().copied().fold(f64::MAX, f64::min)) {
+                if res["cache_fraction"].as_f64()
+                    == Some(r.cache_fractions.iter().copied().fold(f64::MAX, f64::min))
+                {
                     let rate = res["fetch_rows_per_s"].as_f64().unwrap_or(0.0);
                     res["fetch_vs_ceiling"] = json!(rate / c.0);
                 }
@@ -316,7 +351,7 @@ fn run_tier(
 /// Sum over `nodes` (`host:port`) of the memory holding data: `used_memory` less client
 /// buffers and the replication backlog, read once no lazily freed value is pending (an `UNLINK`
 /// frees values in the background).
-fn used_memory(nodes: &[String]) -> Result<u64> {
+pub(super) fn used_memory(nodes: &[String]) -> Result<u64> {
     let mut sum = 0;
     for n in nodes {
         let port: u16 = n.rsplit(':').next().unwrap_or("").parse()?;
@@ -332,91 +367,33 @@ fn used_memory(nodes: &[String]) -> Result<u64> {
     Ok(sum)
 }
 
-/// A plain loop: `rows` random rows per batch as `GETRANGE`s, one pipeline per primary (all
-/// sent, then all read), over the `redis` crate's own connections. Rows/s and the p99 batch.
-fn ceiling_loop(
-    url: &str,
-    model: &str,
-    version: u64,
-    manifest: &remote::Manifest,
-    rows: usize,
-    secs: f64,
-    seed: u64,
-) -> Result<(f64, f64)> {
-    let opts = ClusterOptions::parse(url)?;
-    let slots = slot_map(&opts.seeds[0])?;
-    let mut conns: Vec<(String, redis::Connection)> = Vec::new();
-    for (_, _, node) in &slots {
-        if !conns.iter().any(|c| &c.0 == node) {
-            let c = redis::Client::open(format!("redis://{node}/"))?.get_connection()?;
-            conns.push((node.clone(), c));
-        }
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xc0ffee);
-    let mut bufs: Vec<(Vec<u8>, usize)> = vec![(Vec::new(), 0); conns.len()];
-    let (mut done, mut times) = (0usize, Vec::new());
-    let t0 = Instant::now();
-    while t0.elapsed().as_secs_f64() < secs {
-        bufs.iter_mut().for_each(|b| {
-            b.0.clear();
-            b.1 = 0;
-        });
-        for _ in 0..rows {
-            let t = &manifest.tables[rng.random_range(0..manifest.tables.len())];
-            let row = rng.random_range(0..t.rows);
-            let key = format!("{}{}", remote::layout::block_prefix(model, version, &t.name), row / t.rows_per_block);
-            let off = (row % t.rows_per_block) * t.row_bytes;
-            let slot = key_slot(key.as_bytes());
-            let node = &slots.iter().find(|r| r.0 <= slot && slot <= r.1).context("slot not covered")?.2;
-            let i = conns.iter().position(|c| &c.0 == node).expect("connected");
-            redis::cmd("GETRANGE").arg(&key).arg(off).arg(off + t.row_bytes - 1).write_packed_command(&mut bufs[i].0);
-            bufs[i].1 += 1;
-        }
-        let b0 = Instant::now();
-        for (c, b) in conns.iter_mut().zip(&bufs) {
-            if b.1 > 0 {
-                c.1.send_packed_command(&b.0)?;
-            }
-        }
-        for (c, b) in conns.iter_mut().zip(&bufs) {
-            for _ in 0..b.1 {
-                if let Value::BulkString(v) = c.1.recv_response()? {
-                    done += usize::from(!v.is_empty());
-                }
-            }
-        }
-        times.push(b0.elapsed().as_secs_f64());
-    }
-    let busy: f64 = times.iter().sum();
-    times.sort_by(f64::total_cmp);
-    Ok((done as f64 / busy, percentile(&times, 0.99)))
-}
-
-/// `(first slot, last slot, primary host:port)` from `CLUSTER SLOTS`.
-fn slot_map(seed: &str) -> Result<Vec<(u16, u16, String)>> {
-    let mut c = redis::Client::open(format!("redis://{seed}/"))?.get_connection()?;
-    let Value::Array(ranges) = redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c)? else {
-        bail!("CLUSTER SLOTS: unexpected reply");
-    };
-    let mut out = Vec::new();
-    for r in ranges {
-        let Value::Array(p) = r else { continue };
-        if let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(n))) = (p.first(), p.get(1), p.get(2))
-            && let (Some(Value::BulkString(h)), Some(Value::Int(port))) = (n.first(), n.get(1))
-        {
-            out.push((*lo as u16, *hi as u16, format!("{}:{port}", String::from_utf8_lossy(h))));
-        }
-    }
-    Ok(out)
-}
-
 /// `redis-benchmark --cluster` pipelined `SET` of `value` bytes: bytes/s (`None` when the tool
 /// is missing).
 fn redis_benchmark_set(node: &str, value: usize, n: usize) -> Result<Option<f64>> {
     let (host, port) = node.rsplit_once(':').context("host:port")?;
     let out = match Command::new("redis-benchmark")
-        .args(["--cluster", "-h", host, "-p", port, "-t", "set", "-P", "16", "-c", "3", "-q"])
-        .args(["-d", &value.to_string(), "-n", &(n * 4).to_string(), "-r", &n.to_string()])
+        .args([
+            "--cluster",
+            "-h",
+            host,
+            "-p",
+            port,
+            "-t",
+            "set",
+            "-P",
+            "16",
+            "-c",
+            "3",
+            "-q",
+        ])
+        .args([
+            "-d",
+            &value.to_string(),
+            "-n",
+            &(n * 4).to_string(),
+            "-r",
+            &n.to_string(),
+        ])
         .output()
     {
         Ok(o) => o,
@@ -429,133 +406,4 @@ fn redis_benchmark_set(node: &str, value: usize, n: usize) -> Result<Option<f64>
         .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
         .next_back();
     Ok(rps.map(|r| r * value as f64))
-}
-
-/// Memory per row and fetch rate of three layouts of the same rows (256- and 72-byte rows):
-/// Ember's blocks (`GETRANGE`), a hash per partition (HPS, TFRA: `HMGET`), a key per row
-/// (DeepRec: `GET`).
-fn layout_study(cluster: &mut Cluster, primaries: &[String], rows: usize, secs: f64) -> Result<Json> {
-    let mut out = Vec::new();
-    for row_bytes in [256usize, 72] {
-        for layout in ["blocks", "hash_per_partition", "key_per_row"] {
-            let (mem, rate) = one_layout(cluster, primaries, layout, rows, row_bytes, secs)?;
-            eprintln!(
-                "layout {layout:<18} {row_bytes:>3}-byte rows: {:.1} bytes per row in INFO memory ({:.2}x raw), fetch {:.0} rows/s",
-                mem,
-                mem / row_bytes as f64,
-                rate
-            );
-            out.push(json!({"layout": layout, "row_bytes": row_bytes, "memory_per_row": mem,
-                "memory_vs_raw": mem / row_bytes as f64, "fetch_rows_per_s": rate}));
-        }
-    }
-    Ok(Json::Array(out))
-}
-
-fn one_layout(
-    cluster: &mut Cluster,
-    primaries: &[String],
-    layout: &str,
-    rows: usize,
-    rb: usize,
-    secs: f64,
-) -> Result<(f64, f64)> {
-    let partitions = primaries.len() * 4;
-    let rpb = remote::layout::rows_per_block(rows, rb);
-    let row = vec![0x5au8; rb];
-    let key = |r: usize| -> (String, Option<[u8; 8]>) {
-        match layout {
-            "blocks" => (format!("ember-layout:b:{}", r / rpb), None),
-            "hash_per_partition" => (format!("ember-layout:h:{{p{}}}", r % partitions), Some((r as u64).to_le_bytes())),
-            _ => (format!("ember-layout:k:{r}"), None),
-        }
-    };
-    let deadline = || Instant::now() + Duration::from_secs(60);
-    let mem0 = used_memory(primaries)?;
-    let mut ops = Ops::default();
-    let flush = |cluster: &mut Cluster, ops: &mut Ops| -> Result<()> {
-        cluster.run(ops, false, deadline())?;
-        ops.clear();
-        Ok(())
-    };
-    match layout {
-        "blocks" => {
-            let block = row.repeat(rpb);
-            for b in 0..rows.div_ceil(rpb) {
-                let n = (rows - b * rpb).min(rpb);
-                ops.set(key(b * rpb).0.as_bytes(), &block[..n * rb]);
-                if ops.len() >= 64 {
-                    flush(cluster, &mut ops)?;
-                }
-            }
-        }
-        _ => {
-            for r in 0..rows {
-                let (k, field) = key(r);
-                match field {
-                    Some(f) => ops.push(k.as_bytes(), redis::cmd("HSET").arg(&k).arg(&f[..]).arg(&row)),
-                    None => ops.set(k.as_bytes(), &row),
-                }
-                if ops.len() >= 4096 {
-                    flush(cluster, &mut ops)?;
-                }
-            }
-        }
-    }
-    if !ops.is_empty() {
-        flush(cluster, &mut ops)?;
-    }
-    let mem = used_memory(primaries)?.saturating_sub(mem0) as f64 / rows as f64;
-    // Fetch: batches of 1000 random rows.
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let (mut fetched, mut busy) = (0usize, 0f64);
-    let t0 = Instant::now();
-    while t0.elapsed().as_secs_f64() < secs {
-        ops.clear();
-        let ids: Vec<usize> = (0..1000).map(|_| rng.random_range(0..rows)).collect();
-        match layout {
-            "blocks" => ids.iter().for_each(|&r| {
-                let off = (r % rpb) * rb;
-                ops.getrange(key(r).0.as_bytes(), off, off + rb - 1)
-            }),
-            "hash_per_partition" => {
-                let mut by: Vec<Vec<[u8; 8]>> = vec![Vec::new(); partitions];
-                ids.iter().for_each(|&r| by[r % partitions].push((r as u64).to_le_bytes()));
-                for (p, fields) in by.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
-                    let k = format!("ember-layout:h:{{p{p}}}");
-                    let mut c = redis::cmd("HMGET");
-                    c.arg(&k);
-                    fields.iter().for_each(|f| {
-                        c.arg(&f[..]);
-                    });
-                    ops.push(k.as_bytes(), &c);
-                }
-            }
-            _ => ids.iter().for_each(|&r| {
-                let k = key(r).0;
-                ops.push(k.as_bytes(), redis::cmd("GET").arg(&k))
-            }),
-        }
-        let b0 = Instant::now();
-        cluster.run(&ops, true, deadline())?;
-        busy += b0.elapsed().as_secs_f64();
-        fetched += ids.len();
-    }
-    // Clean up (bounded UNLINKs).
-    ops.clear();
-    let keys: Vec<String> = match layout {
-        "blocks" => (0..rows.div_ceil(rpb)).map(|b| key(b * rpb).0).collect(),
-        "hash_per_partition" => (0..partitions).map(|p| format!("ember-layout:h:{{p{p}}}")).collect(),
-        _ => (0..rows).map(|r| key(r).0).collect(),
-    };
-    for k in keys {
-        ops.push(k.as_bytes(), redis::cmd("UNLINK").arg(&k));
-        if ops.len() >= 4096 {
-            flush(cluster, &mut ops)?;
-        }
-    }
-    if !ops.is_empty() {
-        flush(cluster, &mut ops)?;
-    }
-    Ok((mem, fetched as f64 / busy))
 }

@@ -1,0 +1,104 @@
+//! The ceiling of `bench remote`: the cluster's own rate for the same fetches, a plain loop over
+//! the `redis` crate's connections (no Ember code on the path).
+
+use anyhow::{Context, Result, bail};
+use ember_bench::stats::percentile;
+use ember_embed::storage::remote::{self, ClusterOptions, slot::key_slot};
+use rand::{Rng, SeedableRng};
+use redis::Value;
+use std::time::Instant;
+
+/// A plain loop: `rows` random rows per batch as `GETRANGE`s, one pipeline per primary (all
+/// sent, then all read), over the `redis` crate's own connections. Rows/s and the p99 batch.
+pub(super) fn ceiling_loop(
+    url: &str,
+    model: &str,
+    version: u64,
+    manifest: &remote::Manifest,
+    rows: usize,
+    secs: f64,
+    seed: u64,
+) -> Result<(f64, f64)> {
+    let opts = ClusterOptions::parse(url)?;
+    let slots = slot_map(&opts.seeds[0])?;
+    let mut conns: Vec<(String, redis::Connection)> = Vec::new();
+    for (_, _, node) in &slots {
+        if !conns.iter().any(|c| &c.0 == node) {
+            let c = redis::Client::open(format!("redis://{node}/"))?.get_connection()?;
+            conns.push((node.clone(), c));
+        }
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xc0ffee);
+    let mut bufs: Vec<(Vec<u8>, usize)> = vec![(Vec::new(), 0); conns.len()];
+    let (mut done, mut times) = (0usize, Vec::new());
+    let t0 = Instant::now();
+    while t0.elapsed().as_secs_f64() < secs {
+        bufs.iter_mut().for_each(|b| {
+            b.0.clear();
+            b.1 = 0;
+        });
+        for _ in 0..rows {
+            let t = &manifest.tables[rng.random_range(0..manifest.tables.len())];
+            let row = rng.random_range(0..t.rows);
+            let key = format!(
+                "{}{}",
+                remote::layout::block_prefix(model, version, &t.name),
+                row / t.rows_per_block
+            );
+            let off = (row % t.rows_per_block) * t.row_bytes;
+            let slot = key_slot(key.as_bytes());
+            let node = &slots
+                .iter()
+                .find(|r| r.0 <= slot && slot <= r.1)
+                .context("slot not covered")?
+                .2;
+            let i = conns.iter().position(|c| &c.0 == node).expect("connected");
+            redis::cmd("GETRANGE")
+                .arg(&key)
+                .arg(off)
+                .arg(off + t.row_bytes - 1)
+                .write_packed_command(&mut bufs[i].0);
+            bufs[i].1 += 1;
+        }
+        let b0 = Instant::now();
+        for (c, b) in conns.iter_mut().zip(&bufs) {
+            if b.1 > 0 {
+                c.1.send_packed_command(&b.0)?;
+            }
+        }
+        for (c, b) in conns.iter_mut().zip(&bufs) {
+            for _ in 0..b.1 {
+                if let Value::BulkString(v) = c.1.recv_response()? {
+                    done += usize::from(!v.is_empty());
+                }
+            }
+        }
+        times.push(b0.elapsed().as_secs_f64());
+    }
+    let busy: f64 = times.iter().sum();
+    times.sort_by(f64::total_cmp);
+    Ok((done as f64 / busy, percentile(&times, 0.99)))
+}
+
+/// `(first slot, last slot, primary host:port)` from `CLUSTER SLOTS`.
+fn slot_map(seed: &str) -> Result<Vec<(u16, u16, String)>> {
+    let mut c = redis::Client::open(format!("redis://{seed}/"))?.get_connection()?;
+    let Value::Array(ranges) = redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c)? else {
+        bail!("CLUSTER SLOTS: unexpected reply");
+    };
+    let mut out = Vec::new();
+    for r in ranges {
+        let Value::Array(p) = r else { continue };
+        if let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(n))) =
+            (p.first(), p.get(1), p.get(2))
+            && let (Some(Value::BulkString(h)), Some(Value::Int(port))) = (n.first(), n.get(1))
+        {
+            out.push((
+                *lo as u16,
+                *hi as u16,
+                format!("{}:{port}", String::from_utf8_lossy(h)),
+            ));
+        }
+    }
+    Ok(out)
+}

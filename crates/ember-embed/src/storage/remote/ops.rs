@@ -1,0 +1,123 @@
+//! [`Ops`]: a call's commands, packed (RESP) back to back in one buffer, each with the slot of
+//! its key. `GETRANGE` and `SET` are packed by hand (the hot paths); anything else through the
+//! `redis` crate's `Cmd`.
+
+use super::slot::key_slot;
+
+/// Commands for [`Cluster::run`]: packed (RESP) commands back to back in one buffer, each with the
+/// slot of its key.
+#[derive(Debug, Default)]
+pub struct Ops {
+    buf: Vec<u8>,
+    ops: Vec<(u16, u32, u32)>,
+}
+
+impl Ops {
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.ops.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The slot of command `i`'s key.
+    pub(super) fn slot(&self, i: usize) -> u16 {
+        self.ops[i].0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Adds a command on `key` (its slot routes it).
+    pub fn push(&mut self, key: &[u8], cmd: &redis::Cmd) {
+        let start = self.buf.len() as u32;
+        cmd.write_packed_command(&mut self.buf);
+        self.ops.push((key_slot(key), start, self.buf.len() as u32));
+    }
+
+    /// Adds `GETRANGE key start end` (packed by hand: the hot path of remote reads).
+    pub fn getrange(&mut self, key: &[u8], start: usize, end: usize) {
+        use std::io::Write;
+        let s0 = self.buf.len() as u32;
+        let (mut a, mut b) = (itoa_buf(), itoa_buf());
+        let a = fmt_usize(&mut a, start);
+        let b = fmt_usize(&mut b, end);
+        let _ = write!(self.buf, "*4\r\n$8\r\nGETRANGE\r\n${}\r\n", key.len());
+        self.buf.extend_from_slice(key);
+        let _ = write!(self.buf, "\r\n${}\r\n", a.len());
+        self.buf.extend_from_slice(a);
+        let _ = write!(self.buf, "\r\n${}\r\n", b.len());
+        self.buf.extend_from_slice(b);
+        self.buf.extend_from_slice(b"\r\n");
+        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
+    }
+
+    /// Adds `SET key value` (packed by hand: values are large blocks, not copied twice).
+    pub fn set(&mut self, key: &[u8], value: &[u8]) {
+        use std::io::Write;
+        let s0 = self.buf.len() as u32;
+        let _ = write!(self.buf, "*3\r\n$3\r\nSET\r\n${}\r\n", key.len());
+        self.buf.extend_from_slice(key);
+        let _ = write!(self.buf, "\r\n${}\r\n", value.len());
+        self.buf.extend_from_slice(value);
+        self.buf.extend_from_slice(b"\r\n");
+        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
+    }
+
+    /// The packed bytes of command `i`.
+    pub(super) fn bytes(&self, i: usize) -> &[u8] {
+        let (_, s, e) = self.ops[i];
+        &self.buf[s as usize..e as usize]
+    }
+}
+
+fn itoa_buf() -> [u8; 20] {
+    [0; 20]
+}
+
+fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn getrange_is_packed_as_the_crate_packs_it() {
+        let mut ops = Ops::default();
+        ops.getrange(b"ember:m:v1:t:17", 0, 255);
+        ops.getrange(b"k", 1_000_000, 1_000_071);
+        ops.set(b"s", b"\x00\r\nv");
+        let mut want = Vec::new();
+        redis::cmd("GETRANGE")
+            .arg("ember:m:v1:t:17")
+            .arg(0)
+            .arg(255)
+            .write_packed_command(&mut want);
+        redis::cmd("GETRANGE")
+            .arg("k")
+            .arg(1_000_000)
+            .arg(1_000_071)
+            .write_packed_command(&mut want);
+        redis::cmd("SET")
+            .arg("s")
+            .arg(b"\x00\r\nv")
+            .write_packed_command(&mut want);
+        assert_eq!(ops.buf, want);
+        assert_eq!(ops.ops[0].0, key_slot(b"ember:m:v1:t:17"));
+        assert_eq!(ops.len(), 3);
+    }
+}

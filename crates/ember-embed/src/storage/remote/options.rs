@@ -1,0 +1,199 @@
+//! How to reach a cluster and how long to wait ([`ClusterOptions`], parsed from a
+//! `redis://` URL), and how a call fails ([`FailKind`], [`Failure`]).
+
+use crate::error::{EmbedError, Result};
+use std::fmt;
+use std::time::Duration;
+
+/// How to reach a cluster, and how long to wait for it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterOptions {
+    /// Nodes to learn the cluster from, `host:port`.
+    pub seeds: Vec<String>,
+    /// `AUTH` credentials, if the cluster asks for them.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Longest wait for a TCP connection to a node.
+    pub connect_timeout: Duration,
+    /// Deadline of one call (a batch's fetch), retries included.
+    pub timeout: Duration,
+    /// Retries of the commands that failed, within the deadline.
+    pub retries: u32,
+    /// Spread reads over each slot's primary and replicas.
+    pub read_from_replicas: bool,
+    /// How long a node that failed is avoided while another copy of its slots exists.
+    pub down_for: Duration,
+}
+
+impl fmt::Debug for ClusterOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterOptions")
+            .field("seeds", &self.seeds)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("retries", &self.retries)
+            .field("read_from_replicas", &self.read_from_replicas)
+            .finish()
+    }
+}
+
+impl ClusterOptions {
+    /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out).
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |reason: String| EmbedError::BadOption {
+            option: "redis",
+            reason,
+        };
+        let rest = url.strip_prefix("redis://").unwrap_or(url);
+        if rest.starts_with("rediss://") || url.starts_with("rediss://") {
+            return Err(bad("TLS (rediss://) is not supported yet".into()));
+        }
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((a, h)) => (Some(a), h),
+            None => (None, rest),
+        };
+        let (username, password) = match auth {
+            None => (None, None),
+            Some(a) => match a.split_once(':') {
+                Some((u, p)) => ((!u.is_empty()).then(|| u.to_string()), Some(p.to_string())),
+                None => (None, Some(a.to_string())),
+            },
+        };
+        let seeds: Vec<String> = hosts
+            .trim_end_matches('/')
+            .split(',')
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect();
+        if seeds.is_empty() {
+            return Err(bad(format!(
+                "'{url}' names no node (expected redis://host:port)"
+            )));
+        }
+        for s in &seeds {
+            let ok = s
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !ok {
+                return Err(bad(format!("'{s}' in '{url}' is not host:port")));
+            }
+        }
+        Ok(ClusterOptions {
+            seeds,
+            username,
+            password,
+            ..ClusterOptions::default()
+        })
+    }
+
+    /// The seeds, for messages: `redis cluster at 127.0.0.1:7000,127.0.0.1:7001`.
+    pub fn describe(&self) -> String {
+        format!("redis cluster at {}", self.seeds.join(","))
+    }
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            seeds: Vec::new(),
+            username: None,
+            password: None,
+            connect_timeout: Duration::from_millis(250),
+            timeout: Duration::from_millis(100),
+            retries: 2,
+            read_from_replicas: false,
+            down_for: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Why a call failed, for messages and the `kind` label of error metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailKind {
+    /// No connection (refused, reset, unreachable).
+    Connect,
+    /// No answer within the time given.
+    Timeout,
+    /// The cluster is failing over or resharding (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, ...)
+    /// past the retries.
+    Redirect,
+    /// The node answered an error that retrying will not fix.
+    Server,
+    /// A slot no node serves.
+    Uncovered,
+}
+
+impl FailKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            FailKind::Connect => "connect",
+            FailKind::Timeout => "timeout",
+            FailKind::Redirect => "redirect",
+            FailKind::Server => "server",
+            FailKind::Uncovered => "uncovered",
+        }
+    }
+}
+
+/// A failed call: what, where, and the node's or the socket's words.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub kind: FailKind,
+    /// `host:port`, or empty where no node is involved.
+    pub node: String,
+    pub detail: String,
+}
+
+impl Failure {
+    pub(super) fn new(kind: FailKind, node: &str, detail: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            node: node.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The error of this failure, naming the store.
+    pub fn into_error(self, store: &str) -> EmbedError {
+        EmbedError::StoreUnavailable {
+            store: store.into(),
+            kind: self.kind.name(),
+            node: self.node,
+            detail: self.detail,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_and_without_scheme_and_auth() {
+        let o = ClusterOptions::parse("redis://127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        assert_eq!(o.seeds, ["127.0.0.1:7000", "127.0.0.1:7001"]);
+        assert_eq!(o.password, None);
+        let o = ClusterOptions::parse("redis://u:p@h:1/").unwrap();
+        assert_eq!(
+            (o.username.as_deref(), o.password.as_deref()),
+            (Some("u"), Some("p"))
+        );
+        assert_eq!(o.seeds, ["h:1"]);
+        let o = ClusterOptions::parse(":secret@h:2").unwrap();
+        assert_eq!(
+            (o.username.as_deref(), o.password.as_deref()),
+            (None, Some("secret"))
+        );
+        assert!(!format!("{o:?}").contains("secret"));
+        for bad in [
+            "redis://",
+            "redis://host",
+            "redis://h:notaport",
+            "rediss://h:1",
+        ] {
+            assert!(ClusterOptions::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
