@@ -183,27 +183,19 @@ impl RowStore for RedisStore {
         let deadline = t0 + self.cluster.options().timeout;
         let replies = self.cluster.run(&self.ops, true, deadline);
         metrics::histogram!("ember_remote_fetch_seconds").record(t0.elapsed().as_secs_f64());
-        let replies = replies?;
-        // Check every reply before landing any row.
-        for (r, v) in reqs.iter().zip(&replies) {
-            let t = &self.tables[r.table];
-            let got = match v {
-                Value::BulkString(b) => b.len(),
-                Value::Nil => 0,
-                other => {
-                    return Err(self.row_error(r, format!("the store answered {other:?}")));
-                }
+        let mut replies = replies?;
+        // Check every reply before landing any row. A row missing from a copy read during a
+        // failover (a replica out of sync: seen once under heavy load, cause not pinned down) is
+        // read once more from the primaries before it is reported.
+        if let Err(e) = self.check(reqs, &replies) {
+            replies = match Instant::now() < deadline {
+                true => self
+                    .cluster
+                    .run(&self.ops, false, deadline)
+                    .map_err(|_| e)?,
+                false => return Err(e),
             };
-            if got != t.row_bytes {
-                let reason = match got {
-                    0 => "missing in the store (a partial push?)".to_string(),
-                    n => format!(
-                        "{n} bytes in the store, expected {} (a partial push?)",
-                        t.row_bytes
-                    ),
-                };
-                return Err(self.row_error(r, reason));
-            }
+            self.check(reqs, &replies)?;
         }
         let mut bytes = 0u64;
         for (r, v) in reqs.iter().zip(&replies) {
@@ -227,6 +219,32 @@ impl RowStore for RedisStore {
 }
 
 impl RedisStore {
+    /// Whether every reply is a row of its exact length; else the error naming the first that
+    /// is not.
+    fn check(&self, reqs: &[RowRequest], replies: &[Value]) -> Result<()> {
+        for (r, v) in reqs.iter().zip(replies) {
+            let t = &self.tables[r.table];
+            let got = match v {
+                Value::BulkString(b) => b.len(),
+                Value::Nil => 0,
+                other => {
+                    return Err(self.row_error(r, format!("the store answered {other:?}")));
+                }
+            };
+            if got != t.row_bytes {
+                let reason = match got {
+                    0 => "missing in the store (a partial push?)".to_string(),
+                    n => format!(
+                        "{n} bytes in the store, expected {} (a partial push?)",
+                        t.row_bytes
+                    ),
+                };
+                return Err(self.row_error(r, reason));
+            }
+        }
+        Ok(())
+    }
+
     fn row_error(&self, r: &RowRequest, reason: String) -> EmbedError {
         EmbedError::RemoteRow {
             model: self.model.clone(),
