@@ -222,6 +222,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 None => format!("listening on {}", a.http),
             })?;
         let addr = server.addr();
+        // Poll the stop signal once, which installs its handlers, before the address is printed:
+        // a SIGHUP sent as soon as the line appears must stop the server, not kill it (a race the
+        // reliability test lost under a loaded CI run).
+        let mut stop = std::pin::pin!(ember_serve::shutdown_signal());
+        let early = tokio::select! {
+            biased;
+            s = &mut stop => Some(s),
+            _ = std::future::ready(()) => None,
+        };
         eprintln!(
             "serving model '{model_name}' on http://{addr}  (POST /v2/models/{model_name}/infer, \
              POST /v1/score, GET /metrics; up to {} connections; Ctrl-C, SIGTERM or SIGHUP \
@@ -231,7 +240,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         if let Some(g) = server.grpc_addr() {
             eprintln!("gRPC (inference.GRPCInferenceService) on {g}");
         }
-        let signal = ember_serve::shutdown_signal().await;
+        let signal = match early {
+            Some(s) => s,
+            None => stop.await,
+        };
         eprintln!(
             "{}: stopping (answering the requests received, for up to {:.1} s)...",
             signal.name(),
