@@ -102,16 +102,11 @@ pub fn run(cmd: StoreCmd) -> Result<()> {
     }
 }
 
-/// The name of directory `dir`.
-pub fn dir_name(dir: &std::path::Path) -> String {
-    std::path::absolute(dir)
-        .ok()
-        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "model".into())
-}
-
 fn push(a: PushArgs) -> Result<()> {
-    let name = a.name.clone().unwrap_or_else(|| dir_name(&a.model));
+    let name = a
+        .name
+        .clone()
+        .unwrap_or_else(|| ember_model::dir_name(&a.model));
     // Tables come from the directory as it places them (row files stay on disk), except those
     // placed remote, which are read from the safetensors file.
     let mut config = ember_model::config::ModelConfig::read(&a.model.join("config.json"))

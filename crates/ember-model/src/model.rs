@@ -295,13 +295,18 @@ fn tier_options(
         opts.pin_trace = Some(Arc::new(load_trace(&dir.join(p))?));
     }
     if let Some(r) = remote {
-        let name = std::path::absolute(dir)
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "model".into());
-        opts.remote = Some(r.source(&name).map_err(config_error)?);
+        opts.remote = Some(r.source(&dir_name(dir)).map_err(config_error)?);
     }
     Ok(opts)
+}
+
+/// The name of model directory `dir` (its last component, `model` when it has none): what a
+/// model is called in a remote store unless named.
+pub fn dir_name(dir: &Path) -> String {
+    std::path::absolute(dir)
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into())
 }
 
 /// A config refused after it was read (built in code, not from a file).

@@ -330,6 +330,11 @@ async fn score_route(
 
 async fn metrics_page(State(app): State<App>) -> Response {
     metrics::gauge!(m::INFLIGHT_BYTES).set(app.budget.used() as f64);
+    if app.spec.model().stager().has_remote() {
+        // Off the async workers: it may wait for a batch's fetch to release the stager.
+        let model = app.spec.model().clone();
+        let _ = tokio::task::spawn_blocking(move || m::record_store(&model)).await;
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         m::handle().render(),

@@ -200,7 +200,6 @@ pub fn record_tier(model: &ember_model::Model) {
     if !stager.is_active() {
         return;
     }
-    record_store(model);
     let s = stager.stats();
     metrics::counter!(TIER_HITS).absolute(s.hits);
     metrics::counter!(TIER_LOOKUPS).absolute(s.cache_lookups);
@@ -212,6 +211,8 @@ pub fn record_tier(model: &ember_model::Model) {
 }
 
 /// Publishes the remote store's counters per node and whether it answers (nothing without one).
+/// Called by the store probe every second and at each scrape, not per batch: it takes the
+/// stager's lock, which the next batch's fetch holds.
 pub fn record_store(model: &ember_model::Model) {
     let stager = model.stager();
     if !stager.has_remote() {

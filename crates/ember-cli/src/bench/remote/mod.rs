@@ -15,15 +15,15 @@ use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
 use ember_bench::stats::{human_bytes, median, percentile};
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
-use ember_embed::tier::pipeline;
 use ember_embed::{
-    CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Pooler, Stager, TierOptions,
+    CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Stager, TierOptions,
 };
 use serde_json::{Value as Json, json};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::setup::{self, EmbedArgs};
+use super::tiered::run_tier;
 
 mod ceiling;
 mod layouts;
@@ -206,13 +206,29 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 ..TierOptions::default()
             };
             let stager = Stager::new(&coll, opts)?;
-            run_tier(&stager, &coll, &pooler, &warmup, r.prefetch_depth, &mut out)?;
+            run_tier(
+                &stager,
+                &coll,
+                &pooler,
+                &warmup,
+                r.prefetch_depth,
+                &mut out,
+                &mut None,
+            )?;
             stager.reset_stats();
             stager.take_fetch_samples();
             let mut lps = Vec::new();
             for batches in &runs {
                 let t0 = Instant::now();
-                run_tier(&stager, &coll, &pooler, batches, r.prefetch_depth, &mut out)?;
+                run_tier(
+                    &stager,
+                    &coll,
+                    &pooler,
+                    batches,
+                    r.prefetch_depth,
+                    &mut out,
+                    &mut None,
+                )?;
                 lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
                 if std::ptr::eq(*batches, runs[0]) {
                     ensure!(
@@ -322,29 +338,6 @@ pub fn run(r: RemoteArgs) -> Result<()> {
         println!("{report}");
     }
     drop(local);
-    Ok(())
-}
-
-fn run_tier(
-    stager: &Stager,
-    coll: &EmbeddingCollection,
-    pooler: &Pooler,
-    batches: &[KeyedJagged],
-    depth: usize,
-    out: &mut [f32],
-) -> Result<()> {
-    pipeline(
-        stager,
-        coll,
-        depth,
-        batches.iter(),
-        |b| *b,
-        |kj, staged| -> Result<()> {
-            let staged = staged?;
-            pooler.run_staged(coll, coll.validate(kj)?, &staged, out)?;
-            Ok(())
-        },
-    )?;
     Ok(())
 }
 

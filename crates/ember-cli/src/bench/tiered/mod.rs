@@ -449,8 +449,8 @@ fn measure_dram(
 }
 
 /// Pools `batches` through the tier, `depth` batches staged ahead; keeps the last output in
-/// `keep` when asked.
-fn run_tier(
+/// `keep` when asked (`bench remote` runs its tier through it too).
+pub(crate) fn run_tier(
     stager: &Stager,
     coll: &EmbeddingCollection,
     pooler: &Pooler,

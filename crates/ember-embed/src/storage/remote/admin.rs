@@ -5,18 +5,10 @@
 use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::ops::Ops;
-use super::store::{call, read_manifest, versions};
-use crate::error::{EmbedError, Result};
+use super::store::{call, read_manifest, set_state, store_err, versions};
+use crate::error::Result;
 use redis::Value;
 use std::time::{Duration, Instant};
-
-fn store_err(model: &str, version: u64, reason: impl Into<String>) -> EmbedError {
-    EmbedError::RemoteStore {
-        model: model.into(),
-        version,
-        reason: reason.into(),
-    }
-}
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,16 +167,8 @@ pub fn remove(
     if !known.iter().any(|e| e.0 == version) {
         return Err(store_err(model, version, "no such version"));
     }
+    set_state(cluster, model, version, VersionState::Deleting)?;
     let vk = layout::versions_key(model);
-    call(
-        cluster,
-        &vk,
-        redis::cmd("HSET")
-            .arg(&vk)
-            .arg(version)
-            .arg(VersionState::Deleting.name()),
-        false,
-    )?;
     let mut unlinked = 0usize;
     if let Ok(manifest) = read_manifest(cluster, model, version) {
         let mut ops = Ops::default();

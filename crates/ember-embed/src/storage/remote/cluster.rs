@@ -123,6 +123,12 @@ impl Cluster {
         }
     }
 
+    /// Round trips (pipelines) so far, over all nodes: cheaper than [`Cluster::node_stats`] on
+    /// the read path.
+    pub fn round_trips(&self) -> u64 {
+        self.nodes.iter().map(|n| n.stats.round_trips).sum()
+    }
+
     /// Counters per node.
     pub fn node_stats(&self) -> Vec<NodeStats> {
         self.nodes.iter().map(|n| n.stats.clone()).collect()
@@ -465,8 +471,9 @@ impl Cluster {
                     if ask[c].is_some() {
                         // ASKING's own +OK.
                         if let Err((kind, detail)) = recv(conn, attempt_deadline) {
-                            broke = Some(Failure::new(kind, &nd.addr, detail));
-                            failed.push((c, Outcome::Retry(broke.clone().expect("set"))));
+                            let f = Failure::new(kind, &nd.addr, detail);
+                            failed.push((c, Outcome::Retry(f.clone())));
+                            broke = Some(f);
                             continue;
                         }
                     }

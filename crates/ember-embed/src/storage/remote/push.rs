@@ -13,9 +13,11 @@ use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::{FORMAT, FORMAT_VERSION, Manifest, ManifestTable};
 use super::ops::Ops;
-use super::store::{call, hash_entries, read_manifest, versions};
+use super::store::{
+    call, hash_entries, read_manifest, set_state, store_err, versions, write_manifest,
+};
 use crate::dtype::DType;
-use crate::error::{EmbedError, Result};
+use crate::error::Result;
 use redis::Value;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -69,14 +71,6 @@ fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn store_err(model: &str, version: u64, reason: impl Into<String>) -> EmbedError {
-    EmbedError::RemoteStore {
-        model: model.into(),
-        version,
-        reason: reason.into(),
-    }
 }
 
 /// The manifest of `tables` (no CRCs).
@@ -200,23 +194,8 @@ pub fn push<T: RowSource>(
             }
         }
     } else {
-        let key = layout::manifest_key(model, version);
-        call(
-            cluster,
-            &key,
-            redis::cmd("SET").arg(&key).arg(manifest.to_json()),
-            false,
-        )?;
-        let vk = layout::versions_key(model);
-        call(
-            cluster,
-            &vk,
-            redis::cmd("HSET")
-                .arg(&vk)
-                .arg(version)
-                .arg(VersionState::Pushing.name()),
-            false,
-        )?;
+        write_manifest(cluster, &manifest)?;
+        set_state(cluster, model, version, VersionState::Pushing)?;
         let mk = layout::models_key();
         call(cluster, &mk, redis::cmd("SADD").arg(&mk).arg(model), false)?;
     }
@@ -295,23 +274,8 @@ pub fn push<T: RowSource>(
     for (mt, c) in manifest.tables.iter_mut().zip(crcs) {
         mt.block_crcs = c;
     }
-    let key = layout::manifest_key(model, version);
-    call(
-        cluster,
-        &key,
-        redis::cmd("SET").arg(&key).arg(manifest.to_json()),
-        false,
-    )?;
-    let vk = layout::versions_key(model);
-    call(
-        cluster,
-        &vk,
-        redis::cmd("HSET")
-            .arg(&vk)
-            .arg(version)
-            .arg(VersionState::Ready.name()),
-        false,
-    )?;
+    write_manifest(cluster, &manifest)?;
+    set_state(cluster, model, version, VersionState::Ready)?;
     call(
         cluster,
         &done_key,

@@ -11,6 +11,7 @@ use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
 use redis::Value;
+use std::io::Write as _;
 use std::time::Instant;
 
 /// Where a model's remote tables are: the cluster, the model's name in it, and the version
@@ -170,16 +171,12 @@ impl RowStore for RedisStore {
             let (block, in_block) = (r.row / t.rows_per_block, r.row % t.rows_per_block);
             self.key.clear();
             self.key.extend_from_slice(&t.prefix);
-            self.key.extend_from_slice(block.to_string().as_bytes());
+            // Writing to a Vec cannot fail; no String per row.
+            let _ = write!(self.key, "{block}");
             let start = in_block * t.row_bytes;
             self.ops.getrange(&self.key, start, start + t.row_bytes - 1);
         }
-        let before: u64 = self
-            .cluster
-            .node_stats()
-            .iter()
-            .map(|n| n.round_trips)
-            .sum();
+        let before = self.cluster.round_trips();
         let deadline = t0 + self.cluster.options().timeout;
         let replies = self.cluster.run(&self.ops, true, deadline);
         metrics::histogram!("ember_remote_fetch_seconds").record(t0.elapsed().as_secs_f64());
@@ -204,12 +201,7 @@ impl RowStore for RedisStore {
                 land(r, b);
             }
         }
-        let after: u64 = self
-            .cluster
-            .node_stats()
-            .iter()
-            .map(|n| n.round_trips)
-            .sum();
+        let after = self.cluster.round_trips();
         Ok(ReadStats {
             reads: after - before,
             bytes,
@@ -324,6 +316,44 @@ pub(crate) fn bad_reply(cluster: &Cluster, key: &str, cmd: &str) -> EmbedError {
         node: String::new(),
         detail: format!("{cmd} {key}: unexpected reply"),
     }
+}
+
+/// An error about `version` of `model` in the store.
+pub(crate) fn store_err(model: &str, version: u64, reason: impl Into<String>) -> EmbedError {
+    EmbedError::RemoteStore {
+        model: model.into(),
+        version,
+        reason: reason.into(),
+    }
+}
+
+/// Writes `manifest` to its key.
+pub(crate) fn write_manifest(cluster: &mut Cluster, manifest: &Manifest) -> Result<()> {
+    let key = layout::manifest_key(&manifest.model, manifest.version);
+    call(
+        cluster,
+        &key,
+        redis::cmd("SET").arg(&key).arg(manifest.to_json()),
+        false,
+    )?;
+    Ok(())
+}
+
+/// Records `version` of `model` as `state` in the model's `versions` hash.
+pub(crate) fn set_state(
+    cluster: &mut Cluster,
+    model: &str,
+    version: u64,
+    state: VersionState,
+) -> Result<()> {
+    let key = layout::versions_key(model);
+    call(
+        cluster,
+        &key,
+        redis::cmd("HSET").arg(&key).arg(version).arg(state.name()),
+        false,
+    )?;
+    Ok(())
 }
 
 /// A model's versions and their states, oldest first.
