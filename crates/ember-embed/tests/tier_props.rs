@@ -282,6 +282,9 @@ fn check_store(
         queue_depth: 1 + (c.seed % 7) as usize,
         pin_trace: (!c.seed.is_multiple_of(3)).then(|| Arc::new(trace.to_vec())),
         refresh_batches: if c.seed.is_multiple_of(3) { 2 } else { 0 },
+        // No staging slot, a few, or the default: rows the cache does not keep are then copied,
+        // pooled in place until the slots run out, or (mostly) pooled in place.
+        staging_rows: [Some(0), Some(3), None][(c.seed % 5 % 3) as usize],
         ..TierOptions::default()
     };
     let stager = Stager::new(tier, opts).unwrap();
@@ -409,6 +412,81 @@ fn unstaged_tier_lookup_is_an_error() {
         .run_staged(&coll, coll.validate(&kj).unwrap(), &staged, &mut out)
         .unwrap_err();
     assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
+}
+
+#[test]
+fn cached_rows_pool_in_place_held_until_dropped() {
+    let dir = TempDir::new("inplace");
+    let mut rng = SmallRng::seed_from_u64(12);
+    let t = random_table(&mut rng, "t", 4000, 16, DType::F32);
+    let p = dir.path("t.rows");
+    write(&t, &p);
+    let tier =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    let mem = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).unwrap(),
+    ])
+    .unwrap();
+    // 100 rows of cache (64 bytes each) and 50 staging slots.
+    let budget = 100 * 64;
+    let stager = Stager::new(
+        &tier,
+        TierOptions {
+            cache_bytes: budget,
+            policy: CachePolicy::Lru,
+            staging_rows: Some(50),
+            ..TierOptions::default()
+        },
+    )
+    .unwrap();
+    let pooler = Pooler::new(PoolOptions::default()).unwrap();
+    let batch = |lo: u32| {
+        // 80 distinct ids, each twice, over 4 bags.
+        let ids: Vec<u32> = (0..160).map(|i| lo + (i * 7) % 80).collect();
+        KeyedJagged::from_lengths(vec!["t".into()], 4, &[40; 4], Ids::U32(ids), None).unwrap()
+    };
+    let check = |kj: &KeyedJagged, staged: &tier::StagedBatch| {
+        let mut want = vec![0f32; 4 * 16];
+        pooler
+            .run(&mem, mem.validate(kj).unwrap(), &mut want)
+            .unwrap();
+        let mut got = vec![f32::NAN; want.len()];
+        pooler
+            .run_staged(&tier, tier.validate(kj).unwrap(), staged, &mut got)
+            .unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+    };
+    let (ka, kb, kc) = (batch(0), batch(1000), batch(2000));
+    let a = stager.stage(&tier, tier.validate(&ka).unwrap()).unwrap();
+    // An empty cache admits all 80 rows: pooled in place, 80 slots held.
+    assert_eq!(a.in_place(), (1, 1));
+    assert_eq!(stager.held_slots(), 80);
+    // While `a` lives its 80 slots are not evicted: 20 free slots and 50 staging slots hold
+    // 70 of b's 80 rows; the last 10 find none, so b is copied.
+    let b = stager.stage(&tier, tier.validate(&kb).unwrap()).unwrap();
+    assert_eq!(b.in_place(), (0, 1));
+    stager.check_invariants(budget);
+    check(&ka, &a);
+    check(&kb, &b);
+    assert_eq!(stager.held_slots(), 80, "b's slots are let go at once");
+    drop((a, b));
+    assert_eq!(
+        stager.held_slots(),
+        0,
+        "dropped batches release their slots"
+    );
+    // With a's slots back, c's rows evict them and are pooled in place again.
+    let c = stager.stage(&tier, tier.validate(&kc).unwrap()).unwrap();
+    assert_eq!(c.in_place(), (1, 1));
+    check(&kc, &c);
+    stager.check_invariants(budget);
+    let s = stager.stats();
+    assert_eq!((s.hits, s.misses), (0, 240));
 }
 
 #[test]

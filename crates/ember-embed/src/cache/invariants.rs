@@ -13,9 +13,49 @@ impl RowCache {
     /// count table respects its bound.
     pub fn check_invariants(&self) {
         let cap = self.capacity;
-        assert_eq!(self.slab.len(), cap * self.row_bytes, "slab size");
+        let total = cap + self.reserve;
+        assert_eq!(self.slab.len(), total * self.row_bytes, "slab size");
         assert_eq!(self.slots.len(), cap, "slots length");
-        assert_eq!(self.state.len(), cap, "state length");
+        assert_eq!(self.state.len(), total, "state length");
+        assert_eq!(self.holds.len(), total, "holds length");
+        for (s, (&st, &h)) in self.state.iter().zip(&self.holds).enumerate() {
+            if s >= cap {
+                assert!(
+                    matches!(st, SlotState::Free | SlotState::Transient),
+                    "staging slot {s} is {st:?}"
+                );
+                assert_eq!(
+                    st == SlotState::Transient,
+                    h > 0,
+                    "staging slot {s} holds {h}"
+                );
+            } else {
+                assert_ne!(st, SlotState::Transient, "cache slot {s} is a staging slot");
+                assert!(
+                    st != SlotState::Free || h == 0,
+                    "free slot {s} held {h} times"
+                );
+            }
+        }
+        assert_eq!(
+            self.staging_free.len(),
+            self.state[cap..]
+                .iter()
+                .filter(|&&x| x == SlotState::Free)
+                .count(),
+            "free staging slots"
+        );
+        for &slot in &self.staging_free {
+            assert!(
+                slot as usize >= cap,
+                "staging free list holds cache slot {slot}"
+            );
+            assert_eq!(
+                self.state[slot as usize],
+                SlotState::Free,
+                "lent staging slot {slot} on the free list"
+            );
+        }
         assert!(self.len() <= cap, "len {} > capacity {cap}", self.len());
         assert!(
             self.resident_bytes() <= cap * self.row_bytes,
@@ -26,7 +66,7 @@ impl RowCache {
             cap,
             "resident + free != capacity"
         );
-        for (&id, &slot) in &self.map {
+        for (&id, &slot) in self.map.iter() {
             let s = slot as usize;
             assert!(s < cap, "id {id} maps to slot {slot} >= capacity");
             assert_ne!(
@@ -49,6 +89,10 @@ impl RowCache {
         }
         let count = |st: SlotState| self.state.iter().filter(|&&x| x == st).count();
         let (cached, pinned) = (count(SlotState::Cached), count(SlotState::Pinned));
+        // The eviction structure holds the cached slots no batch holds.
+        let evictable = (0..cap)
+            .filter(|&s| self.state[s] == SlotState::Cached && self.holds[s] == 0)
+            .count();
         assert_eq!(
             cached + pinned,
             self.len(),
@@ -73,30 +117,35 @@ impl RowCache {
             Order::Recency(l) => {
                 let (mut seen, mut prev, mut cur) = (0usize, NIL, l.head);
                 while cur != NIL {
-                    assert!(seen < cached, "LRU list longer than the unpinned residents");
+                    assert!(
+                        seen < evictable,
+                        "LRU list longer than the evictable residents"
+                    );
                     let c = cur as usize;
                     assert_eq!(
                         self.state[c],
                         SlotState::Cached,
                         "LRU list holds slot {cur}"
                     );
+                    assert_eq!(self.holds[c], 0, "LRU list holds held slot {cur}");
                     assert_eq!(self.slots[c].prev, prev, "LRU prev link of slot {cur}");
                     seen += 1;
                     prev = cur;
                     cur = self.slots[c].next;
                 }
                 assert_eq!(l.tail, prev, "LRU tail");
-                assert_eq!(seen, cached, "LRU list misses unpinned residents");
+                assert_eq!(seen, evictable, "LRU list misses evictable residents");
                 assert!(self.sketch.is_none(), "sketch outside Lfu");
             }
             Order::Sampled(s) => {
-                assert_eq!(s.members.len(), cached, "sample set size");
+                assert_eq!(s.members.len(), evictable, "sample set size");
                 for (i, &slot) in s.members.iter().enumerate() {
                     assert_eq!(
                         self.state[slot as usize],
                         SlotState::Cached,
                         "sampled {slot}"
                     );
+                    assert_eq!(self.holds[slot as usize], 0, "sampled held slot {slot}");
                     assert_eq!(
                         s.pos[slot as usize] as usize, i,
                         "sample position of {slot}"

@@ -1,8 +1,8 @@
 //! DRAM row cache in front of the SSD tier of embedding-table rows.
 //!
 //! Keys are row ids (`u64`), values are fixed-size rows of `row_bytes` bytes, and the budget is a
-//! capacity in rows. All row bytes live in one slab (`capacity * row_bytes` bytes, allocated once
-//! in [`RowCache::new`]); a slot index (`u32`) names a row of the slab, and an id -> slot hash map
+//! capacity in rows. All row bytes live in one slab (`(capacity + reserve) * row_bytes` bytes,
+//! allocated once in [`RowCache::with_reserve`]); a slot index (`u32`) names a row of the slab, and an id -> slot hash map
 //! (with an inline multiply-fold hasher) finds it. Every structure is sized up front, so nothing
 //! is allocated on the `get` / `insert` path. The cache is single-threaded: callers share it
 //! behind a `Mutex`.
@@ -30,6 +30,16 @@
 //! * [`CachePolicy::Pinned`]: a pinned set chosen by the caller (typically the hottest ids of the
 //!   last interval, from [`RowCache::take_hot`]) plus LRU over the remaining capacity.
 //!
+//! # Holding slots
+//!
+//! A staged batch pools cached rows where they are, in the slab, instead of copying them out:
+//! [`RowCache::get_held`] and [`RowCache::insert_held`] return the row's slot and *hold* it, and
+//! [`RowCache::release`] gives it back once the batch is pooled. A held slot is off the eviction
+//! structure (never evicted, never overwritten); on release it goes back as the most recently
+//! used. Rows the policy does not admit can borrow one of `reserve` staging slots past the
+//! capacity ([`RowCache::hold_staging`]) for the life of their batch. The slab is shared with the
+//! batches through [`RowCache::slab`] (see `slab.rs` for why that is sound).
+//!
 //! Pinning ([`RowCache::pin`]) works under every policy: pinned rows are resident and never
 //! evicted; the unpinned remainder keeps the policy's behaviour.
 //!
@@ -45,17 +55,20 @@ mod lru;
 mod sample;
 mod sketch;
 mod slab;
+mod slotmap;
 #[cfg(test)]
 mod tests;
 
-use hash::{IdBuildHasher, IdMap};
 use hot::HotCounts;
 use lru::LruList;
 use sample::{Order, RNG_SEED, SAMPLES, SampleSet};
 use sketch::Sketch;
+pub use slab::Slab;
 use slab::{NIL, Slot, SlotState};
+use slotmap::SlotMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Which rows stay in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,13 +121,19 @@ pub struct RowCache {
     policy: CachePolicy,
     capacity: usize,
     row_bytes: usize,
-    /// `capacity * row_bytes` bytes; slot `s` is `slab[s * row_bytes..(s + 1) * row_bytes]`.
-    slab: Vec<u8>,
-    /// Id and LRU links of each slot.
+    /// `(capacity + reserve) * row_bytes` bytes; slot `s` is at `s * row_bytes`.
+    slab: Arc<Slab>,
+    /// Staging slots past the capacity (`capacity..capacity + reserve`).
+    reserve: usize,
+    /// Id and LRU links of each cache slot (`capacity` of them).
     slots: Vec<Slot>,
+    /// State and holds of every slot, staging slots included.
     state: Vec<SlotState>,
+    holds: Vec<u32>,
+    /// Free staging slots (a stack).
+    staging_free: Vec<u32>,
     /// Resident id -> slot.
-    map: IdMap<u32>,
+    map: SlotMap,
     /// Free slots (a stack).
     free: Vec<u32>,
     /// Pinned slots, in pin order.
@@ -135,6 +154,7 @@ impl fmt::Debug for RowCache {
             .field("row_bytes", &self.row_bytes)
             .field("len", &self.len())
             .field("pinned", &self.pinned.len())
+            .field("reserve", &self.reserve)
             .field("hot_ids", &self.hot.len())
             .finish_non_exhaustive()
     }
@@ -147,12 +167,27 @@ impl RowCache {
     /// # Panics
     /// If `capacity >= u32::MAX` or `capacity * row_bytes` overflows `usize`.
     pub fn new(policy: CachePolicy, capacity: usize, row_bytes: usize) -> Self {
+        Self::with_reserve(policy, capacity, 0, row_bytes)
+    }
+
+    /// A cache of `capacity` rows, plus `reserve` staging slots that batches borrow for rows the
+    /// policy does not keep ([`RowCache::hold_staging`]).
+    ///
+    /// # Panics
+    /// If `capacity + reserve >= u32::MAX` or the slab's size overflows `usize`.
+    pub fn with_reserve(
+        policy: CachePolicy,
+        capacity: usize,
+        reserve: usize,
+        row_bytes: usize,
+    ) -> Self {
+        let total = capacity.saturating_add(reserve);
         assert!(
-            capacity < NIL as usize,
-            "row cache capacity {capacity} must be below {NIL}"
+            total < NIL as usize,
+            "row cache capacity {capacity} + reserve {reserve} must be below {NIL}"
         );
-        let slab_bytes = capacity.checked_mul(row_bytes).unwrap_or_else(|| {
-            panic!("row cache of {capacity} rows of {row_bytes} bytes overflows usize")
+        let slab_bytes = total.checked_mul(row_bytes).unwrap_or_else(|| {
+            panic!("row cache of {total} rows of {row_bytes} bytes overflows usize")
         });
         let (order, sketch) = match policy {
             CachePolicy::Lfu => (
@@ -175,7 +210,8 @@ impl RowCache {
             policy,
             capacity,
             row_bytes,
-            slab: vec![0; slab_bytes],
+            slab: Arc::new(Slab::zeroed(slab_bytes)),
+            reserve,
             slots: vec![
                 Slot {
                     id: 0,
@@ -184,8 +220,10 @@ impl RowCache {
                 };
                 capacity
             ],
-            state: vec![SlotState::Free; capacity],
-            map: IdMap::with_capacity_and_hasher(capacity, IdBuildHasher),
+            state: vec![SlotState::Free; total],
+            holds: vec![0; total],
+            staging_free: (capacity as u32..total as u32).rev().collect(),
+            map: SlotMap::with_capacity(capacity),
             free: (0..capacity as u32).rev().collect(),
             pinned: Vec::with_capacity(capacity),
             order,
@@ -237,6 +275,21 @@ impl RowCache {
         self.len() * self.row_bytes
     }
 
+    /// The row bytes, shared with batches that pool held slots in place.
+    pub fn slab(&self) -> &Arc<Slab> {
+        &self.slab
+    }
+
+    /// Staging slots past the capacity.
+    pub fn reserve(&self) -> usize {
+        self.reserve
+    }
+
+    /// Slots held by batches now (cache and staging slots; a slot held twice counts once).
+    pub fn held_slots(&self) -> usize {
+        self.holds.iter().filter(|&&h| h > 0).count()
+    }
+
     /// Whether `id` is resident. Records nothing.
     pub fn contains(&self, id: u64) -> bool {
         self.map.contains_key(&id)
@@ -251,17 +304,170 @@ impl RowCache {
             sketch.record(id);
         }
         let slot = *self.map.get(&id)?;
-        if self.state[slot as usize] == SlotState::Cached {
+        // A held slot is off the eviction structure; its release makes it the most recent.
+        if self.state[slot as usize] == SlotState::Cached && self.holds[slot as usize] == 0 {
             self.order.touch(&mut self.slots, slot);
         }
         Some(self.row(slot))
+    }
+
+    /// Asks the CPU to bring what a lookup of `id` reads first (its map bucket) into cache; for
+    /// loops over many ids, a few ids ahead of [`get_held`](Self::get_held), beside
+    /// [`prefetch_slot`](Self::prefetch_slot) nearer.
+    #[inline(always)]
+    pub fn prefetch(&self, id: u64) {
+        self.map.prefetch(id);
+        if let Some(sketch) = &self.sketch {
+            sketch.prefetch(id);
+        }
+    }
+
+    /// Asks the CPU to bring `id`'s slot records (and, under Lru, its neighbours' on the list)
+    /// into cache, if `id` is resident. Its map bucket should be in cache already
+    /// ([`prefetch`](Self::prefetch) some ids before).
+    #[inline(always)]
+    pub fn prefetch_slot(&self, id: u64) {
+        use crate::prefetch::prefetch_span;
+        if let Some(&slot) = self.map.get(&id) {
+            let s = slot as usize;
+            prefetch_span(self.holds.as_ptr().wrapping_add(s).cast(), 4);
+            prefetch_span(self.state.as_ptr().wrapping_add(s).cast(), 1);
+            if let Some(rec) = self.slots.get(s) {
+                prefetch_span(std::ptr::from_ref(rec).cast(), 16);
+            }
+            if let Order::Sampled(set) = &self.order {
+                set.prefetch(slot);
+            }
+        }
+    }
+
+    /// Asks the CPU to bring the records a hold of resident `id` changes under Lru (its
+    /// neighbours on the list) into cache. Its slot record should be in cache already
+    /// ([`prefetch_slot`](Self::prefetch_slot) some ids before).
+    #[inline(always)]
+    pub fn prefetch_neighbours(&self, id: u64) {
+        use crate::prefetch::prefetch_span;
+        if !matches!(self.order, Order::Recency(_)) {
+            return;
+        }
+        if let Some(&slot) = self.map.get(&id)
+            && let Some(rec) = self.slots.get(slot as usize)
+        {
+            for n in [rec.prev, rec.next] {
+                if let Some(r) = self.slots.get(n as usize) {
+                    prefetch_span(std::ptr::from_ref(r).cast(), 16);
+                }
+            }
+        }
+    }
+
+    /// Asks the CPU to bring what [`release`](Self::release) of `slot` touches into cache.
+    #[inline(always)]
+    pub fn prefetch_release(&self, slot: u32) {
+        use crate::prefetch::prefetch_span;
+        let s = slot as usize;
+        prefetch_span(self.holds.as_ptr().wrapping_add(s).cast(), 4);
+        prefetch_span(self.state.as_ptr().wrapping_add(s).cast(), 1);
+        if let Some(rec) = self.slots.get(s) {
+            prefetch_span(std::ptr::from_ref(rec).cast(), 16);
+        }
+        if let Order::Sampled(set) = &self.order {
+            set.prefetch(slot);
+        }
+    }
+
+    /// A lookup of `id`, as [`get`](Self::get), that also holds the row's slot until
+    /// [`release`](Self::release): returns the slot (its row is `row_bytes()` bytes at
+    /// `slot * row_bytes()` in [`slab`](Self::slab)).
+    #[inline]
+    pub fn get_held(&mut self, id: u64) -> Option<u32> {
+        self.hot.count(id);
+        if let Some(sketch) = &mut self.sketch {
+            sketch.record(id);
+        }
+        let slot = *self.map.get(&id)?;
+        self.hold(slot);
+        Some(slot)
+    }
+
+    /// [`insert`](Self::insert), then holds the row's slot if `id` is resident: returns the slot.
+    #[inline]
+    pub fn insert_held(&mut self, id: u64, row: &[u8]) -> Option<u32> {
+        if !self.insert(id, row) {
+            return None;
+        }
+        let slot = *self.map.get(&id)?;
+        self.hold(slot);
+        Some(slot)
+    }
+
+    /// Lends a free staging slot, holding `row` (not resident: no lookup finds it), until
+    /// [`release`](Self::release). `None` when every staging slot is lent or `row` is not
+    /// `row_bytes()` long.
+    pub fn hold_staging(&mut self, row: &[u8]) -> Option<u32> {
+        if row.len() != self.row_bytes {
+            return None;
+        }
+        let slot = self.staging_free.pop()?;
+        self.write_row(slot, row);
+        self.state[slot as usize] = SlotState::Transient;
+        self.holds[slot as usize] = 1;
+        Some(slot)
+    }
+
+    /// The bytes of a slot (for the cache's owner: what a held slot holds).
+    ///
+    /// # Panics
+    /// If `slot` is not a slot of the slab.
+    pub fn slot_row(&self, slot: u32) -> &[u8] {
+        assert!(
+            (slot as usize) < self.capacity + self.reserve,
+            "slot {slot} outside the slab"
+        );
+        self.row(slot)
+    }
+
+    /// Gives back one hold of `slot`: once no batch holds it, a cached row is evictable again (as
+    /// the most recently used) and a staging slot is free.
+    ///
+    /// # Panics
+    /// If `slot` is not held.
+    pub fn release(&mut self, slot: u32) {
+        let s = slot as usize;
+        assert!(
+            self.holds[s] > 0,
+            "release of slot {slot}, which is not held"
+        );
+        self.holds[s] -= 1;
+        if self.holds[s] > 0 {
+            return;
+        }
+        match self.state[s] {
+            SlotState::Cached => self.order.push(&mut self.slots, slot),
+            SlotState::Transient => {
+                self.state[s] = SlotState::Free;
+                self.staging_free.push(slot);
+            }
+            SlotState::Pinned | SlotState::Free => {}
+        }
+    }
+
+    /// Takes a hold of a resident slot (off the eviction structure while held).
+    #[inline]
+    fn hold(&mut self, slot: u32) {
+        let s = slot as usize;
+        if self.holds[s] == 0 && self.state[s] == SlotState::Cached {
+            self.order.remove(&mut self.slots, slot);
+        }
+        self.holds[s] += 1;
     }
 
     /// Offers `row`, read from disk after a miss of `id`; the policy decides whether to admit it
     /// and what to evict. Returns whether `id` is now resident.
     ///
     /// A row whose length is not `row_bytes()` is refused (returns `false`, changes nothing).
-    /// Inserting an id already resident overwrites its bytes and returns `true`. When the cache
+    /// Inserting an id already resident overwrites its bytes and returns `true` (a slot a batch
+    /// holds keeps its bytes: rows of one table version never change). When the cache
     /// is full: Lru / Pinned evict the least recently used unpinned row; Lfu admits `id` only if
     /// its estimated frequency is strictly greater than the sampled victim's (else returns
     /// `false` and changes nothing but the sketch). If every resident row is pinned, returns
@@ -272,9 +478,11 @@ impl RowCache {
         }
         // No sketch bump: the `get` that missed already counted this access.
         if let Some(&slot) = self.map.get(&id) {
-            self.row_mut(slot).copy_from_slice(row);
-            if self.state[slot as usize] == SlotState::Cached {
-                self.order.touch(&mut self.slots, slot);
+            if self.holds[slot as usize] == 0 {
+                self.write_row(slot, row);
+                if self.state[slot as usize] == SlotState::Cached {
+                    self.order.touch(&mut self.slots, slot);
+                }
             }
             return true;
         }
@@ -308,7 +516,9 @@ impl RowCache {
         let mut old = std::mem::take(&mut self.pinned);
         for &slot in &old {
             self.state[slot as usize] = SlotState::Cached;
-            self.order.push(&mut self.slots, slot);
+            if self.holds[slot as usize] == 0 {
+                self.order.push(&mut self.slots, slot);
+            }
         }
         old.clear();
         self.pinned = old;
@@ -320,12 +530,17 @@ impl RowCache {
                 continue;
             }
             if let Some(&slot) = self.map.get(&id) {
+                let held = self.holds[slot as usize] > 0;
                 if self.state[slot as usize] == SlotState::Cached {
-                    self.order.remove(&mut self.slots, slot);
+                    if !held {
+                        self.order.remove(&mut self.slots, slot);
+                    }
                     self.state[slot as usize] = SlotState::Pinned;
                     self.pinned.push(slot);
                 }
-                self.row_mut(slot).copy_from_slice(row);
+                if !held {
+                    self.write_row(slot, row);
+                }
                 continue;
             }
             let slot = match self.free.pop() {
@@ -365,14 +580,22 @@ impl RowCache {
 
     #[inline]
     fn row(&self, slot: u32) -> &[u8] {
-        let start = slot as usize * self.row_bytes;
-        &self.slab[start..start + self.row_bytes]
+        // SAFETY: only `write_row` writes the slab, and it takes `&mut self`, which this borrow
+        // rules out while the slice lives; batches only read.
+        unsafe {
+            self.slab
+                .bytes(slot as usize * self.row_bytes, self.row_bytes)
+        }
     }
 
+    /// Writes `row` into `slot`, which no batch may hold.
     #[inline]
-    fn row_mut(&mut self, slot: u32) -> &mut [u8] {
-        let start = slot as usize * self.row_bytes;
-        &mut self.slab[start..start + self.row_bytes]
+    fn write_row(&mut self, slot: u32, row: &[u8]) {
+        assert_eq!(self.holds[slot as usize], 0, "write to held slot {slot}");
+        debug_assert_eq!(row.len(), self.row_bytes);
+        // SAFETY: no batch holds the slot (asserted), so no batch reads it, and `&mut self` makes
+        // this the slab's only writer and rules out `row` slices of the cache meanwhile.
+        unsafe { self.slab.write(slot as usize * self.row_bytes, row) };
     }
 
     /// Fills the free `slot` with `id` and `row`.
@@ -381,7 +604,7 @@ impl RowCache {
         self.slots[slot as usize].id = id;
         self.state[slot as usize] = state;
         self.map.insert(id, slot);
-        self.row_mut(slot).copy_from_slice(row);
+        self.write_row(slot, row);
         match state {
             SlotState::Pinned => self.pinned.push(slot),
             _ => self.order.push(&mut self.slots, slot),

@@ -36,6 +36,13 @@ impl SampleSet {
         }
     }
 
+    /// Asks the CPU to bring `slot`'s position into cache (what `remove` reads first).
+    #[inline(always)]
+    pub(super) fn prefetch(&self, slot: u32) {
+        let p = self.pos.as_ptr().wrapping_add(slot as usize);
+        crate::prefetch::prefetch_span(p.cast(), 4);
+    }
+
     /// A pseudo-random member (xorshift64, multiply-shift range reduction); needs a member.
     #[inline]
     pub(super) fn sample(&mut self) -> u32 {

@@ -53,6 +53,14 @@ impl Sketch {
         ((h >> self.shift) as usize, h)
     }
 
+    /// Asks the CPU to bring `id`'s counters (one 64-byte block) into cache.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, id: u64) {
+        let (b, _) = self.locate(id);
+        let p = self.blocks.as_ptr().wrapping_add(b);
+        crate::prefetch::prefetch_span(p.cast(), 1);
+    }
+
     /// Estimated recent frequency of `id` (never below the truth up to saturation and aging).
     #[inline]
     pub(super) fn estimate(&self, id: u64) -> u8 {

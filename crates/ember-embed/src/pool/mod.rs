@@ -19,16 +19,19 @@ mod auto;
 mod avx2;
 mod avx512;
 mod scalar;
+mod segment;
 
 use crate::collection::{EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
-use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::isa::Isa;
 use crate::jagged::{Ids, KeyedJagged, RowIndex};
 use crate::tier::StagedBatch;
+use crate::tier::StagedRows;
 use auto::AutoDedup;
 use rayon::prelude::*;
+use segment::OutPtr;
+pub(crate) use segment::{OutRows, Rows, Segment};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -352,7 +355,7 @@ impl Pooler {
         };
         let resident = table.resident();
         let direct = Segment {
-            rows: resident.unwrap_or(&[]),
+            rows: Rows::of(resident.unwrap_or(&[])),
             stride: table.stride(),
             dim: table.dim(),
             dtype: table.dtype(),
@@ -368,7 +371,20 @@ impl Pooler {
             // A table on the SSD tier: run_inner checked that it was staged for this batch.
             if let Some(sf) = staged.and_then(|s| s.feature(u.feature)) {
                 let inverse = &sf.inverse[base - sf.start..end - sf.start];
-                self.kernel(&direct.over(&sf.rows, inverse, 0));
+                match &sf.rows {
+                    StagedRows::Slab { slab, .. } => {
+                        // SAFETY: the stager built `inverse` from slots this batch holds until
+                        // it is dropped (after this call), and the cache writes no held slot;
+                        // the batch's `Arc` keeps the slab alive. The rows lie scattered over the
+                        // slab: prefetch as for a table.
+                        let rows = unsafe { Rows::of_slab(slab) };
+                        self.kernel(&direct.over(rows, inverse, self.opts.prefetch_distance));
+                    }
+                    // The compact rows are cache-resident: no prefetch.
+                    StagedRows::Compact(rows) => {
+                        self.kernel(&direct.over(Rows::of(rows), inverse, 0))
+                    }
+                }
             }
             return stats;
         }
@@ -382,12 +398,12 @@ impl Pooler {
         let start = timed.then(std::time::Instant::now);
         if dedup {
             let n_unique = scratch.build(ids);
-            scratch.gather(direct.rows, table.stride(), direct.prefetch);
+            scratch.gather(resident.unwrap_or(&[]), table.stride(), direct.prefetch);
             stats.deduped_units += 1;
             stats.deduped_lookups += ids.len();
             stats.unique_rows += n_unique;
             // The compact rows are cache-resident: no prefetch.
-            self.kernel(&direct.over(&scratch.rows, &scratch.inverse, 0));
+            self.kernel(&direct.over(Rows::of(&scratch.rows), &scratch.inverse, 0));
         } else {
             self.kernel(&direct);
         }
@@ -478,101 +494,6 @@ fn plan_units(features: usize, batch: usize, threads: usize) -> Vec<Unit> {
         }
     }
     units
-}
-
-/// The output pointer shared by the units of one call.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: units write disjoint (feature columns x bag rows) regions of the output, so sharing the
-// base pointer between threads never lets two threads write the same float.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-/// Output rows of one unit: row `i` is `dim` floats at `ptr + i * stride`.
-#[derive(Clone, Copy)]
-pub(crate) struct OutRows {
-    ptr: *mut f32,
-    stride: usize,
-    dim: usize,
-}
-
-impl OutRows {
-    /// Pointer to the output of bag `i` of the unit.
-    #[inline(always)]
-    pub(crate) fn row_ptr(&self, i: usize) -> *mut f32 {
-        self.ptr.wrapping_add(i * self.stride)
-    }
-
-    /// The output of bag `i`.
-    ///
-    /// # Safety
-    /// `i` must be a bag of this unit, and no other reference to that row may be alive.
-    #[inline(always)]
-    pub(crate) unsafe fn row_mut<'a>(&self, i: usize) -> &'a mut [f32] {
-        // SAFETY: `check_call` verified the output holds batch_size x total_dim floats, the unit's
-        // rows and columns lie inside it, and the caller promises exclusivity.
-        unsafe { std::slice::from_raw_parts_mut(self.row_ptr(i), self.dim) }
-    }
-}
-
-/// A run of consecutive bags of one feature over one row buffer: what every kernel pools.
-pub(crate) struct Segment<'a, I> {
-    /// Row bytes (a table, or the compact buffer of a deduplicated unit).
-    pub rows: &'a [u8],
-    pub stride: usize,
-    pub dim: usize,
-    pub dtype: DType,
-    /// The ids of these bags back to back; `ids[k]` is the id at batch position `base + k`.
-    pub ids: &'a [I],
-    pub weights: Option<&'a [f32]>,
-    /// Bag boundaries as batch positions (`nbags + 1` entries).
-    pub bags: &'a [usize],
-    pub base: usize,
-    pub out: OutRows,
-    pub mean: bool,
-    pub prefetch: usize,
-}
-
-impl<'a, I> Segment<'a, I> {
-    /// The same bags over other rows and ids: a deduplicated unit's compact buffer and inverse
-    /// index.
-    fn over<'b, J>(&self, rows: &'b [u8], ids: &'b [J], prefetch: usize) -> Segment<'b, J>
-    where
-        'a: 'b,
-    {
-        Segment {
-            rows,
-            stride: self.stride,
-            dim: self.dim,
-            dtype: self.dtype,
-            ids,
-            weights: self.weights,
-            bags: self.bags,
-            base: self.base,
-            out: self.out,
-            mean: self.mean,
-            prefetch,
-        }
-    }
-
-    pub(crate) fn nbags(&self) -> usize {
-        self.bags.len() - 1
-    }
-    /// Local id range of bag `i`.
-    #[inline(always)]
-    pub(crate) fn bag(&self, i: usize) -> (usize, usize) {
-        (self.bags[i] - self.base, self.bags[i + 1] - self.base)
-    }
-    /// Multiplier applied to a finished bag of `len` ids.
-    #[inline(always)]
-    pub(crate) fn scale(&self, len: usize) -> f32 {
-        if self.mean && len > 0 {
-            1.0 / len as f32
-        } else {
-            1.0
-        }
-    }
 }
 
 /// Pools one batch with default options on the calling thread (convenience for one-off calls;

@@ -17,7 +17,8 @@ pub(crate) fn pool_segment<I: RowIndex>(s: &Segment<'_, I>) {
         out.fill(0.0);
         let mut bias = 0f32;
         for j in lo..hi {
-            let row = &s.rows[s.ids[j].idx() * s.stride..][..s.stride];
+            // SAFETY: the id is a row of the segment (its contract), which nothing writes meanwhile.
+            let row = unsafe { s.rows.bytes(s.ids[j].idx() * s.stride, s.stride) };
             let w = s.weights.map_or(1.0, |w| w[j]);
             match s.dtype {
                 DType::F32 => {

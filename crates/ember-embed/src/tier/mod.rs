@@ -18,14 +18,18 @@
 //! | `stager.rs` | [`Stager`]: dedup, cache lookups, fetching misses, pinning |
 //! | `pipeline.rs` | [`run_ahead`] and [`pipeline`]: prefetch of the next batch |
 
+mod inner;
 mod options;
+mod pinning;
 mod pipeline;
 mod staged;
 mod stager;
 mod stats;
 
 pub use options::TierOptions;
+pub use pinning::hottest;
 pub use pipeline::{pipeline, run_ahead};
 pub use staged::StagedBatch;
-pub use stager::{Stager, hottest};
+pub(crate) use staged::StagedRows;
+pub use stager::Stager;
 pub use stats::TierStats;

@@ -27,6 +27,11 @@ pub struct TierOptions {
     pub refresh_batches: usize,
     /// Where tables placed `remote` are: the cluster, the model's name, the version.
     pub remote: Option<RemoteSource>,
+    /// Staging slots per tier table, on top of the cache budget: rows of batches in flight that
+    /// the policy did not keep are lent one, so that they too are pooled in place. `None`: an
+    /// eighth of the table's cache, at least 4096 and at most 65536 rows (never more than the
+    /// table). A batch that finds none free copies its rows instead (the same result).
+    pub staging_rows: Option<usize>,
 }
 
 impl Default for TierOptions {
@@ -40,6 +45,7 @@ impl Default for TierOptions {
             pin_trace: None,
             refresh_batches: 0,
             remote: None,
+            staging_rows: None,
         }
     }
 }

@@ -1,20 +1,37 @@
-//! A staged batch: per tier feature, the batch's distinct rows in a compact buffer and each id's
-//! index among them (as batch deduplication builds them), stamped with a hash of the ids so that
-//! pooling can check that the batch it is given is the one staged; and the recycler its buffers
-//! go back to.
+//! A staged batch: per tier feature, where each id's row lies (a slot of the tier table's cache
+//! slab, held until the batch is dropped, or a compact buffer of the batch's own when the cache
+//! could not hold every row), stamped with a hash of the ids so that pooling can check that the
+//! batch it is given is the one staged; and the recycler its buffers and holds go back to.
 
+use crate::cache::Slab;
 use crate::jagged::Ids;
 use std::sync::{Arc, Mutex};
 
-/// One feature's rows for one batch: its distinct rows, compact, and for each of its ids the index
-/// of its row among them.
+/// Where a staged feature's rows lie.
+#[derive(Debug)]
+pub(crate) enum StagedRows {
+    /// Pooled in place in tier table `tier`'s cache slab: `held[i]` is the slot of the feature's
+    /// distinct row `i`, held by this batch until it is dropped.
+    Slab {
+        slab: Arc<Slab>,
+        tier: usize,
+        held: Vec<u32>,
+    },
+    /// The feature's distinct rows copied into a buffer of the batch's own (the cache had no slot
+    /// free for some of them).
+    Compact(Vec<u8>),
+}
+
+/// One feature's rows for one batch, and for each of its ids the index of its row there (a slab
+/// slot, or a distinct row of the compact buffer).
 #[derive(Debug)]
 pub(crate) struct StagedFeature {
-    pub(crate) rows: Vec<u8>,
+    pub(crate) rows: StagedRows,
     pub(crate) inverse: Vec<u32>,
     /// Batch position of the feature's first id.
     pub(crate) start: usize,
-    /// Distinct rows in `rows`, and bytes per row.
+    /// Rows `inverse` may name (the slab's slots, or the compact buffer's distinct rows), and
+    /// bytes per row.
     pub(crate) n_rows: usize,
     pub(crate) stride: usize,
     /// [`ids_hash`] of the feature's ids: pooling checks the batch is the one staged.
@@ -32,10 +49,14 @@ impl StagedFeature {
         range: std::ops::Range<usize>,
         stride: usize,
     ) -> bool {
+        let bytes = match &self.rows {
+            StagedRows::Slab { slab, .. } => slab.len(),
+            StagedRows::Compact(rows) => rows.len(),
+        };
         self.start == start
             && self.stride == stride
             && self.inverse.len() == range.len()
-            && self.rows.len() == self.n_rows * stride
+            && bytes == self.n_rows * stride
             && self.inverse.iter().fold(0u32, |m, &i| m.max(i)) < self.n_rows.max(1) as u32
             && (self.inverse.is_empty() || self.n_rows > 0)
             && ids_hash(ids, range) == self.ids_hash
@@ -64,21 +85,28 @@ impl Drop for StagedBatch {
     fn drop(&mut self) {
         if let Some(pool) = &self.recycle {
             for sf in self.feats.iter_mut().flatten() {
-                pool.put(
-                    std::mem::take(&mut sf.rows),
-                    std::mem::take(&mut sf.inverse),
-                );
+                let inverse = std::mem::take(&mut sf.inverse);
+                match &mut sf.rows {
+                    StagedRows::Slab { tier, held, .. } => {
+                        pool.release(*tier, std::mem::take(held));
+                        pool.put(Vec::new(), inverse);
+                    }
+                    StagedRows::Compact(rows) => pool.put(std::mem::take(rows), inverse),
+                }
             }
         }
     }
 }
 
-/// Staging buffers handed back by dropped [`StagedBatch`]es. Fresh multi-megabyte buffers each
-/// batch cost page faults and kernel zeroing (13% of a fully cached run's profile); reused
-/// ones cost a memset.
+/// Staging buffers handed back by dropped [`StagedBatch`]es, and the cache slots they held.
+/// Fresh multi-megabyte buffers each batch cost page faults and kernel zeroing (13% of a fully
+/// cached run's profile); reused ones cost a memset. Held slots are given back to their caches
+/// by the stager, under its lock, before it stages the next batch: a dropped batch never waits
+/// for the stager.
 #[derive(Debug, Default)]
 pub(crate) struct Recycler {
     free: Mutex<FreeBuffers>,
+    released: Mutex<Vec<(usize, Vec<u32>)>>,
 }
 
 /// Row buffers and inverse-index buffers.
@@ -86,11 +114,47 @@ pub(crate) struct Recycler {
 struct FreeBuffers {
     rows: Vec<Vec<u8>>,
     inverse: Vec<Vec<u32>>,
+    held: Vec<Vec<u32>>,
 }
 
 impl Recycler {
     /// Buffers kept at most, of each kind.
     const KEEP: usize = 256;
+
+    /// Slots of tier table `tier` a dropped batch held (entries `u32::MAX` name no slot).
+    pub(crate) fn release(&self, tier: usize, held: Vec<u32>) {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((tier, held));
+    }
+
+    /// Every release since the last call.
+    pub(crate) fn take_released(&self) -> Vec<(usize, Vec<u32>)> {
+        std::mem::take(&mut *self.released.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Gives back a slot list once its slots are released.
+    pub(crate) fn put_held(&self, held: Vec<u32>) {
+        let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if f.held.len() < Self::KEEP && held.capacity() > 0 {
+            f.held.push(held);
+        }
+    }
+
+    /// A slot list of `n` entries, all `u32::MAX` (no slot).
+    pub(crate) fn take_held(&self, n: usize) -> Vec<u32> {
+        let mut held = self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .held
+            .pop()
+            .unwrap_or_default();
+        held.clear();
+        held.resize(n, u32::MAX);
+        held
+    }
 
     pub(crate) fn put(&self, rows: Vec<u8>, inverse: Vec<u32>) {
         let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
@@ -102,16 +166,27 @@ impl Recycler {
         }
     }
 
-    /// A zeroed byte buffer of `len`, and an empty u32 buffer.
-    pub(crate) fn take(&self, len: usize) -> (Vec<u8>, Vec<u32>) {
+    /// An empty u32 buffer.
+    pub(crate) fn take_inverse(&self) -> Vec<u32> {
         let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let mut rows = f.rows.pop().unwrap_or_default();
         let mut inverse = f.inverse.pop().unwrap_or_default();
         drop(f);
+        inverse.clear();
+        inverse
+    }
+
+    /// A zeroed byte buffer of `len`.
+    pub(crate) fn take_rows(&self, len: usize) -> Vec<u8> {
+        let mut rows = self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .rows
+            .pop()
+            .unwrap_or_default();
         rows.clear();
         rows.resize(len, 0);
-        inverse.clear();
-        (rows, inverse)
+        rows
     }
 }
 
@@ -120,8 +195,25 @@ impl StagedBatch {
     pub(crate) fn feature(&self, f: usize) -> Option<&StagedFeature> {
         self.feats.get(f).and_then(Option::as_ref)
     }
-    /// Bytes of staged rows.
+    /// Bytes of the rows staged: distinct rows per feature, whether held in a cache or copied.
     pub fn bytes(&self) -> usize {
-        self.feats.iter().flatten().map(|s| s.rows.len()).sum()
+        self.feats
+            .iter()
+            .flatten()
+            .map(|s| match &s.rows {
+                StagedRows::Slab { held, .. } => held.len() * s.stride,
+                StagedRows::Compact(rows) => rows.len(),
+            })
+            .sum()
+    }
+
+    /// Features whose rows are pooled in place in a cache, and features staged at all.
+    pub fn in_place(&self) -> (usize, usize) {
+        let staged = self.feats.iter().flatten();
+        let n = staged.clone().count();
+        let slab = staged
+            .filter(|s| matches!(s.rows, StagedRows::Slab { .. }))
+            .count();
+        (slab, n)
     }
 }

@@ -1,11 +1,17 @@
 //! The [`Stager`]: for each batch, every tier feature's distinct ids (deduplicated once per
-//! batch), the cached rows copied, every missing row of every tier table fetched from its store
-//! in one call per store, admitted to the cache, and a [`StagedBatch`] returned. The pinned
+//! batch), the cached rows held where they lie in the cache's slab, every missing row of every
+//! tier table fetched from its store in one call per store and admitted to the cache (or, when
+//! the policy does not keep it, lent a staging slot), and a [`StagedBatch`] returned that pools
+//! every row in place and releases its slots when dropped. A feature whose rows the cache cannot
+//! all hold (every slot held or pinned, the staging slots all lent) is copied into a buffer of
+//! its own instead: the same result, one copy more. The pinned
 //! policy's hot set is loaded here too (from a trace at start, from live counts every
 //! `refresh_batches` batches).
 
+use super::inner::{Inner, Miss, TierTable, staging_slots};
 use super::options::TierOptions;
-use super::staged::{Recycler, StagedBatch, StagedFeature, ids_hash};
+use super::pinning::hottest;
+use super::staged::{Recycler, StagedBatch, StagedFeature, StagedRows, ids_hash};
 use super::stats::{Counters, TierStats};
 use crate::cache::{CachePolicy, RowCache};
 use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
@@ -13,47 +19,12 @@ use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
 use crate::jagged::Ids;
 use crate::storage::remote::{RedisStore, RemoteTableSpec};
-use crate::storage::{RowRequest, RowStore, open_row_files};
+use crate::storage::{RowStore, open_row_files};
 use crate::table::Placement;
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// A table of the collection on the tier: where its rows come from, and its cache.
-#[derive(Debug)]
-struct TierTable {
-    /// Its store, and its index among that store's tables.
-    store: usize,
-    table: usize,
-    rows: usize,
-    row_bytes: usize,
-    cache: RowCache,
-    /// Rows the pinned set holds at most.
-    pin_rows: usize,
-}
-
-/// A row to fetch: of tier table `tier`, for slot `slot` of feature `feature`'s staged rows.
-#[derive(Debug, Clone, Copy)]
-struct Miss {
-    tier: usize,
-    id: usize,
-    feature: usize,
-    slot: usize,
-}
-
-#[derive(Debug)]
-struct Inner {
-    tables: Vec<TierTable>,
-    stores: Vec<Box<dyn RowStore>>,
-    dedup: DedupScratch,
-    misses: Vec<Miss>,
-    /// Occurrences of each distinct id of the feature being staged.
-    occurrences: Vec<u32>,
-    /// The requests of one store's call.
-    requests: Vec<RowRequest>,
-}
 
 /// Stages lookups of a collection's `ssd` tables (see the module documentation). One per
 /// collection; it can be shared (`stage` takes `&self` and serializes on a lock).
@@ -177,7 +148,11 @@ impl Stager {
                 CachePolicy::Pinned => (capacity as f64 * pin_fraction) as usize,
                 _ => 0,
             };
-            let mut cache = RowCache::new(opts.policy, capacity, row_bytes);
+            let reserve = opts
+                .staging_rows
+                .unwrap_or_else(|| staging_slots(capacity, rows))
+                .min(rows);
+            let mut cache = RowCache::with_reserve(opts.policy, capacity, reserve, row_bytes);
             cache.set_track_hot(live);
             tables.push(TierTable {
                 store,
@@ -295,6 +270,7 @@ impl Stager {
         }
         let mut guard = self.lock();
         let inner = &mut *guard;
+        inner.apply_releases(&self.recycler);
         inner.misses.clear();
         let (mut lookups, mut distinct, mut hits, mut lookup_hits) = (0u64, 0u64, 0u64, 0u64);
         for f in 0..nf {
@@ -309,9 +285,9 @@ impl Stager {
             lookups += range.len() as u64;
             distinct += n as u64;
             let table = &mut inner.tables[d];
-            let rb = table.row_bytes;
-            let (mut rows, mut inverse) = self.recycler.take(n * rb);
+            let mut inverse = self.recycler.take_inverse();
             inverse.extend_from_slice(&inner.dedup.inverse);
+            let mut held = self.recycler.take_held(n);
             let occurrences = &mut inner.occurrences;
             occurrences.clear();
             occurrences.resize(n, 0);
@@ -320,42 +296,111 @@ impl Stager {
                 .inverse
                 .iter()
                 .for_each(|&u| occurrences[u as usize] += 1);
-            for (slot, &id) in inner.dedup.uniq.iter().enumerate() {
-                match table.cache.get(id as u64) {
-                    Some(row) => {
-                        rows[slot * rb..(slot + 1) * rb].copy_from_slice(row);
+            let uniq = &inner.dedup.uniq;
+            for (i, &id) in uniq.iter().enumerate() {
+                // Lookups are random accesses over large structures: bring each id's map bucket
+                // (and sketch counters) in 16 ids ahead, its slot records 8 ahead and its list
+                // neighbours 4 ahead, so that the misses overlap.
+                if let Some(&ahead) = uniq.get(i + 16) {
+                    table.cache.prefetch(ahead as u64);
+                }
+                if let Some(&ahead) = uniq.get(i + 8) {
+                    table.cache.prefetch_slot(ahead as u64);
+                }
+                if let Some(&ahead) = uniq.get(i + 4) {
+                    table.cache.prefetch_neighbours(ahead as u64);
+                }
+                match table.cache.get_held(id as u64) {
+                    Some(slot) => {
+                        held[i] = slot;
                         hits += 1;
-                        lookup_hits += u64::from(occurrences[slot]);
+                        lookup_hits += u64::from(occurrences[i]);
                     }
                     None => inner.misses.push(Miss {
                         tier: d,
                         id,
                         feature: f,
-                        slot,
+                        slot: i,
                     }),
                 }
             }
             staged.feats[f] = Some(StagedFeature {
-                rows,
+                rows: StagedRows::Slab {
+                    slab: table.cache.slab().clone(),
+                    tier: d,
+                    held,
+                },
                 inverse,
                 start: range.start,
-                n_rows: n,
-                stride: rb,
+                n_rows: table.cache.capacity() + table.cache.reserve(),
+                stride: table.row_bytes,
                 ids_hash: ids_hash(kj.ids(), range.clone()),
             });
         }
+        // Rows of features the cache could not hold entirely: (feature, its distinct rows).
+        let mut overflow: Vec<(usize, Vec<u8>)> = Vec::new();
         let io = inner.fetch_misses(&self.counters, |m, row, table| {
-            if let Some(sf) = staged.feats[m.feature].as_mut() {
-                let rb = row.len();
-                sf.rows[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row);
+            let Some(StagedFeature {
+                rows: StagedRows::Slab { held, .. },
+                ..
+            }) = staged.feats[m.feature].as_mut()
+            else {
+                return;
+            };
+            let slot = table
+                .cache
+                .insert_held(m.id as u64, row)
+                .or_else(|| table.cache.hold_staging(row));
+            match slot {
+                Some(slot) => held[m.slot] = slot,
+                None => {
+                    let rb = row.len();
+                    let k = match overflow.iter().position(|(f, _)| *f == m.feature) {
+                        Some(k) => k,
+                        None => {
+                            overflow.push((m.feature, self.recycler.take_rows(held.len() * rb)));
+                            overflow.len() - 1
+                        }
+                    };
+                    overflow[k].1[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row);
+                }
             }
-            table.cache.insert(m.id as u64, row);
         });
         if self.remote {
             let down = matches!(io, Err(EmbedError::StoreUnavailable { .. }));
             self.healthy.store(!down, Relaxed);
         }
         let io = io?;
+        for (f, sf) in staged.feats.iter_mut().enumerate() {
+            let Some(sf) = sf else { continue };
+            let StagedRows::Slab { held, tier, .. } = &mut sf.rows else {
+                continue;
+            };
+            match overflow.iter().position(|(g, _)| *g == f) {
+                None => {
+                    // Every row has a slot: each id names its row's slot.
+                    for x in sf.inverse.iter_mut() {
+                        *x = held[*x as usize];
+                    }
+                }
+                Some(k) => {
+                    // Copy the held rows beside the ones that found no slot, and let go of the
+                    // slots at once.
+                    let mut rows = std::mem::take(&mut overflow[k].1);
+                    let cache = &mut inner.tables[*tier].cache;
+                    let rb = sf.stride;
+                    for (i, &slot) in held.iter().enumerate() {
+                        if slot != u32::MAX {
+                            rows[i * rb..(i + 1) * rb].copy_from_slice(cache.slot_row(slot));
+                            cache.release(slot);
+                        }
+                    }
+                    sf.n_rows = held.len();
+                    self.recycler.put_held(std::mem::take(held));
+                    sf.rows = StagedRows::Compact(rows);
+                }
+            }
+        }
         if !inner.misses.is_empty() {
             let mut samples = self.fetch_samples.lock().unwrap_or_else(|p| p.into_inner());
             if samples.len() < FETCH_SAMPLES {
@@ -434,6 +479,13 @@ impl Stager {
         inner.tables.iter().for_each(|d| d.cache.check_invariants());
     }
 
+    /// Cache and staging slots held by staged batches not yet dropped (tests).
+    pub fn held_slots(&self) -> usize {
+        let mut inner = self.lock();
+        inner.apply_releases(&self.recycler);
+        inner.tables.iter().map(|d| d.cache.held_slots()).sum()
+    }
+
     /// Whether `row` of collection table `table` is pinned (tests).
     pub fn is_pinned(&self, table: usize, row: u64) -> bool {
         match self.by_table.get(table).copied().flatten() {
@@ -441,108 +493,4 @@ impl Stager {
             None => false,
         }
     }
-}
-
-impl Inner {
-    /// Stores the caches' current size in the counters' gauges.
-    fn publish_usage(&self, counters: &Counters) {
-        let (bytes, rows) = self.tables.iter().fold((0, 0), |(b, r), d| {
-            (b + d.cache.resident_bytes(), r + d.cache.len())
-        });
-        counters.cache_bytes.store(bytes as u64, Relaxed);
-        counters.cache_rows.store(rows as u64, Relaxed);
-    }
-
-    /// Fetches every row in `self.misses` from its table's store (one call per store) and hands
-    /// each to `land`. Returns the time spent waiting for the stores.
-    fn fetch_misses(
-        &mut self,
-        counters: &Counters,
-        mut land: impl FnMut(&Miss, &[u8], &mut TierTable),
-    ) -> Result<Duration> {
-        let mut waited = Duration::ZERO;
-        if self.misses.is_empty() {
-            return Ok(waited);
-        }
-        let Inner {
-            tables,
-            stores,
-            misses,
-            requests,
-            ..
-        } = self;
-        for (s, store) in stores.iter_mut().enumerate() {
-            requests.clear();
-            requests.extend(
-                misses
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| tables[m.tier].store == s)
-                    .map(|(i, m)| RowRequest {
-                        table: tables[m.tier].table,
-                        row: m.id,
-                        tag: i,
-                    }),
-            );
-            if requests.is_empty() {
-                continue;
-            }
-            let st = store.read(requests, &mut |r, row| {
-                let m = &misses[r.tag];
-                land(m, row, &mut tables[m.tier]);
-            })?;
-            counters.ssd_reads.fetch_add(st.reads, Relaxed);
-            counters.ssd_bytes_read.fetch_add(st.bytes, Relaxed);
-            waited += st.wait;
-        }
-        Ok(waited)
-    }
-
-    /// Pins `ids` (hottest first) in tier table `d`: rows already cached are copied, the others
-    /// fetched in chunks of at most `PIN_CHUNK` rows (bounded buffers).
-    fn pin(&mut self, d: usize, ids: &[usize], counters: &Counters) -> Result<()> {
-        const PIN_CHUNK: usize = 16 << 10;
-        let rb = self.tables[d].row_bytes;
-        let mut rows = vec![0u8; ids.len() * rb];
-        self.misses.clear();
-        for (slot, &id) in ids.iter().enumerate() {
-            match self.tables[d].cache.get(id as u64) {
-                Some(row) => rows[slot * rb..(slot + 1) * rb].copy_from_slice(row),
-                None => self.misses.push(Miss {
-                    tier: d,
-                    id,
-                    feature: 0,
-                    slot,
-                }),
-            }
-        }
-        let missing = std::mem::take(&mut self.misses);
-        for chunk in missing.chunks(PIN_CHUNK) {
-            self.misses.clear();
-            self.misses.extend_from_slice(chunk);
-            let io = self.fetch_misses(counters, |m, row, _| {
-                rows[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row)
-            })?;
-            Counters::add_time(&counters.io_ns, io);
-        }
-        self.misses.clear();
-        let cache = &mut self.tables[d].cache;
-        cache.pin(
-            ids.iter()
-                .enumerate()
-                .map(|(slot, &id)| (id as u64, &rows[slot * rb..(slot + 1) * rb])),
-        );
-        Ok(())
-    }
-}
-
-/// The `k` most frequent ids below `rows` in `trace`, most frequent first (ties: smaller id).
-pub fn hottest(trace: &[u64], rows: usize, k: usize) -> Vec<usize> {
-    let mut counts: HashMap<u64, u32> = HashMap::new();
-    for &id in trace.iter().filter(|&&i| i < rows as u64) {
-        *counts.entry(id).or_default() += 1;
-    }
-    let mut v: Vec<(u64, u32)> = counts.into_iter().collect();
-    v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    v.into_iter().take(k).map(|(id, _)| id as usize).collect()
 }

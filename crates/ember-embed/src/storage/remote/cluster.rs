@@ -345,7 +345,7 @@ impl Cluster {
         self.ensure(i, false, deadline)?;
         let n = &mut self.nodes[i];
         let conn = n.conn.as_mut().expect("connected above");
-        let r = send(conn, cmd, deadline).and_then(|()| recv(conn, deadline));
+        let r = send(conn, cmd, deadline).and_then(|()| recv(conn, deadline, &mut None));
         match r {
             Ok(v) => Ok(v),
             Err((kind, detail)) => {
@@ -458,6 +458,7 @@ impl Cluster {
                 let (node, _, cmds) = &groups[g];
                 let node = *node;
                 let mut broke: Option<Failure> = None;
+                let mut timeout = None;
                 let mut bytes = 0u64;
                 let mut answered = 0u64;
                 for &c in cmds {
@@ -470,14 +471,14 @@ impl Cluster {
                     let conn = nd.conn.as_mut().expect("sent on it");
                     if ask[c].is_some() {
                         // ASKING's own +OK.
-                        if let Err((kind, detail)) = recv(conn, attempt_deadline) {
+                        if let Err((kind, detail)) = recv(conn, attempt_deadline, &mut timeout) {
                             let f = Failure::new(kind, &nd.addr, detail);
                             failed.push((c, Outcome::Retry(f.clone())));
                             broke = Some(f);
                             continue;
                         }
                     }
-                    match recv(conn, attempt_deadline) {
+                    match recv(conn, attempt_deadline, &mut timeout) {
                         Ok(Value::ServerError(e)) => {
                             let text = e.to_string();
                             let outcome = self.on_server_error(c, &e, &text, node, &mut ask);

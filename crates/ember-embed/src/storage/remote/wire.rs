@@ -66,12 +66,24 @@ pub(super) fn send(
         .map_err(|e| (io_kind(&e), format!("sending: {e}")))
 }
 
+/// How far past its deadline a read may block: the read timeout is re-set only when the one set
+/// would let a read run longer than that past the deadline, so that a pipeline of thousands of
+/// replies costs a `setsockopt` per millisecond or so, not one per reply.
+const SLACK: Duration = Duration::from_millis(1);
+
+/// Reads one reply. `set` is the read timeout this connection has now (`None`: unknown), kept by
+/// the caller across the replies of one pipeline.
 pub(super) fn recv(
     conn: &mut redis::Connection,
     deadline: Instant,
+    set: &mut Option<Duration>,
 ) -> std::result::Result<Value, (FailKind, String)> {
-    conn.set_read_timeout(Some(left(deadline)?))
-        .map_err(|e| (io_kind(&e), e.to_string()))?;
+    let left = left(deadline)?;
+    if set.is_none_or(|t| t > left + SLACK) {
+        conn.set_read_timeout(Some(left))
+            .map_err(|e| (io_kind(&e), e.to_string()))?;
+        *set = Some(left);
+    }
     conn.recv_response().map_err(|e| {
         let kind = io_kind(&e);
         let what = match kind {

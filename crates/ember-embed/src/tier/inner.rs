@@ -1,0 +1,126 @@
+//! The stager's state behind its lock: the tier tables (store, cache), the stores, the scratch of
+//! one batch; and the steps it repeats: fetching a batch's missing rows from their stores,
+//! giving back the slots of dropped batches, publishing the caches' size.
+
+use super::staged::Recycler;
+use super::stats::Counters;
+use crate::cache::RowCache;
+use crate::dedup::DedupScratch;
+use crate::error::Result;
+use crate::storage::{RowRequest, RowStore};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// A table of the collection on the tier: where its rows come from, and its cache.
+#[derive(Debug)]
+pub(super) struct TierTable {
+    /// Its store, and its index among that store's tables.
+    pub(super) store: usize,
+    pub(super) table: usize,
+    pub(super) rows: usize,
+    pub(super) row_bytes: usize,
+    pub(super) cache: RowCache,
+    /// Rows the pinned set holds at most.
+    pub(super) pin_rows: usize,
+}
+
+/// A row to fetch: of tier table `tier`, for distinct row `slot` of feature `feature`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Miss {
+    pub(super) tier: usize,
+    pub(super) id: usize,
+    pub(super) feature: usize,
+    pub(super) slot: usize,
+}
+
+#[derive(Debug)]
+pub(super) struct Inner {
+    pub(super) tables: Vec<TierTable>,
+    pub(super) stores: Vec<Box<dyn RowStore>>,
+    pub(super) dedup: DedupScratch,
+    pub(super) misses: Vec<Miss>,
+    /// Occurrences of each distinct id of the feature being staged.
+    pub(super) occurrences: Vec<u32>,
+    /// The requests of one store's call.
+    pub(super) requests: Vec<RowRequest>,
+}
+
+/// Staging slots of a tier table's cache: rows of batches in flight that the policy did not keep
+/// (an eighth of the cache, at least 4096 and at most 65536 rows, never more than the table).
+pub(super) fn staging_slots(capacity: usize, rows: usize) -> usize {
+    (capacity / 8).clamp(4096, 65536).min(rows)
+}
+
+impl Inner {
+    /// Gives back the cache slots of the batches dropped since the last call.
+    pub(super) fn apply_releases(&mut self, recycler: &Recycler) {
+        for (d, held) in recycler.take_released() {
+            let cache = &mut self.tables[d].cache;
+            for (i, &slot) in held.iter().enumerate() {
+                if let Some(&ahead) = held.get(i + 16)
+                    && ahead != u32::MAX
+                {
+                    cache.prefetch_release(ahead);
+                }
+                if slot != u32::MAX {
+                    cache.release(slot);
+                }
+            }
+            recycler.put_held(held);
+        }
+    }
+
+    /// Stores the caches' current size in the counters' gauges.
+    pub(super) fn publish_usage(&self, counters: &Counters) {
+        let (bytes, rows) = self.tables.iter().fold((0, 0), |(b, r), d| {
+            (b + d.cache.resident_bytes(), r + d.cache.len())
+        });
+        counters.cache_bytes.store(bytes as u64, Relaxed);
+        counters.cache_rows.store(rows as u64, Relaxed);
+    }
+
+    /// Fetches every row in `self.misses` from its table's store (one call per store) and hands
+    /// each to `land`. Returns the time spent waiting for the stores.
+    pub(super) fn fetch_misses(
+        &mut self,
+        counters: &Counters,
+        mut land: impl FnMut(&Miss, &[u8], &mut TierTable),
+    ) -> Result<Duration> {
+        let mut waited = Duration::ZERO;
+        if self.misses.is_empty() {
+            return Ok(waited);
+        }
+        let Inner {
+            tables,
+            stores,
+            misses,
+            requests,
+            ..
+        } = self;
+        for (s, store) in stores.iter_mut().enumerate() {
+            requests.clear();
+            requests.extend(
+                misses
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| tables[m.tier].store == s)
+                    .map(|(i, m)| RowRequest {
+                        table: tables[m.tier].table,
+                        row: m.id,
+                        tag: i,
+                    }),
+            );
+            if requests.is_empty() {
+                continue;
+            }
+            let st = store.read(requests, &mut |r, row| {
+                let m = &misses[r.tag];
+                land(m, row, &mut tables[m.tier]);
+            })?;
+            counters.ssd_reads.fetch_add(st.reads, Relaxed);
+            counters.ssd_bytes_read.fetch_add(st.bytes, Relaxed);
+            waited += st.wait;
+        }
+        Ok(waited)
+    }
+}
