@@ -294,7 +294,8 @@ fn check_store(
     for threads in [1, 2] {
         let pooler = Pooler::new(PoolOptions {
             pooling: c.pooling,
-            dedup: Dedup::Off,
+            // Staged rows pool straight from the cache's slab, or through a compact gather.
+            dedup: [Dedup::Off, Dedup::On, Dedup::Auto][((c.seed >> 8) % 3) as usize],
             threads,
             ..PoolOptions::default()
         })

@@ -11,27 +11,28 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug)]
 pub(crate) enum StagedRows {
     /// Pooled in place in tier table `tier`'s cache slab: `held[i]` is the slot of the feature's
-    /// distinct row `i`, held by this batch until it is dropped.
+    /// distinct row `i`, held by this batch until it is dropped, and `slots[k]` the slot of its
+    /// id `k` (`held[inverse[k]]`).
     Slab {
         slab: Arc<Slab>,
         tier: usize,
         held: Vec<u32>,
+        slots: Vec<u32>,
     },
     /// The feature's distinct rows copied into a buffer of the batch's own (the cache had no slot
     /// free for some of them).
     Compact(Vec<u8>),
 }
 
-/// One feature's rows for one batch, and for each of its ids the index of its row there (a slab
-/// slot, or a distinct row of the compact buffer).
+/// One feature's rows for one batch, and for each of its ids the index of its row among the
+/// feature's distinct rows.
 #[derive(Debug)]
 pub(crate) struct StagedFeature {
     pub(crate) rows: StagedRows,
     pub(crate) inverse: Vec<u32>,
     /// Batch position of the feature's first id.
     pub(crate) start: usize,
-    /// Rows `inverse` may name (the slab's slots, or the compact buffer's distinct rows), and
-    /// bytes per row.
+    /// Distinct rows (`inverse` names them), and bytes per row.
     pub(crate) n_rows: usize,
     pub(crate) stride: usize,
     /// [`ids_hash`] of the feature's ids: pooling checks the batch is the one staged.
@@ -49,14 +50,21 @@ impl StagedFeature {
         range: std::ops::Range<usize>,
         stride: usize,
     ) -> bool {
-        let bytes = match &self.rows {
-            StagedRows::Slab { slab, .. } => slab.len(),
-            StagedRows::Compact(rows) => rows.len(),
+        let rows_fit = match &self.rows {
+            StagedRows::Slab {
+                slab, held, slots, ..
+            } => {
+                let in_slab = slab.len() / stride.max(1);
+                held.len() == self.n_rows
+                    && slots.len() == self.inverse.len()
+                    && held.iter().chain(slots).all(|&s| (s as usize) < in_slab)
+            }
+            StagedRows::Compact(rows) => rows.len() == self.n_rows * stride,
         };
-        self.start == start
+        rows_fit
+            && self.start == start
             && self.stride == stride
             && self.inverse.len() == range.len()
-            && bytes == self.n_rows * stride
             && self.inverse.iter().fold(0u32, |m, &i| m.max(i)) < self.n_rows.max(1) as u32
             && (self.inverse.is_empty() || self.n_rows > 0)
             && ids_hash(ids, range) == self.ids_hash
@@ -87,9 +95,12 @@ impl Drop for StagedBatch {
             for sf in self.feats.iter_mut().flatten() {
                 let inverse = std::mem::take(&mut sf.inverse);
                 match &mut sf.rows {
-                    StagedRows::Slab { tier, held, .. } => {
+                    StagedRows::Slab {
+                        tier, held, slots, ..
+                    } => {
                         pool.release(*tier, std::mem::take(held));
                         pool.put(Vec::new(), inverse);
+                        pool.put(Vec::new(), std::mem::take(slots));
                     }
                     StagedRows::Compact(rows) => pool.put(std::mem::take(rows), inverse),
                 }

@@ -329,10 +329,11 @@ impl Stager {
                     slab: table.cache.slab().clone(),
                     tier: d,
                     held,
+                    slots: self.recycler.take_inverse(),
                 },
                 inverse,
                 start: range.start,
-                n_rows: table.cache.capacity() + table.cache.reserve(),
+                n_rows: n,
                 stride: table.row_bytes,
                 ids_hash: ids_hash(kj.ids(), range.clone()),
             });
@@ -373,15 +374,16 @@ impl Stager {
         let io = io?;
         for (f, sf) in staged.feats.iter_mut().enumerate() {
             let Some(sf) = sf else { continue };
-            let StagedRows::Slab { held, tier, .. } = &mut sf.rows else {
+            let StagedRows::Slab {
+                held, tier, slots, ..
+            } = &mut sf.rows
+            else {
                 continue;
             };
             match overflow.iter().position(|(g, _)| *g == f) {
                 None => {
-                    // Every row has a slot: each id names its row's slot.
-                    for x in sf.inverse.iter_mut() {
-                        *x = held[*x as usize];
-                    }
+                    // Every row has a slot: each id's slot, for pooling straight from the slab.
+                    slots.extend(sf.inverse.iter().map(|&x| held[x as usize]));
                 }
                 Some(k) => {
                     // Copy the held rows beside the ones that found no slot, and let go of the
@@ -395,8 +397,8 @@ impl Stager {
                             cache.release(slot);
                         }
                     }
-                    sf.n_rows = held.len();
                     self.recycler.put_held(std::mem::take(held));
+                    self.recycler.put(Vec::new(), std::mem::take(slots));
                     sf.rows = StagedRows::Compact(rows);
                 }
             }
