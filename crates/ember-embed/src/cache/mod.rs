@@ -327,17 +327,8 @@ impl RowCache {
     /// ([`prefetch`](Self::prefetch) some ids before).
     #[inline(always)]
     pub fn prefetch_slot(&self, id: u64) {
-        use crate::prefetch::prefetch_span;
         if let Some(&slot) = self.map.get(&id) {
-            let s = slot as usize;
-            prefetch_span(self.holds.as_ptr().wrapping_add(s).cast(), 4);
-            prefetch_span(self.state.as_ptr().wrapping_add(s).cast(), 1);
-            if let Some(rec) = self.slots.get(s) {
-                prefetch_span(std::ptr::from_ref(rec).cast(), 16);
-            }
-            if let Order::Sampled(set) = &self.order {
-                set.prefetch(slot);
-            }
+            self.prefetch_release(slot);
         }
     }
 
@@ -361,7 +352,8 @@ impl RowCache {
         }
     }
 
-    /// Asks the CPU to bring what [`release`](Self::release) of `slot` touches into cache.
+    /// Asks the CPU to bring what a hold or a [`release`](Self::release) of `slot` touches into
+    /// cache: its hold count, state and record (and its place in the LFU sample set).
     #[inline(always)]
     pub fn prefetch_release(&self, slot: u32) {
         use crate::prefetch::prefetch_span;
