@@ -163,6 +163,7 @@ impl LocalCluster {
             String::from_utf8_lossy(&out.stdout)
         );
         c.wait_healthy(Duration::from_secs(30))?;
+        c.wait_replicated(Duration::from_secs(30))?;
         Ok(c)
     }
 
@@ -182,6 +183,9 @@ impl LocalCluster {
             .args(["--cluster-require-full-coverage", "no"])
             .args(["--cluster-allow-reads-when-down", "yes"])
             .args(["--save", "", "--appendonly", "no"])
+            // A replica's first sync starts at once, not after the default 5 s wait for more
+            // replicas to share one transfer.
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(["--dir", &self.dir.to_string_lossy()])
             .args(["--logfile", &log.to_string_lossy()])
             .args(["--protected-mode", "no", "--daemonize", "no"])
@@ -254,6 +258,57 @@ impl LocalCluster {
                 .all(|p| self.index(*p).is_some_and(|i| self.nodes[i].is_running())))
         })
         .context("the cluster did not become healthy")
+    }
+
+    /// Waits until every running primary has put all its running replicas online and each has
+    /// acknowledged every write the primary took so far (replication is asynchronous: a
+    /// primary killed before that loses those writes, as Redis documents; a test that kills one
+    /// right after writing waits here first).
+    pub fn wait_replicated(&self, timeout: Duration) -> Result<()> {
+        wait_for(timeout, || {
+            for n in self.nodes.iter().filter(|n| n.is_running() && !n.stopped) {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut connect(n.port)?)?;
+                if !info.lines().any(|l| l.trim() == "role:master") {
+                    continue;
+                }
+                let field = |name: &str| {
+                    info.lines()
+                        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                        .map(str::trim)
+                };
+                let offset: u64 = field("master_repl_offset").unwrap_or("0").parse()?;
+                let replicas: Vec<&str> = info
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state="))
+                    .collect();
+                let behind = replicas.iter().any(|r| {
+                    let online = r.contains("state=online");
+                    let acked = r
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix("offset="))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    !online || acked < offset
+                });
+                // Replicas of this primary that run but are not listed yet are behind too.
+                let running = self
+                    .nodes
+                    .iter()
+                    .filter(|m| m.is_running() && !m.stopped && m.port != n.port)
+                    .filter(|m| {
+                        info_field(m.port, "replication", "master_port")
+                            .is_ok_and(|p| p == n.port.to_string())
+                    })
+                    .count();
+                if behind || replicas.len() < running {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+        .context("the replicas did not catch up with their primaries")
     }
 
     /// Kills node `i` (SIGKILL), as a crash would.
@@ -338,6 +393,11 @@ impl Drop for LocalCluster {
                 let _ = c.wait();
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failing test keeps the nodes' logs to read.
+        if std::thread::panicking() {
+            eprintln!("Redis Cluster logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }

@@ -51,6 +51,11 @@ pub struct TierArgs {
     /// Spread remote reads over the replicas as well as the primaries.
     #[arg(long)]
     read_from_replicas: bool,
+    /// Read tables placed remote from their local row files (rows/NAME.rows, written by `ember
+    /// convert`) while the cluster cannot answer: serving goes on through a failed node or a
+    /// whole-cluster outage.
+    #[arg(long)]
+    remote_fallback: bool,
 }
 
 impl TierArgs {
@@ -66,6 +71,7 @@ impl TierArgs {
                 timeout_ms: self.redis_timeout_ms,
                 retries: self.redis_retries,
                 read_from_replicas: self.read_from_replicas.then_some(true),
+                fallback_local: self.remote_fallback.then_some(true),
             },
         }
     }

@@ -92,8 +92,9 @@ enum Storage {
     /// A plain mapping of a row file (several tables may share one: row views).
     Mapped(MappedRows),
     Disk(Arc<RowFile>),
-    /// Rows in a remote store: nothing here but the shape.
-    Remote,
+    /// Rows in a remote store: nothing here but the shape, and optionally a local row-file copy
+    /// read while the store cannot answer.
+    Remote(Option<Arc<RowFile>>),
 }
 
 /// One embedding table.
@@ -170,7 +171,23 @@ impl EmbeddingTable {
             dim,
             dtype,
             stride: dtype.row_bytes(dim),
-            data: Storage::Remote,
+            data: Storage::Remote(None),
+        })
+    }
+
+    /// A table placed `remote` with a local copy of its rows: `copy` (an `ssd` table opened from
+    /// the row file) is read while the store cannot answer.
+    pub fn remote_with_copy(copy: EmbeddingTable) -> Result<Self> {
+        let Storage::Disk(file) = copy.data else {
+            return Err(EmbedError::BadTable {
+                table: copy.name,
+                reason: "a remote table's local copy must be a row file opened for the ssd tier"
+                    .into(),
+            });
+        };
+        Ok(EmbeddingTable {
+            data: Storage::Remote(Some(file)),
+            ..copy
         })
     }
 
@@ -331,7 +348,7 @@ impl EmbeddingTable {
                 len: l,
             },
             Storage::Mapped(m) => Storage::Mapped(m.sub(o, l)),
-            Storage::Disk(_) | Storage::Remote => {
+            Storage::Disk(_) | Storage::Remote(_) => {
                 return Err(bad(format!(
                     "a table placed {} cannot be split into row views",
                     self.placement()
@@ -449,7 +466,7 @@ impl EmbeddingTable {
             Storage::Memory { .. } => Placement::Dram,
             Storage::Mapped(_) => Placement::Mmap,
             Storage::Disk(_) => Placement::Ssd,
-            Storage::Remote => Placement::Remote,
+            Storage::Remote(_) => Placement::Remote,
         }
     }
     /// All rows as bytes, when addressable (`dram` and `mmap`; `None` on the SSD tier).
@@ -457,15 +474,15 @@ impl EmbeddingTable {
         match &self.data {
             Storage::Memory { buf, offset, len } => Some(&buf.as_slice()[*offset..*offset + *len]),
             Storage::Mapped(m) => Some(m.bytes()),
-            Storage::Disk(_) | Storage::Remote => None,
+            Storage::Disk(_) | Storage::Remote(_) => None,
         }
     }
-    /// The row file behind an `mmap` or `ssd` table.
+    /// The row file behind an `mmap` or `ssd` table, or the local copy of a `remote` one.
     pub fn row_file(&self) -> Option<&Arc<RowFile>> {
         match &self.data {
-            Storage::Memory { .. } | Storage::Remote => None,
+            Storage::Memory { .. } | Storage::Remote(None) => None,
             Storage::Mapped(m) => Some(m.file()),
-            Storage::Disk(file) => Some(file),
+            Storage::Disk(file) | Storage::Remote(Some(file)) => Some(file),
         }
     }
     /// Copies the encoded bytes of row `r` into `out` (`stride` bytes), from memory or, on the
@@ -484,7 +501,7 @@ impl EmbeddingTable {
         }
         match &self.data {
             Storage::Disk(f) => return f.read_row(r, out),
-            Storage::Remote => {
+            Storage::Remote(_) => {
                 return Err(EmbedError::NotStaged {
                     table: self.name.clone(),
                 });

@@ -65,6 +65,11 @@ pub struct RemoteConfig {
     /// Spread reads over the replicas as well as the primaries.
     #[serde(default)]
     pub read_from_replicas: bool,
+    /// Also open each remote table's local row file (`rows/NAME.rows`, written by `ember
+    /// convert`) and read it while the cluster cannot answer: serving goes on through a node
+    /// failure or a whole-cluster outage, and back to the cluster once it answers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fallback_local: bool,
 }
 
 fn default_remote_timeout_ms() -> u64 {
@@ -84,6 +89,7 @@ impl RemoteConfig {
             timeout_ms: default_remote_timeout_ms(),
             retries: default_remote_retries(),
             read_from_replicas: false,
+            fallback_local: false,
         }
     }
 

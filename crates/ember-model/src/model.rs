@@ -40,6 +40,7 @@ pub struct RemoteOverride {
     pub timeout_ms: Option<u64>,
     pub retries: Option<u32>,
     pub read_from_replicas: Option<bool>,
+    pub fallback_local: Option<bool>,
 }
 
 impl RemoteOverride {
@@ -68,6 +69,9 @@ impl RemoteOverride {
         }
         if let Some(v) = self.read_from_replicas {
             c.read_from_replicas = v;
+        }
+        if let Some(v) = self.fallback_local {
+            c.fallback_local = v;
         }
         Some(c)
     }

@@ -145,7 +145,12 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
                     ),
                 });
             }
-            tables.push(EmbeddingTable::remote(&t.name, t.rows, t.dim, t.dtype)?);
+            if cfg.remote.as_ref().is_some_and(|r| r.fallback_local) {
+                let copy = open_row_file(path, t, table_dtype)?;
+                tables.push(EmbeddingTable::remote_with_copy(copy)?);
+            } else {
+                tables.push(EmbeddingTable::remote(&t.name, t.rows, t.dim, t.dtype)?);
+            }
             continue;
         }
         if t.placement != Placement::Dram {

@@ -37,13 +37,18 @@ impl Pool {
         Ok(())
     }
 
-    /// Sends `request` (head and body) and returns the response's status code. A kept-alive
-    /// connection the server closed meanwhile (its idle timeout) is replaced by a new one once,
-    /// as HTTP clients do when a reused connection fails before any response byte.
-    pub async fn send(&self, request: &[u8]) -> std::io::Result<u16> {
+    /// Sends `request` (head and body) and returns the response's status code, and its body
+    /// into `body` where one is given. A kept-alive connection the server closed meanwhile (its
+    /// idle timeout) is replaced by a new one once, as HTTP clients do when a reused connection
+    /// fails before any response byte.
+    pub async fn send(
+        &self,
+        request: &[u8],
+        mut body: Option<&mut Vec<u8>>,
+    ) -> std::io::Result<u16> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if let Some(conn) = idle {
-            match self.exchange(conn, request).await {
+            match self.exchange(conn, request, body.as_deref_mut()).await {
                 Err(Exchange::BeforeResponse(_)) => {}
                 Err(Exchange::After(e)) => return Err(e),
                 Ok(status) => return Ok(status),
@@ -51,16 +56,21 @@ impl Pool {
         }
         let c = TcpStream::connect(self.addr).await?;
         c.set_nodelay(true)?;
-        self.exchange(c, request).await.map_err(|e| match e {
+        self.exchange(c, request, body).await.map_err(|e| match e {
             Exchange::BeforeResponse(e) | Exchange::After(e) => e,
         })
     }
 
-    async fn exchange(&self, mut conn: TcpStream, request: &[u8]) -> Result<u16, Exchange> {
+    async fn exchange(
+        &self,
+        mut conn: TcpStream,
+        request: &[u8],
+        body: Option<&mut Vec<u8>>,
+    ) -> Result<u16, Exchange> {
         conn.write_all(request)
             .await
             .map_err(Exchange::BeforeResponse)?;
-        let (status, keep) = read_response(&mut conn).await?;
+        let (status, keep) = read_response(&mut conn, body).await?;
         if keep {
             self.idle
                 .lock()
@@ -82,8 +92,12 @@ fn bad(msg: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_string())
 }
 
-/// Reads one response; returns its status and whether the connection stays open.
-async fn read_response(conn: &mut TcpStream) -> Result<(u16, bool), Exchange> {
+/// Reads one response (its body into `body` where one is given); returns its status and whether
+/// the connection stays open.
+async fn read_response(
+    conn: &mut TcpStream,
+    mut body: Option<&mut Vec<u8>>,
+) -> Result<(u16, bool), Exchange> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -129,11 +143,19 @@ async fn read_response(conn: &mut TcpStream) -> Result<(u16, bool), Exchange> {
         }
     }
     let len = len.ok_or_else(|| Exchange::After(bad("no Content-Length")))?;
-    let mut have = buf.len() - head_end;
+    let first = &buf[head_end..];
+    if let Some(b) = body.as_deref_mut() {
+        b.clear();
+        b.extend_from_slice(&first[..first.len().min(len)]);
+    }
+    let mut have = first.len();
     while have < len {
         let n = conn.read(&mut chunk).await.map_err(Exchange::After)?;
         if n == 0 {
             return Err(Exchange::After(bad("connection closed inside the body")));
+        }
+        if let Some(b) = body.as_deref_mut() {
+            b.extend_from_slice(&chunk[..n.min(len - have)]);
         }
         have += n;
     }

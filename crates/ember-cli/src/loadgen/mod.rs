@@ -97,6 +97,11 @@ pub struct LoadgenArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
+    /// Check every answer: each request is first sent once to every server and its answer kept
+    /// (all must be 200 and alike); during the measurement an answer with scores whose body
+    /// differs from that is counted `wrong`, and loadgen then exits with an error. HTTP only.
+    #[arg(long)]
+    verify: bool,
 }
 
 /// `--phases`: (requests per second, seconds) pairs.
@@ -127,6 +132,8 @@ struct Run {
     ok: usize,
     refused: usize,
     errors: usize,
+    /// With --verify: answers with scores other than the request's recorded answer.
+    wrong: usize,
     p50_ms: f64,
     p90_ms: f64,
     p99_ms: f64,
@@ -167,8 +174,10 @@ struct Bucket {
     ok: usize,
     refused: usize,
     errors: usize,
+    wrong: usize,
     p50_ms: f64,
     p99_ms: f64,
+    max_ms: f64,
 }
 
 /// The `p` quantile of sorted values (NaN when there are none).
@@ -191,11 +200,15 @@ pub fn run(a: LoadgenArgs) -> anyhow::Result<()> {
 }
 
 async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
-    let target = Arc::new(match a.protocol.as_str() {
+    let mut target = match a.protocol.as_str() {
         "http" => http_target(&a).await?,
         "grpc" => grpc_target(&a).await?,
         p => bail!("unknown --protocol '{p}' (http or grpc)"),
-    });
+    };
+    if a.verify {
+        target.record_answers().await?;
+    }
+    let target = Arc::new(target);
     let go = |rate: f64| run_at(&target, vec![(rate, a.duration)], &a);
     if !a.find_max {
         let phases = match &a.phases {
@@ -208,11 +221,19 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         }
+        if r.wrong > 0 {
+            bail!(
+                "{} of {} answers had scores other than the same request got before",
+                r.wrong,
+                r.sent
+            );
+        }
         return Ok(());
     }
     // Double until the objective fails, then bisect between the last pass and the first failure.
     let slo = a.slo_p99_ms;
-    let passes = |r: &Run| r.p99_ms <= slo && (r.errors + r.refused) * 100 <= r.sent;
+    let passes =
+        |r: &Run| r.p99_ms <= slo && r.wrong == 0 && (r.errors + r.refused) * 100 <= r.sent;
     let mut steps = Vec::new();
     // Runs `rate` up to --tries times, until one passes; whether one did.
     let attempt = async |rate: f64, steps: &mut Vec<Run>| -> anyhow::Result<bool> {
@@ -266,6 +287,7 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         ),
         None => println!("no rate tried kept p99 <= {slo} ms (lower --qps)"),
     }
+    let wrong: usize = steps.iter().map(|r| r.wrong).sum();
     if a.json {
         println!(
             "{}",
@@ -279,13 +301,16 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
             })
         );
     }
+    if wrong > 0 {
+        bail!("{wrong} answers had scores other than the same request got before");
+    }
     Ok(())
 }
 
 fn print_run(r: &Run) {
     println!(
         "offered {:>8.0}/s  achieved {:>8.0}/s ({:>8.0} samples/s)  p50 {:>7.2}  p90 {:>7.2}  \
-         p99 {:>7.2}  p999 {:>7.2} ms  refused {}/{} (p99 {:.2} ms)  errors {}/{}",
+         p99 {:>7.2}  p999 {:>7.2} ms  refused {}/{} (p99 {:.2} ms)  errors {}/{}{}",
         r.offered_qps,
         r.achieved_qps,
         r.samples_per_s,
@@ -297,7 +322,11 @@ fn print_run(r: &Run) {
         r.sent,
         r.refused_p99_ms,
         r.errors,
-        r.sent
+        r.sent,
+        match r.wrong {
+            0 => String::new(),
+            n => format!("  WRONG {n}"),
+        }
     );
 }
 
@@ -320,9 +349,9 @@ fn print_timeline(r: &Run) {
     }
     for b in r.timeline.iter().flatten() {
         println!(
-            "  t {:>7.1} s  sent {:>7}  ok {:>7}  refused {:>7}  errors {:>5}  p50 {:>7.2}  \
-             p99 {:>7.2} ms",
-            b.t, b.sent, b.ok, b.refused, b.errors, b.p50_ms, b.p99_ms
+            "  t {:>7.1} s  sent {:>7}  ok {:>7}  refused {:>7}  errors {:>5}  wrong {:>3}  \
+             p50 {:>7.2}  p99 {:>7.2}  max {:>7.2} ms",
+            b.t, b.sent, b.ok, b.refused, b.errors, b.wrong, b.p50_ms, b.p99_ms, b.max_ms
         );
     }
 }
@@ -412,14 +441,17 @@ async fn run_at(
                 ok: 0,
                 refused: 0,
                 errors: 0,
+                wrong: 0,
                 p50_ms: f64::NAN,
                 p99_ms: f64::NAN,
+                max_ms: f64::NAN,
             };
             (b, Vec::new())
         })
         .collect();
     let (mut lat, mut refused_lat) = (Vec::with_capacity(sent), Vec::new());
     let mut errors = dropped;
+    let mut wrong = 0;
     // Per phase: answered latencies, refused latencies, errors.
     let mut by_phase: Vec<(Vec<f64>, Vec<f64>, usize)> =
         phase_list.iter().map(|_| Default::default()).collect();
@@ -440,7 +472,7 @@ async fn run_at(
         match outcome {
             Outcome::Ok => by_phase[k].0.push(ms),
             Outcome::Refused => by_phase[k].1.push(ms),
-            Outcome::Error => by_phase[k].2 += 1,
+            Outcome::Error | Outcome::Wrong => by_phase[k].2 += 1,
         }
         let bucket = width
             .map(|w| ((at.as_secs_f64() / w) as usize).min(nb.saturating_sub(1)))
@@ -455,6 +487,7 @@ async fn run_at(
                 Outcome::Ok => b.ok += 1,
                 Outcome::Refused => b.refused += 1,
                 Outcome::Error => b.errors += 1,
+                Outcome::Wrong => b.wrong += 1,
             }
         }
         match outcome {
@@ -466,6 +499,7 @@ async fn run_at(
             }
             Outcome::Refused => refused_lat.push(ms),
             Outcome::Error => errors += 1,
+            Outcome::Wrong => wrong += 1,
         }
     }
     lat.sort_by(f64::total_cmp);
@@ -477,6 +511,7 @@ async fn run_at(
                 l.sort_by(f64::total_cmp);
                 b.p50_ms = quantile(&l, 0.5);
                 b.p99_ms = quantile(&l, 0.99);
+                b.max_ms = l.last().copied().unwrap_or(f64::NAN);
                 b
             })
             .collect()
@@ -514,6 +549,7 @@ async fn run_at(
         ok,
         refused: refused_lat.len(),
         errors,
+        wrong,
         p50_ms: quantile(&lat, 0.5),
         p90_ms: quantile(&lat, 0.9),
         p99_ms: quantile(&lat, 0.99),

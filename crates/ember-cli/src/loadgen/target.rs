@@ -22,6 +22,9 @@ pub(super) enum Target {
     /// (`--url A,B,...`: request k goes to server k mod n).
     Http {
         servers: Vec<(http1::Pool, Vec<Arc<[u8]>>)>,
+        /// With `--verify`: the numbers of the answer each request got before the measurement
+        /// (the same from every server).
+        expect: Option<Vec<Vec<f64>>>,
     },
     /// `ModelInfer` requests over a few HTTP/2 connections.
     Grpc {
@@ -39,19 +42,24 @@ pub(super) enum Outcome {
     Refused,
     /// Anything else (another status, a transport error, no answer in time).
     Error,
+    /// With `--verify`: answered with scores other than the same request got before.
+    Wrong,
 }
 
 impl Target {
     /// Sends the `k`-th request.
     pub(super) async fn send(&self, k: usize) -> Outcome {
         match self {
-            Target::Http { servers } => {
+            Target::Http { servers, expect } => {
                 let (pool, requests) = &servers[k % servers.len()];
-                match pool
-                    .send(&requests[(k / servers.len()) % requests.len()])
-                    .await
-                {
-                    Ok(200) => Outcome::Ok,
+                let j = (k / servers.len()) % requests.len();
+                let mut body = Vec::new();
+                let keep = expect.as_ref().map(|_| &mut body);
+                match pool.send(&requests[j], keep).await {
+                    Ok(200) => match expect {
+                        Some(e) if !same_scores(&e[j], &numbers(&body)) => Outcome::Wrong,
+                        _ => Outcome::Ok,
+                    },
                     Ok(503) => Outcome::Refused,
                     _ => Outcome::Error,
                 }
@@ -73,6 +81,24 @@ impl Target {
     }
 }
 
+/// Every number in a text answer (KServe JSON or TSV scores), in order.
+fn numbers(body: &[u8]) -> Vec<f64> {
+    body.split(|b| !matches!(b, b'0'..=b'9' | b'.' | b'-' | b'+' | b'e' | b'E'))
+        .filter_map(|t| std::str::from_utf8(t).ok()?.parse().ok())
+        .collect()
+}
+
+/// Whether two answers carry the same scores. A sample's score may move in its last bits with
+/// the batch the server happened to put it in (the matrix kernels block by batch size), so not
+/// bit for bit: within 1e-5 relative (a wrong row moves a score by far more).
+fn same_scores(want: &[f64], got: &[f64]) -> bool {
+    want.len() == got.len()
+        && want
+            .iter()
+            .zip(got)
+            .all(|(a, b)| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-7)
+}
+
 /// The servers of `--url` (comma-separated), or `default`.
 fn urls(a: &LoadgenArgs, default: &str) -> Vec<String> {
     a.url
@@ -92,7 +118,52 @@ pub(super) async fn http_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
     if servers.is_empty() {
         bail!("--url names no server");
     }
-    Ok(Target::Http { servers })
+    Ok(Target::Http {
+        servers,
+        expect: None,
+    })
+}
+
+impl Target {
+    /// `--verify`: sends every request once to every server and keeps the answer each gave;
+    /// fails unless all are 200 and every server answers a request alike (stateless replicas of
+    /// one model must).
+    pub(super) async fn record_answers(&mut self) -> anyhow::Result<()> {
+        let Target::Http { servers, expect } = self else {
+            bail!("--verify needs --protocol http");
+        };
+        let n = servers[0].1.len();
+        let mut want = Vec::with_capacity(n);
+        let mut body = Vec::new();
+        for j in 0..n {
+            let mut first: Option<Vec<f64>> = None;
+            for (s, (pool, requests)) in servers.iter().enumerate() {
+                let status = pool
+                    .send(&requests[j], Some(&mut body))
+                    .await
+                    .with_context(|| format!("--verify: request {j} to server {}", s + 1))?;
+                if status != 200 {
+                    bail!(
+                        "--verify: server {} answered request {j} with {status}: {}",
+                        s + 1,
+                        String::from_utf8_lossy(&body)
+                    );
+                }
+                let got = numbers(&body);
+                match &first {
+                    None => first = Some(got),
+                    Some(f) if !same_scores(f, &got) => bail!(
+                        "--verify: servers 1 and {} answer request {j} differently",
+                        s + 1
+                    ),
+                    Some(_) => {}
+                }
+            }
+            want.push(first.expect("at least one server"));
+        }
+        *expect = Some(want);
+        Ok(())
+    }
 }
 
 /// One server's connection pool and requests.
@@ -261,4 +332,25 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
         })
         .collect();
     Ok(Target::Grpc { clients, requests })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{numbers, same_scores};
+
+    #[test]
+    fn answers_compare_by_their_numbers_within_a_relative_tolerance() {
+        let json = br#"{"model_name":"default","outputs":[{"name":"score","datatype":"FP32","shape":[2,1],"data":[0.25,1e-3]}]}"#;
+        assert_eq!(numbers(json), vec![32.0, 2.0, 1.0, 0.25, 1e-3]);
+        assert_eq!(numbers(b"0.5\n0.125\n"), vec![0.5, 0.125]);
+        let want = numbers(json);
+        let close = numbers(br#""FP32","shape":[2,1],"data":[0.2500001,0.001]"#);
+        assert!(same_scores(&want, &close));
+        // Another row's scores, a score missing, or a different shape are all wrong.
+        let other = numbers(br#""FP32","shape":[2,1],"data":[0.2503,0.001]"#);
+        assert!(!same_scores(&want, &other));
+        assert!(!same_scores(&want, &want[..4]));
+        let shape = numbers(br#""FP32","shape":[1,2],"data":[0.25,0.001]"#);
+        assert!(!same_scores(&want, &shape));
+    }
 }

@@ -66,4 +66,7 @@ pub fn push_default(c: &LocalCluster) {
         "ember store push: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The fault tests kill nodes next: every replica must hold what was pushed first.
+    c.wait_replicated(std::time::Duration::from_secs(20))
+        .expect("replicas catching up after the push");
 }

@@ -293,3 +293,94 @@ fn the_whole_cluster_down_answers_503_naming_it_and_readiness_follows() {
         t.elapsed()
     );
 }
+
+/// The shipped model copied to a fresh `.../default` with its row files written by `ember
+/// convert` (the local copy of `--remote-fallback`); the same name and rows as `push_default`.
+fn model_with_row_files() -> std::path::PathBuf {
+    let dir = std::env::temp_dir()
+        .join(format!(
+            "ember-fallback-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ))
+        .join("default");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(super::default_model().join(f), dir.join(f)).unwrap();
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["convert", "--model"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ember convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+fn metric(s: &Server, name: &str) -> Option<f64> {
+    let text = s.request("GET", "/metrics", "text/plain", b"").unwrap().1;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_request() {
+    let Some(mut c) = super::cluster(1) else {
+        return;
+    };
+    super::push_default(&c);
+    let dir = model_with_row_files();
+    let (bodies, want) = references(8);
+    let model = dir.to_string_lossy().to_string();
+    let s = remote_server(
+        &c.url(),
+        &["--model", &model, "--cache-mb", "0", "--remote-fallback"],
+    );
+    let ready = |s: &Server| {
+        s.request("GET", "/v2/health/ready", "text/plain", b"")
+            .unwrap()
+            .0
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(metric(&s, "ember_remote_fallback_rows_total"), None);
+    let victim = c.index(c.primaries().unwrap()[0]).unwrap();
+    c.kill(victim).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Now every node left paused: nothing answers at all.
+    let live: Vec<usize> = (0..c.nodes.len()).filter(|&i| i != victim).collect();
+    for &i in &live {
+        c.pause(i);
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(ready(&s), 200, "ready while the local copy serves");
+    assert_eq!(metric(&s, "ember_remote_fallback_active"), Some(1.0));
+    for &i in &live {
+        c.resume(i);
+    }
+    // The cluster fails over and answers again: serving goes back to it by itself.
+    c.wait_healthy(Duration::from_secs(20)).unwrap();
+    let back = ember_bench::redis_cluster::wait_for(Duration::from_secs(10), || {
+        Ok(metric(&s, "ember_remote_fallback_active") == Some(0.0))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    finish(&stop, handles);
+    let log = log.lock().unwrap();
+    let failed: Vec<_> = log.iter().filter(|e| e.2 != 200).collect();
+    assert!(failed.is_empty(), "failed requests: {failed:?}");
+    assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
+    assert!(back.is_ok(), "serving did not go back to the cluster");
+    let rows = metric(&s, "ember_remote_fallback_rows_total").unwrap_or(0.0);
+    assert!(rows > 0.0, "the local copy was never read");
+    eprintln!(
+        "with a local copy: {} requests, 0 failed, {rows} rows read locally",
+        log.len()
+    );
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}

@@ -18,7 +18,7 @@ use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
 use crate::jagged::Ids;
-use crate::storage::remote::{RedisStore, RemoteTableSpec};
+use crate::storage::remote::{RedisStore, RemoteTableSpec, WithLocalCopy};
 use crate::storage::{RowStore, open_row_files};
 use crate::table::Placement;
 use std::sync::atomic::AtomicBool;
@@ -68,6 +68,8 @@ impl Stager {
         let mut by_table = vec![None; coll.tables().len()];
         let mut files = Vec::new();
         let mut remote = Vec::new();
+        // Local row-file copies of the remote tables (all of them or none).
+        let mut copies = Vec::new();
         // (store, index in that store, rows, row bytes), in tier-table order.
         let mut shapes: Vec<(usize, usize, usize, usize)> = Vec::new();
         let file_store = 0;
@@ -100,6 +102,9 @@ impl Stager {
                 }
                 _ => {
                     shapes.push((remote_store, remote.len(), table.rows(), table.stride()));
+                    if let Some(copy) = table.row_file() {
+                        copies.push(copy.clone());
+                    }
                     remote.push(RemoteTableSpec {
                         name: table.name().into(),
                         rows: table.rows(),
@@ -126,7 +131,24 @@ impl Stager {
                     ),
                 });
             };
-            stores.push(Box::new(RedisStore::open(src, &remote)?));
+            let store = Box::new(RedisStore::open(src, &remote)?);
+            match copies.len() {
+                0 => stores.push(store),
+                n if n == remote.len() => {
+                    let local = open_row_files(copies, opts.io, opts.queue_depth)?;
+                    let retry = src.cluster.down_for;
+                    stores.push(Box::new(WithLocalCopy::new(store, local, retry)));
+                }
+                n => {
+                    return Err(EmbedError::BadOption {
+                        option: "fallback_local",
+                        reason: format!(
+                            "{n} of the {} remote tables have a local copy: all or none must",
+                            remote.len()
+                        ),
+                    });
+                }
+            }
         }
         let mut opts = opts;
         if opts.policy == CachePolicy::Pinned

@@ -10,6 +10,7 @@
 //! | `cluster.rs` | [`Cluster`]: routing, one pipeline per node, deadlines, bounded retries, failover |
 //! | `manifest.rs` | [`Manifest`]: a version's tables, shapes and block CRCs |
 //! | `store.rs` | [`RedisStore`]: the [`crate::storage::RowStore`] of `remote` tables |
+//! | `fallback.rs` | [`WithLocalCopy`]: a local row-file copy read while the cluster cannot answer |
 //! | `push.rs` | [`push`]: a model's tables as a version (resumable, verified) |
 //! | `admin.rs` | [`verify`], [`list`], [`remove`]: the rest of what `ember store` runs |
 //!
@@ -18,6 +19,7 @@
 
 mod admin;
 mod cluster;
+mod fallback;
 pub mod layout;
 mod manifest;
 mod ops;
@@ -29,6 +31,7 @@ mod wire;
 
 pub use admin::{VerifyReport, VersionListing, list, remove, verify};
 pub use cluster::Cluster;
+pub use fallback::WithLocalCopy;
 pub use layout::VersionState;
 pub use manifest::{Manifest, ManifestTable};
 pub use ops::Ops;

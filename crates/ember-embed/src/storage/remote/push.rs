@@ -63,7 +63,8 @@ pub struct PushReport {
     pub blocks_skipped: usize,
     /// Seconds writing (and verifying) blocks.
     pub seconds: f64,
-    /// Rounds where fewer replicas than asked acknowledged the writes in time.
+    /// Rounds where fewer replicas than asked acknowledged the writes in time, and did not by
+    /// the end of the push either (0 when a last `WAIT` for everything succeeded).
     pub unreplicated_rounds: usize,
 }
 
@@ -271,6 +272,9 @@ pub fn push<T: RowSource>(
         )?;
     }
     progress(landed, total as u64);
+    if opts.replicas > 0 && report.unreplicated_rounds > 0 {
+        replication_barrier(cluster, model, version, &manifest, opts, &mut report)?;
+    }
     for (mt, c) in manifest.tables.iter_mut().zip(crcs) {
         mt.block_crcs = c;
     }
@@ -284,6 +288,48 @@ pub fn push<T: RowSource>(
     )?;
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// A round's `WAIT` gives up after a quarter of the round, and a replica still in its first
+/// sync (or on a slow link) may miss it: one last `WAIT` on every primary written, for all the
+/// writes so far, as long as a round may take, before the version is marked ready. Where every
+/// primary's replicas then acknowledge, nothing is left unreplicated.
+fn replication_barrier(
+    cluster: &mut Cluster,
+    model: &str,
+    version: u64,
+    manifest: &Manifest,
+    opts: &PushOptions,
+    report: &mut PushReport,
+) -> Result<()> {
+    let keys: Vec<String> = manifest
+        .tables
+        .iter()
+        .flat_map(|mt| {
+            let prefix = block_prefix(model, version, &mt.name);
+            (0..mt.blocks()).map(move |b| format!("{prefix}{b}"))
+        })
+        .collect();
+    let mut ops = Ops::default();
+    let mut want = Vec::new();
+    let wait_ms = opts.round_timeout.as_millis() as u64;
+    for key in cluster.one_key_per_primary(keys.iter().map(|k| k.as_bytes())) {
+        let n = (opts.replicas as usize).min(cluster.replicas_of(key));
+        if n > 0 {
+            ops.push(key, redis::cmd("WAIT").arg(n).arg(wait_ms));
+            want.push(n as i64);
+        }
+    }
+    let deadline = Instant::now() + opts.round_timeout + Duration::from_secs(1);
+    let replies = cluster.run(&ops, false, deadline)?;
+    if replies
+        .iter()
+        .zip(&want)
+        .all(|(v, &n)| matches!(v, Value::Int(got) if *got >= n))
+    {
+        report.unreplicated_rounds = 0;
+    }
+    Ok(())
 }
 
 /// Writes one round's blocks, waits for replicas, reads them back, checks and records them.
