@@ -134,6 +134,9 @@ struct Run {
     errors: usize,
     /// With --verify: answers with scores other than the request's recorded answer.
     wrong: usize,
+    /// Wall clock at the start of the measurement (after the warm-up), ms since the Unix epoch:
+    /// to line the timeline up with events outside loadgen (a fault injected at a known time).
+    start_unix_ms: u64,
     p50_ms: f64,
     p90_ms: f64,
     p99_ms: f64,
@@ -374,10 +377,13 @@ async fn run_at(
     let sent_total = phases.iter().map(|p| p.0 * p.1).sum::<f64>();
     let first_rate = phases[0].0;
     // The arrival clock: its own thread, sleeping to each arrival (or sending at once when late).
+    let warm = Duration::from_secs_f64(warmup);
+    let start_unix_ms = (std::time::SystemTime::now() + warm)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let clock = std::thread::spawn(move || {
         let mut rng = StdRng::seed_from_u64(seed ^ first_rate.to_bits());
         let start = Instant::now();
-        let warm = Duration::from_secs_f64(warmup);
         // Where each phase ends, from the start of the measurement.
         let mut ends = Vec::with_capacity(phases.len());
         let mut at = warm;
@@ -550,6 +556,7 @@ async fn run_at(
         refused: refused_lat.len(),
         errors,
         wrong,
+        start_unix_ms,
         p50_ms: quantile(&lat, 0.5),
         p90_ms: quantile(&lat, 0.9),
         p99_ms: quantile(&lat, 0.99),

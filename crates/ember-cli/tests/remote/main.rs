@@ -6,6 +6,7 @@
 //! Every test skips with a message where `redis-server` is not installed (`.ci/run` installs it).
 
 mod cli;
+mod figures;
 mod serve;
 #[allow(dead_code)]
 #[path = "../reliability/server.rs"]

@@ -296,7 +296,7 @@ fn the_whole_cluster_down_answers_503_naming_it_and_readiness_follows() {
 
 /// The shipped model copied to a fresh `.../default` with its row files written by `ember
 /// convert` (the local copy of `--remote-fallback`); the same name and rows as `push_default`.
-fn model_with_row_files() -> std::path::PathBuf {
+pub fn model_with_row_files() -> std::path::PathBuf {
     let dir = std::env::temp_dir()
         .join(format!(
             "ember-fallback-{}-{}",
