@@ -266,43 +266,45 @@ impl LocalCluster {
     /// right after writing waits here first).
     pub fn wait_replicated(&self, timeout: Duration) -> Result<()> {
         wait_for(timeout, || {
+            // `INFO replication` of every running node, once per look.
+            let mut infos = Vec::new();
             for n in self.nodes.iter().filter(|n| n.is_running() && !n.stopped) {
                 let info: String = redis::cmd("INFO")
                     .arg("replication")
                     .query(&mut connect(n.port)?)?;
-                if !info.lines().any(|l| l.trim() == "role:master") {
+                infos.push((n.port, info));
+            }
+            let field = |info: &str, name: &str| -> Option<String> {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                    .map(|v| v.trim().to_string())
+            };
+            for (port, info) in &infos {
+                if field(info, "role").as_deref() != Some("master") {
                     continue;
                 }
-                let field = |name: &str| {
-                    info.lines()
-                        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                        .map(str::trim)
-                };
-                let offset: u64 = field("master_repl_offset").unwrap_or("0").parse()?;
-                let replicas: Vec<&str> = info
+                let offset: u64 = field(info, "master_repl_offset")
+                    .unwrap_or_default()
+                    .parse()
+                    .unwrap_or(0);
+                let listed: Vec<&str> = info
                     .lines()
                     .filter(|l| l.starts_with("slave") && l.contains("state="))
                     .collect();
-                let behind = replicas.iter().any(|r| {
-                    let online = r.contains("state=online");
+                let behind = listed.iter().any(|r| {
                     let acked = r
                         .split(',')
                         .find_map(|kv| kv.strip_prefix("offset="))
                         .and_then(|v| v.parse::<u64>().ok())
                         .unwrap_or(0);
-                    !online || acked < offset
+                    !r.contains("state=online") || acked < offset
                 });
-                // Replicas of this primary that run but are not listed yet are behind too.
-                let running = self
-                    .nodes
+                // Running replicas of this primary that it does not list yet are behind too.
+                let running = infos
                     .iter()
-                    .filter(|m| m.is_running() && !m.stopped && m.port != n.port)
-                    .filter(|m| {
-                        info_field(m.port, "replication", "master_port")
-                            .is_ok_and(|p| p == n.port.to_string())
-                    })
+                    .filter(|(_, i)| field(i, "master_port") == Some(port.to_string()))
                     .count();
-                if behind || replicas.len() < running {
+                if behind || listed.len() < running {
                     return Ok(false);
                 }
             }

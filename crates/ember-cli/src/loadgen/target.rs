@@ -79,6 +79,46 @@ impl Target {
             }
         }
     }
+
+    /// `--verify`: sends every request once to every server and keeps the answer each gave;
+    /// fails unless all are 200 and every server answers a request alike (stateless replicas of
+    /// one model must).
+    pub(super) async fn record_answers(&mut self) -> anyhow::Result<()> {
+        let Target::Http { servers, expect } = self else {
+            bail!("--verify needs --protocol http");
+        };
+        let n = servers[0].1.len();
+        let mut want = Vec::with_capacity(n);
+        let mut body = Vec::new();
+        for j in 0..n {
+            let mut first: Option<Vec<f64>> = None;
+            for (s, (pool, requests)) in servers.iter().enumerate() {
+                let status = pool
+                    .send(&requests[j], Some(&mut body))
+                    .await
+                    .with_context(|| format!("--verify: request {j} to server {}", s + 1))?;
+                if status != 200 {
+                    bail!(
+                        "--verify: server {} answered request {j} with {status}: {}",
+                        s + 1,
+                        String::from_utf8_lossy(&body)
+                    );
+                }
+                let got = numbers(&body);
+                match &first {
+                    None => first = Some(got),
+                    Some(f) if !same_scores(f, &got) => bail!(
+                        "--verify: servers 1 and {} answer request {j} differently",
+                        s + 1
+                    ),
+                    Some(_) => {}
+                }
+            }
+            want.push(first.expect("at least one server"));
+        }
+        *expect = Some(want);
+        Ok(())
+    }
 }
 
 /// Every number in a text answer (KServe JSON or TSV scores), in order.
@@ -122,48 +162,6 @@ pub(super) async fn http_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
         servers,
         expect: None,
     })
-}
-
-impl Target {
-    /// `--verify`: sends every request once to every server and keeps the answer each gave;
-    /// fails unless all are 200 and every server answers a request alike (stateless replicas of
-    /// one model must).
-    pub(super) async fn record_answers(&mut self) -> anyhow::Result<()> {
-        let Target::Http { servers, expect } = self else {
-            bail!("--verify needs --protocol http");
-        };
-        let n = servers[0].1.len();
-        let mut want = Vec::with_capacity(n);
-        let mut body = Vec::new();
-        for j in 0..n {
-            let mut first: Option<Vec<f64>> = None;
-            for (s, (pool, requests)) in servers.iter().enumerate() {
-                let status = pool
-                    .send(&requests[j], Some(&mut body))
-                    .await
-                    .with_context(|| format!("--verify: request {j} to server {}", s + 1))?;
-                if status != 200 {
-                    bail!(
-                        "--verify: server {} answered request {j} with {status}: {}",
-                        s + 1,
-                        String::from_utf8_lossy(&body)
-                    );
-                }
-                let got = numbers(&body);
-                match &first {
-                    None => first = Some(got),
-                    Some(f) if !same_scores(f, &got) => bail!(
-                        "--verify: servers 1 and {} answer request {j} differently",
-                        s + 1
-                    ),
-                    Some(_) => {}
-                }
-            }
-            want.push(first.expect("at least one server"));
-        }
-        *expect = Some(want);
-        Ok(())
-    }
 }
 
 /// One server's connection pool and requests.

@@ -130,19 +130,11 @@ fn report(name: &str, seen: &Seen) {
     }
 }
 
+/// A server of the remote tables with no row cache: every batch reads the cluster.
 fn remote_server(url: &str, extra: &[&str]) -> Server {
-    let mut args = vec![
-        "--grpc",
-        "off",
-        "--placement",
-        "remote",
-        "--redis",
-        url,
-        "--cache-mb",
-        "0",
-    ];
+    let mut args = vec!["--cache-mb", "0"];
     args.extend(extra);
-    Server::start(&args)
+    super::serve::remote_server(url, &args)
 }
 
 #[test]

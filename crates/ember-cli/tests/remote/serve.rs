@@ -21,7 +21,7 @@ fn references(n: usize) -> (Vec<Vec<u8>>, Vec<String>) {
     (bodies, scores)
 }
 
-fn remote_server(url: &str, extra: &[&str]) -> Server {
+pub fn remote_server(url: &str, extra: &[&str]) -> Server {
     let mut args = vec!["--grpc", "off", "--placement", "remote", "--redis", url];
     args.extend(extra);
     Server::start(&args)
@@ -241,11 +241,6 @@ fn the_whole_cluster_down_answers_503_naming_it_and_readiness_follows() {
     super::push_default(&c);
     let (bodies, want) = references(2);
     let s = remote_server(&c.url(), &["--cache-mb", "0"]);
-    let ready = |s: &Server| {
-        s.request("GET", "/v2/health/ready", "text/plain", b"")
-            .unwrap()
-            .0
-    };
     assert_eq!(ready(&s), 200);
     // Every node paused: nothing answers.
     for i in 0..c.nodes.len() {
@@ -321,10 +316,11 @@ pub fn model_with_row_files() -> std::path::PathBuf {
     dir
 }
 
-fn metric(s: &Server, name: &str) -> Option<f64> {
-    let text = s.request("GET", "/metrics", "text/plain", b"").unwrap().1;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+/// The status of `/v2/health/ready`.
+fn ready(s: &Server) -> u16 {
+    s.request("GET", "/v2/health/ready", "text/plain", b"")
+        .unwrap()
+        .0
 }
 
 #[test]
@@ -340,16 +336,11 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
         &c.url(),
         &["--model", &model, "--cache-mb", "0", "--remote-fallback"],
     );
-    let ready = |s: &Server| {
-        s.request("GET", "/v2/health/ready", "text/plain", b"")
-            .unwrap()
-            .0
-    };
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(metric(&s, "ember_remote_fallback_rows_total"), None);
+    assert_eq!(s.metric("ember_remote_fallback_rows_total"), 0.0);
     let victim = c.index(c.primaries().unwrap()[0]).unwrap();
     c.kill(victim).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
@@ -360,14 +351,14 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     }
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(ready(&s), 200, "ready while the local copy serves");
-    assert_eq!(metric(&s, "ember_remote_fallback_active"), Some(1.0));
+    assert_eq!(s.metric("ember_remote_fallback_active"), 1.0);
     for &i in &live {
         c.resume(i);
     }
     // The cluster fails over and answers again: serving goes back to it by itself.
     c.wait_healthy(Duration::from_secs(20)).unwrap();
     let back = ember_bench::redis_cluster::wait_for(Duration::from_secs(10), || {
-        Ok(metric(&s, "ember_remote_fallback_active") == Some(0.0))
+        Ok(s.metric("ember_remote_fallback_active") == 0.0)
     });
     std::thread::sleep(Duration::from_millis(300));
     finish(&stop, handles);
@@ -376,7 +367,7 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     assert!(failed.is_empty(), "failed requests: {failed:?}");
     assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
     assert!(back.is_ok(), "serving did not go back to the cluster");
-    let rows = metric(&s, "ember_remote_fallback_rows_total").unwrap_or(0.0);
+    let rows = s.metric("ember_remote_fallback_rows_total");
     assert!(rows > 0.0, "the local copy was never read");
     eprintln!(
         "with a local copy: {} requests, 0 failed, {rows} rows read locally",

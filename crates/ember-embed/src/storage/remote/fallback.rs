@@ -23,10 +23,9 @@ pub struct WithLocalCopy {
     remote: Box<dyn RowStore>,
     local: Box<dyn RowStore>,
     retry_after: Duration,
-    /// Until then, reads go to the copy without trying the cluster.
+    /// Until then, reads go to the copy without trying the cluster (`None`: the cluster
+    /// answered the last read it was given).
     local_until: Option<Instant>,
-    /// Whether the last read went to the copy (for the gauge).
-    on_copy: bool,
 }
 
 impl WithLocalCopy {
@@ -38,15 +37,16 @@ impl WithLocalCopy {
             local,
             retry_after,
             local_until: None,
-            on_copy: false,
         }
     }
 
-    fn set_on_copy(&mut self, on: bool) {
-        if self.on_copy != on {
-            self.on_copy = on;
-            metrics::gauge!("ember_remote_fallback_active").set(f64::from(u8::from(on)));
+    /// Reads go to the copy until `until` (`None`: back to the cluster); the gauge follows.
+    fn set_local_until(&mut self, until: Option<Instant>) {
+        if self.local_until.is_some() != until.is_some() {
+            let on = f64::from(u8::from(until.is_some()));
+            metrics::gauge!("ember_remote_fallback_active").set(on);
         }
+        self.local_until = until;
     }
 }
 
@@ -75,8 +75,7 @@ impl RowStore for WithLocalCopy {
         if self.local_until.is_none_or(|t| t0 >= t) {
             match self.remote.read(reqs, land) {
                 Ok(stats) => {
-                    self.local_until = None;
-                    self.set_on_copy(false);
+                    self.set_local_until(None);
                     return Ok(stats);
                 }
                 Err(e) => {
@@ -86,11 +85,10 @@ impl RowStore for WithLocalCopy {
                         _ => "other",
                     };
                     metrics::counter!("ember_remote_fallback_total", "kind" => kind).increment(1);
-                    self.local_until = Some(Instant::now() + self.retry_after);
+                    self.set_local_until(Some(Instant::now() + self.retry_after));
                 }
             }
         }
-        self.set_on_copy(true);
         metrics::counter!("ember_remote_fallback_rows_total").increment(reqs.len() as u64);
         let mut stats = self.local.read(reqs, land)?;
         // The batch waited for the failed remote read too.
