@@ -122,28 +122,15 @@ impl LocalCluster {
         ));
         std::fs::create_dir_all(&dir)?;
         let n = primaries * (1 + replicas);
-        let ports = free_ports(n)?;
         let mut c = LocalCluster {
             dir,
             nodes: Vec::new(),
             node_timeout_ms,
         };
-        for &p in &ports {
-            let child = c.spawn(p)?;
-            c.nodes.push(LocalNode {
-                port: p,
-                child: Some(child),
-                stopped: false,
-            });
-        }
-        for node in &c.nodes {
-            wait_for(Duration::from_secs(10), || {
-                Ok(matches!(
-                    query(node.port, &redis::cmd("PING")),
-                    Ok(redis::Value::SimpleString(_))
-                ))
-            })
-            .with_context(|| format!("redis-server on port {} did not start", node.port))?;
+        for _ in 0..n {
+            let taken: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
+            let node = c.start_node(&taken)?;
+            c.nodes.push(node);
         }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
@@ -165,6 +152,44 @@ impl LocalCluster {
         c.wait_healthy(Duration::from_secs(30))?;
         c.wait_replicated(Duration::from_secs(30))?;
         Ok(c)
+    }
+
+    /// Starts one node on a free port (not in `taken`) and waits for its PING. A node that exits
+    /// at once lost its port between the check and its bind (the range is shared with every
+    /// outgoing connection on the machine): it is tried again on other ports, five times at most.
+    fn start_node(&self, taken: &[u16]) -> Result<LocalNode> {
+        let mut lost = Vec::new();
+        while lost.len() < 5 {
+            let port = free_ports(1 + taken.len())?
+                .into_iter()
+                .find(|p| !taken.contains(p))
+                .context("no free loopback port")?;
+            let mut child = self.spawn(port)?;
+            let t0 = Instant::now();
+            loop {
+                if matches!(
+                    query(port, &redis::cmd("PING")),
+                    Ok(redis::Value::SimpleString(_))
+                ) {
+                    return Ok(LocalNode {
+                        port,
+                        child: Some(child),
+                        stopped: false,
+                    });
+                }
+                if child.try_wait()?.is_some() {
+                    lost.push(port);
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(10) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("redis-server on port {port} did not answer within 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        bail!("redis-server exited at start on ports {lost:?} (taken before it could bind?)")
     }
 
     fn spawn(&self, port: u16) -> Result<Child> {
