@@ -96,6 +96,18 @@ impl Drop for Pending {
     }
 }
 
+impl Job {
+    /// Answers the request. Its samples stop counting as pending first, so that whoever reads
+    /// the answer sees them gone.
+    fn answer(self, r: Result<Reply>) {
+        let Job {
+            reply, _pending, ..
+        } = self;
+        drop(_pending);
+        let _ = reply.send(r);
+    }
+}
+
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Job")
@@ -419,7 +431,7 @@ fn prepare(model: &Model, jobs: Vec<Job>, abandon_at: &Mutex<Option<Instant>>) -
             Some((_, us)) => ServeError::DeadlineExceeded(us),
             None => continue,
         };
-        let _ = j.reply.send(Err(e));
+        j.answer(Err(e));
     }
     if live.is_empty() {
         return None;
@@ -468,7 +480,7 @@ fn answer(live: Vec<Job>, n: usize, scores: &[f32], result: ember_model::Result<
             let mut at = 0;
             for j in live {
                 let k = j.samples.len();
-                let _ = j.reply.send(Ok(Reply {
+                j.answer(Ok(Reply {
                     scores: scores[at..at + k].to_vec(),
                     batch: n,
                 }));
@@ -483,7 +495,7 @@ fn answer(live: Vec<Job>, n: usize, scores: &[f32], result: ember_model::Result<
                 _ => ServeError::Internal(format!("scoring a batch: {e}")),
             };
             for j in live {
-                let _ = j.reply.send(Err(e.clone()));
+                j.answer(Err(e.clone()));
             }
         }
     }
