@@ -15,10 +15,9 @@ impl RowCache {
         let cap = self.capacity;
         let total = cap + self.reserve;
         assert_eq!(self.slab.len(), total * self.row_bytes, "slab size");
-        assert_eq!(self.slots.len(), cap, "slots length");
-        assert_eq!(self.state.len(), total, "state length");
-        assert_eq!(self.holds.len(), total, "holds length");
-        for (s, (&st, &h)) in self.state.iter().zip(&self.holds).enumerate() {
+        assert_eq!(self.slots.len(), total, "slots length");
+        for (s, rec) in self.slots.iter().enumerate() {
+            let (st, h) = (rec.state, rec.holds);
             if s >= cap {
                 assert!(
                     matches!(st, SlotState::Free | SlotState::Transient),
@@ -39,9 +38,9 @@ impl RowCache {
         }
         assert_eq!(
             self.staging_free.len(),
-            self.state[cap..]
+            self.slots[cap..]
                 .iter()
-                .filter(|&&x| x == SlotState::Free)
+                .filter(|r| r.state == SlotState::Free)
                 .count(),
             "free staging slots"
         );
@@ -51,7 +50,7 @@ impl RowCache {
                 "staging free list holds cache slot {slot}"
             );
             assert_eq!(
-                self.state[slot as usize],
+                self.slots[slot as usize].state,
                 SlotState::Free,
                 "lent staging slot {slot} on the free list"
             );
@@ -66,11 +65,11 @@ impl RowCache {
             cap,
             "resident + free != capacity"
         );
-        for (&id, &slot) in self.map.iter() {
+        for (id, slot) in self.map.iter() {
             let s = slot as usize;
             assert!(s < cap, "id {id} maps to slot {slot} >= capacity");
             assert_ne!(
-                self.state[s],
+                self.slots[s].state,
                 SlotState::Free,
                 "id {id} maps to free slot {slot}"
             );
@@ -82,16 +81,16 @@ impl RowCache {
         }
         for &slot in &self.free {
             assert_eq!(
-                self.state[slot as usize],
+                self.slots[slot as usize].state,
                 SlotState::Free,
                 "free slot {slot} in use"
             );
         }
-        let count = |st: SlotState| self.state.iter().filter(|&&x| x == st).count();
+        let count = |st: SlotState| self.slots.iter().filter(|r| r.state == st).count();
         let (cached, pinned) = (count(SlotState::Cached), count(SlotState::Pinned));
         // The eviction structure holds the cached slots no batch holds.
         let evictable = (0..cap)
-            .filter(|&s| self.state[s] == SlotState::Cached && self.holds[s] == 0)
+            .filter(|&s| self.slots[s].state == SlotState::Cached && self.slots[s].holds == 0)
             .count();
         assert_eq!(
             cached + pinned,
@@ -103,7 +102,7 @@ impl RowCache {
         for &slot in &self.pinned {
             let s = slot as usize;
             assert_eq!(
-                self.state[s],
+                self.slots[s].state,
                 SlotState::Pinned,
                 "pinned list slot {slot} not pinned"
             );
@@ -123,11 +122,11 @@ impl RowCache {
                     );
                     let c = cur as usize;
                     assert_eq!(
-                        self.state[c],
+                        self.slots[c].state,
                         SlotState::Cached,
                         "LRU list holds slot {cur}"
                     );
-                    assert_eq!(self.holds[c], 0, "LRU list holds held slot {cur}");
+                    assert_eq!(self.slots[c].holds, 0, "LRU list holds held slot {cur}");
                     assert_eq!(self.slots[c].prev, prev, "LRU prev link of slot {cur}");
                     seen += 1;
                     prev = cur;
@@ -141,11 +140,14 @@ impl RowCache {
                 assert_eq!(s.members.len(), evictable, "sample set size");
                 for (i, &slot) in s.members.iter().enumerate() {
                     assert_eq!(
-                        self.state[slot as usize],
+                        self.slots[slot as usize].state,
                         SlotState::Cached,
                         "sampled {slot}"
                     );
-                    assert_eq!(self.holds[slot as usize], 0, "sampled held slot {slot}");
+                    assert_eq!(
+                        self.slots[slot as usize].holds, 0,
+                        "sampled held slot {slot}"
+                    );
                     assert_eq!(
                         s.pos[slot as usize] as usize, i,
                         "sample position of {slot}"

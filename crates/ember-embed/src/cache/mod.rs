@@ -125,11 +125,9 @@ pub struct RowCache {
     slab: Arc<Slab>,
     /// Staging slots past the capacity (`capacity..capacity + reserve`).
     reserve: usize,
-    /// Id and LRU links of each cache slot (`capacity` of them).
+    /// Id, LRU links, state and holds of every slot, staging slots included (one record, so
+    /// that a hold or a release touches one cache line per slot).
     slots: Vec<Slot>,
-    /// State and holds of every slot, staging slots included.
-    state: Vec<SlotState>,
-    holds: Vec<u32>,
     /// Free staging slots (a stack).
     staging_free: Vec<u32>,
     /// Resident id -> slot.
@@ -212,16 +210,7 @@ impl RowCache {
             row_bytes,
             slab: Arc::new(Slab::zeroed(slab_bytes)),
             reserve,
-            slots: vec![
-                Slot {
-                    id: 0,
-                    prev: NIL,
-                    next: NIL
-                };
-                capacity
-            ],
-            state: vec![SlotState::Free; total],
-            holds: vec![0; total],
+            slots: vec![Slot::FREE; total],
             staging_free: (capacity as u32..total as u32).rev().collect(),
             map: SlotMap::with_capacity(capacity),
             free: (0..capacity as u32).rev().collect(),
@@ -231,6 +220,24 @@ impl RowCache {
             hot: HotCounts::new(capacity),
         }
         .tracking(policy == CachePolicy::Pinned)
+    }
+
+    /// Declares that every id this cache will see is below `bound` (a table's row count): the id
+    /// -> slot map becomes a plain array of `bound` slots where that takes no more memory than
+    /// the hash map (see `slotmap.rs`). An id at or above the bound is then never resident, and
+    /// inserting one panics.
+    ///
+    /// # Panics
+    /// If a row is resident already.
+    pub fn with_id_bound(mut self, bound: usize) -> Self {
+        assert!(self.map.is_empty(), "id bound set on a cache with rows");
+        self.map = SlotMap::for_ids_below(self.capacity, bound);
+        self
+    }
+
+    /// Whether the id -> slot map is a plain array (see [`RowCache::with_id_bound`]).
+    pub fn has_dense_index(&self) -> bool {
+        self.map.is_dense()
     }
 
     /// Whether `get` keeps the live access counts behind [`RowCache::take_hot`]: on by default
@@ -287,7 +294,7 @@ impl RowCache {
 
     /// Slots held by batches now (cache and staging slots; a slot held twice counts once).
     pub fn held_slots(&self) -> usize {
-        self.holds.iter().filter(|&&h| h > 0).count()
+        self.slots.iter().filter(|r| r.holds > 0).count()
     }
 
     /// Whether `id` is resident. Records nothing.
@@ -305,15 +312,17 @@ impl RowCache {
         }
         let slot = *self.map.get(&id)?;
         // A held slot is off the eviction structure; its release makes it the most recent.
-        if self.state[slot as usize] == SlotState::Cached && self.holds[slot as usize] == 0 {
+        if self.slots[slot as usize].state == SlotState::Cached
+            && self.slots[slot as usize].holds == 0
+        {
             self.order.touch(&mut self.slots, slot);
         }
         Some(self.row(slot))
     }
 
     /// Asks the CPU to bring what a lookup of `id` reads first (its map bucket) into cache; for
-    /// loops over many ids, a few ids ahead of [`get_held`](Self::get_held), beside
-    /// [`prefetch_slot`](Self::prefetch_slot) nearer.
+    /// loops over many ids, some ids ahead of [`find`](Self::find) or
+    /// [`get_held`](Self::get_held).
     #[inline(always)]
     pub fn prefetch(&self, id: u64) {
         self.map.prefetch(id);
@@ -322,50 +331,53 @@ impl RowCache {
         }
     }
 
-    /// Asks the CPU to bring `id`'s slot records (and, under Lru, its neighbours' on the list)
-    /// into cache, if `id` is resident. Its map bucket should be in cache already
-    /// ([`prefetch`](Self::prefetch) some ids before).
+    /// Asks the CPU to bring the records under Lru a hold of `slot` changes (its neighbours on
+    /// the list) into cache. It reads the slot's own record: bring that in first
+    /// ([`prefetch_release`](Self::prefetch_release) some slots before).
     #[inline(always)]
-    pub fn prefetch_slot(&self, id: u64) {
-        if let Some(&slot) = self.map.get(&id) {
-            self.prefetch_release(slot);
-        }
-    }
-
-    /// Asks the CPU to bring the records a hold of resident `id` changes under Lru (its
-    /// neighbours on the list) into cache. Its slot record should be in cache already
-    /// ([`prefetch_slot`](Self::prefetch_slot) some ids before).
-    #[inline(always)]
-    pub fn prefetch_neighbours(&self, id: u64) {
+    pub fn prefetch_neighbours(&self, slot: u32) {
         use crate::prefetch::prefetch_span;
         if !matches!(self.order, Order::Recency(_)) {
             return;
         }
-        if let Some(&slot) = self.map.get(&id)
-            && let Some(rec) = self.slots.get(slot as usize)
+        if let Some(rec) = self.slots.get(slot as usize)
+            && rec.state == SlotState::Cached
+            && rec.holds == 0
         {
             for n in [rec.prev, rec.next] {
                 if let Some(r) = self.slots.get(n as usize) {
-                    prefetch_span(std::ptr::from_ref(r).cast(), 16);
+                    prefetch_span(std::ptr::from_ref(r).cast(), size_of::<Slot>());
                 }
             }
         }
     }
 
     /// Asks the CPU to bring what a hold or a [`release`](Self::release) of `slot` touches into
-    /// cache: its hold count, state and record (and its place in the LFU sample set).
+    /// cache: its record (and its place in the LFU sample set).
     #[inline(always)]
     pub fn prefetch_release(&self, slot: u32) {
         use crate::prefetch::prefetch_span;
         let s = slot as usize;
-        prefetch_span(self.holds.as_ptr().wrapping_add(s).cast(), 4);
-        prefetch_span(self.state.as_ptr().wrapping_add(s).cast(), 1);
         if let Some(rec) = self.slots.get(s) {
-            prefetch_span(std::ptr::from_ref(rec).cast(), 16);
+            prefetch_span(std::ptr::from_ref(rec).cast(), size_of::<Slot>());
         }
         if let Order::Sampled(set) = &self.order {
             set.prefetch(slot);
         }
+    }
+
+    /// A lookup of `id` that records the access as [`get`](Self::get) does, but neither reads
+    /// the row nor changes the eviction order: the slot of `id`, if resident. Hold it with
+    /// [`hold`](Self::hold) before anything else changes the cache. `find` then `hold` is
+    /// [`get_held`](Self::get_held) in two steps, so that a loop over many ids can run all its
+    /// lookups, then all its holds, prefetching for each the addresses it already knows.
+    #[inline]
+    pub fn find(&mut self, id: u64) -> Option<u32> {
+        self.hot.count(id);
+        if let Some(sketch) = &mut self.sketch {
+            sketch.record(id);
+        }
+        self.map.get(&id).copied()
     }
 
     /// A lookup of `id`, as [`get`](Self::get), that also holds the row's slot until
@@ -373,13 +385,23 @@ impl RowCache {
     /// `slot * row_bytes()` in [`slab`](Self::slab)).
     #[inline]
     pub fn get_held(&mut self, id: u64) -> Option<u32> {
-        self.hot.count(id);
-        if let Some(sketch) = &mut self.sketch {
-            sketch.record(id);
-        }
-        let slot = *self.map.get(&id)?;
-        self.hold(slot);
+        let slot = self.find(id)?;
+        self.hold_slot(slot);
         Some(slot)
+    }
+
+    /// Holds resident `slot` (found by [`find`](Self::find)) until [`release`](Self::release).
+    ///
+    /// # Panics
+    /// If no row is resident in `slot`.
+    #[inline]
+    pub fn hold(&mut self, slot: u32) {
+        let state = self.slots.get(slot as usize).map(|r| r.state);
+        assert!(
+            matches!(state, Some(SlotState::Cached | SlotState::Pinned)),
+            "hold of slot {slot}, which holds no resident row"
+        );
+        self.hold_slot(slot);
     }
 
     /// [`insert`](Self::insert), then holds the row's slot if `id` is resident: returns the slot.
@@ -389,7 +411,7 @@ impl RowCache {
             return None;
         }
         let slot = *self.map.get(&id)?;
-        self.hold(slot);
+        self.hold_slot(slot);
         Some(slot)
     }
 
@@ -402,8 +424,8 @@ impl RowCache {
         }
         let slot = self.staging_free.pop()?;
         self.write_row(slot, row);
-        self.state[slot as usize] = SlotState::Transient;
-        self.holds[slot as usize] = 1;
+        self.slots[slot as usize].state = SlotState::Transient;
+        self.slots[slot as usize].holds = 1;
         Some(slot)
     }
 
@@ -427,17 +449,17 @@ impl RowCache {
     pub fn release(&mut self, slot: u32) {
         let s = slot as usize;
         assert!(
-            self.holds[s] > 0,
+            self.slots[s].holds > 0,
             "release of slot {slot}, which is not held"
         );
-        self.holds[s] -= 1;
-        if self.holds[s] > 0 {
+        self.slots[s].holds -= 1;
+        if self.slots[s].holds > 0 {
             return;
         }
-        match self.state[s] {
+        match self.slots[s].state {
             SlotState::Cached => self.order.push(&mut self.slots, slot),
             SlotState::Transient => {
-                self.state[s] = SlotState::Free;
+                self.slots[s].state = SlotState::Free;
                 self.staging_free.push(slot);
             }
             SlotState::Pinned | SlotState::Free => {}
@@ -446,12 +468,12 @@ impl RowCache {
 
     /// Takes a hold of a resident slot (off the eviction structure while held).
     #[inline]
-    fn hold(&mut self, slot: u32) {
+    fn hold_slot(&mut self, slot: u32) {
         let s = slot as usize;
-        if self.holds[s] == 0 && self.state[s] == SlotState::Cached {
+        if self.slots[s].holds == 0 && self.slots[s].state == SlotState::Cached {
             self.order.remove(&mut self.slots, slot);
         }
-        self.holds[s] += 1;
+        self.slots[s].holds += 1;
     }
 
     /// Offers `row`, read from disk after a miss of `id`; the policy decides whether to admit it
@@ -470,9 +492,9 @@ impl RowCache {
         }
         // No sketch bump: the `get` that missed already counted this access.
         if let Some(&slot) = self.map.get(&id) {
-            if self.holds[slot as usize] == 0 {
+            if self.slots[slot as usize].holds == 0 {
                 self.write_row(slot, row);
-                if self.state[slot as usize] == SlotState::Cached {
+                if self.slots[slot as usize].state == SlotState::Cached {
                     self.order.touch(&mut self.slots, slot);
                 }
             }
@@ -507,8 +529,8 @@ impl RowCache {
     pub fn pin<'a>(&mut self, rows: impl IntoIterator<Item = (u64, &'a [u8])>) {
         let mut old = std::mem::take(&mut self.pinned);
         for &slot in &old {
-            self.state[slot as usize] = SlotState::Cached;
-            if self.holds[slot as usize] == 0 {
+            self.slots[slot as usize].state = SlotState::Cached;
+            if self.slots[slot as usize].holds == 0 {
                 self.order.push(&mut self.slots, slot);
             }
         }
@@ -522,12 +544,12 @@ impl RowCache {
                 continue;
             }
             if let Some(&slot) = self.map.get(&id) {
-                let held = self.holds[slot as usize] > 0;
-                if self.state[slot as usize] == SlotState::Cached {
+                let held = self.slots[slot as usize].holds > 0;
+                if self.slots[slot as usize].state == SlotState::Cached {
                     if !held {
                         self.order.remove(&mut self.slots, slot);
                     }
-                    self.state[slot as usize] = SlotState::Pinned;
+                    self.slots[slot as usize].state = SlotState::Pinned;
                     self.pinned.push(slot);
                 }
                 if !held {
@@ -552,7 +574,7 @@ impl RowCache {
     pub fn is_pinned(&self, id: u64) -> bool {
         self.map
             .get(&id)
-            .is_some_and(|&slot| self.state[slot as usize] == SlotState::Pinned)
+            .is_some_and(|&slot| self.slots[slot as usize].state == SlotState::Pinned)
     }
 
     /// Number of pinned rows.
@@ -583,7 +605,10 @@ impl RowCache {
     /// Writes `row` into `slot`, which no batch may hold.
     #[inline]
     fn write_row(&mut self, slot: u32, row: &[u8]) {
-        assert_eq!(self.holds[slot as usize], 0, "write to held slot {slot}");
+        assert_eq!(
+            self.slots[slot as usize].holds, 0,
+            "write to held slot {slot}"
+        );
         debug_assert_eq!(row.len(), self.row_bytes);
         // SAFETY: no batch holds the slot (asserted), so no batch reads it, and `&mut self` makes
         // this the slab's only writer and rules out `row` slices of the cache meanwhile.
@@ -594,7 +619,7 @@ impl RowCache {
     #[inline]
     fn occupy(&mut self, slot: u32, id: u64, row: &[u8], state: SlotState) {
         self.slots[slot as usize].id = id;
-        self.state[slot as usize] = state;
+        self.slots[slot as usize].state = state;
         self.map.insert(id, slot);
         self.write_row(slot, row);
         match state {
@@ -608,7 +633,7 @@ impl RowCache {
     fn evict(&mut self, slot: u32) {
         self.map.remove(&self.slots[slot as usize].id);
         self.order.remove(&mut self.slots, slot);
-        self.state[slot as usize] = SlotState::Free;
+        self.slots[slot as usize].state = SlotState::Free;
     }
 
     /// The evictable slot the policy would drop next, if any.

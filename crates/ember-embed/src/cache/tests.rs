@@ -126,10 +126,16 @@ proptest! {
         cap in 0usize..10,
         row_bytes in 1usize..12,
         pinned_policy in any::<bool>(),
+        dense in any::<bool>(),
         ops in proptest::collection::vec(op_strategy(24), 1..250),
     ) {
         let policy = if pinned_policy { CachePolicy::Pinned } else { CachePolicy::Lru };
         let mut cache = RowCache::new(policy, cap, row_bytes);
+        if dense {
+            // Ids below 24: the index is a plain array wherever that is no larger.
+            cache = cache.with_id_bound(24);
+            prop_assert_eq!(cache.has_dense_index(), 24 * 4 <= (2 * cap).next_power_of_two().max(8) * 16);
+        }
         let mut model = LruModel::new(cap);
         for (version, op) in (1u64..).zip(ops) {
             match op {

@@ -174,7 +174,9 @@ impl Stager {
                 .staging_rows
                 .unwrap_or_else(|| staging_slots(capacity, rows))
                 .min(rows);
-            let mut cache = RowCache::with_reserve(opts.policy, capacity, reserve, row_bytes);
+            // Ids were checked against the table's rows: the cache may index them directly.
+            let mut cache = RowCache::with_reserve(opts.policy, capacity, reserve, row_bytes)
+                .with_id_bound(rows);
             cache.set_track_hot(live);
             tables.push(TierTable {
                 store,
@@ -319,31 +321,42 @@ impl Stager {
                 .iter()
                 .for_each(|&u| occurrences[u as usize] += 1);
             let uniq = &inner.dedup.uniq;
+            // Lookups are random accesses over large structures, so they run in two passes that
+            // each prefetch addresses they already know, well ahead, and never wait on a load
+            // to learn where to prefetch: the map lookups (each id's bucket, and LFU sketch
+            // counters, 32 ids ahead), then the holds (each slot's record 32 slots ahead and,
+            // under LRU, its list neighbours 16 ahead).
             for (i, &id) in uniq.iter().enumerate() {
-                // Lookups are random accesses over large structures: bring each id's map bucket
-                // (and sketch counters) in 16 ids ahead, its slot records 8 ahead and its list
-                // neighbours 4 ahead, so that the misses overlap.
-                if let Some(&ahead) = uniq.get(i + 16) {
+                if let Some(&ahead) = uniq.get(i + 32) {
                     table.cache.prefetch(ahead as u64);
                 }
-                if let Some(&ahead) = uniq.get(i + 8) {
-                    table.cache.prefetch_slot(ahead as u64);
+                if let Some(slot) = table.cache.find(id as u64) {
+                    held[i] = slot;
                 }
-                if let Some(&ahead) = uniq.get(i + 4) {
-                    table.cache.prefetch_neighbours(ahead as u64);
+            }
+            for i in 0..n {
+                if let Some(&ahead) = held.get(i + 32)
+                    && ahead != u32::MAX
+                {
+                    table.cache.prefetch_release(ahead);
                 }
-                match table.cache.get_held(id as u64) {
-                    Some(slot) => {
-                        held[i] = slot;
-                        hits += 1;
-                        lookup_hits += u64::from(occurrences[i]);
-                    }
-                    None => inner.misses.push(Miss {
+                if let Some(&ahead) = held.get(i + 16)
+                    && ahead != u32::MAX
+                {
+                    table.cache.prefetch_neighbours(ahead);
+                }
+                match held[i] {
+                    u32::MAX => inner.misses.push(Miss {
                         tier: d,
-                        id,
+                        id: uniq[i],
                         feature: f,
                         slot: i,
                     }),
+                    slot => {
+                        table.cache.hold(slot);
+                        hits += 1;
+                        lookup_hits += u64::from(occurrences[i]);
+                    }
                 }
             }
             staged.feats[f] = Some(StagedFeature {

@@ -219,6 +219,7 @@ pub fn run(r: RemoteArgs) -> Result<()> {
             stager.reset_stats();
             stager.take_fetch_samples();
             let mut lps = Vec::new();
+            let mut dram_secs = 0.0;
             // Each tier run right after a DRAM run of the same batches: the ratio is taken per
             // pair, as this machine's speed drifts between runs (DRAM measured once moved 2.6x).
             let mut ratios = Vec::new();
@@ -227,6 +228,7 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 for kj in *batches {
                     pooler.run(&dram, dram.validate(kj)?, &mut scratch)?;
                 }
+                dram_secs += t0.elapsed().as_secs_f64();
                 let dram_run = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
                 let t0 = Instant::now();
                 run_tier(
@@ -262,8 +264,12 @@ pub fn run(r: RemoteArgs) -> Result<()> {
             let fetch_rate = st.misses as f64 / st.io.as_secs_f64().max(1e-9);
             let m = median(&lps);
             let vs_dram = median(&ratios);
+            // Where a batch's time goes: the staging thread's work beside the DRAM pooling of
+            // the same batches (staging runs beside the tier's own pooling).
+            let stage_us = st.stage.as_secs_f64() * 1e6 / batches_timed;
+            let dram_us = dram_secs * 1e6 / batches_timed;
             eprintln!(
-                "cache {:.0}% {policy}: {:.2} M lookups/s ({:.2}x DRAM, median of run pairs), hit rate {:.3}, {:.0} rows fetched per batch at {:.0} rows/s, fetch p50 {:.2} ms p99 {:.2} ms",
+                "cache {:.0}% {policy}: {:.2} M lookups/s ({:.2}x DRAM, median of run pairs), staging {stage_us:.0} us/batch (DRAM pooling {dram_us:.0} us/batch), hit rate {:.3}, {:.0} rows fetched per batch at {:.0} rows/s, fetch p50 {:.2} ms p99 {:.2} ms",
                 fraction * 100.0,
                 m / 1e6,
                 vs_dram,
@@ -295,6 +301,9 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 "round_trips": st.ssd_reads,
                 "bytes_fetched": st.ssd_bytes_read,
                 "stall_s": st.stall.as_secs_f64(),
+                "stage_us_per_batch": stage_us,
+                "dram_us_per_batch": dram_us,
+                "distinct_per_batch": st.cache_lookups as f64 / batches_timed,
                 "checked_against_dram": true,
             }));
         }
