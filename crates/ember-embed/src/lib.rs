@@ -36,7 +36,7 @@ pub mod tier;
 pub mod trace;
 
 pub use alloc::PagePolicy;
-pub use cache::{CachePolicy, RowCache};
+pub use cache::{CachePolicy, Marked, RowCache};
 pub use checked::{CheckedBatch, CheckedSamples, Lengths, Pieces};
 pub use collection::{CollectionId, EmbeddingCollection, Feature, ValidatedBatch, id_checks};
 pub use dtype::DType;

@@ -141,6 +141,19 @@ pub struct RowCache {
     sketch: Option<Sketch>,
     /// Live access counts of `get`, for `take_hot`.
     hot: HotCounts,
+    /// The mark of the latest [`RowCache::find_marked`] pass (0: none yet).
+    mark: u32,
+}
+
+/// What [`RowCache::find_marked`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marked {
+    /// The id is not resident.
+    Absent,
+    /// The id's first time in the pass: its slot, now held.
+    First(u32),
+    /// Seen before in the pass: the position given to it then.
+    Again(u32),
 }
 
 impl fmt::Debug for RowCache {
@@ -218,6 +231,7 @@ impl RowCache {
             order,
             sketch,
             hot: HotCounts::new(capacity),
+            mark: 0,
         }
         .tracking(policy == CachePolicy::Pinned)
     }
@@ -388,6 +402,59 @@ impl RowCache {
         let slot = self.find(id)?;
         self.hold_slot(slot);
         Some(slot)
+    }
+
+    /// A fresh mark for a pass of [`find_marked`](Self::find_marked) (never 0; on the rare wrap
+    /// of the counter every record's mark is cleared, so a mark is never met twice).
+    pub fn next_mark(&mut self) -> u32 {
+        self.mark = self.mark.wrapping_add(1);
+        if self.mark == 0 {
+            self.slots.iter_mut().for_each(|r| r.mark = 0);
+            self.mark = 1;
+        }
+        self.mark
+    }
+
+    /// A lookup of `id` in a pass over a batch's ids that deduplicates as it goes, marked `mark`
+    /// (the latest [`next_mark`](Self::next_mark)): the first time a resident id is met in the
+    /// pass, its access is recorded (as [`find`](Self::find) does) and its slot remembers `pos`:
+    /// [`Marked::First`], to be held with [`hold`](Self::hold) before anything else changes the
+    /// cache. Every later time in the pass it returns that `pos` ([`Marked::Again`]) and records
+    /// nothing. An absent id records nothing either ([`Marked::Absent`]): call
+    /// [`find`](Self::find) once per distinct absent id. Nothing else may change the cache
+    /// during a pass.
+    ///
+    /// # Panics
+    /// If `mark` is not the latest mark.
+    #[inline]
+    pub fn find_marked(&mut self, id: u64, mark: u32, pos: u32) -> Marked {
+        assert!(
+            mark == self.mark && mark != 0,
+            "find_marked with a stale mark"
+        );
+        let Some(&slot) = self.map.get(&id) else {
+            return Marked::Absent;
+        };
+        let rec = &mut self.slots[slot as usize];
+        if rec.mark == mark {
+            return Marked::Again(rec.pos);
+        }
+        rec.mark = mark;
+        rec.pos = pos;
+        self.hot.count(id);
+        if let Some(sketch) = &mut self.sketch {
+            sketch.record(id);
+        }
+        Marked::First(slot)
+    }
+
+    /// Asks the CPU to bring `id`'s slot record into cache, if `id` is resident. It reads the
+    /// map: bring that in first ([`prefetch`](Self::prefetch) some ids before).
+    #[inline(always)]
+    pub fn prefetch_record(&self, id: u64) {
+        if let Some(&slot) = self.map.get(&id) {
+            self.prefetch_release(slot);
+        }
     }
 
     /// Holds resident `slot` (found by [`find`](Self::find)) until [`release`](Self::release).

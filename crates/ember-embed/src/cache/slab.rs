@@ -39,6 +39,10 @@ pub(super) struct Slot {
     pub(super) next: u32,
     /// Batches holding the slot.
     pub(super) holds: u32,
+    /// The last pass of `RowCache::find_marked` that saw it, and the position it was given
+    /// there.
+    pub(super) mark: u32,
+    pub(super) pos: u32,
     pub(super) state: SlotState,
 }
 
@@ -48,6 +52,8 @@ impl Slot {
         prev: NIL,
         next: NIL,
         holds: 0,
+        mark: 0,
+        pos: 0,
         state: SlotState::Free,
     };
 }

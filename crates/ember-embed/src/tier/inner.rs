@@ -39,8 +39,10 @@ pub(super) struct Inner {
     pub(super) stores: Vec<Box<dyn RowStore>>,
     pub(super) dedup: DedupScratch,
     pub(super) misses: Vec<Miss>,
-    /// Occurrences of each distinct id of the feature being staged.
-    pub(super) occurrences: Vec<u32>,
+    /// The feature being staged: its ids absent from the cache (position among the feature's
+    /// ids, id), and those ids alone (to deduplicate).
+    pub(super) absent: Vec<(u32, u64)>,
+    pub(super) absent_ids: Vec<u32>,
     /// The requests of one store's call.
     pub(super) requests: Vec<RowRequest>,
 }

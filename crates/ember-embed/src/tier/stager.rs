@@ -13,11 +13,11 @@ use super::options::TierOptions;
 use super::pinning::hottest;
 use super::staged::{Recycler, StagedBatch, StagedFeature, StagedRows, ids_hash};
 use super::stats::{Counters, TierStats};
-use crate::cache::{CachePolicy, RowCache};
+use crate::cache::{CachePolicy, Marked, RowCache};
 use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
-use crate::jagged::Ids;
+use crate::jagged::{Ids, RowIndex};
 use crate::storage::remote::{RedisStore, RemoteTableSpec, WithLocalCopy};
 use crate::storage::{RowStore, open_row_files};
 use crate::table::Placement;
@@ -199,7 +199,8 @@ impl Stager {
                 stores,
                 dedup: DedupScratch::default(),
                 misses: Vec::new(),
-                occurrences: Vec::new(),
+                absent: Vec::new(),
+                absent_ids: Vec::new(),
                 requests: Vec::new(),
             }),
             collection: coll.id(),
@@ -302,63 +303,74 @@ impl Stager {
                 continue;
             };
             let range = kj.feature_range(f);
-            let n = match kj.ids() {
-                Ids::U32(v) => inner.dedup.build(&v[range.clone()]),
-                Ids::I64(v) => inner.dedup.build(&v[range.clone()]),
-            };
-            lookups += range.len() as u64;
-            distinct += n as u64;
             let table = &mut inner.tables[d];
             let mut inverse = self.recycler.take_inverse();
-            inverse.extend_from_slice(&inner.dedup.inverse);
-            let mut held = self.recycler.take_held(n);
-            let occurrences = &mut inner.occurrences;
-            occurrences.clear();
-            occurrences.resize(n, 0);
-            inner
-                .dedup
-                .inverse
-                .iter()
-                .for_each(|&u| occurrences[u as usize] += 1);
-            let uniq = &inner.dedup.uniq;
-            // Lookups are random accesses over large structures, so they run in two passes that
-            // each prefetch addresses they already know, well ahead, and never wait on a load
-            // to learn where to prefetch: the map lookups (each id's bucket, and LFU sketch
-            // counters, 32 ids ahead), then the holds (each slot's record 32 slots ahead and,
+            let mut held = self.recycler.take_held(0);
+            // Pass 1, over the feature's ids: the cache's own index deduplicates them (each
+            // resident row's record remembers its position among the distinct rows), so no
+            // hash table is built for the hits. Each id's map entry is prefetched 32 ids ahead
+            // and its record 16 ahead. Absent ids are set aside, deduplicated after.
+            let mark = table.cache.next_mark();
+            let absent = &mut inner.absent;
+            absent.clear();
+            let (feature_hits, feature_lookup_hits) = match kj.ids() {
+                Ids::U32(v) => mark_pass(
+                    &mut table.cache,
+                    &v[range.clone()],
+                    mark,
+                    &mut held,
+                    &mut inverse,
+                    absent,
+                ),
+                Ids::I64(v) => mark_pass(
+                    &mut table.cache,
+                    &v[range.clone()],
+                    mark,
+                    &mut held,
+                    &mut inverse,
+                    absent,
+                ),
+            };
+            hits += feature_hits;
+            lookup_hits += feature_lookup_hits;
+            // Pass 2, over the distinct hits: the holds (each slot's record 32 slots ahead and,
             // under LRU, its list neighbours 16 ahead).
-            for (i, &id) in uniq.iter().enumerate() {
-                if let Some(&ahead) = uniq.get(i + 32) {
-                    table.cache.prefetch(ahead as u64);
-                }
-                if let Some(slot) = table.cache.find(id as u64) {
-                    held[i] = slot;
-                }
-            }
-            for i in 0..n {
-                if let Some(&ahead) = held.get(i + 32)
-                    && ahead != u32::MAX
-                {
+            for i in 0..held.len() {
+                if let Some(&ahead) = held.get(i + 32) {
                     table.cache.prefetch_release(ahead);
                 }
-                if let Some(&ahead) = held.get(i + 16)
-                    && ahead != u32::MAX
-                {
+                if let Some(&ahead) = held.get(i + 16) {
                     table.cache.prefetch_neighbours(ahead);
                 }
-                match held[i] {
-                    u32::MAX => inner.misses.push(Miss {
-                        tier: d,
-                        id: uniq[i],
-                        feature: f,
-                        slot: i,
-                    }),
-                    slot => {
-                        table.cache.hold(slot);
-                        hits += 1;
-                        lookup_hits += u64::from(occurrences[i]);
-                    }
-                }
+                table.cache.hold(held[i]);
             }
+            // The absent ids: distinct ones after the hits, each fetched once.
+            if !absent.is_empty() {
+                // Tier tables have fewer than u32::MAX rows (checked in `new`).
+                let ids = &mut inner.absent_ids;
+                ids.clear();
+                ids.extend(absent.iter().map(|&(_, id)| id as u32));
+                let k = inner.dedup.build(ids);
+                let base = held.len();
+                for (&(at, _), &u) in absent.iter().zip(&inner.dedup.inverse) {
+                    inverse[at as usize] = (base + u as usize) as u32;
+                }
+                for (u, &id) in inner.dedup.uniq.iter().enumerate() {
+                    // Records the access of each distinct absent id once, as for the hits.
+                    let _ = table.cache.find(id as u64);
+                    held.push(u32::MAX);
+                    inner.misses.push(Miss {
+                        tier: d,
+                        id,
+                        feature: f,
+                        slot: base + u,
+                    });
+                }
+                debug_assert_eq!(held.len(), base + k);
+            }
+            let n = held.len();
+            lookups += range.len() as u64;
+            distinct += n as u64;
             staged.feats[f] = Some(StagedFeature {
                 rows: StagedRows::Slab {
                     slab: table.cache.slab().clone(),
@@ -530,4 +542,45 @@ impl Stager {
             None => false,
         }
     }
+}
+
+/// Pass 1 of staging a feature (see [`Stager::stage`]): each of `ids` looked up in `cache` under
+/// `mark`. The first time a resident id is met, its slot is appended to `held`; every id's
+/// position among the distinct rows is appended to `inverse` (absent ids get a placeholder, and
+/// their position in `ids` and id go to `absent`). Returns the distinct hits and the ids that hit.
+fn mark_pass<I: RowIndex>(
+    cache: &mut RowCache,
+    ids: &[I],
+    mark: u32,
+    held: &mut Vec<u32>,
+    inverse: &mut Vec<u32>,
+    absent: &mut Vec<(u32, u64)>,
+) -> (u64, u64) {
+    inverse.reserve(ids.len());
+    let mut lookup_hits = 0u64;
+    for (k, &id) in ids.iter().enumerate() {
+        if let Some(&ahead) = ids.get(k + 32) {
+            cache.prefetch(ahead.idx() as u64);
+        }
+        if let Some(&ahead) = ids.get(k + 16) {
+            cache.prefetch_record(ahead.idx() as u64);
+        }
+        let id = id.idx() as u64;
+        match cache.find_marked(id, mark, held.len() as u32) {
+            Marked::First(slot) => {
+                inverse.push(held.len() as u32);
+                held.push(slot);
+                lookup_hits += 1;
+            }
+            Marked::Again(pos) => {
+                inverse.push(pos);
+                lookup_hits += 1;
+            }
+            Marked::Absent => {
+                inverse.push(u32::MAX);
+                absent.push((k as u32, id));
+            }
+        }
+    }
+    (held.len() as u64, lookup_hits)
 }
