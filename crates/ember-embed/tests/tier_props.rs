@@ -775,3 +775,35 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
         assert!(s.ssd_bytes_read >= (rows * 4400) as u64, "{s:?}");
     }
 }
+
+/// Batches large enough that the stager stages its tier tables in parallel (thousands of ids
+/// over three tier tables, one looked up by two features) equal in-memory lookups bit for bit,
+/// under every policy and cache size, inline and pipelined; run inside a 4-thread pool so that
+/// the parallel path is taken on any machine.
+#[test]
+fn large_batches_staged_in_parallel_equal_in_memory() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    for (k, policy) in CachePolicy::ALL.into_iter().enumerate() {
+        for (j, cache_frac) in [0.0, 0.05, 0.3, 1.0].into_iter().enumerate() {
+            let c = Case {
+                seed: 1000 + (k * 10 + j) as u64,
+                dtype: DType::F32,
+                dims: vec![64, 33, 8, 16],
+                on_ssd: vec![true, true, true, false],
+                features: 6,
+                batch: 64,
+                batches: 3,
+                max_len: 120,
+                pooling: Pooling::Sum,
+                wide: false,
+                policy,
+                cache_frac,
+                depth: j % 2,
+            };
+            pool.install(|| check_case(&c));
+        }
+    }
+}

@@ -22,6 +22,35 @@ pub(super) struct TierTable {
     pub(super) cache: RowCache,
     /// Rows the pinned set holds at most.
     pub(super) pin_rows: usize,
+    /// Scratch of the feature being staged.
+    pub(super) scratch: TableScratch,
+}
+
+/// Scratch of one tier table's staging, reused across batches.
+#[derive(Debug, Default)]
+pub(super) struct TableScratch {
+    pub(super) dedup: DedupScratch,
+    /// The feature's ids absent from the cache (position among the feature's ids, id), and
+    /// those ids alone (to deduplicate).
+    pub(super) absent: Vec<(u32, u64)>,
+    pub(super) absent_ids: Vec<u32>,
+}
+
+impl TierTable {
+    /// Gives back one hold of each slot in `held` (entries `u32::MAX` name no slot), prefetching
+    /// ahead.
+    pub(super) fn release_all(&mut self, held: &[u32]) {
+        for (i, &slot) in held.iter().enumerate() {
+            if let Some(&ahead) = held.get(i + 16)
+                && ahead != u32::MAX
+            {
+                self.cache.prefetch_release(ahead);
+            }
+            if slot != u32::MAX {
+                self.cache.release(slot);
+            }
+        }
+    }
 }
 
 /// A row to fetch: of tier table `tier`, for distinct row `slot` of feature `feature`.
@@ -37,12 +66,7 @@ pub(super) struct Miss {
 pub(super) struct Inner {
     pub(super) tables: Vec<TierTable>,
     pub(super) stores: Vec<Box<dyn RowStore>>,
-    pub(super) dedup: DedupScratch,
     pub(super) misses: Vec<Miss>,
-    /// The feature being staged: its ids absent from the cache (position among the feature's
-    /// ids, id), and those ids alone (to deduplicate).
-    pub(super) absent: Vec<(u32, u64)>,
-    pub(super) absent_ids: Vec<u32>,
     /// The requests of one store's call.
     pub(super) requests: Vec<RowRequest>,
 }
@@ -57,17 +81,7 @@ impl Inner {
     /// Gives back the cache slots of the batches dropped since the last call.
     pub(super) fn apply_releases(&mut self, recycler: &Recycler) {
         for (d, held) in recycler.take_released() {
-            let cache = &mut self.tables[d].cache;
-            for (i, &slot) in held.iter().enumerate() {
-                if let Some(&ahead) = held.get(i + 16)
-                    && ahead != u32::MAX
-                {
-                    cache.prefetch_release(ahead);
-                }
-                if slot != u32::MAX {
-                    cache.release(slot);
-                }
-            }
+            self.tables[d].release_all(&held);
             recycler.put_held(held);
         }
     }

@@ -8,7 +8,7 @@
 //! policy's hot set is loaded here too (from a trace at start, from live counts every
 //! `refresh_batches` batches).
 
-use super::inner::{Inner, Miss, TierTable, staging_slots};
+use super::inner::{Inner, Miss, TableScratch, TierTable, staging_slots};
 use super::options::TierOptions;
 use super::pinning::hottest;
 use super::staged::{Recycler, StagedBatch, StagedFeature, StagedRows, ids_hash};
@@ -36,6 +36,8 @@ pub struct Stager {
     collection: CollectionId,
     /// For each table of the collection, its index among the tier tables.
     by_table: Vec<Option<usize>>,
+    /// For each tier table, the collection's features that look it up.
+    features_of: Vec<Vec<usize>>,
     counters: Counters,
     opts: TierOptions,
     /// Engines of the stores, and whether all bypass the page cache (fixed at start).
@@ -185,6 +187,7 @@ impl Stager {
                 row_bytes,
                 cache,
                 pin_rows,
+                scratch: TableScratch::default(),
             });
         }
         let stager = Stager {
@@ -197,13 +200,19 @@ impl Stager {
             inner: Mutex::new(Inner {
                 tables,
                 stores,
-                dedup: DedupScratch::default(),
                 misses: Vec::new(),
-                absent: Vec::new(),
-                absent_ids: Vec::new(),
                 requests: Vec::new(),
             }),
             collection: coll.id(),
+            features_of: {
+                let mut of = vec![Vec::new(); by_table.iter().flatten().count()];
+                for (f, feature) in coll.features().iter().enumerate() {
+                    if let Some(d) = by_table[feature.table] {
+                        of[d].push(f);
+                    }
+                }
+                of
+            },
             by_table,
             counters: Counters::default(),
             opts,
@@ -295,95 +304,58 @@ impl Stager {
         }
         let mut guard = self.lock();
         let inner = &mut *guard;
-        inner.apply_releases(&self.recycler);
         inner.misses.clear();
+        // The tier tables are staged in parallel when the batch is large enough to pay for it
+        // (each table's cache is its own): the rows of a batch that misses nothing are ready
+        // sooner, and a pooler on many threads is not held back by one staging thread. The
+        // misses of every table are then fetched together, in one call per store.
+        let released = self.recycler.take_released();
+        let tier_ids: usize = (0..nf)
+            .filter(|&f| self.by_table[coll.features()[f].table].is_some())
+            .map(|f| kj.feature_range(f).len())
+            .sum();
+        let stage_table = |(d, table): (usize, &mut TierTable)| {
+            stage_table(
+                d,
+                table,
+                &self.features_of[d],
+                &released,
+                kj,
+                &self.recycler,
+            )
+        };
+        let parallel = self.features_of.len() > 1
+            && tier_ids >= PARALLEL_MIN_IDS
+            && rayon::current_num_threads() > 1;
+        let outs: Vec<TableStaged> = if parallel {
+            use rayon::prelude::*;
+            inner
+                .tables
+                .par_iter_mut()
+                .enumerate()
+                .map(stage_table)
+                .collect()
+        } else {
+            inner
+                .tables
+                .iter_mut()
+                .enumerate()
+                .map(stage_table)
+                .collect()
+        };
+        for (_, held) in released {
+            self.recycler.put_held(held);
+        }
         let (mut lookups, mut distinct, mut hits, mut lookup_hits) = (0u64, 0u64, 0u64, 0u64);
-        for f in 0..nf {
-            let Some(d) = self.by_table[coll.features()[f].table] else {
-                continue;
-            };
-            let range = kj.feature_range(f);
-            let table = &mut inner.tables[d];
-            let mut inverse = self.recycler.take_inverse();
-            let mut held = self.recycler.take_held(0);
-            // Pass 1, over the feature's ids: the cache's own index deduplicates them (each
-            // resident row's record remembers its position among the distinct rows), so no
-            // hash table is built for the hits. Each id's map entry is prefetched 32 ids ahead
-            // and its record 16 ahead. Absent ids are set aside, deduplicated after.
-            let mark = table.cache.next_mark();
-            let absent = &mut inner.absent;
-            absent.clear();
-            let (feature_hits, feature_lookup_hits) = match kj.ids() {
-                Ids::U32(v) => mark_pass(
-                    &mut table.cache,
-                    &v[range.clone()],
-                    mark,
-                    &mut held,
-                    &mut inverse,
-                    absent,
-                ),
-                Ids::I64(v) => mark_pass(
-                    &mut table.cache,
-                    &v[range.clone()],
-                    mark,
-                    &mut held,
-                    &mut inverse,
-                    absent,
-                ),
-            };
-            hits += feature_hits;
-            lookup_hits += feature_lookup_hits;
-            // Pass 2, over the distinct hits: the holds (each slot's record 32 slots ahead and,
-            // under LRU, its list neighbours 16 ahead).
-            for i in 0..held.len() {
-                if let Some(&ahead) = held.get(i + 32) {
-                    table.cache.prefetch_release(ahead);
-                }
-                if let Some(&ahead) = held.get(i + 16) {
-                    table.cache.prefetch_neighbours(ahead);
-                }
-                table.cache.hold(held[i]);
+        for out in outs {
+            lookups += out.lookups;
+            distinct += out.distinct;
+            hits += out.hits;
+            lookup_hits += out.lookup_hits;
+            inner.misses.extend(out.misses);
+            for (f, sf) in out.feats {
+                staged.feats[f] = Some(sf);
             }
-            // The absent ids: distinct ones after the hits, each fetched once.
-            if !absent.is_empty() {
-                // Tier tables have fewer than u32::MAX rows (checked in `new`).
-                let ids = &mut inner.absent_ids;
-                ids.clear();
-                ids.extend(absent.iter().map(|&(_, id)| id as u32));
-                let k = inner.dedup.build(ids);
-                let base = held.len();
-                for (&(at, _), &u) in absent.iter().zip(&inner.dedup.inverse) {
-                    inverse[at as usize] = (base + u as usize) as u32;
-                }
-                for (u, &id) in inner.dedup.uniq.iter().enumerate() {
-                    // Records the access of each distinct absent id once, as for the hits.
-                    let _ = table.cache.find(id as u64);
-                    held.push(u32::MAX);
-                    inner.misses.push(Miss {
-                        tier: d,
-                        id,
-                        feature: f,
-                        slot: base + u,
-                    });
-                }
-                debug_assert_eq!(held.len(), base + k);
-            }
-            let n = held.len();
-            lookups += range.len() as u64;
-            distinct += n as u64;
-            staged.feats[f] = Some(StagedFeature {
-                rows: StagedRows::Slab {
-                    slab: table.cache.slab().clone(),
-                    tier: d,
-                    held,
-                    slots: self.recycler.take_inverse(),
-                },
-                inverse,
-                start: range.start,
-                n_rows: n,
-                stride: table.row_bytes,
-                ids_hash: ids_hash(kj.ids(), range.clone()),
-            });
         }
         // Rows of features the cache could not hold entirely: (feature, its distinct rows).
         let mut overflow: Vec<(usize, Vec<u8>)> = Vec::new();
@@ -583,4 +555,130 @@ fn mark_pass<I: RowIndex>(
         }
     }
     (held.len() as u64, lookup_hits)
+}
+
+/// Tier ids in a batch from which its tables are staged in parallel.
+const PARALLEL_MIN_IDS: usize = 4096;
+
+/// What staging one tier table's features produced.
+struct TableStaged {
+    feats: Vec<(usize, StagedFeature)>,
+    misses: Vec<Miss>,
+    lookups: u64,
+    distinct: u64,
+    hits: u64,
+    lookup_hits: u64,
+}
+
+/// Stages the features `features` of tier table `d` for batch `kj`, after giving back the slots
+/// of this table in `released` (see [`Stager::stage`]): each feature's resident rows held in
+/// place, its absent rows listed as misses to fetch.
+fn stage_table(
+    d: usize,
+    table: &mut TierTable,
+    features: &[usize],
+    released: &[(usize, Vec<u32>)],
+    kj: &crate::jagged::KeyedJagged,
+    recycler: &Arc<Recycler>,
+) -> TableStaged {
+    let mut out = TableStaged {
+        feats: Vec::with_capacity(features.len()),
+        misses: Vec::new(),
+        lookups: 0,
+        distinct: 0,
+        hits: 0,
+        lookup_hits: 0,
+    };
+    for (_, held) in released.iter().filter(|(t, _)| *t == d) {
+        table.release_all(held);
+    }
+    for &f in features {
+        let range = kj.feature_range(f);
+        let mut inverse = recycler.take_inverse();
+        let mut held = recycler.take_held(0);
+        // Pass 1, over the feature's ids: the cache's own index deduplicates them (each
+        // resident row's record remembers its position among the distinct rows), so no hash
+        // table is built for the hits. Each id's map entry is prefetched 32 ids ahead and its
+        // record 16 ahead. Absent ids are set aside, deduplicated after.
+        let mark = table.cache.next_mark();
+        let TableScratch {
+            dedup,
+            absent,
+            absent_ids,
+        } = &mut table.scratch;
+        absent.clear();
+        let (hits, lookup_hits) = match kj.ids() {
+            Ids::U32(v) => mark_pass(
+                &mut table.cache,
+                &v[range.clone()],
+                mark,
+                &mut held,
+                &mut inverse,
+                absent,
+            ),
+            Ids::I64(v) => mark_pass(
+                &mut table.cache,
+                &v[range.clone()],
+                mark,
+                &mut held,
+                &mut inverse,
+                absent,
+            ),
+        };
+        out.hits += hits;
+        out.lookup_hits += lookup_hits;
+        // Pass 2, over the distinct hits: the holds (each slot's record 32 slots ahead and,
+        // under LRU, its list neighbours 16 ahead).
+        for i in 0..held.len() {
+            if let Some(&ahead) = held.get(i + 32) {
+                table.cache.prefetch_release(ahead);
+            }
+            if let Some(&ahead) = held.get(i + 16) {
+                table.cache.prefetch_neighbours(ahead);
+            }
+            table.cache.hold(held[i]);
+        }
+        // The absent ids: distinct ones after the hits, each fetched once.
+        if !absent.is_empty() {
+            // Tier tables have fewer than u32::MAX rows (checked in `Stager::new`).
+            absent_ids.clear();
+            absent_ids.extend(absent.iter().map(|&(_, id)| id as u32));
+            dedup.build(absent_ids);
+            let base = held.len();
+            for (&(at, _), &u) in absent.iter().zip(&dedup.inverse) {
+                inverse[at as usize] = (base + u as usize) as u32;
+            }
+            for (u, &id) in dedup.uniq.iter().enumerate() {
+                // Records the access of each distinct absent id once, as for the hits.
+                let _ = table.cache.find(id as u64);
+                held.push(u32::MAX);
+                out.misses.push(Miss {
+                    tier: d,
+                    id,
+                    feature: f,
+                    slot: base + u,
+                });
+            }
+        }
+        let n = held.len();
+        out.lookups += range.len() as u64;
+        out.distinct += n as u64;
+        out.feats.push((
+            f,
+            StagedFeature {
+                rows: StagedRows::Slab {
+                    slab: table.cache.slab().clone(),
+                    tier: d,
+                    held,
+                    slots: recycler.take_inverse(),
+                },
+                inverse,
+                start: range.start,
+                n_rows: n,
+                stride: table.row_bytes,
+                ids_hash: ids_hash(kj.ids(), range.clone()),
+            },
+        ));
+    }
+    out
 }
