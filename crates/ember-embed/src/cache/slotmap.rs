@@ -241,58 +241,49 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    /// Applies random inserts and removes of ids below 40 to `m` (capacity 24) and to a
+    /// `HashMap`; they agree at every step (`get` is asked up to `probe`).
+    fn agrees_with_hash_map(
+        mut m: SlotMap,
+        ops: Vec<(bool, u64, u32)>,
+        probe: u64,
+    ) -> Result<(), TestCaseError> {
+        let mut want: HashMap<u64, u32> = HashMap::new();
+        for (ins, id, slot) in ops {
+            if ins && (want.len() < 24 || want.contains_key(&id)) {
+                m.insert(id, slot);
+                want.insert(id, slot);
+            } else {
+                prop_assert_eq!(m.remove(&id), want.remove(&id));
+            }
+            prop_assert_eq!(m.len(), want.len());
+            for k in 0..probe {
+                prop_assert_eq!(m.get(&k), want.get(&k));
+            }
+        }
+        let mut got: Vec<(u64, u32)> = m.iter().collect();
+        got.sort_unstable();
+        let mut exp: Vec<(u64, u32)> = want.into_iter().collect();
+        exp.sort_unstable();
+        prop_assert_eq!(got, exp);
+        Ok(())
+    }
+
     proptest! {
         /// Random inserts and removes over a small id range (long probe chains, wrap-around)
         /// agree with `HashMap` at every step.
         #[test]
-        fn matches_hash_map(ops in prop::collection::vec((any::<bool>(), 0u64..40, any::<u32>()), 0..400)) {
-            let mut m = SlotMap::with_capacity(24);
-            let mut want: HashMap<u64, u32> = HashMap::new();
-            for (ins, id, slot) in ops {
-                if ins && (want.len() < 24 || want.contains_key(&id)) {
-                    m.insert(id, slot);
-                    want.insert(id, slot);
-                } else {
-                    prop_assert_eq!(m.remove(&id), want.remove(&id));
-                }
-                prop_assert_eq!(m.len(), want.len());
-                for k in 0..40 {
-                    prop_assert_eq!(m.get(&k), want.get(&k));
-                }
-            }
-            let mut got: Vec<(u64, u32)> = m.iter().collect();
-            got.sort_unstable();
-            let mut exp: Vec<(u64, u32)> = want.into_iter().collect();
-            exp.sort_unstable();
-            prop_assert_eq!(got, exp);
+        fn matches_hash_map(ops in prop::collection::vec((any::<bool>(), 0u64..40, 0..NO_SLOT), 0..400)) {
+            agrees_with_hash_map(SlotMap::with_capacity(24), ops, 40)?;
         }
-    }
 
-    proptest! {
-        /// A dense map agrees with `HashMap` as the hashed one does, and is chosen only where
-        /// it is no larger.
+        /// A dense map agrees with `HashMap` as the hashed one does (ids past its bound are
+        /// absent).
         #[test]
         fn dense_matches_hash_map(ops in prop::collection::vec((any::<bool>(), 0u64..40, 0u32..1000), 0..400)) {
-            let mut m = SlotMap::for_ids_below(24, 40);
+            let m = SlotMap::for_ids_below(24, 40);
             prop_assert!(m.is_dense());
-            let mut want: HashMap<u64, u32> = HashMap::new();
-            for (ins, id, slot) in ops {
-                if ins && (want.len() < 24 || want.contains_key(&id)) {
-                    m.insert(id, slot);
-                    want.insert(id, slot);
-                } else {
-                    prop_assert_eq!(m.remove(&id), want.remove(&id));
-                }
-                prop_assert_eq!(m.len(), want.len());
-                for k in 0..45 {
-                    prop_assert_eq!(m.get(&k), want.get(&k));
-                }
-            }
-            let mut got: Vec<(u64, u32)> = m.iter().collect();
-            got.sort_unstable();
-            let mut exp: Vec<(u64, u32)> = want.into_iter().collect();
-            exp.sort_unstable();
-            prop_assert_eq!(got, exp);
+            agrees_with_hash_map(m, ops, 45)?;
         }
     }
 

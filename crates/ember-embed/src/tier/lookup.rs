@@ -88,7 +88,7 @@ pub(super) fn stage_table(
     for &f in features {
         let range = kj.feature_range(f);
         let mut inverse = recycler.take_inverse();
-        let mut held = recycler.take_held(0);
+        let mut held = recycler.take_inverse();
         // Pass 1, over the feature's ids: the cache's own index deduplicates them (each
         // resident row's record remembers its position among the distinct rows), so no hash
         // table is built for the hits. Each id's map entry is prefetched 32 ids ahead and its

@@ -120,12 +120,11 @@ pub(crate) struct Recycler {
     released: Mutex<Vec<(usize, Vec<u32>)>>,
 }
 
-/// Row buffers and inverse-index buffers.
+/// Row buffers, and u32 buffers (inverse indices, slot lists).
 #[derive(Debug, Default)]
 struct FreeBuffers {
     rows: Vec<Vec<u8>>,
     inverse: Vec<Vec<u32>>,
-    held: Vec<Vec<u32>>,
 }
 
 impl Recycler {
@@ -147,24 +146,7 @@ impl Recycler {
 
     /// Gives back a slot list once its slots are released.
     pub(crate) fn put_held(&self, held: Vec<u32>) {
-        let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if f.held.len() < Self::KEEP && held.capacity() > 0 {
-            f.held.push(held);
-        }
-    }
-
-    /// A slot list of `n` entries, all `u32::MAX` (no slot).
-    pub(crate) fn take_held(&self, n: usize) -> Vec<u32> {
-        let mut held = self
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .held
-            .pop()
-            .unwrap_or_default();
-        held.clear();
-        held.resize(n, u32::MAX);
-        held
+        self.put(Vec::new(), held);
     }
 
     pub(crate) fn put(&self, rows: Vec<u8>, inverse: Vec<u32>) {
@@ -177,7 +159,7 @@ impl Recycler {
         }
     }
 
-    /// An empty u32 buffer.
+    /// An empty u32 buffer (an inverse index or a slot list).
     pub(crate) fn take_inverse(&self) -> Vec<u32> {
         let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let mut inverse = f.inverse.pop().unwrap_or_default();
