@@ -8,7 +8,7 @@
 
 use anyhow::{Result, bail};
 use clap::Args;
-use ember_bench::stats::{human_bytes, median, mem_available, percentile};
+use ember_bench::stats::{human_bytes, median, mem_available, quantile};
 use ember_embed::{DType, KeyedJagged};
 use ember_model::presets::{Preset, preset, random_batch};
 use ember_model::{Engine, Model, Predictor, StageTimes};
@@ -200,7 +200,7 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
     let samples_per_s = (a.batch * a.iters) as f64 / r.total;
     let mut sorted = r.lat_ms.clone();
     sorted.sort_by(f64::total_cmp);
-    let (p50, p99) = (percentile(&sorted, 50.0), percentile(&sorted, 99.0));
+    let (p50, p99) = (quantile(&sorted, 0.5), quantile(&sorted, 0.99));
     // Shares of the forward pass's wall time; with threads > 1 the bottom MLP ran beside the
     // embedding stage (inside its share), so the four add up to more than 100%.
     let stages = &r.stages;

@@ -1,15 +1,16 @@
-//! The ceiling of `bench remote`: the cluster's own rate for the same fetches, a plain loop over
-//! the `redis` crate's connections (no Ember code on the path).
+//! The ceiling of `bench remote`: the cluster's own rate for the same fetches, a plain loop of
+//! pipelined `GETRANGE`s over bare connections (the remote tier's own RESP connection, which
+//! reads replies in place: no routing, no retries, no cache on the path).
 
 use anyhow::{Context, Result, bail};
-use ember_bench::stats::percentile;
-use ember_embed::storage::remote::{self, ClusterOptions, slot::key_slot};
+use ember_bench::stats::quantile;
+use ember_embed::storage::remote::{self, ClusterOptions, Reply, slot::key_slot};
 use rand::{Rng, SeedableRng};
 use redis::Value;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A plain loop: `rows` random rows per batch as `GETRANGE`s, one pipeline per primary (all
-/// sent, then all read), over the `redis` crate's own connections. Rows/s and the p99 batch.
+/// sent, then all read), over bare [`remote::Conn`]s. Rows/s and the p99 batch.
 pub(super) fn ceiling_loop(
     url: &str,
     model: &str,
@@ -21,10 +22,16 @@ pub(super) fn ceiling_loop(
 ) -> Result<(f64, f64)> {
     let opts = ClusterOptions::parse(url)?;
     let slots = slot_map(&opts.seeds[0])?;
-    let mut conns: Vec<(String, redis::Connection)> = Vec::new();
+    let auth = opts
+        .password
+        .as_deref()
+        .map(|p| (opts.username.as_deref(), p));
+    let mut conns: Vec<(String, remote::Conn)> = Vec::new();
     for (_, _, node) in &slots {
         if !conns.iter().any(|c| &c.0 == node) {
-            let c = redis::Client::open(format!("redis://{node}/"))?.get_connection()?;
+            let t = Duration::from_secs(5);
+            let c = remote::Conn::connect(node, t, auth, Instant::now() + t)
+                .map_err(|e| anyhow::anyhow!("connecting to {node}: {}", e.1))?;
             conns.push((node.clone(), c));
         }
     }
@@ -61,23 +68,26 @@ pub(super) fn ceiling_loop(
             bufs[i].1 += 1;
         }
         let b0 = Instant::now();
+        let deadline = b0 + Duration::from_secs(30);
+        let wire = |e: (remote::FailKind, String)| anyhow::anyhow!("ceiling loop: {}", e.1);
         for (c, b) in conns.iter_mut().zip(&bufs) {
             if b.1 > 0 {
-                c.1.send_packed_command(&b.0)?;
+                c.1.send(&[&b.0], deadline).map_err(wire)?;
             }
         }
         for (c, b) in conns.iter_mut().zip(&bufs) {
             for _ in 0..b.1 {
-                if let Value::BulkString(v) = c.1.recv_response()? {
-                    done += usize::from(!v.is_empty());
-                }
+                let row =
+                    c.1.recv_with(deadline, |r| matches!(r, Reply::Bulk(v) if !v.is_empty()))
+                        .map_err(wire)?;
+                done += usize::from(row);
             }
         }
         times.push(b0.elapsed().as_secs_f64());
     }
     let busy: f64 = times.iter().sum();
     times.sort_by(f64::total_cmp);
-    Ok((done as f64 / busy, percentile(&times, 0.99)))
+    Ok((done as f64 / busy, quantile(&times, 0.99)))
 }
 
 /// `(first slot, last slot, primary host:port)` from `CLUSTER SLOTS`.

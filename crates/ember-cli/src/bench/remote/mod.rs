@@ -13,7 +13,7 @@
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
-use ember_bench::stats::{human_bytes, median, percentile};
+use ember_bench::stats::{human_bytes, median, quantile};
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
 use ember_embed::{
     CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Stager, TierOptions,
@@ -276,8 +276,8 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 st.hit_rate(),
                 misses_per_batch,
                 fetch_rate,
-                percentile(&fetch, 0.5) * 1e3,
-                percentile(&fetch, 0.99) * 1e3,
+                quantile(&fetch, 0.5) * 1e3,
+                quantile(&fetch, 0.99) * 1e3,
             );
             if fraction == r.cache_fractions.iter().copied().fold(f64::MAX, f64::min) {
                 smallest_misses = Some(
@@ -296,8 +296,8 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                 "lookup_hit_rate": st.lookup_hit_rate(),
                 "rows_fetched_per_batch": misses_per_batch,
                 "fetch_rows_per_s": fetch_rate,
-                "fetch_p50_s": percentile(&fetch, 0.5),
-                "fetch_p99_s": percentile(&fetch, 0.99),
+                "fetch_p50_s": quantile(&fetch, 0.5),
+                "fetch_p99_s": quantile(&fetch, 0.99),
                 "round_trips": st.ssd_reads,
                 "bytes_fetched": st.ssd_bytes_read,
                 "stall_s": st.stall.as_secs_f64(),

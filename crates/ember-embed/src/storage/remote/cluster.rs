@@ -2,9 +2,8 @@
 //! fit inside it, and a batch's commands go to their nodes as one pipeline per node, all sent
 //! before any reply is read (so the nodes work in parallel on one thread).
 //!
-//! The `redis` crate speaks the protocol (connections, RESP parsing); this file owns routing:
-//! the slot map from `CLUSTER SLOTS`, `MOVED` / `ASK` redirections, failover, and which copy of a
-//! slot a read goes to. The crate's own cluster client waits at least 1.28 s per retry and does
+//! [`Conn`] speaks the protocol; this file owns routing: the slot map from `CLUSTER SLOTS`,
+//! `MOVED` / `ASK` redirections, failover, and which copy of a slot a read goes to. The crate's own cluster client waits at least 1.28 s per retry and does
 //! not pipeline across nodes on one call, which serving cannot afford.
 //!
 //! One call ([`Cluster::run`]):
@@ -23,8 +22,9 @@
 
 use super::ops::Ops;
 use super::options::{ClusterOptions, FailKind, Failure};
+use super::resp::{Conn, Replies, Reply};
 use super::slot::{SLOTS, key_slot};
-use super::wire::{Node, NodeStats, recv, send};
+use super::wire::{Node, NodeStats, slot_ranges};
 use crate::error::Result;
 use redis::Value;
 use std::time::{Duration, Instant};
@@ -211,42 +211,11 @@ impl Cluster {
     fn install(&mut self, from: &str, slots: &[Value]) {
         self.ranges.clear();
         self.slot_range.iter_mut().for_each(|s| *s = u16::MAX);
-        let from_host = from
-            .rsplit_once(':')
-            .map_or("127.0.0.1", |(h, _)| h)
-            .to_string();
-        for entry in slots {
-            let Value::Array(parts) = entry else { continue };
-            let (Some(Value::Int(lo)), Some(Value::Int(hi))) = (parts.first(), parts.get(1)) else {
-                continue;
-            };
-            let mut copies = Vec::new();
-            for node in &parts[2..] {
-                let Value::Array(n) = node else { continue };
-                let host = match n.first() {
-                    Some(Value::BulkString(b)) if !b.is_empty() && b != b"?" => {
-                        String::from_utf8_lossy(b).into_owned()
-                    }
-                    _ => from_host.clone(),
-                };
-                let Some(Value::Int(port)) = n.get(1) else {
-                    continue;
-                };
-                let i = self.node_index(&format!("{host}:{port}"));
-                copies.push(i);
-            }
-            if copies.is_empty() {
-                continue;
-            }
+        for (lo, hi, addrs) in slot_ranges(from, slots) {
+            let copies: Vec<usize> = addrs.iter().map(|a| self.node_index(a)).collect();
             let r = self.ranges.len() as u16;
             self.ranges.push(Range { copies });
-            let (lo, hi) = (
-                (*lo).clamp(0, SLOTS as i64 - 1),
-                (*hi).clamp(0, SLOTS as i64 - 1),
-            );
-            for s in lo..=hi {
-                self.slot_range[s as usize] = r;
-            }
+            self.slot_range[lo as usize..=hi as usize].fill(r);
         }
         // Replicas answer reads only after READONLY; the role of a node may have changed.
         self.nodes.iter_mut().for_each(|n| n.readonly = false);
@@ -302,20 +271,13 @@ impl Cluster {
                     "no time left to connect",
                 ));
             }
-            let auth = match (&self.opts.username, &self.opts.password) {
-                (Some(u), Some(p)) => format!("{u}:{p}@"),
-                (None, Some(p)) => format!(":{p}@"),
-                _ => String::new(),
-            };
-            let client = redis::Client::open(format!("redis://{auth}{addr}/"))
-                .map_err(|e| Failure::new(FailKind::Connect, &addr, e.to_string()))?;
-            let conn = client.get_connection_with_timeout(t).map_err(|e| {
-                let kind = match e.is_timeout() {
-                    true => FailKind::Timeout,
-                    false => FailKind::Connect,
-                };
-                Failure::new(kind, &addr, format!("connecting: {e}"))
-            })?;
+            let auth = self
+                .opts
+                .password
+                .as_deref()
+                .map(|p| (self.opts.username.as_deref(), p));
+            let conn = Conn::connect(&addr, t, auth, deadline)
+                .map_err(|(kind, detail)| Failure::new(kind, &addr, detail))?;
             self.nodes[i].conn = Some(conn);
             self.nodes[i].readonly = false;
         }
@@ -345,7 +307,9 @@ impl Cluster {
         self.ensure(i, false, deadline)?;
         let n = &mut self.nodes[i];
         let conn = n.conn.as_mut().expect("connected above");
-        let r = send(conn, cmd, deadline).and_then(|()| recv(conn, deadline, &mut None));
+        let r = conn
+            .send(&[cmd], deadline)
+            .and_then(|()| conn.recv(deadline));
         match r {
             Ok(v) => Ok(v),
             Err((kind, detail)) => {
@@ -359,7 +323,20 @@ impl Cluster {
     /// documentation). `read`: the commands only read (they may go to replicas). A reply that is
     /// an error the cluster will not fix by retrying fails the call.
     pub fn run(&mut self, ops: &Ops, read: bool, deadline: Instant) -> Result<Vec<Value>> {
-        self.run_inner(ops, read, deadline)
+        let mut replies = Replies::default();
+        self.run_into(ops, read, deadline, &mut replies)?;
+        Ok(replies.to_values())
+    }
+
+    /// [`Cluster::run`] into `replies` (bulk strings in its arena: no allocation per reply).
+    pub fn run_into(
+        &mut self,
+        ops: &Ops,
+        read: bool,
+        deadline: Instant,
+        replies: &mut Replies,
+    ) -> Result<()> {
+        self.run_inner(ops, read, deadline, replies)
             .map_err(|f| f.into_error(&self.store))
     }
 
@@ -368,9 +345,10 @@ impl Cluster {
         ops: &Ops,
         read: bool,
         deadline: Instant,
-    ) -> std::result::Result<Vec<Value>, Failure> {
+        replies: &mut Replies,
+    ) -> std::result::Result<(), Failure> {
         let n = ops.len();
-        let mut replies: Vec<Option<Value>> = (0..n).map(|_| None).collect();
+        replies.reset(n);
         let mut pending: Vec<usize> = (0..n).collect();
         // Per command: a node to avoid (it failed), an ASK target.
         let mut avoid: Vec<Option<usize>> = vec![None; n];
@@ -422,7 +400,7 @@ impl Cluster {
             }
             // Send everything, then read everything.
             let mut sent: Vec<usize> = Vec::with_capacity(groups.len());
-            let mut wire = Vec::new();
+            let mut wire: Vec<&[u8]> = Vec::new();
             for (g, (node, replica, cmds)) in groups.iter().enumerate() {
                 let (node, replica) = (*node, *replica);
                 if let Err(f) = self.ensure(node, replica, attempt_deadline) {
@@ -433,16 +411,17 @@ impl Cluster {
                     }
                     continue;
                 }
+                // Straight from the packed commands (vectored), no copy.
                 wire.clear();
                 for &c in cmds {
                     if ask[c].is_some() {
-                        wire.extend_from_slice(b"*1\r\n$6\r\nASKING\r\n");
+                        wire.push(b"*1\r\n$6\r\nASKING\r\n");
                     }
-                    wire.extend_from_slice(ops.bytes(c));
+                    wire.push(ops.bytes(c));
                 }
                 let nd = &mut self.nodes[node];
                 let conn = nd.conn.as_mut().expect("ensured");
-                match send(conn, &wire, attempt_deadline) {
+                match conn.send(&wire, attempt_deadline) {
                     Ok(()) => sent.push(g),
                     Err((kind, detail)) => {
                         let f = Failure::new(kind, &nd.addr, detail);
@@ -458,7 +437,6 @@ impl Cluster {
                 let (node, _, cmds) = &groups[g];
                 let node = *node;
                 let mut broke: Option<Failure> = None;
-                let mut timeout = None;
                 let mut bytes = 0u64;
                 let mut answered = 0u64;
                 for &c in cmds {
@@ -471,26 +449,32 @@ impl Cluster {
                     let conn = nd.conn.as_mut().expect("sent on it");
                     if ask[c].is_some() {
                         // ASKING's own +OK.
-                        if let Err((kind, detail)) = recv(conn, attempt_deadline, &mut timeout) {
+                        if let Err((kind, detail)) = conn.recv(attempt_deadline) {
                             let f = Failure::new(kind, &nd.addr, detail);
                             failed.push((c, Outcome::Retry(f.clone())));
                             broke = Some(f);
                             continue;
                         }
                     }
-                    match recv(conn, attempt_deadline, &mut timeout) {
-                        Ok(Value::ServerError(e)) => {
+                    let got = conn.recv_with(attempt_deadline, |r| match r {
+                        Reply::Other(Value::ServerError(e)) => Err(e.clone()),
+                        r => {
+                            if let Reply::Bulk(b) = r {
+                                bytes += b.len() as u64;
+                            }
+                            replies.set(c, r);
+                            Ok(())
+                        }
+                    });
+                    match got {
+                        Ok(Err(e)) => {
                             let text = e.to_string();
                             let outcome = self.on_server_error(c, &e, &text, node, &mut ask);
                             failed.push((c, outcome));
                         }
-                        Ok(v) => {
-                            if let Value::BulkString(b) = &v {
-                                bytes += b.len() as u64;
-                            }
+                        Ok(Ok(())) => {
                             answered += 1;
                             ask[c] = None;
-                            replies[c] = Some(v);
                         }
                         Err((kind, detail)) => {
                             let f = Failure::new(kind, &nd.addr, detail);
@@ -520,10 +504,8 @@ impl Cluster {
                 }
             }
             if pending.is_empty() {
-                return Ok(replies
-                    .into_iter()
-                    .map(|r| r.expect("every command answered"))
-                    .collect());
+                debug_assert!((0..n).all(|c| replies.answered(c)));
+                return Ok(());
             }
             pending.sort_unstable();
             if attempt + 1 < attempts {

@@ -6,7 +6,8 @@
 //! | `slot.rs` | the cluster's key slot (CRC-16) |
 //! | `options.rs` | [`ClusterOptions`] (the `redis://` URL, timeouts, retries) and how calls fail |
 //! | `ops.rs` | [`Ops`]: a call's commands, packed |
-//! | `wire.rs` | a node's connection: sends and receives bounded by a deadline |
+//! | `resp.rs` | [`Conn`]: a node's connection (RESP2, parsed in place, bounded by a deadline); [`Replies`] |
+//! | `wire.rs` | a node's state and counters; `CLUSTER SLOTS` read into ranges |
 //! | `cluster.rs` | [`Cluster`]: routing, one pipeline per node, deadlines, bounded retries, failover |
 //! | `manifest.rs` | [`Manifest`]: a version's tables, shapes and block CRCs |
 //! | `store.rs` | [`RedisStore`]: the [`crate::storage::RowStore`] of `remote` tables |
@@ -25,6 +26,7 @@ mod manifest;
 mod ops;
 mod options;
 mod push;
+mod resp;
 pub mod slot;
 mod store;
 mod wire;
@@ -37,6 +39,7 @@ pub use manifest::{Manifest, ManifestTable};
 pub use ops::Ops;
 pub use options::{ClusterOptions, FailKind, Failure};
 pub use push::{PushOptions, PushReport, RowSource, push};
+pub use resp::{Conn, Replies, Reply};
 pub use store::{
     RedisStore, RemoteSource, RemoteTableSpec, read_manifest, resolve_version, versions,
 };

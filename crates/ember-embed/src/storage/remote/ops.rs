@@ -38,32 +38,30 @@ impl Ops {
         self.ops.push((key_slot(key), start, self.buf.len() as u32));
     }
 
-    /// Adds `GETRANGE key start end` (packed by hand: the hot path of remote reads).
+    /// Adds `GETRANGE key start end` (packed by hand, no formatting machinery: the hot path of
+    /// remote reads).
     pub fn getrange(&mut self, key: &[u8], start: usize, end: usize) {
-        use std::io::Write;
+        let mut head = Vec::new();
+        getrange_head(key, &mut head);
+        self.getrange_with_head(&head, key_slot(key), start, end);
+    }
+
+    /// Adds `GETRANGE key start end` whose head (`head`, from [`getrange_head`]) and key slot
+    /// were computed once per key: a block's key is read by many rows.
+    pub fn getrange_with_head(&mut self, head: &[u8], slot: u16, start: usize, end: usize) {
         let s0 = self.buf.len() as u32;
-        let (mut a, mut b) = (itoa_buf(), itoa_buf());
-        let a = fmt_usize(&mut a, start);
-        let b = fmt_usize(&mut b, end);
-        let _ = write!(self.buf, "*4\r\n$8\r\nGETRANGE\r\n${}\r\n", key.len());
-        self.buf.extend_from_slice(key);
-        let _ = write!(self.buf, "\r\n${}\r\n", a.len());
-        self.buf.extend_from_slice(a);
-        let _ = write!(self.buf, "\r\n${}\r\n", b.len());
-        self.buf.extend_from_slice(b);
-        self.buf.extend_from_slice(b"\r\n");
-        self.ops.push((key_slot(key), s0, self.buf.len() as u32));
+        self.buf.extend_from_slice(head);
+        bulk(&mut self.buf, fmt_usize(&mut itoa_buf(), start));
+        bulk(&mut self.buf, fmt_usize(&mut itoa_buf(), end));
+        self.ops.push((slot, s0, self.buf.len() as u32));
     }
 
     /// Adds `SET key value` (packed by hand: values are large blocks, not copied twice).
     pub fn set(&mut self, key: &[u8], value: &[u8]) {
-        use std::io::Write;
         let s0 = self.buf.len() as u32;
-        let _ = write!(self.buf, "*3\r\n$3\r\nSET\r\n${}\r\n", key.len());
-        self.buf.extend_from_slice(key);
-        let _ = write!(self.buf, "\r\n${}\r\n", value.len());
-        self.buf.extend_from_slice(value);
-        self.buf.extend_from_slice(b"\r\n");
+        self.buf.extend_from_slice(b"*3\r\n$3\r\nSET\r\n");
+        bulk(&mut self.buf, key);
+        bulk(&mut self.buf, value);
         self.ops.push((key_slot(key), s0, self.buf.len() as u32));
     }
 
@@ -74,11 +72,27 @@ impl Ops {
     }
 }
 
-fn itoa_buf() -> [u8; 20] {
+/// Appends the head of `GETRANGE key ...` (the command and its key) to `out`.
+pub fn getrange_head(key: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(b"*4\r\n$8\r\nGETRANGE\r\n");
+    bulk(out, key);
+}
+
+/// `$<len>\r\n<bytes>\r\n`.
+fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(fmt_usize(&mut itoa_buf(), bytes.len()));
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+pub(super) fn itoa_buf() -> [u8; 20] {
     [0; 20]
 }
 
-fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
+/// `v` in decimal, written at the end of `buf`.
+pub(super) fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -117,6 +131,12 @@ mod tests {
             .arg(b"\x00\r\nv")
             .write_packed_command(&mut want);
         assert_eq!(ops.buf, want);
+        // With the head packed once, the same bytes.
+        let mut head = Vec::new();
+        getrange_head(b"k", &mut head);
+        let mut again = Ops::default();
+        again.getrange_with_head(&head, key_slot(b"k"), 1_000_000, 1_000_071);
+        assert_eq!(again.bytes(0), ops.bytes(1));
         assert_eq!(ops.ops[0].0, key_slot(b"ember:m:v1:t:17"));
         assert_eq!(ops.len(), 3);
     }

@@ -13,6 +13,7 @@ use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::{FORMAT, FORMAT_VERSION, Manifest, ManifestTable};
 use super::ops::Ops;
+use super::resp::{Replies, Reply};
 use super::store::{
     call, hash_entries, read_manifest, set_state, store_err, versions, write_manifest,
 };
@@ -219,6 +220,8 @@ pub fn push<T: RowSource>(
     let mut round: Vec<(usize, usize, u32)> = Vec::new(); // (table, block, crc)
     let mut round_bytes = 0usize;
     let mut ops = Ops::default();
+    // Read-back replies: one arena for every round.
+    let mut replies = Replies::default();
     let mut scratch = Vec::new();
     let mut crcs: Vec<Vec<u32>> = manifest
         .tables
@@ -248,6 +251,7 @@ pub fn push<T: RowSource>(
                     version,
                     &manifest,
                     &mut ops,
+                    &mut replies,
                     &mut round,
                     opts,
                     &mut report,
@@ -266,6 +270,7 @@ pub fn push<T: RowSource>(
             version,
             &manifest,
             &mut ops,
+            &mut replies,
             &mut round,
             opts,
             &mut report,
@@ -340,6 +345,7 @@ fn flush_round(
     version: u64,
     manifest: &Manifest,
     ops: &mut Ops,
+    replies: &mut Replies,
     round: &mut Vec<(usize, usize, u32)>,
     opts: &PushOptions,
     report: &mut PushReport,
@@ -365,8 +371,8 @@ fn flush_round(
             }
         }
     }
-    let replies = cluster.run(ops, false, deadline)?;
-    for (i, v) in replies.iter().enumerate() {
+    let acks = cluster.run(ops, false, deadline)?;
+    for (i, v) in acks.iter().enumerate() {
         match v {
             Value::Okay | Value::SimpleString(_) if i < round.len() => {}
             Value::Int(n) if i >= round.len() => {
@@ -391,15 +397,14 @@ fn flush_round(
     for k in &keys {
         ops.push(k.as_bytes(), redis::cmd("GET").arg(k));
     }
-    let replies = cluster.run(ops, false, deadline)?;
+    cluster.run_into(ops, false, deadline, replies)?;
     let mut hset = redis::cmd("HSET");
     let done_key = layout::done_key(model, version);
     hset.arg(&done_key);
-    for ((&(t, b, crc), v), key) in round.iter().zip(&replies).zip(&keys) {
+    for ((&(t, b, crc), v), key) in round.iter().zip(replies.iter()).zip(&keys) {
         let mt = &manifest.tables[t];
         let want = mt.block_rows(b).len() * mt.row_bytes;
-        let ok =
-            matches!(v, Value::BulkString(got) if got.len() == want && crc32fast::hash(got) == crc);
+        let ok = matches!(v, Reply::Bulk(got) if got.len() == want && crc32fast::hash(got) == crc);
         if !ok {
             return Err(store_err(
                 model,

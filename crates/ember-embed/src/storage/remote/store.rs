@@ -5,13 +5,14 @@
 use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
-use super::ops::Ops;
+use super::ops::{self, Ops};
 use super::options::ClusterOptions;
+use super::resp::{Replies, Reply};
+use super::slot::key_slot;
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
 use redis::Value;
-use std::io::Write as _;
 use std::time::Instant;
 
 /// Where a model's remote tables are: the cluster, the model's name in it, and the version
@@ -35,9 +36,48 @@ pub struct RemoteTableSpec {
 #[derive(Debug)]
 struct StoreTable {
     name: String,
-    prefix: Vec<u8>,
     row_bytes: usize,
     rows_per_block: usize,
+    /// Per block: the packed head of its `GETRANGE` (`heads[ends[b - 1]..ends[b]]`) and its
+    /// key's slot, computed once (the key's CRC-16 was a seventh of a fetch's CPU time).
+    heads: Vec<u8>,
+    ends: Vec<usize>,
+    slots: Vec<u16>,
+}
+
+impl StoreTable {
+    fn new(
+        name: &str,
+        prefix: String,
+        row_bytes: usize,
+        rows_per_block: usize,
+        blocks: usize,
+    ) -> Self {
+        let mut t = StoreTable {
+            name: name.into(),
+            row_bytes,
+            rows_per_block,
+            heads: Vec::new(),
+            ends: Vec::with_capacity(blocks),
+            slots: Vec::with_capacity(blocks),
+        };
+        let mut key = Vec::new();
+        for b in 0..blocks {
+            key.clear();
+            key.extend_from_slice(prefix.as_bytes());
+            key.extend_from_slice(ops::fmt_usize(&mut ops::itoa_buf(), b));
+            ops::getrange_head(&key, &mut t.heads);
+            t.ends.push(t.heads.len());
+            t.slots.push(key_slot(&key));
+        }
+        t
+    }
+
+    /// The `GETRANGE` head and key slot of block `b`.
+    fn head(&self, b: usize) -> (&[u8], u16) {
+        let start = if b == 0 { 0 } else { self.ends[b - 1] };
+        (&self.heads[start..self.ends[b]], self.slots[b])
+    }
 }
 
 /// Reads rows of one version of one model from a Redis Cluster (see the module documentation).
@@ -48,7 +88,8 @@ pub struct RedisStore {
     version: u64,
     tables: Vec<StoreTable>,
     ops: Ops,
-    key: Vec<u8>,
+    /// The last fetch's replies (rows in one arena, reused from batch to batch).
+    replies: Replies,
 }
 
 impl RedisStore {
@@ -89,12 +130,13 @@ impl RedisStore {
                     m.row_bytes, m.rows_per_block
                 )));
             }
-            out.push(StoreTable {
-                name: t.name.clone(),
-                prefix: block_prefix(&src.model, version, &t.name).into_bytes(),
-                row_bytes: m.row_bytes,
-                rows_per_block: m.rows_per_block,
-            });
+            out.push(StoreTable::new(
+                &t.name,
+                block_prefix(&src.model, version, &t.name),
+                m.row_bytes,
+                m.rows_per_block,
+                m.blocks(),
+            ));
         }
         Ok(RedisStore {
             cluster,
@@ -102,7 +144,7 @@ impl RedisStore {
             version,
             tables: out,
             ops: Ops::default(),
-            key: Vec::new(),
+            replies: Replies::default(),
         })
     }
 
@@ -120,11 +162,9 @@ impl RedisStore {
         let mut ops = Ops::default();
         // One key per primary is not known without slots; a tiny read of the manifest's key
         // and one block per table touches the nodes the rows live on.
-        for t in &self.tables {
-            self.key.clear();
-            self.key.extend_from_slice(&t.prefix);
-            self.key.extend_from_slice(b"0");
-            ops.getrange(&self.key, 0, 0);
+        for t in self.tables.iter().filter(|t| !t.slots.is_empty()) {
+            let (head, slot) = t.head(0);
+            ops.getrange_with_head(head, slot, 0, 0);
         }
         let deadline = Instant::now() + self.cluster.options().timeout;
         self.cluster.run(&ops, true, deadline).map(|_| ())
@@ -169,34 +209,34 @@ impl RowStore for RedisStore {
         for r in reqs.iter() {
             let t = &self.tables[r.table];
             let (block, in_block) = (r.row / t.rows_per_block, r.row % t.rows_per_block);
-            self.key.clear();
-            self.key.extend_from_slice(&t.prefix);
-            // Writing to a Vec cannot fail; no String per row.
-            let _ = write!(self.key, "{block}");
+            let (head, slot) = t.head(block);
             let start = in_block * t.row_bytes;
-            self.ops.getrange(&self.key, start, start + t.row_bytes - 1);
+            self.ops
+                .getrange_with_head(head, slot, start, start + t.row_bytes - 1);
         }
         let before = self.cluster.round_trips();
         let deadline = t0 + self.cluster.options().timeout;
-        let replies = self.cluster.run(&self.ops, true, deadline);
+        let got = self
+            .cluster
+            .run_into(&self.ops, true, deadline, &mut self.replies);
         metrics::histogram!("ember_remote_fetch_seconds").record(t0.elapsed().as_secs_f64());
-        let mut replies = replies?;
+        got?;
         // Check every reply before landing any row. A row missing from a copy read during a
         // failover (a replica out of sync: seen once under heavy load, cause not pinned down) is
         // read once more from the primaries before it is reported.
-        if let Err(e) = self.check(reqs, &replies) {
-            replies = match Instant::now() < deadline {
+        if let Err(e) = self.check(reqs, &self.replies) {
+            match Instant::now() < deadline {
                 true => self
                     .cluster
-                    .run(&self.ops, false, deadline)
+                    .run_into(&self.ops, false, deadline, &mut self.replies)
                     .map_err(|_| e)?,
                 false => return Err(e),
-            };
-            self.check(reqs, &replies)?;
+            }
+            self.check(reqs, &self.replies)?;
         }
         let mut bytes = 0u64;
-        for (r, v) in reqs.iter().zip(&replies) {
-            if let Value::BulkString(b) = v {
+        for (i, r) in reqs.iter().enumerate() {
+            if let Reply::Bulk(b) = self.replies.get(i) {
                 bytes += b.len() as u64;
                 land(r, b);
             }
@@ -213,12 +253,12 @@ impl RowStore for RedisStore {
 impl RedisStore {
     /// Whether every reply is a row of its exact length; else the error naming the first that
     /// is not.
-    fn check(&self, reqs: &[RowRequest], replies: &[Value]) -> Result<()> {
-        for (r, v) in reqs.iter().zip(replies) {
+    fn check(&self, reqs: &[RowRequest], replies: &Replies) -> Result<()> {
+        for (r, v) in reqs.iter().zip(replies.iter()) {
             let t = &self.tables[r.table];
             let got = match v {
-                Value::BulkString(b) => b.len(),
-                Value::Nil => 0,
+                Reply::Bulk(b) => b.len(),
+                Reply::Other(Value::Nil) => 0,
                 other => {
                     return Err(self.row_error(r, format!("the store answered {other:?}")));
                 }

@@ -1,11 +1,12 @@
-//! One node's connection: sends and receives bounded by a deadline (the socket's timeout is set
-//! to the time left before each), and the node's state and counters.
+//! One node's state (its connection, whether it is avoided) and counters, and the ranges of a
+//! `CLUSTER SLOTS` answer.
 
-use super::options::FailKind;
+use super::resp::Conn;
+use super::slot::SLOTS;
 use redis::Value;
 use std::collections::HashMap;
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Per-node counters of what calls moved (read by the metrics).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -16,13 +17,13 @@ pub struct NodeStats {
     pub bytes: u64,
     /// Round trips (one pipeline each).
     pub round_trips: u64,
-    /// Failures by kind (see [`FailKind::name`]).
+    /// Failures by kind (see [`super::FailKind::name`]).
     pub errors: HashMap<&'static str, u64>,
 }
 
 pub(super) struct Node {
     pub(super) addr: String,
-    pub(super) conn: Option<redis::Connection>,
+    pub(super) conn: Option<Conn>,
     /// Whether this connection was sent `READONLY` (replica reads).
     pub(super) readonly: bool,
     /// Not to be used until then while another copy exists.
@@ -40,56 +41,34 @@ impl fmt::Debug for Node {
     }
 }
 
-fn left(deadline: Instant) -> std::result::Result<Duration, (FailKind, String)> {
-    let d = deadline.saturating_duration_since(Instant::now());
-    match d.is_zero() {
-        true => Err((FailKind::Timeout, "no time left".into())),
-        false => Ok(d),
-    }
-}
-
-fn io_kind(e: &redis::RedisError) -> FailKind {
-    match e.is_timeout() {
-        true => FailKind::Timeout,
-        false => FailKind::Connect,
-    }
-}
-
-pub(super) fn send(
-    conn: &mut redis::Connection,
-    bytes: &[u8],
-    deadline: Instant,
-) -> std::result::Result<(), (FailKind, String)> {
-    conn.set_write_timeout(Some(left(deadline)?))
-        .map_err(|e| (io_kind(&e), e.to_string()))?;
-    conn.send_packed_command(bytes)
-        .map_err(|e| (io_kind(&e), format!("sending: {e}")))
-}
-
-/// How far past its deadline a read may block: the read timeout is re-set only when the one set
-/// would let a read run longer than that past the deadline, so that a pipeline of thousands of
-/// replies costs a `setsockopt` per millisecond or so, not one per reply.
-const SLACK: Duration = Duration::from_millis(1);
-
-/// Reads one reply. `set` is the read timeout this connection has now (`None`: unknown), kept by
-/// the caller across the replies of one pipeline.
-pub(super) fn recv(
-    conn: &mut redis::Connection,
-    deadline: Instant,
-    set: &mut Option<Duration>,
-) -> std::result::Result<Value, (FailKind, String)> {
-    let left = left(deadline)?;
-    if set.is_none_or(|t| t > left + SLACK) {
-        conn.set_read_timeout(Some(left))
-            .map_err(|e| (io_kind(&e), e.to_string()))?;
-        *set = Some(left);
-    }
-    conn.recv_response().map_err(|e| {
-        let kind = io_kind(&e);
-        let what = match kind {
-            FailKind::Timeout => "no reply in time".to_string(),
-            _ => format!("reading: {e}"),
+/// The ranges of a `CLUSTER SLOTS` answer from node `from`: first and last slot, and the
+/// `host:port` of each copy, primary first (a node announced without a host is on `from`'s).
+/// Entries that are not ranges, or name no node, are skipped.
+pub(super) fn slot_ranges(from: &str, slots: &[Value]) -> Vec<(u16, u16, Vec<String>)> {
+    let from_host = from.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+    let mut out = Vec::new();
+    for entry in slots {
+        let Value::Array(parts) = entry else { continue };
+        let (Some(Value::Int(lo)), Some(Value::Int(hi))) = (parts.first(), parts.get(1)) else {
+            continue;
         };
-        (kind, what)
-    })
+        let mut copies = Vec::new();
+        for node in &parts[2..] {
+            let Value::Array(n) = node else { continue };
+            let host = match n.first() {
+                Some(Value::BulkString(b)) if !b.is_empty() && b != b"?" => {
+                    String::from_utf8_lossy(b).into_owned()
+                }
+                _ => from_host.to_string(),
+            };
+            if let Some(Value::Int(port)) = n.get(1) {
+                copies.push(format!("{host}:{port}"));
+            }
+        }
+        let clamp = |v: i64| v.clamp(0, SLOTS as i64 - 1) as u16;
+        if !copies.is_empty() && lo <= hi {
+            out.push((clamp(*lo), clamp(*hi), copies));
+        }
+    }
+    out
 }

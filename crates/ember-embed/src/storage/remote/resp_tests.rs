@@ -1,0 +1,191 @@
+//! The RESP reader against the `redis` crate's parser (random replies, cut at every point), and
+//! [`Conn`] over a real loopback socket fed in pieces, closed, or silent.
+
+use super::*;
+use proptest::prelude::*;
+use std::net::TcpListener;
+use std::thread;
+
+/// A reply as RESP2 bytes.
+fn encode(v: &Value, out: &mut Vec<u8>) {
+    match v {
+        Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+        Value::SimpleString(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
+        Value::Int(i) => out.extend_from_slice(format!(":{i}\r\n").as_bytes()),
+        Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+        Value::BulkString(b) => {
+            out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+            out.extend_from_slice(b);
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Array(items) => {
+            out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+            items.iter().for_each(|i| encode(i, out));
+        }
+        other => unreachable!("not generated: {other:?}"),
+    }
+}
+
+fn value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Okay),
+        "[a-zA-Z0-9 ]{1,12}"
+            .prop_filter("+OK is Okay", |s| s != "OK")
+            .prop_map(Value::SimpleString),
+        any::<i64>().prop_map(Value::Int),
+        Just(Value::Nil),
+        // Bytes that include CR and LF: a bulk string is read by length, not by line.
+        proptest::collection::vec(prop_oneof![Just(b'\r'), Just(b'\n'), any::<u8>()], 0..300)
+            .prop_map(Value::BulkString),
+    ];
+    leaf.prop_recursive(3, 40, 6, |inner| {
+        proptest::collection::vec(inner, 0..6).prop_map(Value::Array)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Every prefix of a reply is incomplete; the whole reply decodes as the crate decodes it.
+    #[test]
+    fn replies_decode_as_the_crate_decodes_them(v in value(), tail in proptest::collection::vec(any::<u8>(), 0..8)) {
+        let mut b = Vec::new();
+        encode(&v, &mut b);
+        let n = b.len();
+        for cut in 0..n {
+            prop_assert!(matches!(complete(&b[..cut]).unwrap(), Need::More(_)), "cut at {cut}");
+        }
+        b.extend_from_slice(&tail);
+        prop_assert_eq!(complete(&b).unwrap(), Need::Done(n));
+        let (got, len) = decode(&b).unwrap();
+        prop_assert_eq!(len, n);
+        prop_assert_eq!(&got, &redis::parse_redis_value(&b[..n]).unwrap());
+        prop_assert_eq!(got, v);
+    }
+}
+
+#[test]
+fn errors_keep_their_kind_and_bad_replies_are_refused() {
+    let (v, n) = decode(b"-MOVED 3999 127.0.0.1:6381\r\n:1\r\n").unwrap();
+    assert_eq!(n, 28);
+    let Value::ServerError(e) = v else {
+        panic!("{v:?}")
+    };
+    assert_eq!(e.kind(), Some(redis::ServerErrorKind::Moved));
+    assert_eq!(e.details(), Some("3999 127.0.0.1:6381"));
+    for bad in [&b"$3\r\nabcd\r\n"[..], b"$x\r\n", b"%1\r\n", b":12a\r\n"] {
+        let e = complete(bad)
+            .and_then(|_| decode(bad).map(|_| ()))
+            .unwrap_err();
+        assert!(e.1.starts_with("protocol error"), "{bad:?}: {e:?}");
+    }
+    // A bulk string larger than Redis allows is refused before anything is allocated.
+    assert!(complete(b"$999999999999\r\n").is_err());
+}
+
+/// A one-shot server on a free loopback port: reads `expect` bytes, then runs `then`.
+fn serve(expect: usize, then: impl FnOnce(&mut TcpStream) + Send + 'static) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut got = vec![0; expect];
+        s.read_exact(&mut got).unwrap();
+        then(&mut s);
+    });
+    addr
+}
+
+fn soon(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+#[test]
+fn replies_cut_into_pieces_arrive_whole_and_in_order() {
+    // 300 replies, one 600 KB bulk string among them (larger than a read), written in pieces
+    // of 1 to 7000 bytes.
+    let mut want = Vec::new();
+    let mut wire = Vec::new();
+    for i in 0..300usize {
+        let v = match i % 4 {
+            0 => Value::BulkString((0..(i * 37 % 1000)).map(|b| (b * i) as u8).collect()),
+            1 => Value::Int(i as i64 - 150),
+            2 => Value::Array(vec![Value::Okay, Value::Nil]),
+            _ => Value::BulkString(Vec::new()),
+        };
+        encode(&v, &mut wire);
+        want.push(v);
+    }
+    let big: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+    encode(&Value::BulkString(big.clone()), &mut wire);
+    want.push(Value::BulkString(big));
+    let addr = serve(5, move |s| {
+        let mut at = 0;
+        let mut k = 1usize;
+        while at < wire.len() {
+            k = (k * 7919 + 13) % 7000 + 1;
+            let e = (at + k).min(wire.len());
+            s.write_all(&wire[at..e]).unwrap();
+            at = e;
+        }
+    });
+    let mut c = Conn::connect(&addr, Duration::from_secs(2), None, soon(2000)).unwrap();
+    c.send(&[b"PI", b"NG\r"], soon(2000)).unwrap();
+    let mut replies = Replies::default();
+    replies.reset(want.len());
+    for (i, w) in want.iter().enumerate() {
+        let got = c.recv_with(soon(5000), |r| {
+            replies.set(i, r);
+            r == Reply::Bulk(match w {
+                Value::BulkString(b) => b,
+                _ => &[],
+            }) || r == Reply::Other(w)
+        });
+        assert!(got.unwrap(), "reply {i}");
+    }
+    assert_eq!(replies.to_values(), want);
+    assert!((0..want.len()).all(|i| replies.answered(i)));
+}
+
+#[test]
+fn a_silent_node_times_out_and_a_closed_one_says_so() {
+    // Reads the byte, says nothing for 400 ms, then closes.
+    let addr = serve(1, |_| thread::sleep(Duration::from_millis(400)));
+    let mut c = Conn::connect(&addr, Duration::from_secs(2), None, soon(2000)).unwrap();
+    c.send(&[b"x"], soon(1000)).unwrap();
+    let t0 = Instant::now();
+    let e = c.recv(soon(100)).unwrap_err();
+    let took = t0.elapsed();
+    assert_eq!(e.0, FailKind::Timeout, "{e:?}");
+    assert!(
+        took >= Duration::from_millis(99) && took < Duration::from_millis(300),
+        "{took:?}"
+    );
+    let e = c.recv(soon(2000)).unwrap_err();
+    assert_eq!(e.0, FailKind::Connect, "{e:?}");
+    assert!(e.1.contains("closed"), "{e:?}");
+}
+
+#[test]
+fn auth_is_sent_first_and_its_refusal_is_an_error() {
+    let auth = b"*3\r\n$4\r\nAUTH\r\n$2\r\nme\r\n$6\r\nsecret\r\n";
+    let addr = serve(auth.len(), |s| s.write_all(b"-WRONGPASS nope\r\n").unwrap());
+    let e = Conn::connect(
+        &addr,
+        Duration::from_secs(2),
+        Some((Some("me"), "secret")),
+        soon(2000),
+    )
+    .unwrap_err();
+    assert_eq!(e.0, FailKind::Server, "{e:?}");
+    assert!(e.1.contains("WRONGPASS"), "{e:?}");
+    let addr = serve(auth.len(), |s| s.write_all(b"+OK\r\n:7\r\n").unwrap());
+    let mut c = Conn::connect(
+        &addr,
+        Duration::from_secs(2),
+        Some((Some("me"), "secret")),
+        soon(2000),
+    )
+    .unwrap();
+    assert_eq!(c.recv(soon(2000)).unwrap(), Value::Int(7));
+}
