@@ -177,6 +177,32 @@ fn versions_list_resume_and_remove() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("pushing"), "{e}");
+    // A block that landed is damaged: the resumed push reads every block back at the end, names
+    // it, stays `pushing`, and forgets the block, so that pushing again rewrites it.
+    let key = format!("{}0", remote::layout::block_prefix("m", 1, "emb"));
+    let mut ops = remote::Ops::default();
+    ops.push(
+        key.as_bytes(),
+        redis::cmd("SETRANGE").arg(&key).arg(5).arg("damage"),
+    );
+    cl.run(
+        &ops,
+        false,
+        std::time::Instant::now() + Duration::from_secs(5),
+    )
+    .unwrap();
+    let e = remote::push(&mut cl, "m", &[&t], &o, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("1 of") && e.contains("table emb block 0: CRC-32 differs"),
+        "{e}"
+    );
+    assert!(e.contains("push again"), "{e}");
+    assert_eq!(
+        remote::versions(&mut cl, "m").unwrap(),
+        [(1, VersionState::Pushing)]
+    );
     // Pushing again resumes it, skipping what landed.
     let rep = remote::push(&mut cl, "m", &[&t], &o, &mut |_, _| {}).unwrap();
     assert_eq!(rep.version, 1);

@@ -1,11 +1,12 @@
 //! `ember bench remote`: the embedding stage with every table in a Redis Cluster behind the row
 //! cache, side by side in one run with the same tables in DRAM, with the cluster's own rate for
-//! the same fetches (a plain pipelined loop of `GETRANGE` over the `redis` crate's connections,
-//! no Ember code), and with the layouts the field uses.
+//! the same fetches (a plain pipelined loop of `GETRANGE` over bare connections: no cache, no
+//! routing, no retries), and with the layouts the field uses.
 //!
 //! Set up: the tables from the seed (DRAM); a local Redis Cluster of `--primaries` x (1 +
 //! `--replicas`) nodes started here (or `--redis`); the tables pushed (`ember store push`'s code),
-//! timed against `redis-benchmark`'s pipelined `SET` of the same value size. Measure: the layout
+//! timed against `redis-benchmark`'s pipelined `SET` of as many new keys of the same size (and,
+//! for reference, its overwrite of 2,000 keys). Measure: the layout
 //! study (memory per row from `INFO memory`, fetch rate); DRAM; for each cache size and policy,
 //! warm-up then timed runs, checked bit for bit against DRAM; the ceiling loop with as many rows
 //! per batch as the smallest cache missed.
@@ -139,12 +140,22 @@ pub fn run(r: RemoteArgs) -> Result<()> {
         human_bytes(block_bytes),
         stored as f64 / total as f64
     );
-    let bench_set = redis_benchmark_set(&primaries[0], block_bytes, rep.blocks.min(2000))?;
-    if let Some(b) = bench_set {
+    // The peer: as many new keys of the same size as the push wrote (a push stores new data:
+    // the nodes allocate and fault in fresh memory). Also, for reference, the overwrite rate
+    // (2,000 keys written 4 times: memory recycled, no new pages): a different workload.
+    let push_rate = total as f64 / push_s;
+    let bench_set = redis_benchmark_set(&primaries[0], block_bytes, rep.blocks, 1_000_000_000)?;
+    let k = rep.blocks.min(2000);
+    let bench_overwrite = redis_benchmark_set(&primaries[0], block_bytes, 4 * k, k)?;
+    if let (Some(b), Some(o)) = (bench_set, bench_overwrite) {
         eprintln!(
-            "redis-benchmark SET -d {block_bytes} -P 16: {:.0} MB/s; push at {:.2}x",
+            "redis-benchmark SET -d {block_bytes} -P 16: {} new keys {:.0} MB/s, push at {:.2}x; \
+             {k} keys overwritten 4 times {:.0} MB/s, push at {:.2}x",
+            rep.blocks,
             b / 1e6,
-            total as f64 / push_s / b
+            push_rate / b,
+            o / 1e6,
+            push_rate / o
         );
     }
 
@@ -348,7 +359,9 @@ pub fn run(r: RemoteArgs) -> Result<()> {
             "seconds": push_s, "bytes_per_s": total as f64 / push_s,
             "rows_per_s": rep.rows as f64 / push_s, "blocks": rep.blocks, "block_bytes": block_bytes,
             "redis_benchmark_set_bytes_per_s": bench_set,
-            "vs_redis_benchmark": bench_set.map(|b| total as f64 / push_s / b),
+            "vs_redis_benchmark": bench_set.map(|b| push_rate / b),
+            "redis_benchmark_overwrite_bytes_per_s": bench_overwrite,
+            "vs_redis_benchmark_overwrite": bench_overwrite.map(|b| push_rate / b),
             "memory_vs_raw": stored as f64 / total as f64,
         },
         "policies": results,
@@ -382,9 +395,10 @@ pub(super) fn used_memory(nodes: &[String]) -> Result<u64> {
     Ok(sum)
 }
 
-/// `redis-benchmark --cluster` pipelined `SET` of `value` bytes: bytes/s (`None` when the tool
-/// is missing).
-fn redis_benchmark_set(node: &str, value: usize, n: usize) -> Result<Option<f64>> {
+/// `redis-benchmark --cluster` pipelined `SET` of `value` bytes, `n` of them on random keys
+/// out of `keyspace`: bytes/s (`None` when the tool is missing). Its keys (`key:{tag}:N`) stay
+/// in the cluster.
+fn redis_benchmark_set(node: &str, value: usize, n: usize, keyspace: usize) -> Result<Option<f64>> {
     let (host, port) = node.rsplit_once(':').context("host:port")?;
     let out = match Command::new("redis-benchmark")
         .args([
@@ -405,9 +419,9 @@ fn redis_benchmark_set(node: &str, value: usize, n: usize) -> Result<Option<f64>
             "-d",
             &value.to_string(),
             "-n",
-            &(n * 4).to_string(),
-            "-r",
             &n.to_string(),
+            "-r",
+            &keyspace.to_string(),
         ])
         .output()
     {

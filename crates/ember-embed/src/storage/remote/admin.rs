@@ -4,7 +4,9 @@
 
 use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix, check_name};
+use super::manifest::Manifest;
 use super::ops::Ops;
+use super::resp::Reply;
 use super::store::{call, read_manifest, set_state, store_err, versions};
 use crate::error::Result;
 use redis::Value;
@@ -27,6 +29,23 @@ pub fn verify(
     timeout: Duration,
 ) -> Result<VerifyReport> {
     let manifest = read_manifest(cluster, model, version)?;
+    check_blocks(cluster, &manifest, true, timeout)
+}
+
+/// Bytes of blocks read back per call in [`check_blocks`]: with 16 MB calls reading back a
+/// pushed version ran at 2.4-2.8 GB/s on a 3-primary loopback cluster, with 256 MB calls at
+/// 1.7 GB/s.
+const CHECK_WINDOW: usize = 16 << 20;
+
+/// Reads every block of `manifest`'s version back (`read`: from any copy; else from the
+/// primaries) and checks its length and its CRC against the manifest's, each reply as it is
+/// read (no copy).
+pub(super) fn check_blocks(
+    cluster: &mut Cluster,
+    manifest: &Manifest,
+    read: bool,
+    timeout: Duration,
+) -> Result<VerifyReport> {
     let mut report = VerifyReport {
         blocks: 0,
         bytes: 0,
@@ -34,51 +53,55 @@ pub fn verify(
     };
     let mut ops = Ops::default();
     let mut pending: Vec<(usize, usize)> = Vec::new();
-    let flush = |cluster: &mut Cluster,
-                 ops: &mut Ops,
-                 pending: &mut Vec<(usize, usize)>,
-                 report: &mut VerifyReport|
-     -> Result<()> {
-        let replies = cluster.run(ops, true, Instant::now() + timeout)?;
-        for (&(t, b), v) in pending.iter().zip(&replies) {
-            let mt = &manifest.tables[t];
-            let want = mt.block_rows(b).len() * mt.row_bytes;
-            let what = match v {
-                Value::BulkString(got) if got.len() != want => {
-                    Some(format!("{} bytes, expected {want}", got.len()))
+    let mut flush =
+        |cluster: &mut Cluster, ops: &mut Ops, pending: &mut Vec<(usize, usize)>| -> Result<()> {
+            let mut what: Vec<Option<String>> = vec![Some("missing".into()); pending.len()];
+            cluster.run_each(ops, read, Instant::now() + timeout, |i, v| {
+                let (t, b) = pending[i];
+                let mt = &manifest.tables[t];
+                let want = mt.block_rows(b).len() * mt.row_bytes;
+                what[i] = match v {
+                    Reply::Bulk(got) if got.len() != want => {
+                        Some(format!("{} bytes, expected {want}", got.len()))
+                    }
+                    Reply::Bulk(got) => match mt.block_crcs.get(b) {
+                        Some(&c) if crc32fast::hash(got) != c => Some("CRC-32 differs".into()),
+                        None => Some("no CRC in the manifest (push not finished)".into()),
+                        _ => None,
+                    },
+                    Reply::Other(_) => Some("missing".into()),
+                };
+            })?;
+            for (&(t, b), w) in pending.iter().zip(what) {
+                let mt = &manifest.tables[t];
+                report.blocks += 1;
+                report.bytes += mt.block_rows(b).len() * mt.row_bytes;
+                if let Some(w) = w {
+                    report.bad.push((mt.name.clone(), b, w));
                 }
-                Value::BulkString(got) => match mt.block_crcs.get(b) {
-                    Some(&c) if crc32fast::hash(got) != c => Some("CRC-32 differs".into()),
-                    None => Some("no CRC in the manifest (push not finished)".into()),
-                    _ => None,
-                },
-                _ => Some("missing".into()),
-            };
-            report.blocks += 1;
-            report.bytes += want;
-            if let Some(w) = what {
-                report.bad.push((mt.name.clone(), b, w));
             }
-        }
-        ops.clear();
-        pending.clear();
-        Ok(())
-    };
+            ops.clear();
+            pending.clear();
+            Ok(())
+        };
     let mut window = 0usize;
     for (t, mt) in manifest.tables.iter().enumerate() {
         for b in 0..mt.blocks() {
-            let key = format!("{}{b}", block_prefix(model, version, &mt.name));
+            let key = format!(
+                "{}{b}",
+                block_prefix(&manifest.model, manifest.version, &mt.name)
+            );
             ops.push(key.as_bytes(), redis::cmd("GET").arg(&key));
             pending.push((t, b));
             window += mt.block_rows(b).len() * mt.row_bytes;
-            if window >= 32 << 20 {
-                flush(cluster, &mut ops, &mut pending, &mut report)?;
+            if window >= CHECK_WINDOW {
+                flush(cluster, &mut ops, &mut pending)?;
                 window = 0;
             }
         }
     }
     if !pending.is_empty() {
-        flush(cluster, &mut ops, &mut pending, &mut report)?;
+        flush(cluster, &mut ops, &mut pending)?;
     }
     Ok(report)
 }

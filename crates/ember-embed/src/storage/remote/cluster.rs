@@ -3,15 +3,17 @@
 //! before any reply is read (so the nodes work in parallel on one thread).
 //!
 //! [`Conn`] speaks the protocol; this file owns routing: the slot map from `CLUSTER SLOTS`,
-//! `MOVED` / `ASK` redirections, failover, and which copy of a slot a read goes to. The crate's own cluster client waits at least 1.28 s per retry and does
-//! not pipeline across nodes on one call, which serving cannot afford.
+//! `MOVED` / `ASK` redirections, failover, and which copy of a slot a read goes to. The `redis`
+//! crate's own cluster client waits at least 1.28 s per retry and does not pipeline across nodes
+//! on one call, which serving cannot afford.
 //!
 //! One call ([`Cluster::run`]):
 //! 1. route each command to a node by its key's slot (primary; with `read_from_replicas`, the
 //!    primary and its replicas in turn; a node that failed recently is skipped while another copy
 //!    of its slots exists);
-//! 2. send every node its commands in one write, then read every node's replies, each node's
-//!    socket given the attempt's share of the time left (`time left / attempts left`);
+//! 2. send every node its commands, then read every node's replies, the nodes served in turn
+//!    both ways (`cluster/exchange.rs`), each socket given the attempt's share of the time left
+//!    (`time left / attempts left`);
 //! 3. commands answered `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING`, or lost with their
 //!    connection (refused, reset, timed out) are retried, at most `retries` times, after a refresh
 //!    of the slot map where it is stale, on another copy of the slot where the node failed;
@@ -28,6 +30,8 @@ use super::wire::{Node, NodeStats, slot_ranges};
 use crate::error::Result;
 use redis::Value;
 use std::time::{Duration, Instant};
+
+mod exchange;
 
 /// A slot range and the nodes holding it, primary first.
 #[derive(Debug, Clone)]
@@ -336,7 +340,23 @@ impl Cluster {
         deadline: Instant,
         replies: &mut Replies,
     ) -> Result<()> {
-        self.run_inner(ops, read, deadline, replies)
+        replies.reset(ops.len());
+        self.run_each(ops, read, deadline, |i, r| replies.set(i, r))?;
+        debug_assert!((0..ops.len()).all(|c| replies.answered(c)));
+        Ok(())
+    }
+
+    /// [`Cluster::run`], each reply handed to `f` with its command's index as it is read (a
+    /// bulk string as a slice of the connection's buffer: no copy). On success every command's
+    /// reply was handed over exactly once (a retried command's by the attempt that answered it).
+    pub fn run_each(
+        &mut self,
+        ops: &Ops,
+        read: bool,
+        deadline: Instant,
+        mut f: impl FnMut(usize, Reply<'_>),
+    ) -> Result<()> {
+        self.run_inner(ops, read, deadline, &mut f)
             .map_err(|f| f.into_error(&self.store))
     }
 
@@ -345,10 +365,9 @@ impl Cluster {
         ops: &Ops,
         read: bool,
         deadline: Instant,
-        replies: &mut Replies,
+        sink: &mut dyn FnMut(usize, Reply<'_>),
     ) -> std::result::Result<(), Failure> {
         let n = ops.len();
-        replies.reset(n);
         let mut pending: Vec<usize> = (0..n).collect();
         // Per command: a node to avoid (it failed), an ASK target.
         let mut avoid: Vec<Option<usize>> = vec![None; n];
@@ -398,101 +417,15 @@ impl Cluster {
             if failed.iter().any(|f| matches!(f.1, Outcome::Retry(_))) {
                 self.stale = true;
             }
-            // Send everything, then read everything.
-            let mut sent: Vec<usize> = Vec::with_capacity(groups.len());
-            let mut wire: Vec<&[u8]> = Vec::new();
-            for (g, (node, replica, cmds)) in groups.iter().enumerate() {
-                let (node, replica) = (*node, *replica);
-                if let Err(f) = self.ensure(node, replica, attempt_deadline) {
-                    self.node_failed(node, f.kind);
-                    for &c in cmds {
-                        failed.push((c, Outcome::Retry(f.clone())));
-                        avoid[c] = Some(node);
-                    }
-                    continue;
-                }
-                // Straight from the packed commands (vectored), no copy.
-                wire.clear();
-                for &c in cmds {
-                    if ask[c].is_some() {
-                        wire.push(b"*1\r\n$6\r\nASKING\r\n");
-                    }
-                    wire.push(ops.bytes(c));
-                }
-                let nd = &mut self.nodes[node];
-                let conn = nd.conn.as_mut().expect("ensured");
-                match conn.send(&wire, attempt_deadline) {
-                    Ok(()) => sent.push(g),
-                    Err((kind, detail)) => {
-                        let f = Failure::new(kind, &nd.addr, detail);
-                        self.node_failed(node, kind);
-                        for &c in cmds {
-                            failed.push((c, Outcome::Retry(f.clone())));
-                            avoid[c] = Some(node);
-                        }
-                    }
-                }
-            }
-            for g in sent {
-                let (node, _, cmds) = &groups[g];
-                let node = *node;
-                let mut broke: Option<Failure> = None;
-                let mut bytes = 0u64;
-                let mut answered = 0u64;
-                for &c in cmds {
-                    if let Some(f) = &broke {
-                        failed.push((c, Outcome::Retry(f.clone())));
-                        avoid[c] = Some(node);
-                        continue;
-                    }
-                    let nd = &mut self.nodes[node];
-                    let conn = nd.conn.as_mut().expect("sent on it");
-                    if ask[c].is_some() {
-                        // ASKING's own +OK.
-                        if let Err((kind, detail)) = conn.recv(attempt_deadline) {
-                            let f = Failure::new(kind, &nd.addr, detail);
-                            failed.push((c, Outcome::Retry(f.clone())));
-                            broke = Some(f);
-                            continue;
-                        }
-                    }
-                    let got = conn.recv_with(attempt_deadline, |r| match r {
-                        Reply::Other(Value::ServerError(e)) => Err(e.clone()),
-                        r => {
-                            if let Reply::Bulk(b) = r {
-                                bytes += b.len() as u64;
-                            }
-                            replies.set(c, r);
-                            Ok(())
-                        }
-                    });
-                    match got {
-                        Ok(Err(e)) => {
-                            let text = e.to_string();
-                            let outcome = self.on_server_error(c, &e, &text, node, &mut ask);
-                            failed.push((c, outcome));
-                        }
-                        Ok(Ok(())) => {
-                            answered += 1;
-                            ask[c] = None;
-                        }
-                        Err((kind, detail)) => {
-                            let f = Failure::new(kind, &nd.addr, detail);
-                            broke = Some(f.clone());
-                            failed.push((c, Outcome::Retry(f)));
-                            avoid[c] = Some(node);
-                        }
-                    }
-                }
-                let nd = &mut self.nodes[node];
-                nd.stats.commands += answered;
-                nd.stats.bytes += bytes;
-                nd.stats.round_trips += 1;
-                if let Some(f) = broke {
-                    // Replies may still be on their way: the connection's state is unknown.
-                    self.node_failed(node, f.kind);
-                }
-            }
+            self.exchange(
+                ops,
+                &groups,
+                &mut ask,
+                &mut avoid,
+                &mut failed,
+                attempt_deadline,
+                sink,
+            );
             pending.clear();
             for (c, outcome) in failed {
                 match outcome {
@@ -504,7 +437,6 @@ impl Cluster {
                 }
             }
             if pending.is_empty() {
-                debug_assert!((0..n).all(|c| replies.answered(c)));
                 return Ok(());
             }
             pending.sort_unstable();

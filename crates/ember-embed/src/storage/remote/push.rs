@@ -3,17 +3,19 @@
 //!
 //! A push goes: the version is recorded `pushing` with its manifest (shapes, no CRCs yet); blocks
 //! are written in rounds of about `window_bytes` (one pipeline per node per round), each round
-//! followed by `WAIT` for a replica on every primary written, then read back from the primaries
-//! and checked against the CRC-32 of the source, and recorded in the version's `done` hash; at
-//! the end the manifest gets every block's CRC and the version turns `ready`. Servers only serve
+//! followed by `WAIT` for a replica on every primary written and recorded in the version's
+//! `done` hash; at the end the manifest gets every block's CRC-32, every block is read back from
+//! its primary and checked against it, and only then does the version turn `ready`. (Reading
+//! each round back right after writing it ran at half the rate of one read-back at the end,
+//! 1.2 against 2.4-2.8 GB/s on a loopback cluster.) Servers only serve
 //! `ready` versions, so a half-pushed version is never served; pushing again resumes it (the
 //! blocks in `done` are skipped) if its tables are the same, and is refused otherwise.
 
+use super::admin::check_blocks;
 use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::{FORMAT, FORMAT_VERSION, Manifest, ManifestTable};
 use super::ops::Ops;
-use super::resp::{Replies, Reply};
 use super::store::{
     call, hash_entries, read_manifest, set_state, store_err, versions, write_manifest,
 };
@@ -220,8 +222,6 @@ pub fn push<T: RowSource>(
     let mut round: Vec<(usize, usize, u32)> = Vec::new(); // (table, block, crc)
     let mut round_bytes = 0usize;
     let mut ops = Ops::default();
-    // Read-back replies: one arena for every round.
-    let mut replies = Replies::default();
     let mut scratch = Vec::new();
     let mut crcs: Vec<Vec<u32>> = manifest
         .tables
@@ -251,7 +251,6 @@ pub fn push<T: RowSource>(
                     version,
                     &manifest,
                     &mut ops,
-                    &mut replies,
                     &mut round,
                     opts,
                     &mut report,
@@ -270,7 +269,6 @@ pub fn push<T: RowSource>(
             version,
             &manifest,
             &mut ops,
-            &mut replies,
             &mut round,
             opts,
             &mut report,
@@ -284,6 +282,35 @@ pub fn push<T: RowSource>(
         mt.block_crcs = c;
     }
     write_manifest(cluster, &manifest)?;
+    // Every block read back from its primary and checked against the CRC of its source (the
+    // ones an interrupted push landed too). A block that differs leaves `done`: pushing again
+    // rewrites it.
+    let check = check_blocks(cluster, &manifest, false, opts.round_timeout)?;
+    if !check.bad.is_empty() {
+        let mut hdel = redis::cmd("HDEL");
+        hdel.arg(&done_key);
+        for (t, b, _) in &check.bad {
+            hdel.arg(format!("{t}:{b}"));
+        }
+        call(cluster, &done_key, &hdel, false)?;
+        let first: Vec<String> = check
+            .bad
+            .iter()
+            .take(3)
+            .map(|(t, b, w)| format!("table {t} block {b}: {w}"))
+            .collect();
+        return Err(store_err(
+            model,
+            version,
+            format!(
+                "{} of {} blocks do not read back as written ({}{}); push again to rewrite them",
+                check.bad.len(),
+                check.blocks,
+                first.join("; "),
+                if check.bad.len() > 3 { "; ..." } else { "" }
+            ),
+        ));
+    }
     set_state(cluster, model, version, VersionState::Ready)?;
     call(
         cluster,
@@ -337,7 +364,7 @@ fn replication_barrier(
     Ok(())
 }
 
-/// Writes one round's blocks, waits for replicas, reads them back, checks and records them.
+/// Writes one round's blocks, waits for replicas, and records them in the version's `done` hash.
 #[allow(clippy::too_many_arguments)]
 fn flush_round(
     cluster: &mut Cluster,
@@ -345,7 +372,6 @@ fn flush_round(
     version: u64,
     manifest: &Manifest,
     ops: &mut Ops,
-    replies: &mut Replies,
     round: &mut Vec<(usize, usize, u32)>,
     opts: &PushOptions,
     report: &mut PushReport,
@@ -392,27 +418,13 @@ fn flush_round(
             }
         }
     }
-    // Read back from the primaries and check.
-    ops.clear();
-    for k in &keys {
-        ops.push(k.as_bytes(), redis::cmd("GET").arg(k));
-    }
-    cluster.run_into(ops, false, deadline, replies)?;
+    // Recorded as landed (written, and acknowledged by the replicas asked for); checked by the
+    // read-back at the end of the push.
     let mut hset = redis::cmd("HSET");
     let done_key = layout::done_key(model, version);
     hset.arg(&done_key);
-    for ((&(t, b, crc), v), key) in round.iter().zip(replies.iter()).zip(&keys) {
-        let mt = &manifest.tables[t];
-        let want = mt.block_rows(b).len() * mt.row_bytes;
-        let ok = matches!(v, Reply::Bulk(got) if got.len() == want && crc32fast::hash(got) == crc);
-        if !ok {
-            return Err(store_err(
-                model,
-                version,
-                format!("{key} does not read back as written (length or CRC-32 differs)"),
-            ));
-        }
-        hset.arg(format!("{}:{b}", mt.name))
+    for &(t, b, crc) in round.iter() {
+        hset.arg(format!("{}:{b}", manifest.tables[t].name))
             .arg(format!("{crc:08x}"));
     }
     call(cluster, &done_key, &hset, false)?;

@@ -190,15 +190,18 @@ impl Conn {
         if need > MAX_BULK + MAX_LINE {
             return Err(protocol(format!("a reply of {need} bytes")));
         }
-        // Make room: move what is buffered to the front, grow to fit the reply.
-        if self.pos > 0 {
+        // Make room: where the reply cannot end inside the buffer, move what is buffered to
+        // the front (a partial reply: little to copy), and grow to fit a few replies that
+        // size (so that large replies are not moved one by one).
+        if self.pos + need > self.buf.len() {
             self.buf.copy_within(self.pos..self.end, 0);
             self.end -= self.pos;
             self.pos = 0;
         }
-        if self.buf.len() < need.max(READ_CHUNK) {
-            self.buf.resize(need.max(READ_CHUNK), 0);
+        if self.buf.len() < need {
+            self.buf.resize((4 * need).max(READ_CHUNK), 0);
         }
+        let need = self.pos + need;
         while self.end < need {
             let l = left(deadline).map_err(|_| (FailKind::Timeout, "no reply in time".into()))?;
             if self.read_timeout.is_none_or(|t| t.abs_diff(l) > SLACK) {
