@@ -38,6 +38,16 @@ pub(super) struct SlotMap {
     max: usize,
 }
 
+/// Counts one more of the `len` mapped ids.
+///
+/// # Panics
+/// If the map would hold more than its capacity `max`.
+#[inline]
+fn count_new(len: &mut usize, max: usize) {
+    assert!(*len < max, "slot map over its capacity {max}");
+    *len += 1;
+}
+
 impl SlotMap {
     /// A map for up to `max` entries.
     pub(super) fn with_capacity(max: usize) -> Self {
@@ -148,12 +158,7 @@ impl SlotMap {
                 .and_then(|i| d.get_mut(i))
                 .unwrap_or_else(|| panic!("id {id} is not below the map's bound {bound}"));
             if *e == NO_SLOT {
-                assert!(
-                    self.len < self.max,
-                    "slot map over its capacity {}",
-                    self.max
-                );
-                self.len += 1;
+                count_new(&mut self.len, self.max);
             }
             *e = slot;
             return;
@@ -167,13 +172,8 @@ impl SlotMap {
                 return;
             }
             if b.id == EMPTY {
-                assert!(
-                    self.len < self.max,
-                    "slot map over its capacity {}",
-                    self.max
-                );
                 *b = Bucket { id, slot };
-                self.len += 1;
+                count_new(&mut self.len, self.max);
                 return;
             }
             i = (i + 1) & self.mask;

@@ -41,19 +41,24 @@ impl Ops {
     /// Adds `GETRANGE key start end` (packed by hand, no formatting machinery: the hot path of
     /// remote reads).
     pub fn getrange(&mut self, key: &[u8], start: usize, end: usize) {
-        let mut head = Vec::new();
-        getrange_head(key, &mut head);
-        self.getrange_with_head(&head, key_slot(key), start, end);
+        let s0 = self.buf.len();
+        getrange_head(key, &mut self.buf);
+        self.getrange_tail(s0, key_slot(key), start, end);
     }
 
     /// Adds `GETRANGE key start end` whose head (`head`, from [`getrange_head`]) and key slot
     /// were computed once per key: a block's key is read by many rows.
     pub fn getrange_with_head(&mut self, head: &[u8], slot: u16, start: usize, end: usize) {
-        let s0 = self.buf.len() as u32;
+        let s0 = self.buf.len();
         self.buf.extend_from_slice(head);
+        self.getrange_tail(s0, slot, start, end);
+    }
+
+    /// Ends the `GETRANGE` whose head starts at `s0`: its range, and the command's entry.
+    fn getrange_tail(&mut self, s0: usize, slot: u16, start: usize, end: usize) {
         bulk(&mut self.buf, fmt_usize(&mut itoa_buf(), start));
         bulk(&mut self.buf, fmt_usize(&mut itoa_buf(), end));
-        self.ops.push((slot, s0, self.buf.len() as u32));
+        self.ops.push((slot, s0 as u32, self.buf.len() as u32));
     }
 
     /// Adds `SET key value` (packed by hand: values are large blocks, not copied twice).

@@ -61,6 +61,16 @@ pub enum Reply<'a> {
     Other(&'a Value),
 }
 
+impl Reply<'_> {
+    /// The reply as an owned [`Value`].
+    pub fn to_value(self) -> Value {
+        match self {
+            Reply::Bulk(b) => Value::BulkString(b.to_vec()),
+            Reply::Other(v) => v.clone(),
+        }
+    }
+}
+
 /// A node's connection (see the module documentation).
 pub struct Conn {
     stream: TcpStream,
@@ -153,10 +163,7 @@ impl Conn {
 
     /// Reads one reply as a [`Value`].
     pub fn recv(&mut self, deadline: Instant) -> Result<Value, WireError> {
-        self.recv_with(deadline, |r| match r {
-            Reply::Bulk(b) => Value::BulkString(b.to_vec()),
-            Reply::Other(v) => v.clone(),
-        })
+        self.recv_with(deadline, |r| r.to_value())
     }
 
     /// Reads one reply and hands it to `f`: a bulk string as a slice of the read buffer (no
@@ -426,12 +433,7 @@ impl Replies {
 
     /// The replies as [`Value`]s.
     pub fn to_values(&self) -> Vec<Value> {
-        self.iter()
-            .map(|r| match r {
-                Reply::Bulk(b) => Value::BulkString(b.to_vec()),
-                Reply::Other(v) => v.clone(),
-            })
-            .collect()
+        self.iter().map(Reply::to_value).collect()
     }
 }
 

@@ -158,12 +158,12 @@ impl Cluster {
                         failed.push((c, outcome));
                     }
                     Ok(Ok(())) => {
-                        reading[i - 1].answered += 1;
+                        r.answered += 1;
                         ask[c] = None;
                     }
                     Err((kind, detail)) => {
                         let f = Failure::new(kind, &nd.addr, detail);
-                        reading[i - 1].broke = Some(f.clone());
+                        r.broke = Some(f.clone());
                         failed.push((c, Outcome::Retry(f)));
                         avoid[c] = Some(node);
                     }
