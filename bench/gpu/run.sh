@@ -66,7 +66,7 @@ for ids in reuse_medium uniform; do
 done
 
 if [ "$QUICK" = 1 ]; then ITERS=(--iters 20 --warmup 5 --rounds 1); else ITERS=(--iters 200 --warmup 20 --rounds 3); fi
-for v in tuned combined; do
+for v in prefetch tuned; do
   echo "== RM1 end to end, batch 2048, ember --gpu-variant $v" | tee -a "$OUT/summary.txt"
   "$PYTHON" "$ROOT/bench/compare_torch_dlrm.py" --ember "$EMBER" --device cuda --gpu-variant "$v" \
     --preset rm1 --batch 2048 "${ITERS[@]}" --json > "$OUT/model_$v.txt" 2> "$OUT/model_$v.err" \

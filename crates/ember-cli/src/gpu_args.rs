@@ -28,7 +28,7 @@ impl GpuPredictor {
         match *self {}
     }
 
-    pub fn submit(&mut self, _: &[f32], _: &ember_embed::KeyedJagged) -> anyhow::Result<()> {
+    pub fn submit_batch(&mut self, _: &ember_model::Batch<'_>) -> anyhow::Result<()> {
         match *self {}
     }
 

@@ -20,6 +20,7 @@ mod hot;
 pub mod kernels;
 mod model;
 mod nvrtc;
+mod staging;
 pub mod tune;
 
 pub use device::{Gpu, GpuInfo, cuda_available};

@@ -51,8 +51,13 @@ fn random_collection(rng: &mut StdRng) -> EmbeddingCollection {
 }
 
 /// A random batch: bags of 0-200 ids (some empty), a skewed id distribution (repeats, so that
-/// dedup and pinning have work), weights, 32- or 64-bit ids.
-fn random_batch(rng: &mut StdRng, coll: &EmbeddingCollection, batch: usize) -> KeyedJagged {
+/// dedup and pinning have work), weights when `weighted`, 32- or 64-bit ids.
+fn random_batch(
+    rng: &mut StdRng,
+    coll: &EmbeddingCollection,
+    batch: usize,
+    weighted: bool,
+) -> KeyedJagged {
     let nf = coll.features().len();
     let mut lengths = Vec::new();
     let mut ids = Vec::new();
@@ -75,15 +80,17 @@ fn random_batch(rng: &mut StdRng, coll: &EmbeddingCollection, batch: usize) -> K
             }
         }
     }
-    let weights: Vec<f32> = (0..ids.len())
-        .map(|_| rng.random::<f32>() * 2.0 - 0.5)
-        .collect();
+    let weights = weighted.then(|| {
+        (0..ids.len())
+            .map(|_| rng.random::<f32>() * 2.0 - 0.5)
+            .collect::<Vec<f32>>()
+    });
     let ids = if rng.random_bool(0.5) {
         Ids::I64(ids)
     } else {
         Ids::U32(ids.iter().map(|&i| i as u32).collect())
     };
-    KeyedJagged::from_lengths(coll.feature_names(), batch, &lengths, ids, Some(weights)).unwrap()
+    KeyedJagged::from_lengths(coll.feature_names(), batch, &lengths, ids, weights).unwrap()
 }
 
 /// |gpu - ref| within f32 accumulation error of the bag's magnitude.
@@ -106,12 +113,15 @@ fn every_variant_matches_the_cpu_reference() {
     for case in 0..24 {
         let coll = random_collection(&mut rng);
         let batch = [0usize, 1, 7, 64, 129][case % 5];
-        let kj = random_batch(&mut rng, &coll, batch);
+        let profile = random_batch(&mut rng, &coll, batch, false);
         let strides_total: usize = coll.tables().iter().map(|t| t.bytes()).sum();
-        let plan = HotPlan::profile(&coll, std::slice::from_ref(&kj), strides_total / 2).unwrap();
+        let plan =
+            HotPlan::profile(&coll, std::slice::from_ref(&profile), strides_total / 2).unwrap();
         let plain = GpuEmbeddings::upload(&gpu, &coll, None).unwrap();
         let pinned = GpuEmbeddings::upload(&gpu, &coll, Some(&plan)).unwrap();
         for pooling in [Pooling::Sum, Pooling::Mean, Pooling::WeightedSum] {
+            let weighted = pooling == Pooling::WeightedSum;
+            let kj = random_batch(&mut rng, &coll, batch, weighted);
             let mut want = vec![0f32; batch * coll.total_dim()];
             pooled_lookup(&coll, coll.validate(&kj).unwrap(), pooling, &mut want).unwrap();
             for variant in Variant::ALL {
@@ -121,6 +131,9 @@ fn every_variant_matches_the_cpu_reference() {
                 }
                 let emb = if variant.pins_l2() { &pinned } else { &plain };
                 let mut run = emb.runner(variant, pooling).unwrap();
+                // 64-bit ids travel as 32-bit ones by default; every other case keeps them wide
+                // (the 64-bit kernels).
+                run.narrow_ids(case % 2 == 0);
                 run.upload(emb, &coll, &kj).unwrap();
                 run.tune(emb, &mut cache).unwrap();
                 let mut got = vec![f32::NAN; want.len()];
@@ -128,7 +141,7 @@ fn every_variant_matches_the_cpu_reference() {
                 run.download(emb, &mut got).unwrap();
                 assert_close(&got, &want, &format!("case {case} {variant} {pooling:?}"));
                 // A second batch through the same runner (buffers reused, dedup state reset).
-                let kj2 = random_batch(&mut rng, &coll, batch + 3);
+                let kj2 = random_batch(&mut rng, &coll, batch + 3, weighted);
                 let mut want2 = vec![0f32; (batch + 3) * coll.total_dim()];
                 pooled_lookup(&coll, coll.validate(&kj2).unwrap(), pooling, &mut want2).unwrap();
                 let mut got2 = vec![f32::NAN; want2.len()];
@@ -154,7 +167,7 @@ fn every_launch_the_tuner_can_pick_is_correct() {
             EmbeddingTable::from_f32("b", 2500, 256, dtype, &values[..2500 * 256]).unwrap(),
         ];
         let coll = EmbeddingCollection::one_feature_per_table(tables).unwrap();
-        let kj = random_batch(&mut rng, &coll, 100);
+        let kj = random_batch(&mut rng, &coll, 100, true);
         let mut want = vec![0f32; 100 * coll.total_dim()];
         pooled_lookup(
             &coll,
@@ -203,22 +216,33 @@ fn bad_batches_are_refused_before_the_device_sees_them() {
     .unwrap();
     let e = run.upload(&emb, &coll, &kj).unwrap_err().to_string();
     assert!(e.contains(&rows.to_string()), "{e}");
-    // Weighted pooling without weights.
-    let mut run = emb.runner(Variant::Baseline, Pooling::WeightedSum).unwrap();
-    let kj = KeyedJagged::from_lengths(
-        coll.feature_names(),
-        1,
-        &vec![0; nf],
-        Ids::U32(vec![]),
-        None,
-    )
-    .unwrap();
-    let e = run.upload(&emb, &coll, &kj).unwrap_err().to_string();
+    // Weighted pooling without weights, and weights with plain sums: the CPU's rule.
+    let one = |weights: Option<Vec<f32>>| {
+        KeyedJagged::from_lengths(
+            coll.feature_names(),
+            1,
+            &lengths,
+            Ids::U32(vec![0]),
+            weights,
+        )
+        .unwrap()
+    };
+    let mut wrun = emb.runner(Variant::Baseline, Pooling::WeightedSum).unwrap();
+    let e = wrun
+        .upload(&emb, &coll, &one(None))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("weights"), "{e}");
+    let e = run
+        .upload(&emb, &coll, &one(Some(vec![0.5])))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("weights") && e.contains("sum"), "{e}");
+    let mut run = wrun;
     // Pinning variants need a plan.
     assert!(emb.runner(Variant::L2Pin, Pooling::Sum).is_err());
     // The runner still works after the refusals.
-    let good = random_batch(&mut rng, &coll, 4);
+    let good = random_batch(&mut rng, &coll, 4, true);
     let mut out = vec![0f32; 4 * coll.total_dim()];
     run.pool(&emb, &coll, &good, &mut out).unwrap();
 }
@@ -257,8 +281,12 @@ fn whole_models_match_the_cpu_predictor() {
             pair_order: PairOrder::Lower,
         },
         InteractionConfig::Dot {
-            self_interaction: true,
+            self_interaction: false,
             pair_order: PairOrder::Upper,
+        },
+        InteractionConfig::Dot {
+            self_interaction: true,
+            pair_order: PairOrder::Lower,
         },
         InteractionConfig::Cat {},
         InteractionConfig::Dcn {

@@ -7,6 +7,7 @@
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
 use crate::table::EmbeddingTable;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A sparse feature: its key and the index of the table it reads.
@@ -153,27 +154,35 @@ impl EmbeddingCollection {
                 expected: self.feature_names(),
             });
         }
-        for f in 0..self.features.len() {
-            let table = self.table_of(f);
-            let rows = table.rows();
+        // The position of the feature's first id out of range, if any.
+        let first_bad = |f: usize| {
             let range = kj.feature_range(f);
-            let rows64 = rows as u64;
+            let rows64 = self.table_of(f).rows() as u64;
             let bad = match kj.ids() {
                 Ids::U32(v) => first_out_of_range(&v[range.clone()], |x| x as u64, rows64),
                 // As u64, negative ids are above any row count.
                 Ids::I64(v) => first_out_of_range(&v[range.clone()], |x| x as u64, rows64),
             };
-            if let Some(p) = bad {
-                let pos = range.start + p;
-                let (_, sample) = kj.locate(pos);
-                return Err(EmbedError::IdOutOfRange {
-                    feature: self.features[f].name.clone(),
-                    sample,
-                    id: kj.ids().get(pos),
-                    table: table.name().to_string(),
-                    rows,
-                });
-            }
+            bad.map(|p| (f, range.start + p))
+        };
+        let nf = self.features.len();
+        // Batches of millions of ids (a GPU's batches) are checked a feature per thread; the
+        // first bad id in feature order is reported either way.
+        let bad = if kj.num_ids() >= PARALLEL_CHECK_IDS && nf > 1 {
+            (0..nf).into_par_iter().find_map_first(first_bad)
+        } else {
+            (0..nf).find_map(first_bad)
+        };
+        if let Some((f, pos)) = bad {
+            let table = self.table_of(f);
+            let (_, sample) = kj.locate(pos);
+            return Err(EmbedError::IdOutOfRange {
+                feature: self.features[f].name.clone(),
+                sample,
+                id: kj.ids().get(pos),
+                table: table.name().to_string(),
+                rows: table.rows(),
+            });
         }
         Ok(ValidatedBatch { kj, coll: self.id })
     }
@@ -187,6 +196,9 @@ impl EmbeddingCollection {
         }
     }
 }
+
+/// Ids in a batch from which [`EmbeddingCollection::validate`] checks features in parallel.
+pub const PARALLEL_CHECK_IDS: usize = 1 << 20;
 
 /// How many times ids were checked against a collection ([`EmbeddingCollection::validate`],
 /// [`EmbeddingCollection::check_samples`]) in this process: lets tests prove that a served
@@ -300,6 +312,39 @@ mod tests {
         )
         .unwrap();
         assert!(c.validate(&ok).is_ok());
+    }
+
+    #[test]
+    fn large_batches_checked_in_parallel_report_the_first_bad_id_in_feature_order() {
+        let c = coll();
+        // Three features of `per` ids each, over the parallel threshold together; feature y
+        // (3 rows) and feature z (10 rows) both hold a bad id: y's is the one reported.
+        let per = PARALLEL_CHECK_IDS / 2;
+        let mut ids: Vec<i64> = (0..3 * per).map(|i| (i % 3) as i64).collect();
+        let ok = KeyedJagged::from_lengths(
+            keys(&["x", "y", "z"]),
+            1,
+            &[per, per, per],
+            Ids::I64(ids.clone()),
+            None,
+        )
+        .unwrap();
+        assert!(c.validate(&ok).is_ok());
+        ids[2 * per + 7] = 10; // z
+        ids[per + per / 2] = 5; // y
+        ids[per + per - 1] = 3; // y, later
+        let bad = KeyedJagged::from_lengths(
+            keys(&["x", "y", "z"]),
+            1,
+            &[per, per, per],
+            Ids::I64(ids),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            c.validate(&bad).unwrap_err().to_string(),
+            "feature 'y', sample 0: id 5 is out of range for table 'b' with 3 rows"
+        );
     }
 
     #[test]

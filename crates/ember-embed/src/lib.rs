@@ -38,7 +38,9 @@ pub mod trace;
 pub use alloc::PagePolicy;
 pub use cache::{CachePolicy, Marked, RowCache};
 pub use checked::{CheckedBatch, CheckedSamples, Lengths, Pieces};
-pub use collection::{CollectionId, EmbeddingCollection, Feature, ValidatedBatch, id_checks};
+pub use collection::{
+    CollectionId, EmbeddingCollection, Feature, PARALLEL_CHECK_IDS, ValidatedBatch, id_checks,
+};
 pub use dtype::DType;
 pub use error::{EmbedError, Result};
 pub use fpmode::FlushDenormals;

@@ -69,6 +69,10 @@ pub struct StageTimes {
     /// The whole forward pass.
     pub wall: Duration,
     pub bottom_overlapped: bool,
+    /// On a GPU: the batch's copy to the device and its logits' copy back (copy-stream times,
+    /// outside `wall`); zero on the CPU.
+    pub copy_in: Duration,
+    pub copy_out: Duration,
 }
 
 impl StageTimes {
@@ -95,6 +99,8 @@ impl StageTimes {
             top_mlp: self.top_mlp + o.top_mlp,
             wall: self.wall + o.wall,
             bottom_overlapped: self.bottom_overlapped || o.bottom_overlapped,
+            copy_in: self.copy_in + o.copy_in,
+            copy_out: self.copy_out + o.copy_out,
         }
     }
 }

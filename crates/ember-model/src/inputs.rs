@@ -19,6 +19,7 @@
 //!
 //! Nothing after this point checks ids again: the types carry the proof.
 
+use rayon::prelude::*;
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
@@ -280,9 +281,16 @@ impl Model {
 /// first (it vectorizes; an early-exit search does not), the position only when some value is
 /// not finite.
 fn check_finite(dense: &[f32], dense_in: usize) -> Result<()> {
-    let all_finite = dense
-        .chunks(64)
-        .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()));
+    let finite = |d: &[f32]| {
+        d.chunks(64)
+            .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+    };
+    // Millions of values (a GPU's batches): a slice per thread.
+    let all_finite = if dense.len() >= ember_embed::PARALLEL_CHECK_IDS {
+        dense.par_chunks(1 << 16).all(finite)
+    } else {
+        finite(dense)
+    };
     if !all_finite && let Some(i) = dense.iter().position(|v| !v.is_finite()) {
         let n = dense_in.max(1);
         return Err(ModelError::Input(format!(
@@ -320,4 +328,25 @@ fn request_error(e: EmbedError) -> ModelError {
         ),
         e => e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_finite;
+
+    #[test]
+    fn non_finite_dense_values_are_named_below_and_above_the_parallel_threshold() {
+        for n in [13 * 5, ember_embed::PARALLEL_CHECK_IDS + 13 * 7] {
+            let n = n - n % 13;
+            let mut dense: Vec<f32> = (0..n).map(|i| (i % 17) as f32 - 8.0).collect();
+            assert!(check_finite(&dense, 13).is_ok(), "n = {n}");
+            let at = n - 13 + 4; // the last sample, feature 4
+            dense[at] = f32::NAN;
+            dense[n - 1] = f32::INFINITY;
+            let e = check_finite(&dense, 13).unwrap_err().to_string();
+            let last = n / 13 - 1;
+            let want = format!("dense feature 4 of sample {last} is NaN (must be finite)");
+            assert!(e.ends_with(&want), "n = {n}: {e}");
+        }
+    }
 }

@@ -14,7 +14,7 @@ use ember_model::presets::{Preset, preset, random_batch};
 use ember_model::{Engine, Model, Predictor, StageTimes};
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct ModelArgs {
@@ -65,6 +65,19 @@ struct Report {
     stages: StageTimes,
     /// Wall seconds of the timed batches.
     total: f64,
+    /// On a GPU, the host's part of the timed batches.
+    host: Option<HostTimes>,
+}
+
+/// Where the host thread spent a GPU loop's time, summed over the timed batches.
+#[derive(Debug, Default)]
+struct HostTimes {
+    /// `Model::batch`: dense values and ids checked.
+    check: Duration,
+    /// `submit_batch`: the batch staged in page-locked memory, its copy and forward enqueued.
+    submit: Duration,
+    /// `collect`: waiting for the oldest batch's logits.
+    wait: Duration,
 }
 
 pub fn run(a: ModelArgs) -> Result<()> {
@@ -145,6 +158,7 @@ fn measure_cpu(a: &ModelArgs, model: Arc<Model>, batches: &[Inputs]) -> Result<(
             lat_ms,
             stages,
             total,
+            host: None,
         },
         scores,
     ))
@@ -159,7 +173,9 @@ fn measure_gpu(
     pooling: usize,
 ) -> Result<(Report, Vec<f32>)> {
     let profile: Vec<_> = batches.iter().map(|(_, kj)| kj).collect();
-    let mut gp = a.gpu.predictor(model, a.batch, pooling, Some(&profile))?;
+    let mut gp = a
+        .gpu
+        .predictor(model.clone(), a.batch, pooling, Some(&profile))?;
     let mut scores = vec![0f32; a.batch];
     for i in 0..a.warmup {
         let (d, s) = &batches[i % batches.len()];
@@ -167,20 +183,33 @@ fn measure_gpu(
     }
     let mut lat_ms = Vec::with_capacity(a.iters);
     let mut stages = StageTimes::default();
+    let mut host = HostTimes::default();
     let mut submitted = std::collections::VecDeque::new();
+    let mut collect =
+        |gp: &mut crate::gpu_args::GpuPredictor, host: &mut HostTimes| -> Result<StageTimes> {
+            let t = Instant::now();
+            let st = gp.collect(&mut scores)?;
+            host.wait += t.elapsed();
+            Ok(st)
+        };
     let start = Instant::now();
     for i in 0..a.iters {
         let (d, s) = &batches[(a.warmup + i) % batches.len()];
         if gp.in_flight() == 2 {
-            stages = stages.plus(gp.collect(&mut scores)?);
+            stages = stages.plus(collect(&mut gp, &mut host)?);
             let t: Instant = submitted.pop_front().expect("one per submit");
             lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        submitted.push_back(Instant::now());
-        gp.submit(d, s)?;
+        let t = Instant::now();
+        submitted.push_back(t);
+        let batch = model.batch(d, s)?;
+        host.check += t.elapsed();
+        let t = Instant::now();
+        gp.submit_batch(&batch)?;
+        host.submit += t.elapsed();
     }
     while gp.in_flight() > 0 {
-        stages = stages.plus(gp.collect(&mut scores)?);
+        stages = stages.plus(collect(&mut gp, &mut host)?);
         let t = submitted.pop_front().expect("one per submit");
         lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
@@ -190,6 +219,7 @@ fn measure_gpu(
             lat_ms,
             stages,
             total,
+            host: Some(host),
         },
         scores,
     ))
@@ -243,6 +273,23 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
             "#".repeat((s * 40.0).round() as usize)
         );
     }
+    let per_batch = |d: Duration| d.as_secs_f64() * 1e3 / a.iters as f64;
+    if let Some(h) = &r.host {
+        println!(
+            "  per batch, ms: GPU copy in {:.3}, embedding {:.3}, bottom MLP {:.3}, interaction \
+             {:.3}, top MLP {:.3}, copy out {:.3}; host check {:.3}, stage + enqueue {:.3}, \
+             wait {:.3}",
+            per_batch(stages.copy_in),
+            per_batch(stages.embedding),
+            per_batch(stages.bottom_mlp),
+            per_batch(stages.interaction),
+            per_batch(stages.top_mlp),
+            per_batch(stages.copy_out),
+            per_batch(h.check),
+            per_batch(h.submit),
+            per_batch(h.wait)
+        );
+    }
     if a.json {
         println!(
             "{}",
@@ -267,6 +314,18 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
                     "top_mlp": parts[3].1,
                 },
                 "table_bytes": table_bytes(p),
+                "ms_per_batch": r.host.as_ref().map(|h| json!({
+                    "gpu_copy_in": per_batch(stages.copy_in),
+                    "gpu_embedding": per_batch(stages.embedding),
+                    "gpu_bottom_mlp": per_batch(stages.bottom_mlp),
+                    "gpu_interaction": per_batch(stages.interaction),
+                    "gpu_top_mlp": per_batch(stages.top_mlp),
+                    "gpu_forward": per_batch(stages.wall),
+                    "gpu_copy_out": per_batch(stages.copy_out),
+                    "host_check": per_batch(h.check),
+                    "host_submit": per_batch(h.submit),
+                    "host_wait": per_batch(h.wait),
+                })),
             })
         );
     }

@@ -26,12 +26,13 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice};
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice};
 use ember_embed::{CollectionId, DType, Pooling};
 
 use crate::device::{Gpu, dptr};
 use crate::error::{CudaError, DriverCtx, Result};
 use crate::kernels::{Launch, Shape};
+use crate::staging::Pinned;
 use crate::tune::TuneChoice;
 
 /// Device allocations of a table part start at this alignment (16-byte loads need 16).
@@ -135,6 +136,8 @@ pub struct GpuEmbeddings {
     tables: Vec<DevTable>,
     hot: Option<CudaSlice<u8>>,
     hot_bytes: usize,
+    /// Whether a [`HotPlan`](crate::HotPlan) was given (its hot set may be empty).
+    planned: bool,
     /// Per feature: its table, output column and dim.
     feat_table: Vec<usize>,
     feat_col: Vec<usize>,
@@ -183,6 +186,18 @@ struct Bufs {
     ids32: Grow<u32>,
     weights: Grow<f32>,
     out: Grow<f32>,
+    /// The page-locked copies of the batch that the uploads read ([`crate::staging`]).
+    host: HostBufs,
+    /// Recorded after the last uploads: the host buffers may be written again once it fired.
+    staged: Option<CudaEvent>,
+}
+
+#[derive(Debug, Default)]
+struct HostBufs {
+    offsets: Pinned<i64>,
+    ids64: Pinned<i64>,
+    ids32: Pinned<u32>,
+    weights: Pinned<f32>,
 }
 
 /// Scratch of the dedup variant.
@@ -254,6 +269,9 @@ pub struct EmbedRun {
     choices: Vec<Option<TuneChoice>>,
     /// Whether uploads go through the copy stream (the caller orders them with events).
     on_copy: bool,
+    /// Whether 64-bit ids are sent as 32-bit ones when every table's rows allow (half the
+    /// bytes over the link); tests turn it off to run the 64-bit kernels.
+    narrow_ids: bool,
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use super::{EmbedRun, GpuEmbeddings, KernelStats, PinInfo, Variant};
 use crate::device::{TIMED, dptr};
 use crate::error::{CudaError, DriverCtx, Result};
 use crate::kernels::{Launch, PoolConfig};
+use crate::staging::fill;
 use crate::tune::TuneCache;
 
 impl EmbedRun {
@@ -29,6 +30,13 @@ impl EmbedRun {
         self.launches.iter_mut().for_each(|l| *l = launch);
         self.functions.clear();
         self.tuned = true;
+    }
+
+    /// Whether 64-bit ids may travel as 32-bit ones where every table allows (the default);
+    /// off, the 64-bit kernels run (tests cover both).
+    pub fn narrow_ids(&mut self, on: bool) {
+        self.narrow_ids = on;
+        self.uploaded = false;
     }
 
     /// Samples in the uploaded batch.
@@ -73,11 +81,10 @@ impl EmbedRun {
                 "the collection is not the one these tables were uploaded from".into(),
             ));
         }
-        if self.pooling == Pooling::WeightedSum && kj.weights().is_none() {
-            return Err(CudaError::Input(
-                "weighted_sum pooling needs per-id weights in the batch".into(),
-            ));
-        }
+        // The CPU's rule: weighted_sum needs weights, sum and mean refuse them.
+        self.pooling
+            .check_weights(kj)
+            .map_err(|e| CudaError::Input(e.to_string()))?;
         let gpu = self.gpu.clone();
         let stream = &self.upload_stream();
         // Dedup's hash table has next_pow2(2n) slots numbered in 32 bits: n < 2^31.
@@ -90,43 +97,65 @@ impl EmbedRun {
         }
         self.batch = kj.batch_size();
         self.n_ids = kj.num_ids();
-        let offsets: Vec<i64> = kj.offsets().iter().map(|&o| o as i64).collect();
-        let o = self.bufs.offsets.ensure(&gpu, offsets.len())?;
+        // The host buffers are written below: the copies out of them must be done.
+        if let Some(e) = &self.bufs.staged {
+            e.synchronize().ctx("waiting for the last uploads")?;
+        }
+        let ctx = gpu.context().clone();
+        let host = &mut self.bufs.host;
+        let n_off = kj.offsets().len();
+        let offsets = host.offsets.get(&ctx, n_off)?;
+        fill(offsets, kj.offsets(), |o| o as i64);
+        let o = self.bufs.offsets.ensure(&gpu, n_off)?;
         stream
-            .memcpy_htod(&offsets, &mut o.slice_mut(..offsets.len()))
+            .memcpy_htod(&*offsets, &mut o.slice_mut(..n_off))
             .ctx("uploading offsets")?;
+        // Every id is below its table's rows (checked upstream): where all tables have at most
+        // 2^32 rows, 64-bit ids travel as 32-bit ones.
+        let narrow = self.narrow_ids && emb.tables.iter().all(|t| t.rows <= 1 << 32);
+        let n = kj.num_ids();
+        self.id64 = matches!(kj.ids(), Ids::I64(_)) && !narrow;
         match kj.ids() {
-            Ids::I64(v) => {
-                self.id64 = true;
-                let b = self.bufs.ids64.ensure(&gpu, v.len())?;
-                if !v.is_empty() {
-                    stream
-                        .memcpy_htod(v, &mut b.slice_mut(..v.len()))
-                        .ctx("uploading ids")?;
-                }
+            Ids::I64(v) if self.id64 => {
+                let h = host.ids64.get(&ctx, n)?;
+                h.copy_from_slice(v);
+                let b = self.bufs.ids64.ensure(&gpu, n)?;
+                stream
+                    .memcpy_htod(&*h, &mut b.slice_mut(..n))
+                    .ctx("uploading ids")?;
             }
-            Ids::U32(v) => {
-                self.id64 = false;
-                let b = self.bufs.ids32.ensure(&gpu, v.len())?;
-                if !v.is_empty() {
-                    stream
-                        .memcpy_htod(v, &mut b.slice_mut(..v.len()))
-                        .ctx("uploading ids")?;
+            ids => {
+                let h = host.ids32.get(&ctx, n)?;
+                match ids {
+                    Ids::I64(v) => fill(h, v, |i| i as u32),
+                    Ids::U32(v) => fill(h, v, |i| i),
                 }
+                let b = self.bufs.ids32.ensure(&gpu, n)?;
+                stream
+                    .memcpy_htod(&*h, &mut b.slice_mut(..n))
+                    .ctx("uploading ids")?;
             }
         }
-        if let (Pooling::WeightedSum, Some(w)) = (self.pooling, kj.weights())
-            && !w.is_empty()
-        {
+        if let (Pooling::WeightedSum, Some(w)) = (self.pooling, kj.weights()) {
+            let h = host.weights.get(&ctx, w.len())?;
+            h.copy_from_slice(w);
             let b = self.bufs.weights.ensure(&gpu, w.len())?;
             stream
-                .memcpy_htod(w, &mut b.slice_mut(..w.len()))
+                .memcpy_htod(&*h, &mut b.slice_mut(..w.len()))
                 .ctx("uploading weights")?;
         }
+        let staged = match self.bufs.staged.take() {
+            Some(e) => e,
+            None => ctx.new_event(None).ctx("creating an event")?,
+        };
+        staged.record(stream).ctx("recording an event")?;
+        self.bufs.staged = Some(staged);
         self.bufs
             .out
             .ensure(&gpu, self.batch * emb.total_dim.max(1))?;
         if self.variant == Variant::Dedup {
+            // The host's offsets: the staging copy is write-combined, slow to read.
+            let offsets: Vec<i64> = kj.offsets().iter().map(|&o| o as i64).collect();
             self.prepare_dedup(emb, &offsets)?;
         }
         self.uploaded = true;

@@ -52,6 +52,7 @@ impl GpuEmbeddings {
         let rows: Vec<usize> = tables.iter().map(|t| t.rows()).collect();
         let strides: Vec<usize> = tables.iter().map(|t| t.stride()).collect();
         let empty = HotPlan::empty(tables.len());
+        let planned = plan.is_some();
         let plan = plan.unwrap_or(&empty);
         plan.check(&rows)?;
         for (i, t) in tables.iter().enumerate() {
@@ -128,6 +129,7 @@ impl GpuEmbeddings {
             tables: dev,
             hot,
             hot_bytes,
+            planned,
             feat_table,
             feat_col,
             feat_dim,
@@ -217,12 +219,13 @@ impl GpuEmbeddings {
 
     /// A runner for `variant` with `pooling`.
     pub fn runner(&self, variant: Variant, pooling: Pooling) -> Result<EmbedRun> {
-        if variant.pins_l2() && self.hot.is_none() {
+        if variant.pins_l2() && !self.planned {
             return Err(CudaError::Input(format!(
                 "variant {variant} needs tables uploaded with a hot-row plan (a profile)"
             )));
         }
-        let pin = if variant.pins_l2() {
+        // A plan that found nothing hot (an empty profile) pins nothing: no window is set.
+        let pin = if variant.pins_l2() && self.hot.is_some() {
             Some(self.pin_l2()?)
         } else {
             None
@@ -250,6 +253,7 @@ impl GpuEmbeddings {
             dedup: None,
             choices: Vec::new(),
             on_copy: false,
+            narrow_ids: true,
         })
     }
 }

@@ -24,6 +24,7 @@ use crate::device::Gpu;
 use crate::embed::{EmbedRun, GpuEmbeddings};
 use crate::error::{DriverCtx, Result};
 use crate::hot::HotPlan;
+use crate::staging::Pinned;
 use crate::tune::TuneCache;
 
 /// A linear layer on the device.
@@ -143,10 +144,14 @@ struct Slot {
     low: Option<CudaSlice<f32>>,
     wide: Option<CudaSlice<f32>>,
     batch: usize,
+    /// The batch's dense features, page-locked for the copy ([`crate::staging`]).
+    host_dense: Pinned<f32>,
     ready: CudaEvent,
     done: CudaEvent,
     /// Compute-stream marks: start, after embeddings, bottom MLP, interaction, top MLP.
     marks: [CudaEvent; 5],
+    /// Copy-stream marks: around the batch's upload, around the download of its logits.
+    copy_marks: [CudaEvent; 4],
 }
 
 /// Runs a [`GpuModel`]'s forward pass; one per concurrent caller.

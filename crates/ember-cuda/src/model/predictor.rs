@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaEvent, CudaSlice};
 use ember_model::{Batch, Engine, Model, ModelError, Prepared, StageTimes, sigmoid};
 
 use super::{DevInteraction, GpuModel, GpuPredictor, Slot};
@@ -15,6 +15,7 @@ use crate::device::{Gpu, TIMED, dptr};
 use crate::embed::Variant;
 use crate::error::{CudaError, DriverCtx, Result};
 use crate::kernels::MODEL_SRC;
+use crate::staging::{Pinned, fill};
 use crate::tune::TuneCache;
 use ember_embed::KeyedJagged;
 
@@ -58,9 +59,11 @@ impl GpuPredictor {
                 low: None,
                 wide: None,
                 batch: 0,
+                host_dense: Pinned::default(),
                 ready: ev()?,
                 done: ev()?,
                 marks: [mark()?, mark()?, mark()?, mark()?, mark()?],
+                copy_marks: [mark()?, mark()?, mark()?, mark()?],
             });
         }
         let f = |name: &str| gpu.function("model.cu", || MODEL_SRC.to_string(), &[], name);
@@ -185,12 +188,20 @@ impl GpuPredictor {
         let copy = gpu.copy();
         copy.wait(&slot.done)
             .ctx("ordering the copy after the slot's last use")?;
+        slot.copy_marks[0].record(copy).ctx("recording an event")?;
         slot.run.upload_valid(&m.emb, checked.valid())?;
         if !dense.is_empty() {
+            // The slot's last upload read the page-locked buffer until `ready`.
+            slot.ready
+                .synchronize()
+                .ctx("waiting for the last upload")?;
+            let h = slot.host_dense.get(gpu.context(), dense.len())?;
+            fill(h, dense, |v| v);
             let d = slot.dense.as_mut().expect("allocated above");
-            copy.memcpy_htod(dense, &mut d.slice_mut(..dense.len()))
+            copy.memcpy_htod(&*h, &mut d.slice_mut(..dense.len()))
                 .ctx("uploading dense features")?;
         }
+        slot.copy_marks[1].record(copy).ctx("recording an event")?;
         slot.ready.record(copy).ctx("recording an event")?;
         slot.batch = batch;
         let compute = gpu.compute();
@@ -222,20 +233,22 @@ impl GpuPredictor {
         gpu.context().bind_to_thread().ctx("binding the context")?;
         let copy = gpu.copy();
         copy.wait(&slot.done).ctx("ordering the download")?;
+        slot.copy_marks[2].record(copy).ctx("recording an event")?;
         if slot.batch > 0 {
             let logits = self.logits_buffer(si);
             copy.memcpy_dtoh(&logits.slice(..slot.batch), scores)
                 .ctx("downloading scores")?;
         }
+        slot.copy_marks[3].record(copy).ctx("recording an event")?;
         copy.synchronize().ctx("downloading scores")?;
         slot.done.synchronize().ctx("running the model")?;
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
-        let ms = |a: usize, b: usize| -> Result<Duration> {
-            let t = slot.marks[a]
-                .elapsed_ms(&slot.marks[b])
-                .ctx("reading stage times")?;
+        let between = |a: &CudaEvent, b: &CudaEvent| -> Result<Duration> {
+            let t = a.elapsed_ms(b).ctx("reading stage times")?;
             Ok(Duration::from_secs_f64(f64::from(t.max(0.0)) / 1000.0))
         };
+        let ms = |a: usize, b: usize| between(&slot.marks[a], &slot.marks[b]);
+        let copy_ms = |a: usize, b: usize| between(&slot.copy_marks[a], &slot.copy_marks[b]);
         Ok(StageTimes {
             embedding: ms(0, 1)?,
             bottom_mlp: ms(1, 2)?,
@@ -243,6 +256,8 @@ impl GpuPredictor {
             top_mlp: ms(3, 4)?,
             wall: ms(0, 4)?,
             bottom_overlapped: false,
+            copy_in: copy_ms(0, 1)?,
+            copy_out: copy_ms(2, 3)?,
         })
     }
 

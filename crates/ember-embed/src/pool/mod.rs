@@ -56,6 +56,19 @@ impl Pooling {
             Pooling::WeightedSum => "weighted_sum",
         }
     }
+
+    /// Whether `kj`'s weights suit this pooling: `weighted_sum` needs them (unless the batch has
+    /// no ids), `sum` and `mean` refuse them rather than silently ignore them. Every backend
+    /// (the CPU poolers, the GPU runner) applies this one rule.
+    pub fn check_weights(self, kj: &KeyedJagged) -> Result<()> {
+        match (self, kj.weights().is_some()) {
+            (Pooling::WeightedSum, false) if kj.num_ids() > 0 => Err(EmbedError::MissingWeights),
+            (Pooling::Sum | Pooling::Mean, true) => Err(EmbedError::UnexpectedWeights {
+                pooling: self.name(),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl FromStr for Pooling {
@@ -512,13 +525,7 @@ pub(crate) fn check_call(
             expected,
         });
     }
-    match (pooling, kj.weights().is_some()) {
-        (Pooling::WeightedSum, false) if kj.num_ids() > 0 => Err(EmbedError::MissingWeights),
-        (Pooling::Sum | Pooling::Mean, true) => Err(EmbedError::UnexpectedWeights {
-            pooling: pooling.name(),
-        }),
-        _ => Ok(()),
-    }
+    pooling.check_weights(kj)
 }
 
 /// A work unit: bags `b0..b1` of one feature.

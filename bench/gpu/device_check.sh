@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine should run in one call, each step bounded in time, every log kept:
+# the tools, the CUDA crate's tests on the device, compute-sanitizer over a short run of each
+# variant, and bench/gpu/run.sh. Binaries are built elsewhere (the GPU machine has no Rust):
+#
+#   cargo build --release -p ember-cli --features cuda
+#   cargo test -p ember-cuda --release --no-run          # prints the test binaries' paths
+#   mkdir -p .gpu && strip -o .gpu/ember target/release/ember
+#   strip -o .gpu/gpu_props target/release/deps/gpu_props-<hash>     (likewise nvrtc_compile,
+#   and the crate's unit tests as .gpu/ember_cuda_unit); cp <trace> .gpu/
+#
+#   bench/gpu/device_check.sh [--dir .gpu] [--out DIR] [--steps tools,tests,model,ncu,sanitize,bench,full]
+#
+# Logs go to OUT (default $OUT, else bench/gpu/out) as one tarball plus summary.txt.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+DIR="$ROOT/.gpu"
+DEST="${OUT:-$HERE/out}"
+STEPS="tools,tests,sanitize,bench"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dir) DIR="$2"; shift 2 ;;
+    --out) DEST="$2"; shift 2 ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+LOG="$(mktemp -d)/logs"
+mkdir -p "$LOG" "$DEST"
+SUMMARY="$DEST/summary.txt"
+: > "$SUMMARY"
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+say() { echo "$*" | tee -a "$SUMMARY"; }
+# step NAME SECONDS CMD...: runs CMD with a time limit, its output in LOG/NAME.txt, one summary line.
+step() {
+  local name="$1" secs="$2"; shift 2
+  local t0=$SECONDS
+  timeout -k 10 "$secs" "$@" > "$LOG/$name.txt" 2>&1
+  local rc=$?
+  say "step $name: rc=$rc in $((SECONDS - t0)) s"
+  return $rc
+}
+
+LIBS="$(python3 - <<'PY' 2>/dev/null || true
+import glob, os
+dirs = []
+try:
+    import nvidia
+    dirs = [d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib"))]
+except ImportError:
+    pass
+try:
+    import torch
+    dirs.append(os.path.join(os.path.dirname(torch.__file__), "lib"))
+except ImportError:
+    pass
+print(":".join(dirs))
+PY
+)"
+export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export EMBER_TUNE_CACHE="$LOG/cuda-tune.json"
+export RUST_BACKTRACE=1
+
+if want tools; then
+  {
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+    ncu --version; compute-sanitizer --version; nvcc --version
+    python3 -c 'import torch; p = torch.cuda.get_device_properties(0); print(torch.__version__, p.name, p.multi_processor_count, "SMs", getattr(p, "L2_cache_size", "?"), "B L2")'
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    for l in libcuda.so.1 libnvrtc.so.13 libcublas.so.13; do
+      echo "$l: $(ldconfig -p | grep -m1 "$l" || find ${LIBS//:/ } -name "$l*" 2>/dev/null | head -1)"
+    done
+  } > "$LOG/tools.txt" 2>&1
+  head -n 40 "$LOG/tools.txt" | grep -E "H100|H200|NVIDIA|Version|release|SMs|lib" | tee -a "$SUMMARY"
+fi
+
+if want tests; then
+  step unit 120 "$DIR/ember_cuda_unit" --test-threads 4
+  want nvrtc && step nvrtc 300 "$DIR/nvrtc_compile" --test-threads 8
+  step props 400 "$DIR/gpu_props" --nocapture --test-threads 1
+  grep -E "^test |test result|skipped|panicked|mismatch|error" "$LOG/props.txt" | head -n 40 | tee -a "$SUMMARY"
+fi
+
+E="$DIR/ember"
+SMALL=(--tables 4 --rows 20000 --dim 72 --pooling 9 --batch 64 --batches 2 --runs 1 --gpu-iters 1 --profile-batches 2)
+if want bench; then
+  step run_quick 600 env EMBER="$E" PYTHON=python3 "$HERE/run.sh" --quick \
+    --trace "$DIR/reuse_medium_table_500K.txt" --out "$LOG/run_quick"
+  cat "$LOG/run_quick/summary.txt" >> "$SUMMARY" 2>/dev/null
+  tail -n 30 "$LOG/run_quick.txt"
+fi
+
+if want full; then
+  step run_full 480 env EMBER="$E" PYTHON=python3 "$HERE/run.sh" \
+    --trace "$DIR/reuse_medium_table_500K.txt" --out "$LOG/run_full"
+  cat "$LOG/run_full/summary.txt" >> "$SUMMARY" 2>/dev/null
+fi
+
+if want model; then
+  step model_breakdown 200 "$E" bench model --device cuda --gpu-variant prefetch --preset rm1 \
+    --batch 2048 --iters 50 --warmup 5
+  grep -E "samples/s|batch ms|per batch" "$LOG/model_breakdown.txt" | tee -a "$SUMMARY"
+  # RM1 end to end against PyTorch eager, every batch from the host, per variant.
+  for v in baseline prefetch; do
+    step "model_$v" 300 python3 "$ROOT/bench/compare_torch_dlrm.py" --ember "$E" --device cuda \
+      --gpu-variant "$v" --preset rm1 --batch 2048 --iters 100 --warmup 10 --rounds 2
+    grep -E "per batch|samples/s|ember|pytorch" "$LOG/model_$v.txt" | tail -n 6 | tee -a "$SUMMARY"
+  done
+fi
+
+if want ncu; then
+  # Hardware counters of the pooling kernel: baseline and l2pin on the trace (a few launches).
+  for v in baseline l2pin; do
+    step "ncu_$v" 300 ncu --clock-control none --kernel-name regex:ember_pool --launch-skip 2 \
+      --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats "$E" bench embed --device cuda --variants "$v" --tables 12 \
+      --rows 500000 --dim 128 --pooling 150 --batch 2048 --batches 2 --runs 1 --gpu-iters 1 \
+      --profile-batches 8 --no-check --ids "$DIR/reuse_medium_table_500K.txt"
+    grep -E "Memory Throughput|DRAM Throughput|L2 Hit Rate|L1/TEX Hit|Achieved Occupancy|Registers Per|Duration" \
+      "$LOG/ncu_$v.txt" | head -n 16 | tee -a "$SUMMARY"
+  done
+fi
+
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    step "sanitize_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$E" bench embed --device cuda --variants all "${SMALL[@]}"
+    grep -E "ERROR SUMMARY|Invalid|Race|error" "$LOG/sanitize_$tool.txt" | head -n 8 | tee -a "$SUMMARY"
+  done
+  step sanitize_model 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$E" bench model --device cuda --preset small --batch 256 --iters 3 --warmup 1
+  grep -E "ERROR SUMMARY|Invalid|error" "$LOG/sanitize_model.txt" | head -n 8 | tee -a "$SUMMARY"
+fi
+
+tar -C "$(dirname "$LOG")" -czf "$DEST/logs.tgz" logs
+echo "summary: $SUMMARY; every log: $DEST/logs.tgz"
+cat "$SUMMARY"
