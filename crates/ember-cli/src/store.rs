@@ -163,13 +163,14 @@ fn push(a: PushArgs) -> Result<()> {
                 "blocks": rep.blocks,
                 "blocks_skipped": rep.blocks_skipped,
                 "seconds": rep.seconds,
+                "verify_seconds": rep.verify_seconds,
                 "rows_per_s": rep.rows as f64 / rep.seconds.max(1e-9),
                 "unreplicated_rounds": rep.unreplicated_rounds,
             })
         );
     } else {
         println!(
-            "{name} version {} is ready: {} tables, {} rows, {} in {} blocks{} in {:.2} s ({:.0} rows/s, {:.0} MB/s), verified",
+            "{name} version {} is ready: {} tables, {} rows, {} in {} blocks{} in {:.2} s ({:.0} rows/s, {:.0} MB/s), verified (reading back took {:.2} s of it)",
             rep.version,
             rep.tables,
             rep.rows,
@@ -186,6 +187,7 @@ fn push(a: PushArgs) -> Result<()> {
             rep.seconds,
             rep.rows as f64 / rep.seconds.max(1e-9),
             rep.bytes_written as f64 / rep.seconds.max(1e-9) / 1e6,
+            rep.verify_seconds,
         );
         if rep.unreplicated_rounds > 0 {
             eprintln!(

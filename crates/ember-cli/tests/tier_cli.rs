@@ -209,7 +209,16 @@ fn bench_tiered_reports_every_policy_against_dram_and_cold_mmap() {
         assert!(p["ssd_bytes_read"].as_u64().unwrap() > 0, "{p}");
         assert!((0.0..=1.0).contains(&p["overlap"].as_f64().unwrap()), "{p}");
         assert!(p["cache_bytes_used"].as_u64().unwrap() <= 1 << 20, "{p}");
+        // Each timed run paired with a DRAM run of the same batches: one ratio per run.
+        let pairs = p["run_vs_dram"].as_array().unwrap();
+        assert_eq!(pairs.len(), 2, "{p}");
+        assert!(pairs.iter().all(|r| r.as_f64().unwrap() > 0.0), "{p}");
+        assert!(p["vs_dram_paired"].as_f64().unwrap() > 0.0, "{p}");
+        // The counters cover the timed runs only (2 runs x 4 batches), not the untimed runs
+        // of the batches before each.
+        assert_eq!(p["batches_staged"], 8, "{p}");
     }
+    assert!(j["ratio_to_dram_paired"].as_f64().unwrap() > 0.0, "{j}");
     for k in [
         "hit_rate",
         "ssd_bytes_read",

@@ -75,6 +75,23 @@ impl TierStats {
             stall: self.stall.saturating_sub(earlier.stall),
         }
     }
+
+    /// Field-wise sum.
+    pub fn plus(&self, o: &TierStats) -> TierStats {
+        TierStats {
+            batches: self.batches + o.batches,
+            lookups: self.lookups + o.lookups,
+            cache_lookups: self.cache_lookups + o.cache_lookups,
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            lookup_hits: self.lookup_hits + o.lookup_hits,
+            ssd_reads: self.ssd_reads + o.ssd_reads,
+            ssd_bytes_read: self.ssd_bytes_read + o.ssd_bytes_read,
+            stage: self.stage + o.stage,
+            io: self.io + o.io,
+            stall: self.stall + o.stall,
+        }
+    }
 }
 
 #[derive(Debug, Default)]

@@ -17,7 +17,7 @@ use ember_bench::redis_cluster::{self, LocalCluster};
 use ember_bench::stats::{human_bytes, median, quantile};
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
 use ember_embed::{
-    CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Stager, TierOptions,
+    CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Stager, TierOptions, TierStats,
 };
 use serde_json::{Value as Json, json};
 use std::process::Command;
@@ -133,11 +133,12 @@ pub fn run(r: RemoteArgs) -> Result<()> {
     let manifest = remote::read_manifest(&mut admin, &model, rep.version)?;
     let block_bytes = manifest.tables[0].rows_per_block * manifest.tables[0].row_bytes;
     eprintln!(
-        "push: {} in {push_s:.2} s, {:.0} MB/s ({} blocks of {}), {:.3} x the raw bytes in INFO memory",
+        "push: {} in {push_s:.2} s, {:.0} MB/s ({} blocks of {}; reading back {:.2} s of it), {:.3} x the raw bytes in INFO memory",
         human_bytes(total),
         total as f64 / push_s / 1e6,
         rep.blocks,
         human_bytes(block_bytes),
+        rep.verify_seconds,
         stored as f64 / total as f64
     );
     // The peer: as many new keys of the same size as the push wrote (a push stores new data:
@@ -233,14 +234,37 @@ pub fn run(r: RemoteArgs) -> Result<()> {
             let mut dram_secs = 0.0;
             // Each tier run right after a DRAM run of the same batches: the ratio is taken per
             // pair, as this machine's speed drifts between runs (DRAM measured once moved 2.6x).
+            // So that neither side runs on CPU caches the other one filled, each timed run
+            // follows an untimed run of the batches before it (as in a steady stream); the
+            // tier's counters and fetch samples cover the timed runs only.
             let mut ratios = Vec::new();
-            for batches in &runs {
+            let mut timed = TierStats::default();
+            let mut samples = Vec::new();
+            for (k, batches) in runs.iter().enumerate() {
+                let before = match k {
+                    0 => &warmup[warmup.len().saturating_sub(batches.len())..],
+                    _ => runs[k - 1],
+                };
+                for kj in before {
+                    pooler.run(&dram, dram.validate(kj)?, &mut scratch)?;
+                }
                 let t0 = Instant::now();
                 for kj in *batches {
                     pooler.run(&dram, dram.validate(kj)?, &mut scratch)?;
                 }
                 dram_secs += t0.elapsed().as_secs_f64();
                 let dram_run = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
+                run_tier(
+                    &stager,
+                    &coll,
+                    &pooler,
+                    before,
+                    r.prefetch_depth,
+                    &mut out,
+                    &mut None,
+                )?;
+                stager.take_fetch_samples();
+                let at = stager.stats();
                 let t0 = Instant::now();
                 run_tier(
                     &stager,
@@ -252,6 +276,8 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                     &mut None,
                 )?;
                 let tier_run = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
+                timed = timed.plus(&stager.stats().since(&at));
+                samples.extend(stager.take_fetch_samples());
                 lps.push(tier_run);
                 ratios.push(tier_run / dram_run);
                 if std::ptr::eq(*batches, runs[0]) {
@@ -263,12 +289,8 @@ pub fn run(r: RemoteArgs) -> Result<()> {
                     );
                 }
             }
-            let st = stager.stats();
-            let mut fetch: Vec<f64> = stager
-                .take_fetch_samples()
-                .iter()
-                .map(|&x| x as f64)
-                .collect();
+            let st = timed;
+            let mut fetch: Vec<f64> = samples.iter().map(|&x| x as f64).collect();
             fetch.sort_by(f64::total_cmp);
             let batches_timed = (runs.len() * a.batches) as f64;
             let misses_per_batch = st.misses as f64 / batches_timed;
@@ -356,7 +378,7 @@ pub fn run(r: RemoteArgs) -> Result<()> {
         "cluster": url, "primaries": primaries.len(),
         "dram_lookups_per_s": dram_m, "run_dram_lookups_per_s": dram_lps,
         "push": {
-            "seconds": push_s, "bytes_per_s": total as f64 / push_s,
+            "seconds": push_s, "verify_seconds": rep.verify_seconds, "bytes_per_s": total as f64 / push_s,
             "rows_per_s": rep.rows as f64 / push_s, "blocks": rep.blocks, "block_bytes": block_bytes,
             "redis_benchmark_set_bytes_per_s": bench_set,
             "vs_redis_benchmark": bench_set.map(|b| push_rate / b),

@@ -24,7 +24,7 @@ use ember_embed::tier::pipeline;
 use ember_embed::trace::load_trace;
 use ember_embed::{
     CachePolicy, EmbeddingCollection, EmbeddingTable, IoMode, KeyedJagged, Pooler, Stager,
-    TierOptions,
+    TierOptions, TierStats,
 };
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -134,8 +134,29 @@ pub fn run(t: TieredArgs) -> Result<()> {
     }
     let disk = measure_disk(&t, &paths)?;
     let cache_bytes = t.cache_mb << 20;
-    let (policies, outs) = measure_policies(&t, s, &paths, &pooler, &work, pin_trace, disk.iops)?;
-    let (dram, checked) = measure_dram(&t, s, &pooler, &runs, work.lookups_per_run, &outs)?;
+    // The DRAM tables first: each tier run is paired with a DRAM run of the same batches.
+    let dram_coll = dram_tables(&t, s)?;
+    let (policies, outs) = measure_policies(
+        &t,
+        s,
+        &paths,
+        &pooler,
+        &work,
+        pin_trace,
+        Peers {
+            disk_iops: disk.iops,
+            dram: dram_coll.as_ref(),
+        },
+    )?;
+    let (dram, checked) = measure_dram(
+        dram_coll.as_ref(),
+        s,
+        &pooler,
+        &runs,
+        work.lookups_per_run,
+        &outs,
+    )?;
+    drop(dram_coll);
     let mut mmap = None;
     let mut mmap_budget = None;
     if !t.no_mmap && t.mmap_runs > 0 {
@@ -288,8 +309,9 @@ fn measure_policies(
     pooler: &Pooler,
     work: &Batches,
     pin_trace: Option<Arc<Vec<u64>>>,
-    disk_iops: f64,
+    peers: Peers<'_>,
 ) -> Result<(Vec<Value>, Outputs)> {
+    let Peers { disk_iops, dram } = peers;
     let a = &t.embed;
     let cache_bytes = t.cache_mb << 20;
     let coll = EmbeddingCollection::one_feature_per_table(
@@ -334,8 +356,40 @@ fn measure_policies(
         );
         stager.reset_stats();
         let mut lps = Vec::new();
+        // Tier run / the DRAM run just before it, of the same batches: this machine's speed
+        // drifts between runs, so the ratio is taken per pair. So that neither side runs on CPU
+        // caches the other one filled, each timed run follows an untimed run of the batches
+        // before it (as in a steady stream of batches).
+        let mut ratios = Vec::new();
+        let mut scratch = vec![0f32; s.batch * s.tables * s.dim];
+        // The tier's counters over the timed runs only.
+        let mut timed = TierStats::default();
         for (r, batches) in runs.iter().enumerate() {
+            let before = match r {
+                0 => &work.warmup[work.warmup.len().saturating_sub(batches.len())..],
+                _ => runs[r - 1],
+            };
+            let dram_lps = match dram {
+                Some(dcoll) => {
+                    run_dram(dcoll, pooler, before, &mut scratch)?;
+                    let t0 = Instant::now();
+                    run_dram(dcoll, pooler, batches, &mut scratch)?;
+                    let lps = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
+                    run_tier(
+                        &stager,
+                        &coll,
+                        pooler,
+                        before,
+                        t.prefetch_depth,
+                        &mut out,
+                        &mut None,
+                    )?;
+                    Some(lps)
+                }
+                None => None,
+            };
             let mut keep = (r == 0).then(Vec::new);
+            let at = stager.stats();
             let t0 = Instant::now();
             run_tier(
                 &stager,
@@ -347,18 +401,26 @@ fn measure_policies(
                 &mut keep,
             )?;
             lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
+            timed = timed.plus(&stager.stats().since(&at));
+            if let Some(d) = dram_lps {
+                ratios.push(lps[lps.len() - 1] / d);
+            }
             if let Some(k) = keep {
                 outs.push((policy, k));
             }
         }
         stager.check_invariants(cache_bytes);
-        let st = stager.stats();
+        let st = timed;
         let secs: f64 = lps.iter().map(|l| lookups_per_run as f64 / l).sum();
         let (cached_bytes, _) = stager.cache_usage();
+        let vs_dram = (!ratios.is_empty()).then(|| median(&ratios));
         eprintln!(
-            "{policy}: {:.2} M lookups/s (median of {}), hit rate {:.3} (per lookup {:.3}), {} read",
+            "{policy}: {:.2} M lookups/s (median of {}){}, hit rate {:.3} (per lookup {:.3}), {} read",
             median(&lps) / 1e6,
             lps.len(),
+            vs_dram.map_or(String::new(), |r| format!(
+                " = {r:.3}x DRAM (median of run pairs)"
+            )),
             st.hit_rate(),
             st.lookup_hit_rate(),
             human_bytes(st.ssd_bytes_read as usize)
@@ -367,6 +429,9 @@ fn measure_policies(
             "policy": policy.name(),
             "lookups_per_s": median(&lps),
             "run_lookups_per_s": lps,
+            "vs_dram_paired": vs_dram,
+            "batches_staged": st.batches,
+            "run_vs_dram": ratios,
             "hit_rate": st.hit_rate(),
             "lookup_hit_rate": st.lookup_hit_rate(),
             "ssd_bytes_read": st.ssd_bytes_read,
@@ -384,31 +449,32 @@ fn measure_policies(
     Ok((results, outs))
 }
 
-/// The same tables built in memory from the seed, on the same batches as the tier: lookups/s
-/// per run, and whether every policy's output equalled theirs bit for bit (skipped, saying why,
-/// when the tables do not fit the memory available).
-fn measure_dram(
-    t: &TieredArgs,
-    s: Shape,
-    pooler: &Pooler,
-    runs: &[&[KeyedJagged]],
-    lookups_per_run: usize,
-    outs: &[(CachePolicy, Vec<f32>)],
-) -> Result<(Option<Vec<f64>>, Option<bool>)> {
+/// What the tier's runs are held against: the disk's random-read rate, and the tables in DRAM
+/// (each tier run is paired with a DRAM run of the same batches).
+struct Peers<'a> {
+    disk_iops: f64,
+    dram: Option<&'a EmbeddingCollection>,
+}
+
+/// The same tables built in memory from the seed (`None`, saying why, when `--no-dram` or when
+/// they do not fit the memory available; the cache is allowed for).
+fn dram_tables(t: &TieredArgs, s: Shape) -> Result<Option<EmbeddingCollection>> {
     let a = &t.embed;
     if t.no_dram {
-        return Ok((None, None));
+        return Ok(None);
     }
     let total_bytes = s.tables * s.rows * a.dtype.row_bytes(s.dim);
+    let need = total_bytes + (t.cache_mb << 20);
     if let Some(avail) = mem_available()
-        && total_bytes as f64 > 0.85 * avail as f64
+        && need as f64 > 0.85 * avail as f64
     {
         eprintln!(
-            "dram: skipped, {} of tables but {} of memory available",
+            "dram: skipped, {} of tables and {} of cache but {} of memory available",
             human_bytes(total_bytes),
+            human_bytes(t.cache_mb << 20),
             human_bytes(avail)
         );
-        return Ok((None, None));
+        return Ok(None);
     }
     let t0 = Instant::now();
     let (coll, _) = setup::seeded_tables(a, s, a.pages())?;
@@ -417,20 +483,37 @@ fn measure_dram(
         human_bytes(total_bytes),
         t0.elapsed().as_secs_f64()
     );
+    Ok(Some(coll))
+}
+
+/// The DRAM tables on the same batches as the tier: lookups/s
+/// per run, and whether every policy's output equalled theirs bit for bit (skipped, saying why,
+/// when the tables do not fit the memory available).
+fn measure_dram(
+    coll: Option<&EmbeddingCollection>,
+    s: Shape,
+    pooler: &Pooler,
+    runs: &[&[KeyedJagged]],
+    lookups_per_run: usize,
+    outs: &[(CachePolicy, Vec<f32>)],
+) -> Result<(Option<Vec<f64>>, Option<bool>)> {
+    let Some(coll) = coll else {
+        return Ok((None, None));
+    };
     let mut out = vec![0f32; s.batch * s.tables * s.dim];
     // Warm-up, then the same timed batches as the tier.
-    run_dram(&coll, pooler, runs[0], &mut out)?;
+    run_dram(coll, pooler, runs[0], &mut out)?;
     let mut lps = Vec::new();
     for batches in runs {
         let t0 = Instant::now();
-        run_dram(&coll, pooler, batches, &mut out)?;
+        run_dram(coll, pooler, batches, &mut out)?;
         lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
     }
     let mut checked = None;
     if !outs.is_empty() {
         // Each policy's output on the last batch of its first run, against DRAM's.
         let last = runs[0].last().context("no batches")?;
-        pooler.run(&coll, coll.validate(last)?, &mut out)?;
+        pooler.run(coll, coll.validate(last)?, &mut out)?;
         for (policy, tier_out) in outs {
             let same = tier_out.len() == out.len()
                 && tier_out

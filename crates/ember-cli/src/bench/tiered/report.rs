@@ -159,6 +159,11 @@ impl Report {
         if let Some(d) = dram_lps {
             println!("  best tier / dram: {:.3}x", best_lps / d);
         }
+        if let Some(r) = best["vs_dram_paired"].as_f64() {
+            println!(
+                "  best tier / dram, each tier run against a DRAM run of the same batches just before it: {r:.3}x (median of pairs)"
+            );
+        }
         if let Some(m) = mmap_lps {
             println!("  best tier / cold mmap: {:.2}x", best_lps / m);
         }
@@ -194,6 +199,7 @@ impl Report {
                 "mmap_cold_run_lookups_per_s": self.mmap.as_ref().map(|(v, _)| v.clone()),
                 "mmap_resident_fraction_before": self.mmap.as_ref().map(|(_, r)| r.clone()),
                 "ratio_to_dram": dram_lps.map(|d| best_lps / d),
+                "ratio_to_dram_paired": best["vs_dram_paired"],
                 "ratio_to_mmap_cold": mmap_lps.map(|m| best_lps / m),
                 "mmap_budget_lookups_per_s": budget_lps,
                 "mmap_budget_run_lookups_per_s": self.mmap_budget.as_ref().map(|j| j["run_lookups_per_s"].clone()),

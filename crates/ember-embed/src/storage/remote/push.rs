@@ -66,6 +66,8 @@ pub struct PushReport {
     pub blocks_skipped: usize,
     /// Seconds writing (and verifying) blocks.
     pub seconds: f64,
+    /// Of which reading every block back and checking its CRC.
+    pub verify_seconds: f64,
     /// Rounds where fewer replicas than asked acknowledged the writes in time, and did not by
     /// the end of the push either (0 when a last `WAIT` for everything succeeded).
     pub unreplicated_rounds: usize,
@@ -215,6 +217,7 @@ pub fn push<T: RowSource>(
         blocks: manifest.tables.iter().map(ManifestTable::blocks).sum(),
         blocks_skipped: 0,
         seconds: 0.0,
+        verify_seconds: 0.0,
         unreplicated_rounds: 0,
     };
     let t0 = Instant::now();
@@ -285,7 +288,9 @@ pub fn push<T: RowSource>(
     // Every block read back from its primary and checked against the CRC of its source (the
     // ones an interrupted push landed too). A block that differs leaves `done`: pushing again
     // rewrites it.
+    let tv = Instant::now();
     let check = check_blocks(cluster, &manifest, false, opts.round_timeout)?;
+    report.verify_seconds = tv.elapsed().as_secs_f64();
     if !check.bad.is_empty() {
         let mut hdel = redis::cmd("HDEL");
         hdel.arg(&done_key);
