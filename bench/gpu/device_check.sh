@@ -9,7 +9,7 @@
 #   strip -o .gpu/gpu_props target/release/deps/gpu_props-<hash>     (likewise nvrtc_compile,
 #   and the crate's unit tests as .gpu/ember_cuda_unit); cp <trace> .gpu/
 #
-#   bench/gpu/device_check.sh [--dir .gpu] [--out DIR] [--steps tools,tests,model,ncu,sanitize,bench,full]
+#   bench/gpu/device_check.sh [--dir .gpu] [--out DIR] [--steps tools,tests,model,ncu,serve,sanitize,bench,full]
 #
 # Logs go to OUT (default $OUT, else bench/gpu/out) as one tarball plus summary.txt.
 set -uo pipefail
@@ -123,6 +123,48 @@ if want ncu; then
     grep -E "Memory Throughput|DRAM Throughput|L2 Hit Rate|L1/TEX Hit|Achieved Occupancy|Registers Per|Duration" \
       "$LOG/ncu_$v.txt" | head -n 16 | tee -a "$SUMMARY"
   done
+fi
+
+if want serve; then
+  # `predict` and `serve` with --device cuda on the shipped model, against the CPU: the same
+  # scores, a bad request refused with 400, and a short fixed-rate load on each server.
+  step predict_cpu 120 "$E" predict --out "$LOG/pred_cpu.txt"
+  step predict_gpu 120 "$E" predict --device cuda --gpu-variant prefetch --out "$LOG/pred_gpu.txt"
+  grep -hiE "auc|samples/s" "$LOG/predict_cpu.txt" "$LOG/predict_gpu.txt" | tee -a "$SUMMARY"
+  "$E" serve --device cuda --gpu-variant prefetch --http 127.0.0.1:9300 --grpc off \
+    > "$LOG/serve_gpu.txt" 2>&1 &
+  GPID=$!
+  "$E" serve --http 127.0.0.1:9301 --grpc off > "$LOG/serve_cpu.txt" 2>&1 &
+  CPID=$!
+  for _ in $(seq 60); do
+    curl -sf -o /dev/null 127.0.0.1:9300/v2/health/ready && curl -sf -o /dev/null 127.0.0.1:9301/v2/health/ready && break
+    sleep 1
+  done
+  curl -s --data-binary @"$ROOT/data/sample.tsv" 127.0.0.1:9300/v1/score > "$LOG/serve_gpu_scores.txt"
+  curl -s --data-binary @"$ROOT/data/sample.tsv" 127.0.0.1:9301/v1/score > "$LOG/serve_cpu_scores.txt"
+  python3 - "$LOG" <<'PY' | tee -a "$SUMMARY"
+import sys
+d = sys.argv[1]
+def read(name):
+    try:
+        return [float(x) for x in open(f"{d}/{name}").read().split()]
+    except (OSError, ValueError) as e:
+        return f"unreadable ({e})"
+for a, b in (("pred_cpu.txt", "pred_gpu.txt"), ("serve_cpu_scores.txt", "serve_gpu_scores.txt")):
+    x, y = read(a), read(b)
+    if isinstance(x, str) or isinstance(y, str) or len(x) != len(y) or not x:
+        print(f"{a} vs {b}: cannot compare: {x if isinstance(x, str) else len(x)} / {y if isinstance(y, str) else len(y)}")
+    else:
+        print(f"{a} vs {b}: {len(x)} scores, max |cpu - gpu| = {max(abs(p - q) for p, q in zip(x, y)):.2e}")
+PY
+  echo "bad request on the GPU server: HTTP $(curl -s -o "$LOG/serve_gpu_bad.txt" -w '%{http_code}' --data-binary 'not a row' 127.0.0.1:9300/v1/score) $(head -c 200 "$LOG/serve_gpu_bad.txt")" | tee -a "$SUMMARY"
+  for q in 2000 8000; do
+    step "load_gpu_$q" 60 "$E" loadgen --url http://127.0.0.1:9300 --format tsv --qps "$q" --duration 10
+    step "load_cpu_$q" 60 "$E" loadgen --url http://127.0.0.1:9301 --format tsv --qps "$q" --duration 10
+    grep -hE "p99|achieved|requests/s|errors" "$LOG/load_gpu_$q.txt" "$LOG/load_cpu_$q.txt" | head -n 12 | tee -a "$SUMMARY"
+  done
+  curl -s 127.0.0.1:9300/v2/health/ready -o /dev/null -w "GPU server ready after the load: %{http_code}\n" | tee -a "$SUMMARY"
+  kill "$GPID" "$CPID"; wait "$GPID" "$CPID" 2>/dev/null
 fi
 
 if want sanitize; then
