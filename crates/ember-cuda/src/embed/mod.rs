@@ -192,6 +192,15 @@ struct Bufs {
     staged: Option<CudaEvent>,
 }
 
+impl Drop for Bufs {
+    fn drop(&mut self) {
+        // The page-locked buffers are freed after this: no copy may still be reading them.
+        if let Some(e) = &self.staged {
+            let _ = e.synchronize();
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct HostBufs {
     offsets: Pinned<i64>,

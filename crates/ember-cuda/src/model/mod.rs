@@ -154,6 +154,13 @@ struct Slot {
     copy_marks: [CudaEvent; 4],
 }
 
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // `host_dense` is freed after this: the slot's last upload must have read it.
+        let _ = self.ready.synchronize();
+    }
+}
+
 /// Runs a [`GpuModel`]'s forward pass; one per concurrent caller.
 #[derive(Debug)]
 pub struct GpuPredictor {
