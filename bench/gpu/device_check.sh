@@ -44,23 +44,8 @@ step() {
   return $rc
 }
 
-LIBS="$(python3 - <<'PY' 2>/dev/null || true
-import glob, os
-dirs = []
-try:
-    import nvidia
-    dirs = [d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib"))]
-except ImportError:
-    pass
-try:
-    import torch
-    dirs.append(os.path.join(os.path.dirname(torch.__file__), "lib"))
-except ImportError:
-    pass
-print(":".join(dirs))
-PY
-)"
-export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# PyTorch's CUDA libraries for Ember's dynamic loading.
+. "$HERE/cuda_libs.sh"
 export EMBER_TUNE_CACHE="$LOG/cuda-tune.json"
 export RUST_BACKTRACE=1
 
@@ -72,7 +57,7 @@ if want tools; then
     python3 -c 'import torch; p = torch.cuda.get_device_properties(0); print(torch.__version__, p.name, p.multi_processor_count, "SMs", getattr(p, "L2_cache_size", "?"), "B L2")'
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     for l in libcuda.so.1 libnvrtc.so.13 libcublas.so.13; do
-      echo "$l: $(ldconfig -p | grep -m1 "$l" || find ${LIBS//:/ } -name "$l*" 2>/dev/null | head -1)"
+      echo "$l: $(ldconfig -p | grep -m1 "$l" || find ${CUDA_LIBS//:/ } -name "$l*" 2>/dev/null | head -1)"
     done
   } > "$LOG/tools.txt" 2>&1
   head -n 40 "$LOG/tools.txt" | grep -E "H100|H200|NVIDIA|Version|release|SMs|lib" | tee -a "$SUMMARY"

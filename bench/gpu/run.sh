@@ -33,23 +33,8 @@ done
 [ -f "$TRACE" ] || { echo "no trace at $TRACE (pass --trace PATH to reuse_medium_table_500K.txt)" >&2; exit 2; }
 mkdir -p "$OUT"
 
-# PyTorch's CUDA libraries (libnvrtc.so.13, libcublas.so.13) for Ember's dynamic loading.
-LIBS="$("$PYTHON" - <<'PY' 2>/dev/null || true
-import glob, os
-try:
-    import nvidia
-    dirs = [d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib"))]
-except ImportError:
-    dirs = []
-try:
-    import torch
-    dirs.append(os.path.join(os.path.dirname(torch.__file__), "lib"))
-except ImportError:
-    pass
-print(":".join(dirs))
-PY
-)"
-export LD_LIBRARY_PATH="${LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# PyTorch's CUDA libraries for Ember's dynamic loading.
+. "$HERE/cuda_libs.sh"
 export EMBER_TUNE_CACHE="$OUT/cuda-tune.json"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"

@@ -13,13 +13,13 @@ use crate::kernels::DEDUP_SRC;
 impl EmbedRun {
     /// Per batch: where each feature's distinct rows go in the compact buffer, and the
     /// descriptors that pool from there.
-    pub(super) fn prepare_dedup(&mut self, emb: &GpuEmbeddings, offsets: &[i64]) -> Result<()> {
+    pub(super) fn prepare_dedup(&mut self, emb: &GpuEmbeddings, offsets: &[usize]) -> Result<()> {
         let gpu = self.gpu.clone();
         let stream = &self.upload_stream();
         let nf = emb.feat_table.len();
         let b = self.batch;
         let d = self.dedup.get_or_insert_with(DedupBufs::default);
-        let feat_start: Vec<i64> = (0..=nf).map(|f| offsets[f * b]).collect();
+        let feat_start: Vec<i64> = (0..=nf).map(|f| offsets[f * b] as i64).collect();
         let mut cap_start = vec![0i64; nf + 1];
         let mut compact_off = vec![0usize; nf];
         let mut bytes = 0usize;

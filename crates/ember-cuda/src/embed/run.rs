@@ -118,7 +118,7 @@ impl EmbedRun {
         match kj.ids() {
             Ids::I64(v) if self.id64 => {
                 let h = host.ids64.get(&ctx, n)?;
-                h.copy_from_slice(v);
+                fill(h, v, |i| i);
                 let b = self.bufs.ids64.ensure(&gpu, n)?;
                 stream
                     .memcpy_htod(&*h, &mut b.slice_mut(..n))
@@ -138,7 +138,7 @@ impl EmbedRun {
         }
         if let (Pooling::WeightedSum, Some(w)) = (self.pooling, kj.weights()) {
             let h = host.weights.get(&ctx, w.len())?;
-            h.copy_from_slice(w);
+            fill(h, w, |x| x);
             let b = self.bufs.weights.ensure(&gpu, w.len())?;
             stream
                 .memcpy_htod(&*h, &mut b.slice_mut(..w.len()))
@@ -154,9 +154,8 @@ impl EmbedRun {
             .out
             .ensure(&gpu, self.batch * emb.total_dim.max(1))?;
         if self.variant == Variant::Dedup {
-            // The host's offsets: the staging copy is write-combined, slow to read.
-            let offsets: Vec<i64> = kj.offsets().iter().map(|&o| o as i64).collect();
-            self.prepare_dedup(emb, &offsets)?;
+            // The batch's own offsets (the staging copy is write-combined, slow to read).
+            self.prepare_dedup(emb, kj.offsets())?;
         }
         self.uploaded = true;
         Ok(())

@@ -24,7 +24,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::setup::{self, EmbedArgs};
-use super::tiered::run_tier;
+use super::tiered::{WarmPairs, batches_before, run_tier};
 
 mod ceiling;
 mod layouts;
@@ -175,7 +175,6 @@ pub fn run(r: RemoteArgs) -> Result<()> {
     }
     // What the tier must give on the last batch of the first run, bit for bit.
     let want = out.clone();
-    let mut scratch = out.clone();
     let mut dram_lps = Vec::new();
     for batches in &runs {
         let t0 = Instant::now();
@@ -232,55 +231,30 @@ pub fn run(r: RemoteArgs) -> Result<()> {
             stager.take_fetch_samples();
             let mut lps = Vec::new();
             let mut dram_secs = 0.0;
-            // Each tier run right after a DRAM run of the same batches: the ratio is taken per
-            // pair, as this machine's speed drifts between runs (DRAM measured once moved 2.6x).
-            // So that neither side runs on CPU caches the other one filled, each timed run
-            // follows an untimed run of the batches before it (as in a steady stream); the
+            // Each timed tier run against a DRAM run of the same batches (see `WarmPairs`: as
+            // this machine's speed drifts between runs, DRAM measured once moved 2.6x); the
             // tier's counters and fetch samples cover the timed runs only.
             let mut ratios = Vec::new();
             let mut timed = TierStats::default();
             let mut samples = Vec::new();
+            let pairs = WarmPairs {
+                stager: &stager,
+                coll: &coll,
+                dram: Some(&dram),
+                pooler: &pooler,
+                depth: r.prefetch_depth,
+                lookups_per_run,
+            };
             for (k, batches) in runs.iter().enumerate() {
-                let before = match k {
-                    0 => &warmup[warmup.len().saturating_sub(batches.len())..],
-                    _ => runs[k - 1],
-                };
-                for kj in before {
-                    pooler.run(&dram, dram.validate(kj)?, &mut scratch)?;
-                }
-                let t0 = Instant::now();
-                for kj in *batches {
-                    pooler.run(&dram, dram.validate(kj)?, &mut scratch)?;
-                }
-                dram_secs += t0.elapsed().as_secs_f64();
-                let dram_run = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
-                run_tier(
-                    &stager,
-                    &coll,
-                    &pooler,
-                    before,
-                    r.prefetch_depth,
-                    &mut out,
-                    &mut None,
-                )?;
-                stager.take_fetch_samples();
-                let at = stager.stats();
-                let t0 = Instant::now();
-                run_tier(
-                    &stager,
-                    &coll,
-                    &pooler,
-                    batches,
-                    r.prefetch_depth,
-                    &mut out,
-                    &mut None,
-                )?;
-                let tier_run = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
-                timed = timed.plus(&stager.stats().since(&at));
+                let before = batches_before(&warmup, &runs, k);
+                let pair = pairs.run(before, batches, &mut out, &mut None)?;
+                let dram_run = pair.dram.expect("paired with DRAM");
+                dram_secs += lookups_per_run as f64 / dram_run;
+                timed = timed.plus(&pair.stats);
                 samples.extend(stager.take_fetch_samples());
-                lps.push(tier_run);
-                ratios.push(tier_run / dram_run);
-                if std::ptr::eq(*batches, runs[0]) {
+                lps.push(pair.tier);
+                ratios.push(pair.tier / dram_run);
+                if k == 0 {
                     ensure!(
                         out.iter()
                             .zip(&want)

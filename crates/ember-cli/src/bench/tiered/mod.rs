@@ -356,54 +356,25 @@ fn measure_policies(
         );
         stager.reset_stats();
         let mut lps = Vec::new();
-        // Tier run / the DRAM run just before it, of the same batches: this machine's speed
-        // drifts between runs, so the ratio is taken per pair. So that neither side runs on CPU
-        // caches the other one filled, each timed run follows an untimed run of the batches
-        // before it (as in a steady stream of batches).
+        // Each timed tier run against a DRAM run of the same batches (see `WarmPairs`).
         let mut ratios = Vec::new();
-        let mut scratch = vec![0f32; s.batch * s.tables * s.dim];
-        // The tier's counters over the timed runs only.
         let mut timed = TierStats::default();
+        let pairs = WarmPairs {
+            stager: &stager,
+            coll: &coll,
+            dram,
+            pooler,
+            depth: t.prefetch_depth,
+            lookups_per_run,
+        };
         for (r, batches) in runs.iter().enumerate() {
-            let before = match r {
-                0 => &work.warmup[work.warmup.len().saturating_sub(batches.len())..],
-                _ => runs[r - 1],
-            };
-            let dram_lps = match dram {
-                Some(dcoll) => {
-                    run_dram(dcoll, pooler, before, &mut scratch)?;
-                    let t0 = Instant::now();
-                    run_dram(dcoll, pooler, batches, &mut scratch)?;
-                    let lps = lookups_per_run as f64 / t0.elapsed().as_secs_f64();
-                    run_tier(
-                        &stager,
-                        &coll,
-                        pooler,
-                        before,
-                        t.prefetch_depth,
-                        &mut out,
-                        &mut None,
-                    )?;
-                    Some(lps)
-                }
-                None => None,
-            };
+            let before = batches_before(&work.warmup, &runs, r);
             let mut keep = (r == 0).then(Vec::new);
-            let at = stager.stats();
-            let t0 = Instant::now();
-            run_tier(
-                &stager,
-                &coll,
-                pooler,
-                batches,
-                t.prefetch_depth,
-                &mut out,
-                &mut keep,
-            )?;
-            lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
-            timed = timed.plus(&stager.stats().since(&at));
-            if let Some(d) = dram_lps {
-                ratios.push(lps[lps.len() - 1] / d);
+            let pair = pairs.run(before, batches, &mut out, &mut keep)?;
+            lps.push(pair.tier);
+            timed = timed.plus(&pair.stats);
+            if let Some(d) = pair.dram {
+                ratios.push(pair.tier / d);
             }
             if let Some(k) = keep {
                 outs.push((policy, k));
@@ -570,4 +541,83 @@ fn run_dram(
         pooler.run(coll, coll.validate(kj)?, out)?;
     }
     Ok(())
+}
+
+/// The batches run, untimed, before timed run `k`: the run before it, or the warm-up's tail.
+pub(crate) fn batches_before<'a>(
+    warmup: &'a [KeyedJagged],
+    runs: &[&'a [KeyedJagged]],
+    k: usize,
+) -> &'a [KeyedJagged] {
+    match k {
+        0 => &warmup[warmup.len().saturating_sub(runs[0].len())..],
+        _ => runs[k - 1],
+    }
+}
+
+/// A tier timed against the same tables in DRAM, run pair by run pair (`bench tiered` and
+/// `bench remote`): this machine's speed drifts between runs, so ratios are taken per pair.
+pub(crate) struct WarmPairs<'a> {
+    pub stager: &'a Stager,
+    pub coll: &'a EmbeddingCollection,
+    /// The same tables in DRAM (`None`: the tier alone).
+    pub dram: Option<&'a EmbeddingCollection>,
+    pub pooler: &'a Pooler,
+    pub depth: usize,
+    pub lookups_per_run: usize,
+}
+
+/// What one pair measured.
+pub(crate) struct Pair {
+    /// Lookups/s of the DRAM run and of the tier run.
+    pub dram: Option<f64>,
+    pub tier: f64,
+    /// The tier's counters over its timed run only.
+    pub stats: TierStats,
+}
+
+impl WarmPairs<'_> {
+    /// Times `batches` in DRAM, then through the tier. So that neither side starts on CPU
+    /// caches the other filled, each first runs `before` untimed (as in a steady stream of
+    /// batches; without DRAM the tier's previous run already was `before`). The fetch samples
+    /// of the tier's untimed run are dropped. The tier's output is left in `out`, and kept in
+    /// `keep` when asked.
+    pub(crate) fn run(
+        &self,
+        before: &[KeyedJagged],
+        batches: &[KeyedJagged],
+        out: &mut [f32],
+        keep: &mut Option<Vec<f32>>,
+    ) -> Result<Pair> {
+        let per_s = |t0: Instant| self.lookups_per_run as f64 / t0.elapsed().as_secs_f64();
+        let dram = match self.dram {
+            Some(d) => {
+                run_dram(d, self.pooler, before, out)?;
+                let t0 = Instant::now();
+                run_dram(d, self.pooler, batches, out)?;
+                let lps = per_s(t0);
+                let (s, c, p) = (self.stager, self.coll, self.pooler);
+                run_tier(s, c, p, before, self.depth, out, &mut None)?;
+                self.stager.take_fetch_samples();
+                Some(lps)
+            }
+            None => None,
+        };
+        let at = self.stager.stats();
+        let t0 = Instant::now();
+        run_tier(
+            self.stager,
+            self.coll,
+            self.pooler,
+            batches,
+            self.depth,
+            out,
+            keep,
+        )?;
+        Ok(Pair {
+            dram,
+            tier: per_s(t0),
+            stats: self.stager.stats().since(&at),
+        })
+    }
 }
