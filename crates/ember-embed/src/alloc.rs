@@ -65,6 +65,77 @@ impl RowBuf {
     }
 }
 
+/// Plain data that any bit pattern of its size is a valid value of, and that holds no pointer
+/// or drop glue.
+///
+/// # Safety
+/// Implement only for such types (integers).
+pub(crate) unsafe trait Plain: Copy {}
+// SAFETY: integers: every bit pattern is a value.
+unsafe impl Plain for u32 {}
+// SAFETY: as above.
+unsafe impl Plain for u64 {}
+
+/// A fixed-length array of plain `T` in a [`RowBuf`] on 2 MiB pages where the kernel grants them:
+/// for index arrays read at random (a cache's id -> slot map), where 4 KiB pages would cost a
+/// TLB miss per lookup as they do for table rows.
+pub(crate) struct PageArray<T: Plain> {
+    buf: RowBuf,
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Plain> PageArray<T> {
+    /// `len` copies of `value`.
+    ///
+    /// # Panics
+    /// If the mapping cannot be made (out of address space).
+    pub(crate) fn filled(len: usize, value: T) -> Self {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .unwrap_or_else(|| panic!("array of {len} elements overflows usize"));
+        // Rounded up to whole huge pages from half of one (the kernel backs only whole ones).
+        let map = if bytes >= HUGE_PAGE / 2 {
+            bytes.next_multiple_of(HUGE_PAGE)
+        } else {
+            bytes
+        };
+        let buf = RowBuf::new(map, PagePolicy::Huge)
+            .unwrap_or_else(|e| panic!("cannot map an array of {bytes} bytes: {e}"));
+        let mut a = PageArray {
+            buf,
+            len,
+            _t: std::marker::PhantomData,
+        };
+        a.fill(value);
+        a
+    }
+}
+
+impl<T: Plain> std::ops::Deref for PageArray<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        let bytes = self.buf.as_slice();
+        // SAFETY: the mapping is page aligned (so aligned for `T`) and at least
+        // `len * size_of::<T>()` bytes long, and `T: Plain` makes every byte pattern a valid `T`.
+        unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Plain> std::ops::DerefMut for PageArray<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        let bytes = self.buf.as_mut_slice();
+        // SAFETY: as for `deref`, and `&mut self` borrows the mapping exclusively.
+        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), self.len) }
+    }
+}
+
+impl<T: Plain> std::fmt::Debug for PageArray<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageArray").field("len", &self.len).finish()
+    }
+}
+
 /// Sums `AnonHugePages` of the mappings in `/proc/self/smaps` that overlap `[lo, hi)` (advising a
 /// sub-range splits a mapping, so the buffer may span several).
 fn anon_huge_bytes_in(lo: usize, hi: usize) -> Option<usize> {
@@ -106,6 +177,21 @@ mod tests {
         assert_eq!(b.as_slice()[3 * HUGE_PAGE + 122], 7);
         // Reading smaps works on Linux; whether THP granted pages depends on the host.
         assert!(b.huge_page_bytes().is_some());
+    }
+
+    #[test]
+    fn page_arrays_hold_what_is_written() {
+        for len in [0, 1, 1000, HUGE_PAGE / 4 + 3] {
+            let mut a = PageArray::filled(len, u32::MAX);
+            assert_eq!(a.len(), len);
+            assert!(a.iter().all(|&x| x == u32::MAX));
+            for (i, x) in a.iter_mut().enumerate() {
+                *x = i as u32;
+            }
+            assert!(a.iter().enumerate().all(|(i, &x)| x == i as u32));
+            let b = PageArray::filled(len, 7u64);
+            assert!(b.iter().all(|&x| x == 7));
+        }
     }
 
     #[test]

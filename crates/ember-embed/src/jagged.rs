@@ -314,6 +314,13 @@ impl RowIndex for u32 {
     }
 }
 
+impl RowIndex for usize {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self
+    }
+}
+
 impl RowIndex for i64 {
     #[inline(always)]
     fn idx(self) -> usize {

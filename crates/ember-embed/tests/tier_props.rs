@@ -807,3 +807,87 @@ fn large_batches_staged_in_parallel_equal_in_memory() {
         }
     }
 }
+
+/// Pinned rows are read in place without a hold; a batch still in flight when the pinned set is
+/// replaced keeps reading its rows intact (the old pinned slots are held for it until it is
+/// dropped), and nothing stays held after.
+#[test]
+fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
+    let dir = TempDir::new("repin");
+    let mut rng = SmallRng::seed_from_u64(13);
+    let t = random_table(&mut rng, "t", 4000, 16, DType::F32);
+    let p = dir.path("t.rows");
+    write(&t, &p);
+    let tier =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    let mem = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).unwrap(),
+    ])
+    .unwrap();
+    // 100 rows of cache, all pinned, the pinned set taken from the live counts after every batch.
+    let budget = 100 * 64;
+    let stager = Stager::new(
+        &tier,
+        TierOptions {
+            cache_bytes: budget,
+            policy: CachePolicy::Pinned,
+            pin_fraction: Some(1.0),
+            refresh_batches: 1,
+            ..TierOptions::default()
+        },
+    )
+    .unwrap();
+    let pooler = Pooler::new(PoolOptions::default()).unwrap();
+    let batch = |lo: u32, n: u32| {
+        let ids: Vec<u32> = (0..2 * n).map(|i| lo + (i * 7) % n).collect();
+        KeyedJagged::from_lengths(vec!["t".into()], 2, &[n as usize; 2], Ids::U32(ids), None)
+            .unwrap()
+    };
+    let check = |kj: &KeyedJagged, staged: &tier::StagedBatch| {
+        let mut want = vec![0f32; 2 * 16];
+        pooler
+            .run(&mem, mem.validate(kj).unwrap(), &mut want)
+            .unwrap();
+        let mut got = vec![f32::NAN; want.len()];
+        pooler
+            .run_staged(&tier, tier.validate(kj).unwrap(), staged, &mut got)
+            .unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "staged {got:?} != in memory {want:?}"
+        );
+    };
+    // The first batch's rows are fetched, then pinned by the refresh after it.
+    let hot = batch(0, 50);
+    drop(stager.stage(&tier, tier.validate(&hot).unwrap()).unwrap());
+    assert!((0..50).all(|id| stager.is_pinned(0, id)));
+    // `a` reads them pinned: unheld.
+    let before = stager.stats();
+    let a = stager.stage(&tier, tier.validate(&hot).unwrap()).unwrap();
+    let d = stager.stats().since(&before);
+    assert_eq!((d.hits, d.misses, d.lookup_hits), (50, 0, 100));
+    assert_eq!(a.in_place(), (1, 1));
+    // Cold batches while `a` lives: each refresh pins their rows instead, which would evict
+    // and overwrite the rows `a` reads if they were not held for it.
+    for b in 0..6 {
+        let cold = batch(1000 + 100 * b, 100);
+        let s = stager.stage(&tier, tier.validate(&cold).unwrap()).unwrap();
+        check(&cold, &s);
+        stager.check_invariants(budget);
+    }
+    let still: Vec<u64> = (0..50).filter(|&id| stager.is_pinned(0, id)).collect();
+    assert!(still.is_empty(), "{still:?}");
+    check(&hot, &a);
+    drop(a);
+    // Once `a` is gone, its rows are let go, and evicted by the next batches.
+    assert_eq!(stager.held_slots(), 0);
+    for b in 0..2 {
+        let cold = batch(2000 + 100 * b, 100);
+        drop(stager.stage(&tier, tier.validate(&cold).unwrap()).unwrap());
+    }
+    stager.check_invariants(budget);
+    assert_eq!(stager.held_slots(), 0);
+}

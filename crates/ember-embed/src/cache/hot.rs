@@ -39,6 +39,11 @@ impl HotCounts {
         self.on = on;
     }
 
+    /// Whether `count` counts.
+    pub(super) fn is_on(&self) -> bool {
+        self.on
+    }
+
     /// Ids with a count now.
     pub(super) fn len(&self) -> usize {
         self.counts.len()

@@ -30,6 +30,12 @@ impl RowCache {
                 );
             } else {
                 assert_ne!(st, SlotState::Transient, "cache slot {s} is a staging slot");
+                let stable = st == SlotState::Pinned || (self.covers && st != SlotState::Free);
+                assert_eq!(
+                    self.pin_bit(s as u32),
+                    stable,
+                    "cache slot {s} is {st:?} but its stable bit disagrees"
+                );
                 assert!(
                     st != SlotState::Free || h == 0,
                     "free slot {s} held {h} times"
@@ -60,14 +66,22 @@ impl RowCache {
             self.resident_bytes() <= cap * self.row_bytes,
             "resident bytes over budget"
         );
-        assert_eq!(
-            self.len() + self.free.len(),
-            cap,
-            "resident + free != capacity"
-        );
+        if self.covers {
+            assert!(self.free.is_empty(), "a covering cache keeps no free list");
+        } else {
+            assert_eq!(
+                self.len() + self.free.len(),
+                cap,
+                "resident + free != capacity"
+            );
+        }
         for (id, slot) in self.map.iter() {
             let s = slot as usize;
             assert!(s < cap, "id {id} maps to slot {slot} >= capacity");
+            assert!(
+                !self.covers || u64::from(slot) == id,
+                "covering cache holds id {id} in slot {slot}"
+            );
             assert_ne!(
                 self.slots[s].state,
                 SlotState::Free,
@@ -153,11 +167,14 @@ impl RowCache {
                         "sample position of {slot}"
                     );
                 }
-                let sketch = self.sketch.as_ref().expect("Lfu has a sketch");
-                assert!(
-                    sketch.counters().all(|&c| c <= COUNTER_MAX),
-                    "sketch counter"
-                );
+                // A covering cache never evicts nor refuses a row: it keeps no sketch.
+                assert_eq!(self.sketch.is_none(), self.covers, "Lfu keeps a sketch");
+                if let Some(sketch) = &self.sketch {
+                    assert!(
+                        sketch.counters().all(|&c| c <= COUNTER_MAX),
+                        "sketch counter"
+                    );
+                }
             }
         }
         assert!(

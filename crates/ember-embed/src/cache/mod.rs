@@ -52,6 +52,7 @@ mod hash;
 mod hot;
 mod invariants;
 mod lru;
+mod pins;
 mod sample;
 mod sketch;
 mod slab;
@@ -61,6 +62,7 @@ mod tests;
 
 use hot::HotCounts;
 use lru::LruList;
+pub use pins::PinEpoch;
 use sample::{Order, RNG_SEED, SAMPLES, SampleSet};
 use sketch::Sketch;
 pub use slab::Slab;
@@ -136,6 +138,16 @@ pub struct RowCache {
     free: Vec<u32>,
     /// Pinned slots, in pin order.
     pinned: Vec<u32>,
+    /// One bit per cache slot, set while its row is *stable*: pinned, or resident in a cache
+    /// that covers its ids (see `pins.rs`).
+    pin_bits: Vec<u64>,
+    /// Whether the capacity covers every id below the index's bound ([`RowCache::with_id_bound`]):
+    /// id `i` then lives in slot `i`, nothing is ever evicted, and every resident row is stable.
+    covers: bool,
+    /// The pinned set's epoch, shared with batches that read pinned slots without holding them,
+    /// and the slots of earlier sets held until no batch shares their epoch (see `pins.rs`).
+    pin_epoch: PinEpoch,
+    retired: Vec<(PinEpoch, Vec<u32>)>,
     order: Order,
     /// Frequency sketch (Lfu only).
     sketch: Option<Sketch>,
@@ -154,6 +166,10 @@ pub enum Marked {
     First(u32),
     /// Seen before in the pass: the position given to it then.
     Again(u32),
+    /// Stable (pinned, or resident in a cache that covers every id) in this slot: read it
+    /// without a hold while keeping [`RowCache::pin_epoch`]; nothing was recorded or marked (see
+    /// `pins.rs`).
+    Stable(u32),
 }
 
 impl fmt::Debug for RowCache {
@@ -228,6 +244,10 @@ impl RowCache {
             map: SlotMap::with_capacity(capacity),
             free: (0..capacity as u32).rev().collect(),
             pinned: Vec::with_capacity(capacity),
+            pin_bits: vec![0; capacity.div_ceil(64)],
+            covers: false,
+            pin_epoch: PinEpoch::default(),
+            retired: Vec::new(),
             order,
             sketch,
             hot: HotCounts::new(capacity),
@@ -239,14 +259,29 @@ impl RowCache {
     /// Declares that every id this cache will see is below `bound` (a table's row count): the id
     /// -> slot map becomes a plain array of `bound` slots where that takes no more memory than
     /// the hash map (see `slotmap.rs`). An id at or above the bound is then never resident, and
-    /// inserting one panics.
+    /// inserting one panics. Where the capacity covers every id below the bound, id `i` lives in
+    /// slot `i` and nothing is evicted ([`covers_ids`](Self::covers_ids)).
     ///
     /// # Panics
     /// If a row is resident already.
     pub fn with_id_bound(mut self, bound: usize) -> Self {
         assert!(self.map.is_empty(), "id bound set on a cache with rows");
         self.map = SlotMap::for_ids_below(self.capacity, bound);
+        // Room for every id: each gets the slot of its own number, never evicted (`pins.rs`).
+        self.covers = self.map.is_dense() && self.capacity >= bound;
+        if self.covers {
+            self.free.clear();
+            // Nothing to admit or evict by frequency: no sketch to keep up.
+            self.sketch = None;
+        }
         self
+    }
+
+    /// Whether the capacity covers every id below the bound given to
+    /// [`with_id_bound`](Self::with_id_bound): each id then lives in the slot of its own
+    /// number, no row is ever evicted, and every resident row is read in place without a hold.
+    pub fn covers_ids(&self) -> bool {
+        self.covers
     }
 
     /// Whether the id -> slot map is a plain array (see [`RowCache::with_id_bound`]).
@@ -334,11 +369,20 @@ impl RowCache {
         Some(self.row(slot))
     }
 
+    /// The row of `id` if resident, recording nothing (no access count, no recency).
+    pub fn peek(&self, id: u64) -> Option<&[u8]> {
+        let slot = *self.map.get(&id)?;
+        Some(self.row(slot))
+    }
+
     /// Asks the CPU to bring what a lookup of `id` reads first (its map bucket) into cache; for
     /// loops over many ids, some ids ahead of [`find`](Self::find) or
     /// [`get_held`](Self::get_held).
     #[inline(always)]
     pub fn prefetch(&self, id: u64) {
+        if self.covers {
+            return;
+        }
         self.map.prefetch(id);
         if let Some(sketch) = &self.sketch {
             sketch.prefetch(id);
@@ -421,7 +465,10 @@ impl RowCache {
     /// [`Marked::First`], to be held with [`hold`](Self::hold) before anything else changes the
     /// cache. Every later time in the pass it returns that `pos` ([`Marked::Again`]) and records
     /// nothing. An absent id records nothing either ([`Marked::Absent`]): call
-    /// [`find`](Self::find) once per distinct absent id. Nothing else may change the cache
+    /// [`find`](Self::find) once per distinct absent id. A stable id (pinned, or resident in a
+    /// covering cache) is neither marked nor recorded ([`Marked::Stable`], every time): call
+    /// [`record_access`](Self::record_access) once per distinct stable id, and keep
+    /// [`pin_epoch`](Self::pin_epoch) while reading its slot. Nothing else may change the cache
     /// during a pass.
     ///
     /// # Panics
@@ -432,9 +479,19 @@ impl RowCache {
             mark == self.mark && mark != 0,
             "find_marked with a stale mark"
         );
+        if self.covers {
+            // Slot `id` if resident: one bit, not the map.
+            return match u32::try_from(id) {
+                Ok(slot) if self.pin_bit(slot) => Marked::Stable(slot),
+                _ => Marked::Absent,
+            };
+        }
         let Some(&slot) = self.map.get(&id) else {
             return Marked::Absent;
         };
+        if self.pin_bit(slot) {
+            return Marked::Stable(slot);
+        }
         let rec = &mut self.slots[slot as usize];
         if rec.mark == mark {
             return Marked::Again(rec.pos);
@@ -452,7 +509,10 @@ impl RowCache {
     /// map: bring that in first ([`prefetch`](Self::prefetch) some ids before).
     #[inline(always)]
     pub fn prefetch_record(&self, id: u64) {
-        if let Some(&slot) = self.map.get(&id) {
+        if !self.covers
+            && let Some(&slot) = self.map.get(&id)
+            && !self.pin_bit(slot)
+        {
             self.prefetch_release(slot);
         }
     }
@@ -548,7 +608,7 @@ impl RowCache {
     ///
     /// A row whose length is not `row_bytes()` is refused (returns `false`, changes nothing).
     /// Inserting an id already resident overwrites its bytes and returns `true` (a slot a batch
-    /// holds keeps its bytes: rows of one table version never change). When the cache
+    /// holds, or a pinned slot a batch reads, keeps its bytes: rows of one table version never change). When the cache
     /// is full: Lru / Pinned evict the least recently used unpinned row; Lfu admits `id` only if
     /// its estimated frequency is strictly greater than the sampled victim's (else returns
     /// `false` and changes nothing but the sketch). If every resident row is pinned, returns
@@ -559,7 +619,9 @@ impl RowCache {
         }
         // No sketch bump: the `get` that missed already counted this access.
         if let Some(&slot) = self.map.get(&id) {
-            if self.slots[slot as usize].holds == 0 {
+            // A pinned slot may be read by batches that keep its epoch, unheld (`pins.rs`).
+            let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
+            if self.slots[slot as usize].holds == 0 && !read_unheld {
                 self.write_row(slot, row);
                 if self.slots[slot as usize].state == SlotState::Cached {
                     self.order.touch(&mut self.slots, slot);
@@ -567,7 +629,7 @@ impl RowCache {
             }
             return true;
         }
-        let slot = match self.free.pop() {
+        let slot = match self.free_slot(id) {
             Some(slot) => slot,
             None => {
                 let Some(victim) = self.victim() else {
@@ -594,8 +656,11 @@ impl RowCache {
     /// before and absent from the new set become ordinary entries (most recently used under
     /// LRU), which making room for the new set may evict. Works under every policy.
     pub fn pin<'a>(&mut self, rows: impl IntoIterator<Item = (u64, &'a [u8])>) {
+        self.retire_pins();
         let mut old = std::mem::take(&mut self.pinned);
         for &slot in &old {
+            // In a covering cache every resident row stays stable.
+            self.set_pin_bit(slot, self.covers);
             self.slots[slot as usize].state = SlotState::Cached;
             if self.slots[slot as usize].holds == 0 {
                 self.order.push(&mut self.slots, slot);
@@ -617,14 +682,16 @@ impl RowCache {
                         self.order.remove(&mut self.slots, slot);
                     }
                     self.slots[slot as usize].state = SlotState::Pinned;
+                    self.set_pin_bit(slot, true);
                     self.pinned.push(slot);
                 }
-                if !held {
+                let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
+                if !held && !read_unheld {
                     self.write_row(slot, row);
                 }
                 continue;
             }
-            let slot = match self.free.pop() {
+            let slot = match self.free_slot(id) {
                 Some(slot) => slot,
                 None => {
                     // Fewer than `capacity` rows are pinned, so a full cache has a victim.
@@ -693,6 +760,17 @@ impl RowCache {
             SlotState::Pinned => self.pinned.push(slot),
             _ => self.order.push(&mut self.slots, slot),
         }
+        self.set_pin_bit(slot, state == SlotState::Pinned || self.covers);
+    }
+
+    /// A free cache slot for the absent `id`, if any: slot `id` in a covering cache.
+    #[inline]
+    fn free_slot(&mut self, id: u64) -> Option<u32> {
+        if self.covers {
+            // Ids of a covering cache are below its bound, which is at most its capacity.
+            return Some(u32::try_from(id).expect("ids of a covering cache fit a slot"));
+        }
+        self.free.pop()
     }
 
     /// Drops the evictable resident of `slot`; the caller reuses the slot.

@@ -10,6 +10,7 @@
 //! smaller, so more of it stays in the CPU's caches (the stager's lookups are random reads).
 
 use super::hash::fold_mul;
+use crate::alloc::PageArray;
 
 /// The id no bucket may hold: marks an empty bucket.
 const EMPTY: u64 = u64::MAX;
@@ -33,7 +34,7 @@ pub(super) struct SlotMap {
     mask: usize,
     /// The slot of each id below its length (`NO_SLOT`: absent), when the map is dense (then
     /// `buckets` is empty).
-    dense: Option<Vec<u32>>,
+    dense: Option<PageArray<u32>>,
     len: usize,
     max: usize,
 }
@@ -75,7 +76,7 @@ impl SlotMap {
         SlotMap {
             buckets: Vec::new(),
             mask: 0,
-            dense: Some(vec![NO_SLOT; bound]),
+            dense: Some(PageArray::filled(bound, NO_SLOT)),
             len: 0,
             max,
         }

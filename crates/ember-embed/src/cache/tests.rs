@@ -123,7 +123,8 @@ proptest! {
     /// RowCache(Lru / Pinned) matches the scalar LRU model op by op.
     #[test]
     fn lru_matches_model(
-        cap in 0usize..10,
+        // Small caches, and caches with room for every id (which then never evict).
+        cap in prop_oneof![0usize..10, 24usize..30],
         row_bytes in 1usize..12,
         pinned_policy in any::<bool>(),
         dense in any::<bool>(),
@@ -135,6 +136,7 @@ proptest! {
             // Ids below 24: the index is a plain array wherever that is no larger.
             cache = cache.with_id_bound(24);
             prop_assert_eq!(cache.has_dense_index(), 24 * 4 <= (2 * cap).next_power_of_two().max(8) * 16);
+            prop_assert_eq!(cache.covers_ids(), cap >= 24);
         }
         let mut model = LruModel::new(cap);
         for (version, op) in (1u64..).zip(ops) {
@@ -440,4 +442,56 @@ fn policy_names_round_trip() {
         "x".parse::<CachePolicy>(),
         Err("'x' is not lru, lfu or pinned".to_string())
     );
+}
+
+/// A cache with room for every id keeps id `i` in slot `i`, answers marked lookups of resident
+/// ids as stable (no map, no mark, no hold), evicts nothing, and never rewrites a stable row
+/// while a batch shares its epoch.
+#[test]
+fn covering_cache_reads_every_resident_row_in_place() {
+    for policy in CachePolicy::ALL {
+        let mut cache = RowCache::new(policy, 40, 4).with_id_bound(32);
+        assert!(cache.covers_ids());
+        for id in (0..32u64).rev().step_by(3) {
+            assert!(cache.insert(id, &pattern(id, 1, 4)));
+        }
+        let mark = cache.next_mark();
+        for id in 0..32u64 {
+            let want = if id % 3 == 31 % 3 {
+                Marked::Stable(id as u32)
+            } else {
+                Marked::Absent
+            };
+            assert_eq!(cache.find_marked(id, mark, 0), want, "{policy} id {id}");
+            assert_eq!(
+                cache.find_marked(id, mark, 0),
+                want,
+                "a stable id is not marked"
+            );
+        }
+        assert_eq!(cache.held_slots(), 0);
+        // Filling every id evicts nothing.
+        for id in 0..32u64 {
+            assert!(cache.insert(id, &pattern(id, 2, 4)));
+        }
+        assert_eq!(cache.len(), 32);
+        // While a batch keeps the epoch, a stable row keeps its bytes.
+        let epoch = cache.pin_epoch();
+        assert!(cache.insert(5, &pattern(5, 3, 4)));
+        assert_eq!(cache.get(5), Some(&pattern(5, 2, 4)[..]));
+        // A new pinned set starts a new epoch: rows read under the old one keep their bytes
+        // until it is let go and reaped.
+        cache.pin([(7u64, &pattern(7, 3, 4)[..])]);
+        assert!(cache.is_pinned(7));
+        assert_eq!(cache.get(7), Some(&pattern(7, 2, 4)[..]));
+        assert!(cache.insert(5, &pattern(5, 3, 4)));
+        assert_eq!(cache.get(5), Some(&pattern(5, 2, 4)[..]));
+        cache.check_invariants();
+        drop(epoch);
+        cache.reap_pins();
+        assert!(cache.insert(5, &pattern(5, 3, 4)));
+        assert_eq!(cache.get(5), Some(&pattern(5, 3, 4)[..]));
+        assert_eq!(cache.held_slots(), 0);
+        cache.check_invariants();
+    }
 }

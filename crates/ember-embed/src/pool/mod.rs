@@ -20,6 +20,7 @@ mod avx2;
 mod avx512;
 mod scalar;
 mod segment;
+mod staged;
 
 use crate::collection::{EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
@@ -27,7 +28,6 @@ use crate::error::{EmbedError, Result};
 use crate::isa::Isa;
 use crate::jagged::{Ids, KeyedJagged, RowIndex};
 use crate::tier::StagedBatch;
-use crate::tier::StagedRows;
 use auto::AutoDedup;
 use rayon::prelude::*;
 use segment::OutPtr;
@@ -381,54 +381,11 @@ impl Pooler {
             prefetch: self.opts.prefetch_distance,
         };
         if resident.is_none() {
-            // A table on the SSD tier: run_inner checked that it was staged for this batch.
+            // A table on the tier: run_inner checked that it was staged for this batch.
             if let Some(sf) = staged.and_then(|s| s.feature(u.feature)) {
                 let local = base - sf.start..end - sf.start;
-                let inverse = &sf.inverse[local.clone()];
-                match &sf.rows {
-                    StagedRows::Slab {
-                        slab, held, slots, ..
-                    } => {
-                        // SAFETY: the stager took `held` and `slots` from slots this batch holds
-                        // until it is dropped (after this call), and the cache writes no held
-                        // slot; the batch's `Arc` keeps the slab alive.
-                        let rows = unsafe { Rows::of_slab(slab) };
-                        // A whole feature's distinct rows are known: gather them once into the
-                        // thread's compact buffer where that pays (as for a table in memory);
-                        // else pool each id from its slot, prefetching as for a table.
-                        let whole = u.b0 == 0 && u.b1 == bsz && !ids.is_empty();
-                        let (dedup, timed) = match self.opts.dedup {
-                            Dedup::Off => (false, false),
-                            Dedup::On => (whole, false),
-                            Dedup::Auto if whole => self
-                                .auto
-                                .choose(u.feature, || held.len() * 100 < ids.len() * 85),
-                            Dedup::Auto => (false, false),
-                        };
-                        let start = timed.then(std::time::Instant::now);
-                        if dedup {
-                            gather_slots(rows, held, table.stride(), direct.prefetch, scratch);
-                            stats.deduped_units += 1;
-                            stats.deduped_lookups += ids.len();
-                            stats.unique_rows += held.len();
-                            self.kernel(&direct.over(Rows::of(&scratch.rows), inverse, 0));
-                        } else {
-                            let slots = &slots[local];
-                            self.kernel(&direct.over(rows, slots, self.opts.prefetch_distance));
-                        }
-                        if let Some(t) = start {
-                            self.auto.record(
-                                u.feature,
-                                dedup,
-                                t.elapsed().as_nanos() as f64 / ids.len() as f64,
-                            );
-                        }
-                    }
-                    // The compact rows are cache-resident: no prefetch.
-                    StagedRows::Compact(rows) => {
-                        self.kernel(&direct.over(Rows::of(rows), inverse, 0))
-                    }
-                }
+                let whole = u.b0 == 0 && u.b1 == bsz;
+                self.run_staged_unit(&direct, sf, local, u.feature, whole, scratch, &mut stats);
             }
             return stats;
         }
@@ -480,32 +437,6 @@ impl Pooler {
             #[cfg(not(target_arch = "x86_64"))]
             _ => scalar::pool_segment(seg),
         }
-    }
-}
-
-/// Copies the rows of `held` slots of a cache's slab into `scratch`'s compact buffer, in order,
-/// prefetching `prefetch` rows ahead.
-fn gather_slots(
-    rows: Rows<'_>,
-    held: &[u32],
-    stride: usize,
-    prefetch: usize,
-    scratch: &mut DedupScratch,
-) {
-    scratch.rows.clear();
-    scratch.rows.resize(held.len() * stride, 0);
-    for (u, dst) in scratch.rows.chunks_exact_mut(stride).enumerate() {
-        if prefetch > 0
-            && let Some(&ahead) = held.get(u + prefetch)
-        {
-            crate::prefetch::prefetch_span(
-                rows.as_ptr().wrapping_add(ahead as usize * stride),
-                stride,
-            );
-        }
-        // SAFETY: `held` are slots the batch holds (the caller's contract with `rows`), which
-        // nothing writes while it lives.
-        dst.copy_from_slice(unsafe { rows.bytes(held[u] as usize * stride, stride) });
     }
 }
 

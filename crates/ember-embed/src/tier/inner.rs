@@ -2,6 +2,7 @@
 //! one batch; and the steps it repeats: fetching a batch's missing rows from their stores,
 //! giving back the slots of dropped batches, publishing the caches' size.
 
+use super::seen::SeenSlots;
 use super::staged::Recycler;
 use super::stats::Counters;
 use crate::cache::RowCache;
@@ -34,6 +35,8 @@ pub(super) struct TableScratch {
     /// those ids alone (to deduplicate).
     pub(super) absent: Vec<(u32, u64)>,
     pub(super) absent_ids: Vec<u32>,
+    /// The distinct pinned rows met.
+    pub(super) seen: SeenSlots,
 }
 
 impl TierTable {
@@ -78,11 +81,15 @@ pub(super) fn staging_slots(capacity: usize, rows: usize) -> usize {
 }
 
 impl Inner {
-    /// Gives back the cache slots of the batches dropped since the last call.
+    /// Gives back the cache slots of the batches dropped since the last call (and the pinned
+    /// slots held for them).
     pub(super) fn apply_releases(&mut self, recycler: &Recycler) {
         for (d, held) in recycler.take_released() {
             self.tables[d].release_all(&held);
             recycler.put_held(held);
+        }
+        for t in &mut self.tables {
+            t.cache.reap_pins();
         }
     }
 

@@ -4,25 +4,51 @@
 //! list the distinct absent rows to fetch.
 
 use super::inner::{Miss, TableScratch, TierTable};
-use super::staged::{Recycler, StagedFeature, StagedRows, ids_hash};
+use super::seen::SeenSlots;
+use super::staged::{Recycler, STABLE_ROW, StagedFeature, StagedRows, ids_hash};
 use crate::cache::{Marked, RowCache};
 use crate::jagged::{Ids, KeyedJagged, RowIndex};
 use std::sync::Arc;
 
+/// What pass 1 of staging a feature fills, per id and per distinct row.
+struct PassOut<'a> {
+    /// Distinct evictable rows met (slots, held after the pass), each id's position among them
+    /// (or [`STABLE_ROW`], or a placeholder for an absent id), each id's slot (a placeholder
+    /// for an absent one), and the absent ids (position among the feature's ids, id).
+    held: &'a mut Vec<u32>,
+    inverse: &'a mut Vec<u32>,
+    slots: &'a mut Vec<u32>,
+    absent: &'a mut Vec<(u32, u64)>,
+    /// Stable slots met in this pass (see [`SeenSlots`]).
+    seen: &'a mut SeenSlots,
+}
+
 /// Pass 1 of staging a feature (see [`stage_table`]): each of `ids` looked up in `cache` under
-/// `mark`. The first time a resident id is met, its slot is appended to `held`; every id's
-/// position among the distinct rows is appended to `inverse` (absent ids get a placeholder, and
-/// their position in `ids` and id go to `absent`). Returns the distinct hits and the ids that hit.
+/// `mark`. The first time a resident evictable id is met, its slot is appended to `held`; a
+/// stable id (pinned, or in a covering cache) is read where it is, unheld, and counted once
+/// (its access recorded) the first time. Returns the distinct evictable hits, the ids that hit,
+/// and the ids of stable rows.
 fn mark_pass<I: RowIndex>(
     cache: &mut RowCache,
     ids: &[I],
     mark: u32,
-    held: &mut Vec<u32>,
-    inverse: &mut Vec<u32>,
-    absent: &mut Vec<(u32, u64)>,
-) -> (u64, u64) {
+    out: PassOut<'_>,
+) -> (u64, u64, usize) {
+    let PassOut {
+        held,
+        inverse,
+        slots,
+        absent,
+        seen,
+    } = out;
     inverse.reserve(ids.len());
-    let mut lookup_hits = 0u64;
+    slots.reserve(ids.len());
+    seen.prepare(cache.capacity(), ids.len());
+    let records = cache.records_access();
+    if cache.covers_ids() {
+        return covered_pass(cache, ids, records, inverse, slots, absent, seen);
+    }
+    let (mut lookup_hits, mut stable) = (0u64, 0usize);
     for (k, &id) in ids.iter().enumerate() {
         if let Some(&ahead) = ids.get(k + 32) {
             cache.prefetch(ahead.idx() as u64);
@@ -32,22 +58,73 @@ fn mark_pass<I: RowIndex>(
         }
         let id = id.idx() as u64;
         match cache.find_marked(id, mark, held.len() as u32) {
+            Marked::Stable(slot) => {
+                inverse.push(STABLE_ROW);
+                slots.push(slot);
+                stable += 1;
+                // `&`, not `&&`: no branch on whether the slot is new (unpredictable).
+                if seen.insert(slot) & records {
+                    cache.record_access(id);
+                }
+            }
             Marked::First(slot) => {
                 inverse.push(held.len() as u32);
+                slots.push(slot);
                 held.push(slot);
                 lookup_hits += 1;
             }
             Marked::Again(pos) => {
                 inverse.push(pos);
+                slots.push(held[pos as usize]);
                 lookup_hits += 1;
             }
             Marked::Absent => {
                 inverse.push(u32::MAX);
+                slots.push(u32::MAX);
                 absent.push((k as u32, id));
             }
         }
     }
-    (held.len() as u64, lookup_hits)
+    (held.len() as u64, lookup_hits + stable as u64, stable)
+}
+
+/// [`mark_pass`] for a cache that covers every id: id `i` is in slot `i` when resident, and
+/// every resident row is stable, so one bit per id answers the lookup (no map, no record).
+fn covered_pass<I: RowIndex>(
+    cache: &mut RowCache,
+    ids: &[I],
+    records: bool,
+    inverse: &mut Vec<u32>,
+    slots: &mut Vec<u32>,
+    absent: &mut Vec<(u32, u64)>,
+    seen: &mut SeenSlots,
+) -> (u64, u64, usize) {
+    let mut stable = 0usize;
+    for (k, &id) in ids.iter().enumerate() {
+        // The two bits of an id 16 ahead: the bitsets are read at random, and outgrow the
+        // nearest caches across tables.
+        if let Some(&ahead) = ids.get(k + 16) {
+            cache.prefetch_stable(ahead.idx() as u64);
+            seen.prefetch(ahead.idx() as u32);
+        }
+        let id = id.idx() as u64;
+        match cache.stable_slot(id) {
+            Some(slot) => {
+                inverse.push(STABLE_ROW);
+                slots.push(slot);
+                stable += 1;
+                if seen.insert(slot) & records {
+                    cache.record_access(id);
+                }
+            }
+            None => {
+                inverse.push(u32::MAX);
+                slots.push(u32::MAX);
+                absent.push((k as u32, id));
+            }
+        }
+    }
+    (0, stable as u64, stable)
 }
 
 /// Tier ids in a batch from which its tables are staged in parallel.
@@ -85,10 +162,12 @@ pub(super) fn stage_table(
     for (_, held) in released.iter().filter(|(t, _)| *t == d) {
         table.release_all(held);
     }
+    table.cache.reap_pins();
     for &f in features {
         let range = kj.feature_range(f);
         let mut inverse = recycler.take_inverse();
         let mut held = recycler.take_inverse();
+        let mut slots = recycler.take_inverse();
         // Pass 1, over the feature's ids: the cache's own index deduplicates them (each
         // resident row's record remembers its position among the distinct rows), so no hash
         // table is built for the hits. Each id's map entry is prefetched 32 ids ahead and its
@@ -98,27 +177,24 @@ pub(super) fn stage_table(
             dedup,
             absent,
             absent_ids,
+            seen,
         } = &mut table.scratch;
         absent.clear();
-        let (hits, lookup_hits) = match kj.ids() {
-            Ids::U32(v) => mark_pass(
-                &mut table.cache,
-                &v[range.clone()],
-                mark,
-                &mut held,
-                &mut inverse,
-                absent,
-            ),
-            Ids::I64(v) => mark_pass(
-                &mut table.cache,
-                &v[range.clone()],
-                mark,
-                &mut held,
-                &mut inverse,
-                absent,
-            ),
+        let pass = PassOut {
+            held: &mut held,
+            inverse: &mut inverse,
+            slots: &mut slots,
+            absent,
+            seen,
         };
-        out.hits += hits;
+        let (hits, lookup_hits, stable) = match kj.ids() {
+            Ids::U32(v) => mark_pass(&mut table.cache, &v[range.clone()], mark, pass),
+            Ids::I64(v) => mark_pass(&mut table.cache, &v[range.clone()], mark, pass),
+        };
+        let stable_rows = seen.len();
+        seen.clear();
+        out.hits += hits + stable_rows as u64;
+        out.distinct += stable_rows as u64;
         out.lookup_hits += lookup_hits;
         // Pass 2, over the distinct hits: the holds (each slot's record 32 slots ahead and,
         // under LRU, its list neighbours 16 ahead).
@@ -163,9 +239,12 @@ pub(super) fn stage_table(
                     slab: table.cache.slab().clone(),
                     tier: d,
                     held,
-                    slots: recycler.take_inverse(),
+                    slots,
+                    _pins: (stable > 0).then(|| table.cache.pin_epoch()),
                 },
                 inverse,
+                stable,
+                absent: !absent.is_empty(),
                 start: range.start,
                 n_rows: n,
                 stride: table.row_bytes,
@@ -174,4 +253,34 @@ pub(super) fn stage_table(
         ));
     }
     out
+}
+
+/// For a feature whose rows are being copied out of the cache (a compact buffer, `rows`, holding
+/// its distinct evictable rows): appends its distinct stable rows (`slots` locates them) after
+/// those, and points the inverse of their ids at them. A rare path (the cache could not hold a
+/// batch's rows): the stable rows are deduplicated here with a hash map.
+pub(super) fn copy_stable(
+    sf: &mut StagedFeature,
+    slots: &[u32],
+    rows: &mut Vec<u8>,
+    cache: &RowCache,
+) {
+    if sf.stable == 0 {
+        return;
+    }
+    let rb = sf.stride;
+    let mut at: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for (x, &slot) in sf.inverse.iter_mut().zip(slots) {
+        if *x != STABLE_ROW {
+            continue;
+        }
+        *x = *at.entry(slot).or_insert_with(|| {
+            let i = sf.n_rows;
+            sf.n_rows += 1;
+            rows.extend_from_slice(cache.slot_row(slot));
+            i as u32
+        });
+    }
+    debug_assert_eq!(rows.len(), sf.n_rows * rb);
+    sf.stable = 0;
 }

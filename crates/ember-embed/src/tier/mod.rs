@@ -2,14 +2,17 @@
 //! through io_uring, `pread` or a mapping) behind a DRAM row cache ([`crate::RowCache`]), with the
 //! next batch's rows read while the current one is pooled ([`pipeline`]).
 //!
-//! Lookups on tier tables are staged: [`Stager::stage`] finds each feature's distinct ids in the
-//! batch and holds the cached ones where they lie in the cache (tables in parallel), fetches
+//! Lookups on tier tables are staged: [`Stager::stage`] looks each id of each feature up in the
+//! table's cache (tables in parallel). A *stable* row (pinned, or resident in a cache whose
+//! capacity covers the whole table, where id `i` lives in slot `i` and nothing is evicted) is
+//! read where it lies without a hold: one bit per id says so, and the batch keeps the pinned
+//! set's epoch instead. Every other cached row is deduplicated and held. The stager then fetches
 //! every missing row of every tier table from its store in one call per store (a row file's
 //! store merges neighbouring blocks and checks each block against its checksum), admits the rows
-//! to the cache, and returns a [`StagedBatch`]: per feature, where each distinct row lies (held
-//! cache slots, or a compact buffer) and the inverse index (as batch deduplication builds). The
+//! to the cache, and returns a [`StagedBatch`]: per feature, each id's slot in the cache's slab
+//! (or, where the cache could not hold every row, a compact buffer and the inverse index). The
 //! pooling kernels then run on those rows in place ([`crate::Pooler::run_staged`]) exactly as on
-//! a deduplicated in-memory unit, so tier lookups give bit-identical results to in-memory ones.
+//! an in-memory unit, so tier lookups give bit-identical results to in-memory ones.
 //!
 //! | file | what |
 //! |---|---|
@@ -18,6 +21,7 @@
 //! | `staged.rs` | [`StagedBatch`] and the recycler of its buffers |
 //! | `stager.rs` | [`Stager`]: stores, fetching misses, landing rows, pinning |
 //! | `lookup.rs` | one tier table's part of a batch: releases, lookups that dedup, holds |
+//! | `seen.rs` | the distinct stable rows of a feature, noted without a branch |
 //! | `pipeline.rs` | [`run_ahead`] and [`pipeline`]: prefetch of the next batch |
 
 mod inner;
@@ -25,6 +29,7 @@ mod lookup;
 mod options;
 mod pinning;
 mod pipeline;
+mod seen;
 mod staged;
 mod stager;
 mod stats;
@@ -33,6 +38,6 @@ pub use options::TierOptions;
 pub use pinning::hottest;
 pub use pipeline::{pipeline, run_ahead};
 pub use staged::StagedBatch;
-pub(crate) use staged::StagedRows;
+pub(crate) use staged::{StagedFeature, StagedRows};
 pub use stager::Stager;
 pub use stats::TierStats;

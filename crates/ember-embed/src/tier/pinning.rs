@@ -15,7 +15,9 @@ impl Inner {
         let mut rows = vec![0u8; ids.len() * rb];
         self.misses.clear();
         for (slot, &id) in ids.iter().enumerate() {
-            match self.tables[d].cache.get(id as u64) {
+            // A peek: pinning is no access (it would count each pinned id once more, and a
+            // refresh from live counts would keep the old set over ids as frequent).
+            match self.tables[d].cache.peek(id as u64) {
                 Some(row) => rows[slot * rb..(slot + 1) * rb].copy_from_slice(row),
                 None => self.misses.push(Miss {
                     tier: d,

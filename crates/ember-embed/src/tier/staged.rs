@@ -3,21 +3,27 @@
 //! could not hold every row), stamped with a hash of the ids so that pooling can check that the
 //! batch it is given is the one staged; and the recycler its buffers and holds go back to.
 
-use crate::cache::Slab;
+use crate::cache::{PinEpoch, Slab};
 use crate::jagged::Ids;
 use std::sync::{Arc, Mutex};
+
+/// The `inverse` entry of an id whose row is stable (pinned, or in a cache that covers every id):
+/// only `slots` locates it (stable rows are read unheld, and not deduplicated by the stager).
+pub(crate) const STABLE_ROW: u32 = u32::MAX - 1;
 
 /// Where a staged feature's rows lie.
 #[derive(Debug)]
 pub(crate) enum StagedRows {
     /// Pooled in place in tier table `tier`'s cache slab: `held[i]` is the slot of the feature's
-    /// distinct row `i`, held by this batch until it is dropped, and `slots[k]` the slot of its
-    /// id `k` (`held[inverse[k]]`).
+    /// distinct evictable row `i`, held by this batch until it is dropped, and `slots[k]` the
+    /// slot of its id `k` (`held[inverse[k]]`, or a stable slot, read unheld while the batch
+    /// keeps `_pins`, the pinned set's epoch).
     Slab {
         slab: Arc<Slab>,
         tier: usize,
         held: Vec<u32>,
         slots: Vec<u32>,
+        _pins: Option<PinEpoch>,
     },
     /// The feature's distinct rows copied into a buffer of the batch's own (the cache had no slot
     /// free for some of them).
@@ -25,11 +31,15 @@ pub(crate) enum StagedRows {
 }
 
 /// One feature's rows for one batch, and for each of its ids the index of its row among the
-/// feature's distinct rows.
+/// feature's distinct rows ([`STABLE_ROW`] for a stable row in a slab).
 #[derive(Debug)]
 pub(crate) struct StagedFeature {
     pub(crate) rows: StagedRows,
     pub(crate) inverse: Vec<u32>,
+    /// Ids whose rows are stable (their `inverse` is [`STABLE_ROW`]; 0 for compact rows).
+    pub(crate) stable: usize,
+    /// Whether some rows were absent from the cache (their slots are known once fetched).
+    pub(crate) absent: bool,
     /// Batch position of the feature's first id.
     pub(crate) start: usize,
     /// Distinct rows (`inverse` names them), and bytes per row.
@@ -50,6 +60,9 @@ impl StagedFeature {
         range: std::ops::Range<usize>,
         stride: usize,
     ) -> bool {
+        // The inverse is read only where no row is stable (compact rows, or a slab the stager
+        // deduplicated whole); stable slab rows are read through `slots` alone.
+        let inverse_read = self.stable == 0;
         let rows_fit = match &self.rows {
             StagedRows::Slab {
                 slab, held, slots, ..
@@ -59,25 +72,43 @@ impl StagedFeature {
                     && slots.len() == self.inverse.len()
                     && held.iter().chain(slots).all(|&s| (s as usize) < in_slab)
             }
-            StagedRows::Compact(rows) => rows.len() == self.n_rows * stride,
+            StagedRows::Compact(rows) => rows.len() == self.n_rows * stride && inverse_read,
         };
         rows_fit
             && self.start == start
             && self.stride == stride
             && self.inverse.len() == range.len()
-            && self.inverse.iter().fold(0u32, |m, &i| m.max(i)) < self.n_rows.max(1) as u32
-            && (self.inverse.is_empty() || self.n_rows > 0)
+            && (!inverse_read
+                || (self.inverse.iter().fold(0u32, |m, &i| m.max(i)) < self.n_rows.max(1) as u32
+                    && (self.inverse.is_empty() || self.n_rows > 0)))
             && ids_hash(ids, range) == self.ids_hash
     }
 }
 
-/// A hash of ids `range` of a batch (a multiply-xorshift fold).
+/// A hash of ids `range` of a batch: four multiply-xorshift folds over interleaved ids, then
+/// folded together (four independent chains: one would be bound by the multiply's latency, a
+/// few cycles per id, on the pooler's critical path).
 pub(crate) fn ids_hash(ids: &Ids, range: std::ops::Range<usize>) -> u64 {
-    let mix = |h: u64, x: u64| (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
     match ids {
-        Ids::U32(v) => v[range].iter().fold(0, |h, &x| mix(h, u64::from(x))),
-        Ids::I64(v) => v[range].iter().fold(0, |h, &x| mix(h, x as u64)),
+        Ids::U32(v) => fold_lanes(&v[range], u64::from),
+        Ids::I64(v) => fold_lanes(&v[range], |x| x as u64),
     }
+}
+
+fn fold_lanes<T: Copy>(ids: &[T], word: impl Fn(T) -> u64) -> u64 {
+    let mix = |h: u64, x: u64| (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    let mut lanes = [0u64, 1, 2, 3];
+    let mut quads = ids.chunks_exact(4);
+    for q in &mut quads {
+        for (h, &x) in lanes.iter_mut().zip(q) {
+            *h = mix(*h, word(x));
+        }
+    }
+    let tail = quads
+        .remainder()
+        .iter()
+        .fold(ids.len() as u64, |h, &x| mix(h, word(x)));
+    lanes.into_iter().fold(tail, mix)
 }
 
 /// The rows of a batch's tier features, read and checked; pool it with

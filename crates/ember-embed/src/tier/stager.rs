@@ -9,7 +9,7 @@
 //! `refresh_batches` batches).
 
 use super::inner::{Inner, TableScratch, TierTable, staging_slots};
-use super::lookup::{PARALLEL_MIN_IDS, TableStaged, stage_table};
+use super::lookup::{PARALLEL_MIN_IDS, TableStaged, copy_stable, stage_table};
 use super::options::TierOptions;
 use super::pinning::hottest;
 use super::staged::{Recycler, StagedBatch, StagedFeature, StagedRows};
@@ -400,10 +400,16 @@ impl Stager {
                 continue;
             };
             match overflow.iter().position(|(g, _)| *g == f) {
-                None => {
-                    // Every row has a slot: each id's slot, for pooling straight from the slab.
-                    slots.extend(sf.inverse.iter().map(|&x| held[x as usize]));
+                None if sf.absent => {
+                    // Every row has a slot now: the fetched rows' slots, for pooling straight
+                    // from the slab.
+                    for (s, &x) in slots.iter_mut().zip(&sf.inverse) {
+                        if *s == u32::MAX {
+                            *s = held[x as usize];
+                        }
+                    }
                 }
+                None => {}
                 Some(k) => {
                     // Copy the held rows beside the ones that found no slot, and let go of the
                     // slots at once.
@@ -417,7 +423,9 @@ impl Stager {
                         }
                     }
                     self.recycler.put_held(std::mem::take(held));
-                    self.recycler.put(Vec::new(), std::mem::take(slots));
+                    let slots = std::mem::take(slots);
+                    copy_stable(sf, &slots, &mut rows, cache);
+                    self.recycler.put(Vec::new(), slots);
                     sf.rows = StagedRows::Compact(rows);
                 }
             }

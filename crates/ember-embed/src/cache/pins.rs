@@ -1,0 +1,132 @@
+//! Stable rows read without a hold.
+//!
+//! A pinned row stays where it is until the pinned set is replaced ([`RowCache::pin`]), and in a
+//! cache whose capacity covers every id below its bound ([`RowCache::covers_ids`]: id `i` lives
+//! in slot `i`, and nothing is ever evicted) every resident row stays where it is. Such a row is
+//! *stable*: a staged batch may read it in place without the hold (a write to the slot's record
+//! at staging and another at release) that an evictable row needs. A lookup tells a stable slot
+//! by one bit ([`RowCache::find_marked`] returns [`super::Marked::Stable`]; a covering cache
+//! reads no map at all), and the batch keeps a clone of the cache's [`PinEpoch`] instead, until
+//! it is pooled.
+//!
+//! When the pinned set is replaced while batches still share the epoch, every slot pinned under
+//! it is first held on their behalf (so none is overwritten or evicted while they may read it),
+//! and a new epoch begins. [`RowCache::reap_pins`] gives those holds back once no batch shares
+//! the old epoch any more. A stable row is never rewritten while its epoch is shared.
+
+use super::RowCache;
+use std::sync::Arc;
+
+/// The pinned set a batch read without holding its slots (see the module documentation): kept by
+/// the batch until it is pooled.
+#[derive(Debug, Clone, Default)]
+pub struct PinEpoch(Arc<()>);
+
+impl PinEpoch {
+    /// Whether a batch still keeps a clone of this epoch.
+    fn shared(&self) -> bool {
+        if Arc::strong_count(&self.0) > 1 {
+            return true;
+        }
+        // The last batch let its clone go (a release decrement, read above): what it read of
+        // the slab happens before whatever the cache writes next.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        false
+    }
+}
+
+impl RowCache {
+    /// Whether cache slot `slot` holds a stable row (one bit read, not the slot's record).
+    #[inline(always)]
+    pub(super) fn pin_bit(&self, slot: u32) -> bool {
+        self.pin_bits
+            .get(slot as usize / 64)
+            .is_some_and(|w| w >> (slot % 64) & 1 == 1)
+    }
+
+    /// Sets or clears slot `slot`'s stable bit.
+    pub(super) fn set_pin_bit(&mut self, slot: u32, on: bool) {
+        let (w, b) = (slot as usize / 64, slot % 64);
+        if on {
+            self.pin_bits[w] |= 1 << b;
+        } else {
+            self.pin_bits[w] &= !(1 << b);
+        }
+    }
+
+    /// Slot of `id` if it is resident in a cache that covers every id (slot `id`): one bit read.
+    /// `None` when absent, or when the cache does not cover its ids (then use
+    /// [`find_marked`](Self::find_marked)).
+    #[inline(always)]
+    pub fn stable_slot(&self, id: u64) -> Option<u32> {
+        let slot = u32::try_from(id).ok()?;
+        (self.covers && self.pin_bit(slot)).then_some(slot)
+    }
+
+    /// Asks the CPU to bring the bit [`stable_slot`](Self::stable_slot) reads for `id` into
+    /// cache.
+    #[inline(always)]
+    pub fn prefetch_stable(&self, id: u64) {
+        let w = (id / 64) as usize;
+        crate::prefetch::prefetch_span(self.pin_bits.as_ptr().wrapping_add(w).cast(), 8);
+    }
+
+    /// Whether a lookup records its access (live counts for [`take_hot`](Self::take_hot), or
+    /// the sketch under Lfu): if not, [`record_access`](Self::record_access) does nothing.
+    pub fn records_access(&self) -> bool {
+        self.hot.is_on() || self.sketch.is_some()
+    }
+
+    /// The current pinned set's epoch: a batch that reads pinned slots it does not hold keeps a
+    /// clone until it is pooled (see the module documentation).
+    pub fn pin_epoch(&self) -> PinEpoch {
+        self.pin_epoch.clone()
+    }
+
+    /// Records an access of the resident stable `id` (the live counts of
+    /// [`take_hot`](Self::take_hot), the sketch under Lfu), as [`find_marked`](Self::find_marked)
+    /// does the first time it meets an id in a pass; it does not for stable ids
+    /// ([`super::Marked::Stable`]), whose caller records each once.
+    #[inline]
+    pub fn record_access(&mut self, id: u64) {
+        self.hot.count(id);
+        if let Some(sketch) = &mut self.sketch {
+            sketch.record(id);
+        }
+    }
+
+    /// Whether a batch may be reading stable rows unheld (it keeps the current epoch or one
+    /// not yet reaped): a stable row's bytes are not rewritten meanwhile.
+    pub(super) fn stable_rows_read(&self) -> bool {
+        self.pin_epoch.shared() || !self.retired.is_empty()
+    }
+
+    /// Before the pinned set changes: if batches still share the current epoch, holds every
+    /// pinned slot for them and starts a new epoch.
+    pub(super) fn retire_pins(&mut self) {
+        if !self.pin_epoch.shared() {
+            return;
+        }
+        let slots = self.pinned.clone();
+        for &slot in &slots {
+            self.slots[slot as usize].holds += 1;
+        }
+        let old = std::mem::take(&mut self.pin_epoch);
+        self.retired.push((old, slots));
+    }
+
+    /// Gives back the holds taken for batches of earlier pinned sets that no batch shares now.
+    pub fn reap_pins(&mut self) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            if self.retired[i].0.shared() {
+                i += 1;
+                continue;
+            }
+            let (_, slots) = self.retired.swap_remove(i);
+            for slot in slots {
+                self.release(slot);
+            }
+        }
+    }
+}
