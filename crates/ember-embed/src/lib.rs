@@ -36,7 +36,7 @@ pub mod tier;
 pub mod trace;
 
 pub use alloc::PagePolicy;
-pub use cache::{CachePolicy, Marked, RowCache};
+pub use cache::{CachePolicy, Marked, RowCache, Updated};
 pub use checked::{CheckedBatch, CheckedSamples, Lengths, Pieces};
 pub use collection::{
     CollectionId, EmbeddingCollection, Feature, PARALLEL_CHECK_IDS, ValidatedBatch, id_checks,

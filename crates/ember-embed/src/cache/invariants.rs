@@ -30,7 +30,8 @@ impl RowCache {
                 );
             } else {
                 assert_ne!(st, SlotState::Transient, "cache slot {s} is a staging slot");
-                let stable = st == SlotState::Pinned || (self.covers && st != SlotState::Free);
+                let resident = matches!(st, SlotState::Cached | SlotState::Pinned);
+                let stable = st == SlotState::Pinned || (self.covers && resident);
                 assert_eq!(
                     self.pin_bit(s as u32),
                     stable,
@@ -40,6 +41,8 @@ impl RowCache {
                     st != SlotState::Free || h == 0,
                     "free slot {s} held {h} times"
                 );
+                // An orphan is freed by its last release: it is always held.
+                assert!(st != SlotState::Orphan || h > 0, "orphan slot {s} not held");
             }
         }
         assert_eq!(
@@ -66,13 +69,17 @@ impl RowCache {
             self.resident_bytes() <= cap * self.row_bytes,
             "resident bytes over budget"
         );
+        let orphans = self.slots[..cap]
+            .iter()
+            .filter(|r| r.state == SlotState::Orphan)
+            .count();
         if self.covers {
             assert!(self.free.is_empty(), "a covering cache keeps no free list");
         } else {
             assert_eq!(
-                self.len() + self.free.len(),
+                self.len() + self.free.len() + orphans,
                 cap,
-                "resident + free != capacity"
+                "resident + free + orphans != capacity"
             );
         }
         for (id, slot) in self.map.iter() {
@@ -113,12 +120,16 @@ impl RowCache {
         );
         assert_eq!(pinned, self.pinned.len(), "pinned slot list length");
         assert!(pinned <= cap, "more pinned rows than capacity");
-        for &slot in &self.pinned {
+        for (at, &slot) in self.pinned.iter().enumerate() {
             let s = slot as usize;
             assert_eq!(
                 self.slots[s].state,
                 SlotState::Pinned,
                 "pinned list slot {slot} not pinned"
+            );
+            assert_eq!(
+                self.pin_pos[s] as usize, at,
+                "pinned slot {slot}'s position"
             );
             assert_eq!(
                 self.map.get(&self.slots[s].id),

@@ -59,6 +59,7 @@ mod slab;
 mod slotmap;
 #[cfg(test)]
 mod tests;
+mod update;
 
 use hot::HotCounts;
 use lru::LruList;
@@ -71,6 +72,7 @@ use slotmap::SlotMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+pub use update::Updated;
 
 /// Which rows stay in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,8 +138,9 @@ pub struct RowCache {
     map: SlotMap,
     /// Free slots (a stack).
     free: Vec<u32>,
-    /// Pinned slots, in pin order.
+    /// Pinned slots, in pin order, and each pinned slot's position in it.
     pinned: Vec<u32>,
+    pin_pos: Vec<u32>,
     /// One bit per cache slot, set while its row is *stable*: pinned, or resident in a cache
     /// that covers its ids (see `pins.rs`).
     pin_bits: Vec<u64>,
@@ -147,7 +150,9 @@ pub struct RowCache {
     /// The pinned set's epoch, shared with batches that read pinned slots without holding them,
     /// and the slots of earlier sets held until no batch shares their epoch (see `pins.rs`).
     pin_epoch: PinEpoch,
-    retired: Vec<(PinEpoch, Vec<u32>)>,
+    retired: std::collections::VecDeque<(PinEpoch, Vec<u32>)>,
+    /// Slots of updated rows held for the batches of the current epoch (`update.rs`).
+    retiring: Vec<u32>,
     order: Order,
     /// Frequency sketch (Lfu only).
     sketch: Option<Sketch>,
@@ -244,10 +249,12 @@ impl RowCache {
             map: SlotMap::with_capacity(capacity),
             free: (0..capacity as u32).rev().collect(),
             pinned: Vec::with_capacity(capacity),
+            pin_pos: vec![0; capacity],
             pin_bits: vec![0; capacity.div_ceil(64)],
             covers: false,
             pin_epoch: PinEpoch::default(),
-            retired: Vec::new(),
+            retired: std::collections::VecDeque::new(),
+            retiring: Vec::new(),
             order,
             sketch,
             hot: HotCounts::new(capacity),
@@ -589,6 +596,12 @@ impl RowCache {
                 self.slots[s].state = SlotState::Free;
                 self.staging_free.push(slot);
             }
+            SlotState::Orphan => {
+                self.slots[s].state = SlotState::Free;
+                if !self.covers {
+                    self.free.push(slot);
+                }
+            }
             SlotState::Pinned | SlotState::Free => {}
         }
     }
@@ -631,6 +644,8 @@ impl RowCache {
         }
         let slot = match self.free_slot(id) {
             Some(slot) => slot,
+            // A covering cache puts each id in its own slot, or nowhere.
+            None if self.covers => return false,
             None => {
                 let Some(victim) = self.victim() else {
                     return false;
@@ -683,7 +698,7 @@ impl RowCache {
                     }
                     self.slots[slot as usize].state = SlotState::Pinned;
                     self.set_pin_bit(slot, true);
-                    self.pinned.push(slot);
+                    self.push_pinned(slot);
                 }
                 let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
                 if !held && !read_unheld {
@@ -693,6 +708,7 @@ impl RowCache {
             }
             let slot = match self.free_slot(id) {
                 Some(slot) => slot,
+                None if self.covers => continue,
                 None => {
                     // Fewer than `capacity` rows are pinned, so a full cache has a victim.
                     let Some(victim) = self.victim() else { break };
@@ -757,7 +773,7 @@ impl RowCache {
         self.map.insert(id, slot);
         self.write_row(slot, row);
         match state {
-            SlotState::Pinned => self.pinned.push(slot),
+            SlotState::Pinned => self.push_pinned(slot),
             _ => self.order.push(&mut self.slots, slot),
         }
         self.set_pin_bit(slot, state == SlotState::Pinned || self.covers);
@@ -767,8 +783,10 @@ impl RowCache {
     #[inline]
     fn free_slot(&mut self, id: u64) -> Option<u32> {
         if self.covers {
-            // Ids of a covering cache are below its bound, which is at most its capacity.
-            return Some(u32::try_from(id).expect("ids of a covering cache fit a slot"));
+            // Ids of a covering cache are below its bound, which is at most its capacity. The
+            // slot may still be an orphan that batches read (`update.rs`): then none.
+            let slot = u32::try_from(id).expect("ids of a covering cache fit a slot");
+            return (self.slots[slot as usize].state == SlotState::Free).then_some(slot);
         }
         self.free.pop()
     }

@@ -101,32 +101,54 @@ impl RowCache {
         self.pin_epoch.shared() || !self.retired.is_empty()
     }
 
-    /// Before the pinned set changes: if batches still share the current epoch, holds every
-    /// pinned slot for them and starts a new epoch.
+    /// Before the pinned set changes: if batches still share the current epoch or an earlier
+    /// one, holds every pinned slot for them and starts a new epoch (with the slots of rows
+    /// updated under it).
     pub(super) fn retire_pins(&mut self) {
-        if !self.pin_epoch.shared() {
+        // Batches of this epoch or of an earlier one not yet reaped may read the pinned rows.
+        let shared = self.stable_rows_read();
+        if !shared && self.retiring.is_empty() {
             return;
         }
-        let slots = self.pinned.clone();
-        for &slot in &slots {
-            self.slots[slot as usize].holds += 1;
+        let mut slots = std::mem::take(&mut self.retiring);
+        if shared {
+            slots.extend_from_slice(&self.pinned);
+            for &slot in &self.pinned {
+                self.slots[slot as usize].holds += 1;
+            }
         }
         let old = std::mem::take(&mut self.pin_epoch);
-        self.retired.push((old, slots));
+        self.retired.push_back((old, slots));
     }
 
-    /// Gives back the holds taken for batches of earlier pinned sets that no batch shares now.
+    /// Gives back the holds taken for batches of earlier epochs, oldest first, up to the first
+    /// epoch a batch still shares (a slot retired under an epoch may also be read by batches of
+    /// the epochs before it).
     pub fn reap_pins(&mut self) {
-        let mut i = 0;
-        while i < self.retired.len() {
-            if self.retired[i].0.shared() {
-                i += 1;
-                continue;
+        while let Some((epoch, _)) = self.retired.front() {
+            if epoch.shared() {
+                break;
             }
-            let (_, slots) = self.retired.swap_remove(i);
+            let (_, slots) = self.retired.pop_front().expect("front exists");
             for slot in slots {
                 self.release(slot);
             }
+        }
+    }
+
+    /// Appends `slot` to the pinned list.
+    pub(super) fn push_pinned(&mut self, slot: u32) {
+        self.pin_pos[slot as usize] = self.pinned.len() as u32;
+        self.pinned.push(slot);
+    }
+
+    /// Takes pinned `slot` off the pinned list (constant time).
+    pub(super) fn remove_pinned(&mut self, slot: u32) {
+        let at = self.pin_pos[slot as usize] as usize;
+        debug_assert_eq!(self.pinned[at], slot);
+        self.pinned.swap_remove(at);
+        if let Some(&moved) = self.pinned.get(at) {
+            self.pin_pos[moved as usize] = at as u32;
         }
     }
 }

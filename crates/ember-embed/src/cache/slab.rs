@@ -24,6 +24,9 @@ pub(super) enum SlotState {
     /// A staging slot (beyond `capacity`) lent to one batch for a row the cache did not keep;
     /// freed when the batch releases it. Not resident: no id maps to it.
     Transient,
+    /// A cache slot whose row was updated while batches might read it: its id left the cache,
+    /// and the slot is freed once they are done (the last hold released). No id maps to it.
+    Orphan,
 }
 
 /// Per-slot metadata in one 32-byte record (two to a cache line, never across two): a lookup's

@@ -495,3 +495,149 @@ fn covering_cache_reads_every_resident_row_in_place() {
         cache.check_invariants();
     }
 }
+
+/// Updates: a row no batch reads is rewritten in place; a row a batch holds, or reads unheld
+/// under an epoch, keeps its old bytes for that batch while the id leaves the cache, and its
+/// slot comes back once the batch is done. Random holds, epochs and updates, for every policy
+/// and for small and covering caches.
+#[test]
+fn updates_never_tear_a_row_a_batch_reads() {
+    for seed in 21..25 {
+        updates_never_tear_with(seed);
+    }
+}
+
+/// A batch in flight in the test below: the slots it read (bytes seen, whether held) and its
+/// epoch.
+type ReadingBatch = (Vec<(u32, Vec<u8>, bool)>, PinEpoch);
+
+fn updates_never_tear_with(seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Updates absent, in place, dropped.
+    let mut outcomes = [0usize; 3];
+    for policy in CachePolicy::ALL {
+        for cap in [4usize, 16, 40] {
+            let bound = 32u64;
+            let rb = 8;
+            let mut cache = RowCache::new(policy, cap, rb).with_id_bound(bound as usize);
+            assert_eq!(cache.covers_ids(), cap >= 32);
+            let mut latest: HashMap<u64, Vec<u8>> = HashMap::new();
+            // Batches in flight: the slots they read and the bytes they saw, and their epoch.
+            let mut batches: Vec<ReadingBatch> = Vec::new();
+            for step in 1..4000u64 {
+                let id = rng.random_range(0..bound);
+                match rng.random_range(0..10) {
+                    0..3 => {
+                        // A miss fetched: the store has the latest bytes.
+                        let row = latest.entry(id).or_insert_with(|| pattern(id, step, rb));
+                        cache.insert(id, row);
+                    }
+                    3..5 => {
+                        // A batch reads a few rows: held, or unheld when stable.
+                        let mut read = Vec::new();
+                        let epoch = cache.pin_epoch();
+                        let mark = cache.next_mark();
+                        for k in 0..3 {
+                            let id = rng.random_range(0..bound);
+                            match cache.find_marked(id, mark, k) {
+                                Marked::Stable(slot) => {
+                                    read.push((slot, cache.slot_row(slot).to_vec(), false));
+                                }
+                                Marked::First(slot) => {
+                                    cache.hold(slot);
+                                    read.push((slot, cache.slot_row(slot).to_vec(), true));
+                                }
+                                Marked::Again(_) | Marked::Absent => {}
+                            }
+                        }
+                        batches.push((read, epoch));
+                    }
+                    5..8 => {
+                        let row = pattern(id, step, rb);
+                        let was = cache.contains(id);
+                        let got = cache.update(id, &row);
+                        outcomes[got as usize] += 1;
+                        assert_eq!(got == Updated::Absent, !was, "{policy} cap {cap}");
+                        if got == Updated::InPlace {
+                            assert_eq!(cache.get(id), Some(&row[..]));
+                        } else {
+                            assert!(!cache.contains(id), "an updated row in use leaves");
+                        }
+                        latest.insert(id, row);
+                        if rng.random_bool(0.5) {
+                            cache.end_updates();
+                        }
+                    }
+                    8 => {
+                        let ids: Vec<u64> = (0..3).map(|_| rng.random_range(0..bound)).collect();
+                        let rows: Vec<(u64, Vec<u8>)> = ids
+                            .iter()
+                            .map(|&i| {
+                                (
+                                    i,
+                                    latest
+                                        .get(&i)
+                                        .cloned()
+                                        .unwrap_or_else(|| pattern(i, step, rb)),
+                                )
+                            })
+                            .collect();
+                        cache.end_updates();
+                        cache.pin(rows.iter().map(|(i, r)| (*i, r.as_slice())));
+                        for (i, r) in rows {
+                            latest.insert(i, r);
+                        }
+                    }
+                    _ => {
+                        // The oldest batch is done: its rows were whole and unchanged.
+                        if !batches.is_empty() {
+                            let (read, epoch) = batches.remove(0);
+                            for (slot, bytes, held) in read {
+                                assert_eq!(
+                                    cache.slot_row(slot),
+                                    &bytes[..],
+                                    "{policy} cap {cap}: a batch's row changed under it"
+                                );
+                                if held {
+                                    cache.release(slot);
+                                }
+                            }
+                            drop(epoch);
+                            cache.reap_pins();
+                        }
+                    }
+                }
+                // Every resident row has its latest bytes.
+                for i in 0..bound {
+                    if cache.contains(i) {
+                        assert_eq!(
+                            cache.peek(i),
+                            latest.get(&i).map(|r| &r[..]),
+                            "{policy} cap {cap} id {i}"
+                        );
+                    }
+                }
+                cache.check_invariants();
+            }
+            for (read, epoch) in batches.drain(..) {
+                for (slot, bytes, held) in read {
+                    assert_eq!(cache.slot_row(slot), &bytes[..]);
+                    if held {
+                        cache.release(slot);
+                    }
+                }
+                drop(epoch);
+            }
+            cache.end_updates();
+            cache.reap_pins();
+            assert_eq!(cache.held_slots(), 0, "{policy} cap {cap}: orphans freed");
+            cache.drop_all();
+            assert_eq!(cache.len(), 0);
+            cache.check_invariants();
+        }
+    }
+    assert!(
+        outcomes.iter().all(|&n| n > 0),
+        "seed {seed}: every outcome met: {outcomes:?}"
+    )
+}
