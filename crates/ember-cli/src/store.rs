@@ -4,7 +4,10 @@
 //!   nodes, resumable, verified), with a progress bar;
 //! - `ls`: models and versions with their sizes and states;
 //! - `verify`: reads a version back and checks every block's CRC;
-//! - `rm`: removes a version in bounded steps.
+//! - `rm`: removes a version in bounded steps;
+//! - `update`: new rows of a table, published to every server (`store/update.rs`).
+
+mod update;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
@@ -29,6 +32,9 @@ pub enum StoreCmd {
     /// Remove a version (never served again from the first step; safe to run again).
     #[command(disable_version_flag = true)]
     Rm(VersionArgs),
+    /// Write new rows of a table and publish them to every server following the version.
+    #[command(disable_version_flag = true)]
+    Update(update::UpdateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -42,7 +48,7 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
-    fn connect(&self) -> Result<Cluster> {
+    pub(crate) fn connect(&self) -> Result<Cluster> {
         let mut o = ClusterOptions::parse(&self.redis)?;
         if self.timeout_s.is_nan() || self.timeout_s <= 0.0 {
             bail!("--timeout-s must be positive");
@@ -99,6 +105,7 @@ pub fn run(cmd: StoreCmd) -> Result<()> {
         StoreCmd::Ls(a) => ls(a),
         StoreCmd::Verify(a) => verify(a),
         StoreCmd::Rm(a) => rm(a),
+        StoreCmd::Update(a) => update::run(a),
     }
 }
 

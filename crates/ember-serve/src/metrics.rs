@@ -131,6 +131,31 @@ fn describe() {
     describe_counter!(REMOTE_ROUND_TRIPS, "Remote tier: pipelines sent, by node");
     describe_counter!(REMOTE_ERRORS, "Remote tier: failures, by node and kind");
     describe_gauge!(REMOTE_UP, "Remote tier: 1 while the store answers, else 0");
+    describe_counter!(
+        "ember_update_rows_total",
+        "Row updates read from the stream, by outcome (applied: the row was cached; absent: not)"
+    );
+    describe_histogram!(
+        "ember_update_lag_seconds",
+        Unit::Seconds,
+        "Row updates: from publish (the publisher's clock) to applied in this server's cache"
+    );
+    describe_counter!(
+        "ember_update_resets_total",
+        "Update streams trimmed past this server's position (the table's cache was dropped)"
+    );
+    describe_counter!(
+        "ember_update_bad_entries_total",
+        "Update stream entries that were not well-formed updates (skipped)"
+    );
+    describe_counter!(
+        "ember_update_poll_errors_total",
+        "Failed reads of the update streams (retried)"
+    );
+    describe_gauge!(
+        "ember_update_position_ms",
+        "Position in each table's update stream: its last entry's milliseconds"
+    );
     describe_counter!(REQUESTS, "Requests answered, by protocol and status");
     describe_gauge!(IN_FLIGHT, "Requests being handled now");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a batch now");

@@ -12,6 +12,7 @@ mod serve;
 #[path = "../reliability/server.rs"]
 mod server;
 mod store;
+mod updates;
 
 use ember_bench::redis_cluster::{self, LocalCluster};
 

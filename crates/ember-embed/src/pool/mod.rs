@@ -220,6 +220,10 @@ impl Pooler {
                     })?,
             )
         } else {
+            // One thread: work runs on the caller's thread, and what it hands to `rayon::join`
+            // runs on rayon's global pool, whose threads flush subnormals too from here on.
+            // (Otherwise they inherit the mode of whichever thread happened to start them.)
+            rayon::broadcast(|_| crate::fpmode::FlushDenormals::forever());
             None
         };
         let scratch = (0..opts.threads)
@@ -244,9 +248,10 @@ impl Pooler {
         self.isa
     }
 
-    /// Runs `f` on this pooler's thread pool (on the calling thread when it has one thread), so
-    /// that other work (a model's dense layers) shares the pool, and `rayon::join` can run it
-    /// beside [`Pooler::run`]. Subnormals flush to zero inside (see [`crate::FlushDenormals`]).
+    /// Runs `f` on this pooler's thread pool (on the calling thread when it has one thread, and
+    /// then `rayon::join` inside uses rayon's global pool), so that other work (a model's dense
+    /// layers) shares the pool, and `rayon::join` can run it beside [`Pooler::run`]. Subnormals
+    /// flush to zero inside (see [`crate::FlushDenormals`]).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Some(p) => p.install(f),

@@ -2,12 +2,14 @@
 //! one batch; and the steps it repeats: fetching a batch's missing rows from their stores,
 //! giving back the slots of dropped batches, publishing the caches' size.
 
+use super::follow::Follower;
 use super::seen::SeenSlots;
 use super::staged::Recycler;
 use super::stats::Counters;
-use crate::cache::RowCache;
+use crate::cache::{RowCache, Updated};
 use crate::dedup::DedupScratch;
 use crate::error::Result;
+use crate::storage::remote::updates::Polled;
 use crate::storage::{RowRequest, RowStore};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -90,6 +92,54 @@ impl Inner {
         }
         for t in &mut self.tables {
             t.cache.reap_pins();
+        }
+    }
+
+    /// Applies the updates `f` queued (see `follow.rs`): each row to its table's cache, a
+    /// trimmed stream by dropping the table's cache; then a new epoch for each table touched.
+    pub(super) fn apply_updates(&mut self, f: &Follower) {
+        let polled = f.drain();
+        if polled.is_empty() {
+            return;
+        }
+        let mut touched = vec![false; self.tables.len()];
+        for p in polled {
+            match p {
+                Polled::Rows {
+                    table,
+                    ids,
+                    rows,
+                    published_ms,
+                    ..
+                } => {
+                    let d = f.tier_of[table];
+                    let t = &mut self.tables[d];
+                    let (mut applied, mut absent) = (0, 0);
+                    for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
+                        match t.cache.update(id, row) {
+                            Updated::Absent => absent += 1,
+                            Updated::InPlace | Updated::Dropped => applied += 1,
+                        }
+                    }
+                    touched[d] = true;
+                    f.applied(applied, absent, published_ms);
+                }
+                Polled::Reset { table, now_at } => {
+                    let d = f.tier_of[table];
+                    self.tables[d].cache.drop_all();
+                    f.reset(table, now_at);
+                }
+                Polled::Bad {
+                    table,
+                    entry,
+                    reason,
+                } => f.bad(table, entry, &reason),
+            }
+        }
+        for (t, touched) in self.tables.iter_mut().zip(touched) {
+            if touched {
+                t.cache.end_updates();
+            }
         }
     }
 

@@ -22,8 +22,10 @@
 //! | `stager.rs` | [`Stager`]: stores, fetching misses, landing rows, pinning |
 //! | `lookup.rs` | one tier table's part of a batch: releases, lookups that dedup, holds |
 //! | `seen.rs` | the distinct stable rows of a feature, noted without a branch |
+//! | `follow.rs` | following the remote tables' update streams, applied between batches |
 //! | `pipeline.rs` | [`run_ahead`] and [`pipeline`]: prefetch of the next batch |
 
+mod follow;
 mod inner;
 mod lookup;
 mod options;
@@ -34,6 +36,7 @@ mod staged;
 mod stager;
 mod stats;
 
+pub use follow::UpdateStats;
 pub use options::TierOptions;
 pub use pinning::hottest;
 pub use pipeline::{pipeline, run_ahead};

@@ -32,6 +32,9 @@ pub struct TierOptions {
     /// eighth of the table's cache, at least 4096 and at most 65536 rows (never more than the
     /// table). A batch that finds none free copies its rows instead (the same result).
     pub staging_rows: Option<usize>,
+    /// With remote tables: follow their update streams and apply each update to the cache
+    /// (`crate::storage::remote::updates`; on by default).
+    pub follow_updates: bool,
 }
 
 impl Default for TierOptions {
@@ -46,6 +49,7 @@ impl Default for TierOptions {
             refresh_batches: 0,
             remote: None,
             staging_rows: None,
+            follow_updates: true,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! policy's hot set is loaded here too (from a trace at start, from live counts every
 //! `refresh_batches` batches).
 
+use super::follow::{Follower, UpdateStats};
 use super::inner::{Inner, TableScratch, TierTable, staging_slots};
 use super::lookup::{PARALLEL_MIN_IDS, TableStaged, copy_stable, stage_table};
 use super::options::TierOptions;
@@ -18,6 +19,7 @@ use crate::cache::{CachePolicy, RowCache};
 use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
+use crate::storage::remote::updates::{FollowedTable, UpdateReader};
 use crate::storage::remote::{RedisStore, RemoteTableSpec, WithLocalCopy};
 use crate::storage::{RowStore, open_row_files};
 use crate::table::Placement;
@@ -49,6 +51,8 @@ pub struct Stager {
     /// Each batch's wait for its missing rows, seconds (batches with misses; the newest
     /// [`FETCH_SAMPLES`] at most), for percentiles.
     fetch_samples: Mutex<Vec<f32>>,
+    /// The remote tables' update streams, followed (declared last: its thread stops first).
+    follower: Option<Follower>,
 }
 
 /// Fetch times kept at most.
@@ -72,6 +76,8 @@ impl Stager {
         let mut remote = Vec::new();
         // Local row-file copies of the remote tables (all of them or none).
         let mut copies = Vec::new();
+        // The tier table of each remote table.
+        let mut remote_tier = Vec::new();
         // (store, index in that store, rows, row bytes), in tier-table order.
         let mut shapes: Vec<(usize, usize, usize, usize)> = Vec::new();
         let file_store = 0;
@@ -104,6 +110,7 @@ impl Stager {
                 }
                 _ => {
                     shapes.push((remote_store, remote.len(), table.rows(), table.stride()));
+                    remote_tier.push(shapes.len() - 1);
                     if let Some(copy) = table.row_file() {
                         copies.push(copy.clone());
                     }
@@ -118,6 +125,7 @@ impl Stager {
             by_table[t] = Some(shapes.len() - 1);
         }
         let total: usize = shapes.iter().map(|s| s.2 * s.3).sum();
+        let mut follower = None;
         // No store (no ring, no thread pool, no connection) for what has no table.
         let mut stores: Vec<Box<dyn RowStore>> = Vec::new();
         if !files.is_empty() {
@@ -134,6 +142,29 @@ impl Stager {
                 });
             };
             let store = Box::new(RedisStore::open(src, &remote)?);
+            // Before any row is read (the pinned set below): no update published from here on
+            // is missed.
+            if opts.follow_updates {
+                let tables = remote
+                    .iter()
+                    .zip(&remote_tier)
+                    .map(|(t, &d)| FollowedTable {
+                        name: t.name.clone(),
+                        rows: t.rows,
+                        row_bytes: shapes[d].3,
+                    })
+                    .collect();
+                let reader =
+                    UpdateReader::open(src.cluster.clone(), &src.model, store.version(), tables)?;
+                let names = remote.iter().map(|t| t.name.clone()).collect();
+                follower = Some(Follower::start(reader, names, remote_tier.clone()).map_err(
+                    |e| EmbedError::Io {
+                        path: "ember-updates".into(),
+                        op: "start the update thread",
+                        reason: e.to_string(),
+                    },
+                )?);
+            }
             match copies.len() {
                 0 => stores.push(store),
                 n if n == remote.len() => {
@@ -197,6 +228,7 @@ impl Stager {
             remote: stores.iter().any(|s| s.remote()),
             healthy: AtomicBool::new(true),
             fetch_samples: Mutex::default(),
+            follower,
             inner: Mutex::new(Inner {
                 tables,
                 stores,
@@ -304,6 +336,9 @@ impl Stager {
         }
         let mut guard = self.lock();
         let inner = &mut *guard;
+        if let Some(f) = &self.follower {
+            inner.apply_updates(f);
+        }
         inner.misses.clear();
         // The tier tables are staged in parallel when the batch is large enough to pay for it
         // (each table's cache is its own): the rows of a batch that misses nothing are ready
@@ -468,6 +503,19 @@ impl Stager {
     /// misses only).
     pub fn take_fetch_samples(&self) -> Vec<f32> {
         std::mem::take(&mut *self.fetch_samples.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// What following the remote tables' update streams did (`None`: not following).
+    pub fn update_stats(&self) -> Option<UpdateStats> {
+        self.follower.as_ref().map(Follower::stats)
+    }
+
+    /// Publish-to-applied lags of the updates applied since the last call, seconds.
+    pub fn take_update_lags(&self) -> Vec<f32> {
+        self.follower
+            .as_ref()
+            .map(Follower::take_lags)
+            .unwrap_or_default()
     }
 
     /// Whether a table is read from a remote store.

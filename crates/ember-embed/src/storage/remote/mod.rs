@@ -14,6 +14,7 @@
 //! | `fallback.rs` | [`WithLocalCopy`]: a local row-file copy read while the cluster cannot answer |
 //! | `push.rs` | [`push`]: a model's tables as a version (resumable, verified) |
 //! | `admin.rs` | [`verify`], [`list`], [`remove`]: the rest of what `ember store` runs |
+//! | `updates.rs` | [`updates::publish`] and [`updates::UpdateReader`]: streaming row updates |
 //!
 //! `docs/remote-tier.md` is the user's guide: layout and its figures, commands, failure
 //! semantics, sizing and a deployment sketch.
@@ -29,6 +30,7 @@ mod push;
 mod resp;
 pub mod slot;
 mod store;
+pub mod updates;
 mod wire;
 
 pub use admin::{VerifyReport, VersionListing, list, remove, verify};

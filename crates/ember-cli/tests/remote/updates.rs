@@ -1,0 +1,440 @@
+//! Streaming row updates on a real cluster: published rows reach the store and every server's
+//! cache, the last write to a row wins everywhere, batches in flight keep whole rows, a stream
+//! trimmed past a reader is reported, and malformed entries are skipped with the reason.
+
+use ember_embed::storage::remote::updates::{self, EntryId, FollowedTable, Polled, UpdateReader};
+use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
+use ember_embed::tier::{Stager, TierOptions};
+use ember_embed::{
+    CachePolicy, DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
+};
+use rand::{Rng, SeedableRng};
+use std::time::{Duration, Instant};
+
+const ROWS: usize = 3000;
+const DIM: usize = 16;
+
+fn admin(url: &str) -> Cluster {
+    let mut o = ClusterOptions::parse(url).unwrap();
+    o.timeout = Duration::from_secs(10);
+    Cluster::connect(o).unwrap()
+}
+
+fn values(seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..ROWS * DIM)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect()
+}
+
+/// Rows `ids` of `vals` encoded as `dtype` rows.
+fn encode(vals: &[f32], ids: &[u64], dtype: DType) -> Vec<u8> {
+    let picked: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| {
+            vals[i as usize * DIM..(i as usize + 1) * DIM]
+                .iter()
+                .copied()
+        })
+        .collect();
+    let t = EmbeddingTable::from_f32("x", ids.len(), DIM, dtype, &picked).unwrap();
+    t.resident().unwrap().to_vec()
+}
+
+fn batch(rng: &mut rand::rngs::StdRng) -> KeyedJagged {
+    // Ids 0..400 (a hot range the caches hold), 8 bags of 25; rows 100..110 (updated twice
+    // below) in every batch.
+    let ids: Vec<u32> = (0..200)
+        .map(|k| {
+            if k < 10 {
+                100 + k
+            } else {
+                rng.random_range(0..400)
+            }
+        })
+        .collect();
+    KeyedJagged::from_lengths(vec!["t".into()], 8, &[25; 8], Ids::U32(ids), None).unwrap()
+}
+
+/// Two servers' stagers (one whose cache covers the table, one much smaller) follow the stream:
+/// after updates, including two to the same row, both pool exactly what a DRAM table with the
+/// updates applied pools, within a few seconds, while a batch staged before is still in flight
+/// and keeps its old rows whole.
+#[test]
+fn updates_reach_every_server_and_the_last_write_wins() {
+    let Some(c) = super::cluster(1) else { return };
+    let url = c.url();
+    let mut vals = values(1);
+    let table = EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, &vals).unwrap();
+    let mut cl = admin(&url);
+    let rep = remote::push(
+        &mut cl,
+        "upd",
+        &[&table],
+        &PushOptions::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let coll = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::remote("t", ROWS, DIM, DType::F32).unwrap(),
+    ])
+    .unwrap();
+    let src = RemoteSource {
+        cluster: ClusterOptions::parse(&url).unwrap(),
+        model: "upd".into(),
+        version: None,
+    };
+    let stager = |cache_rows: usize, policy| {
+        Stager::new(
+            &coll,
+            TierOptions {
+                cache_bytes: cache_rows * DIM * 4,
+                policy,
+                remote: Some(src.clone()),
+                ..TierOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let servers = [
+        stager(ROWS, CachePolicy::Lru),
+        stager(150, CachePolicy::Lfu),
+    ];
+    let pooler = Pooler::new(PoolOptions::default()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let pool = |s: &Stager, kj: &KeyedJagged, staged: &ember_embed::tier::StagedBatch| {
+        let mut out = vec![0f32; 8 * DIM];
+        pooler
+            .run_staged(&coll, coll.validate(kj).unwrap(), staged, &mut out)
+            .unwrap();
+        let _ = s;
+        out
+    };
+    let dram = |vals: &[f32], kj: &KeyedJagged| {
+        let mem = EmbeddingCollection::one_feature_per_table(vec![
+            EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, vals).unwrap(),
+        ])
+        .unwrap();
+        let mut out = vec![0f32; 8 * DIM];
+        pooler
+            .run(&mem, mem.validate(kj).unwrap(), &mut out)
+            .unwrap();
+        out
+    };
+    // Warm both caches on the hot range, and keep one batch of each in flight.
+    for _ in 0..20 {
+        let kj = batch(&mut rng);
+        for s in &servers {
+            let staged = s.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+            assert_eq!(pool(s, &kj, &staged), dram(&vals, &kj));
+        }
+    }
+    let before = batch(&mut rng);
+    let in_flight: Vec<_> = servers
+        .iter()
+        .map(|s| s.stage(&coll, coll.validate(&before).unwrap()).unwrap())
+        .collect();
+    let old = dram(&vals, &before);
+
+    // Rows 0..300 updated, then rows 100..110 again: the second write wins.
+    let first: Vec<u64> = (0..300).collect();
+    let new1 = values(2);
+    let rows1 = encode(&new1, &first, DType::F32);
+    updates::publish(&mut cl, "upd", None, "t", &first, &rows1, 1000).unwrap();
+    let second: Vec<u64> = (100..110).collect();
+    let new2 = values(3);
+    let rows2 = encode(&new2, &second, DType::F32);
+    let r = updates::publish(
+        &mut cl,
+        "upd",
+        Some(rep.version),
+        "t",
+        &second,
+        &rows2,
+        1000,
+    )
+    .unwrap();
+    assert_eq!((r.version, r.rows), (rep.version, 10));
+    for &i in &first {
+        let i = i as usize;
+        let src = if (100..110).contains(&i) {
+            &new2
+        } else {
+            &new1
+        };
+        vals[i * DIM..(i + 1) * DIM].copy_from_slice(&src[i * DIM..(i + 1) * DIM]);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut fresh = [false, false];
+    while fresh.iter().any(|f| !f) {
+        assert!(
+            Instant::now() < deadline,
+            "updates not visible within 10 s: {fresh:?}, {:?}",
+            servers.iter().map(|s| s.update_stats()).collect::<Vec<_>>()
+        );
+        let kj = batch(&mut rng);
+        for (k, s) in servers.iter().enumerate() {
+            let staged = s.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+            let got = pool(s, &kj, &staged);
+            fresh[k] = got == dram(&vals, &kj);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Once a server has applied both updates, every batch after reads them.
+    for _ in 0..5 {
+        let kj = batch(&mut rng);
+        for s in &servers {
+            let staged = s.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+            assert_eq!(pool(s, &kj, &staged), dram(&vals, &kj));
+        }
+    }
+    // The batches staged before the updates still read their old rows, whole.
+    for (s, staged) in servers.iter().zip(&in_flight) {
+        assert_eq!(pool(s, &before, staged), old);
+    }
+    drop(in_flight);
+    for s in &servers {
+        let u = s.update_stats().expect("following");
+        assert!(u.rows_applied > 0, "{u:?}");
+        assert_eq!((u.resets, u.bad_entries), (0, 0), "{u:?}");
+        assert_eq!(u.positions.len(), 1);
+        assert_eq!(u.positions[0].0, "t");
+        assert!(u.positions[0].1 > EntryId::default());
+        assert!(!s.take_update_lags().is_empty());
+        s.check_invariants(usize::MAX);
+    }
+    // A fresh server (a restart) reads the updated rows from the store.
+    let late = stager(ROWS, CachePolicy::Pinned);
+    let kj = batch(&mut rng);
+    let staged = late.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+    assert_eq!(pool(&late, &kj, &staged), dram(&vals, &kj));
+}
+
+/// A reader polls the entries published after it opened, in order; an entry trimmed away before
+/// it read it is a reset; a malformed entry is skipped with the reason; bad publishes are
+/// refused naming what is wrong.
+#[test]
+fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
+    let Some(c) = super::cluster(1) else { return };
+    let url = c.url();
+    let vals = values(4);
+    let table = EmbeddingTable::from_f32("t", ROWS, DIM, DType::Int8, &vals).unwrap();
+    let mut cl = admin(&url);
+    let rep = remote::push(
+        &mut cl,
+        "trim",
+        &[&table],
+        &PushOptions::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let rb = DType::Int8.row_bytes(DIM);
+    let followed = || {
+        vec![FollowedTable {
+            name: "t".into(),
+            rows: ROWS,
+            row_bytes: rb,
+        }]
+    };
+    let mut reader = UpdateReader::open(
+        ClusterOptions::parse(&url).unwrap(),
+        "trim",
+        rep.version,
+        followed(),
+    )
+    .unwrap();
+    assert!(reader.poll().unwrap().is_empty(), "no stream yet");
+    let ids = [7u64, 2999];
+    let rows = encode(&vals, &ids, DType::Int8);
+    updates::publish(&mut cl, "trim", None, "t", &ids, &rows, 1000).unwrap();
+    match &reader.poll().unwrap()[..] {
+        [
+            Polled::Rows {
+                table: 0,
+                ids: got,
+                rows: bytes,
+                published_ms,
+                ..
+            },
+        ] => {
+            assert_eq!(got, &ids);
+            assert_eq!(bytes, &rows);
+            assert!(*published_ms > 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Refused publishes name what is wrong.
+    let mut err = |ids: &[u64], rows: &[u8], table: &str| {
+        updates::publish(&mut cl, "trim", None, table, ids, rows, 1000)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(&[3000], &rows[..rb], "t").contains("row 3000 is past its 3000 rows"));
+    assert!(err(&[1, 2], &rows[..rb], "t").contains("bytes of rows for 2 ids"));
+    assert!(err(&[1], &rows[..rb], "nope").contains("table 'nope': not in this version"));
+    // A trainer's malformed entry: skipped with the reason.
+    let key = updates::updates_key("trim", rep.version, "t");
+    let mut ops = remote::Ops::default();
+    ops.push(
+        key.as_bytes(),
+        redis::cmd("XADD")
+            .arg(&key)
+            .arg("*")
+            .arg("ids")
+            .arg(&[1u8, 2, 3][..])
+            .arg("rows")
+            .arg(&rows[..rb]),
+    );
+    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    match &reader.poll().unwrap()[..] {
+        [Polled::Bad { reason, .. }] => assert!(reason.contains("3 bytes of ids"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Published and trimmed away (exactly, to one entry) before the reader polls: a reset, then
+    // the reader goes on from the newest entry.
+    for k in 0..5u64 {
+        let mut ops = remote::Ops::default();
+        ops.push(
+            key.as_bytes(),
+            redis::cmd("XADD")
+                .arg(&key)
+                .arg("MAXLEN")
+                .arg(1)
+                .arg("*")
+                .arg("ids")
+                .arg(k.to_le_bytes().to_vec())
+                .arg("rows")
+                .arg(&rows[..rb]),
+        );
+        cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+            .unwrap();
+    }
+    let polled = reader.poll().unwrap();
+    assert!(
+        matches!(polled[..], [Polled::Reset { table: 0, .. }]),
+        "{polled:?}"
+    );
+    assert!(reader.poll().unwrap().is_empty(), "nothing after the reset");
+    updates::publish(&mut cl, "trim", None, "t", &ids, &rows, 1000).unwrap();
+    assert!(matches!(reader.poll().unwrap()[..], [Polled::Rows { .. }]));
+}
+
+/// A safetensors update file: `ids` (i64) and `rows` (f32, ids x dim).
+fn update_file(path: &std::path::Path, ids: &[i64], rows: &[f32], dim: usize) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let id_bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let row_bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = vec![
+        (
+            "ids",
+            TensorView::new(Dtype::I64, vec![ids.len()], &id_bytes).unwrap(),
+        ),
+        (
+            "rows",
+            TensorView::new(Dtype::F32, vec![ids.len(), dim], &row_bytes).unwrap(),
+        ),
+    ];
+    std::fs::write(path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+}
+
+/// `ember store update` of a whole table of the shipped model, served by two replicas (one with
+/// a cache too small to hold it): both replicas' scores change to exactly those of a server
+/// started after the update; bad update files are refused naming what is wrong.
+#[test]
+fn an_update_changes_the_scores_of_every_replica() {
+    use crate::server::tsv_rows;
+    let Some(c) = super::cluster(1) else { return };
+    super::push_default(&c);
+    let a = super::serve::remote_server(&c.url(), &["--cache-policy", "lru"]);
+    let b = super::serve::remote_server(&c.url(), &["--cache-mb", "1", "--cache-policy", "lfu"]);
+    let bodies: Vec<Vec<u8>> = (0..4u64).map(|s| tsv_rows(16, 300 + s)).collect();
+    let score = |s: &crate::server::Server, body: &[u8]| {
+        let (code, got) = s.request("POST", "/v1/score", "text/plain", body).unwrap();
+        assert_eq!(code, 200, "{got}");
+        got
+    };
+    let before: Vec<String> = bodies.iter().map(|b| score(&a, b)).collect();
+    for (body, want) in bodies.iter().zip(&before) {
+        assert_eq!(&score(&b, body), want);
+    }
+    let dir = std::env::temp_dir().join(format!("ember-update-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("t3.safetensors");
+    let ids: Vec<i64> = (0..2048).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let rows: Vec<f32> = (0..2048 * 16)
+        .map(|_| rng.random_range(-3.0..3.0))
+        .collect();
+    update_file(&file, &ids, &rows, 16);
+    let ember = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["store", "update", "--redis", &c.url(), "--model", "default"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let f = file.to_str().unwrap();
+    let out = ember(&["--table", "t3", "--rows", f, "--chunk-rows", "500"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("updated 2048 rows of default/v1/t3 in 5 entries"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A server started now reads every updated row from the store: the replicas must reach
+    // exactly its scores (not merely scores that changed: the update is five entries, which a
+    // replica may apply over several batches).
+    let fresh = super::serve::remote_server(&c.url(), &[]);
+    let want: Vec<String> = bodies.iter().map(|body| score(&fresh, body)).collect();
+    assert!(
+        want.iter().zip(&before).all(|(x, y)| x != y),
+        "the update changed no score"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now: Vec<Vec<String>> = [&a, &b]
+            .iter()
+            .map(|s| bodies.iter().map(|body| score(s, body)).collect())
+            .collect();
+        if now.iter().all(|n| *n == want) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicas not updated within 10 s: {now:?} want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = a.request("GET", "/metrics", "text/plain", b"").unwrap().1;
+    assert!(
+        metrics.contains("ember_update_rows_total{outcome=\"applied\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("ember_update_lag_seconds_bucket"));
+    assert!(metrics.contains("ember_update_position_ms{table=\"t3\"}"));
+    // Bad update files and arguments are refused with what is wrong.
+    let bad = dir.join("bad.safetensors");
+    update_file(&bad, &[1, 2], &rows[..2 * 8], 8);
+    let err = |args: &[&str]| {
+        let out = ember(args);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let bad_f = bad.to_str().unwrap();
+    assert!(
+        err(&["--table", "t3", "--rows", bad_f]).contains("rows of dim 8, table 't3' has dim 16")
+    );
+    assert!(err(&["--table", "nope", "--rows", f]).contains("has no table 'nope'"));
+    update_file(&bad, &[5000], &rows[..16], 16);
+    assert!(err(&["--table", "t3", "--rows", bad_f]).contains("row 5000 is past its 2048 rows"));
+    std::fs::write(&bad, b"not safetensors").unwrap();
+    assert!(err(&["--table", "t3", "--rows", bad_f]).contains("not a safetensors file"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
