@@ -7,6 +7,7 @@
 
 mod cli;
 mod figures;
+mod freshness;
 mod serve;
 #[allow(dead_code)]
 #[path = "../reliability/server.rs"]
