@@ -438,3 +438,119 @@ fn an_update_changes_the_scores_of_every_replica() {
     assert!(err(&["--table", "t3", "--rows", bad_f]).contains("not a safetensors file"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A server whose stream was trimmed past its position (a producer that trims hard, or a server
+/// that fell behind) drops its cache of the table, counts the reset, and reads the rows afresh
+/// from the store: its scores are those of the updated table.
+#[test]
+fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
+    let Some(c) = super::cluster(1) else { return };
+    let url = c.url();
+    let mut vals = values(6);
+    let table = EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, &vals).unwrap();
+    let mut cl = admin(&url);
+    let rep = remote::push(
+        &mut cl,
+        "reset",
+        &[&table],
+        &PushOptions::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let coll = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::remote("t", ROWS, DIM, DType::F32).unwrap(),
+    ])
+    .unwrap();
+    let stager = Stager::new(
+        &coll,
+        TierOptions {
+            cache_bytes: ROWS * DIM * 4,
+            policy: CachePolicy::Lru,
+            remote: Some(RemoteSource {
+                cluster: ClusterOptions::parse(&url).unwrap(),
+                model: "reset".into(),
+                version: None,
+            }),
+            ..TierOptions::default()
+        },
+    )
+    .unwrap();
+    let pooler = Pooler::new(PoolOptions::default()).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let pooled = |kj: &KeyedJagged, vals: &[f32]| {
+        let staged = stager.stage(&coll, coll.validate(kj).unwrap()).unwrap();
+        let mut got = vec![0f32; 8 * DIM];
+        pooler
+            .run_staged(&coll, coll.validate(kj).unwrap(), &staged, &mut got)
+            .unwrap();
+        let mem = EmbeddingCollection::one_feature_per_table(vec![
+            EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, vals).unwrap(),
+        ])
+        .unwrap();
+        let mut want = vec![0f32; 8 * DIM];
+        pooler
+            .run(&mem, mem.validate(kj).unwrap(), &mut want)
+            .unwrap();
+        (got, want)
+    };
+    for _ in 0..5 {
+        let (got, want) = pooled(&batch(&mut rng), &vals);
+        assert_eq!(got, want);
+    }
+    // Rows 100..110 rewritten in the store, then 50 entries published in one pipeline with the
+    // stream trimmed to exactly one entry: the follower cannot have read them all.
+    let ids: Vec<u64> = (100..110).collect();
+    let new = values(7);
+    let rows = encode(&new, &ids, DType::F32);
+    let prefix = remote::layout::block_prefix("reset", rep.version, "t");
+    let manifest = remote::read_manifest(&mut cl, "reset", rep.version).unwrap();
+    let rpb = manifest.table("t").unwrap().rows_per_block;
+    let mut ops = remote::Ops::default();
+    for (&id, row) in ids.iter().zip(rows.chunks_exact(DIM * 4)) {
+        let key = format!("{prefix}{}", id as usize / rpb);
+        ops.push(
+            key.as_bytes(),
+            redis::cmd("SETRANGE")
+                .arg(&key)
+                .arg(id as usize % rpb * DIM * 4)
+                .arg(row),
+        );
+    }
+    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    let key = updates::updates_key("reset", rep.version, "t");
+    let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    let mut ops = remote::Ops::default();
+    for _ in 0..50 {
+        ops.push(
+            key.as_bytes(),
+            redis::cmd("XADD")
+                .arg(&key)
+                .arg("MAXLEN")
+                .arg(1)
+                .arg("*")
+                .arg("ids")
+                .arg(&id_bytes)
+                .arg("rows")
+                .arg(&rows),
+        );
+    }
+    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    for &i in &ids {
+        let i = i as usize;
+        vals[i * DIM..(i + 1) * DIM].copy_from_slice(&new[i * DIM..(i + 1) * DIM]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stager.update_stats().unwrap().resets == 0 {
+        assert!(Instant::now() < deadline, "no reset within 10 s");
+        let _ = pooled(&batch(&mut rng), &vals);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..5 {
+        let (got, want) = pooled(&batch(&mut rng), &vals);
+        assert_eq!(got, want, "after the reset, rows come from the store");
+    }
+    assert_eq!(stager.held_slots(), 0);
+    stager.check_invariants(usize::MAX);
+}
