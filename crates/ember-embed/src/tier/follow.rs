@@ -1,6 +1,7 @@
 //! Following the update streams of a collection's remote tables
 //! (`crate::storage::remote::updates`): a thread (`ember-updates`) polls the streams every
-//! [`POLL_EVERY`] and queues what it reads; the stager applies the queue between batches, under
+//! [`POLL_EVERY`] while updates flow (backing off to [`POLL_IDLE`] when they do not) and queues
+//! what it reads; the stager applies the queue between batches, under
 //! its lock, before it looks the next batch's ids up ([`crate::RowCache::update`]: a row no
 //! batch reads is rewritten in place, any other leaves the cache, so no batch sees a torn row).
 //! The queue is bounded ([`MAX_QUEUED_ROWS`]): past it the thread stops reading until the
@@ -13,8 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How often the thread polls the streams when they are idle.
+/// How often the thread polls the streams while updates flow; when a poll finds nothing, the
+/// wait doubles up to [`POLL_IDLE`] (each poll is two commands per table, per server).
 pub const POLL_EVERY: Duration = Duration::from_millis(10);
+pub const POLL_IDLE: Duration = Duration::from_millis(100);
 /// Rows queued and not yet applied at most.
 pub const MAX_QUEUED_ROWS: usize = 1 << 20;
 /// Metrics (the server describes them): rows updated by outcome (`applied`: the row was cached;
@@ -92,6 +95,7 @@ impl Follower {
             .name("ember-updates".into())
             .spawn(move || {
                 let mut failing = false;
+                let mut wait = POLL_EVERY;
                 while !f.stop.load(Relaxed) {
                     if f.queued_rows.load(Relaxed) >= MAX_QUEUED_ROWS {
                         std::thread::sleep(POLL_EVERY);
@@ -114,10 +118,14 @@ impl Follower {
                                     .set(p.0 as f64);
                             }
                             *lock(&f.positions) = at;
-                            if !polled.is_empty() {
-                                f.queued_rows.fetch_add(rows, Relaxed);
-                                lock(&f.queue).extend(polled);
+                            if polled.is_empty() {
+                                std::thread::sleep(wait);
+                                wait = (wait * 2).min(POLL_IDLE);
+                                continue;
                             }
+                            f.queued_rows.fetch_add(rows, Relaxed);
+                            lock(&f.queue).extend(polled);
+                            wait = POLL_EVERY;
                             if !full {
                                 std::thread::sleep(POLL_EVERY);
                             }
