@@ -415,11 +415,9 @@ fn unstaged_tier_lookup_is_an_error() {
     assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
 }
 
-#[test]
-fn cached_rows_pool_in_place_held_until_dropped() {
-    let dir = TempDir::new("inplace");
-    let mut rng = SmallRng::seed_from_u64(12);
-    let t = random_table(&mut rng, "t", 4000, 16, DType::F32);
+/// One random 4000 x 16 f32 table written to `dir`: on the SSD tier, and in DRAM.
+fn ssd_and_dram(dir: &TempDir, rng: &mut SmallRng) -> (EmbeddingCollection, EmbeddingCollection) {
+    let t = random_table(rng, "t", 4000, 16, DType::F32);
     let p = dir.path("t.rows");
     write(&t, &p);
     let tier =
@@ -429,6 +427,38 @@ fn cached_rows_pool_in_place_held_until_dropped() {
         EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).unwrap(),
     ])
     .unwrap();
+    (tier, mem)
+}
+
+/// `kj` pooled from `staged` equals `kj` pooled from the DRAM tables, bit for bit.
+fn assert_pools_as_dram(
+    pooler: &Pooler,
+    tier: &EmbeddingCollection,
+    mem: &EmbeddingCollection,
+    kj: &KeyedJagged,
+    staged: &tier::StagedBatch,
+) {
+    let mut want = vec![0f32; kj.batch_size() * mem.total_dim()];
+    pooler
+        .run(mem, mem.validate(kj).unwrap(), &mut want)
+        .unwrap();
+    let mut got = vec![f32::NAN; want.len()];
+    pooler
+        .run_staged(tier, tier.validate(kj).unwrap(), staged, &mut got)
+        .unwrap();
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "staged {got:?} != in memory {want:?}"
+    );
+}
+
+#[test]
+fn cached_rows_pool_in_place_held_until_dropped() {
+    let dir = TempDir::new("inplace");
+    let mut rng = SmallRng::seed_from_u64(12);
+    let (tier, mem) = ssd_and_dram(&dir, &mut rng);
     // 100 rows of cache (64 bytes each) and 50 staging slots.
     let budget = 100 * 64;
     let stager = Stager::new(
@@ -448,19 +478,7 @@ fn cached_rows_pool_in_place_held_until_dropped() {
         KeyedJagged::from_lengths(vec!["t".into()], 4, &[40; 4], Ids::U32(ids), None).unwrap()
     };
     let check = |kj: &KeyedJagged, staged: &tier::StagedBatch| {
-        let mut want = vec![0f32; 4 * 16];
-        pooler
-            .run(&mem, mem.validate(kj).unwrap(), &mut want)
-            .unwrap();
-        let mut got = vec![f32::NAN; want.len()];
-        pooler
-            .run_staged(&tier, tier.validate(kj).unwrap(), staged, &mut got)
-            .unwrap();
-        assert!(
-            got.iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-        );
+        assert_pools_as_dram(&pooler, &tier, &mem, kj, staged);
     };
     let (ka, kb, kc) = (batch(0), batch(1000), batch(2000));
     let a = stager.stage(&tier, tier.validate(&ka).unwrap()).unwrap();
@@ -815,16 +833,7 @@ fn large_batches_staged_in_parallel_equal_in_memory() {
 fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
     let dir = TempDir::new("repin");
     let mut rng = SmallRng::seed_from_u64(13);
-    let t = random_table(&mut rng, "t", 4000, 16, DType::F32);
-    let p = dir.path("t.rows");
-    write(&t, &p);
-    let tier =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
-    let mem = EmbeddingCollection::one_feature_per_table(vec![
-        EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).unwrap(),
-    ])
-    .unwrap();
+    let (tier, mem) = ssd_and_dram(&dir, &mut rng);
     // 100 rows of cache, all pinned, the pinned set taken from the live counts after every batch.
     let budget = 100 * 64;
     let stager = Stager::new(
@@ -845,20 +854,7 @@ fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
             .unwrap()
     };
     let check = |kj: &KeyedJagged, staged: &tier::StagedBatch| {
-        let mut want = vec![0f32; 2 * 16];
-        pooler
-            .run(&mem, mem.validate(kj).unwrap(), &mut want)
-            .unwrap();
-        let mut got = vec![f32::NAN; want.len()];
-        pooler
-            .run_staged(&tier, tier.validate(kj).unwrap(), staged, &mut got)
-            .unwrap();
-        assert!(
-            got.iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "staged {got:?} != in memory {want:?}"
-        );
+        assert_pools_as_dram(&pooler, &tier, &mem, kj, staged);
     };
     // The first batch's rows are fetched, then pinned by the refresh after it.
     let hot = batch(0, 50);

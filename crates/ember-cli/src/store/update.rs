@@ -64,31 +64,36 @@ fn read_file(path: &Path) -> Result<(Vec<u64>, Vec<f32>, usize)> {
         );
     }
     let data = ids_t.data();
-    let ids: Vec<u64> = match ids_t.dtype() {
+    let le = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        w
+    };
+    let wide: Vec<i128> = match ids_t.dtype() {
         StDtype::U64 => data
             .chunks_exact(8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .map(|b| u64::from_le_bytes(le(b)).into())
             .collect(),
         StDtype::I64 => data
             .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .map(|v| {
-                u64::try_from(v).with_context(|| format!("{}: id {v} is negative", path.display()))
-            })
-            .collect::<Result<_>>()?,
+            .map(|b| i64::from_le_bytes(le(b)).into())
+            .collect(),
         StDtype::U32 => data
             .chunks_exact(4)
-            .map(|b| u64::from(u32::from_le_bytes(b.try_into().unwrap())))
+            .map(|b| u64::from_le_bytes(le(b)).into())
             .collect(),
         StDtype::I32 => data
             .chunks_exact(4)
-            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
-            .map(|v| {
-                u64::try_from(v).with_context(|| format!("{}: id {v} is negative", path.display()))
-            })
-            .collect::<Result<_>>()?,
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()).into())
+            .collect(),
         d => bail!("{}: 'ids' is {d:?}, want an integer type", path.display()),
     };
+    let ids: Vec<u64> = wide
+        .into_iter()
+        .map(|v| {
+            u64::try_from(v).with_context(|| format!("{}: id {v} is negative", path.display()))
+        })
+        .collect::<Result<_>>()?;
     if rows_t.dtype() != StDtype::F32 || rows_t.shape().len() != 2 || rows_t.shape()[0] != ids.len()
     {
         bail!(
@@ -134,21 +139,14 @@ pub fn run(a: UpdateArgs) -> Result<()> {
     let encoded = EmbeddingTable::from_f32(&a.table, ids.len(), dim, t.dtype, &vals)?;
     let bytes = encoded.resident().expect("built in memory");
     let rb = t.row_bytes;
+    let publisher = updates::Publisher::new(&a.model, version, t);
     let t0 = std::time::Instant::now();
     let mut entries = Vec::new();
-    for (k, chunk) in ids.chunks(a.chunk_rows).enumerate() {
-        let start = k * a.chunk_rows * rb;
-        let rows = &bytes[start..start + chunk.len() * rb];
-        let rep = updates::publish(
-            &mut cl,
-            &a.model,
-            Some(version),
-            &a.table,
-            chunk,
-            rows,
-            a.max_len,
-        )?;
-        entries.push(rep.entry);
+    for (chunk, rows) in ids
+        .chunks(a.chunk_rows)
+        .zip(bytes.chunks(a.chunk_rows * rb))
+    {
+        entries.push(publisher.publish(&mut cl, chunk, rows, a.max_len)?.entry);
     }
     let secs = t0.elapsed().as_secs_f64();
     if a.json {

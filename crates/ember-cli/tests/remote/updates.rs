@@ -56,6 +56,81 @@ fn batch(rng: &mut rand::rngs::StdRng) -> KeyedJagged {
     KeyedJagged::from_lengths(vec!["t".into()], 8, &[25; 8], Ids::U32(ids), None).unwrap()
 }
 
+/// Table `t` of `vals` pushed as model `model`: the admin connection and the version.
+fn pushed(url: &str, model: &str, vals: &[f32]) -> (Cluster, u64) {
+    let table = EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, vals).unwrap();
+    let mut cl = admin(url);
+    let rep = remote::push(
+        &mut cl,
+        model,
+        &[&table],
+        &PushOptions::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    (cl, rep.version)
+}
+
+/// One feature on remote table `t`.
+fn remote_coll() -> EmbeddingCollection {
+    EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::remote("t", ROWS, DIM, DType::F32).unwrap(),
+    ])
+    .unwrap()
+}
+
+/// A server's stager of `coll` on model `model` with a cache of `cache_rows` rows, following
+/// the updates.
+fn follower(
+    coll: &EmbeddingCollection,
+    url: &str,
+    model: &str,
+    cache_rows: usize,
+    policy: CachePolicy,
+) -> Stager {
+    Stager::new(
+        coll,
+        TierOptions {
+            cache_bytes: cache_rows * DIM * 4,
+            policy,
+            remote: Some(RemoteSource {
+                cluster: ClusterOptions::parse(url).unwrap(),
+                model: model.into(),
+                version: None,
+            }),
+            ..TierOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// `kj` pooled from `staged` (rows of `coll`).
+fn pool_staged(
+    pooler: &Pooler,
+    coll: &EmbeddingCollection,
+    kj: &KeyedJagged,
+    staged: &ember_embed::tier::StagedBatch,
+) -> Vec<f32> {
+    let mut out = vec![0f32; 8 * DIM];
+    pooler
+        .run_staged(coll, coll.validate(kj).unwrap(), staged, &mut out)
+        .unwrap();
+    out
+}
+
+/// `kj` pooled from table `t` of `vals` in DRAM.
+fn pool_dram(pooler: &Pooler, vals: &[f32], kj: &KeyedJagged) -> Vec<f32> {
+    let mem = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, vals).unwrap(),
+    ])
+    .unwrap();
+    let mut out = vec![0f32; 8 * DIM];
+    pooler
+        .run(&mem, mem.validate(kj).unwrap(), &mut out)
+        .unwrap();
+    out
+}
+
 /// Two servers' stagers (one whose cache covers the table, one much smaller) follow the stream:
 /// after updates, including two to the same row, both pool exactly what a DRAM table with the
 /// updates applied pools, within a few seconds, while a batch staged before is still in flight
@@ -65,68 +140,24 @@ fn updates_reach_every_server_and_the_last_write_wins() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
     let mut vals = values(1);
-    let table = EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, &vals).unwrap();
-    let mut cl = admin(&url);
-    let rep = remote::push(
-        &mut cl,
-        "upd",
-        &[&table],
-        &PushOptions::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    let coll = EmbeddingCollection::one_feature_per_table(vec![
-        EmbeddingTable::remote("t", ROWS, DIM, DType::F32).unwrap(),
-    ])
-    .unwrap();
-    let src = RemoteSource {
-        cluster: ClusterOptions::parse(&url).unwrap(),
-        model: "upd".into(),
-        version: None,
-    };
-    let stager = |cache_rows: usize, policy| {
-        Stager::new(
-            &coll,
-            TierOptions {
-                cache_bytes: cache_rows * DIM * 4,
-                policy,
-                remote: Some(src.clone()),
-                ..TierOptions::default()
-            },
-        )
-        .unwrap()
-    };
+    let (mut cl, version) = pushed(&url, "upd", &vals);
+    let coll = remote_coll();
     let servers = [
-        stager(ROWS, CachePolicy::Lru),
-        stager(150, CachePolicy::Lfu),
+        follower(&coll, &url, "upd", ROWS, CachePolicy::Lru),
+        follower(&coll, &url, "upd", 150, CachePolicy::Lfu),
     ];
     let pooler = Pooler::new(PoolOptions::default()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let pool = |s: &Stager, kj: &KeyedJagged, staged: &ember_embed::tier::StagedBatch| {
-        let mut out = vec![0f32; 8 * DIM];
-        pooler
-            .run_staged(&coll, coll.validate(kj).unwrap(), staged, &mut out)
-            .unwrap();
-        let _ = s;
-        out
+    let pool = |kj: &KeyedJagged, staged: &ember_embed::tier::StagedBatch| {
+        pool_staged(&pooler, &coll, kj, staged)
     };
-    let dram = |vals: &[f32], kj: &KeyedJagged| {
-        let mem = EmbeddingCollection::one_feature_per_table(vec![
-            EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, vals).unwrap(),
-        ])
-        .unwrap();
-        let mut out = vec![0f32; 8 * DIM];
-        pooler
-            .run(&mem, mem.validate(kj).unwrap(), &mut out)
-            .unwrap();
-        out
-    };
+    let dram = |vals: &[f32], kj: &KeyedJagged| pool_dram(&pooler, vals, kj);
     // Warm both caches on the hot range, and keep one batch of each in flight.
     for _ in 0..20 {
         let kj = batch(&mut rng);
         for s in &servers {
             let staged = s.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
-            assert_eq!(pool(s, &kj, &staged), dram(&vals, &kj));
+            assert_eq!(pool(&kj, &staged), dram(&vals, &kj));
         }
     }
     let before = batch(&mut rng);
@@ -144,17 +175,8 @@ fn updates_reach_every_server_and_the_last_write_wins() {
     let second: Vec<u64> = (100..110).collect();
     let new2 = values(3);
     let rows2 = encode(&new2, &second, DType::F32);
-    let r = updates::publish(
-        &mut cl,
-        "upd",
-        Some(rep.version),
-        "t",
-        &second,
-        &rows2,
-        1000,
-    )
-    .unwrap();
-    assert_eq!((r.version, r.rows), (rep.version, 10));
+    let r = updates::publish(&mut cl, "upd", Some(version), "t", &second, &rows2, 1000).unwrap();
+    assert_eq!((r.version, r.rows), (version, 10));
     for &i in &first {
         let i = i as usize;
         let src = if (100..110).contains(&i) {
@@ -176,7 +198,7 @@ fn updates_reach_every_server_and_the_last_write_wins() {
         let kj = batch(&mut rng);
         for (k, s) in servers.iter().enumerate() {
             let staged = s.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
-            let got = pool(s, &kj, &staged);
+            let got = pool(&kj, &staged);
             fresh[k] = got == dram(&vals, &kj);
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -186,12 +208,12 @@ fn updates_reach_every_server_and_the_last_write_wins() {
         let kj = batch(&mut rng);
         for s in &servers {
             let staged = s.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
-            assert_eq!(pool(s, &kj, &staged), dram(&vals, &kj));
+            assert_eq!(pool(&kj, &staged), dram(&vals, &kj));
         }
     }
     // The batches staged before the updates still read their old rows, whole.
-    for (s, staged) in servers.iter().zip(&in_flight) {
-        assert_eq!(pool(s, &before, staged), old);
+    for staged in &in_flight {
+        assert_eq!(pool(&before, staged), old);
     }
     drop(in_flight);
     for s in &servers {
@@ -205,10 +227,10 @@ fn updates_reach_every_server_and_the_last_write_wins() {
         s.check_invariants(usize::MAX);
     }
     // A fresh server (a restart) reads the updated rows from the store.
-    let late = stager(ROWS, CachePolicy::Pinned);
+    let late = follower(&coll, &url, "upd", ROWS, CachePolicy::Pinned);
     let kj = batch(&mut rng);
     let staged = late.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
-    assert_eq!(pool(&late, &kj, &staged), dram(&vals, &kj));
+    assert_eq!(pool(&kj, &staged), dram(&vals, &kj));
 }
 
 /// A reader polls the entries published after it opened, in order; an entry trimmed away before
@@ -447,51 +469,17 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
     let mut vals = values(6);
-    let table = EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, &vals).unwrap();
-    let mut cl = admin(&url);
-    let rep = remote::push(
-        &mut cl,
-        "reset",
-        &[&table],
-        &PushOptions::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    let coll = EmbeddingCollection::one_feature_per_table(vec![
-        EmbeddingTable::remote("t", ROWS, DIM, DType::F32).unwrap(),
-    ])
-    .unwrap();
-    let stager = Stager::new(
-        &coll,
-        TierOptions {
-            cache_bytes: ROWS * DIM * 4,
-            policy: CachePolicy::Lru,
-            remote: Some(RemoteSource {
-                cluster: ClusterOptions::parse(&url).unwrap(),
-                model: "reset".into(),
-                version: None,
-            }),
-            ..TierOptions::default()
-        },
-    )
-    .unwrap();
+    let (mut cl, version) = pushed(&url, "reset", &vals);
+    let coll = remote_coll();
+    let stager = follower(&coll, &url, "reset", ROWS, CachePolicy::Lru);
     let pooler = Pooler::new(PoolOptions::default()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let pooled = |kj: &KeyedJagged, vals: &[f32]| {
         let staged = stager.stage(&coll, coll.validate(kj).unwrap()).unwrap();
-        let mut got = vec![0f32; 8 * DIM];
-        pooler
-            .run_staged(&coll, coll.validate(kj).unwrap(), &staged, &mut got)
-            .unwrap();
-        let mem = EmbeddingCollection::one_feature_per_table(vec![
-            EmbeddingTable::from_f32("t", ROWS, DIM, DType::F32, vals).unwrap(),
-        ])
-        .unwrap();
-        let mut want = vec![0f32; 8 * DIM];
-        pooler
-            .run(&mem, mem.validate(kj).unwrap(), &mut want)
-            .unwrap();
-        (got, want)
+        (
+            pool_staged(&pooler, &coll, kj, &staged),
+            pool_dram(&pooler, vals, kj),
+        )
     };
     for _ in 0..5 {
         let (got, want) = pooled(&batch(&mut rng), &vals);
@@ -502,8 +490,8 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     let ids: Vec<u64> = (100..110).collect();
     let new = values(7);
     let rows = encode(&new, &ids, DType::F32);
-    let prefix = remote::layout::block_prefix("reset", rep.version, "t");
-    let manifest = remote::read_manifest(&mut cl, "reset", rep.version).unwrap();
+    let prefix = remote::layout::block_prefix("reset", version, "t");
+    let manifest = remote::read_manifest(&mut cl, "reset", version).unwrap();
     let rpb = manifest.table("t").unwrap().rows_per_block;
     let mut ops = remote::Ops::default();
     for (&id, row) in ids.iter().zip(rows.chunks_exact(DIM * 4)) {
@@ -518,7 +506,7 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     }
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
         .unwrap();
-    let key = updates::updates_key("reset", rep.version, "t");
+    let key = updates::updates_key("reset", version, "t");
     let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
     let mut ops = remote::Ops::default();
     for _ in 0..50 {

@@ -33,7 +33,7 @@ impl RowCache {
                 let resident = matches!(st, SlotState::Cached | SlotState::Pinned);
                 let stable = st == SlotState::Pinned || (self.covers && resident);
                 assert_eq!(
-                    self.pin_bit(s as u32),
+                    self.stable_bit(s as u32),
                     stable,
                     "cache slot {s} is {st:?} but its stable bit disagrees"
                 );

@@ -143,7 +143,7 @@ pub struct RowCache {
     pin_pos: Vec<u32>,
     /// One bit per cache slot, set while its row is *stable*: pinned, or resident in a cache
     /// that covers its ids (see `pins.rs`).
-    pin_bits: Vec<u64>,
+    stable_bits: Vec<u64>,
     /// Whether the capacity covers every id below the index's bound ([`RowCache::with_id_bound`]):
     /// id `i` then lives in slot `i`, nothing is ever evicted, and every resident row is stable.
     covers: bool,
@@ -250,7 +250,7 @@ impl RowCache {
             free: (0..capacity as u32).rev().collect(),
             pinned: Vec::with_capacity(capacity),
             pin_pos: vec![0; capacity],
-            pin_bits: vec![0; capacity.div_ceil(64)],
+            stable_bits: vec![0; capacity.div_ceil(64)],
             covers: false,
             pin_epoch: PinEpoch::default(),
             retired: std::collections::VecDeque::new(),
@@ -488,15 +488,12 @@ impl RowCache {
         );
         if self.covers {
             // Slot `id` if resident: one bit, not the map.
-            return match u32::try_from(id) {
-                Ok(slot) if self.pin_bit(slot) => Marked::Stable(slot),
-                _ => Marked::Absent,
-            };
+            return self.stable_slot(id).map_or(Marked::Absent, Marked::Stable);
         }
         let Some(&slot) = self.map.get(&id) else {
             return Marked::Absent;
         };
-        if self.pin_bit(slot) {
+        if self.stable_bit(slot) {
             return Marked::Stable(slot);
         }
         let rec = &mut self.slots[slot as usize];
@@ -518,7 +515,7 @@ impl RowCache {
     pub fn prefetch_record(&self, id: u64) {
         if !self.covers
             && let Some(&slot) = self.map.get(&id)
-            && !self.pin_bit(slot)
+            && !self.stable_bit(slot)
         {
             self.prefetch_release(slot);
         }
@@ -633,8 +630,7 @@ impl RowCache {
         // No sketch bump: the `get` that missed already counted this access.
         if let Some(&slot) = self.map.get(&id) {
             // A pinned slot may be read by batches that keep its epoch, unheld (`pins.rs`).
-            let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
-            if self.slots[slot as usize].holds == 0 && !read_unheld {
+            if self.slots[slot as usize].holds == 0 && !self.read_unheld(slot) {
                 self.write_row(slot, row);
                 if self.slots[slot as usize].state == SlotState::Cached {
                     self.order.touch(&mut self.slots, slot);
@@ -675,7 +671,7 @@ impl RowCache {
         let mut old = std::mem::take(&mut self.pinned);
         for &slot in &old {
             // In a covering cache every resident row stays stable.
-            self.set_pin_bit(slot, self.covers);
+            self.set_stable_bit(slot, self.covers);
             self.slots[slot as usize].state = SlotState::Cached;
             if self.slots[slot as usize].holds == 0 {
                 self.order.push(&mut self.slots, slot);
@@ -697,11 +693,10 @@ impl RowCache {
                         self.order.remove(&mut self.slots, slot);
                     }
                     self.slots[slot as usize].state = SlotState::Pinned;
-                    self.set_pin_bit(slot, true);
+                    self.set_stable_bit(slot, true);
                     self.push_pinned(slot);
                 }
-                let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
-                if !held && !read_unheld {
+                if !held && !self.read_unheld(slot) {
                     self.write_row(slot, row);
                 }
                 continue;
@@ -776,7 +771,7 @@ impl RowCache {
             SlotState::Pinned => self.push_pinned(slot),
             _ => self.order.push(&mut self.slots, slot),
         }
-        self.set_pin_bit(slot, state == SlotState::Pinned || self.covers);
+        self.set_stable_bit(slot, state == SlotState::Pinned || self.covers);
     }
 
     /// A free cache slot for the absent `id`, if any: slot `id` in a covering cache.

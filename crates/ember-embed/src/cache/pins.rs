@@ -38,19 +38,19 @@ impl PinEpoch {
 impl RowCache {
     /// Whether cache slot `slot` holds a stable row (one bit read, not the slot's record).
     #[inline(always)]
-    pub(super) fn pin_bit(&self, slot: u32) -> bool {
-        self.pin_bits
+    pub(super) fn stable_bit(&self, slot: u32) -> bool {
+        self.stable_bits
             .get(slot as usize / 64)
             .is_some_and(|w| w >> (slot % 64) & 1 == 1)
     }
 
     /// Sets or clears slot `slot`'s stable bit.
-    pub(super) fn set_pin_bit(&mut self, slot: u32, on: bool) {
+    pub(super) fn set_stable_bit(&mut self, slot: u32, on: bool) {
         let (w, b) = (slot as usize / 64, slot % 64);
         if on {
-            self.pin_bits[w] |= 1 << b;
+            self.stable_bits[w] |= 1 << b;
         } else {
-            self.pin_bits[w] &= !(1 << b);
+            self.stable_bits[w] &= !(1 << b);
         }
     }
 
@@ -60,7 +60,7 @@ impl RowCache {
     #[inline(always)]
     pub fn stable_slot(&self, id: u64) -> Option<u32> {
         let slot = u32::try_from(id).ok()?;
-        (self.covers && self.pin_bit(slot)).then_some(slot)
+        (self.covers && self.stable_bit(slot)).then_some(slot)
     }
 
     /// Asks the CPU to bring the bit [`stable_slot`](Self::stable_slot) reads for `id` into
@@ -68,7 +68,7 @@ impl RowCache {
     #[inline(always)]
     pub fn prefetch_stable(&self, id: u64) {
         let w = (id / 64) as usize;
-        crate::prefetch::prefetch_span(self.pin_bits.as_ptr().wrapping_add(w).cast(), 8);
+        crate::prefetch::prefetch_span(self.stable_bits.as_ptr().wrapping_add(w).cast(), 8);
     }
 
     /// Whether a lookup records its access (live counts for [`take_hot`](Self::take_hot), or
@@ -101,6 +101,18 @@ impl RowCache {
         self.pin_epoch.shared() || !self.retired.is_empty()
     }
 
+    /// Whether a batch may be reading `slot` unheld: it is stable, and a batch keeps an epoch.
+    pub(super) fn read_unheld(&self, slot: u32) -> bool {
+        self.stable_bit(slot) && self.stable_rows_read()
+    }
+
+    /// Ends the current epoch: `slots` (held for its batches) are given back once no batch
+    /// keeps it or an earlier one ([`reap_pins`](Self::reap_pins)), and a new epoch begins.
+    pub(super) fn retire_epoch(&mut self, slots: Vec<u32>) {
+        let old = std::mem::take(&mut self.pin_epoch);
+        self.retired.push_back((old, slots));
+    }
+
     /// Before the pinned set changes: if batches still share the current epoch or an earlier
     /// one, holds every pinned slot for them and starts a new epoch (with the slots of rows
     /// updated under it).
@@ -117,8 +129,7 @@ impl RowCache {
                 self.slots[slot as usize].holds += 1;
             }
         }
-        let old = std::mem::take(&mut self.pin_epoch);
-        self.retired.push_back((old, slots));
+        self.retire_epoch(slots);
     }
 
     /// Gives back the holds taken for batches of earlier epochs, oldest first, up to the first

@@ -37,7 +37,7 @@ impl RowCache {
         let Some(&slot) = self.map.get(&id) else {
             return Updated::Absent;
         };
-        let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
+        let read_unheld = self.read_unheld(slot);
         if self.slots[slot as usize].holds == 0 && !read_unheld {
             self.write_row(slot, row);
             return Updated::InPlace;
@@ -52,9 +52,8 @@ impl RowCache {
         if self.retiring.is_empty() {
             return;
         }
-        let old = std::mem::take(&mut self.pin_epoch);
         let slots = std::mem::take(&mut self.retiring);
-        self.retired.push_back((old, slots));
+        self.retire_epoch(slots);
     }
 
     /// Drops every resident row (the stream of updates was trimmed past what this cache has
@@ -63,8 +62,7 @@ impl RowCache {
     pub fn drop_all(&mut self) {
         let resident: Vec<(u64, u32)> = self.map.iter().collect();
         for (id, slot) in resident {
-            let read_unheld = self.pin_bit(slot) && self.stable_rows_read();
-            self.leave(id, slot, read_unheld);
+            self.leave(id, slot, self.read_unheld(slot));
         }
         self.end_updates();
     }
@@ -81,7 +79,7 @@ impl RowCache {
             SlotState::Pinned => self.remove_pinned(slot),
             _ => {}
         }
-        self.set_pin_bit(slot, false);
+        self.set_stable_bit(slot, false);
         if self.slots[s].holds == 0 && !read_unheld {
             self.slots[s].state = SlotState::Free;
             if !self.covers {

@@ -34,9 +34,9 @@ impl Pooler {
             }
         };
         // SAFETY: the stager took `held` and `slots` from slots this batch holds until it is
-        // dropped (after this call), or from stable slots (pinned, or of a cache that covers every id) of the epoch the batch
-        // keeps, and the
-        // cache writes neither; the batch's `Arc` keeps the slab alive.
+        // dropped (after this call), or from stable slots (pinned, or of a cache that covers
+        // every id) of the epoch the batch keeps, and the cache writes neither; the batch's
+        // `Arc` keeps the slab alive.
         let rows = unsafe { Rows::of_slab(slab) };
         // Where the stager deduplicated the whole feature (no stable row), its distinct rows are
         // known: gather them once into the thread's compact buffer where that pays. Stable rows

@@ -80,68 +80,73 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Rows of the updates in `polled`.
+fn rows_in(polled: &[Polled]) -> usize {
+    polled
+        .iter()
+        .map(|p| match p {
+            Polled::Rows { ids, .. } => ids.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The `ember-updates` thread: polls until told to stop (see the module documentation).
+fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String]) {
+    let mut failing = false;
+    let mut wait = POLL_EVERY;
+    while !f.stop.load(Relaxed) {
+        if f.queued_rows.load(Relaxed) >= MAX_QUEUED_ROWS {
+            std::thread::sleep(POLL_EVERY);
+            continue;
+        }
+        let polled = match reader.poll() {
+            Ok(polled) => polled,
+            Err(e) => {
+                f.poll_errors.fetch_add(1, Relaxed);
+                metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
+                if !failing {
+                    eprintln!("ember: reading row updates failed ({e}); retrying");
+                }
+                failing = true;
+                std::thread::sleep(POLL_EVERY * 10);
+                continue;
+            }
+        };
+        failing = false;
+        let at = reader.positions();
+        for (name, p) in names.iter().zip(&at) {
+            metrics::gauge!(UPDATE_POSITION, "table" => name.clone()).set(p.0 as f64);
+        }
+        *lock(&f.positions) = at;
+        if polled.is_empty() {
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(POLL_IDLE);
+            continue;
+        }
+        wait = POLL_EVERY;
+        let full = polled.len() >= reader.count;
+        f.queued_rows.fetch_add(rows_in(&polled), Relaxed);
+        lock(&f.queue).extend(polled);
+        if !full {
+            std::thread::sleep(POLL_EVERY);
+        }
+    }
+}
+
 impl Follower {
     /// Starts following with `reader`, whose tables are tier tables `tier_of`.
     pub(super) fn start(
-        mut reader: UpdateReader,
+        reader: UpdateReader,
         names: Vec<String>,
         tier_of: Vec<usize>,
     ) -> std::io::Result<Self> {
         let feed = Arc::new(Feed::default());
         *lock(&feed.positions) = reader.positions();
-        let f = feed.clone();
-        let names_t = names.clone();
+        let (f, names_t) = (feed.clone(), names.clone());
         let thread = std::thread::Builder::new()
             .name("ember-updates".into())
-            .spawn(move || {
-                let mut failing = false;
-                let mut wait = POLL_EVERY;
-                while !f.stop.load(Relaxed) {
-                    if f.queued_rows.load(Relaxed) >= MAX_QUEUED_ROWS {
-                        std::thread::sleep(POLL_EVERY);
-                        continue;
-                    }
-                    match reader.poll() {
-                        Ok(polled) => {
-                            failing = false;
-                            let full = polled.len() >= reader.count;
-                            let rows: usize = polled
-                                .iter()
-                                .map(|p| match p {
-                                    Polled::Rows { ids, .. } => ids.len(),
-                                    _ => 0,
-                                })
-                                .sum();
-                            let at = reader.positions();
-                            for (name, p) in names_t.iter().zip(&at) {
-                                metrics::gauge!(UPDATE_POSITION, "table" => name.clone())
-                                    .set(p.0 as f64);
-                            }
-                            *lock(&f.positions) = at;
-                            if polled.is_empty() {
-                                std::thread::sleep(wait);
-                                wait = (wait * 2).min(POLL_IDLE);
-                                continue;
-                            }
-                            f.queued_rows.fetch_add(rows, Relaxed);
-                            lock(&f.queue).extend(polled);
-                            wait = POLL_EVERY;
-                            if !full {
-                                std::thread::sleep(POLL_EVERY);
-                            }
-                        }
-                        Err(e) => {
-                            f.poll_errors.fetch_add(1, Relaxed);
-                            metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
-                            if !failing {
-                                eprintln!("ember: reading row updates failed ({e}); retrying");
-                            }
-                            failing = true;
-                            std::thread::sleep(POLL_EVERY * 10);
-                        }
-                    }
-                }
-            })?;
+            .spawn(move || poll_loop(reader, &f, &names_t))?;
         Ok(Follower {
             feed,
             names,
@@ -153,14 +158,7 @@ impl Follower {
     /// Takes what was queued.
     pub(super) fn drain(&self) -> Vec<Polled> {
         let polled = std::mem::take(&mut *lock(&self.feed.queue));
-        let rows: usize = polled
-            .iter()
-            .map(|p| match p {
-                Polled::Rows { ids, .. } => ids.len(),
-                _ => 0,
-            })
-            .sum();
-        self.feed.queued_rows.fetch_sub(rows, Relaxed);
+        self.feed.queued_rows.fetch_sub(rows_in(&polled), Relaxed);
         polled
     }
 

@@ -18,6 +18,7 @@
 
 use super::cluster::Cluster;
 use super::layout::{self, block_prefix};
+use super::manifest::ManifestTable;
 use super::ops::Ops;
 use super::options::ClusterOptions;
 use super::store::{read_manifest, resolve_version, store_err};
@@ -53,7 +54,8 @@ fn now_ms() -> u64 {
 
 /// Writes `rows` (`ids.len()` rows in the table's encoding) of `table` into version `version`
 /// of `model` (`None`: the newest ready one), then publishes them as one stream entry (see the
-/// module documentation). At most [`MAX_ENTRY_ROWS`] rows.
+/// module documentation). At most [`MAX_ENTRY_ROWS`] rows. To publish many entries, open a
+/// [`Publisher`] once instead (this reads the version and its manifest on every call).
 pub fn publish(
     cluster: &mut Cluster,
     model: &str,
@@ -63,71 +65,133 @@ pub fn publish(
     rows: &[u8],
     max_len: usize,
 ) -> Result<PublishReport> {
-    layout::check_name("model", model)?;
-    let version = resolve_version(cluster, model, version)?;
-    let manifest = read_manifest(cluster, model, version)?;
-    let bad = |reason: String| store_err(model, version, format!("table '{table}': {reason}"));
-    let Some(t) = manifest.table(table) else {
-        return Err(bad("not in this version".into()));
-    };
-    if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
-        return Err(bad(format!(
-            "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
-            ids.len()
-        )));
+    Publisher::open(cluster, model, version, table)?.publish(cluster, ids, rows, max_len)
+}
+
+/// Publishes updates of one table of one version (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    model: String,
+    version: u64,
+    table: ManifestTable,
+    /// The table's block keys' prefix, and its stream.
+    prefix: String,
+    key: String,
+}
+
+impl Publisher {
+    /// Resolves `version` of `model` (`None`: the newest ready one) and reads `table`'s shape
+    /// from its manifest.
+    pub fn open(
+        cluster: &mut Cluster,
+        model: &str,
+        version: Option<u64>,
+        table: &str,
+    ) -> Result<Self> {
+        layout::check_name("model", model)?;
+        let version = resolve_version(cluster, model, version)?;
+        let manifest = read_manifest(cluster, model, version)?;
+        let Some(t) = manifest.table(table) else {
+            return Err(store_err(
+                model,
+                version,
+                format!("table '{table}': not in this version"),
+            ));
+        };
+        Ok(Publisher::new(model, version, t))
     }
-    if rows.len() != ids.len() * t.row_bytes {
-        return Err(bad(format!(
-            "{} bytes of rows for {} ids of {} bytes each",
-            rows.len(),
-            ids.len(),
-            t.row_bytes
-        )));
+
+    /// For table `table` (from version `version`'s manifest) of `model`.
+    pub fn new(model: &str, version: u64, table: &ManifestTable) -> Self {
+        Publisher {
+            model: model.into(),
+            version,
+            prefix: block_prefix(model, version, &table.name),
+            key: updates_key(model, version, &table.name),
+            table: table.clone(),
+        }
     }
-    if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
-        return Err(bad(format!("row {id} is past its {} rows", t.rows)));
+
+    /// The table's shape.
+    pub fn table(&self) -> &ManifestTable {
+        &self.table
     }
-    let prefix = block_prefix(model, version, table);
-    let mut ops = Ops::default();
-    for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
-        let id = id as usize;
-        let key = format!("{prefix}{}", id / t.rows_per_block);
-        let offset = (id % t.rows_per_block) * t.row_bytes;
+
+    /// Writes `rows` (`ids.len()` rows in the table's encoding) to their blocks, then publishes
+    /// them as one entry, the stream trimmed to about `max_len` entries. At most
+    /// [`MAX_ENTRY_ROWS`] rows.
+    pub fn publish(
+        &self,
+        cluster: &mut Cluster,
+        ids: &[u64],
+        rows: &[u8],
+        max_len: usize,
+    ) -> Result<PublishReport> {
+        let t = &self.table;
+        let bad = |reason: String| {
+            store_err(
+                &self.model,
+                self.version,
+                format!("table '{}': {reason}", t.name),
+            )
+        };
+        if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
+            return Err(bad(format!(
+                "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
+                ids.len()
+            )));
+        }
+        if rows.len() != ids.len() * t.row_bytes {
+            return Err(bad(format!(
+                "{} bytes of rows for {} ids of {} bytes each",
+                rows.len(),
+                ids.len(),
+                t.row_bytes
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
+            return Err(bad(format!("row {id} is past its {} rows", t.rows)));
+        }
+        let mut ops = Ops::default();
+        for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
+            let id = id as usize;
+            let key = format!("{}{}", self.prefix, id / t.rows_per_block);
+            let offset = (id % t.rows_per_block) * t.row_bytes;
+            ops.push(
+                key.as_bytes(),
+                redis::cmd("SETRANGE").arg(&key).arg(offset).arg(row),
+            );
+        }
+        let deadline = Instant::now() + cluster.options().timeout;
+        cluster.run(&ops, false, deadline)?;
+        let id_bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        let mut ops = Ops::default();
         ops.push(
-            key.as_bytes(),
-            redis::cmd("SETRANGE").arg(&key).arg(offset).arg(row),
+            self.key.as_bytes(),
+            redis::cmd("XADD")
+                .arg(&self.key)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(max_len.max(1))
+                .arg("*")
+                .arg("ids")
+                .arg(id_bytes)
+                .arg("rows")
+                .arg(rows)
+                .arg("ts")
+                .arg(now_ms()),
         );
+        let deadline = Instant::now() + cluster.options().timeout;
+        let entry = match cluster.run(&ops, false, deadline)?.pop() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            other => return Err(bad(format!("XADD answered {other:?}"))),
+        };
+        Ok(PublishReport {
+            version: self.version,
+            rows: ids.len(),
+            entry,
+        })
     }
-    let deadline = Instant::now() + cluster.options().timeout;
-    cluster.run(&ops, false, deadline)?;
-    let key = updates_key(model, version, table);
-    let id_bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    let mut ops = Ops::default();
-    ops.push(
-        key.as_bytes(),
-        redis::cmd("XADD")
-            .arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(max_len.max(1))
-            .arg("*")
-            .arg("ids")
-            .arg(id_bytes)
-            .arg("rows")
-            .arg(rows)
-            .arg("ts")
-            .arg(now_ms()),
-    );
-    let deadline = Instant::now() + cluster.options().timeout;
-    let entry = match cluster.run(&ops, false, deadline)?.pop() {
-        Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-        other => return Err(bad(format!("XADD answered {other:?}"))),
-    };
-    Ok(PublishReport {
-        version,
-        rows: ids.len(),
-        entry,
-    })
 }
 
 /// A stream entry's id, ordered as the stream orders them.
