@@ -21,6 +21,20 @@ pub struct ServeArgs {
     /// Model directory (config.json + model.safetensors) [default: the shipped models/default].
     #[arg(long, conflicts_with = "preset")]
     model: Option<PathBuf>,
+    /// Serve every model of a repository (Triton's layout: DIR/<name>/<version>/, each version
+    /// a model directory), the newest version of each; POST /v2/repository/models/<name>/load
+    /// reloads one.
+    #[arg(long, conflicts_with_all = ["model", "preset", "name"])]
+    model_repository: Option<PathBuf>,
+    /// With --model-repository: scan it every N seconds, loading new versions (swapped in
+    /// without a pause) and new models, unloading models whose directory is gone (0: never).
+    #[arg(long, default_value_t = 0.0, requires = "model_repository")]
+    poll_secs: f64,
+    /// With --model-repository: MB per second a new version's tables are copied at while
+    /// other versions serve, so that loading leaves serving its memory bandwidth (0: as fast as
+    /// it goes). Loads at start are not paced.
+    #[arg(long, default_value_t = 0.0, requires = "model_repository")]
+    load_mb_per_s: f64,
     /// Serve a benchmark shape with random weights instead (rm1, small).
     #[arg(long)]
     preset: Option<String>,
@@ -154,12 +168,43 @@ fn parse_grpc(s: &str) -> Result<GrpcAddr, String> {
         .map_err(|e| format!("'{s}' is neither an address (host:port) nor 'off': {e}"))
 }
 
+/// Loads a repository's model versions as `ember serve --model` would load one directory.
+#[derive(Debug)]
+struct CliLoader {
+    tier: TierArgs,
+    dtype: Option<DType>,
+    threads: usize,
+}
+
+impl ember_serve::Loader for CliLoader {
+    fn load(&self, dir: &std::path::Path, pace: Option<u64>) -> Result<Model, String> {
+        let opts = ember_model::LoadOptions {
+            pace_bytes_per_s: pace,
+            ..self.tier.load_options(self.dtype)
+        };
+        let mut model = Model::load(dir, opts).map_err(|e| format!("{e}"))?;
+        self.tier
+            .apply(&mut model, dir)
+            .map_err(|e| format!("{e:#}"))?;
+        Ok(model)
+    }
+
+    fn engine(&self, model: Arc<Model>) -> Result<Box<dyn Engine>, String> {
+        ember_model::Predictor::new(model, self.threads)
+            .map(|p| Box::new(p) as Box<dyn Engine>)
+            .map_err(|e| format!("building the predictor: {e}"))
+    }
+}
+
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let io_threads = a
         .io_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if a.threads == 0 || io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
         bail!("--threads, --io-threads, --max-batch and --queue must be at least 1");
+    }
+    if let Some(root) = &a.model_repository {
+        return run_repository(&a, root.clone(), io_threads);
     }
     let (model, name) = match &a.preset {
         Some(p) => {
@@ -180,10 +225,63 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             (model, name)
         }
     };
-    let cfg = ServeConfig {
+    let cfg = serve_config(&a, a.name.clone().unwrap_or(name))?;
+    let rt = runtime(io_threads)?;
+    let model = Arc::new(model);
+    if a.gpu.is_cuda() && a.plan.plan.is_some() {
+        bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
+    }
+    let engine: Box<dyn Engine> = if a.gpu.is_cuda() {
+        // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
+        Box::new(a.gpu.predictor(model, a.max_batch, 20, None)?)
+    } else {
+        Box::new(a.plan.predictor(model, a.threads)?)
+    };
+    let started = Server::start_engine(engine, cfg.clone());
+    serve_until_stopped(rt, &a, cfg, started)
+}
+
+/// `--model-repository`: every model of the directory.
+fn run_repository(a: &ServeArgs, root: PathBuf, io_threads: usize) -> anyhow::Result<()> {
+    if a.gpu.is_cuda() || a.plan.plan.is_some() {
+        bail!(
+            "--model-repository serves on the CPU without a plan (--device cuda and --plan take --model)"
+        );
+    }
+    if !root.is_dir() {
+        bail!("--model-repository {}: not a directory", root.display());
+    }
+    let poll = secs("--poll-secs", a.poll_secs)?;
+    let source = ember_serve::RepositoryConfig {
+        root,
+        loader: Arc::new(CliLoader {
+            tier: a.tier.clone(),
+            dtype: a.dtype,
+            threads: a.threads,
+        }),
+        poll: (!poll.is_zero()).then_some(poll),
+        warm_batches: 4,
+        pace_bytes_per_s: (a.load_mb_per_s > 0.0).then_some((a.load_mb_per_s * 1e6) as u64),
+    };
+    let cfg = serve_config(a, String::new())?;
+    let rt = runtime(io_threads)?;
+    let started = Server::start_repository(source, cfg.clone());
+    serve_until_stopped(rt, a, cfg, started)
+}
+
+fn runtime(io_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(io_threads)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig> {
+    Ok(ServeConfig {
         http: a.http,
         grpc: a.grpc.0,
-        model_name: a.name.clone().unwrap_or(name),
+        model_name,
         threads: a.threads,
         batch: BatchConfig {
             max_batch: a.max_batch,
@@ -196,31 +294,22 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         },
         max_body_bytes: a.max_body_bytes,
         conn: a.conn.config()?,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(io_threads)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let model = Arc::new(model);
-    if a.gpu.is_cuda() && a.plan.plan.is_some() {
-        bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
-    }
-    let engine: Box<dyn Engine> = if a.gpu.is_cuda() {
-        // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
-        Box::new(a.gpu.predictor(model, a.max_batch, 20, None)?)
-    } else {
-        Box::new(a.plan.predictor(model, a.threads)?)
-    };
+    })
+}
+
+/// Waits for the server `started` to listen, then for a stop signal; stops it.
+fn serve_until_stopped(
+    rt: tokio::runtime::Runtime,
+    a: &ServeArgs,
+    cfg: ServeConfig,
+    started: impl std::future::Future<Output = std::io::Result<Server>>,
+) -> anyhow::Result<()> {
     let grace = cfg.conn.shutdown_grace;
     rt.block_on(async move {
-        let model_name = cfg.model_name.clone();
-        let server = Server::start_engine(engine, cfg)
-            .await
-            .with_context(|| match a.grpc.0 {
-                Some(g) => format!("listening on {} (HTTP) and {g} (gRPC)", a.http),
-                None => format!("listening on {}", a.http),
-            })?;
+        let server = started.await.with_context(|| match a.grpc.0 {
+            Some(g) => format!("listening on {} (HTTP) and {g} (gRPC)", a.http),
+            None => format!("listening on {}", a.http),
+        })?;
         let addr = server.addr();
         // Poll the stop signal once, which installs its handlers, before the address is printed:
         // a SIGHUP sent as soon as the line appears must stop the server, not kill it (a race the
@@ -231,10 +320,27 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             s = &mut stop => Some(s),
             _ = std::future::ready(()) => None,
         };
+        let names: Vec<String> = server
+            .repository()
+            .served()
+            .iter()
+            .map(|s| format!("'{}' v{}", s.name(), s.version))
+            .collect();
+        let route = match names.len() {
+            1 => format!(
+                "POST /v2/models/{}/infer",
+                server.repository().served()[0].name()
+            ),
+            _ => "POST /v2/models/<name>/infer".into(),
+        };
         eprintln!(
-            "serving model '{model_name}' on http://{addr}  (POST /v2/models/{model_name}/infer, \
-             POST /v1/score, GET /metrics; up to {} connections; Ctrl-C, SIGTERM or SIGHUP \
+            "serving {} on http://{addr}  ({route}, POST /v1/score, GET /metrics, \
+             POST /v2/repository/index; up to {} connections; Ctrl-C, SIGTERM or SIGHUP \
              stops, a second signal exits at once)",
+            match names.is_empty() {
+                true => "no model yet".to_string(),
+                false => format!("model {}", names.join(", ")),
+            },
             server.connection_cap()
         );
         if let Some(g) = server.grpc_addr() {

@@ -8,7 +8,7 @@ use ember_model::config::TierConfig;
 use ember_model::{LoadOptions, Model, RemoteOverride};
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct TierArgs {
     /// Place every table so: dram, mmap, ssd or remote (ssd and mmap read rows/NAME.rows,
     /// written by `ember convert`; remote reads the cluster of --redis, pushed there by `ember
@@ -73,6 +73,7 @@ impl TierArgs {
                 read_from_replicas: self.read_from_replicas.then_some(true),
                 fallback_local: self.remote_fallback.then_some(true),
             },
+            pace_bytes_per_s: None,
         }
     }
 

@@ -89,8 +89,14 @@ fn start_server(extra: &[&str]) -> Started {
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    // "serving model 'default' on http://127.0.0.1:PORT  (..."
+    // "serving model 'default' v1 on http://127.0.0.1:PORT  (...", after a repository's
+    // "ember: loading model ..." lines.
+    for _ in 0..64 {
+        line.clear();
+        if err.read_line(&mut line).unwrap() == 0 || line.contains("http://") {
+            break;
+        }
+    }
     let addr = line
         .split("http://")
         .nth(1)
@@ -319,4 +325,99 @@ fn serve_with_tables_on_the_ssd_tier_reports_the_cache_on_metrics() {
         "scores from the SSD tier differ from DRAM"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writes a repository of two models (`ctr` at versions 1 and 2, `small` at 1), each version a
+/// copy of the shipped model.
+fn repository(tag: &str) -> std::path::PathBuf {
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+    let root = std::env::temp_dir().join(format!("ember-cli-repo-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    for v in ["ctr/1", "ctr/2", "small/1"] {
+        let d = root.join(v);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(shipped.join(f), d.join(f)).unwrap();
+        }
+    }
+    root
+}
+
+#[test]
+fn serve_a_model_repository() {
+    let root = repository("ok");
+    let Started {
+        mut child,
+        addr,
+        err,
+        ..
+    } = start_server(&[
+        "--model-repository",
+        root.to_str().unwrap(),
+        "--poll-secs",
+        "0.1",
+    ]);
+    // Its log is read to the end (a closed pipe would fail the server's next log line).
+    let log = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let rows = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample.tsv"),
+    )
+    .unwrap();
+    let row = rows.lines().next().unwrap();
+    // Two models: /v1/score must be told which.
+    let (status, body) = post(&addr, "/v1/score", row);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("'ctr', 'small'") && body.contains("?model="),
+        "{body}"
+    );
+    let (status, a) = post(&addr, "/v1/score?model=ctr", row);
+    assert_eq!(status, 200, "{a}");
+    let (status, b) = post(&addr, "/v1/score?model=small", row);
+    assert_eq!((status, &a), (200, &b));
+    let meta = get(&addr, "/v2/models/ctr");
+    assert!(meta.contains("\"versions\":[\"2\"]"), "{meta}");
+    // A new version on disk is picked up by the poller.
+    let d = root.join(".ctr-3");
+    std::fs::create_dir_all(&d).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(root.join("ctr/2").join(f), d.join(f)).unwrap();
+    }
+    std::fs::rename(&d, root.join("ctr/3")).unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !get(&addr, "/v2/models/ctr").contains("\"versions\":[\"3\"]") {
+        assert!(
+            std::time::Instant::now() < end,
+            "version 3 was not picked up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, index) = post(&addr, "/v2/repository/index", "");
+    assert_eq!(status, 200, "{index}");
+    assert!(index.contains("replaced by version 3"), "{index}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(child.wait().unwrap().success());
+    let log = log.join().unwrap();
+    assert!(log.contains("model 'ctr' version 3 serving"), "{log}");
+
+    // A repository with a bad model does not start, and names the file.
+    std::fs::write(root.join("small/1/config.json"), "{").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--model-repository",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(e.contains("small/1/config.json"), "{e}");
+    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -317,8 +317,9 @@ impl EmbeddingTable {
         }
     }
 
-    /// The bytes of an in-memory table nobody else shares yet (right after it was made), to fill.
-    fn fresh_bytes_mut(&mut self) -> Option<&mut [u8]> {
+    /// The bytes of an in-memory table nobody else shares yet (right after it was made), to
+    /// fill; `None` for a shared or tiered table.
+    pub fn fresh_bytes_mut(&mut self) -> Option<&mut [u8]> {
         match &mut self.data {
             Storage::Memory { buf, offset, len } => {
                 Arc::get_mut(buf).map(|b| &mut b.as_mut_slice()[*offset..*offset + *len])

@@ -28,6 +28,9 @@ pub struct LoadOptions {
     pub placement: Option<Placement>,
     /// Overrides of config.json's `remote` object (the cluster of `remote` tables).
     pub remote: RemoteOverride,
+    /// Copy DRAM tables at most this many bytes per second (a load beside a serving version
+    /// leaves it memory bandwidth); `None`: as fast as it goes.
+    pub pace_bytes_per_s: Option<u64>,
 }
 
 /// What a command line overrides in config.json's `remote` object; `redis` is needed where the
@@ -106,7 +109,12 @@ impl Model {
             config.tables.iter_mut().for_each(|t| t.placement = p);
         }
         config.remote = opts.remote.apply(config.remote.take());
-        let w = read_weights(&dir.join("model.safetensors"), &config, opts.table_dtype)?;
+        let w = read_weights(
+            &dir.join("model.safetensors"),
+            &config,
+            opts.table_dtype,
+            opts.pace_bytes_per_s,
+        )?;
         if let Some(d) = opts.table_dtype {
             config.tables.iter_mut().for_each(|t| t.dtype = d);
         }

@@ -87,7 +87,12 @@ impl Reader<'_> {
 
 /// Reads and checks the weights of `cfg` from `path`. `table_dtype` re-encodes every table
 /// (e.g. quantizes f32 tables to int8) as it is loaded.
-pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) -> Result<Weights> {
+pub fn read_weights(
+    path: &Path,
+    cfg: &ModelConfig,
+    table_dtype: Option<DType>,
+    pace: Option<u64>,
+) -> Result<Weights> {
     let file = ember_embed::files::open_regular(path, "weights file").map_err(|source| {
         ModelError::Io {
             path: path.into(),
@@ -168,12 +173,16 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
             DType::Int8 | DType::Int4 => (StDtype::U8, t.dtype.row_bytes(t.dim)),
         };
         let bytes = r.raw(&name, st_dtype, &[t.rows, cols])?;
-        let table = match t.dtype {
-            DType::F32 | DType::BF16 => {
-                let flushed = flush_bytes(bytes, t.dtype);
-                EmbeddingTable::from_bytes(&t.name, t.rows, t.dim, t.dtype, &flushed)?
-            }
-            _ => EmbeddingTable::from_bytes(&t.name, t.rows, t.dim, t.dtype, bytes)?,
+        let span = (bytes.as_ptr() as usize - map.as_ptr() as usize, bytes.len());
+        let table = copy_table(t, bytes, pace)?;
+        // The table is copied: its pages of the file leave this process's memory now, not when
+        // the map is dropped, so that a load holds the copies and one table of the file (a new
+        // version loading beside the served one costs its own size, not twice that).
+        // SAFETY: the map is a read-only private file mapping; MADV_DONTNEED only drops its
+        // resident pages, and a later read of them (none is made) would fault them back in from
+        // the file unchanged.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, span.0, span.1)
         };
         tables.push(match table_dtype {
             Some(d) if d != t.dtype => recode(&table, d)?,
@@ -202,6 +211,64 @@ pub fn read_weights(path: &Path, cfg: &ModelConfig, table_dtype: Option<DType>) 
         cross,
         tables,
     })
+}
+
+/// A DRAM table of `t` from its bytes in the file, copied once into its own (2 MiB-page) memory
+/// with f32 / bf16 subnormals flushed on the way, 256 KiB at a time; with `pace`, at most that many
+/// bytes per second (a load beside a serving version leaves it memory bandwidth).
+fn copy_table(
+    t: &crate::config::TableConfig,
+    bytes: &[u8],
+    pace: Option<u64>,
+) -> Result<EmbeddingTable> {
+    let mut table = EmbeddingTable::zeroed(
+        &t.name,
+        t.rows,
+        t.dim,
+        t.dtype,
+        ember_embed::PagePolicy::Huge,
+    )?;
+    let dst = match table.fresh_bytes_mut() {
+        Some(d) if d.len() == bytes.len() => d,
+        // Rows padded in memory (none of today's dtypes): the plain path.
+        _ => {
+            let flushed = flush_bytes(bytes, t.dtype);
+            return Ok(EmbeddingTable::from_bytes(
+                &t.name, t.rows, t.dim, t.dtype, &flushed,
+            )?);
+        }
+    };
+    const CHUNK: usize = 256 << 10;
+    let start = std::time::Instant::now();
+    for (k, (d, s)) in dst.chunks_mut(CHUNK).zip(bytes.chunks(CHUNK)).enumerate() {
+        d.copy_from_slice(s);
+        flush_in_place(d, t.dtype);
+        if let Some(rate) = pace.filter(|&r| r > 0) {
+            let due = std::time::Duration::from_secs_f64(((k + 1) * CHUNK) as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    Ok(table)
+}
+
+/// Flushes f32 / bf16 subnormals in `b` to zero (other dtypes are left alone).
+fn flush_in_place(b: &mut [u8], dtype: DType) {
+    match dtype {
+        DType::F32 => b.chunks_exact_mut(4).for_each(|c| {
+            let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            c.copy_from_slice(&flush(v).to_le_bytes());
+        }),
+        DType::BF16 => b.chunks_exact_mut(2).for_each(|c| {
+            // bf16 is the top half of an f32: exponent bits all zero with a mantissa is subnormal.
+            let bits = u16::from_le_bytes([c[0], c[1]]);
+            if bits & 0x7F80 == 0 && bits & 0x007F != 0 {
+                c.copy_from_slice(&(bits & 0x8000).to_le_bytes());
+            }
+        }),
+        _ => {}
+    }
 }
 
 /// Where `ember convert` writes the row file of table `name` of the model directory `dir`.
@@ -276,20 +343,7 @@ pub fn flush(v: f32) -> f32 {
 /// normal f32 values and are left alone).
 pub fn flush_bytes(bytes: &[u8], dtype: DType) -> Vec<u8> {
     let mut out = bytes.to_vec();
-    match dtype {
-        DType::F32 => out.chunks_exact_mut(4).for_each(|c| {
-            let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            c.copy_from_slice(&flush(v).to_le_bytes());
-        }),
-        DType::BF16 => out.chunks_exact_mut(2).for_each(|c| {
-            // bf16 is the top half of an f32: exponent bits all zero with a mantissa is subnormal.
-            let bits = u16::from_le_bytes([c[0], c[1]]);
-            if bits & 0x7F80 == 0 && bits & 0x007F != 0 {
-                c.copy_from_slice(&(bits & 0x8000).to_le_bytes());
-            }
-        }),
-        _ => {}
-    }
+    flush_in_place(&mut out, dtype);
     out
 }
 
@@ -347,5 +401,46 @@ mod tests {
         assert_eq!(got[1].to_bits(), (-0.0f32).to_bits());
         assert_eq!(got[2], 1.5);
         assert!(got[4] > 0.0 && got[5] > 0.0);
+    }
+
+    #[test]
+    fn copied_tables_equal_the_flushed_bytes_across_chunks_and_dtypes() {
+        // 2 chunks and a part of a third, with subnormals at chunk edges; paced or not.
+        let rows = 2 * (256 << 10) / 28 + 7;
+        for (dtype, dim) in [
+            (DType::F32, 7),
+            (DType::BF16, 7),
+            (DType::F16, 7),
+            (DType::Int8, 7),
+        ] {
+            let t = crate::config::TableConfig {
+                name: "t".into(),
+                rows,
+                dim,
+                dtype,
+                placement: Placement::Dram,
+            };
+            let n = rows * dtype.row_bytes(dim);
+            let mut s = 0x1234_5678_u64;
+            let mut bytes: Vec<u8> = (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            for at in [0, (256 << 10) - 4, 256 << 10, n - 4] {
+                bytes[at..at + 4].copy_from_slice(&1e-40f32.to_le_bytes());
+            }
+            let want = flush_bytes(&bytes, dtype);
+            for pace in [None, Some(1 << 40)] {
+                let got = copy_table(&t, &bytes, pace).unwrap();
+                assert!(
+                    got.resident().unwrap() == &want[..],
+                    "{dtype:?} pace {pace:?}"
+                );
+            }
+        }
     }
 }

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::error::ServeError;
 use crate::kserve::{self, IntSink, Tensor, count_error};
 use crate::metrics::Tracked;
+use crate::repo::Served;
 use crate::spec::ModelSpec;
 use crate::state::App;
 use ember_model::Samples;
@@ -320,24 +321,34 @@ impl Grpc {
         md: &MetadataMap,
         req: pb::ModelInferRequest,
     ) -> Result<pb::ModelInferResponse, ServeError> {
-        let app = &self.app;
-        app.check_model(&req.model_name, &req.model_version)?;
+        let served = self.app.model(&req.model_name, &req.model_version)?;
+        let r = self.infer_on(&served, md, req).await;
+        crate::metrics::model_request(served.name(), &served.version_str, r.as_ref().err());
+        r
+    }
+
+    async fn infer_on(
+        &self,
+        served: &Served,
+        md: &MetadataMap,
+        req: pb::ModelInferRequest,
+    ) -> Result<pb::ModelInferResponse, ServeError> {
         let timeout = match (grpc_timeout_us(md)?, parameter_timeout_us(&req.parameters)?) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         // Refused before decoding when the server is already past its queue bound.
-        app.batcher.admit(timeout)?;
-        let samples = decode(&app.spec, &req)?;
+        served.batcher.admit(timeout)?;
+        let samples = decode(&served.spec, &req)?;
         let n = samples.len();
-        let scored = app.batcher.submit(samples, timeout).await?;
+        let scored = served.batcher.submit(samples, timeout).await?;
         let mut raw = bytes::BytesMut::with_capacity(4 * n);
         for s in &scored.scores {
             raw.put_f32_le(*s);
         }
         Ok(pb::ModelInferResponse {
-            model_name: app.spec.name.clone(),
-            model_version: kserve::VERSION.into(),
+            model_name: served.spec.name.clone(),
+            model_version: served.version_str.clone(),
             id: req.id,
             parameters: HashMap::new(),
             outputs: vec![InferOutputTensor {
@@ -374,8 +385,11 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = req.get_ref();
-        self.app.check_model(&r.name, &r.version)?;
-        let ready = self.app.is_ready();
+        let ready = match self.app.model(&r.name, &r.version) {
+            Ok(s) => self.app.ready.load(std::sync::atomic::Ordering::Relaxed) && s.is_ready(),
+            Err(ServeError::Unavailable(_)) => false,
+            Err(e) => return Err(e.into()),
+        };
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -395,8 +409,8 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = req.get_ref();
-        self.app.check_model(&r.name, &r.version)?;
-        let meta = kserve::metadata(&self.app.spec);
+        let served = self.app.model(&r.name, &r.version)?;
+        let meta = kserve::metadata(&served.spec, &served.version_str);
         Ok(Response::new(pb::ModelMetadataResponse {
             name: meta.name,
             versions: meta.versions,
@@ -415,6 +429,49 @@ impl GrpcInferenceService for Grpc {
         let r = self.infer(&md, body).await;
         t.finish(r.as_ref().err());
         r.map(Response::new).map_err(Status::from)
+    }
+
+    async fn repository_index(
+        &self,
+        req: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let models = self
+            .app
+            .repo
+            .index(req.get_ref().ready)
+            .into_iter()
+            .map(|e| pb::repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state.into(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(pb::RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        req: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        let repo = self.app.repo.clone();
+        let name = req.into_inner().model_name;
+        tokio::task::spawn_blocking(move || repo.load(&name))
+            .await
+            .map_err(|e| Status::internal(format!("the load task failed: {e}")))??;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        req: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        let repo = self.app.repo.clone();
+        let name = req.into_inner().model_name;
+        tokio::task::spawn_blocking(move || repo.unload(&name))
+            .await
+            .map_err(|e| Status::internal(format!("the unload task failed: {e}")))??;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }
 

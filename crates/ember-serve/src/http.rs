@@ -14,8 +14,13 @@ use crate::error::{Result, ServeError};
 use crate::kserve::json::{InferRequest, InferResponse, OutputTensor};
 use crate::kserve::{self, fastjson, json as kjson};
 use crate::metrics::{self as m, Tracked};
+use crate::repo::Served;
+use crate::spec::ModelSpec;
 use crate::state::App;
 use crate::v1;
+
+mod repository;
+use repository as repo;
 
 /// The server's routes.
 pub fn router(app: App) -> Router {
@@ -25,11 +30,22 @@ pub fn router(app: App) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
+        .route(
+            "/v2/models/{name}/versions/{version}",
+            get(version_metadata),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/ready",
+            get(version_ready),
+        )
         .route("/v2/models/{name}/infer", post(infer))
         .route(
             "/v2/models/{name}/versions/{version}/infer",
             post(infer_version),
         )
+        .route("/v2/repository/index", post(repo::index))
+        .route("/v2/repository/models/{name}/load", post(repo::load))
+        .route("/v2/repository/models/{name}/unload", post(repo::unload))
         .route("/v1/score", post(score_route))
         .route("/metrics", get(metrics_page))
         .fallback(not_found)
@@ -87,9 +103,14 @@ async fn read_body(mut body: Body, limit: usize) -> Result<axum::body::Bytes> {
 /// it (503) without buffering the body, which is read and dropped chunk by chunk so that the
 /// connection stays usable (closing with unread bytes would reset it, and the client could lose
 /// the answer). The batcher decides again, exactly, when the decoded request is submitted.
-async fn admit_unread(app: &App, body: Body, timeout_us: Option<u64>) -> Result<Body> {
+async fn admit_unread(
+    app: &App,
+    served: &Served,
+    body: Body,
+    timeout_us: Option<u64>,
+) -> Result<Body> {
     use http_body_util::BodyExt;
-    let Err(refused) = app.batcher.admit(timeout_us) else {
+    let Err(refused) = served.batcher.admit(timeout_us) else {
         return Ok(body);
     };
     let mut body = body;
@@ -144,18 +165,49 @@ async fn server_metadata() -> Response {
     .into_response()
 }
 
-async fn model_metadata(State(app): State<App>, Path(name): Path<String>) -> Response {
-    match app.check_model(&name, "") {
-        Ok(()) => axum::Json(kserve::metadata(&app.spec)).into_response(),
+fn metadata(app: &App, name: &str, version: &str) -> Response {
+    match app.model(name, version) {
+        Ok(s) => axum::Json(kserve::metadata(&s.spec, &s.version_str)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
+async fn model_metadata(State(app): State<App>, Path(name): Path<String>) -> Response {
+    metadata(&app, &name, "")
+}
+
+async fn version_metadata(
+    State(app): State<App>,
+    Path((name, version)): Path<(String, String)>,
+) -> Response {
+    metadata(&app, &name, &version)
+}
+
+/// Whether a model's version takes requests: 200 when ready, else 503 (and 404 for a model or
+/// version the server does not know), as Triton answers.
+fn model_readiness(app: &App, name: &str, version: &str) -> Response {
+    let ready = match app.model(name, version) {
+        Ok(s) => app.ready.load(std::sync::atomic::Ordering::Relaxed) && s.is_ready(),
+        Err(ServeError::Unavailable(_)) => false,
+        Err(e) => return e.into_response(),
+    };
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(json!({ "name": name, "ready": ready }))).into_response()
+}
+
 async fn model_ready(State(app): State<App>, Path(name): Path<String>) -> Response {
-    match app.check_model(&name, "") {
-        Ok(()) => axum::Json(json!({ "name": name, "ready": app.is_ready() })).into_response(),
-        Err(e) => e.into_response(),
-    }
+    model_readiness(&app, &name, "")
+}
+
+async fn version_ready(
+    State(app): State<App>,
+    Path((name, version)): Path<(String, String)>,
+) -> Response {
+    model_readiness(&app, &name, &version)
 }
 
 async fn infer(
@@ -191,19 +243,25 @@ async fn run_infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response> {
-    app.check_model(name, version.unwrap_or(""))?;
+    let served = app.model(name, version.unwrap_or(""))?;
+    let r = infer_on(app, &served, headers, body).await;
+    m::model_request(name, &served.version_str, r.as_ref().err());
+    r
+}
+
+async fn infer_on(app: &App, served: &Served, headers: &HeaderMap, body: Body) -> Result<Response> {
     // Refused before reading when the server is already past its queue bound.
-    let body = admit_unread(app, body, None).await?;
+    let body = admit_unread(app, served, body, None).await?;
     let bytes = read_body(body, app.max_body_bytes).await?;
-    let d = decode_infer(app, headers, &bytes)?;
+    let d = decode_infer(&served.spec, headers, &bytes)?;
     // The body and its parsed values are not needed while the samples wait and run.
     drop(bytes);
     let n = d.samples.len();
-    let scored = app.batcher.submit(d.samples, d.timeout).await?;
+    let scored = served.batcher.submit(d.samples, d.timeout).await?;
     let (id, binary_out) = (d.id, d.binary_out);
     let mut resp = InferResponse {
-        model_name: app.spec.name.clone(),
-        model_version: kserve::VERSION.into(),
+        model_name: served.spec.name.clone(),
+        model_version: served.version_str.clone(),
         id,
         outputs: vec![OutputTensor {
             name: kserve::SCORES.into(),
@@ -247,7 +305,7 @@ struct Decoded {
 }
 
 /// Decodes a KServe request body: JSON, then its binary tensor data if any.
-fn decode_infer(app: &App, headers: &HeaderMap, bytes: &[u8]) -> Result<Decoded> {
+fn decode_infer(spec: &ModelSpec, headers: &HeaderMap, bytes: &[u8]) -> Result<Decoded> {
     let json_len = match headers.get(JSON_LENGTH) {
         None => bytes.len(),
         Some(v) => v
@@ -271,7 +329,7 @@ fn decode_infer(app: &App, headers: &HeaderMap, bytes: &[u8]) -> Result<Decoded>
     };
     Ok(Decoded {
         timeout: kjson::timeout_us(&req)?,
-        samples: kjson::decode_with_binary(&app.spec, &req, binary)?,
+        samples: kjson::decode_with_binary(spec, &req, binary)?,
         binary_out: kjson::binary_output(&req),
         id: req.id,
     })
@@ -283,6 +341,8 @@ struct ScoreQuery {
     labels: Option<bool>,
     /// A deadline, in milliseconds from arrival.
     timeout_ms: Option<u64>,
+    /// The model to score with (needed when the server serves more than one).
+    model: Option<String>,
 }
 
 async fn score_route(
@@ -294,7 +354,8 @@ async fn score_route(
     let t = Tracked::new("http");
     let r = async {
         let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
-        let body = admit_unread(&app, body, timeout).await?;
+        let served = app.repo.get_default(q.model.as_deref())?;
+        let body = admit_unread(&app, &served, body, timeout).await?;
         let bytes = read_body(body, app.max_body_bytes).await?;
         if bytes.trim_ascii().is_empty() {
             return Err(ServeError::bad(
@@ -307,12 +368,12 @@ async fn score_route(
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         let samples = if json {
-            v1::decode_json(&app.spec, &bytes)?
+            v1::decode_json(&served.spec, &bytes)?
         } else {
-            v1::decode_tsv(&app.spec, &bytes, q.labels.unwrap_or(true))?
+            v1::decode_tsv(&served.spec, &bytes, q.labels.unwrap_or(true))?
         };
         drop(bytes);
-        let scored = app.batcher.submit(samples, timeout).await?;
+        let scored = served.batcher.submit(samples, timeout).await?;
         Ok(if json {
             axum::Json(json!({ "scores": scored.scores })).into_response()
         } else {
@@ -330,10 +391,20 @@ async fn score_route(
 
 async fn metrics_page(State(app): State<App>) -> Response {
     metrics::gauge!(m::INFLIGHT_BYTES).set(app.budget.used() as f64);
-    if app.spec.model().stager().has_remote() {
+    let remote: Vec<_> = app
+        .repo
+        .served()
+        .into_iter()
+        .filter(|s| s.spec.model().stager().has_remote())
+        .collect();
+    if !remote.is_empty() {
         // Off the async workers: it may wait for a batch's fetch to release the stager.
-        let model = app.spec.model().clone();
-        let _ = tokio::task::spawn_blocking(move || m::record_store(&model)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            for s in remote {
+                m::record_store(s.spec.model());
+            }
+        })
+        .await;
     }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -344,7 +415,7 @@ async fn metrics_page(State(app): State<App>) -> Response {
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let allowed = match uri.path() {
-        p if p.ends_with("/infer") || p == "/v1/score" => "POST",
+        p if p.ends_with("/infer") || p == "/v1/score" || p.starts_with("/v2/repository") => "POST",
         _ => "GET",
     };
     let e = ServeError::MethodNotAllowed(format!(

@@ -1,7 +1,7 @@
 //! Ember's inference server: the KServe v2 (Triton) inference protocol over HTTP and gRPC, a
-//! `/v1/score` route for TSV or JSON samples, dynamic batching in front of one
-//! [`ember_model::Engine`] (the CPU [`ember_model::Predictor`], or a GPU's), Prometheus metrics,
-//! and a graceful stop.
+//! `/v1/score` route for TSV or JSON samples, dynamic batching in front of each served model's
+//! [`ember_model::Engine`] (the CPU [`ember_model::Predictor`], or a GPU's), a model repository
+//! whose versions load and swap while it serves, Prometheus metrics, and a graceful stop.
 //!
 //! | file | what |
 //! |---|---|
@@ -11,6 +11,7 @@
 //! | `v1.rs` | `/v1/score`'s TSV and JSON decoders |
 //! | `spec.rs` | what a request must match, and its one check against the model |
 //! | `batcher.rs` | the queue and the batching loop: form -> prepare -> run -> answer |
+//! | `repo/` | the served models and versions: load, warm, swap, retire; the repository API and poller |
 //! | `state.rs` | what the handlers share |
 //! | `error.rs` | errors, and their HTTP / gRPC statuses and metric labels |
 //! | `metrics.rs` | Prometheus names and the request tracker |
@@ -35,6 +36,7 @@ pub mod grpc;
 mod http;
 pub mod kserve;
 mod metrics;
+pub mod repo;
 mod spec;
 mod state;
 pub mod v1;
@@ -49,6 +51,7 @@ use tokio::sync::watch;
 pub use batcher::{BatchConfig, Batcher, Reply};
 pub use conn::{ConnConfig, OverBudget, SlowBody};
 pub use error::ServeError;
+pub use repo::{DiskLoader, IndexEntry, Loader, Repository, RepositoryConfig, Served};
 pub use spec::ModelSpec;
 pub use state::App;
 
@@ -89,7 +92,7 @@ impl Default for ServeConfig {
 pub struct Server {
     addr: SocketAddr,
     grpc_addr: Option<SocketAddr>,
-    batcher: Arc<Batcher>,
+    repo: Arc<Repository>,
     ready: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -97,17 +100,23 @@ pub struct Server {
     grace: std::time::Duration,
 }
 
-/// Asks the model's remote store whether it answers every second, so that readiness follows it
-/// while no request does (a failed batch marks it down at once; this brings it back). Stops
-/// with the server.
-fn spawn_store_probe(model: Arc<ember_model::Model>, ready: Arc<AtomicBool>) {
+/// Asks the remote store of each served model whether it answers every second, so that
+/// readiness follows it while no request does (a failed batch marks it down at once; this brings
+/// it back). Stops with the server.
+fn spawn_store_probe(repo: std::sync::Weak<Repository>, ready: Arc<AtomicBool>) {
     let spawned = std::thread::Builder::new()
         .name("ember-store-probe".into())
         .spawn(move || {
             while ready.load(Ordering::Relaxed) {
                 std::thread::sleep(std::time::Duration::from_secs(1));
-                let _ = model.stager().probe_stores();
-                metrics::record_store(&model);
+                let Some(repo) = repo.upgrade() else { return };
+                for s in repo.served() {
+                    let model = s.spec.model();
+                    if model.stager().has_remote() {
+                        let _ = model.stager().probe_stores();
+                        metrics::record_store(model);
+                    }
+                }
             }
         });
     if let Err(e) = spawned {
@@ -130,6 +139,32 @@ impl Server {
         engine: Box<dyn Engine>,
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
+        let repo = Repository::single(&cfg.model_name, engine, cfg.batch);
+        Self::serve(Arc::new(repo), cfg).await
+    }
+
+    /// Serves the newest version of every model under `source.root` (Triton's layout,
+    /// `ROOT/<name>/<version>/`), each with its own batcher; with `source.poll`, new versions
+    /// found on disk load and swap in while it serves. Fails, naming each model and file, when a
+    /// model does not load. `cfg.model_name` is not used.
+    pub async fn start_repository(
+        source: RepositoryConfig,
+        cfg: ServeConfig,
+    ) -> std::io::Result<Server> {
+        let poll = source.poll;
+        let repo = Arc::new(Repository::open(source, cfg.batch));
+        let r = repo.clone();
+        tokio::task::spawn_blocking(move || r.load_all())
+            .await
+            .map_err(|e| std::io::Error::other(format!("loading the repository: {e}")))?
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Some(every) = poll {
+            repo::spawn_poller(&repo, every);
+        }
+        Self::serve(repo, cfg).await
+    }
+
+    async fn serve(repo: Arc<Repository>, cfg: ServeConfig) -> std::io::Result<Server> {
         metrics::handle();
         // The connection cap, not the OS, decides when connections are refused.
         let fd_limit = conn::raise_fd_limit();
@@ -137,7 +172,6 @@ impl Server {
             cfg.conn.max_connections,
             fd_limit,
         )));
-        let spec = Arc::new(ModelSpec::of(engine.model().clone(), &cfg.model_name));
         let listener = conn::listen(cfg.http)?;
         let addr = listener.local_addr()?;
         let grpc_listener = match cfg.grpc {
@@ -145,20 +179,16 @@ impl Server {
             None => None,
         };
         let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
-        let batcher = Arc::new(Batcher::start(engine, cfg.batch));
         let ready = Arc::new(AtomicBool::new(true));
         let budget = Arc::new(conn::Budget::new(cfg.conn.max_inflight_bytes));
         let app = App {
-            spec,
-            batcher: batcher.clone(),
+            repo: repo.clone(),
             ready: ready.clone(),
             max_body_bytes: cfg.max_body_bytes,
             budget: budget.clone(),
         };
         let (stop, stopped) = watch::channel(false);
-        if app.spec.model().stager().has_remote() {
-            spawn_store_probe(app.spec.model().clone(), ready.clone());
-        }
+        spawn_store_probe(Arc::downgrade(&repo), ready.clone());
         let conn_cfg = Arc::new(cfg.conn.clone());
         let http = conn::Listener {
             router: http::router(app.clone()),
@@ -183,13 +213,18 @@ impl Server {
         Ok(Server {
             addr,
             grpc_addr,
-            batcher,
+            repo,
             ready,
             stop,
             tasks,
             registry,
             grace: cfg.conn.shutdown_grace,
         })
+    }
+
+    /// The served models.
+    pub fn repository(&self) -> &Arc<Repository> {
+        &self.repo
     }
 
     /// The address the HTTP listener is bound to.
@@ -227,8 +262,8 @@ impl Server {
         }
         self.registry.stop_all();
         self.registry.drain(self.grace).await;
-        let b = self.batcher.clone();
-        tokio::task::spawn_blocking(move || b.shutdown_by(end))
+        let repo = self.repo.clone();
+        tokio::task::spawn_blocking(move || repo.shutdown_by(end))
             .await
             .map_err(|e| std::io::Error::other(format!("stopping the batcher: {e}")))?;
         result

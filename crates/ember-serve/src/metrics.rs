@@ -66,6 +66,14 @@ pub const REMOTE_ROUND_TRIPS: &str = "ember_remote_round_trips_total";
 pub const REMOTE_ERRORS: &str = "ember_remote_errors_total";
 /// Remote tier: 1 while the store answered the last batch or probe, else 0.
 pub const REMOTE_UP: &str = "ember_remote_up";
+/// Requests by model, version and status (`ok` or the error's label).
+pub const MODEL_REQUESTS: &str = "ember_model_requests_total";
+/// 1 while a model's version serves, 0 once it is unloaded or replaced.
+pub const MODEL_READY: &str = "ember_model_ready";
+/// Loads of a model's versions, by outcome (`ok`, `failed`).
+pub const MODEL_LOADS: &str = "ember_model_loads_total";
+/// Seconds the last successful load of a model's version took (read, build, warm).
+pub const MODEL_LOAD_SECONDS: &str = "ember_model_last_load_seconds";
 
 const SECONDS: [f64; 16] = [
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 10e-3, 15e-3, 25e-3, 50e-3,
@@ -212,6 +220,17 @@ fn describe() {
         Unit::Seconds,
         "SSD tier: seconds batches waited for rows, since start"
     );
+    describe_counter!(
+        MODEL_REQUESTS,
+        "Inference requests by model, the version that answered, and status"
+    );
+    describe_gauge!(MODEL_READY, "1 while the model's version serves");
+    describe_counter!(MODEL_LOADS, "Loads of a model's versions, by outcome");
+    describe_gauge!(
+        MODEL_LOAD_SECONDS,
+        Unit::Seconds,
+        "Time the last successful load of a model version took (read, build, warm)"
+    );
     describe_gauge!(
         TIER_CACHE_BYTES,
         Unit::Bytes,
@@ -254,6 +273,33 @@ pub fn record_store(model: &ember_model::Model) {
                 .absolute(count);
         }
     }
+}
+
+/// Marks `version` of `model` as serving or not.
+pub fn model_ready(model: &str, version: u64, ready: bool) {
+    let (m, v) = (model.to_string(), version.to_string());
+    metrics::gauge!(MODEL_READY, "model" => m, "version" => v).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// Counts a load of a version of `model`, and its time when it succeeded.
+pub fn model_load(model: &str, ok: bool, seconds: f64) {
+    let outcome = if ok { "ok" } else { "failed" };
+    metrics::counter!(MODEL_LOADS, "model" => model.to_string(), "outcome" => outcome).increment(1);
+    if ok {
+        metrics::gauge!(MODEL_LOAD_SECONDS, "model" => model.to_string()).set(seconds);
+    }
+}
+
+/// Counts a request answered by `version` of `model`.
+pub fn model_request(model: &str, version: &str, err: Option<&crate::ServeError>) {
+    let status = err.map_or("ok", |e| e.label());
+    metrics::counter!(
+        MODEL_REQUESTS,
+        "model" => model.to_string(),
+        "version" => version.to_string(),
+        "status" => status
+    )
+    .increment(1);
 }
 
 /// Counts a request refused before a handler took it (it gets no duration).

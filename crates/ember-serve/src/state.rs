@@ -1,20 +1,17 @@
-//! What the HTTP and gRPC handlers share: the served model's spec, the batcher, whether the
-//! server is ready, the request size limit and the in-flight byte budget.
+//! What the HTTP and gRPC handlers share: the served models, whether the server is ready, the
+//! request size limit and the in-flight byte budget.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::batcher::Batcher;
 use crate::conn::Budget;
 use crate::error::Result;
-use crate::kserve;
-use crate::spec::ModelSpec;
+use crate::repo::{Repository, Served};
 
 /// The server's shared state (cloned into every handler).
 #[derive(Debug, Clone)]
 pub struct App {
-    pub spec: Arc<ModelSpec>,
-    pub batcher: Arc<Batcher>,
+    pub repo: Arc<Repository>,
     pub ready: Arc<AtomicBool>,
     pub max_body_bytes: usize,
     /// Bytes of request bodies in flight, across connections.
@@ -22,15 +19,15 @@ pub struct App {
 }
 
 impl App {
-    /// Whether the server takes requests: false once it is stopping, and while a store the
+    /// Whether the server takes requests: false once it is stopping, and while a store a served
     /// model reads rows from (a Redis Cluster) does not answer.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed) && self.spec.model().stager().store_healthy()
+        self.ready.load(Ordering::Relaxed) && self.repo.served().iter().all(|s| s.is_ready())
     }
 
-    /// Checks that a request addresses the served model (and its one version, when it names
-    /// one: `""` names none).
-    pub fn check_model(&self, name: &str, version: &str) -> Result<()> {
-        kserve::check_model(&self.spec, name, version)
+    /// The version a request for model `name` runs on (`version` `""`: the served one), held
+    /// by the request until it is answered.
+    pub fn model(&self, name: &str, version: &str) -> Result<Arc<Served>> {
+        self.repo.get(name, version)
     }
 }

@@ -41,13 +41,11 @@ pub struct ModelMetadata {
     pub outputs: Vec<TensorMeta>,
 }
 
-/// The one model version Ember serves.
-pub const VERSION: &str = "1";
 /// The output's name.
 pub const SCORES: &str = "scores";
 
-/// The metadata of the model `spec` describes.
-pub fn metadata(spec: &ModelSpec) -> ModelMetadata {
+/// The metadata of the model `spec` describes, served as `version`.
+pub fn metadata(spec: &ModelSpec, version: &str) -> ModelMetadata {
     let mut inputs = vec![TensorMeta {
         name: "dense".into(),
         datatype: "FP32",
@@ -70,7 +68,7 @@ pub fn metadata(spec: &ModelSpec) -> ModelMetadata {
     }
     ModelMetadata {
         name: spec.name.clone(),
-        versions: vec![VERSION.into()],
+        versions: vec![version.into()],
         platform: "ember",
         inputs,
         outputs: vec![TensorMeta {
@@ -80,23 +78,6 @@ pub fn metadata(spec: &ModelSpec) -> ModelMetadata {
             parameters: None,
         }],
     }
-}
-
-/// Checks that a request addresses the served model, and its one version when it names one
-/// (`""` names none, as gRPC's empty string does).
-pub fn check_model(spec: &ModelSpec, name: &str, version: &str) -> Result<()> {
-    if name != spec.name {
-        return Err(ServeError::NotFound(format!(
-            "unknown model '{name}': this server serves '{}'",
-            spec.name
-        )));
-    }
-    if !version.is_empty() && version != VERSION {
-        return Err(ServeError::NotFound(format!(
-            "model '{name}' has no version '{version}' (its only version is '{VERSION}')"
-        )));
-    }
-    Ok(())
 }
 
 /// An input tensor of either wire form (JSON or protobuf), as the decoder reads it.
