@@ -323,7 +323,7 @@ impl Grpc {
     ) -> Result<pb::ModelInferResponse, ServeError> {
         let served = self.app.model(&req.model_name, &req.model_version)?;
         let r = self.infer_on(&served, md, req).await;
-        crate::metrics::model_request(served.name(), &served.version_str, r.as_ref().err());
+        served.count_request(r.as_ref().err());
         r
     }
 
@@ -385,11 +385,7 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = req.get_ref();
-        let ready = match self.app.model(&r.name, &r.version) {
-            Ok(s) => self.app.ready.load(std::sync::atomic::Ordering::Relaxed) && s.is_ready(),
-            Err(ServeError::Unavailable(_)) => false,
-            Err(e) => return Err(e.into()),
-        };
+        let ready = self.app.model_ready(&r.name, &r.version)?;
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -454,11 +450,8 @@ impl GrpcInferenceService for Grpc {
         &self,
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        let repo = self.app.repo.clone();
         let name = req.into_inner().model_name;
-        tokio::task::spawn_blocking(move || repo.load(&name))
-            .await
-            .map_err(|e| Status::internal(format!("the load task failed: {e}")))??;
+        self.app.on_repository(move |r| r.load(&name)).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -466,11 +459,8 @@ impl GrpcInferenceService for Grpc {
         &self,
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        let repo = self.app.repo.clone();
         let name = req.into_inner().model_name;
-        tokio::task::spawn_blocking(move || repo.unload(&name))
-            .await
-            .map_err(|e| Status::internal(format!("the unload task failed: {e}")))??;
+        self.app.on_repository(move |r| r.unload(&name)).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

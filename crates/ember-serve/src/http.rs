@@ -186,9 +186,8 @@ async fn version_metadata(
 /// Whether a model's version takes requests: 200 when ready, else 503 (and 404 for a model or
 /// version the server does not know), as Triton answers.
 fn model_readiness(app: &App, name: &str, version: &str) -> Response {
-    let ready = match app.model(name, version) {
-        Ok(s) => app.ready.load(std::sync::atomic::Ordering::Relaxed) && s.is_ready(),
-        Err(ServeError::Unavailable(_)) => false,
+    let ready = match app.model_ready(name, version) {
+        Ok(r) => r,
         Err(e) => return e.into_response(),
     };
     let code = if ready {
@@ -245,7 +244,7 @@ async fn run_infer(
 ) -> Result<Response> {
     let served = app.model(name, version.unwrap_or(""))?;
     let r = infer_on(app, &served, headers, body).await;
-    m::model_request(name, &served.version_str, r.as_ref().err());
+    served.count_request(r.as_ref().err());
     r
 }
 

@@ -290,14 +290,33 @@ pub fn model_load(model: &str, ok: bool, seconds: f64) {
     }
 }
 
-/// Counts a request answered by `version` of `model`.
-pub fn model_request(model: &str, version: &str, err: Option<&crate::ServeError>) {
-    let status = err.map_or("ok", |e| e.label());
+/// The counter of requests `version` of `model` answered with scores.
+pub fn model_requests_ok(model: &str, version: u64) -> metrics::Counter {
     metrics::counter!(
         MODEL_REQUESTS,
         "model" => model.to_string(),
         "version" => version.to_string(),
-        "status" => status
+        "status" => "ok"
+    )
+}
+
+/// Counts a request answered by `version` of `model`: on `ok` (its registered counter, from
+/// [`model_requests_ok`]) when it succeeded, else by the error's label.
+pub fn model_request(
+    ok: &metrics::Counter,
+    model: &str,
+    version: &str,
+    err: Option<&crate::ServeError>,
+) {
+    let Some(e) = err else {
+        ok.increment(1);
+        return;
+    };
+    metrics::counter!(
+        MODEL_REQUESTS,
+        "model" => model.to_string(),
+        "version" => version.to_string(),
+        "status" => e.label()
     )
     .increment(1);
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::conn::Budget;
-use crate::error::Result;
+use crate::error::{Result, ServeError};
 use crate::repo::{Repository, Served};
 
 /// The server's shared state (cloned into every handler).
@@ -29,5 +29,26 @@ impl App {
     /// by the request until it is answered.
     pub fn model(&self, name: &str, version: &str) -> Result<Arc<Served>> {
         self.repo.get(name, version)
+    }
+
+    /// Whether a model's version takes requests now: false while it loads, while the server
+    /// stops or its store does not answer; an error for a model or version it does not know.
+    pub fn model_ready(&self, name: &str, version: &str) -> Result<bool> {
+        match self.model(name, version) {
+            Ok(s) => Ok(self.ready.load(Ordering::Relaxed) && s.is_ready()),
+            Err(ServeError::Unavailable(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `f` on the repository off the async workers (a load reads and copies a model).
+    pub async fn on_repository<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Repository) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let repo = self.repo.clone();
+        tokio::task::spawn_blocking(move || f(&repo))
+            .await
+            .map_err(|e| ServeError::Internal(format!("the repository task failed: {e}")))?
     }
 }

@@ -31,15 +31,6 @@ fn body(m: &Model, r: &Req, nested: bool) -> Value {
     json!({ "id": "req-7", "inputs": inputs })
 }
 
-fn scores_of(v: &Value) -> Vec<f32> {
-    v["outputs"][0]["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
-
 /// GET `url`: the status and the JSON body.
 async fn get_json(c: &reqwest::Client, url: String) -> (u16, Value) {
     let r = c.get(url).send().await.unwrap();
@@ -399,14 +390,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     b["parameters"] = json!({"timeout": 1000});
     let (status, _) = post_json(&c, format!("{url}/v2/models/default/infer"), &b).await;
     assert_eq!(status, 504);
-    let page = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(&c, format!("{url}/metrics")).await;
     for name in [
         "ember_requests_total{protocol=\"http\",status=\"deadline_exceeded\"}",
         "ember_requests_total{protocol=\"http\",status=\"resource_exhausted\"}",

@@ -96,13 +96,6 @@ fn body(m: &Model, r: &Req) -> Value {
     json!({ "inputs": inputs })
 }
 
-fn scores_of(v: &Value) -> Vec<f32> {
-    v["outputs"][0]["data"]
-        .as_array()
-        .map(|a| a.iter().map(|x| x.as_f64().unwrap() as f32).collect())
-        .unwrap_or_default()
-}
-
 async fn post(c: &reqwest::Client, url: String, body: &Value) -> (u16, Value) {
     let r = c.post(url).json(body).send().await.unwrap();
     let code = r.status().as_u16();
@@ -251,14 +244,7 @@ async fn versions_swap_under_concurrent_requests_each_answer_from_one_version() 
         .await
         .unwrap();
     assert_eq!(ready.status().as_u16(), 200);
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, format!("{url}/metrics")).await;
     let line = metrics
         .lines()
         .find(|l| {
@@ -412,14 +398,7 @@ async fn the_poller_loads_new_versions_and_models_and_unloads_removed_ones() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, format!("{url}/metrics")).await;
     let failed = metrics
         .lines()
         .find(|l| {

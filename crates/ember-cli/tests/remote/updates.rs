@@ -298,16 +298,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
     // A trainer's malformed entry: skipped with the reason.
     let key = updates::updates_key("trim", rep.version, "t");
     let mut ops = remote::Ops::default();
-    ops.push(
-        key.as_bytes(),
-        redis::cmd("XADD")
-            .arg(&key)
-            .arg("*")
-            .arg("ids")
-            .arg(&[1u8, 2, 3][..])
-            .arg("rows")
-            .arg(&rows[..rb]),
-    );
+    xadd(&mut ops, &key, None, &[1u8, 2, 3], &rows[..rb]);
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
         .unwrap();
     match &reader.poll().unwrap()[..] {
@@ -318,18 +309,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
     // the reader goes on from the newest entry.
     for k in 0..5u64 {
         let mut ops = remote::Ops::default();
-        ops.push(
-            key.as_bytes(),
-            redis::cmd("XADD")
-                .arg(&key)
-                .arg("MAXLEN")
-                .arg(1)
-                .arg("*")
-                .arg("ids")
-                .arg(k.to_le_bytes().to_vec())
-                .arg("rows")
-                .arg(&rows[..rb]),
-        );
+        xadd(&mut ops, &key, Some(1), &k.to_le_bytes(), &rows[..rb]);
         cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
             .unwrap();
     }
@@ -510,18 +490,7 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
     let mut ops = remote::Ops::default();
     for _ in 0..50 {
-        ops.push(
-            key.as_bytes(),
-            redis::cmd("XADD")
-                .arg(&key)
-                .arg("MAXLEN")
-                .arg(1)
-                .arg("*")
-                .arg("ids")
-                .arg(&id_bytes)
-                .arg("rows")
-                .arg(&rows),
-        );
+        xadd(&mut ops, &key, Some(1), &id_bytes, &rows);
     }
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
         .unwrap();
@@ -541,4 +510,16 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     }
     assert_eq!(stager.held_slots(), 0);
     stager.check_invariants(usize::MAX);
+}
+
+/// Queues a raw `XADD key [MAXLEN max_len] * ids IDS rows ROWS` (an entry as a publisher of any
+/// language writes it, or a malformed one), with an exact trim when `max_len` is given.
+fn xadd(ops: &mut remote::Ops, key: &str, max_len: Option<usize>, ids: &[u8], rows: &[u8]) {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(key);
+    if let Some(n) = max_len {
+        cmd.arg("MAXLEN").arg(n);
+    }
+    cmd.arg("*").arg("ids").arg(ids).arg("rows").arg(rows);
+    ops.push(key.as_bytes(), &cmd);
 }

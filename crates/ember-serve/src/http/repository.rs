@@ -36,21 +36,17 @@ pub(crate) async fn index(State(app): State<App>, body: Bytes) -> Response {
 }
 
 pub(crate) async fn load(State(app): State<App>, Path(name): Path<String>) -> Response {
-    let repo = app.repo.clone();
     let n = name.clone();
-    match tokio::task::spawn_blocking(move || repo.load(&n)).await {
-        Ok(Ok(v)) => axum::Json(json!({ "name": name, "version": v.to_string() })).into_response(),
-        Ok(Err(e)) => e.into_response(),
-        Err(e) => ServeError::Internal(format!("the load task failed: {e}")).into_response(),
+    match app.on_repository(move |r| r.load(&n)).await {
+        Ok(v) => axum::Json(json!({ "name": name, "version": v.to_string() })).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
 pub(crate) async fn unload(State(app): State<App>, Path(name): Path<String>) -> Response {
-    let repo = app.repo.clone();
     let n = name.clone();
-    match tokio::task::spawn_blocking(move || repo.unload(&n)).await {
-        Ok(Ok(())) => axum::Json(json!({ "name": name })).into_response(),
-        Ok(Err(e)) => e.into_response(),
-        Err(e) => ServeError::Internal(format!("the unload task failed: {e}")).into_response(),
+    match app.on_repository(move |r| r.unload(&n)).await {
+        Ok(()) => axum::Json(json!({ "name": name })).into_response(),
+        Err(e) => e.into_response(),
     }
 }

@@ -42,21 +42,30 @@ pub struct Served {
     /// The same, as the protocol writes it.
     pub version_str: String,
     pub batcher: Arc<Batcher>,
+    /// Its count of requests answered, registered once (the request path only increments).
+    requests_ok: metrics::Counter,
 }
 
 impl Served {
     fn new(spec: ModelSpec, version: u64, batcher: Batcher) -> Self {
+        let requests_ok = crate::metrics::model_requests_ok(&spec.name, version);
         Served {
             spec: Arc::new(spec),
             version,
             version_str: version.to_string(),
             batcher: Arc::new(batcher),
+            requests_ok,
         }
     }
 
     /// The model's name.
     pub fn name(&self) -> &str {
         &self.spec.name
+    }
+
+    /// Counts a request it answered (or refused with `err`).
+    pub(crate) fn count_request(&self, err: Option<&ServeError>) {
+        crate::metrics::model_request(&self.requests_ok, self.name(), &self.version_str, err);
     }
 
     /// Whether it takes requests: false while a store its model reads rows from does not answer.
@@ -147,6 +156,7 @@ impl Repository {
 
     /// An empty repository reading `source` (load its models with [`Repository::load_all`]).
     pub(crate) fn open(source: RepositoryConfig, batch: BatchConfig) -> Self {
+        crate::metrics::handle();
         Repository {
             models: RwLock::new(BTreeMap::new()),
             source: Some(source),

@@ -87,3 +87,18 @@ pub fn assert_close(got: &[f32], want: &[f32]) {
         assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
     }
 }
+
+/// The `scores` output of a KServe JSON answer.
+pub fn scores_of(v: &serde_json::Value) -> Vec<f32> {
+    v["outputs"][0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// GET `url`'s body as text (e.g. `/metrics`).
+pub async fn get_text(c: &reqwest::Client, url: String) -> String {
+    c.get(url).send().await.unwrap().text().await.unwrap()
+}
