@@ -247,6 +247,13 @@ fn verify(a: VersionArgs) -> Result<()> {
             rep.blocks,
             ember_bench::stats::human_bytes(rep.bytes)
         );
+        if !rep.updated.is_empty() {
+            println!(
+                "{} of them rewritten by row updates since the push (ember store update): their \
+                 length checked, not the push's CRC",
+                rep.updated.len()
+            );
+        }
         return Ok(());
     }
     for (t, b, what) in rep.bad.iter().take(20) {

@@ -49,5 +49,5 @@ pub use jagged::{Ids, KeyedJagged};
 pub use pool::{Dedup, PoolOptions, PoolStats, Pooler, Pooling, pooled_lookup};
 pub use shard::{Shard, ShardedEmbeddings};
 pub use storage::{IoKind, IoMode, RowStore};
-pub use table::{EmbeddingTable, Placement};
+pub use table::{EmbeddingTable, Placement, RowsRef};
 pub use tier::{StagedBatch, Stager, TierOptions, TierStats};

@@ -126,6 +126,7 @@ impl Model {
     /// empty. `dir` resolves a relative `pin_trace`.
     pub fn set_tier(&mut self, dir: &Path, tier: TierConfig) -> Result<()> {
         let opts = tier_options(dir, Some(&tier), self.config.remote.as_ref())?;
+        self.embeddings.prepare_updates(&opts)?;
         self.stager = Stager::new(&self.embeddings, opts)?;
         self.config.tier = Some(tier);
         Ok(())
@@ -148,7 +149,8 @@ impl Model {
                 table,
             })
             .collect();
-        let embeddings = EmbeddingCollection::new(w.tables, features)?;
+        let mut embeddings = EmbeddingCollection::new(w.tables, features)?;
+        embeddings.prepare_updates(&tier)?;
         let interaction = match config.interaction {
             InteractionConfig::Dot {
                 self_interaction,

@@ -8,6 +8,7 @@
 mod cli;
 mod figures;
 mod freshness;
+mod live;
 mod serve;
 #[allow(dead_code)]
 #[path = "../reliability/server.rs"]

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 const ROWS: usize = 3000;
 const DIM: usize = 16;
 
-fn admin(url: &str) -> Cluster {
+pub fn admin(url: &str) -> Cluster {
     let mut o = ClusterOptions::parse(url).unwrap();
     o.timeout = Duration::from_secs(10);
     Cluster::connect(o).unwrap()
 }
 
-fn values(seed: u64) -> Vec<f32> {
+pub fn values(seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..ROWS * DIM)
         .map(|_| rng.random_range(-1.0..1.0))
@@ -28,7 +28,7 @@ fn values(seed: u64) -> Vec<f32> {
 }
 
 /// Rows `ids` of `vals` encoded as `dtype` rows.
-fn encode(vals: &[f32], ids: &[u64], dtype: DType) -> Vec<u8> {
+pub fn encode(vals: &[f32], ids: &[u64], dtype: DType) -> Vec<u8> {
     let picked: Vec<f32> = ids
         .iter()
         .flat_map(|&i| {
@@ -324,7 +324,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
 }
 
 /// A safetensors update file: `ids` (i64) and `rows` (f32, ids x dim).
-fn update_file(path: &std::path::Path, ids: &[i64], rows: &[f32], dim: usize) {
+pub fn update_file(path: &std::path::Path, ids: &[i64], rows: &[f32], dim: usize) {
     use safetensors::tensor::{Dtype, TensorView};
     let id_bytes: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
     let row_bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -514,7 +514,7 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
 
 /// Queues a raw `XADD key [MAXLEN max_len] * ids IDS rows ROWS` (an entry as a publisher of any
 /// language writes it, or a malformed one), with an exact trim when `max_len` is given.
-fn xadd(ops: &mut remote::Ops, key: &str, max_len: Option<usize>, ids: &[u8], rows: &[u8]) {
+pub fn xadd(ops: &mut remote::Ops, key: &str, max_len: Option<usize>, ids: &[u8], rows: &[u8]) {
     let mut cmd = redis::cmd("XADD");
     cmd.arg(key);
     if let Some(n) = max_len {

@@ -298,7 +298,7 @@ impl Pooler {
         // Every feature reads either resident rows or rows staged for exactly this batch shape.
         for f in 0..coll.features().len() {
             let table = coll.table_of(f);
-            if table.resident().is_some() {
+            if table.placement() == crate::Placement::Dram || table.resident().is_some() {
                 continue;
             }
             let range = kj.feature_range(f);
@@ -371,9 +371,10 @@ impl Pooler {
             lookups: ids.len(),
             ..Default::default()
         };
-        let resident = table.resident();
+        // A live table's read lock is held while this unit pools (row updates wait for it).
+        let resident = table.rows_ref();
         let direct = Segment {
-            rows: Rows::of(resident.unwrap_or(&[])),
+            rows: Rows::of(resident.as_deref().unwrap_or(&[])),
             stride: table.stride(),
             dim: table.dim(),
             dtype: table.dtype(),
@@ -404,7 +405,11 @@ impl Pooler {
         let start = timed.then(std::time::Instant::now);
         if dedup {
             let n_unique = scratch.build(ids);
-            scratch.gather(resident.unwrap_or(&[]), table.stride(), direct.prefetch);
+            scratch.gather(
+                resident.as_deref().unwrap_or(&[]),
+                table.stride(),
+                direct.prefetch,
+            );
             stats.deduped_units += 1;
             stats.deduped_lookups += ids.len();
             stats.unique_rows += n_unique;

@@ -7,8 +7,17 @@
 //! The queue is bounded ([`MAX_QUEUED_ROWS`]): past it the thread stops reading until the
 //! stager catches up, and if the stream is trimmed past its position meanwhile, the table's
 //! cache is dropped ([`UpdateStats::resets`]).
+//!
+//! A model served from the store may hold some tables in memory (placement `dram`): those are
+//! made live ([`crate::EmbeddingTable::make_live`]) and followed too, each update written into
+//! the table under its lock (`EmbeddingTable::write_rows`). Such a table cannot be dropped like a cache: when
+//! updates were published since it was pushed (at start) or its stream was trimmed past this
+//! server, it is read again whole from the store ([`Reload`]).
 
+use crate::error::Result;
+use crate::storage::remote::RedisStore;
 use crate::storage::remote::updates::{EntryId, Polled, UpdateReader};
+use crate::storage::{RowRequest, RowStore};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -41,6 +50,8 @@ pub struct UpdateStats {
     pub rows_applied: u64,
     /// Rows updated that were not cached (nothing to do: the store has them).
     pub rows_absent: u64,
+    /// Rows of in-memory tables read again whole from the store (see the module documentation).
+    pub rows_reloaded: u64,
     /// Times a stream was trimmed past this server's position (the table's cache was dropped).
     pub resets: u64,
     /// Entries that were not well-formed updates (skipped).
@@ -58,6 +69,7 @@ struct Feed {
     stop: AtomicBool,
     rows_applied: AtomicU64,
     rows_absent: AtomicU64,
+    rows_reloaded: AtomicU64,
     resets: AtomicU64,
     bad_entries: AtomicU64,
     poll_errors: AtomicU64,
@@ -66,13 +78,22 @@ struct Feed {
     lags: Mutex<Vec<f32>>,
 }
 
+/// Where the updates of a table followed go.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Target {
+    /// The cache of this tier table.
+    Cache(usize),
+    /// This table of the collection, held in memory (live).
+    Dram(usize),
+}
+
 /// The polling thread and its queue (stopped and joined when dropped).
 #[derive(Debug)]
 pub(super) struct Follower {
     feed: Arc<Feed>,
     names: Vec<String>,
-    /// The tier table of each table followed.
-    pub(super) tier_of: Vec<usize>,
+    /// Where each table followed goes.
+    pub(super) targets: Vec<Target>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -91,13 +112,107 @@ fn rows_in(polled: &[Polled]) -> usize {
         .sum()
 }
 
+/// Queues `polled`, waiting while the queue is full; false once told to stop.
+fn queue(f: &Feed, polled: Vec<Polled>) -> bool {
+    while f.queued_rows.load(Relaxed) >= MAX_QUEUED_ROWS {
+        if f.stop.load(Relaxed) {
+            return false;
+        }
+        std::thread::sleep(POLL_EVERY);
+    }
+    f.queued_rows.fetch_add(rows_in(&polled), Relaxed);
+    lock(&f.queue).extend(polled);
+    !f.stop.load(Relaxed)
+}
+
+/// Rows read from the store per round when a live table is read whole.
+pub(super) const RELOAD_CHUNK: usize = 4096;
+
+/// Reads whole live tables from the store (the version followed).
+#[derive(Debug)]
+pub(super) struct Reload {
+    store: RedisStore,
+    /// Per table followed: for a live one, its index in `store`, its rows and row bytes.
+    of: Vec<Option<(usize, usize, usize)>>,
+}
+
+impl Reload {
+    pub(super) fn new(store: RedisStore, of: Vec<Option<(usize, usize, usize)>>) -> Self {
+        Reload { store, of }
+    }
+
+    /// Whether table followed `i` is live.
+    pub(super) fn holds(&self, i: usize) -> bool {
+        self.of.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Reads every row of live table followed `i` in rounds of [`RELOAD_CHUNK`], handing each
+    /// round's ids and rows to `sink` (which answers false to stop).
+    pub(super) fn table(
+        &mut self,
+        i: usize,
+        mut sink: impl FnMut(Vec<u64>, Vec<u8>) -> bool,
+    ) -> Result<()> {
+        let Some((t, rows, row_bytes)) = self.of[i] else {
+            return Ok(());
+        };
+        let mut reqs = Vec::with_capacity(RELOAD_CHUNK);
+        for start in (0..rows).step_by(RELOAD_CHUNK) {
+            let end = (start + RELOAD_CHUNK).min(rows);
+            reqs.clear();
+            reqs.extend((start..end).map(|row| RowRequest {
+                table: t,
+                row,
+                tag: row - start,
+            }));
+            let mut out = vec![0u8; (end - start) * row_bytes];
+            self.store.read(&mut reqs, &mut |r, bytes| {
+                out[r.tag * row_bytes..(r.tag + 1) * row_bytes].copy_from_slice(bytes);
+            })?;
+            if !sink((start as u64..end as u64).collect(), out) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The `ember-updates` thread: polls until told to stop (see the module documentation).
-fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String]) {
+fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String], mut reload: Option<Reload>) {
     let mut failing = false;
     let mut wait = POLL_EVERY;
+    // Live tables to read again whole (their stream was trimmed past this server).
+    let mut stale: Vec<(usize, EntryId)> = Vec::new();
     while !f.stop.load(Relaxed) {
         if f.queued_rows.load(Relaxed) >= MAX_QUEUED_ROWS {
             std::thread::sleep(POLL_EVERY);
+            continue;
+        }
+        if let (Some(r), Some(&(i, at))) = (reload.as_mut(), stale.first()) {
+            let rows = |ids: Vec<u64>, rows: Vec<u8>| {
+                let p = Polled::Rows {
+                    table: i,
+                    entry: at,
+                    ids,
+                    rows,
+                    published_ms: 0,
+                };
+                queue(f, vec![p])
+            };
+            match r.table(i, rows) {
+                Ok(()) => {
+                    stale.remove(0);
+                }
+                Err(e) => {
+                    f.poll_errors.fetch_add(1, Relaxed);
+                    metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
+                    eprintln!(
+                        "ember: reading table '{}' again failed ({e}); retrying",
+                        names[i]
+                    );
+                    std::thread::sleep(POLL_EVERY * 10);
+                }
+            }
             continue;
         }
         let polled = match reader.poll() {
@@ -126,8 +241,13 @@ fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String]) {
         }
         wait = POLL_EVERY;
         let full = polled.len() >= reader.count;
-        f.queued_rows.fetch_add(rows_in(&polled), Relaxed);
-        lock(&f.queue).extend(polled);
+        if let Some(r) = &reload {
+            stale.extend(polled.iter().filter_map(|p| match *p {
+                Polled::Reset { table, now_at } if r.holds(table) => Some((table, now_at)),
+                _ => None,
+            }));
+        }
+        queue(f, polled);
         if !full {
             std::thread::sleep(POLL_EVERY);
         }
@@ -135,22 +255,24 @@ fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String]) {
 }
 
 impl Follower {
-    /// Starts following with `reader`, whose tables are tier tables `tier_of`.
+    /// Starts following with `reader`, whose tables go to `targets`; `reload` reads the live
+    /// ones again when their stream is trimmed past this server.
     pub(super) fn start(
         reader: UpdateReader,
         names: Vec<String>,
-        tier_of: Vec<usize>,
+        targets: Vec<Target>,
+        reload: Option<Reload>,
     ) -> std::io::Result<Self> {
         let feed = Arc::new(Feed::default());
         *lock(&feed.positions) = reader.positions();
         let (f, names_t) = (feed.clone(), names.clone());
         let thread = std::thread::Builder::new()
             .name("ember-updates".into())
-            .spawn(move || poll_loop(reader, &f, &names_t))?;
+            .spawn(move || poll_loop(reader, &f, &names_t, reload))?;
         Ok(Follower {
             feed,
             names,
-            tier_of,
+            targets,
             thread: Some(thread),
         })
     }
@@ -160,6 +282,12 @@ impl Follower {
         let polled = std::mem::take(&mut *lock(&self.feed.queue));
         self.feed.queued_rows.fetch_sub(rows_in(&polled), Relaxed);
         polled
+    }
+
+    /// Counts rows of a live table read again from the store.
+    pub(super) fn reloaded(&self, rows: u64) {
+        self.feed.rows_reloaded.fetch_add(rows, Relaxed);
+        metrics::counter!(UPDATE_ROWS, "outcome" => "reloaded").increment(rows);
     }
 
     /// Counts what applying an update did, and its lag.
@@ -183,9 +311,13 @@ impl Follower {
     pub(super) fn reset(&self, i: usize, now_at: EntryId) {
         self.feed.resets.fetch_add(1, Relaxed);
         metrics::counter!(UPDATE_RESETS, "table" => self.names[i].clone()).increment(1);
+        let what = match self.targets[i] {
+            Target::Cache(_) => "its cache was dropped (rows are read from the store again)",
+            Target::Dram(_) => "it is read again whole from the store",
+        };
         eprintln!(
             "ember: the update stream of table '{}' was trimmed past this server's position: \
-             its cache was dropped (rows are read from the store again); going on from {now_at}",
+             {what}; going on from {now_at}",
             self.names[i]
         );
     }
@@ -205,6 +337,7 @@ impl Follower {
         UpdateStats {
             rows_applied: f.rows_applied.load(Relaxed),
             rows_absent: f.rows_absent.load(Relaxed),
+            rows_reloaded: f.rows_reloaded.load(Relaxed),
             resets: f.resets.load(Relaxed),
             bad_entries: f.bad_entries.load(Relaxed),
             poll_errors: f.poll_errors.load(Relaxed),

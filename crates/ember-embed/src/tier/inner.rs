@@ -2,11 +2,12 @@
 //! one batch; and the steps it repeats: fetching a batch's missing rows from their stores,
 //! giving back the slots of dropped batches, publishing the caches' size.
 
-use super::follow::Follower;
+use super::follow::{Follower, Target};
 use super::seen::SeenSlots;
 use super::staged::Recycler;
 use super::stats::Counters;
 use crate::cache::{RowCache, Updated};
+use crate::collection::EmbeddingCollection;
 use crate::dedup::DedupScratch;
 use crate::error::Result;
 use crate::storage::remote::updates::Polled;
@@ -97,7 +98,7 @@ impl Inner {
 
     /// Applies the updates `f` queued (see `follow.rs`): each row to its table's cache, a
     /// trimmed stream by dropping the table's cache; then a new epoch for each table touched.
-    pub(super) fn apply_updates(&mut self, f: &Follower) {
+    pub(super) fn apply_updates(&mut self, f: &Follower, coll: &EmbeddingCollection) {
         let polled = f.drain();
         if polled.is_empty() {
             return;
@@ -112,7 +113,19 @@ impl Inner {
                     published_ms,
                     ..
                 } => {
-                    let d = f.tier_of[table];
+                    let d = match f.targets[table] {
+                        Target::Cache(d) => d,
+                        Target::Dram(t) => {
+                            // Checked against the table's shape when the entry was read.
+                            let wrote = coll.tables()[t].write_rows(&ids, &rows);
+                            debug_assert!(wrote.is_ok(), "{wrote:?}");
+                            match published_ms {
+                                0 => f.reloaded(ids.len() as u64),
+                                _ => f.applied(ids.len() as u64, 0, published_ms),
+                            }
+                            continue;
+                        }
+                    };
                     let t = &mut self.tables[d];
                     let (mut applied, mut absent) = (0, 0);
                     for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
@@ -125,8 +138,10 @@ impl Inner {
                     f.applied(applied, absent, published_ms);
                 }
                 Polled::Reset { table, now_at } => {
-                    let d = f.tier_of[table];
-                    self.tables[d].cache.drop_all();
+                    // A live table is read again by the update thread (its rows follow).
+                    if let Target::Cache(d) = f.targets[table] {
+                        self.tables[d].cache.drop_all();
+                    }
                     f.reset(table, now_at);
                 }
                 Polled::Bad {

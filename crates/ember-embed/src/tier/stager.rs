@@ -10,6 +10,7 @@
 
 use super::follow::{Follower, UpdateStats};
 use super::inner::{Inner, TableScratch, TierTable, staging_slots};
+use super::live::follow;
 use super::lookup::{PARALLEL_MIN_IDS, TableStaged, copy_stable, stage_table};
 use super::options::TierOptions;
 use super::pinning::hottest;
@@ -19,7 +20,6 @@ use crate::cache::{CachePolicy, RowCache};
 use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
-use crate::storage::remote::updates::{FollowedTable, UpdateReader};
 use crate::storage::remote::{RedisStore, RemoteTableSpec, WithLocalCopy};
 use crate::storage::{RowStore, open_row_files};
 use crate::table::Placement;
@@ -145,24 +145,14 @@ impl Stager {
             // Before any row is read (the pinned set below): no update published from here on
             // is missed.
             if opts.follow_updates {
-                let tables = remote
-                    .iter()
-                    .zip(&remote_tier)
-                    .map(|(t, &d)| FollowedTable {
-                        name: t.name.clone(),
-                        rows: t.rows,
-                        row_bytes: shapes[d].3,
-                    })
-                    .collect();
-                let reader =
-                    UpdateReader::open(src.cluster.clone(), &src.model, store.version(), tables)?;
-                let names = remote.iter().map(|t| t.name.clone()).collect();
-                follower = Some(Follower::start(reader, names, remote_tier.clone()).map_err(
-                    |e| EmbedError::Io {
-                        path: "ember-updates".into(),
-                        op: "start the update thread",
-                        reason: e.to_string(),
-                    },
+                let row_bytes = |d: usize| shapes[d].3;
+                follower = Some(follow(
+                    coll,
+                    src,
+                    store.version(),
+                    &remote,
+                    &remote_tier,
+                    row_bytes,
                 )?);
             }
             match copies.len() {
@@ -337,7 +327,7 @@ impl Stager {
         let mut guard = self.lock();
         let inner = &mut *guard;
         if let Some(f) = &self.follower {
-            inner.apply_updates(f);
+            inner.apply_updates(f, coll);
         }
         inner.misses.clear();
         // The tier tables are staged in parallel when the batch is large enough to pay for it

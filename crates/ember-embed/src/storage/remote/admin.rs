@@ -8,8 +8,10 @@ use super::manifest::Manifest;
 use super::ops::Ops;
 use super::resp::Reply;
 use super::store::{call, read_manifest, set_state, store_err, versions};
+use super::updates::{updated_key, updates_key};
 use crate::error::Result;
 use redis::Value;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// What [`verify`] found.
@@ -19,6 +21,9 @@ pub struct VerifyReport {
     pub bytes: usize,
     /// Blocks missing, of the wrong length or failing their CRC: `(table, block, what)`.
     pub bad: Vec<(String, usize, String)>,
+    /// Blocks that row updates rewrote since the push (`(table, block)`): their length is
+    /// checked, their CRC is not (the push's no longer applies).
+    pub updated: Vec<(String, usize)>,
 }
 
 /// Reads every block of a version back and checks it against the manifest's CRCs.
@@ -29,7 +34,22 @@ pub fn verify(
     timeout: Duration,
 ) -> Result<VerifyReport> {
     let manifest = read_manifest(cluster, model, version)?;
-    check_blocks(cluster, &manifest, true, timeout)
+    let mut updated = Vec::with_capacity(manifest.tables.len());
+    for mt in &manifest.tables {
+        let key = updated_key(model, version, &mt.name);
+        let blocks = match call(cluster, &key, redis::cmd("SMEMBERS").arg(&key), true)? {
+            Value::Array(v) | Value::Set(v) => v
+                .iter()
+                .filter_map(|b| match b {
+                    Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+                    _ => None,
+                })
+                .collect(),
+            _ => BTreeSet::new(),
+        };
+        updated.push(blocks);
+    }
+    check_blocks(cluster, &manifest, true, timeout, &updated)
 }
 
 /// Bytes of blocks read back per call in [`check_blocks`]: with 16 MB calls reading back a
@@ -39,17 +59,19 @@ const CHECK_WINDOW: usize = 16 << 20;
 
 /// Reads every block of `manifest`'s version back (`read`: from any copy; else from the
 /// primaries) and checks its length and its CRC against the manifest's, each reply as it is
-/// read (no copy).
+/// read (no copy); a block in `updated` (per table) is held to its length only.
 pub(super) fn check_blocks(
     cluster: &mut Cluster,
     manifest: &Manifest,
     read: bool,
     timeout: Duration,
+    updated: &[BTreeSet<usize>],
 ) -> Result<VerifyReport> {
     let mut report = VerifyReport {
         blocks: 0,
         bytes: 0,
         bad: Vec::new(),
+        updated: Vec::new(),
     };
     let mut ops = Ops::default();
     let mut pending: Vec<(usize, usize)> = Vec::new();
@@ -64,6 +86,7 @@ pub(super) fn check_blocks(
                     Reply::Bulk(got) if got.len() != want => {
                         Some(format!("{} bytes, expected {want}", got.len()))
                     }
+                    Reply::Bulk(_) if updated.get(t).is_some_and(|u| u.contains(&b)) => None,
                     Reply::Bulk(got) => match mt.block_crcs.get(b) {
                         Some(&c) if crc32fast::hash(got) != c => Some("CRC-32 differs".into()),
                         None => Some("no CRC in the manifest (push not finished)".into()),
@@ -78,6 +101,8 @@ pub(super) fn check_blocks(
                 report.bytes += mt.block_rows(b).len() * mt.row_bytes;
                 if let Some(w) = w {
                     report.bad.push((mt.name.clone(), b, w));
+                } else if updated.get(t).is_some_and(|u| u.contains(&b)) {
+                    report.updated.push((mt.name.clone(), b));
                 }
             }
             ops.clear();
@@ -209,6 +234,19 @@ pub fn remove(
         }
         if !ops.is_empty() {
             unlinked += count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
+        }
+        // Each table's update stream and its set of updated blocks (not counted: not blocks).
+        let mut ops = Ops::default();
+        for mt in &manifest.tables {
+            for key in [
+                updates_key(model, version, &mt.name),
+                updated_key(model, version, &mt.name),
+            ] {
+                ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
+            }
+        }
+        if !ops.is_empty() {
+            cluster.run(&ops, false, Instant::now() + timeout)?;
         }
     }
     for key in [

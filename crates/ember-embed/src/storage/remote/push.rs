@@ -289,7 +289,7 @@ pub fn push<T: RowSource>(
     // ones an interrupted push landed too). A block that differs leaves `done`: pushing again
     // rewrites it.
     let tv = Instant::now();
-    let check = check_blocks(cluster, &manifest, false, opts.round_timeout)?;
+    let check = check_blocks(cluster, &manifest, false, opts.round_timeout, &[])?;
     report.verify_seconds = tv.elapsed().as_secs_f64();
     if !check.bad.is_empty() {
         let mut hdel = redis::cmd("HDEL");

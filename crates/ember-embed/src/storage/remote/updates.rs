@@ -37,6 +37,12 @@ pub fn updates_key(model: &str, version: u64, table: &str) -> String {
     format!("ember:{model}:v{version}:{table}:updates")
 }
 
+/// The set of a table's blocks that updates rewrote since the push (`ember store verify` does
+/// not hold them to the push's CRCs).
+pub fn updated_key(model: &str, version: u64, table: &str) -> String {
+    format!("ember:{model}:v{version}:{table}:updated")
+}
+
 /// What [`publish`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PublishReport {
@@ -153,6 +159,17 @@ impl Publisher {
             return Err(bad(format!("row {id} is past its {} rows", t.rows)));
         }
         let mut ops = Ops::default();
+        let mut blocks: Vec<usize> = ids
+            .iter()
+            .map(|&id| id as usize / t.rows_per_block)
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let updated = updated_key(&self.model, self.version, &t.name);
+        ops.push(
+            updated.as_bytes(),
+            redis::cmd("SADD").arg(&updated).arg(&blocks),
+        );
         for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
             let id = id as usize;
             let key = format!("{}{}", self.prefix, id / t.rows_per_block);
@@ -321,6 +338,12 @@ impl UpdateReader {
     fn run(&mut self, ops: &Ops) -> Result<Vec<Value>> {
         let deadline = Instant::now() + self.cluster.options().timeout;
         self.cluster.run(ops, true, deadline)
+    }
+
+    /// Whether any update was ever published for table `i` (before this reader opened, or
+    /// since): its rows in the store may differ from those pushed.
+    pub fn published(&self, i: usize) -> bool {
+        self.tables[i].seen > 0
     }
 
     /// The position in each table's stream.

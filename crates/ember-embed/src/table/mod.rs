@@ -9,10 +9,14 @@
 //! - `remote`: in a Redis Cluster ([`crate::storage::remote`]), read like `ssd` through the
 //!   stager and its cache; the table holds only its shape.
 
+mod live;
+
 use crate::alloc::{PagePolicy, RowBuf};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{MappedRows, RowFile};
+use live::LiveRows;
+pub use live::RowsRef;
 use rayon::prelude::*;
 use std::fmt;
 use std::path::Path;
@@ -82,7 +86,7 @@ impl FromStr for Placement {
 }
 
 #[derive(Debug)]
-enum Storage {
+pub(crate) enum Storage {
     /// Bytes `offset .. offset + len` of a buffer (several tables may share one: row views).
     Memory {
         buf: Arc<RowBuf>,
@@ -95,6 +99,8 @@ enum Storage {
     /// Rows in a remote store: nothing here but the shape, and optionally a local row-file copy
     /// read while the store cannot answer.
     Remote(Option<Arc<RowFile>>),
+    /// In memory, rewritten by row updates while it serves (the `live` module).
+    Live(LiveRows),
 }
 
 /// One embedding table.
@@ -105,7 +111,7 @@ pub struct EmbeddingTable {
     dim: usize,
     dtype: DType,
     stride: usize,
-    data: Storage,
+    pub(crate) data: Storage,
 }
 
 impl EmbeddingTable {
@@ -349,10 +355,11 @@ impl EmbeddingTable {
                 len: l,
             },
             Storage::Mapped(m) => Storage::Mapped(m.sub(o, l)),
-            Storage::Disk(_) | Storage::Remote(_) => {
+            Storage::Disk(_) | Storage::Remote(_) | Storage::Live(_) => {
                 return Err(bad(format!(
-                    "a table placed {} cannot be split into row views",
-                    self.placement()
+                    "a table placed {}{} cannot be split into row views",
+                    self.placement(),
+                    if self.is_live() { " and live" } else { "" }
                 )));
             }
         };
@@ -464,7 +471,7 @@ impl EmbeddingTable {
     /// Where the rows live.
     pub fn placement(&self) -> Placement {
         match self.data {
-            Storage::Memory { .. } => Placement::Dram,
+            Storage::Memory { .. } | Storage::Live(_) => Placement::Dram,
             Storage::Mapped(_) => Placement::Mmap,
             Storage::Disk(_) => Placement::Ssd,
             Storage::Remote(_) => Placement::Remote,
@@ -475,13 +482,21 @@ impl EmbeddingTable {
         match &self.data {
             Storage::Memory { buf, offset, len } => Some(&buf.as_slice()[*offset..*offset + *len]),
             Storage::Mapped(m) => Some(m.bytes()),
-            Storage::Disk(_) | Storage::Remote(_) => None,
+            Storage::Disk(_) | Storage::Remote(_) | Storage::Live(_) => None,
+        }
+    }
+    /// All rows as bytes, when addressable: like [`Self::resident`], and a live table's under
+    /// its read lock (held while the answer is borrowed).
+    pub fn rows_ref(&self) -> Option<RowsRef<'_>> {
+        match &self.data {
+            Storage::Live(l) => Some(l.read()),
+            _ => self.resident().map(RowsRef::plain),
         }
     }
     /// The row file behind an `mmap` or `ssd` table, or the local copy of a `remote` one.
     pub fn row_file(&self) -> Option<&Arc<RowFile>> {
         match &self.data {
-            Storage::Memory { .. } | Storage::Remote(None) => None,
+            Storage::Memory { .. } | Storage::Remote(None) | Storage::Live(_) => None,
             Storage::Mapped(m) => Some(m.file()),
             Storage::Disk(file) | Storage::Remote(Some(file)) => Some(file),
         }
@@ -509,14 +524,14 @@ impl EmbeddingTable {
             }
             _ => {}
         }
-        if let Some(all) = self.resident() {
+        if let Some(all) = self.rows_ref() {
             out.copy_from_slice(&all[r * self.stride..(r + 1) * self.stride]);
         }
         Ok(())
     }
     /// Row `r` decoded to f32 into `out` (`out.len() == dim`).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        match self.resident() {
+        match self.rows_ref() {
             Some(all) if r < self.rows => {
                 self.dtype
                     .decode_row(&all[r * self.stride..(r + 1) * self.stride], out);
@@ -534,6 +549,7 @@ impl EmbeddingTable {
     pub fn huge_page_bytes(&self) -> Option<usize> {
         match &self.data {
             Storage::Memory { buf, .. } => buf.huge_page_bytes(),
+            Storage::Live(l) => l.huge_page_bytes(),
             _ => None,
         }
     }
