@@ -78,13 +78,17 @@ impl GpuEmbeddings {
         let mut device_bytes = hot_bytes;
         let mut hot_offset = 0;
         for (t, table) in tables.iter().enumerate() {
-            let data = table.resident().ok_or_else(|| {
+            // A live table (row updates) is copied as it is now; later updates reach only the
+            // host copy.
+            let rows = table.rows_ref().ok_or_else(|| {
                 CudaError::Input(format!(
-                    "table {} is on the SSD tier; --device cuda needs every table in memory \
+                    "table {} is placed {}; --device cuda needs every table in memory \
                      (placement dram or mmap)",
-                    table.name()
+                    table.name(),
+                    table.placement()
                 ))
             })?;
+            let data: &[u8] = &rows;
             let stride = table.stride();
             let hot_rows = plan.hot_rows(t);
             let (cold, remap) = if hot_rows == 0 {
