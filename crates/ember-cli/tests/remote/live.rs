@@ -3,7 +3,7 @@
 //! whole from the store at start when updates were published since the push, and read again
 //! when the stream was trimmed past the server.
 
-use crate::updates::{admin, encode, values, xadd};
+use crate::updates::{admin, encode, overrun, values};
 use ember_embed::storage::remote::{self, ClusterOptions, PushOptions, RemoteSource, updates};
 use ember_embed::tier::{Stager, TierOptions};
 use ember_embed::{
@@ -220,31 +220,7 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
     let ids: Vec<u64> = (100..110).collect();
     let new = values(23);
     let rows = encode(&new, &ids, DType::F32);
-    let prefix = remote::layout::block_prefix("livetrim", version, "d");
-    let rpb = remote::read_manifest(&mut cl, "livetrim", version)
-        .unwrap()
-        .table("d")
-        .unwrap()
-        .rows_per_block;
-    let mut ops = remote::Ops::default();
-    for (&id, row) in ids.iter().zip(rows.chunks_exact(DIM * 4)) {
-        let key = format!("{prefix}{}", id as usize / rpb);
-        let at = id as usize % rpb * DIM * 4;
-        ops.push(
-            key.as_bytes(),
-            redis::cmd("SETRANGE").arg(&key).arg(at).arg(row),
-        );
-    }
-    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
-        .unwrap();
-    let key = updates::updates_key("livetrim", version, "d");
-    let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-    let mut ops = remote::Ops::default();
-    for _ in 0..50 {
-        xadd(&mut ops, &key, Some(1), &id_bytes, &rows);
-    }
-    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
-        .unwrap();
+    let rpb = overrun(&mut cl, "livetrim", version, "d", &ids, &rows);
     for &i in &ids {
         let i = i as usize;
         d[i * DIM..(i + 1) * DIM].copy_from_slice(&new[i * DIM..(i + 1) * DIM]);
@@ -286,6 +262,7 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
     drop(srv);
     // Removing the version removes its update streams too.
     remote::remove(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
+    let key = updates::updates_key("livetrim", version, "d");
     let mut ops = remote::Ops::default();
     ops.push(key.as_bytes(), redis::cmd("EXISTS").arg(&key));
     let left = cl

@@ -470,30 +470,7 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     let ids: Vec<u64> = (100..110).collect();
     let new = values(7);
     let rows = encode(&new, &ids, DType::F32);
-    let prefix = remote::layout::block_prefix("reset", version, "t");
-    let manifest = remote::read_manifest(&mut cl, "reset", version).unwrap();
-    let rpb = manifest.table("t").unwrap().rows_per_block;
-    let mut ops = remote::Ops::default();
-    for (&id, row) in ids.iter().zip(rows.chunks_exact(DIM * 4)) {
-        let key = format!("{prefix}{}", id as usize / rpb);
-        ops.push(
-            key.as_bytes(),
-            redis::cmd("SETRANGE")
-                .arg(&key)
-                .arg(id as usize % rpb * DIM * 4)
-                .arg(row),
-        );
-    }
-    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
-        .unwrap();
-    let key = updates::updates_key("reset", version, "t");
-    let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-    let mut ops = remote::Ops::default();
-    for _ in 0..50 {
-        xadd(&mut ops, &key, Some(1), &id_bytes, &rows);
-    }
-    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
-        .unwrap();
+    overrun(&mut cl, "reset", version, "t", &ids, &rows);
     for &i in &ids {
         let i = i as usize;
         vals[i * DIM..(i + 1) * DIM].copy_from_slice(&new[i * DIM..(i + 1) * DIM]);
@@ -510,6 +487,43 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     }
     assert_eq!(stager.held_slots(), 0);
     stager.check_invariants(usize::MAX);
+}
+
+/// Writes `rows` (f32 rows of `DIM`) of `ids` of `table` straight into their blocks, then
+/// publishes them 50 times in one pipeline with the stream trimmed to exactly one entry: a
+/// follower cannot have read them all (its position is trimmed away). Returns the table's rows
+/// per block.
+pub fn overrun(
+    cl: &mut Cluster,
+    model: &str,
+    version: u64,
+    table: &str,
+    ids: &[u64],
+    rows: &[u8],
+) -> usize {
+    let prefix = remote::layout::block_prefix(model, version, table);
+    let manifest = remote::read_manifest(cl, model, version).unwrap();
+    let rpb = manifest.table(table).unwrap().rows_per_block;
+    let mut ops = remote::Ops::default();
+    for (&id, row) in ids.iter().zip(rows.chunks_exact(DIM * 4)) {
+        let key = format!("{prefix}{}", id as usize / rpb);
+        let at = id as usize % rpb * DIM * 4;
+        ops.push(
+            key.as_bytes(),
+            redis::cmd("SETRANGE").arg(&key).arg(at).arg(row),
+        );
+    }
+    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    let key = updates::updates_key(model, version, table);
+    let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+    let mut ops = remote::Ops::default();
+    for _ in 0..50 {
+        xadd(&mut ops, &key, Some(1), &id_bytes, rows);
+    }
+    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    rpb
 }
 
 /// Queues a raw `XADD key [MAXLEN max_len] * ids IDS rows ROWS` (an entry as a publisher of any

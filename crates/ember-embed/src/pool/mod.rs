@@ -27,6 +27,7 @@ use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
 use crate::isa::Isa;
 use crate::jagged::{Ids, KeyedJagged, RowIndex};
+use crate::table::Placement;
 use crate::tier::StagedBatch;
 use auto::AutoDedup;
 use rayon::prelude::*;
@@ -298,7 +299,7 @@ impl Pooler {
         // Every feature reads either resident rows or rows staged for exactly this batch shape.
         for f in 0..coll.features().len() {
             let table = coll.table_of(f);
-            if table.placement() == crate::Placement::Dram || table.resident().is_some() {
+            if matches!(table.placement(), Placement::Dram | Placement::Mmap) {
                 continue;
             }
             let range = kj.feature_range(f);

@@ -4,7 +4,7 @@
 //! entirely new, and a writer rewrites rows only while no unit reads the table.
 //!
 //! A table becomes live with [`crate::EmbeddingTable::make_live`] (before it is shared). Its
-//! bytes are then reached only through [`crate::EmbeddingTable::rows`], which holds the read lock
+//! bytes are then reached only through [`crate::EmbeddingTable::rows_ref`], which holds the read lock
 //! as long as the bytes are borrowed; `resident()` answers `None`, so no caller can hold them
 //! unlocked. Readers hold the lock for one unit (microseconds to a millisecond); a writer waits
 //! for the units in flight and holds it for one copy of the rows it writes.

@@ -112,6 +112,14 @@ fn rows_in(polled: &[Polled]) -> usize {
         .sum()
 }
 
+impl Feed {
+    /// Counts a failed read of the store (retried).
+    fn failed(&self) {
+        self.poll_errors.fetch_add(1, Relaxed);
+        metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
+    }
+}
+
 /// Queues `polled`, waiting while the queue is full; false once told to stop.
 fn queue(f: &Feed, polled: Vec<Polled>) -> bool {
     while f.queued_rows.load(Relaxed) >= MAX_QUEUED_ROWS {
@@ -126,7 +134,7 @@ fn queue(f: &Feed, polled: Vec<Polled>) -> bool {
 }
 
 /// Rows read from the store per round when a live table is read whole.
-pub(super) const RELOAD_CHUNK: usize = 4096;
+const RELOAD_CHUNK: usize = 4096;
 
 /// Reads whole live tables from the store (the version followed).
 #[derive(Debug)]
@@ -204,8 +212,7 @@ fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String], mut reload: O
                     stale.remove(0);
                 }
                 Err(e) => {
-                    f.poll_errors.fetch_add(1, Relaxed);
-                    metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
+                    f.failed();
                     eprintln!(
                         "ember: reading table '{}' again failed ({e}); retrying",
                         names[i]
@@ -218,8 +225,7 @@ fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String], mut reload: O
         let polled = match reader.poll() {
             Ok(polled) => polled,
             Err(e) => {
-                f.poll_errors.fetch_add(1, Relaxed);
-                metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
+                f.failed();
                 if !failing {
                     eprintln!("ember: reading row updates failed ({e}); retrying");
                 }

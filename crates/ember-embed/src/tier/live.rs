@@ -9,9 +9,7 @@ use super::follow::{Follower, Reload, Target};
 use crate::collection::EmbeddingCollection;
 use crate::error::{EmbedError, Result};
 use crate::storage::remote::updates::{FollowedTable, UpdateReader};
-use crate::storage::remote::{
-    Cluster, RedisStore, RemoteSource, RemoteTableSpec, read_manifest, resolve_version,
-};
+use crate::storage::remote::{Cluster, RedisStore, RemoteSource, RemoteTableSpec, read_manifest};
 use std::time::Instant;
 
 /// Starts following the streams of `coll`'s tables in the store: `remote` (tier tables
@@ -42,7 +40,6 @@ pub(super) fn follow(
     let mut reload = None;
     if !live.is_empty() {
         let mut cluster = Cluster::connect(src.cluster.clone())?;
-        let version = resolve_version(&mut cluster, &src.model, Some(version))?;
         let manifest = read_manifest(&mut cluster, &src.model, version)?;
         let mut specs = Vec::new();
         let mut of = vec![None; followed.len()];
@@ -71,11 +68,13 @@ pub(super) fn follow(
             });
             targets.push(Target::Dram(t));
         }
-        let src = RemoteSource {
-            version: Some(version),
-            ..src.clone()
-        };
-        reload = Some(Reload::new(RedisStore::open(&src, &specs)?, of));
+        if !specs.is_empty() {
+            let src = RemoteSource {
+                version: Some(version),
+                ..src.clone()
+            };
+            reload = Some(Reload::new(RedisStore::open(&src, &specs)?, of));
+        }
     }
     let names: Vec<String> = followed.iter().map(|t| t.name.clone()).collect();
     // Positions first: no update published from here on is missed.
