@@ -55,7 +55,7 @@ enum Cmd {
     /// Score a Criteo-format file with a model: AUC, log loss, samples/s, and the scores.
     Predict(predict::PredictArgs),
     /// Serve a model: KServe v2 over HTTP, /v1/score, Prometheus /metrics, dynamic batching.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Open-loop load on a KServe v2 server: achieved rate and latency percentiles, or the
     /// highest rate within a p99 objective (--find-max).
     Loadgen(loadgen::LoadgenArgs),
@@ -67,7 +67,8 @@ enum Cmd {
     /// Data tools: synthetic Criteo-format data.
     #[command(subcommand)]
     Data(data::DataCmd),
-    /// Tables in a Redis Cluster: push a model's tables, list, verify and remove versions.
+    /// Models in a Redis Cluster: push a model, list, verify, promote and remove versions,
+    /// publish row updates.
     #[command(subcommand)]
     Store(store::StoreCmd),
 }
@@ -78,7 +79,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::Bench(cmd) => bench::run(cmd),
         Cmd::Convert(args) => convert::run(args),
         Cmd::Predict(args) => predict::run(args),
-        Cmd::Serve(args) => serve::run(args),
+        Cmd::Serve(args) => serve::run(*args),
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Data(cmd) => data::run(cmd),
         Cmd::Plan(cmd) => plan::run(cmd),

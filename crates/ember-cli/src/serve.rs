@@ -26,14 +26,27 @@ pub struct ServeArgs {
     /// reloads one.
     #[arg(long, conflicts_with_all = ["model", "preset", "name"])]
     model_repository: Option<PathBuf>,
+    /// Serve model NAME from the remote store of --redis alone (tables, config and dense
+    /// weights, pushed by `ember store push`), following the version it says to serve: the one
+    /// `ember store promote` chose, else the newest ready one. A new version is fetched, loaded,
+    /// warmed and swapped in without a pause.
+    #[arg(long, value_name = "NAME", requires = "redis",
+          conflicts_with_all = ["model", "model_repository", "preset", "store_model", "store_version", "placement", "remote_fallback"])]
+    from_store: Option<String>,
+    /// With --from-store: the directory versions are fetched into [default: a new directory
+    /// under the system's temporary directory, removed at exit].
+    #[arg(long, requires = "from_store")]
+    store_cache: Option<PathBuf>,
     /// With --model-repository: scan it every N seconds, loading new versions (swapped in
-    /// without a pause) and new models, unloading models whose directory is gone (0: never).
-    #[arg(long, default_value_t = 0.0, requires = "model_repository")]
-    poll_secs: f64,
-    /// With --model-repository: MB per second a new version's tables are copied at while
-    /// other versions serve, so that loading leaves serving its memory bandwidth (0: as fast as
-    /// it goes). Loads at start are not paced.
-    #[arg(long, default_value_t = 0.0, requires = "model_repository")]
+    /// without a pause) and new models, unloading models whose directory is gone [default: 0,
+    /// never]. With --from-store: read the version to serve every N seconds [default: 1; 0:
+    /// never, only on POST /v2/repository/models/NAME/load].
+    #[arg(long)]
+    poll_secs: Option<f64>,
+    /// With --model-repository or --from-store: MB per second a new version's tables are
+    /// copied at while other versions serve, so that loading leaves serving its memory
+    /// bandwidth (0: as fast as it goes). Loads at start are not paced.
+    #[arg(long, default_value_t = 0.0)]
     load_mb_per_s: f64,
     /// Serve a benchmark shape with random weights instead (rm1, small).
     #[arg(long)]
@@ -203,8 +216,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if a.threads == 0 || io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
         bail!("--threads, --io-threads, --max-batch and --queue must be at least 1");
     }
+    if a.model_repository.is_none()
+        && a.from_store.is_none()
+        && (a.poll_secs.is_some() || a.load_mb_per_s != 0.0)
+    {
+        bail!("--poll-secs and --load-mb-per-s take --model-repository or --from-store");
+    }
     if let Some(root) = &a.model_repository {
-        return run_repository(&a, root.clone(), io_threads);
+        return run_repository(&a, root.clone(), None, io_threads);
+    }
+    if let Some(name) = &a.from_store {
+        return run_from_store(&a, name, io_threads);
     }
     let (model, name) = match &a.preset {
         Some(p) => {
@@ -241,17 +263,50 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     serve_until_stopped(rt, &a, cfg, started)
 }
 
-/// `--model-repository`: every model of the directory.
-fn run_repository(a: &ServeArgs, root: PathBuf, io_threads: usize) -> anyhow::Result<()> {
+/// `--from-store NAME`: one model from the store, its versions fetched under a cache directory.
+fn run_from_store(a: &ServeArgs, name: &str, io_threads: usize) -> anyhow::Result<()> {
+    let redis = a.tier.redis().context("--from-store needs --redis")?;
+    let (root, temporary) = match &a.store_cache {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("ember-store-{name}-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&root)
+        .with_context(|| format!("creating the store cache {}", root.display()))?;
+    let follow = ember_serve::StoreFollow {
+        redis: redis.to_string(),
+        model: name.to_string(),
+        name: a.name.clone().unwrap_or_else(|| name.to_string()),
+    };
+    let served = run_repository(a, root.clone(), Some(follow), io_threads);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    served
+}
+
+/// `--model-repository`: every model of the directory; or, with `store`, the one model followed
+/// in a store, fetched under `root`.
+fn run_repository(
+    a: &ServeArgs,
+    root: PathBuf,
+    store: Option<ember_serve::StoreFollow>,
+    io_threads: usize,
+) -> anyhow::Result<()> {
+    let what = match store {
+        Some(_) => "--from-store",
+        None => "--model-repository",
+    };
     if a.gpu.is_cuda() || a.plan.plan.is_some() {
-        bail!(
-            "--model-repository serves on the CPU without a plan (--device cuda and --plan take --model)"
-        );
+        bail!("{what} serves on the CPU without a plan (--device cuda and --plan take --model)");
     }
     if !root.is_dir() {
         bail!("--model-repository {}: not a directory", root.display());
     }
-    let poll = secs("--poll-secs", a.poll_secs)?;
+    let default_poll = if store.is_some() { 1.0 } else { 0.0 };
+    let poll = secs("--poll-secs", a.poll_secs.unwrap_or(default_poll))?;
     let source = ember_serve::RepositoryConfig {
         root,
         loader: Arc::new(CliLoader {
@@ -262,6 +317,7 @@ fn run_repository(a: &ServeArgs, root: PathBuf, io_threads: usize) -> anyhow::Re
         poll: (!poll.is_zero()).then_some(poll),
         warm_batches: 4,
         pace_bytes_per_s: (a.load_mb_per_s > 0.0).then_some((a.load_mb_per_s * 1e6) as u64),
+        store,
     };
     let cfg = serve_config(a, String::new())?;
     let rt = runtime(io_threads)?;

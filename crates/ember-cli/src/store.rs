@@ -4,7 +4,8 @@
 //!   nodes, resumable, verified), with a progress bar;
 //! - `ls`: models and versions with their sizes and states;
 //! - `verify`: reads a version back and checks every block's CRC;
-//! - `rm`: removes a version in bounded steps;
+//! - `rm`: removes a version in bounded steps (never the promoted one);
+//! - `promote`: the version every server built from the store serves (`ember serve --from-store`);
 //! - `update`: new rows of a table, published to every server (`store/update.rs`).
 
 mod update;
@@ -35,6 +36,10 @@ pub enum StoreCmd {
     /// Write new rows of a table and publish them to every server following the version.
     #[command(disable_version_flag = true)]
     Update(update::UpdateArgs),
+    /// Serve this version: every server started with --from-store loads it, warms it and swaps
+    /// it in without a pause; servers started later serve it.
+    #[command(disable_version_flag = true)]
+    Promote(VersionArgs),
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +111,7 @@ pub fn run(cmd: StoreCmd) -> Result<()> {
         StoreCmd::Verify(a) => verify(a),
         StoreCmd::Rm(a) => rm(a),
         StoreCmd::Update(a) => update::run(a),
+        StoreCmd::Promote(a) => promote(a),
     }
 }
 
@@ -145,11 +151,16 @@ fn push(a: PushArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     bar.set_message(format!("pushing {name}"));
+    // The config and dense weights go with the tables: a server can build the version from
+    // the store alone (`ember serve --from-store`).
+    let files = ember_model::store::files_of(&a.model)
+        .with_context(|| format!("reading the dense weights of {}", a.model.display()))?;
     let opts = PushOptions {
         version: a.version,
         window_bytes: a.window_mb.max(1) << 20,
         round_timeout: Duration::from_secs_f64(a.cluster.timeout_s),
         replicas: a.replicas,
+        files: Some(files),
     };
     let rep = remote::push(&mut cluster, &name, &tables, &opts, &mut |done, _| {
         bar.set_position(done)
@@ -216,19 +227,33 @@ fn ls(a: ClusterArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}",
+        "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}  SERVED",
         "MODEL", "VERSION", "STATE", "TABLES", "ROWS", "SIZE"
     );
     for (m, versions) in all {
+        let promoted = remote::served_version(&mut cluster, &m)?;
+        // Servers serve the promoted version, else the newest ready one.
+        let served = promoted.or_else(|| {
+            versions
+                .iter()
+                .rev()
+                .find(|v| v.state == remote::VersionState::Ready)
+                .map(|v| v.version)
+        });
         for v in versions {
             println!(
-                "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}",
+                "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}  {}",
                 m,
                 v.version,
                 v.state.name(),
                 v.tables,
                 v.rows,
-                ember_bench::stats::human_bytes(v.bytes)
+                ember_bench::stats::human_bytes(v.bytes),
+                match (served == Some(v.version), promoted.is_some()) {
+                    (true, true) => "yes (promoted)",
+                    (true, false) => "yes (newest ready)",
+                    _ => "",
+                }
             );
         }
     }
@@ -257,7 +282,10 @@ fn verify(a: VersionArgs) -> Result<()> {
         return Ok(());
     }
     for (t, b, what) in rep.bad.iter().take(20) {
-        eprintln!("table '{t}' block {b}: {what}");
+        match t.starts_with('(') {
+            true => eprintln!("{t}: {what}"),
+            false => eprintln!("table '{t}' block {b}: {what}"),
+        }
     }
     bail!(
         "{} version {}: {} of {} blocks are missing or damaged (push it again under a new version)",
@@ -273,5 +301,23 @@ fn rm(a: VersionArgs) -> Result<()> {
     let timeout = Duration::from_secs_f64(a.cluster.timeout_s);
     let n = remote::remove(&mut cluster, &a.model, a.version, timeout)?;
     println!("{} version {} removed ({n} blocks)", a.model, a.version);
+    Ok(())
+}
+
+fn promote(a: VersionArgs) -> Result<()> {
+    let mut cluster = a.cluster.connect()?;
+    let before = remote::promote(&mut cluster, &a.model, a.version)?;
+    match before {
+        Some(b) if b == a.version => println!("{} version {} was already promoted", a.model, b),
+        Some(b) => println!(
+            "{} version {} promoted (was version {b}): servers started with --from-store swap \
+             it in",
+            a.model, a.version
+        ),
+        None => println!(
+            "{} version {} promoted: servers started with --from-store swap it in",
+            a.model, a.version
+        ),
+    }
     Ok(())
 }

@@ -59,6 +59,11 @@ pub struct TierArgs {
 }
 
 impl TierArgs {
+    /// `--redis`, if given.
+    pub fn redis(&self) -> Option<&str> {
+        self.redis.as_deref()
+    }
+
     /// Load options with the placement override.
     pub fn load_options(&self, table_dtype: Option<ember_embed::DType>) -> LoadOptions {
         LoadOptions {

@@ -24,6 +24,7 @@ mod predictor;
 pub mod presets;
 pub mod random;
 mod simd;
+pub mod store;
 pub mod synth;
 pub mod weights;
 

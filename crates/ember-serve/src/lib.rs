@@ -51,7 +51,7 @@ use tokio::sync::watch;
 pub use batcher::{BatchConfig, Batcher, Reply};
 pub use conn::{ConnConfig, OverBudget, SlowBody};
 pub use error::ServeError;
-pub use repo::{DiskLoader, IndexEntry, Loader, Repository, RepositoryConfig, Served};
+pub use repo::{DiskLoader, IndexEntry, Loader, Repository, RepositoryConfig, Served, StoreFollow};
 pub use spec::ModelSpec;
 pub use state::App;
 
@@ -152,14 +152,17 @@ impl Server {
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
         let poll = source.poll;
+        let follows_store = source.store.is_some();
         let repo = Arc::new(Repository::open(source, cfg.batch));
         let r = repo.clone();
         tokio::task::spawn_blocking(move || r.load_all())
             .await
             .map_err(|e| std::io::Error::other(format!("loading the repository: {e}")))?
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        if let Some(every) = poll {
-            repo::spawn_poller(&repo, every);
+        match (poll, follows_store) {
+            (Some(every), true) => repo::spawn_store_follower(&repo, every),
+            (Some(every), false) => repo::spawn_poller(&repo, every),
+            (None, _) => {}
         }
         Self::serve(repo, cfg).await
     }

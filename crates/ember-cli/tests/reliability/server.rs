@@ -53,13 +53,15 @@ impl Server {
         let mut err = BufReader::new(child.stderr.take().unwrap());
         let (mut addr, mut grpc) = (None, None);
         let mut line = String::new();
+        let mut said = String::new();
         let wants_grpc = !args.windows(2).any(|w| w == ["--grpc", "off"]);
         while addr.is_none() || (wants_grpc && grpc.is_none()) {
             line.clear();
             if err.read_line(&mut line).unwrap_or(0) == 0 {
                 let _ = child.kill();
-                panic!("ember serve {full:?} exited before it served: {line}");
+                panic!("ember serve {full:?} exited before it served: {said}");
             }
+            said.push_str(&line);
             if let Some(rest) = line.split("http://").nth(1) {
                 addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
             } else if line.starts_with("gRPC") {

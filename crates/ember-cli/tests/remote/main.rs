@@ -9,6 +9,7 @@ mod cli;
 mod figures;
 mod freshness;
 mod live;
+mod promote;
 mod serve;
 #[allow(dead_code)]
 #[path = "../reliability/server.rs"]

@@ -39,7 +39,7 @@ pub(super) fn follow(
         .collect();
     let mut reload = None;
     if !live.is_empty() {
-        let mut cluster = Cluster::connect(src.cluster.clone())?;
+        let mut cluster = Cluster::connect(src.cluster.for_setup())?;
         let manifest = read_manifest(&mut cluster, &src.model, version)?;
         let mut specs = Vec::new();
         let mut of = vec![None; followed.len()];

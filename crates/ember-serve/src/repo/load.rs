@@ -70,6 +70,9 @@ pub struct RepositoryConfig {
     /// Bytes per second a version's tables are copied at while another version serves (`None`:
     /// unpaced). The first loads, before the server takes requests, are never paced.
     pub pace_bytes_per_s: Option<u64>,
+    /// Serve one model from the remote store alone, following the version it says to serve;
+    /// `root` then holds the versions fetched (`None`: serve the models under `root`).
+    pub store: Option<super::StoreFollow>,
 }
 
 /// Whether `name` may name a model or version directory.
@@ -135,7 +138,7 @@ pub(super) fn stamp(dir: &Path) -> Vec<(u64, Option<std::time::SystemTime>)> {
 }
 
 impl Repository {
-    fn source(&self) -> Result<&RepositoryConfig> {
+    pub(super) fn source(&self) -> Result<&RepositoryConfig> {
         self.source.as_ref().ok_or_else(|| {
             ServeError::bad(
                 "this server serves one model given at start (--model); start it with \
@@ -147,6 +150,9 @@ impl Repository {
     /// Loads the newest version of every model under the repository directory; errors name
     /// every model that failed.
     pub fn load_all(&self) -> Result<()> {
+        if self.store_follow().is_some() {
+            return self.sync_store().map(|_| ());
+        }
         let root = self.source()?.root.clone();
         let mut failed = Vec::new();
         for name in model_dirs(&root)? {
@@ -164,6 +170,16 @@ impl Repository {
     /// it in for the version served. On failure the served version, if any, stays.
     pub fn load(&self, name: &str) -> Result<u64> {
         let src = self.source()?;
+        if let Some(f) = &src.store {
+            if name != f.name {
+                return Err(ServeError::NotFound(format!(
+                    "no model '{name}': this server serves '{}' from the store",
+                    f.name
+                )));
+            }
+            self.set_held(name, false);
+            return self.sync_store();
+        }
         if !usable(name) {
             return Err(ServeError::NotFound(format!(
                 "'{name}' cannot name a model: use A-Z a-z 0-9 _ - . (not starting with . _ -)"
@@ -209,7 +225,13 @@ impl Repository {
     }
 
     /// Loads `version` of `name` from `dir`, warms it and swaps it in.
-    fn swap_in(&self, src: &RepositoryConfig, name: &str, version: u64, dir: &Path) -> Result<()> {
+    pub(super) fn swap_in(
+        &self,
+        src: &RepositoryConfig,
+        name: &str,
+        version: u64,
+        dir: &Path,
+    ) -> Result<()> {
         let start = Instant::now();
         self.set_status(name, version, State::Loading, String::new());
         eprintln!(
@@ -314,13 +336,25 @@ impl Repository {
     }
 }
 
-/// Runs `batches` batches of `n` random samples (8 ids per bag) through `engine`.
+/// Runs `batches` batches of `n` random samples (8 ids per bag) through `engine`. A batch whose
+/// rows a store could not give in time (a busy host, a slow node) does not fail the load: the
+/// version serves as any version does when its store is slow (503s naming it, readiness off),
+/// and stderr says so; any other failure does.
 fn warm(engine: &mut dyn Engine, n: usize, batches: usize) -> ember_model::Result<()> {
     let config = engine.model().config().clone();
     let mut scores = vec![0f32; n];
+    let mut slow = None;
     for b in 0..batches {
         let (dense, sparse) = ember_model::presets::random_batch(&config, n, 8, 0x5eed + b as u64);
-        engine.score(&dense, &sparse, &mut scores)?;
+        match engine.score(&dense, &sparse, &mut scores) {
+            Err(e) if e.kind() == ember_model::ErrorKind::Unavailable => slow = Some(e),
+            r => {
+                r?;
+            }
+        }
+    }
+    if let Some(e) = slow {
+        eprintln!("ember: warming a version, a store did not answer in time ({e}); loading on");
     }
     Ok(())
 }
@@ -329,7 +363,7 @@ fn warm(engine: &mut dyn Engine, n: usize, batches: usize) -> ember_model::Resul
 /// the core), or at nice 19 where that is refused. Of the four ways measured with
 /// `bench/swap.sh` (nice 10; idle class; idle class paced at 250 MB/s; nice 5 paced at 250
 /// MB/s), the idle class unpaced spiked least; none kept the p99 within 2x (docs: the figures).
-fn lower_priority() {
+pub(super) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: both calls take the calling thread's id and change only its scheduling; the
     // parameter struct outlives the call.

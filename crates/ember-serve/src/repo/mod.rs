@@ -18,6 +18,7 @@
 
 pub mod load;
 mod poll;
+mod store;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +33,8 @@ use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
 pub use load::{DiskLoader, Loader, RepositoryConfig};
 pub(crate) use poll::spawn as spawn_poller;
+pub use store::StoreFollow;
+pub(crate) use store::spawn as spawn_store_follower;
 
 /// One version of a model, serving.
 #[derive(Debug)]
@@ -130,6 +133,8 @@ pub struct Repository {
     control: Mutex<()>,
     /// Set when the server stops: nothing is swapped in after.
     stopped: AtomicBool,
+    /// The store a model is followed in (`--from-store`), once connected.
+    store_conn: Mutex<Option<ember_model::store::StoreModel>>,
 }
 
 impl Repository {
@@ -151,6 +156,7 @@ impl Repository {
             batch,
             control: Mutex::new(()),
             stopped: AtomicBool::new(false),
+            store_conn: Mutex::new(None),
         }
     }
 
@@ -163,6 +169,7 @@ impl Repository {
             batch,
             control: Mutex::new(()),
             stopped: AtomicBool::new(false),
+            store_conn: Mutex::new(None),
         }
     }
 

@@ -7,7 +7,7 @@ use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::Manifest;
 use super::ops::Ops;
 use super::resp::Reply;
-use super::store::{call, read_manifest, set_state, store_err, versions};
+use super::store::{call, read_manifest, served_version, set_state, store_err, versions};
 use super::updates::{updated_key, updates_key};
 use crate::error::Result;
 use redis::Value;
@@ -34,9 +34,26 @@ pub fn verify(
     timeout: Duration,
 ) -> Result<VerifyReport> {
     let manifest = read_manifest(cluster, model, version)?;
+    let updated = updated_blocks(cluster, &manifest)?;
+    let mut report = check_blocks(cluster, &manifest, true, timeout, &updated, None, None)?;
+    if manifest.files.is_some()
+        && let Err(e) = super::files::read_files(cluster, &manifest)
+    {
+        report
+            .bad
+            .push(("(config and dense weights)".into(), 0, e.to_string()));
+    }
+    Ok(report)
+}
+
+/// The blocks of each table of `manifest` that row updates rewrote since the push.
+pub(super) fn updated_blocks(
+    cluster: &mut Cluster,
+    manifest: &Manifest,
+) -> Result<Vec<BTreeSet<usize>>> {
     let mut updated = Vec::with_capacity(manifest.tables.len());
     for mt in &manifest.tables {
-        let key = updated_key(model, version, &mt.name);
+        let key = updated_key(&manifest.model, manifest.version, &mt.name);
         let blocks = match call(cluster, &key, redis::cmd("SMEMBERS").arg(&key), true)? {
             Value::Array(v) | Value::Set(v) => v
                 .iter()
@@ -49,8 +66,11 @@ pub fn verify(
         };
         updated.push(blocks);
     }
-    check_blocks(cluster, &manifest, true, timeout, &updated)
+    Ok(updated)
 }
+
+/// Where [`check_blocks`] hands each good block: `(table, block, bytes)`.
+pub(super) type BlockSink<'a> = dyn FnMut(usize, usize, &[u8]) + 'a;
 
 /// Bytes of blocks read back per call in [`check_blocks`]: with 16 MB calls reading back a
 /// pushed version ran at 2.4-2.8 GB/s on a 3-primary loopback cluster, with 256 MB calls at
@@ -58,14 +78,18 @@ pub fn verify(
 const CHECK_WINDOW: usize = 16 << 20;
 
 /// Reads every block of `manifest`'s version back (`read`: from any copy; else from the
-/// primaries) and checks its length and its CRC against the manifest's, each reply as it is
-/// read (no copy); a block in `updated` (per table) is held to its length only.
+/// primaries), of the tables `only` names (indices; `None`: all), and checks its length and its
+/// CRC against the manifest's, each reply as it is read (no copy); a block in `updated` (per
+/// table) is held to its length only. Each block that passes goes to `sink` as `(table, block,
+/// bytes)`.
 pub(super) fn check_blocks(
     cluster: &mut Cluster,
     manifest: &Manifest,
     read: bool,
     timeout: Duration,
     updated: &[BTreeSet<usize>],
+    only: Option<&[usize]>,
+    mut sink: Option<&mut BlockSink<'_>>,
 ) -> Result<VerifyReport> {
     let mut report = VerifyReport {
         blocks: 0,
@@ -94,6 +118,9 @@ pub(super) fn check_blocks(
                     },
                     Reply::Other(_) => Some("missing".into()),
                 };
+                if let (None, Reply::Bulk(got), Some(sink)) = (&what[i], v, sink.as_mut()) {
+                    sink(t, b, got);
+                }
             })?;
             for (&(t, b), w) in pending.iter().zip(what) {
                 let mt = &manifest.tables[t];
@@ -111,6 +138,9 @@ pub(super) fn check_blocks(
         };
     let mut window = 0usize;
     for (t, mt) in manifest.tables.iter().enumerate() {
+        if only.is_some_and(|o| !o.contains(&t)) {
+            continue;
+        }
         for b in 0..mt.blocks() {
             let key = format!(
                 "{}{b}",
@@ -215,6 +245,13 @@ pub fn remove(
     if !known.iter().any(|e| e.0 == version) {
         return Err(store_err(model, version, "no such version"));
     }
+    if served_version(cluster, model)? == Some(version) {
+        return Err(store_err(
+            model,
+            version,
+            "it is the served version (promoted): promote another one first with `ember store              promote`",
+        ));
+    }
     set_state(cluster, model, version, VersionState::Deleting)?;
     let vk = layout::versions_key(model);
     let mut unlinked = 0usize;
@@ -251,6 +288,8 @@ pub fn remove(
     }
     for key in [
         layout::done_key(model, version),
+        layout::file_key(model, version, "config"),
+        layout::file_key(model, version, "dense"),
         layout::manifest_key(model, version),
     ] {
         call(cluster, &key, redis::cmd("UNLINK").arg(&key), false)?;

@@ -88,6 +88,11 @@ impl Cluster {
         &self.opts
     }
 
+    /// Sets the deadline of later calls (after set-up calls made with [`ClusterOptions::for_setup`]).
+    pub fn set_timeout(&mut self, timeout: std::time::Duration) {
+        self.opts.timeout = timeout;
+    }
+
     /// Primaries serving at least one slot, `host:port`.
     pub fn primaries(&self) -> Vec<String> {
         let mut v: Vec<String> = self

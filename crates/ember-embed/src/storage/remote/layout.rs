@@ -4,7 +4,10 @@
 //! |---|---|---|
 //! | `ember:models` | set | the names of the models pushed |
 //! | `ember:<model>:versions` | hash | version number -> `pushing`, `ready` or `deleting` |
+//! | `ember:<model>:served` | string | the version `ember store promote` chose to serve (absent: the newest ready one) |
 //! | `ember:<model>:v<N>:manifest` | string | the version's [`super::Manifest`] (JSON) |
+//! | `ember:<model>:v<N>:config` | string | the model's `config.json`, as pushed |
+//! | `ember:<model>:v<N>:dense` | string | its dense weights: a safetensors file of every tensor but the tables |
 //! | `ember:<model>:v<N>:done` | hash | during a push: `<table>:<block>` -> CRC-32 of the block landed |
 //! | `ember:<model>:v<N>:<table>:<block>` | string | rows `block x rpb .. (block + 1) x rpb` of the table, back to back |
 //!
@@ -69,6 +72,16 @@ pub fn versions_key(model: &str) -> String {
 /// A version's manifest.
 pub fn manifest_key(model: &str, version: u64) -> String {
     format!("ember:{model}:v{version}:manifest")
+}
+
+/// The version a model's servers serve, once one was promoted.
+pub fn served_key(model: &str) -> String {
+    format!("ember:{model}:served")
+}
+
+/// A version's stored file: `config` or `dense` (no block key ends so: theirs end in a number).
+pub fn file_key(model: &str, version: u64, file: &str) -> String {
+    format!("ember:{model}:v{version}:{file}")
 }
 
 /// The blocks of a version landed so far during its push.

@@ -55,6 +55,21 @@ pub struct Manifest {
     /// Seconds since the Unix epoch when the push started.
     pub created_unix: u64,
     pub tables: Vec<ManifestTable>,
+    /// The model's `config.json` and dense weights, stored beside the tables so that a server
+    /// can build the version from the store alone (`None`: pushed without them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<ModelFiles>,
+}
+
+/// Sizes and CRC-32s of a version's `config.json` (key `ember:<model>:v<N>:config`) and dense
+/// weights (a safetensors file of every tensor but the tables, key `ember:<model>:v<N>:dense`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFiles {
+    pub config_bytes: usize,
+    pub config_crc: u32,
+    pub dense_bytes: usize,
+    pub dense_crc: u32,
 }
 
 impl Manifest {

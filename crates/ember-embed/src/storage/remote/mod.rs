@@ -14,6 +14,8 @@
 //! | `fallback.rs` | [`WithLocalCopy`]: a local row-file copy read while the cluster cannot answer |
 //! | `push.rs` | [`push`]: a model's tables as a version (resumable, verified) |
 //! | `admin.rs` | [`verify`], [`list`], [`remove`]: the rest of what `ember store` runs |
+//! | `files.rs` | a version's `config.json` and dense weights, stored beside its tables |
+//! | `served.rs` | [`promote`]; a version's config and dense weights; its tables read back whole |
 //! | `updates.rs` | [`updates::publish`] and [`updates::UpdateReader`]: streaming row updates |
 //!
 //! `docs/remote-tier.md` is the user's guide: layout and its figures, commands, failure
@@ -22,12 +24,14 @@
 mod admin;
 mod cluster;
 mod fallback;
+mod files;
 pub mod layout;
 mod manifest;
 mod ops;
 mod options;
 mod push;
 mod resp;
+mod served;
 pub mod slot;
 mod store;
 pub mod updates;
@@ -36,13 +40,16 @@ mod wire;
 pub use admin::{VerifyReport, VersionListing, list, remove, verify};
 pub use cluster::Cluster;
 pub use fallback::WithLocalCopy;
+pub use files::{ModelFilesData, read_files};
 pub use layout::VersionState;
-pub use manifest::{Manifest, ManifestTable};
+pub use manifest::{Manifest, ManifestTable, ModelFiles};
 pub use ops::Ops;
 pub use options::{ClusterOptions, FailKind, Failure};
 pub use push::{PushOptions, PushReport, RowSource, push};
 pub use resp::{Conn, Replies, Reply};
+pub use served::{promote, read_tables};
 pub use store::{
-    RedisStore, RemoteSource, RemoteTableSpec, read_manifest, resolve_version, versions,
+    RedisStore, RemoteSource, RemoteTableSpec, read_manifest, resolve_version, served_version,
+    versions,
 };
 pub use wire::NodeStats;

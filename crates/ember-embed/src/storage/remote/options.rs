@@ -39,7 +39,20 @@ impl fmt::Debug for ClusterOptions {
     }
 }
 
+/// Deadline of the calls a server makes once while it starts or loads a version (slot map,
+/// manifest, stream positions): a load runs at low priority and may wait for a core, so the
+/// per-batch deadline (100 ms by default) would fail it on a busy host.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl ClusterOptions {
+    /// These options with a deadline of at least [`SETUP_TIMEOUT`], for calls made once at start.
+    pub fn for_setup(&self) -> Self {
+        ClusterOptions {
+            timeout: self.timeout.max(SETUP_TIMEOUT),
+            ..self.clone()
+        }
+    }
+
     /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out).
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |reason: String| EmbedError::BadOption {

@@ -13,6 +13,7 @@
 
 use super::admin::check_blocks;
 use super::cluster::Cluster;
+use super::files::{ModelFilesData, read_files, write_files};
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::{FORMAT, FORMAT_VERSION, Manifest, ManifestTable};
 use super::ops::Ops;
@@ -37,6 +38,9 @@ pub struct PushOptions {
     pub round_timeout: Duration,
     /// Wait for this many replicas to acknowledge each round (0: do not wait).
     pub replicas: u32,
+    /// The model's `config.json` and dense weights, stored with the version so that a server
+    /// can build it from the store alone (`ember serve --from-store`, `ember store promote`).
+    pub files: Option<ModelFilesData>,
 }
 
 impl Default for PushOptions {
@@ -46,6 +50,7 @@ impl Default for PushOptions {
             window_bytes: 32 << 20,
             round_timeout: Duration::from_secs(30),
             replicas: 1,
+            files: None,
         }
     }
 }
@@ -87,6 +92,7 @@ fn manifest_of<T: RowSource>(model: &str, version: u64, tables: &[&T]) -> Manife
         model: model.into(),
         version,
         created_unix: now_unix(),
+        files: None,
         tables: tables
             .iter()
             .map(|t| ManifestTable {
@@ -284,12 +290,26 @@ pub fn push<T: RowSource>(
     for (mt, c) in manifest.tables.iter_mut().zip(crcs) {
         mt.block_crcs = c;
     }
+    if let Some(f) = &opts.files {
+        manifest.files = Some(write_files(cluster, model, version, f)?);
+    }
     write_manifest(cluster, &manifest)?;
     // Every block read back from its primary and checked against the CRC of its source (the
     // ones an interrupted push landed too). A block that differs leaves `done`: pushing again
     // rewrites it.
     let tv = Instant::now();
-    let check = check_blocks(cluster, &manifest, false, opts.round_timeout, &[])?;
+    let check = check_blocks(
+        cluster,
+        &manifest,
+        false,
+        opts.round_timeout,
+        &[],
+        None,
+        None,
+    )?;
+    if opts.files.is_some() {
+        read_files(cluster, &manifest)?;
+    }
     report.verify_seconds = tv.elapsed().as_secs_f64();
     if !check.bad.is_empty() {
         let mut hdel = redis::cmd("HDEL");

@@ -97,7 +97,7 @@ impl RedisStore {
     /// rows, dims and dtypes).
     pub fn open(src: &RemoteSource, tables: &[RemoteTableSpec]) -> Result<Self> {
         layout::check_name("model", &src.model)?;
-        let mut cluster = Cluster::connect(src.cluster.clone())?;
+        let mut cluster = Cluster::connect(src.cluster.for_setup())?;
         let version = resolve_version(&mut cluster, &src.model, src.version)?;
         let manifest = read_manifest(&mut cluster, &src.model, version)?;
         let mut out = Vec::with_capacity(tables.len());
@@ -138,6 +138,7 @@ impl RedisStore {
                 m.blocks(),
             ));
         }
+        cluster.set_timeout(src.cluster.timeout);
         Ok(RedisStore {
             cluster,
             model: src.model.clone(),
@@ -406,7 +407,30 @@ pub fn versions(cluster: &mut Cluster, model: &str) -> Result<Vec<(u64, VersionS
     Ok(v)
 }
 
-/// `version` if it is ready, or the newest ready one.
+/// The version promoted to be served (`ember store promote`), if any.
+pub fn served_version(cluster: &mut Cluster, model: &str) -> Result<Option<u64>> {
+    let key = layout::served_key(model);
+    match call(cluster, &key, redis::cmd("GET").arg(&key), false)? {
+        Value::BulkString(b) => std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                store_err(
+                    model,
+                    0,
+                    format!(
+                        "{key} holds '{}', not a version",
+                        String::from_utf8_lossy(&b)
+                    ),
+                )
+            }),
+        _ => Ok(None),
+    }
+}
+
+/// `version` if it is ready; else the promoted version (`ember store promote`), or the newest
+/// ready one when none was promoted.
 pub fn resolve_version(cluster: &mut Cluster, model: &str, version: Option<u64>) -> Result<u64> {
     let all = versions(cluster, model)?;
     let err = |version: u64, reason: String| EmbedError::RemoteStore {
@@ -414,10 +438,22 @@ pub fn resolve_version(cluster: &mut Cluster, model: &str, version: Option<u64>)
         version,
         reason,
     };
-    match version {
+    let promoted = match version {
+        Some(_) => None,
+        None => served_version(cluster, model)?,
+    };
+    match version.or(promoted) {
         Some(v) => match all.iter().find(|e| e.0 == v) {
             Some((_, VersionState::Ready)) => Ok(v),
             Some((_, s)) => Err(err(v, format!("it is {} and cannot be served", s.name()))),
+            None if promoted.is_some() => Err(err(
+                v,
+                format!(
+                    "it is promoted ({}) but not in {}: promote a ready version",
+                    layout::served_key(model),
+                    cluster.name()
+                ),
+            )),
             None => Err(err(v, format!("no such version in {}", cluster.name()))),
         },
         None => all

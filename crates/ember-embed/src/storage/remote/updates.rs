@@ -294,7 +294,7 @@ impl UpdateReader {
         tables: Vec<FollowedTable>,
     ) -> Result<Self> {
         let mut r = UpdateReader {
-            cluster: Cluster::connect(opts)?,
+            cluster: Cluster::connect(opts.for_setup())?,
             model: model.into(),
             version,
             tables: tables
@@ -332,6 +332,7 @@ impl UpdateReader {
                 t.seen = info.added;
             }
         }
+        r.cluster.set_timeout(opts.timeout);
         Ok(r)
     }
 

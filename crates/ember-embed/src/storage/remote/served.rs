@@ -1,0 +1,87 @@
+//! What a server built from the store alone needs, and what `ember store promote` changes:
+//!
+//! - a version's `config.json` and dense weights (`files.rs`);
+//! - the served version, `ember:<model>:served` ([`promote`]; read by
+//!   [`super::resolve_version`]);
+//! - a version's tables read back whole, block by block and checked ([`read_tables`]), for the
+//!   tables a server holds in memory.
+
+use super::admin::{check_blocks, updated_blocks};
+use super::cluster::Cluster;
+use super::files::read_files;
+use super::layout::{self, VersionState};
+use super::manifest::Manifest;
+use super::store::{call, read_manifest, served_version, store_err, versions};
+use crate::error::Result;
+use std::time::Duration;
+
+/// Makes `version` the one `model`'s servers serve: it must be ready and hold its config and
+/// dense weights (checked here). Servers built from the store (`ember serve --from-store`) load
+/// it and swap it in; servers started later serve it. Returns the version served before, if one
+/// was promoted.
+pub fn promote(cluster: &mut Cluster, model: &str, version: u64) -> Result<Option<u64>> {
+    layout::check_name("model", model)?;
+    match versions(cluster, model)?.iter().find(|e| e.0 == version) {
+        Some((_, VersionState::Ready)) => {}
+        Some((_, s)) => {
+            return Err(store_err(
+                model,
+                version,
+                format!("it is {} and cannot be served", s.name()),
+            ));
+        }
+        None => {
+            return Err(store_err(
+                model,
+                version,
+                format!("no such version in {}", cluster.name()),
+            ));
+        }
+    }
+    let manifest = read_manifest(cluster, model, version)?;
+    read_files(cluster, &manifest)?;
+    let before = served_version(cluster, model)?;
+    let key = layout::served_key(model);
+    call(
+        cluster,
+        &key,
+        redis::cmd("SET").arg(&key).arg(version),
+        false,
+    )?;
+    Ok(before)
+}
+
+/// Reads every block of the tables `tables` (indices into the manifest's) and hands each to
+/// `sink` as `(table, block, bytes)`, in no particular order. Every block is checked for its
+/// length, and against its CRC-32 unless a row update rewrote it; any block that fails fails
+/// the read, naming it.
+pub fn read_tables(
+    cluster: &mut Cluster,
+    manifest: &Manifest,
+    tables: &[usize],
+    timeout: Duration,
+    sink: &mut dyn FnMut(usize, usize, &[u8]),
+) -> Result<()> {
+    let updated = updated_blocks(cluster, manifest)?;
+    let report = check_blocks(
+        cluster,
+        manifest,
+        true,
+        timeout,
+        &updated,
+        Some(tables),
+        Some(sink),
+    )?;
+    match report.bad.first() {
+        None => Ok(()),
+        Some((t, b, what)) => Err(store_err(
+            &manifest.model,
+            manifest.version,
+            format!(
+                "{} blocks cannot be read as pushed, the first table {t} block {b}: {what} (run \
+                 `ember store verify`)",
+                report.bad.len()
+            ),
+        )),
+    }
+}

@@ -1,0 +1,190 @@
+//! `ember serve --from-store NAME`: one model served from the remote store alone, following the
+//! version the store says to serve (`ember store promote`, else the newest ready one).
+//!
+//! The store holds each version whole (tables, `config.json`, dense weights). A version to serve
+//! is fetched into the repository directory as `ROOT/<name>/<version>/` (the tables held in
+//! memory read block by block and checked; the others stay in the store, read through the row
+//! cache), then loaded, warmed and swapped in as any repository version is; the directory of the
+//! version it replaced is removed. A version that fails to fetch or load leaves the served one
+//! untouched, shows as `UNAVAILABLE` with the reason, and is tried again after [`RETRY`] (or at
+//! once when another version is promoted).
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ember_model::store::StoreModel;
+
+use super::{Repository, State};
+use crate::error::{Result, ServeError};
+
+/// How long a version that failed is left alone before it is tried again.
+pub const RETRY: Duration = Duration::from_secs(30);
+
+/// The model a server follows in the store.
+#[derive(Debug, Clone)]
+pub struct StoreFollow {
+    /// `redis://host:port[,...]`.
+    pub redis: String,
+    /// Its name in the store.
+    pub model: String,
+    /// The name clients address it by.
+    pub name: String,
+}
+
+impl Repository {
+    /// The followed model, when this server serves one from the store.
+    pub(super) fn store_follow(&self) -> Option<&StoreFollow> {
+        self.source.as_ref().and_then(|s| s.store.as_ref())
+    }
+
+    /// The version the store says to serve (connecting first if needed).
+    fn store_target(&self, f: &StoreFollow) -> Result<u64> {
+        let mut conn = self.store_conn.lock().unwrap_or_else(|e| e.into_inner());
+        if conn.is_none() {
+            *conn = Some(StoreModel::connect(&f.redis, &f.model).map_err(unavailable)?);
+        }
+        let got = conn.as_mut().map(|c| c.target());
+        match got {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => {
+                // Connect again next time (the cluster may have moved).
+                *conn = None;
+                Err(unavailable(e))
+            }
+            None => Err(ServeError::Internal("no store connection".into())),
+        }
+    }
+
+    /// Serves the store's version of the followed model if it is not served yet; returns it.
+    pub(super) fn sync_store(&self) -> Result<u64> {
+        let src = self.source()?;
+        let Some(f) = self.store_follow() else {
+            return Err(ServeError::Internal("no model followed in a store".into()));
+        };
+        let _one = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let target = self.store_target(f)?;
+        if self.served_version(&f.name) == Some(target) {
+            return Ok(target);
+        }
+        let dir = src.root.join(&f.name).join(target.to_string());
+        self.set_status(&f.name, target, State::Loading, String::new());
+        eprintln!(
+            "ember: fetching model '{}' version {target} from the store {}",
+            f.model, f.redis
+        );
+        let fetched = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("ember-fetch".into())
+                .spawn_scoped(s, || {
+                    super::load::lower_priority();
+                    let mut conn = self.store_conn.lock().unwrap_or_else(|e| e.into_inner());
+                    let c = conn.as_mut().ok_or("no store connection")?;
+                    c.fetch(target, &dir).map_err(|e| {
+                        *conn = None;
+                        format!("fetching it from the store: {e}")
+                    })
+                })
+                .map_err(|e| format!("starting the fetching thread: {e}"))?
+                .join()
+                .map_err(|_| "the fetching thread panicked".to_string())?
+        });
+        match fetched {
+            Ok(done) => eprintln!(
+                "ember: model '{}' version {target} fetched ({:.1} MB of tables held in memory) \
+                 in {:.2} s",
+                f.model,
+                done.table_bytes as f64 / 1e6,
+                done.seconds
+            ),
+            Err(reason) => {
+                self.set_status(&f.name, target, State::Unavailable, reason.clone());
+                eprintln!(
+                    "ember: model '{}' version {target} failed to load: {reason}",
+                    f.name
+                );
+                return Err(ServeError::Unavailable(format!(
+                    "model '{}' version {target} failed to load: {reason}",
+                    f.name
+                )));
+            }
+        }
+        let swapped = self.swap_in(src, &f.name, target, &dir);
+        // Only the served version's directory stays.
+        let keep = self.served_version(&f.name);
+        if let Ok(rd) = std::fs::read_dir(src.root.join(&f.name)) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                if keep.is_none_or(|k| name.to_str() != Some(&k.to_string())) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        swapped.map(|()| target)
+    }
+
+    fn served_version(&self, name: &str) -> Option<u64> {
+        self.served()
+            .iter()
+            .find(|s| s.name() == name)
+            .map(|s| s.version)
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ServeError {
+    ServeError::Unavailable(format!("the model store: {e}"))
+}
+
+/// Starts the thread that follows the store every `every`; it ends when the repository is
+/// dropped or stopped.
+pub(crate) fn spawn(repo: &Arc<Repository>, every: Duration) {
+    let weak = Arc::downgrade(repo);
+    let spawned = std::thread::Builder::new()
+        .name("ember-store-poll".into())
+        .spawn(move || follow_loop(weak, every));
+    if let Err(e) = spawned {
+        eprintln!(
+            "ember: could not start following the store ({e}); promoted versions load only on request"
+        );
+    }
+}
+
+fn follow_loop(repo: Weak<Repository>, every: Duration) {
+    // The version that failed last, and when: not fetched again before `RETRY`.
+    let mut failed: Option<(u64, Instant)> = None;
+    let mut said = String::new();
+    loop {
+        std::thread::sleep(every);
+        let Some(repo) = repo.upgrade() else { return };
+        if repo.is_stopped() {
+            return;
+        }
+        let Some(f) = repo.store_follow().cloned() else {
+            return;
+        };
+        if repo.is_held(&f.name) {
+            continue;
+        }
+        let target = match repo.store_target(&f) {
+            Ok(v) => v,
+            Err(e) => {
+                // Said once per distinct failure; the served version goes on serving.
+                let now = e.to_string();
+                if now != said {
+                    eprintln!("ember: cannot read the version to serve ({now}); serving on");
+                    said = now;
+                }
+                continue;
+            }
+        };
+        said.clear();
+        if repo.served_version(&f.name) == Some(target)
+            || failed.is_some_and(|(v, at)| v == target && at.elapsed() < RETRY)
+        {
+            continue;
+        }
+        failed = match repo.sync_store() {
+            Ok(_) => None,
+            Err(_) => Some((target, Instant::now())),
+        };
+    }
+}
