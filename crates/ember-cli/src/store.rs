@@ -232,14 +232,7 @@ fn ls(a: ClusterArgs) -> Result<()> {
     );
     for (m, versions) in all {
         let promoted = remote::served_version(&mut cluster, &m)?;
-        // Servers serve the promoted version, else the newest ready one.
-        let served = promoted.or_else(|| {
-            versions
-                .iter()
-                .rev()
-                .find(|v| v.state == remote::VersionState::Ready)
-                .map(|v| v.version)
-        });
+        let served = remote::resolve_version(&mut cluster, &m, None).ok();
         for v in versions {
             println!(
                 "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}  {}",

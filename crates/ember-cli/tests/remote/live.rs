@@ -299,18 +299,7 @@ fn a_served_model_applies_updates_to_its_in_memory_table() {
         t["placement"] = placement.into();
     }
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
-    let ember = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ember = crate::ok;
     let (url, m) = (c.url(), model.to_str().unwrap());
     ember(&["store", "push", "--redis", &url, "--model", m]);
     let serve = || Server::start(&["--grpc", "off", "--model", m, "--redis", &url]);

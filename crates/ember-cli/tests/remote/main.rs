@@ -75,3 +75,24 @@ pub fn push_default(c: &LocalCluster) {
     c.wait_replicated(std::time::Duration::from_secs(20))
         .expect("replicas catching up after the push");
 }
+
+/// `ember ARGS`: whether it succeeded, and what it printed (stdout, then stderr).
+pub fn ember(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `ember ARGS`, which must succeed; what it printed.
+pub fn ok(args: &[&str]) -> String {
+    let (done, text) = ember(args);
+    assert!(done, "ember {args:?}: {text}");
+    text
+}

@@ -6,6 +6,7 @@
 //! leaves the served one alone and is reported; and promote's refusals.
 
 use crate::server::{Server, tsv_rows};
+use crate::{ember, ok};
 use ember_embed::storage::remote::{self, layout};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,23 +55,27 @@ fn model_dir(root: &std::path::Path, scale: f32) -> std::path::PathBuf {
     dir
 }
 
-fn ember(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+/// `ember store CMD --redis URL --model MODEL --version V`: whether it succeeded, and what it
+/// printed.
+fn version_cmd(cmd: &str, url: &str, model: &str, version: u64) -> (bool, String) {
+    let v = version.to_string();
+    ember(&[
+        "store",
+        cmd,
+        "--redis",
+        url,
+        "--model",
+        model,
+        "--version",
+        &v,
+    ])
 }
 
-fn ok(args: &[&str]) -> String {
-    let (done, text) = ember(args);
-    assert!(done, "ember {args:?}: {text}");
-    text
+/// `ember store promote` of version `v` of `fresh`, which must succeed; what it printed.
+fn promote(url: &str, v: u64) -> String {
+    let (done, said) = version_cmd("promote", url, "fresh", v);
+    assert!(done, "{said}");
+    said
 }
 
 /// The scores `s` gives `bodies`, one string per body.
@@ -151,27 +156,9 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
     assert!(want[0].iter().zip(&want[1]).all(|(a, b)| a != b));
 
     // promote refuses what cannot be served.
-    let (done, said) = ember(&[
-        "store",
-        "promote",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "9",
-    ]);
+    let (done, said) = version_cmd("promote", &url, "fresh", 9);
     assert!(!done && said.contains("no such version"), "{said}");
-    ok(&[
-        "store",
-        "promote",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "1",
-    ]);
+    promote(&url, 1);
     let replica = |cache: Option<&std::path::Path>| {
         let mut args = vec![
             "--grpc",
@@ -253,16 +240,7 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let said = ok(&[
-        "store",
-        "promote",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "2",
-    ]);
+    let said = promote(&url, 2);
     assert!(said.contains("was version 1"), "{said}");
     for s in [&a, &b] {
         wait_for("v2 served", Duration::from_secs(20), || {
@@ -288,27 +266,9 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
     assert_eq!(fetched, ["2"], "the replaced version's files stay behind");
 
     // The promoted version cannot be removed; v1 can be promoted back (a rollback).
-    let (done, said) = ember(&[
-        "store",
-        "rm",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "2",
-    ]);
+    let (done, said) = version_cmd("rm", &url, "fresh", 2);
     assert!(!done && said.contains("served version"), "{said}");
-    ok(&[
-        "store",
-        "promote",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "1",
-    ]);
+    promote(&url, 1);
     wait_for("the rollback to v1", Duration::from_secs(20), || {
         scores(&a, &bodies) == want[0]
     });
@@ -333,27 +293,9 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
             .any(|v| v.0 == "3" && v.1.contains("UNAVAILABLE") && v.1.contains("CRC-32"))
     });
     assert_eq!(scores(&a, &bodies), want[0], "v1 goes on serving");
-    let (done, said) = ember(&[
-        "store",
-        "verify",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "3",
-    ]);
+    let (done, said) = version_cmd("verify", &url, "fresh", 3);
     assert!(!done && said.contains("dense"), "{said}");
-    let (done, said) = ember(&[
-        "store",
-        "promote",
-        "--redis",
-        &url,
-        "--model",
-        "fresh",
-        "--version",
-        "3",
-    ]);
+    let (done, said) = version_cmd("promote", &url, "fresh", 3);
     assert!(!done && said.contains("CRC-32"), "{said}");
     drop((a, b));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -377,16 +319,7 @@ fn a_version_without_its_dense_weights_is_refused() {
     )
     .unwrap();
     let url = c.url();
-    let (done, said) = ember(&[
-        "store",
-        "promote",
-        "--redis",
-        &url,
-        "--model",
-        "bare",
-        "--version",
-        "1",
-    ]);
+    let (done, said) = version_cmd("promote", &url, "bare", 1);
     assert!(
         !done && said.contains("pushed without its config.json"),
         "{said}"

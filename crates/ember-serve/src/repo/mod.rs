@@ -370,6 +370,33 @@ impl Status {
     }
 }
 
+/// Runs `tick` every `every` on a thread named `name` until the repository is dropped or
+/// stopped; if the thread cannot start, stderr says so and `lost` (what does not happen then).
+fn spawn_watcher(
+    repo: &Arc<Repository>,
+    name: &str,
+    every: Duration,
+    lost: &str,
+    mut tick: impl FnMut(&Repository) + Send + 'static,
+) {
+    let weak = Arc::downgrade(repo);
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let Some(repo) = weak.upgrade() else { return };
+                if repo.is_stopped() {
+                    return;
+                }
+                tick(&repo);
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("ember: could not start the thread {name} ({e}); {lost}");
+    }
+}
+
 /// How long a retired version waits for the requests that run on it before its batcher is
 /// stopped anyway (those still queued then are answered `ShuttingDown`).
 const RETIRE_GRACE: Duration = Duration::from_secs(30);

@@ -4,7 +4,7 @@
 //! files change, so that a bad version is reported once, not every interval.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Repository;
@@ -14,27 +14,14 @@ type Stamp = Vec<(u64, Option<std::time::SystemTime>)>;
 
 /// Starts the poller over `repo`; it ends when the repository is dropped or stopped.
 pub(crate) fn spawn(repo: &Arc<Repository>, every: Duration) {
-    let weak = Arc::downgrade(repo);
-    let spawned = std::thread::Builder::new()
-        .name("ember-repo-poll".into())
-        .spawn(move || poll_loop(weak, every));
-    if let Err(e) = spawned {
-        eprintln!(
-            "ember: could not start the repository poller ({e}); new versions load only on request"
-        );
-    }
-}
-
-fn poll_loop(repo: Weak<Repository>, every: Duration) {
     let mut failed: HashMap<String, (u64, Stamp)> = HashMap::new();
-    loop {
-        std::thread::sleep(every);
-        let Some(repo) = repo.upgrade() else { return };
-        if repo.is_stopped() {
-            return;
-        }
-        poll_once(&repo, &mut failed);
-    }
+    super::spawn_watcher(
+        repo,
+        "ember-repo-poll",
+        every,
+        "new versions load only on request",
+        move |r| poll_once(r, &mut failed),
+    );
 }
 
 /// One scan: loads what changed, unloads what is gone.

@@ -9,7 +9,7 @@
 //! untouched, shows as `UNAVAILABLE` with the reason, and is tried again after [`RETRY`] (or at
 //! once when another version is promoted).
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ember_model::store::StoreModel;
@@ -137,54 +137,44 @@ fn unavailable(e: impl std::fmt::Display) -> ServeError {
 /// Starts the thread that follows the store every `every`; it ends when the repository is
 /// dropped or stopped.
 pub(crate) fn spawn(repo: &Arc<Repository>, every: Duration) {
-    let weak = Arc::downgrade(repo);
-    let spawned = std::thread::Builder::new()
-        .name("ember-store-poll".into())
-        .spawn(move || follow_loop(weak, every));
-    if let Err(e) = spawned {
-        eprintln!(
-            "ember: could not start following the store ({e}); promoted versions load only on request"
-        );
-    }
-}
-
-fn follow_loop(repo: Weak<Repository>, every: Duration) {
     // The version that failed last, and when: not fetched again before `RETRY`.
     let mut failed: Option<(u64, Instant)> = None;
     let mut said = String::new();
-    loop {
-        std::thread::sleep(every);
-        let Some(repo) = repo.upgrade() else { return };
-        if repo.is_stopped() {
-            return;
-        }
-        let Some(f) = repo.store_follow().cloned() else {
-            return;
-        };
-        if repo.is_held(&f.name) {
-            continue;
-        }
-        let target = match repo.store_target(&f) {
-            Ok(v) => v,
-            Err(e) => {
-                // Said once per distinct failure; the served version goes on serving.
-                let now = e.to_string();
-                if now != said {
-                    eprintln!("ember: cannot read the version to serve ({now}); serving on");
-                    said = now;
-                }
-                continue;
-            }
-        };
-        said.clear();
-        if repo.served_version(&f.name) == Some(target)
-            || failed.is_some_and(|(v, at)| v == target && at.elapsed() < RETRY)
-        {
-            continue;
-        }
-        failed = match repo.sync_store() {
-            Ok(_) => None,
-            Err(_) => Some((target, Instant::now())),
-        };
+    super::spawn_watcher(
+        repo,
+        "ember-store-poll",
+        every,
+        "promoted versions load only on request",
+        move |repo| follow_once(repo, &mut failed, &mut said),
+    );
+}
+
+/// One look at the store: swaps in the version to serve if it changed.
+fn follow_once(repo: &Repository, failed: &mut Option<(u64, Instant)>, said: &mut String) {
+    let Some(f) = repo.store_follow() else { return };
+    if repo.is_held(&f.name) {
+        return;
     }
+    let target = match repo.store_target(f) {
+        Ok(v) => v,
+        Err(e) => {
+            // Said once per distinct failure; the served version goes on serving.
+            let now = e.to_string();
+            if now != *said {
+                eprintln!("ember: cannot read the version to serve ({now}); serving on");
+                *said = now;
+            }
+            return;
+        }
+    };
+    said.clear();
+    if repo.served_version(&f.name) == Some(target)
+        || failed.is_some_and(|(v, at)| v == target && at.elapsed() < RETRY)
+    {
+        return;
+    }
+    *failed = match repo.sync_store() {
+        Ok(_) => None,
+        Err(_) => Some((target, Instant::now())),
+    };
 }

@@ -249,7 +249,8 @@ pub fn remove(
         return Err(store_err(
             model,
             version,
-            "it is the served version (promoted): promote another one first with `ember store              promote`",
+            "it is the served version (promoted): promote another one first with `ember store \
+             promote`",
         ));
     }
     set_state(cluster, model, version, VersionState::Deleting)?;

@@ -15,7 +15,7 @@
 //! | `push.rs` | [`push`]: a model's tables as a version (resumable, verified) |
 //! | `admin.rs` | [`verify`], [`list`], [`remove`]: the rest of what `ember store` runs |
 //! | `files.rs` | a version's `config.json` and dense weights, stored beside its tables |
-//! | `served.rs` | [`promote`]; a version's config and dense weights; its tables read back whole |
+//! | `served.rs` | [`promote`]; [`read_tables`]: a version's tables read back whole, checked |
 //! | `updates.rs` | [`updates::publish`] and [`updates::UpdateReader`]: streaming row updates |
 //!
 //! `docs/remote-tier.md` is the user's guide: layout and its figures, commands, failure

@@ -1,6 +1,5 @@
-//! What a server built from the store alone needs, and what `ember store promote` changes:
+//! What `ember store promote` changes and what a server built from the store alone reads:
 //!
-//! - a version's `config.json` and dense weights (`files.rs`);
 //! - the served version, `ember:<model>:served` ([`promote`]; read by
 //!   [`super::resolve_version`]);
 //! - a version's tables read back whole, block by block and checked ([`read_tables`]), for the
@@ -9,9 +8,9 @@
 use super::admin::{check_blocks, updated_blocks};
 use super::cluster::Cluster;
 use super::files::read_files;
-use super::layout::{self, VersionState};
+use super::layout;
 use super::manifest::Manifest;
-use super::store::{call, read_manifest, served_version, store_err, versions};
+use super::store::{call, read_manifest, resolve_version, served_version, store_err};
 use crate::error::Result;
 use std::time::Duration;
 
@@ -21,23 +20,8 @@ use std::time::Duration;
 /// was promoted.
 pub fn promote(cluster: &mut Cluster, model: &str, version: u64) -> Result<Option<u64>> {
     layout::check_name("model", model)?;
-    match versions(cluster, model)?.iter().find(|e| e.0 == version) {
-        Some((_, VersionState::Ready)) => {}
-        Some((_, s)) => {
-            return Err(store_err(
-                model,
-                version,
-                format!("it is {} and cannot be served", s.name()),
-            ));
-        }
-        None => {
-            return Err(store_err(
-                model,
-                version,
-                format!("no such version in {}", cluster.name()),
-            ));
-        }
-    }
+    // Ready, or the reason it cannot be served.
+    resolve_version(cluster, model, Some(version))?;
     let manifest = read_manifest(cluster, model, version)?;
     read_files(cluster, &manifest)?;
     let before = served_version(cluster, model)?;
