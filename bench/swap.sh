@@ -14,7 +14,9 @@
 #
 # Environment: EMBER (the binary), RATE_FRAC (0.7), SLO_MS (10), DURATION (45), SWAP_AT (15),
 # THREADS (forward-pass threads, 1), POOLING (ids per bag, 20), MAX (skip the search: this is the
-# highest rate), SERVE_ARGS (more flags for ember serve, e.g. --load-mb-per-s 500).
+# highest rate), SERVE_ARGS (more flags for ember serve, e.g. --load-mb-per-s 500), PERF_SECS
+# (record the scheduler, `perf sched record -g`, for this many seconds from PERF_AT seconds into
+# the load (default SWAP_AT - 1), to WORKDIR/perf.data: `perf sched timehist -i WORKDIR/perf.data`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EMBER=${EMBER:-target/release/ember}
@@ -36,6 +38,7 @@ ln "$W/v1/config.json" "$W/v1/model.safetensors" "$W/repo/rm1/1/"
 "$EMBER" serve --model-repository "$W/repo" --poll-secs 1 --http 127.0.0.1:0 --grpc off \
   --threads "$THREADS" ${SERVE_ARGS:-} 2> "$W/serve.log" &
 SERVER=$!
+echo $SERVER > "$W/server.pid"
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
   grep -q "http://" "$W/serve.log" && break
@@ -45,11 +48,29 @@ done
 ADDR=$(grep -o "http://[0-9.:]*" "$W/serve.log" | head -1)
 echo "serving on $ADDR ($(grep -o 'loaded and warmed in [0-9.]* s' "$W/serve.log" | head -1))"
 
-# RSS over time, in MiB, with seconds since the start of the measured load.
-( while kill -0 $SERVER 2>/dev/null; do
-    echo "$(date +%s.%N) $(awk '/VmRSS/ {print $2}' /proc/$SERVER/status)"
-    sleep 0.25
-  done ) > "$W/rss.txt" &
+# One process samples the server's RSS (every 0.25 s, seconds since the epoch and KiB) and
+# notes when version 2 serves (the log is read every 20 ms), so that the benchmark starts no
+# process while it measures: a shell loop of `sleep`/`grep`/`date` forks 50 processes a second,
+# and on 2 cores that shows in the p99 (`perf sched` of a run).
+rm -f "$W/swapped"
+python3 - "$SERVER" "$W" <<'PY' &
+import os, sys, time
+pid, w = sys.argv[1], sys.argv[2]
+rss, log, seen, last = open(f"{w}/rss.txt", "w"), open(f"{w}/serve.log"), "", 0.0
+while os.path.exists(f"/proc/{pid}"):
+    now = time.time()
+    if now - last >= 0.25:
+        last = now
+        try:
+            kib = next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS"))
+            rss.write(f"{now:.3f} {kib}\n"); rss.flush()
+        except (OSError, StopIteration):
+            break
+    seen += log.read()
+    if "model 'rm1' version 2 serving" in seen and not os.path.exists(f"{w}/swapped"):
+        open(f"{w}/swapped", "w").write(f"{now:.3f}")
+    time.sleep(0.02)
+PY
 SAMPLER=$!
 
 LG=("$EMBER" loadgen --url "$ADDR" --model rm1 --format binary --pooling "$POOLING" --threads 1)
@@ -62,18 +83,25 @@ echo "highest rate within p99 <= $SLO_MS ms: $MAX requests/s; offering $RATE ($R
 START=$(date +%s.%N)
 "${LG[@]}" --qps "$RATE" --duration "$DURATION" --warmup 1 --timeline 1 --json > "$W/load.txt" &
 LOAD=$!
-sleep $((SWAP_AT + 1))
+PERF_AT=${PERF_AT:-$((SWAP_AT - 1))}
+if [ -n "${PERF_SECS:-}" ] && [ "$PERF_AT" -le "$SWAP_AT" ]; then
+  sleep $((PERF_AT + 1))
+  perf sched record -g -o "$W/perf.data" -- sleep "$PERF_SECS" 2> "$W/perf.log" &
+  sleep $((SWAP_AT - PERF_AT))
+else
+  sleep $((SWAP_AT + 1))
+fi
 mkdir -p "$W/repo/.rm1-2"
 ln "$W/v1/config.json" "$W/v1/model.safetensors" "$W/repo/.rm1-2/"
 mv "$W/repo/.rm1-2" "$W/repo/rm1/2"
 MOVED=$(date +%s.%N)
-for _ in $(seq 1200); do
-  grep -q "model 'rm1' version 2 serving" "$W/serve.log" && break
-  sleep 0.05
-done
-SWAPPED=$(date +%s.%N)
-grep -q "model 'rm1' version 2 serving" "$W/serve.log" || echo "version 2 never served"
+if [ -n "${PERF_SECS:-}" ] && [ "$PERF_AT" -gt "$SWAP_AT" ]; then
+  sleep $((PERF_AT - SWAP_AT))
+  perf sched record -g -o "$W/perf.data" -- sleep "$PERF_SECS" 2> "$W/perf.log" &
+fi
 wait $LOAD
+SWAPPED=$(cat "$W/swapped" 2>/dev/null || echo "$MOVED")
+[ -f "$W/swapped" ] || echo "version 2 never served during the load"
 sleep 1
 kill $SAMPLER 2>/dev/null || true
 
@@ -99,11 +127,18 @@ for i, s in enumerate(tl):
     print(f"{a:>6.0f} {s['sent']:>6} {s['ok']:>6} {s['refused']:>7} {s['errors']:>6} "
           f"{s['p50_ms']:>7.2f} {s['p99_ms']:>7.2f} {s['max_ms']:>7.2f}{mark}")
 failed = sum(s["refused"] + s["errors"] for s in tl)
+# The swap's two parts: reading the new version beside the served one, and the swap itself
+# with the old version freed (its second and the 3 after it).
+loading = [s["p99_ms"] for s in tl if s["t"] + 1 > moved - t0 and s["t"] + 1 <= swapped - t0]
+around = [s for s in tl if s["t"] + 1 > swapped - t0 and s["t"] <= swapped - t0 + 3]
 med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
 print(f"failed requests: {failed} of {run['sent']} (refused {run['refused']}, errors {run['errors']})")
 print(f"p99 steady (median of seconds before): {med(steady):.2f} ms; worst second during the "
       f"swap: {max(during or [float('nan')]):.2f} ms = {max(during or [float('nan')]) / med(steady):.2f}x; "
       f"after (median): {med(after):.2f} ms")
+print(f"while loading: worst second {max(loading or [float('nan')]):.2f} ms; the swap and the 3 s "
+      f"after it: worst second {max([s['p99_ms'] for s in around] or [float('nan')]):.2f} ms, "
+      f"{sum(s['refused'] + s['errors'] for s in around)} failed")
 rss = [(float(t) - t0, int(k) / 1024) for t, k in
        (l.split() for l in open(f"{w}/rss.txt") if len(l.split()) == 2)]
 before = [r for t, r in rss if t < moved - t0]

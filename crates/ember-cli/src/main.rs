@@ -31,8 +31,15 @@ const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
 /// which only runs on the next allocation of the same thread: after a burst of large requests
 /// the server's RSS stayed ~200 MB above its steady level for as long as it was idle; with no
 /// delay it returns to within ~16 MB in a second, at no measured cost in throughput or p99
-/// (`ember loadgen` at 12K requests/s and at 1.3K requests/s of 256 samples).
+/// (`ember loadgen` at 12K requests/s and at 1.3K requests/s of 256 samples). Each purge is a
+/// `madvise` that waits for every other core running the server to flush its TLB (`perf sched`
+/// caught one taking 9.9 ms on this VM); `MIMALLOC_PURGE_DELAY` in the environment is left to
+/// mimalloc (one `bench/swap.sh` run with 1000: steady p99 2.5 ms against 3.3-4.4 ms in runs
+/// without it; not measured enough to change the default).
 fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return; // the user's own setting, which mimalloc reads at start
+    }
     // SAFETY: sets one of mimalloc's global integer options, which it reads at each purge; no
     // pointer is passed.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };

@@ -190,9 +190,9 @@ struct CliLoader {
 }
 
 impl ember_serve::Loader for CliLoader {
-    fn load(&self, dir: &std::path::Path, pace: Option<u64>) -> Result<Model, String> {
+    fn load(&self, dir: &std::path::Path, pace: ember_model::Pace) -> Result<Model, String> {
         let opts = ember_model::LoadOptions {
-            pace_bytes_per_s: pace,
+            pace,
             ..self.tier.load_options(self.dtype)
         };
         let mut model = Model::load(dir, opts).map_err(|e| format!("{e}"))?;

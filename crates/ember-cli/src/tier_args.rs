@@ -78,7 +78,7 @@ impl TierArgs {
                 read_from_replicas: self.read_from_replicas.then_some(true),
                 fallback_local: self.remote_fallback.then_some(true),
             },
-            pace_bytes_per_s: None,
+            pace: Default::default(),
         }
     }
 

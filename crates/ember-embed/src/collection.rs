@@ -117,6 +117,10 @@ impl EmbeddingCollection {
     pub fn tables(&self) -> &[EmbeddingTable] {
         &self.tables
     }
+    /// The tables, by value (to free them one at a time).
+    pub fn into_tables(self) -> Vec<EmbeddingTable> {
+        self.tables
+    }
     /// Makes every in-memory table live ([`EmbeddingTable::make_live`]) when `opts` follows the
     /// update streams of a store this collection reads tables from: a [`crate::Stager`] started
     /// with `opts` then writes updates into them too. Answers whether it did.

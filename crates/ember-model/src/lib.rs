@@ -40,7 +40,7 @@ pub use engine::{Engine, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
-pub use model::{LoadOptions, Model, RemoteOverride, dir_name};
+pub use model::{LoadOptions, Model, Pace, RemoteOverride, dir_name};
 pub use predictor::Predictor;
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):

@@ -17,6 +17,7 @@ use crate::error::{ModelError, Result};
 use crate::interaction::{CrossLayer, Interaction, dot_pairs};
 use crate::mlp::{Linear, Mlp};
 use crate::random::{normal_vec, seeded_row};
+pub use crate::weights::Pace;
 use crate::weights::{Weights, read_weights};
 
 /// How to load a model.
@@ -28,9 +29,9 @@ pub struct LoadOptions {
     pub placement: Option<Placement>,
     /// Overrides of config.json's `remote` object (the cluster of `remote` tables).
     pub remote: RemoteOverride,
-    /// Copy DRAM tables at most this many bytes per second (a load beside a serving version
-    /// leaves it memory bandwidth); `None`: as fast as it goes.
-    pub pace_bytes_per_s: Option<u64>,
+    /// How DRAM tables are copied when the load runs beside a serving version (the default:
+    /// as fast as it goes).
+    pub pace: Pace,
 }
 
 /// What a command line overrides in config.json's `remote` object; `redis` is needed where the
@@ -113,7 +114,7 @@ impl Model {
             &dir.join("model.safetensors"),
             &config,
             opts.table_dtype,
-            opts.pace_bytes_per_s,
+            opts.pace,
         )?;
         if let Some(d) = opts.table_dtype {
             config.tables.iter_mut().for_each(|t| t.dtype = d);
@@ -229,6 +230,19 @@ impl Model {
             },
             TierOptions::default(),
         )
+    }
+
+    /// Frees the model with `pause` after each table: a version retired beside a serving one
+    /// (freeing 4 GB of tables at once held a core for ~50 ms at a time in `bench/swap.sh`).
+    pub fn release(self, pause: std::time::Duration) {
+        let Model {
+            embeddings, stager, ..
+        } = self;
+        drop(stager);
+        for table in embeddings.into_tables() {
+            drop(table);
+            std::thread::sleep(pause);
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -91,7 +91,7 @@ pub fn read_weights(
     path: &Path,
     cfg: &ModelConfig,
     table_dtype: Option<DType>,
-    pace: Option<u64>,
+    pace: Pace,
 ) -> Result<Weights> {
     let file = ember_embed::files::open_regular(path, "weights file").map_err(|source| {
         ModelError::Io {
@@ -213,14 +213,45 @@ pub fn read_weights(
     })
 }
 
+/// How a load copies DRAM tables beside a serving version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pace {
+    /// At most this many bytes per second (leaves serving memory bandwidth); `None`: as fast
+    /// as it goes.
+    pub bytes_per_s: Option<u64>,
+    /// Sleep briefly after every [`BREATHE_EVERY`] bytes (see `copy_table` for why).
+    pub breathe: bool,
+}
+
+impl Pace {
+    /// How a version loads while another serves: breathing, and at most `bytes_per_s`.
+    pub fn background(bytes_per_s: Option<u64>) -> Pace {
+        Pace {
+            bytes_per_s,
+            breathe: true,
+        }
+    }
+}
+
+/// Bytes a background load copies between two sleeps: 1 MiB, ~0.1-0.3 ms of copying and page
+/// faults on a 2 MiB-page table.
+pub const BREATHE_EVERY: usize = 1 << 20;
+
+/// The sleep: long enough for the core to go idle.
+const BREATHE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// A DRAM table of `t` from its bytes in the file, copied once into its own (2 MiB-page) memory
-/// with f32 / bf16 subnormals flushed on the way, 256 KiB at a time; with `pace`, at most that many
-/// bytes per second (a load beside a serving version leaves it memory bandwidth).
-fn copy_table(
-    t: &crate::config::TableConfig,
-    bytes: &[u8],
-    pace: Option<u64>,
-) -> Result<EmbeddingTable> {
+/// with f32 / bf16 subnormals flushed on the way, 256 KiB at a time; with `pace.bytes_per_s`, at
+/// most that many bytes per second (a load beside a serving version leaves it memory bandwidth).
+///
+/// With `pace.breathe` the copy sleeps briefly after each [`BREATHE_EVERY`] bytes. The loading
+/// thread runs in the idle scheduling class, but while it is runnable its core never goes idle,
+/// and Linux moves a request thread waiting on the other core's queue onto a core only when
+/// that core goes idle or at its next periodic balance, milliseconds later: `perf sched` of
+/// `bench/swap.sh` on 2 cores found request threads runnable but waiting 3-13 ms while the
+/// other core ran the loader, 54% of all such waiting during a swap. A core that sleeps every
+/// ~0.2 ms balances every ~0.2 ms.
+fn copy_table(t: &crate::config::TableConfig, bytes: &[u8], pace: Pace) -> Result<EmbeddingTable> {
     let mut table = EmbeddingTable::zeroed(
         &t.name,
         t.rows,
@@ -243,7 +274,10 @@ fn copy_table(
     for (k, (d, s)) in dst.chunks_mut(CHUNK).zip(bytes.chunks(CHUNK)).enumerate() {
         d.copy_from_slice(s);
         flush_in_place(d, t.dtype);
-        if let Some(rate) = pace.filter(|&r| r > 0) {
+        if pace.breathe && ((k + 1) * CHUNK).is_multiple_of(BREATHE_EVERY) {
+            std::thread::sleep(BREATHE_SLEEP);
+        }
+        if let Some(rate) = pace.bytes_per_s.filter(|&r| r > 0) {
             let due = std::time::Duration::from_secs_f64(((k + 1) * CHUNK) as f64 / rate as f64);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
@@ -405,8 +439,9 @@ mod tests {
 
     #[test]
     fn copied_tables_equal_the_flushed_bytes_across_chunks_and_dtypes() {
-        // 2 chunks and a part of a third, with subnormals at chunk edges; paced or not.
-        let rows = 2 * (256 << 10) / 28 + 7;
+        // Past BREATHE_EVERY (so that a breathing copy sleeps mid-table) and a part of a chunk,
+        // with subnormals at chunk edges; paced and breathing or not.
+        let rows = (BREATHE_EVERY + 2 * (256 << 10)) / 14 + 7;
         for (dtype, dim) in [
             (DType::F32, 7),
             (DType::BF16, 7),
@@ -430,11 +465,16 @@ mod tests {
                     s as u8
                 })
                 .collect();
-            for at in [0, (256 << 10) - 4, 256 << 10, n - 4] {
+            assert!(n > BREATHE_EVERY, "{dtype:?}: {n} bytes");
+            for at in [0, (256 << 10) - 4, 256 << 10, BREATHE_EVERY, n - 4] {
                 bytes[at..at + 4].copy_from_slice(&1e-40f32.to_le_bytes());
             }
             let want = flush_bytes(&bytes, dtype);
-            for pace in [None, Some(1 << 40)] {
+            let paced = Pace {
+                bytes_per_s: Some(1 << 40),
+                breathe: true,
+            };
+            for pace in [Pace::default(), paced] {
                 let got = copy_table(&t, &bytes, pace).unwrap();
                 assert!(
                     got.resident().unwrap() == &want[..],

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ember_model::{Engine, LoadOptions, Model, Predictor};
+use ember_model::{Engine, LoadOptions, Model, Pace, Predictor};
 
 use super::{Entry, Repository, Served, State, Status};
 use crate::batcher::Batcher;
@@ -25,10 +25,9 @@ use crate::spec::ModelSpec;
 
 /// Reads a model version and builds what runs it. The server calls it off the request path.
 pub trait Loader: Send + Sync + std::fmt::Debug {
-    /// Reads the model in `dir` (the slow part, run at lower priority), copying its tables at
-    /// most `pace` bytes per second when given (while other versions serve). Errors name the
-    /// file.
-    fn load(&self, dir: &Path, pace: Option<u64>) -> std::result::Result<Model, String>;
+    /// Reads the model in `dir` (the slow part, run at lower priority), copying its tables as
+    /// `pace` says (paced and breathing while other versions serve). Errors name the file.
+    fn load(&self, dir: &Path, pace: Pace) -> std::result::Result<Model, String>;
     /// The engine that runs `model` (its threads serve, so this runs at normal priority).
     fn engine(&self, model: Arc<Model>) -> std::result::Result<Box<dyn Engine>, String>;
 }
@@ -41,9 +40,9 @@ pub struct DiskLoader {
 }
 
 impl Loader for DiskLoader {
-    fn load(&self, dir: &Path, pace: Option<u64>) -> std::result::Result<Model, String> {
+    fn load(&self, dir: &Path, pace: Pace) -> std::result::Result<Model, String> {
         let opts = LoadOptions {
-            pace_bytes_per_s: pace,
+            pace,
             ..self.options.clone()
         };
         Model::load(dir, opts).map_err(|e| e.to_string())
@@ -291,7 +290,11 @@ impl Repository {
     ) -> std::result::Result<Served, String> {
         let loader = src.loader.clone();
         let dir2 = dir.to_path_buf();
-        let pace = src.pace_bytes_per_s.filter(|_| !self.served().is_empty());
+        let pace = if self.served().is_empty() {
+            Pace::default()
+        } else {
+            Pace::background(src.pace_bytes_per_s)
+        };
         let model = std::thread::scope(|s| {
             std::thread::Builder::new()
                 .name("ember-load".into())
@@ -332,7 +335,43 @@ impl Repository {
         old.batcher
             .shutdown_by(Instant::now() + Duration::from_secs(1));
         m::model_ready(old.name(), old.version, false);
+        let model = old.spec.model().clone();
         drop(old);
+        free_quietly(model, FREE_WAIT);
+    }
+}
+
+/// How long a retired version's model waits for its batcher's thread to let go of it.
+const FREE_WAIT: Duration = Duration::from_secs(5);
+
+/// The pause after each table a retired version frees.
+const FREE_PAUSE: Duration = Duration::from_millis(1);
+
+/// Frees a retired version's model on a thread of the idle class, one table at a time, once
+/// every other holder (its batcher's thread) has let go of it, waiting up to `wait` (after
+/// that, the last holder frees it). Returns when it is freed or left.
+fn free_quietly(model: Arc<Model>, wait: Duration) {
+    let end = Instant::now() + wait;
+    let free = move || {
+        lower_priority();
+        let mut model = model;
+        loop {
+            match Arc::try_unwrap(model) {
+                Ok(m) => return m.release(FREE_PAUSE),
+                Err(still_held) if Instant::now() < end => {
+                    model = still_held;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(_) => return,
+            }
+        }
+    };
+    // A thread that does not start drops the closure, and the model with it, here.
+    if let Ok(h) = std::thread::Builder::new()
+        .name("ember-free".into())
+        .spawn(free)
+    {
+        let _ = h.join();
     }
 }
 
@@ -362,7 +401,9 @@ fn warm(engine: &mut dyn Engine, n: usize, batches: usize) -> ember_model::Resul
 /// Puts the calling thread in the idle scheduling class (it runs when no serving thread wants
 /// the core), or at nice 19 where that is refused. Of the four ways measured with
 /// `bench/swap.sh` (nice 10; idle class; idle class paced at 250 MB/s; nice 5 paced at 250
-/// MB/s), the idle class unpaced spiked least; none kept the p99 within 2x (docs: the figures).
+/// MB/s), the idle class unpaced spiked least. The idle class alone is not enough: a core it
+/// holds does not take waiting request threads until it sleeps, hence [`Pace::background`]'s
+/// breathing copy (README: the figures).
 pub(super) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: both calls take the calling thread's id and change only its scheduling; the
@@ -401,5 +442,50 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    fn small_model() -> Arc<Model> {
+        let p = ember_model::presets::preset("small", ember_model::DType::F32).unwrap();
+        Arc::new(Model::random(p.config, 7, 1).unwrap())
+    }
+
+    #[test]
+    fn a_retired_model_is_freed_once_its_last_other_holder_lets_go() {
+        let model = small_model();
+        let weak = Arc::downgrade(&model);
+        let batcher = model.clone(); // a batcher's thread still running its last batch
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(batcher);
+        });
+        let start = Instant::now();
+        free_quietly(model, Duration::from_secs(10));
+        assert!(
+            weak.upgrade().is_none(),
+            "not freed when free_quietly returned"
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(100),
+            "freed before the holder let go"
+        );
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_model_still_held_elsewhere_is_left_to_its_holder() {
+        let model = small_model();
+        let kept = model.clone();
+        let start = Instant::now();
+        free_quietly(model, Duration::from_millis(300));
+        assert!(
+            start.elapsed() >= Duration::from_millis(300),
+            "gave up before its bound"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waited without bound"
+        );
+        assert_eq!(Arc::strong_count(&kept), 1, "the holder's copy is whole");
+        assert_eq!(kept.config().tables.len(), 8);
     }
 }
