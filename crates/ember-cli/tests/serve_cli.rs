@@ -343,6 +343,61 @@ fn repository(tag: &str) -> std::path::PathBuf {
     root
 }
 
+/// Two models of a repository on the SSD tier keep their tier series apart on /metrics (each
+/// labelled with its name): scoring only one of them moves only its lookups.
+#[test]
+fn the_tier_metrics_of_two_served_models_are_labelled_apart() {
+    let root = repository("tier");
+    for v in ["ctr/2", "small/1"] {
+        let st = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["convert", "--model"])
+            .arg(root.join(v))
+            .output()
+            .unwrap();
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+    }
+    std::fs::remove_dir_all(root.join("ctr/1")).unwrap();
+    let Started {
+        mut child, addr, ..
+    } = start_server(&[
+        "--model-repository",
+        root.to_str().unwrap(),
+        "--placement",
+        "ssd",
+        "--cache-mb",
+        "1",
+    ]);
+    let rows = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample.tsv"),
+    )
+    .unwrap();
+    let body: String = rows.lines().take(20).map(|l| format!("{l}\n")).collect();
+    let lookups = |model: &str| -> f64 {
+        let series = format!("ember_tier_cache_lookups_total{{model=\"{model}\"}} ");
+        get(&addr, "/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (status, out) = post(&addr, "/v1/score?model=ctr", &body);
+    assert_eq!(status, 200, "{out}");
+    let (ctr, small) = (lookups("ctr"), lookups("small"));
+    assert!(ctr > 0.0, "ctr's lookups are not on /metrics");
+    for _ in 0..3 {
+        let (status, out) = post(&addr, "/v1/score?model=small", &body);
+        assert_eq!(status, 200, "{out}");
+    }
+    assert_eq!(lookups("ctr"), ctr, "scoring small moved ctr's series");
+    assert!(lookups("small") > small, "small's lookups did not move");
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 #[test]
 fn serve_a_model_repository() {
     let root = repository("ok");

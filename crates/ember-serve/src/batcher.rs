@@ -129,8 +129,9 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the batching thread, which owns `engine` (the CPU predictor, a GPU predictor).
-    pub fn start(engine: Box<dyn Engine>, cfg: BatchConfig) -> Self {
+    /// Starts the batching thread, which owns `engine` (the CPU predictor, a GPU predictor) of
+    /// the model served as `name` (its metrics' label).
+    pub fn start(engine: Box<dyn Engine>, cfg: BatchConfig, name: &str) -> Self {
         let cfg = BatchConfig {
             max_batch: cfg.max_batch.max(1),
             queue: cfg.queue.max(1),
@@ -144,6 +145,7 @@ impl Batcher {
             queued: queued.clone(),
             load: load.clone(),
             abandon_at: abandon_at.clone(),
+            name: name.to_string(),
         };
         let worker = std::thread::Builder::new()
             .name("ember-batcher".into())
@@ -325,6 +327,8 @@ struct Shared {
     queued: Arc<AtomicUsize>,
     load: Arc<Load>,
     abandon_at: Arc<Mutex<Option<Instant>>>,
+    /// The model's name (metrics).
+    name: String,
 }
 
 impl Drop for Batcher {
@@ -347,6 +351,7 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiv
         queued,
         load,
         abandon_at,
+        name,
     } = shared;
     let batches = std::iter::from_fn(move || form_batch(&rx, &mut carry, &cfg, &queued));
     let mut scores = Vec::new();
@@ -358,7 +363,10 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiv
             if let Some((live, prepared)) = ready {
                 let start = Instant::now();
                 let n = live.iter().map(|j| j.samples.len()).sum();
-                run_batch(&mut *engine, &model, depth, &mut scores, live, prepared);
+                let ok = run_batch(&mut *engine, &model, depth, &mut scores, live, prepared);
+                if ok {
+                    m::record_tier(&name, &model);
+                }
                 load.observe(n, start.elapsed());
             }
             Ok::<(), Infallible>(())
@@ -455,7 +463,7 @@ fn run_batch(
     scores: &mut Vec<f32>,
     live: Vec<Job>,
     prepared: ember_model::Result<Prepared<'static>>,
-) {
+) -> bool {
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
     scores.resize(n, 0.0);
     let result = prepared.and_then(|p| {
@@ -465,10 +473,9 @@ fn run_batch(
             _ => times,
         })
     });
-    if result.is_ok() {
-        m::record_tier(model);
-    }
+    let ok = result.is_ok();
     answer(live, n, scores, result);
+    ok
 }
 
 /// Records a scored batch's stage times and answers its requests.

@@ -400,7 +400,7 @@ async fn metrics_page(State(app): State<App>) -> Response {
         // Off the async workers: it may wait for a batch's fetch to release the stager.
         let _ = tokio::task::spawn_blocking(move || {
             for s in remote {
-                m::record_store(s.spec.model());
+                m::record_store(s.name(), s.spec.model());
             }
         })
         .await;

@@ -114,7 +114,7 @@ fn spawn_store_probe(repo: std::sync::Weak<Repository>, ready: Arc<AtomicBool>) 
                     let model = s.spec.model();
                     if model.stager().has_remote() {
                         let _ = model.stager().probe_stores();
-                        metrics::record_store(model);
+                        metrics::record_store(s.name(), model);
                     }
                 }
             }

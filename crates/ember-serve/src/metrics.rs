@@ -238,38 +238,42 @@ fn describe() {
     );
 }
 
-/// Publishes the SSD tier's counters (nothing when no table is on the tier).
-pub fn record_tier(model: &ember_model::Model) {
+/// Publishes the SSD tier's counters of the model served as `name` (nothing when no table is
+/// on the tier).
+pub fn record_tier(name: &str, model: &ember_model::Model) {
     let stager = model.stager();
     if !stager.is_active() {
         return;
     }
     let s = stager.stats();
-    metrics::counter!(TIER_HITS).absolute(s.hits);
-    metrics::counter!(TIER_LOOKUPS).absolute(s.cache_lookups);
-    metrics::gauge!(TIER_HIT_RATIO).set(s.hit_rate());
-    metrics::counter!(TIER_BYTES).absolute(s.ssd_bytes_read);
-    metrics::counter!(TIER_READS).absolute(s.ssd_reads);
-    metrics::gauge!(TIER_STALL).set(s.stall.as_secs_f64());
-    metrics::gauge!(TIER_CACHE_BYTES).set(stager.cache_usage().0 as f64);
+    let l = || [("model", name.to_string())];
+    metrics::counter!(TIER_HITS, &l()).absolute(s.hits);
+    metrics::counter!(TIER_LOOKUPS, &l()).absolute(s.cache_lookups);
+    metrics::gauge!(TIER_HIT_RATIO, &l()).set(s.hit_rate());
+    metrics::counter!(TIER_BYTES, &l()).absolute(s.ssd_bytes_read);
+    metrics::counter!(TIER_READS, &l()).absolute(s.ssd_reads);
+    metrics::gauge!(TIER_STALL, &l()).set(s.stall.as_secs_f64());
+    metrics::gauge!(TIER_CACHE_BYTES, &l()).set(stager.cache_usage().0 as f64);
 }
 
-/// Publishes the remote store's counters per node and whether it answers (nothing without one).
-/// Called by the store probe every second and at each scrape, not per batch: it takes the
-/// stager's lock, which the next batch's fetch holds.
-pub fn record_store(model: &ember_model::Model) {
+/// Publishes the remote store's counters per node and whether it answers, for the model served
+/// as `name` (nothing without one). Called by the store probe every second and at each scrape,
+/// not per batch: it takes the stager's lock, which the next batch's fetch holds.
+pub fn record_store(name: &str, model: &ember_model::Model) {
     let stager = model.stager();
     if !stager.has_remote() {
         return;
     }
-    metrics::gauge!(REMOTE_UP).set(if stager.store_healthy() { 1.0 } else { 0.0 });
+    let m = || name.to_string();
+    metrics::gauge!(REMOTE_UP, "model" => m()).set(if stager.store_healthy() { 1.0 } else { 0.0 });
     for n in stager.remote_nodes() {
-        let node = n.node.clone();
-        metrics::counter!(REMOTE_ROWS, "node" => node.clone()).absolute(n.commands);
-        metrics::counter!(REMOTE_BYTES, "node" => node.clone()).absolute(n.bytes);
-        metrics::counter!(REMOTE_ROUND_TRIPS, "node" => node.clone()).absolute(n.round_trips);
+        let node = || n.node.clone();
+        metrics::counter!(REMOTE_ROWS, "model" => m(), "node" => node()).absolute(n.commands);
+        metrics::counter!(REMOTE_BYTES, "model" => m(), "node" => node()).absolute(n.bytes);
+        metrics::counter!(REMOTE_ROUND_TRIPS, "model" => m(), "node" => node())
+            .absolute(n.round_trips);
         for (kind, count) in n.errors {
-            metrics::counter!(REMOTE_ERRORS, "node" => node.clone(), "kind" => kind)
+            metrics::counter!(REMOTE_ERRORS, "model" => m(), "node" => node(), "kind" => kind)
                 .absolute(count);
         }
     }

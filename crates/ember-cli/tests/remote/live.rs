@@ -342,9 +342,9 @@ fn a_served_model_applies_updates_to_its_in_memory_table() {
     let metrics = a.request("GET", "/metrics", "text/plain", b"").unwrap().1;
     let applied = metrics
         .lines()
-        .find(|l| l.starts_with("ember_update_rows_total{outcome=\"applied\"}"))
+        .find(|l| l.starts_with("ember_update_rows_total{model=\"mixed\",outcome=\"applied\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
     assert_eq!(applied, Some(2048.0), "{metrics}");
-    assert!(metrics.contains("ember_update_position_ms{table=\"t3\"}"));
+    assert!(metrics.contains("ember_update_position_ms{model=\"mixed\",table=\"t3\"}"));
     let _ = std::fs::remove_dir_all(&dir);
 }

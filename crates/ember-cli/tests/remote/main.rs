@@ -6,6 +6,7 @@
 //! Every test skips with a message where `redis-server` is not installed (`.ci/run` installs it).
 
 mod cli;
+mod fallback;
 mod figures;
 mod freshness;
 mod live;

@@ -52,14 +52,14 @@ fn replicas_on_one_cluster_score_exactly_as_dram() {
         );
         let metrics = s.request("GET", "/metrics", "text/plain", b"").unwrap().1;
         assert!(
-            metrics.contains("ember_remote_rows_total{node=\"127.0.0.1:"),
+            metrics.contains("ember_remote_rows_total{model=\"default\",node=\"127.0.0.1:"),
             "{metrics}"
         );
         assert!(
             metrics.contains("ember_remote_fetch_seconds_bucket"),
             "no fetch histogram"
         );
-        assert!(metrics.contains("ember_remote_up 1"));
+        assert!(metrics.contains("ember_remote_up{model=\"default\"} 1"));
     }
 }
 
@@ -340,7 +340,10 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     let t0 = Instant::now();
     let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(s.metric("ember_remote_fallback_rows_total"), 0.0);
+    assert_eq!(
+        s.metric("ember_remote_fallback_rows_total{model=\"default\"}"),
+        0.0
+    );
     let victim = c.index(c.primaries().unwrap()[0]).unwrap();
     c.kill(victim).unwrap();
     std::thread::sleep(Duration::from_millis(1500));
@@ -351,14 +354,17 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     }
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(ready(&s), 200, "ready while the local copy serves");
-    assert_eq!(s.metric("ember_remote_fallback_active"), 1.0);
+    assert_eq!(
+        s.metric("ember_remote_fallback_active{model=\"default\"}"),
+        1.0
+    );
     for &i in &live {
         c.resume(i);
     }
     // The cluster fails over and answers again: serving goes back to it by itself.
     c.wait_healthy(Duration::from_secs(20)).unwrap();
     let back = ember_bench::redis_cluster::wait_for(Duration::from_secs(10), || {
-        Ok(s.metric("ember_remote_fallback_active") == 0.0)
+        Ok(s.metric("ember_remote_fallback_active{model=\"default\"}") == 0.0)
     });
     std::thread::sleep(Duration::from_millis(300));
     finish(&stop, handles);
@@ -367,7 +373,7 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     assert!(failed.is_empty(), "failed requests: {failed:?}");
     assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
     assert!(back.is_ok(), "serving did not go back to the cluster");
-    let rows = s.metric("ember_remote_fallback_rows_total");
+    let rows = s.metric("ember_remote_fallback_rows_total{model=\"default\"}");
     assert!(rows > 0.0, "the local copy was never read");
     eprintln!(
         "with a local copy: {} requests, 0 failed, {rows} rows read locally",

@@ -416,11 +416,11 @@ fn an_update_changes_the_scores_of_every_replica() {
     }
     let metrics = a.request("GET", "/metrics", "text/plain", b"").unwrap().1;
     assert!(
-        metrics.contains("ember_update_rows_total{outcome=\"applied\"}"),
+        metrics.contains("ember_update_rows_total{model=\"default\",outcome=\"applied\"}"),
         "{metrics}"
     );
     assert!(metrics.contains("ember_update_lag_seconds_bucket"));
-    assert!(metrics.contains("ember_update_position_ms{table=\"t3\"}"));
+    assert!(metrics.contains("ember_update_position_ms{model=\"default\",table=\"t3\"}"));
     // Bad update files and arguments are refused with what is wrong.
     let bad = dir.join("bad.safetensors");
     update_file(&bad, &[1, 2], &rows[..2 * 8], 8);

@@ -92,6 +92,12 @@ pub trait RowStore: fmt::Debug + Send {
     fn node_stats(&self) -> Vec<remote::NodeStats> {
         Vec::new()
     }
+    /// Rows `ids` of `table` were updated in the store to `rows` (read from its update
+    /// stream). A store that also holds a copy of its rows keeps them; others ignore it.
+    fn updated(&mut self, _table: usize, _ids: &[u64], _rows: &[u8]) {}
+    /// Rows of `table` were updated in the store and this server cannot tell which (`why`):
+    /// a store that also holds a copy of its rows stops serving that table from it.
+    fn missed_updates(&mut self, _table: usize, _why: &str) {}
 }
 
 /// Opens the store that reads `files` (the row files of a collection's SSD-tier tables, in the

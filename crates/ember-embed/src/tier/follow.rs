@@ -31,7 +31,8 @@ pub const POLL_IDLE: Duration = Duration::from_millis(100);
 pub const MAX_QUEUED_ROWS: usize = 1 << 20;
 /// Metrics (the server describes them): rows updated by outcome (`applied`: the row was cached;
 /// `absent`: it was not), publish-to-applied lag, streams trimmed past this server by table,
-/// malformed entries, failed polls, and each table's position (its last entry's milliseconds).
+/// malformed entries, failed polls, and each table's position (its last entry's milliseconds);
+/// each labelled with the store's `model` followed.
 pub const UPDATE_ROWS: &str = "ember_update_rows_total";
 pub const UPDATE_LAG: &str = "ember_update_lag_seconds";
 pub const UPDATE_RESETS: &str = "ember_update_resets_total";
@@ -76,6 +77,8 @@ struct Feed {
     positions: Mutex<Vec<EntryId>>,
     /// Publish-to-applied lags, seconds.
     lags: Mutex<Vec<f32>>,
+    /// The store's model followed: every metric's `model` label (a server may follow several).
+    model: String,
 }
 
 /// Where the updates of a table followed go.
@@ -116,7 +119,7 @@ impl Feed {
     /// Counts a failed read of the store (retried).
     fn failed(&self) {
         self.poll_errors.fetch_add(1, Relaxed);
-        metrics::counter!(UPDATE_POLL_ERRORS).increment(1);
+        metrics::counter!(UPDATE_POLL_ERRORS, "model" => self.model.clone()).increment(1);
     }
 }
 
@@ -237,7 +240,8 @@ fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String], mut reload: O
         failing = false;
         let at = reader.positions();
         for (name, p) in names.iter().zip(&at) {
-            metrics::gauge!(UPDATE_POSITION, "table" => name.clone()).set(p.0 as f64);
+            metrics::gauge!(UPDATE_POSITION, "model" => f.model.clone(), "table" => name.clone())
+                .set(p.0 as f64);
         }
         *lock(&f.positions) = at;
         if polled.is_empty() {
@@ -269,7 +273,10 @@ impl Follower {
         targets: Vec<Target>,
         reload: Option<Reload>,
     ) -> std::io::Result<Self> {
-        let feed = Arc::new(Feed::default());
+        let feed = Arc::new(Feed {
+            model: reader.source().0.to_string(),
+            ..Feed::default()
+        });
         *lock(&feed.positions) = reader.positions();
         let (f, names_t) = (feed.clone(), names.clone());
         let thread = std::thread::Builder::new()
@@ -293,20 +300,24 @@ impl Follower {
     /// Counts rows of a live table read again from the store.
     pub(super) fn reloaded(&self, rows: u64) {
         self.feed.rows_reloaded.fetch_add(rows, Relaxed);
-        metrics::counter!(UPDATE_ROWS, "outcome" => "reloaded").increment(rows);
+        let model = self.feed.model.clone();
+        metrics::counter!(UPDATE_ROWS, "model" => model, "outcome" => "reloaded").increment(rows);
     }
 
     /// Counts what applying an update did, and its lag.
     pub(super) fn applied(&self, applied: u64, absent: u64, published_ms: u64) {
         self.feed.rows_applied.fetch_add(applied, Relaxed);
         self.feed.rows_absent.fetch_add(absent, Relaxed);
-        metrics::counter!(UPDATE_ROWS, "outcome" => "applied").increment(applied);
-        metrics::counter!(UPDATE_ROWS, "outcome" => "absent").increment(absent);
+        let model = &self.feed.model;
+        metrics::counter!(UPDATE_ROWS, "model" => model.clone(), "outcome" => "applied")
+            .increment(applied);
+        metrics::counter!(UPDATE_ROWS, "model" => model.clone(), "outcome" => "absent")
+            .increment(absent);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let lag = now.saturating_sub(published_ms) as f32 / 1000.0;
-        metrics::histogram!(UPDATE_LAG).record(f64::from(lag));
+        metrics::histogram!(UPDATE_LAG, "model" => model.clone()).record(f64::from(lag));
         let mut lags = lock(&self.feed.lags);
         if lags.len() < MAX_LAGS {
             lags.push(lag);
@@ -316,7 +327,8 @@ impl Follower {
     /// Counts a reset of followed table `i` (and says so).
     pub(super) fn reset(&self, i: usize, now_at: EntryId) {
         self.feed.resets.fetch_add(1, Relaxed);
-        metrics::counter!(UPDATE_RESETS, "table" => self.names[i].clone()).increment(1);
+        let (model, table) = (self.feed.model.clone(), self.names[i].clone());
+        metrics::counter!(UPDATE_RESETS, "model" => model, "table" => table).increment(1);
         let what = match self.targets[i] {
             Target::Cache(_) => "its cache was dropped (rows are read from the store again)",
             Target::Dram(_) => "it is read again whole from the store",
@@ -331,7 +343,7 @@ impl Follower {
     /// Counts a malformed entry (and says so).
     pub(super) fn bad(&self, i: usize, entry: EntryId, reason: &str) {
         self.feed.bad_entries.fetch_add(1, Relaxed);
-        metrics::counter!(UPDATE_BAD).increment(1);
+        metrics::counter!(UPDATE_BAD, "model" => self.feed.model.clone()).increment(1);
         eprintln!(
             "ember: skipped update {entry} of table '{}': {reason}",
             self.names[i]

@@ -134,13 +134,21 @@ impl Inner {
                             Updated::InPlace | Updated::Dropped => applied += 1,
                         }
                     }
+                    // A store's own copy of the rows (`--remote-fallback`) keeps them too.
+                    self.stores[t.store].updated(t.table, &ids, &rows);
                     touched[d] = true;
                     f.applied(applied, absent, published_ms);
                 }
                 Polled::Reset { table, now_at } => {
                     // A live table is read again by the update thread (its rows follow).
                     if let Target::Cache(d) = f.targets[table] {
-                        self.tables[d].cache.drop_all();
+                        let t = &mut self.tables[d];
+                        t.cache.drop_all();
+                        self.stores[t.store].missed_updates(
+                            t.table,
+                            "its update stream was trimmed past this server, so updates were \
+                             missed",
+                        );
                     }
                     f.reset(table, now_at);
                 }

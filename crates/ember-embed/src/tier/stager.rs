@@ -141,7 +141,7 @@ impl Stager {
                     ),
                 });
             };
-            let store = Box::new(RedisStore::open(src, &remote)?);
+            let mut store = Box::new(RedisStore::open(src, &remote)?);
             // Before any row is read (the pinned set below): no update published from here on
             // is missed.
             if opts.follow_updates {
@@ -160,7 +160,12 @@ impl Stager {
                 n if n == remote.len() => {
                     let local = open_row_files(copies, opts.io, opts.queue_depth)?;
                     let retry = src.cluster.down_for;
-                    stores.push(Box::new(WithLocalCopy::new(store, local, retry)));
+                    // After the stream positions: an update is in these sets or followed.
+                    let updated = store.updated_blocks()?;
+                    let names = remote.iter().map(|t| t.name.clone()).collect();
+                    let copy = WithLocalCopy::new(store, local, retry);
+                    let copy = copy.with_updated_blocks(&src.model, names, updated);
+                    stores.push(Box::new(copy));
                 }
                 n => {
                     return Err(EmbedError::BadOption {

@@ -78,7 +78,7 @@ fn start(cfg: BatchConfig) -> (Arc<Model>, Arc<ModelSpec>, Arc<Batcher>) {
     let model = default_model();
     let spec = Arc::new(ModelSpec::of(model.clone(), "default"));
     let p = Predictor::new(model.clone(), 1).unwrap();
-    let b = Arc::new(Batcher::start(Box::new(p), cfg));
+    let b = Arc::new(Batcher::start(Box::new(p), cfg, "test"));
     (model, spec, b)
 }
 

@@ -321,7 +321,7 @@ impl Repository {
         Ok(Served::new(
             spec,
             version,
-            Batcher::start(engine, self.batch),
+            Batcher::start(engine, self.batch, name),
         ))
     }
 

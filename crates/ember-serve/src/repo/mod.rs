@@ -145,7 +145,7 @@ impl Repository {
         batch: BatchConfig,
     ) -> Self {
         let spec = ModelSpec::of(engine.model().clone(), name);
-        let served = Arc::new(Served::new(spec, 1, Batcher::start(engine, batch)));
+        let served = Arc::new(Served::new(spec, 1, Batcher::start(engine, batch, name)));
         let mut entry = Entry::default();
         entry.versions.insert(1, Status::new(State::Ready));
         entry.current = Some(served);

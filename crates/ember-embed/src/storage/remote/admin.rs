@@ -7,7 +7,9 @@ use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::Manifest;
 use super::ops::Ops;
 use super::resp::Reply;
-use super::store::{call, read_manifest, served_version, set_state, store_err, versions};
+use super::store::{
+    call, read_manifest, served_version, set_state, store_err, updated_set, versions,
+};
 use super::updates::{updated_key, updates_key};
 use crate::error::Result;
 use redis::Value;
@@ -51,22 +53,11 @@ pub(super) fn updated_blocks(
     cluster: &mut Cluster,
     manifest: &Manifest,
 ) -> Result<Vec<BTreeSet<usize>>> {
-    let mut updated = Vec::with_capacity(manifest.tables.len());
-    for mt in &manifest.tables {
-        let key = updated_key(&manifest.model, manifest.version, &mt.name);
-        let blocks = match call(cluster, &key, redis::cmd("SMEMBERS").arg(&key), true)? {
-            Value::Array(v) | Value::Set(v) => v
-                .iter()
-                .filter_map(|b| match b {
-                    Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-                    _ => None,
-                })
-                .collect(),
-            _ => BTreeSet::new(),
-        };
-        updated.push(blocks);
-    }
-    Ok(updated)
+    manifest
+        .tables
+        .iter()
+        .map(|mt| updated_set(cluster, &manifest.model, manifest.version, &mt.name))
+        .collect()
 }
 
 /// Where [`check_blocks`] hands each good block: `(table, block, bytes)`.

@@ -89,6 +89,12 @@ pub fn done_key(model: &str, version: u64) -> String {
     format!("ember:{model}:v{version}:done")
 }
 
+/// The set of a table's blocks that updates rewrote since the push (`ember store verify` does
+/// not hold them to the push's CRCs).
+pub fn updated_key(model: &str, version: u64, table: &str) -> String {
+    format!("ember:{model}:v{version}:{table}:updated")
+}
+
 /// The prefix of a table's block keys (append the block number).
 pub fn block_prefix(model: &str, version: u64, table: &str) -> String {
     format!("ember:{model}:v{version}:{table}:")

@@ -13,6 +13,7 @@ use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
 use redis::Value;
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 /// Where a model's remote tables are: the cluster, the model's name in it, and the version
@@ -149,6 +150,24 @@ impl RedisStore {
         })
     }
 
+    /// Per table: its rows per block and the blocks row updates rewrote since the push (for a
+    /// local copy of the pushed rows to know which of its rows the store no longer holds).
+    pub fn updated_blocks(&mut self) -> Result<Vec<(usize, BTreeSet<usize>)>> {
+        let timeout = self.cluster.options().timeout;
+        self.cluster
+            .set_timeout(timeout.max(super::options::SETUP_TIMEOUT));
+        let out = self
+            .tables
+            .iter()
+            .map(|t| {
+                updated_set(&mut self.cluster, &self.model, self.version, &t.name)
+                    .map(|set| (t.rows_per_block, set))
+            })
+            .collect();
+        self.cluster.set_timeout(timeout);
+        out
+    }
+
     /// The version served.
     pub fn version(&self) -> u64 {
         self.version
@@ -220,7 +239,8 @@ impl RowStore for RedisStore {
         let got = self
             .cluster
             .run_into(&self.ops, true, deadline, &mut self.replies);
-        metrics::histogram!("ember_remote_fetch_seconds").record(t0.elapsed().as_secs_f64());
+        metrics::histogram!("ember_remote_fetch_seconds", "model" => self.model.clone())
+            .record(t0.elapsed().as_secs_f64());
         got?;
         // Check every reply before landing any row. A row missing from a copy read during a
         // failover (a replica out of sync: seen once under heavy load, cause not pinned down) is
@@ -496,4 +516,26 @@ impl From<&ManifestTable> for RemoteTableSpec {
             dtype: t.dtype,
         }
     }
+}
+
+/// The blocks of `table` that row updates rewrote since the push.
+pub(super) fn updated_set(
+    cluster: &mut Cluster,
+    model: &str,
+    version: u64,
+    table: &str,
+) -> Result<BTreeSet<usize>> {
+    let key = layout::updated_key(model, version, table);
+    Ok(
+        match call(cluster, &key, redis::cmd("SMEMBERS").arg(&key), true)? {
+            Value::Array(v) | Value::Set(v) => v
+                .iter()
+                .filter_map(|b| match b {
+                    Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+                    _ => None,
+                })
+                .collect(),
+            _ => BTreeSet::new(),
+        },
+    )
 }

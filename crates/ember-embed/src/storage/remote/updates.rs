@@ -37,11 +37,7 @@ pub fn updates_key(model: &str, version: u64, table: &str) -> String {
     format!("ember:{model}:v{version}:{table}:updates")
 }
 
-/// The set of a table's blocks that updates rewrote since the push (`ember store verify` does
-/// not hold them to the push's CRCs).
-pub fn updated_key(model: &str, version: u64, table: &str) -> String {
-    format!("ember:{model}:v{version}:{table}:updated")
-}
+pub use super::layout::updated_key;
 
 /// What [`publish`] did.
 #[derive(Debug, Clone, PartialEq)]
