@@ -99,8 +99,41 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `e` and its causes, outermost first, joined by `: `, leaving out a cause whose text the
+/// line already holds (library errors often print their source in their own message, and
+/// `{:#}` would print it twice).
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::report;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "not a model directory");
+        let lib = ember_model::ModelError::Io {
+            path: "/m".into(),
+            source: io,
+        };
+        let e = anyhow::Error::new(lib).context("loading model /m");
+        assert_eq!(report(&e), "loading model /m: /m: not a model directory");
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(report(&plain), "outer: inner");
     }
 }

@@ -54,10 +54,11 @@ pub struct ServeArgs {
     /// Name clients address the model by [default: the directory's name, or the preset's].
     #[arg(long)]
     name: Option<String>,
-    /// HTTP listen address (KServe v2 under /v2, /v1/score, /metrics).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// HTTP listen address (KServe v2 under /v2, /v1/score, /metrics): PORT (on 127.0.0.1),
+    /// HOST:PORT or IP:PORT (0.0.0.0:PORT listens on every interface).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_listen)]
     http: SocketAddr,
-    /// gRPC listen address (KServe v2 / Triton's GRPCInferenceService), or `off`.
+    /// gRPC listen address (KServe v2 / Triton's GRPCInferenceService), as --http, or `off`.
     #[arg(long, default_value = "127.0.0.1:8081", value_parser = parse_grpc)]
     grpc: GrpcAddr,
     /// Threads of the model's forward pass.
@@ -176,9 +177,31 @@ fn parse_grpc(s: &str) -> Result<GrpcAddr, String> {
     if s == "off" {
         return Ok(GrpcAddr(None));
     }
-    s.parse()
+    parse_listen(s)
         .map(|a| GrpcAddr(Some(a)))
-        .map_err(|e| format!("'{s}' is neither an address (host:port) nor 'off': {e}"))
+        .map_err(|e| format!("{e}, or 'off'"))
+}
+
+/// A listen address: a bare port listens on 127.0.0.1 (as the defaults do), else `IP:PORT` or
+/// `HOST:PORT` (its first address).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = |why: String| {
+        format!(
+            "'{s}' is not a listen address ({why}): give PORT (on 127.0.0.1), IP:PORT or \
+             HOST:PORT (0.0.0.0:PORT for every interface)"
+        )
+    };
+    s.to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("it resolves to no address".into()))
 }
 
 /// Loads a repository's model versions as `ember serve --model` would load one directory.
@@ -424,4 +447,32 @@ fn serve_until_stopped(
     // Nothing is left to wait for: the server answered or dropped every request.
     rt.shutdown_timeout(Duration::from_millis(200));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_take_a_port_an_ip_or_a_host() {
+        assert_eq!(
+            parse_listen("9300").unwrap(),
+            "127.0.0.1:9300".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("0.0.0.0:80").unwrap(),
+            "0.0.0.0:80".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:81").unwrap(),
+            "[::1]:81".parse().unwrap()
+        );
+        assert!(parse_listen("localhost:8082").unwrap().ip().is_loopback());
+        for bad in ["70000", "host-with-no-port", ":"] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("give PORT"), "{e}");
+        }
+        assert!(parse_grpc("off").unwrap().0.is_none());
+        assert!(parse_grpc("nope").unwrap_err().ends_with("or 'off'"));
+    }
 }

@@ -398,6 +398,58 @@ fn the_tier_metrics_of_two_served_models_are_labelled_apart() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// `loadgen` pointed at a server of another model says what the server serves, over HTTP and
+/// gRPC, and names the flag to change; `--http PORT` alone listens on 127.0.0.1.
+#[test]
+fn loadgen_for_the_wrong_model_repeats_the_servers_answer() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--name", "dcn", "--grpc", "127.0.0.1:0", "--http"])
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut grpc = None;
+    let mut line = String::new();
+    while grpc.is_none() {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the server stopped");
+        if let Some(rest) = line.strip_prefix("gRPC (inference.GRPCInferenceService) on ") {
+            grpc = rest.split_whitespace().next().map(str::to_string);
+        }
+    }
+    let addr = format!("127.0.0.1:{port}");
+    let _drain = std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    for url in [
+        format!("http://{addr}"),
+        format!("grpc://{}", grpc.unwrap()),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["loadgen", "--duration", "1", "--url", &url])
+            .args(if url.starts_with("grpc") {
+                &["--protocol", "grpc"][..]
+            } else {
+                &[]
+            })
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{e}");
+        assert!(
+            e.contains("this server serves 'dcn'") && e.contains("--model"),
+            "{url}: {e}"
+        );
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+}
+
 #[test]
 fn serve_a_model_repository() {
     let root = repository("ok");

@@ -23,6 +23,10 @@
 //! [`ServeError::ShuttingDown`].
 
 mod admit;
+mod stats;
+
+use stats::{BatchTimes, Stats};
+pub use stats::{DurationStat, ModelStats};
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,6 +130,7 @@ pub struct Batcher {
     /// When set, queued requests not yet started then are answered `ShuttingDown`.
     abandon_at: Arc<Mutex<Option<Instant>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Stats>,
 }
 
 impl Batcher {
@@ -141,11 +146,13 @@ impl Batcher {
         let queued = Arc::new(AtomicUsize::new(0));
         let load = Arc::new(Load::new(cfg.max_batch));
         let abandon_at = Arc::new(Mutex::new(None));
+        let stats = Arc::new(Stats::default());
         let shared = Shared {
             queued: queued.clone(),
             load: load.clone(),
             abandon_at: abandon_at.clone(),
             name: name.to_string(),
+            stats: stats.clone(),
         };
         let worker = std::thread::Builder::new()
             .name("ember-batcher".into())
@@ -158,13 +165,31 @@ impl Batcher {
             load,
             abandon_at,
             worker: Mutex::new(Some(worker)),
+            stats,
         }
+    }
+
+    /// Its limits.
+    pub fn config(&self) -> &BatchConfig {
+        &self.cfg
+    }
+
+    /// Its statistics, as Triton's statistics extension reports them, for `name` `version`.
+    pub fn stats(&self, name: &str, version: u64) -> ModelStats {
+        self.stats.snapshot(name, version)
     }
 
     /// Queues `samples` (as `max_batch` pieces when there are more); the answer comes when
     /// their batches have run. `timeout_us`, if given, is the request's deadline from now. A
     /// request expected to wait past its deadline or the queue-delay bound is refused at once.
     pub async fn submit(&self, samples: Samples, timeout_us: Option<u64>) -> Result<Reply> {
+        let (t0, n) = (Instant::now(), samples.len());
+        let r = self.submit_counted(samples, timeout_us).await;
+        self.stats.request(r.is_ok(), n, t0.elapsed());
+        r
+    }
+
+    async fn submit_counted(&self, samples: Samples, timeout_us: Option<u64>) -> Result<Reply> {
         if samples.is_empty() {
             return Ok(Reply {
                 scores: Vec::new(),
@@ -329,6 +354,7 @@ struct Shared {
     abandon_at: Arc<Mutex<Option<Instant>>>,
     /// The model's name (metrics).
     name: String,
+    stats: Arc<Stats>,
 }
 
 impl Drop for Batcher {
@@ -339,7 +365,7 @@ impl Drop for Batcher {
 
 /// The requests of a batch that are still waiting for their answer, and the batch prepared from
 /// them (or why it could not be).
-type Ready = (Vec<Job>, ember_model::Result<Prepared<'static>>);
+type Ready = (Vec<Job>, ember_model::Result<Prepared<'static>>, Duration);
 
 /// The batching loop: form -> prepare -> run -> answer, until every sender is gone and the queue
 /// is drained.
@@ -352,21 +378,20 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiv
         load,
         abandon_at,
         name,
+        stats,
     } = shared;
     let batches = std::iter::from_fn(move || form_batch(&rx, &mut carry, &cfg, &queued));
     let mut scores = Vec::new();
     let _ = run_ahead(
         depth,
         batches,
-        |jobs| prepare(&model, jobs, &abandon_at),
+        |jobs| prepare(&model, jobs, &abandon_at, &stats),
         |ready: Option<Ready>| {
-            if let Some((live, prepared)) = ready {
+            if let Some((live, prepared, input)) = ready {
                 let start = Instant::now();
                 let n = live.iter().map(|j| j.samples.len()).sum();
-                let ok = run_batch(&mut *engine, &model, depth, &mut scores, live, prepared);
-                if ok {
-                    m::record_tier(&name, &model);
-                }
+                let ran = (&mut *engine, model.as_ref(), depth, &mut scores);
+                run_batch(ran, live, prepared, input, (&name, &stats));
                 load.observe(n, start.elapsed());
             }
             Ok::<(), Infallible>(())
@@ -424,7 +449,12 @@ fn form_batch(
 /// Answers the requests whose deadline has passed (all of them once the stop's deadline has
 /// passed), drops those whose client went away, merges the others into one batch and stages
 /// its tier rows (`None` when no request is left).
-fn prepare(model: &Model, jobs: Vec<Job>, abandon_at: &Mutex<Option<Instant>>) -> Option<Ready> {
+fn prepare(
+    model: &Model,
+    jobs: Vec<Job>,
+    abandon_at: &Mutex<Option<Instant>>,
+    stats: &Stats,
+) -> Option<Ready> {
     let start = Instant::now();
     let abandon = abandon_at
         .lock()
@@ -446,26 +476,28 @@ fn prepare(model: &Model, jobs: Vec<Job>, abandon_at: &Mutex<Option<Instant>>) -
     }
     for j in &live {
         metrics::histogram!(m::QUEUE_WAIT).record((start - j.enqueued).as_secs_f64());
+        stats.queued(start - j.enqueued);
     }
+    let merging = Instant::now();
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
     metrics::histogram!(m::BATCH_SIZE).record(n as f64);
     let parts: Vec<&Samples> = live.iter().map(|j| &j.samples).collect();
     let prepared = model.merge(&parts).and_then(|b| model.prepare(b));
-    Some((live, prepared))
+    Some((live, prepared, merging.elapsed()))
 }
 
 /// Runs a prepared batch and answers its requests. Staged on this thread (`depth` 0), its
 /// staging counts in the embedding stage and as a stall.
 fn run_batch(
-    engine: &mut dyn Engine,
-    model: &Model,
-    depth: usize,
-    scores: &mut Vec<f32>,
+    (engine, model, depth, scores): (&mut (dyn Engine + '_), &Model, usize, &mut Vec<f32>),
     live: Vec<Job>,
     prepared: ember_model::Result<Prepared<'static>>,
-) -> bool {
+    input: Duration,
+    (name, stats): (&str, &Stats),
+) {
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
     scores.resize(n, 0.0);
+    let start = Instant::now();
     let result = prepared.and_then(|p| {
         let times = engine.run(&p, scores)?;
         Ok(match depth {
@@ -473,9 +505,24 @@ fn run_batch(
             _ => times,
         })
     });
+    let infer = start.elapsed();
     let ok = result.is_ok();
+    if ok {
+        // Before the answers: a client that reads /metrics after its answer sees its batch.
+        m::record_tier(name, model);
+    }
+    let requests = live.len();
+    let answered = Instant::now();
     answer(live, n, scores, result);
-    ok
+    if ok {
+        let output = answered.elapsed();
+        let t = BatchTimes {
+            input,
+            infer,
+            output,
+        };
+        stats.batch(requests, n, t);
+    }
 }
 
 /// Records a scored batch's stage times and answers its requests.

@@ -127,6 +127,45 @@ pub fn router(app: App) -> axum::Router {
         .layer(axum::middleware::map_response(
             move |r: axum::response::Response| async move { size_error(r, limit) },
         ))
+        .layer(axum::middleware::from_fn(unimplemented_message))
+}
+
+/// The methods of `inference.GRPCInferenceService` this server implements (`proto/`).
+pub const IMPLEMENTED: &[&str] = &[
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelInfer",
+    "RepositoryIndex",
+    "RepositoryModelLoad",
+    "RepositoryModelUnload",
+    "ModelStatistics",
+];
+
+/// tonic answers a method or service it does not have with UNIMPLEMENTED and no message; a
+/// Triton client calling, say, `ModelStatistics` then shows an empty error. Add one that names
+/// the method and what is implemented.
+async fn unimplemented_message(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = req.uri().path().to_string();
+    let mut r = next.run(req).await;
+    let h = r.headers_mut();
+    if h.get("grpc-status").is_some_and(|v| v == "12") && h.get("grpc-message").is_none() {
+        let msg = format!(
+            "{path} is not implemented by this server (Ember); inference.GRPCInferenceService \
+             has {}",
+            IMPLEMENTED.join(", ")
+        );
+        // Printable ASCII without '%' needs no percent-encoding in grpc-message.
+        if let Ok(v) = HeaderValue::from_str(&msg.replace('%', "%25")) {
+            h.insert("grpc-message", v);
+        }
+    }
+    r
 }
 
 /// tonic answers a message over the size limit with OUT_OF_RANGE; Ember's contract (as for HTTP
@@ -396,7 +435,11 @@ impl GrpcInferenceService for Grpc {
         Ok(Response::new(pb::ServerMetadataResponse {
             name: "ember".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            extensions: vec![],
+            extensions: crate::kserve::EXTENSIONS
+                .iter()
+                .filter(|&&e| e != "model_configuration" && e != "binary_tensor_data")
+                .map(|e| e.to_string())
+                .collect(),
         }))
     }
 
@@ -463,6 +506,63 @@ impl GrpcInferenceService for Grpc {
         self.app.on_repository(move |r| r.unload(&name)).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
+
+    async fn model_statistics(
+        &self,
+        req: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let r = req.into_inner();
+        let served = if r.name.is_empty() {
+            let mut all = self.app.repo.served();
+            all.sort_by(|a, b| a.name().cmp(b.name()));
+            all
+        } else {
+            vec![self.app.model(&r.name, &r.version)?]
+        };
+        let model_stats = served
+            .iter()
+            .map(|s| stats_message(s.batcher.stats(s.name(), s.version)))
+            .collect();
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+    }
+}
+
+/// [`crate::batcher::ModelStats`] as the protocol's message.
+fn stats_message(s: crate::batcher::ModelStats) -> pb::ModelStatistics {
+    let d = |d: crate::batcher::DurationStat| {
+        Some(pb::StatisticDuration {
+            count: d.count,
+            ns: d.ns,
+        })
+    };
+    let i = s.inference_stats;
+    pb::ModelStatistics {
+        name: s.name,
+        version: s.version,
+        last_inference: s.last_inference,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
+        inference_stats: Some(pb::InferStatistics {
+            success: d(i.success),
+            fail: d(i.fail),
+            queue: d(i.queue),
+            compute_input: d(i.compute_input),
+            compute_infer: d(i.compute_infer),
+            compute_output: d(i.compute_output),
+            cache_hit: d(i.cache_hit),
+            cache_miss: d(Default::default()),
+        }),
+        batch_stats: s
+            .batch_stats
+            .into_iter()
+            .map(|b| pb::InferBatchStatistics {
+                batch_size: b.batch_size,
+                compute_input: d(b.compute_input),
+                compute_infer: d(b.compute_infer),
+                compute_output: d(b.compute_output),
+            })
+            .collect(),
+    }
 }
 
 /// Raw little-endian bytes of `values` (for clients building `raw_input_contents`).
@@ -477,6 +577,18 @@ pub fn raw_bytes<T: Copy, const W: usize>(values: &[T], to_le: impl Fn(T) -> [u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_implemented_list_is_the_protos_rpcs() {
+        let proto = include_str!("../proto/grpc_service.proto");
+        let rpcs: Vec<&str> = proto
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rpc "))
+            .filter_map(|l| l.split('(').next())
+            .map(str::trim)
+            .collect();
+        assert_eq!(rpcs, IMPLEMENTED);
+    }
 
     fn timeout(v: &str) -> Result<Option<u64>, ServeError> {
         let mut md = MetadataMap::new();

@@ -20,6 +20,7 @@ use crate::state::App;
 use crate::v1;
 
 mod repository;
+mod triton;
 use repository as repo;
 
 /// The server's routes.
@@ -28,7 +29,18 @@ pub fn router(app: App) -> Router {
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
         .route("/v2", get(server_metadata))
+        .route("/v2/models/stats", get(triton::stats_all))
         .route("/v2/models/{name}", get(model_metadata))
+        .route("/v2/models/{name}/stats", get(triton::stats_model))
+        .route("/v2/models/{name}/config", get(triton::config_model))
+        .route(
+            "/v2/models/{name}/versions/{version}/stats",
+            get(triton::stats_version),
+        )
+        .route(
+            "/v2/models/{name}/versions/{version}/config",
+            get(triton::config_version),
+        )
         .route("/v2/models/{name}/ready", get(model_ready))
         .route(
             "/v2/models/{name}/versions/{version}",
@@ -160,7 +172,7 @@ async fn server_metadata() -> Response {
     axum::Json(json!({
         "name": "ember",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": [],
+        "extensions": kserve::EXTENSIONS,
     }))
     .into_response()
 }
@@ -368,6 +380,17 @@ async fn score_route(
             .is_some_and(|v| v.starts_with("application/json"));
         let samples = if json {
             v1::decode_json(&served.spec, &bytes)?
+        } else if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
+            // Criteo TSV lines start with a label or a number, never a bracket.
+            let ctype = headers
+                .get(header::CONTENT_TYPE)
+                .map_or("no Content-Type".into(), |v| {
+                    format!("Content-Type {}", String::from_utf8_lossy(v.as_bytes()))
+                });
+            return Err(ServeError::bad(format!(
+                "the body looks like JSON, but it came with {ctype}, so it would be read as \
+                 Criteo TSV: send it with the header Content-Type: application/json"
+            )));
         } else {
             v1::decode_tsv(&served.spec, &bytes, q.labels.unwrap_or(true))?
         };

@@ -223,12 +223,55 @@ async fn health_metadata_and_inference_match_the_predictor() {
         let resp = f.await.unwrap().unwrap().into_inner();
         assert_close(&scores(&resp), &direct(&m, r));
     }
+    // Triton's statistics extension: 24 + 24 samples scored above, none failed.
+    let ext = c
+        .server_metadata(pb::ServerMetadataRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .extensions;
+    assert!(ext.contains(&"statistics".to_string()), "{ext:?}");
+    let stats = |name: &str, version: &str| {
+        let mut c = c.clone();
+        let req = pb::ModelStatisticsRequest {
+            name: name.into(),
+            version: version.into(),
+        };
+        async move { c.model_statistics(req).await }
+    };
+    for (name, version) in [("", ""), ("default", ""), ("default", "1")] {
+        let st = stats(name, version).await.unwrap().into_inner().model_stats;
+        assert_eq!(st.len(), 1);
+        let st = &st[0];
+        assert_eq!((st.name.as_str(), st.version.as_str()), ("default", "1"));
+        assert_eq!(st.inference_count, 48, "{st:?}");
+        let i = st.inference_stats.as_ref().unwrap();
+        assert!(i.success.as_ref().unwrap().count >= 20, "{i:?}");
+        assert_eq!(i.fail.as_ref().unwrap().count, 0);
+        let runs: u64 = st
+            .batch_stats
+            .iter()
+            .map(|b| b.compute_infer.as_ref().unwrap().count)
+            .sum();
+        assert_eq!(runs, st.execution_count);
+    }
+    let e = stats("other", "").await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{}", e.message());
     s.shutdown().await.unwrap();
 }
 
 /// Sends `body` as the message of a `ModelInfer` call, byte for byte.
 async fn infer_raw_message(
     ch: Channel,
+    body: Vec<u8>,
+) -> Result<pb::ModelInferResponse, tonic::Status> {
+    raw_call(ch, "/inference.GRPCInferenceService/ModelInfer", body).await
+}
+
+/// Sends `body` as the message of a call of `path`, byte for byte.
+async fn raw_call(
+    ch: Channel,
+    path: &'static str,
     body: Vec<u8>,
 ) -> Result<pb::ModelInferResponse, tonic::Status> {
     #[derive(Debug, Default)]
@@ -273,9 +316,7 @@ async fn infer_raw_message(
     }
     let mut g = tonic::client::Grpc::new(ch);
     g.ready().await.unwrap();
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/inference.GRPCInferenceService/ModelInfer",
-    );
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
     g.unary(tonic::Request::new(body), path, RawCodec)
         .await
         .map(|r| r.into_inner())
@@ -501,10 +542,25 @@ async fn bad_requests_get_invalid_argument_naming_the_problem_and_serving_goes_o
         assert_close(&scores(&resp), &direct(&m, &good));
     }
     // The right bytes through the same path are scored (the raw call itself is sound).
-    let resp = infer_raw_message(ch, prost::Message::encode_to_vec(&ok))
+    let resp = infer_raw_message(ch.clone(), prost::Message::encode_to_vec(&ok))
         .await
         .unwrap();
     assert_close(&scores(&resp), &direct(&m, &good));
+    // Methods and services it does not have: UNIMPLEMENTED with a message naming them.
+    for path in [
+        "/inference.GRPCInferenceService/ModelConfig",
+        "/grpc.health.v1.Health/Check",
+    ] {
+        let e = raw_call(ch.clone(), path, Vec::new()).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented, "{path}");
+        assert!(
+            e.message().contains(path)
+                && e.message().contains("ModelInfer, RepositoryIndex")
+                && e.message().contains("ModelStatistics"),
+            "{path}: {:?}",
+            e.message()
+        );
+    }
     s.shutdown().await.unwrap();
 }
 

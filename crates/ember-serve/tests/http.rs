@@ -76,6 +76,78 @@ async fn health_and_metadata() {
     s.shutdown().await.unwrap();
 }
 
+/// Triton's statistics and configuration extensions: counts that add up to the requests sent,
+/// the versioned and unversioned routes, 404 for a version not served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_and_configuration_as_triton_reports_them() {
+    let cfg = config();
+    let max_batch = cfg.batch.max_batch;
+    let (s, url, m) = start(cfg).await;
+    let c = reqwest::Client::new();
+    let (_, meta) = get_json(&c, format!("{url}/v2")).await;
+    let ext = meta["extensions"].as_array().unwrap();
+    assert!(ext.contains(&json!("statistics")) && ext.contains(&json!("model_configuration")));
+    let (_, before) = get_json(&c, format!("{url}/v2/models/stats")).await;
+    assert_eq!(before["model_stats"][0]["inference_count"], 0);
+    let sizes = [1usize, 5, 3];
+    for (i, &n) in sizes.iter().enumerate() {
+        let r = random_req(&m, n, 40 + i as u64);
+        let (status, _) = post_json(
+            &c,
+            format!("{url}/v2/models/default/infer"),
+            &body(&m, &r, false),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    for route in [
+        "models/stats",
+        "models/default/stats",
+        "models/default/versions/1/stats",
+    ] {
+        let (status, v) = get_json(&c, format!("{url}/v2/{route}")).await;
+        assert_eq!(status, 200, "{route}: {v}");
+        let st = &v["model_stats"][0];
+        assert_eq!(
+            (st["name"].as_str(), st["version"].as_str()),
+            (Some("default"), Some("1"))
+        );
+        assert_eq!(st["inference_count"], 9, "{route}: {st}");
+        let i = &st["inference_stats"];
+        assert_eq!(i["success"]["count"], 3, "{st}");
+        assert!(i["success"]["ns"].as_u64().unwrap() > 0);
+        assert_eq!(i["fail"]["count"], 0);
+        assert_eq!(i["queue"]["count"], 3);
+        let runs = st["execution_count"].as_u64().unwrap();
+        assert!((1..=3).contains(&runs), "{st}");
+        let per_size: u64 = st["batch_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["compute_infer"]["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(per_size, runs, "{st}");
+        assert!(st["last_inference"].as_u64().unwrap() > 1_700_000_000_000);
+    }
+    let (status, e) = get_json(&c, format!("{url}/v2/models/default/versions/9/stats")).await;
+    assert_eq!(status, 404, "{e}");
+    let (status, cfgj) = get_json(&c, format!("{url}/v2/models/default/config")).await;
+    assert_eq!(status, 200, "{cfgj}");
+    assert_eq!(cfgj["name"], "default");
+    assert_eq!(cfgj["max_batch_size"], max_batch);
+    let inputs = cfgj["input"].as_array().unwrap();
+    assert_eq!(inputs.len(), 1 + 2 * m.feature_names().len());
+    assert_eq!(
+        inputs[0],
+        json!({"name": "dense", "data_type": "TYPE_FP32", "dims": [13]})
+    );
+    assert_eq!(inputs[1]["dims"], json!([1]));
+    assert_eq!(inputs[2]["dims"], json!([-1]));
+    let (_, v1) = get_json(&c, format!("{url}/v2/models/default/versions/1/config")).await;
+    assert_eq!(v1, cfgj);
+    s.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inference_matches_the_predictor() {
     let (s, url, m) = start(config()).await;
@@ -348,6 +420,24 @@ async fn score_route_reads_tsv_and_json() {
     assert_close(&got, &direct(&m, &req));
     let (_, one) = post_json(&c, format!("{url}/v1/score"), &samples[1]).await;
     assert_eq!(one["scores"].as_array().unwrap().len(), 1);
+    // The same JSON without its Content-Type: refused naming the header, not misread as TSV.
+    for ctype in [None, Some("text/plain")] {
+        let mut r = c
+            .post(format!("{url}/v1/score"))
+            .body(samples[1].to_string());
+        if let Some(t) = ctype {
+            r = r.header("content-type", t);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 400);
+        let e: Value = r.json().await.unwrap();
+        let msg = e["error"].as_str().unwrap();
+        assert!(
+            msg.contains("looks like JSON") && msg.contains("Content-Type: application/json"),
+            "{msg}"
+        );
+        assert!(msg.contains(ctype.unwrap_or("no Content-Type")), "{msg}");
+    }
     let mut missing = samples[0].clone();
     missing["sparse"]
         .as_object_mut()

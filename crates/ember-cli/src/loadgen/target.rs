@@ -170,15 +170,25 @@ async fn http_server(
     base: String,
 ) -> anyhow::Result<(http1::Pool, Vec<Arc<[u8]>>)> {
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
-    let meta: Value = client
+    let r = client
         .get(format!("{base}/v2/models/{}", a.model))
         .send()
         .await
-        .with_context(|| format!("asking {base} for model '{}'", a.model))?
-        .error_for_status()
-        .with_context(|| format!("model '{}' on {base}", a.model))?
-        .json()
-        .await?;
+        .with_context(|| format!("asking {base} for model '{}'", a.model))?;
+    let status = r.status();
+    if !status.is_success() {
+        // The server's own words (e.g. "this server serves 'dcn'"), and the flag to change.
+        let body = r.text().await.unwrap_or_default();
+        let said = serde_json::from_str::<Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or(body);
+        bail!(
+            "asking {base} for model '{}' (--model): {status}: {said}",
+            a.model
+        );
+    }
+    let meta: Value = r.json().await?;
     let shape = json_shape(&meta)?;
     let hostport = base
         .strip_prefix("http://")
@@ -277,7 +287,7 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
         })
         .await
         .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))
-        .with_context(|| format!("asking {url} for model '{}'", a.model))?
+        .with_context(|| format!("asking {url} for model '{}' (--model)", a.model))?
         .into_inner();
     let dense_in = meta
         .inputs

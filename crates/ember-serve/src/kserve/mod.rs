@@ -41,6 +41,15 @@ pub struct ModelMetadata {
     pub outputs: Vec<TensorMeta>,
 }
 
+/// The protocol extensions the server supports, as Triton names them in its server metadata
+/// (gRPC leaves out `model_configuration` and `binary_tensor_data`, which it does not serve).
+pub const EXTENSIONS: &[&str] = &[
+    "model_repository",
+    "statistics",
+    "model_configuration",
+    "binary_tensor_data",
+];
+
 /// The output's name.
 pub const SCORES: &str = "scores";
 
