@@ -205,6 +205,10 @@ fn plans_of_the_shipped_model_score_like_the_model() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_shared),
+    ignore = "needs ../shared/data beside the repository (not here when built)"
+)]
 fn the_mlperf_tables_plan_on_eight_16gib_devices_where_present() {
     let csv = repo("../shared/data/tables/mlperf_dlrm_dcnv2_tables.csv");
     if !csv.exists() {
@@ -252,6 +256,10 @@ fn the_mlperf_tables_plan_on_eight_16gib_devices_where_present() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_shared),
+    ignore = "needs ../shared/data beside the repository (not here when built)"
+)]
 fn a_small_eval_compares_with_every_baseline_where_the_stats_are_present() {
     let stats = repo("../shared/data/tables/dlrm_datasets_2021_locality_stats.txt");
     if !stats.exists() {

@@ -256,6 +256,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(ember_shared),
+        ignore = "needs ../shared/data beside the repository (not here when built)"
+    )]
     fn the_shared_files_parse_where_present() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/tables");
         let p = dir.join("dlrm_datasets_2021_locality_stats.txt");

@@ -13,6 +13,10 @@ fn ember(args: &[&str]) -> (bool, String, String) {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn store_push_ls_verify_rm() {
     let Some(c) = super::cluster(0) else { return };
     let url = c.url();
@@ -126,6 +130,10 @@ fn nothing_listening_is_a_clear_error_not_a_hang() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn bench_remote_runs_every_policy_checked_against_dram() {
     // Takes the turn of a cluster (the benchmark starts its own).
     let Some(_turn) = super::cluster(0) else {

@@ -39,6 +39,10 @@ fn with_cluster_down(c: &mut LocalCluster, f: impl FnOnce()) {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn the_local_copy_answers_updated_rows_and_refuses_rows_it_cannot_know() {
     let Some(mut c) = super::cluster(1) else {
         return;

@@ -102,6 +102,10 @@ fn push(url: &str, model: &str, r: &[f32], d: &[f32]) -> (remote::Cluster, u64) 
 /// remote table beside it is untouched, and a server started later from the pushed rows reads
 /// the updated ones from the store before it serves.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn updates_rewrite_in_memory_tables_whole_rows_only() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
@@ -207,6 +211,10 @@ fn updates_rewrite_in_memory_tables_whole_rows_only() {
 /// A server whose in-memory table's stream was trimmed past its position reads the whole table
 /// again from the store, says so in its counters, and serves the store's rows.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_trimmed_stream_reads_an_in_memory_table_again() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
@@ -280,6 +288,10 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
 /// of a replica started after the update (which reads `t3` from the store before it serves, not
 /// from its files), and the counters say the rows were applied.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_served_model_applies_updates_to_its_in_memory_table() {
     use crate::server::{Server, tsv_rows};
     let Some(c) = super::cluster(1) else { return };

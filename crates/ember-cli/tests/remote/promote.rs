@@ -118,6 +118,10 @@ fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
     let Some(c) = super::cluster(1) else { return };
     let tmp = std::env::temp_dir().join(format!("ember-promote-{}", std::process::id()));
@@ -305,6 +309,10 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
 /// `push` without them) cannot be promoted, and a replica from the store says why it cannot
 /// start.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_version_without_its_dense_weights_is_refused() {
     let Some(c) = super::cluster(0) else { return };
     let mut cl = crate::updates::admin(&c.url());

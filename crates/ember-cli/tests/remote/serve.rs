@@ -28,6 +28,10 @@ pub fn remote_server(url: &str, extra: &[&str]) -> Server {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn replicas_on_one_cluster_score_exactly_as_dram() {
     let Some(c) = super::cluster(1) else { return };
     super::push_default(&c);
@@ -64,6 +68,10 @@ fn replicas_on_one_cluster_score_exactly_as_dram() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_model_missing_from_the_store_is_refused_at_start_with_its_name() {
     let Some(c) = super::cluster(0) else { return };
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
@@ -152,6 +160,10 @@ fn finish(stop: &AtomicBool, handles: Vec<std::thread::JoinHandle<()>>) {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_killed_primary_costs_no_wrong_score_and_serving_recovers_by_itself() {
     let Some(mut c) = super::cluster(1) else {
         return;
@@ -200,6 +212,10 @@ fn a_killed_primary_costs_no_wrong_score_and_serving_recovers_by_itself() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_paused_node_delays_no_request_past_its_deadline() {
     let Some(mut c) = super::cluster(1) else {
         return;
@@ -234,6 +250,10 @@ fn a_paused_node_delays_no_request_past_its_deadline() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn the_whole_cluster_down_answers_503_naming_it_and_readiness_follows() {
     let Some(mut c) = super::cluster(1) else {
         return;
@@ -324,6 +344,10 @@ fn ready(s: &Server) -> u16 {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_request() {
     let Some(mut c) = super::cluster(1) else {
         return;

@@ -70,6 +70,10 @@ fn read_back(store: &mut RedisStore, tables: &[EmbeddingTable], rows: &[usize]) 
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn push_then_rows_read_back_bit_for_bit_for_every_dtype() {
     let Some(c) = super::cluster(1) else { return };
     let tables: Vec<EmbeddingTable> = [
@@ -138,6 +142,10 @@ fn push_then_rows_read_back_bit_for_bit_for_every_dtype() {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn versions_list_resume_and_remove() {
     let Some(c) = super::cluster(1) else { return };
     let t = table("emb", 3000, 16, DType::F32, 1);
@@ -310,6 +318,10 @@ fn redis_scan() -> redis::Cmd {
 }
 
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_missing_or_short_row_is_an_error_naming_it_never_zeros() {
     let Some(c) = super::cluster(0) else { return };
     let t = table("emb", 2000, 8, DType::F32, 3);

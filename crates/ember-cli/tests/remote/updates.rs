@@ -136,6 +136,10 @@ fn pool_dram(pooler: &Pooler, vals: &[f32], kj: &KeyedJagged) -> Vec<f32> {
 /// updates applied pools, within a few seconds, while a batch staged before is still in flight
 /// and keeps its old rows whole.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn updates_reach_every_server_and_the_last_write_wins() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
@@ -237,6 +241,10 @@ fn updates_reach_every_server_and_the_last_write_wins() {
 /// it read it is a reset; a malformed entry is skipped with the reason; bad publishes are
 /// refused naming what is wrong.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
@@ -345,6 +353,10 @@ pub fn update_file(path: &std::path::Path, ids: &[i64], rows: &[f32], dim: usize
 /// a cache too small to hold it): both replicas' scores change to exactly those of a server
 /// started after the update; bad update files are refused naming what is wrong.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn an_update_changes_the_scores_of_every_replica() {
     use crate::server::tsv_rows;
     let Some(c) = super::cluster(1) else { return };
@@ -445,6 +457,10 @@ fn an_update_changes_the_scores_of_every_replica() {
 /// that fell behind) drops its cache of the table, counts the reset, and reads the rows afresh
 /// from the store: its scores are those of the updated table.
 #[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
 fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     let Some(c) = super::cluster(1) else { return };
     let url = c.url();
