@@ -6,9 +6,9 @@ or mean; int8/int4 rows through FBGEMM's row-wise quantized bags) over the same 
 same ids and the same thread count, alternating the two for several rounds so that drift on a
 shared machine hits both alike, and prints both medians and their ratio. The last line is JSON.
 
-    python bench/compare_torch.py --preset rm1 --threads 1
-    python bench/compare_torch.py --preset rm1 --dtype int8
-    python bench/compare_torch.py --preset rm1 --ids ../shared/data/traces/reuse_medium_table_500K.txt
+    ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --threads 1
+    ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --dtype int8
+    ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --ids ../shared/data/traces/reuse_medium_table_500K.txt
 
 Flags this script does not know are passed to `ember bench embed` (see `ember bench embed --help`).
 Own flags: --ember PATH (default: target/release/ember, built if missing), --rounds N (default 3),
@@ -16,7 +16,7 @@ Own flags: --ember PATH (default: target/release/ember, built if missing), --rou
 batch, the fastest way to drive PyTorch; per-table: one EmbeddingBag per table, like TorchRec's
 EmbeddingBagCollection), --index-dtype int64|int32.
 
-PyTorch is needed: `python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy`,
+PyTorch is needed: `python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy safetensors`,
 then run this script with that venv's python.
 """
 
@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(
         f"compare_torch.py needs PyTorch and NumPy ({e}).\n"
         "Install them in a virtual environment outside the repository, e.g.\n"
-        "  python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy\n"
+        "  python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy safetensors\n"
         "and run this script with ~/.venvs/torch/bin/python."
     )
 

@@ -7,10 +7,10 @@ nn.EmbeddingBag per table, int64 offsets and ids as dlrm passes them, `torch.inf
 `torch.set_num_threads(T)`), alternating the two for several rounds so that drift on a shared
 machine hits both alike. Each side times every batch: samples/s, p50 and p99 batch latency.
 
-    python bench/compare_torch_dlrm.py --preset rm1 --batch 64 --threads 1
-    python bench/compare_torch_dlrm.py --preset rm1 --batch 256 --threads 2 --rounds 5 --json
-    python bench/compare_torch_dlrm.py --torch-only --iters 20        # PyTorch alone
-    python bench/compare_torch_dlrm.py --device cuda --batch 2048 --iters 200   # on a GPU
+    ~/.venvs/torch/bin/python bench/compare_torch_dlrm.py --preset rm1 --batch 64 --threads 1
+    ~/.venvs/torch/bin/python bench/compare_torch_dlrm.py --preset rm1 --batch 256 --threads 2 --rounds 5 --json
+    ~/.venvs/torch/bin/python bench/compare_torch_dlrm.py --torch-only --iters 20        # PyTorch alone
+    ~/.venvs/torch/bin/python bench/compare_torch_dlrm.py --device cuda --batch 2048 --iters 200   # on a GPU
 
 With --device cuda both sides run on the GPU and every batch starts on the host: PyTorch copies
 its (pinned) inputs with non_blocking=True, runs the model eagerly and synchronizes, per batch;
@@ -24,7 +24,7 @@ then sigmoid. PyTorch uses fresh ids per batch (a pool of pre-generated batches,
 iters is large); both sides run the same --warmup untimed batches first. Preset small: the same
 with 8 tables x 10,000 rows.
 
-PyTorch is needed: `python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy`,
+PyTorch is needed: `python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy safetensors`,
 then run this script with that venv's python.
 """
 
@@ -43,7 +43,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     sys.exit(
         f"compare_torch_dlrm.py needs PyTorch and NumPy ({e}).\n"
         "Install them in a virtual environment outside the repository, e.g.\n"
-        "  python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy\n"
+        "  python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy safetensors\n"
         "and run this script with ~/.venvs/torch/bin/python."
     )
 

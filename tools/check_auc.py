@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks `ember predict` against PyTorch on fresh synthetic Criteo rows: AUC and scores.
 
-    /work/venv/bin/python tools/check_auc.py                       # models/default, 100000 rows
-    /work/venv/bin/python tools/check_auc.py --model DIR --rows 20000 --seed 7
+    ~/.venvs/torch/bin/python tools/check_auc.py                       # models/default, 100000 rows
+    ~/.venvs/torch/bin/python tools/check_auc.py --model DIR --rows 20000 --seed 7
 
 `ember data synth` writes the rows (a seed not used in training), `ember predict` scores them
 (one score per line, in row order), and the PyTorch reference built from the same model

@@ -5,12 +5,12 @@ The format is docs/model-format.md. Two sources:
 
   # facebookresearch/dlrm: a `--save-model` checkpoint (dict with `state_dict`) or a bare state_dict,
   # with the arch flags it was trained with (they are checked against the weights)
-  python tools/export_torch.py --from dlrm model.pt --out models/kaggle \\
+  ~/.venvs/torch/bin/python tools/export_torch.py --from dlrm model.pt --out models/kaggle \\
       --arch-sparse-feature-size 16 --arch-mlp-bot 13-512-256-64-16 --arch-mlp-top 512-256-1 \\
       --arch-interaction-op dot
 
   # TorchRec DLRM or DLRM_DCN (DCN is detected from inter_arch.crossnet.* keys): a state_dict
-  python tools/export_torch.py --from torchrec dlrm_state.pt --out models/dcn \\
+  ~/.venvs/torch/bin/python tools/export_torch.py --from torchrec dlrm_state.pt --out models/dcn \\
       --features t_cat_0:cat_0,t_cat_1:cat_1
 
 Shapes come from the weights; the flags, where given, are cross-checked against them.

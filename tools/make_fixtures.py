@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the model parity fixtures under crates/ember-model/tests/fixtures/ and checks them.
 
-    /work/venv/bin/python tools/make_fixtures.py          # (re)writes all of them
-    /work/venv/bin/python tools/make_fixtures.py --only dlrm_dot
+    ~/.venvs/torch/bin/python tools/make_fixtures.py          # (re)writes all of them
+    ~/.venvs/torch/bin/python tools/make_fixtures.py --only dlrm_dot
 
 Each fixture directory holds an Ember model (config.json + model.safetensors) and
 inputs.safetensors: `dense` F32 [B, dense_in], `lengths` I64 [F, B] (feature-major), `ids` I64

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains the shipped default model, models/default/, and writes data/sample.tsv.
 
-    /work/venv/bin/python tools/train_default.py          # about 2-5 minutes on 2 CPU cores
+    ~/.venvs/torch/bin/python tools/train_default.py          # about 2-5 minutes on 2 CPU cores
 
 Steps: `ember data synth` writes Criteo-format TSV whose labels come from a hidden teacher
 (train and validation rows from different seeds); tools/dlrm_ref.py's read_criteo reads it as
@@ -147,7 +147,7 @@ labels from a hidden teacher), shipped so that `ember predict` works without dow
 - Architecture: dense 13 -> bottom MLP 13-64-16, 26 tables x {a.table_rows} rows x dim {DIM} f32 (ids
   hashed `int(hex, 16) % {a.table_rows}`), dot interaction without self pairs, top MLP {num_int}-128-64-1,
   sigmoid. `model.safetensors` is {size / 1e6:.2f} MB.
-- Made by `/work/venv/bin/python tools/train_default.py{' ' + flags if flags else ''}` (torch {torch.__version__}):
+- Made by `~/.venvs/torch/bin/python tools/train_default.py{' ' + flags if flags else ''}` (torch {torch.__version__}):
   - `ember {cmds[0]}` (training rows), `ember {cmds[1]}` (validation rows);
   - Adam lr {a.lr}, weight decay {a.weight_decay}, batch {a.batch}, {a.epochs} epochs (kept epoch {best[2]}, the
     best on validation), BCE on the logits, initialisation and shuffling seed {a.torch_seed};

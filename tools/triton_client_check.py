@@ -2,9 +2,9 @@
 tritonclient.http), the way a Triton user would, and checks that both protocols give the same
 scores for the same random requests, and that errors come back as the clients expect.
 
-    pip install "tritonclient[grpc,http]" numpy
+    ~/.venvs/torch/bin/pip install "tritonclient[grpc,http]" numpy
     ember serve &        # HTTP on :8080, gRPC on :8081
-    python tools/triton_client_check.py [--http 127.0.0.1:8080] [--grpc 127.0.0.1:8081]
+    ~/.venvs/torch/bin/python tools/triton_client_check.py [--http 127.0.0.1:8080] [--grpc 127.0.0.1:8081]
 
 Not needed at run time and not part of the test suite (it needs Python and the clients); the
 Rust integration tests cover the same protocol with tonic's client.

@@ -1,6 +1,7 @@
-//! `ember predict`: scores a Criteo-format file with a model, streaming it in batches. Rows are
-//! not kept, but each row's label and score are (8 bytes a row, for the AUC): a Terabyte day of
-//! 200M rows needs 1.6 GB.
+//! `ember predict`: scores a Criteo-format file (a Criteo-shaped model), or JSON lines (any
+//! model: one sample a line, as `/v1/score` takes them, with an optional `label`), streaming it
+//! in batches. Rows are not kept, but each row's label and score are (8 bytes a row, for the
+//! AUC): a Terabyte day of 200M rows needs 1.6 GB.
 //!
 //! Set up: the model and its engine (the CPU predictor, with a sharding plan or not, or a GPU's).
 //! Score: batches are parsed, checked and prepared (tables on the SSD tier: their rows read)
@@ -29,9 +30,13 @@ pub struct PredictArgs {
     /// Model directory (config.json + model.safetensors) [default: the shipped models/default].
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Criteo-format TSV to score ('-' for stdin) [default: the shipped data/sample.tsv].
+    /// Data to score ('-' for stdin) [default: the shipped data/sample.tsv].
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Its format: `tsv` (Criteo), `jsonl` (one `{"dense": [...], "sparse": {"F": [ids]},
+    /// "label": 0}` a line, label optional), or `auto` (`jsonl` for .jsonl / .ndjson / .json).
+    #[arg(long, value_enum, default_value_t = DataFormat::Auto)]
+    format: DataFormat,
     /// Samples per batch.
     #[arg(long, default_value_t = 512)]
     batch: usize,
@@ -55,6 +60,26 @@ pub struct PredictArgs {
     json: bool,
 }
 
+/// How `--data` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataFormat {
+    Auto,
+    Tsv,
+    Jsonl,
+}
+
+impl DataFormat {
+    fn of(self, data: &Path) -> DataFormat {
+        match self {
+            DataFormat::Auto => match data.extension().and_then(|e| e.to_str()) {
+                Some("jsonl" | "ndjson" | "json") => DataFormat::Jsonl,
+                _ => DataFormat::Tsv,
+            },
+            f => f,
+        }
+    }
+}
+
 /// What scoring the file gave.
 #[derive(Debug, Default)]
 struct Scored {
@@ -72,25 +97,34 @@ pub fn run(a: PredictArgs) -> Result<()> {
     }
     let model_dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
     let data = a.data.clone().unwrap_or_else(|| shipped(DEFAULT_DATA));
-    let (model, mut engine) = set_up(&a, &model_dir)?;
+    let format = a.format.of(&data);
+    let (model, mut engine) = set_up(&a, &model_dir, format)?;
     let depth = match model.stager().is_active() {
         true => a.tier.depth(&model),
         false => 0,
     };
-    let scored = score_file(&a, &model, &mut *engine, &data, depth)?;
+    let scored = match format {
+        DataFormat::Jsonl => score_jsonl(&a, &model, &mut *engine, &data)?,
+        _ => score_file(&a, &model, &mut *engine, &data, depth)?,
+    };
     print(&a, &model, &model_dir, &data, &scored, depth);
     Ok(())
 }
 
-/// The model (Criteo-shaped) and the engine that runs it.
-fn set_up(a: &PredictArgs, model_dir: &Path) -> Result<(Arc<Model>, Box<dyn Engine>)> {
+/// The model (Criteo-shaped for TSV) and the engine that runs it.
+fn set_up(
+    a: &PredictArgs,
+    model_dir: &Path,
+    format: DataFormat,
+) -> Result<(Arc<Model>, Box<dyn Engine>)> {
     let mut model = Model::load(model_dir, a.tier.load_options(a.dtype))
         .with_context(|| format!("loading model {}", model_dir.display()))?;
     a.tier.apply(&mut model, model_dir)?;
     let inputs = model.inputs();
-    if !inputs.is_criteo() {
+    if format == DataFormat::Tsv && !inputs.is_criteo() {
         bail!(
-            "model {} has {} dense and {} sparse features; Criteo data has {DENSE} and {SPARSE}",
+            "model {} has {} dense and {} sparse features; Criteo data has {DENSE} and \
+             {SPARSE}: give its samples as JSON lines (--format jsonl)",
             model_dir.display(),
             inputs.dense_in,
             inputs.features.len()
@@ -196,6 +230,91 @@ fn score_file(
     Ok(scored)
 }
 
+/// Streams JSON lines (`{"dense": [...], "sparse": {"F": [ids], ...}, "label": 0 or 1}`, the
+/// label optional, one sample a line, as `/v1/score` takes them) through the engine, `--batch`
+/// lines at a time; a bad line is an error naming its line number.
+fn score_jsonl(
+    a: &PredictArgs,
+    model: &Arc<Model>,
+    engine: &mut dyn Engine,
+    data: &Path,
+) -> Result<Scored> {
+    let input: Box<dyn BufRead> = if data.as_os_str() == "-" {
+        Box::new(BufReader::new(std::io::stdin()))
+    } else {
+        let f = ember_embed::files::open_regular(data, "data file")
+            .with_context(|| format!("cannot open data file {}", data.display()))?;
+        Box::new(BufReader::with_capacity(1 << 20, f))
+    };
+    let spec = ember_serve::ModelSpec::of(model.clone(), "predict");
+    let mut out = match &a.out {
+        Some(p) => Some(BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let mut scored = Scored::default();
+    let (mut labelled, mut unlabelled) = (0usize, 0usize);
+    let start = Instant::now();
+    let mut batch: Vec<ember_model::Samples> = Vec::with_capacity(a.batch);
+    let mut flush = |batch: &mut Vec<ember_model::Samples>, scored: &mut Scored| -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let parts: Vec<&ember_model::Samples> = batch.iter().collect();
+        let prepared = model.merge(&parts).and_then(|b| model.prepare(b))?;
+        let s0 = scored.scores.len();
+        scored.scores.resize(s0 + parts.len(), 0.0);
+        let t = engine.run(&prepared, &mut scored.scores[s0..])?;
+        scored.times = scored.times.plus(t);
+        if let Some(w) = &mut out {
+            for s in &scored.scores[s0..] {
+                writeln!(w, "{s}")?;
+            }
+        }
+        batch.clear();
+        Ok(())
+    };
+    for (i, line) in input.lines().enumerate() {
+        let at = || format!("{}, line {}", data.display(), i + 1);
+        let line = line.with_context(at)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut v: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| format!("{}: not a JSON object", at()))?;
+        let label = v.as_object_mut().and_then(|o| o.remove("label"));
+        match label.as_ref().and_then(serde_json::Value::as_f64) {
+            Some(l) => {
+                labelled += 1;
+                scored.labels.push(l as f32);
+            }
+            None if label.is_some() => bail!("{}: 'label' is not a number", at()),
+            None => unlabelled += 1,
+        }
+        let body = serde_json::to_vec(&v)?;
+        let sample = ember_serve::v1::decode_json(&spec, &body).map_err(|e| {
+            anyhow::anyhow!("{}: {}", at(), e.to_string().replace("sample 0: ", ""))
+        })?;
+        if sample.len() != 1 {
+            bail!("{}: one sample a line, found {}", at(), sample.len());
+        }
+        batch.push(sample);
+        if batch.len() == a.batch {
+            flush(&mut batch, &mut scored)?;
+        }
+    }
+    flush(&mut batch, &mut scored)?;
+    if labelled > 0 && unlabelled > 0 {
+        bail!("{labelled} lines have a 'label' and {unlabelled} do not: all or none");
+    }
+    scored.wall = start.elapsed().as_secs_f64();
+    if let Some(mut w) = out {
+        w.flush()?;
+    }
+    Ok(scored)
+}
+
 /// A progress bar for long files (stderr; hidden when it is not a terminal).
 fn progress(size: Option<u64>) -> ProgressBar {
     match size {
@@ -215,10 +334,11 @@ fn progress(size: Option<u64>) -> ProgressBar {
 
 /// Prints the figures, and with `--json` one JSON object as the last line.
 fn print(a: &PredictArgs, model: &Model, model_dir: &Path, data: &Path, s: &Scored, depth: usize) {
-    let n = s.labels.len();
+    let n = s.scores.len();
     let model_s = s.times.total().as_secs_f64();
-    let a_uc = auc(&s.labels, &s.scores);
-    let ll = log_loss(&s.labels, &s.scores);
+    let labelled = n > 0 && s.labels.len() == n;
+    let a_uc = labelled.then(|| auc(&s.labels, &s.scores)).flatten();
+    let ll = labelled.then(|| log_loss(&s.labels, &s.scores));
     let on = if a.gpu.is_cuda() {
         format!("cuda:{} {}", a.gpu.gpu, a.gpu.gpu_variant)
     } else {
@@ -234,9 +354,13 @@ fn print(a: &PredictArgs, model: &Model, model_dir: &Path, data: &Path, s: &Scor
     match a_uc {
         Some(v) => println!("AUC           {v:.6}"),
         None if n == 0 => println!("AUC           n/a (no rows)"),
+        None if !labelled => println!("AUC           n/a (no labels)"),
         None => println!("AUC           n/a (only one class in the labels)"),
     }
-    println!("log loss      {ll:.6}");
+    match ll {
+        Some(ll) => println!("log loss      {ll:.6}"),
+        None => println!("log loss      n/a"),
+    }
     println!(
         "samples/s     {:.0} end to end (parse + forward), {:.0} forward only",
         n as f64 / s.wall,

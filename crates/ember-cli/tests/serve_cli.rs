@@ -7,11 +7,16 @@ use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::Duration;
 
 fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    post_with(addr, path, "", body)
+}
+
+/// As [`post`], with `headers` (each ending in CRLF).
+fn post_with(addr: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -341,6 +346,129 @@ fn repository(tag: &str) -> std::path::PathBuf {
         }
     }
     root
+}
+
+/// `ember predict` of JSON lines scores a model that is not Criteo-shaped exactly as a server of
+/// it scores the same samples; a bad line is named by its number, TSV for such a model is
+/// refused naming the format to use.
+#[test]
+fn predict_scores_json_lines_of_any_model_as_the_server_does() {
+    use rand::{Rng, SeedableRng};
+    let dir = std::env::temp_dir().join(format!("ember-predict-jsonl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = dir.join("small");
+    let ember = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let m = model.to_str().unwrap();
+    let (ok, _, err) = ember(&[
+        "data", "model", "--preset", "small", "--seed", "3", "--out", m,
+    ]);
+    assert!(ok, "{err}");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let dense_in = config["dense_in"].as_u64().unwrap() as usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let samples: Vec<serde_json::Value> = (0..11)
+        .map(|_| {
+            let sparse: serde_json::Map<String, serde_json::Value> = config["tables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let rows = t["rows"].as_u64().unwrap();
+                    let n = rng.random_range(0..4);
+                    let ids: Vec<u64> = (0..n).map(|_| rng.random_range(0..rows)).collect();
+                    (
+                        t["name"].as_str().unwrap().to_string(),
+                        serde_json::json!(ids),
+                    )
+                })
+                .collect();
+            let dense: Vec<f32> = (0..dense_in).map(|_| rng.random_range(-1.0..1.0)).collect();
+            serde_json::json!({ "dense": dense, "sparse": sparse })
+        })
+        .collect();
+    let lines: String = samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut s = s.clone();
+            s["label"] = serde_json::json!(i % 2);
+            format!("{s}\n")
+        })
+        .collect();
+    let data = dir.join("samples.jsonl");
+    std::fs::write(&data, lines).unwrap();
+    let out = dir.join("scores.txt");
+    let (ok, stdout, err) = ember(&[
+        "predict",
+        "--model",
+        m,
+        "--data",
+        data.to_str().unwrap(),
+        "--batch",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        stdout.contains("rows          11") && stdout.contains("AUC"),
+        "{stdout}"
+    );
+    let got: Vec<f32> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let Started {
+        mut child, addr, ..
+    } = start_server(&["--model", m]);
+    let body = serde_json::Value::Array(samples).to_string();
+    let (status, answer) = post_with(
+        &addr,
+        "/v1/score",
+        "Content-Type: application/json\r\n",
+        &body,
+    );
+    assert_eq!(status, 200, "{answer}");
+    child.kill().unwrap();
+    let _ = child.wait();
+    let want: Vec<f32> = serde_json::from_str::<serde_json::Value>(&answer).unwrap()["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5, "predict {g} vs server {w}");
+    }
+    // A bad third line: named, with what is wrong.
+    let bad = dir.join("bad.jsonl");
+    let first: String = std::fs::read_to_string(&data)
+        .unwrap()
+        .lines()
+        .take(2)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&bad, format!("{first}{{\"dense\": [1]}}\n")).unwrap();
+    let (ok, _, err) = ember(&["predict", "--model", m, "--data", bad.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("bad.jsonl, line 3") && err.contains("'dense' has 1 values"),
+        "{err}"
+    );
+    // Criteo TSV for this model: refused, naming --format jsonl.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample.tsv");
+    let (ok, _, err) = ember(&["predict", "--model", m, "--data", root.to_str().unwrap()]);
+    assert!(!ok && err.contains("--format jsonl"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Two models of a repository on the SSD tier keep their tier series apart on /metrics (each
