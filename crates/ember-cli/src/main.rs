@@ -8,6 +8,7 @@ mod data;
 mod device;
 mod gpu_args;
 mod loadgen;
+mod logging;
 mod paths;
 mod plan;
 mod predict;

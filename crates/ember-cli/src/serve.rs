@@ -61,6 +61,8 @@ pub struct ServeArgs {
     /// gRPC listen address (KServe v2 / Triton's GRPCInferenceService), as --http, or `off`.
     #[arg(long, default_value = "127.0.0.1:8081", value_parser = parse_grpc)]
     grpc: GrpcAddr,
+    #[command(flatten)]
+    log: crate::logging::LogArgs,
     /// Threads of the model's forward pass.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -233,6 +235,7 @@ impl ember_serve::Loader for CliLoader {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    crate::logging::init(&a.log)?;
     let io_threads = a
         .io_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -376,6 +379,37 @@ fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig
     })
 }
 
+/// Where a served model's tables live and what runs it: tables by placement, the row cache,
+/// the forward threads, the kernels' instruction set and the device.
+fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String {
+    let model = s.spec.model();
+    let mut by = std::collections::BTreeMap::<&str, usize>::new();
+    for t in &model.config().tables {
+        *by.entry(t.placement.name()).or_default() += 1;
+    }
+    let tables: Vec<String> = by.iter().map(|(p, n)| format!("{n} {p}")).collect();
+    let stager = model.stager();
+    let cache = match stager.is_active() {
+        true => format!(
+            "row cache {}",
+            ember_bench::stats::human_bytes(stager.cache_usage().1)
+        ),
+        false => "no row cache".into(),
+    };
+    let isa = ember_embed::Isa::selected().map_or("?", |i| i.name());
+    let device = match a.gpu.is_cuda() {
+        true => format!("cuda:{}", a.gpu.gpu),
+        false => "cpu".into(),
+    };
+    format!(
+        "model '{}' v{}: tables {}; {cache}; {} forward thread(s); kernels {isa}; device {device}",
+        s.name(),
+        s.version,
+        tables.join(", "),
+        a.threads
+    )
+}
+
 /// Waits for the server `started` to listen, then for a stop signal; stops it.
 fn serve_until_stopped(
     rt: tokio::runtime::Runtime,
@@ -424,6 +458,9 @@ fn serve_until_stopped(
         );
         if let Some(g) = server.grpc_addr() {
             eprintln!("gRPC (inference.GRPCInferenceService) on {g}");
+        }
+        for s in server.repository().served() {
+            tracing::info!("{}", placement_banner(a, &s));
         }
         let signal = match early {
             Some(s) => s,

@@ -471,6 +471,94 @@ fn predict_scores_json_lines_of_any_model_as_the_server_does() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--access-log --log-format json` writes one JSON line per request naming its route, model,
+/// status and samples; a bad `--log-level` stops the server at start, naming it.
+#[test]
+fn the_access_log_writes_a_json_line_per_request() {
+    let Started {
+        mut child,
+        addr,
+        err,
+        ..
+    } = start_server(&["--access-log", "--log-format", "json"]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let rows: String = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample.tsv"),
+    )
+    .unwrap()
+    .lines()
+    .take(3)
+    .map(|l| format!("{l}\n"))
+    .collect();
+    assert_eq!(post(&addr, "/v1/score", &rows).0, 200);
+    assert_eq!(post(&addr, "/v2/models/nope/infer", "{}").0, 404);
+    let mut seen = Vec::new();
+    let mut banner = None;
+    while seen.len() < 2 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("an access log line within 10 s");
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["target"] == "ember_access" {
+            seen.push(v);
+        } else if v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("forward thread"))
+        {
+            banner = v["message"].as_str().map(String::from);
+        }
+    }
+    // The start-up banner (a JSON line too): placement, cache, threads, kernels, device.
+    let banner = banner.expect("the start-up banner");
+    assert!(
+        banner.contains("tables 26 dram")
+            && banner.contains("no row cache")
+            && banner.contains("kernels ")
+            && banner.contains("device cpu"),
+        "{banner}"
+    );
+    let want = [
+        ("POST /v1/score", "default", 200, 3),
+        ("POST /v2/models/nope/infer", "", 404, 0),
+    ];
+    for (v, (route, model, status, samples)) in seen.iter().zip(want) {
+        assert_eq!(v["route"], route, "{v}");
+        assert_eq!(v["model"], model, "{v}");
+        assert_eq!(v["status"], status, "{v}");
+        assert_eq!(v["samples"], samples, "{v}");
+        assert_eq!(v["protocol"], "http", "{v}");
+        assert!(v["latency_ms"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    child.kill().unwrap();
+    let _ = child.wait();
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "off",
+            "--log-level",
+            "loud=x=y",
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("'loud=x=y' is not a level"),
+        "{e}"
+    );
+}
+
 /// Two models of a repository on the SSD tier keep their tier series apart on /metrics (each
 /// labelled with its name): scoring only one of them moves only its lookups.
 #[test]

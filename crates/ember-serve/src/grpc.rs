@@ -128,6 +128,7 @@ pub fn router(app: App) -> axum::Router {
             move |r: axum::response::Response| async move { size_error(r, limit) },
         ))
         .layer(axum::middleware::from_fn(unimplemented_message))
+        .layer(axum::middleware::from_fn(crate::access::grpc))
 }
 
 /// The methods of `inference.GRPCInferenceService` this server implements (`proto/`).
@@ -467,7 +468,18 @@ impl GrpcInferenceService for Grpc {
         let (md, _, body) = req.into_parts();
         let r = self.infer(&md, body).await;
         t.finish(r.as_ref().err());
-        r.map(Response::new).map_err(Status::from)
+        let r = r.map_err(Status::from)?;
+        let access = crate::access::Access {
+            model: r.model_name.clone(),
+            samples: r
+                .outputs
+                .first()
+                .and_then(|o| o.shape.first())
+                .map_or(0, |&n| n as usize),
+        };
+        let mut resp = Response::new(r);
+        resp.extensions_mut().insert(access);
+        Ok(resp)
     }
 
     async fn repository_index(

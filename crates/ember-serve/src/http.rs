@@ -64,6 +64,7 @@ pub fn router(app: App) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `read_body`, which answers 400 naming the limit.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(crate::access::http))
         .with_state(app)
 }
 
@@ -257,10 +258,22 @@ async fn run_infer(
     let served = app.model(name, version.unwrap_or(""))?;
     let r = infer_on(app, &served, headers, body).await;
     served.count_request(r.as_ref().err());
-    r
+    r.map(|(n, mut resp)| {
+        resp.extensions_mut().insert(crate::access::Access {
+            model: served.spec.name.clone(),
+            samples: n,
+        });
+        resp
+    })
 }
 
-async fn infer_on(app: &App, served: &Served, headers: &HeaderMap, body: Body) -> Result<Response> {
+/// Runs a KServe request on `served`: its samples and the response.
+async fn infer_on(
+    app: &App,
+    served: &Served,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(usize, Response)> {
     // Refused before reading when the server is already past its queue bound.
     let body = admit_unread(app, served, body, None).await?;
     let bytes = read_body(body, app.max_body_bytes).await?;
@@ -284,7 +297,7 @@ async fn infer_on(app: &App, served: &Served, headers: &HeaderMap, body: Body) -
     };
     if !binary_out {
         resp.outputs[0].data = Some(scored.scores);
-        return Ok(axum::Json(resp).into_response());
+        return Ok((n, axum::Json(resp).into_response()));
     }
     resp.outputs[0].parameters = Some(json!({ "binary_data_size": 4 * n }));
     let mut out = serde_json::to_vec(&resp)
@@ -294,17 +307,14 @@ async fn infer_on(app: &App, served: &Served, headers: &HeaderMap, body: Body) -
     for s in &scored.scores {
         out.extend_from_slice(&s.to_le_bytes());
     }
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (
-                header::HeaderName::from_static(JSON_LENGTH),
-                header_len.to_string(),
-            ),
-        ],
-        out,
-    )
-        .into_response())
+    let headers = [
+        (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+        (
+            header::HeaderName::from_static(JSON_LENGTH),
+            header_len.to_string(),
+        ),
+    ];
+    Ok((n, (headers, out).into_response()))
 }
 
 /// What a KServe request asks, decoded from its body.
@@ -396,7 +406,11 @@ async fn score_route(
         };
         drop(bytes);
         let scored = served.batcher.submit(samples, timeout).await?;
-        Ok(if json {
+        let access = crate::access::Access {
+            model: served.spec.name.clone(),
+            samples: scored.scores.len(),
+        };
+        let mut resp = if json {
             axum::Json(json!({ "scores": scored.scores })).into_response()
         } else {
             let mut text = String::with_capacity(scored.scores.len() * 12);
@@ -405,7 +419,9 @@ async fn score_route(
                 text.push('\n');
             }
             ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
-        })
+        };
+        resp.extensions_mut().insert(access);
+        Ok(resp)
     }
     .await;
     finish(t, r)

@@ -29,6 +29,7 @@
 //! # }
 //! ```
 
+pub mod access;
 mod batcher;
 mod conn;
 mod error;
@@ -120,7 +121,7 @@ fn spawn_store_probe(repo: std::sync::Weak<Repository>, ready: Arc<AtomicBool>) 
             }
         });
     if let Err(e) = spawned {
-        eprintln!("ember: could not start the store probe ({e}); readiness follows requests only");
+        tracing::warn!("could not start the store probe ({e}); readiness follows requests only");
     }
 }
 

@@ -119,7 +119,7 @@ fn spawn_upkeep(handle: PrometheusHandle, every: std::time::Duration) {
             }
         });
     if let Err(e) = started {
-        eprintln!("warning: no metrics upkeep thread ({e}); histograms fold only when scraped");
+        tracing::warn!("no metrics upkeep thread ({e}); histograms fold only when scraped");
     }
 }
 

@@ -218,7 +218,7 @@ impl Repository {
             let v = old.version;
             self.retire(old);
             self.set_status(name, v, State::Unavailable, "unloaded".into());
-            eprintln!("ember: model '{name}' version {v} unloaded");
+            tracing::info!("model '{name}' version {v} unloaded");
         }
         Ok(())
     }
@@ -233,8 +233,8 @@ impl Repository {
     ) -> Result<()> {
         let start = Instant::now();
         self.set_status(name, version, State::Loading, String::new());
-        eprintln!(
-            "ember: loading model '{name}' version {version} from {}",
+        tracing::info!(
+            "loading model '{name}' version {version} from {}",
             dir.display()
         );
         let built = self.build(src, name, version, dir);
@@ -244,7 +244,7 @@ impl Repository {
             Err(reason) => {
                 self.set_status(name, version, State::Unavailable, reason.clone());
                 m::model_load(name, false, took);
-                eprintln!("ember: model '{name}' version {version} failed to load: {reason}");
+                tracing::warn!("model '{name}' version {version} failed to load: {reason}");
                 return Err(ServeError::bad(format!(
                     "model '{name}' version {version} failed to load: {reason}"
                 )));
@@ -262,8 +262,8 @@ impl Repository {
         };
         m::model_load(name, true, took);
         m::model_ready(name, version, true);
-        eprintln!(
-            "ember: model '{name}' version {version} serving (loaded and warmed in {took:.2} s)"
+        tracing::info!(
+            "model '{name}' version {version} serving (loaded and warmed in {took:.2} s)"
         );
         if let Some(old) = old {
             let v = old.version;
@@ -393,7 +393,7 @@ fn warm(engine: &mut dyn Engine, n: usize, batches: usize) -> ember_model::Resul
         }
     }
     if let Some(e) = slow {
-        eprintln!("ember: warming a version, a store did not answer in time ({e}); loading on");
+        tracing::warn!("warming a version, a store did not answer in time ({e}); loading on");
     }
     Ok(())
 }

@@ -393,7 +393,7 @@ fn spawn_watcher(
             }
         });
     if let Err(e) = spawned {
-        eprintln!("ember: could not start the thread {name} ({e}); {lost}");
+        tracing::warn!("could not start the thread {name} ({e}); {lost}");
     }
 }
 

@@ -64,8 +64,8 @@ fn poll_once(repo: &Repository, failed: &mut HashMap<String, (u64, Stamp)>) {
     }
     for name in served.keys() {
         if !on_disk.contains(name) {
-            eprintln!(
-                "ember: model '{name}' is gone from {}: unloading it",
+            tracing::warn!(
+                "model '{name}' is gone from {}: unloading it",
                 root.display()
             );
             let _ = repo.unload(name);

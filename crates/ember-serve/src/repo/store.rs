@@ -68,9 +68,10 @@ impl Repository {
         }
         let dir = src.root.join(&f.name).join(target.to_string());
         self.set_status(&f.name, target, State::Loading, String::new());
-        eprintln!(
-            "ember: fetching model '{}' version {target} from the store {}",
-            f.model, f.redis
+        tracing::info!(
+            "fetching model '{}' version {target} from the store {}",
+            f.model,
+            f.redis
         );
         let fetched = std::thread::scope(|s| {
             std::thread::Builder::new()
@@ -89,8 +90,8 @@ impl Repository {
                 .map_err(|_| "the fetching thread panicked".to_string())?
         });
         match fetched {
-            Ok(done) => eprintln!(
-                "ember: model '{}' version {target} fetched ({:.1} MB of tables held in memory) \
+            Ok(done) => tracing::info!(
+                "model '{}' version {target} fetched ({:.1} MB of tables held in memory) \
                  in {:.2} s",
                 f.model,
                 done.table_bytes as f64 / 1e6,
@@ -98,8 +99,8 @@ impl Repository {
             ),
             Err(reason) => {
                 self.set_status(&f.name, target, State::Unavailable, reason.clone());
-                eprintln!(
-                    "ember: model '{}' version {target} failed to load: {reason}",
+                tracing::warn!(
+                    "model '{}' version {target} failed to load: {reason}",
                     f.name
                 );
                 return Err(ServeError::Unavailable(format!(
@@ -161,7 +162,7 @@ fn follow_once(repo: &Repository, failed: &mut Option<(u64, Instant)>, said: &mu
             // Said once per distinct failure; the served version goes on serving.
             let now = e.to_string();
             if now != *said {
-                eprintln!("ember: cannot read the version to serve ({now}); serving on");
+                tracing::warn!("cannot read the version to serve ({now}); serving on");
                 *said = now;
             }
             return;
