@@ -1,10 +1,13 @@
 """Talks to a running `ember serve` with NVIDIA's own Triton clients (tritonclient.grpc and
 tritonclient.http), the way a Triton user would, and checks that both protocols give the same
-scores for the same random requests, and that errors come back as the clients expect.
+scores for the same random requests, that errors come back as the clients expect, and that the
+calls Triton users reach for work: versioned readiness and metadata, the statistics extension
+(both protocols, counting the requests sent), the model configuration (HTTP), and a message on
+what gRPC does not implement.
 
-    ~/.venvs/torch/bin/pip install "tritonclient[grpc,http]" numpy
+    python3 -m venv ~/.venvs/triton && ~/.venvs/triton/bin/pip install "tritonclient[grpc,http]" numpy
     ember serve &        # HTTP on :8080, gRPC on :8081
-    ~/.venvs/torch/bin/python tools/triton_client_check.py [--http 127.0.0.1:8080] [--grpc 127.0.0.1:8081]
+    ~/.venvs/triton/bin/python tools/triton_client_check.py [--http 127.0.0.1:8080] [--grpc 127.0.0.1:8081]
 
 Not needed at run time and not part of the test suite (it needs Python and the clients); the
 Rust integration tests cover the same protocol with tonic's client.
@@ -85,9 +88,35 @@ def main():
     except th.InferenceServerException as e:
         assert e.status() == "400", e.status()
         print("HTTP error as expected:", e.message())
+    # Versioned readiness and metadata, as clients ask with a version string.
+    assert h.is_model_ready(a.model, "1") and g.is_model_ready(a.model, "1")
+    assert not h.is_model_ready(a.model, "9") and not g.is_model_ready(a.model, "9")
+    assert h.get_model_metadata(a.model, "1")["versions"] == ["1"]
+    # Statistics: both protocols count the same requests (the 2 x requests above succeeded).
+    hs = h.get_inference_statistics(a.model)["model_stats"][0]
+    gs = g.get_inference_statistics(a.model, as_json=True)["model_stats"][0]
+    ok_h = int(hs["inference_stats"]["success"]["count"])
+    ok_g = int(gs["inference_stats"]["success"]["count"])
+    assert ok_h == ok_g >= 2 * a.requests, (ok_h, ok_g)
+    assert int(hs["inference_count"]) >= sum(1 + k % 8 for k in range(a.requests)) * 2
+    assert int(hs["execution_count"]) >= 1 and hs["batch_stats"], hs
+    # Model configuration (HTTP): inputs with dims, the batcher's limits.
+    cfg = h.get_model_config(a.model)
+    assert cfg["name"] == a.model and cfg["max_batch_size"] >= 1, cfg
+    assert [i["name"] for i in cfg["input"]] == [i["name"] for i in hm["inputs"]]
+    # What gRPC does not serve answers UNIMPLEMENTED with a message that says so.
+    try:
+        g.get_model_config(a.model)
+        sys.exit("gRPC ModelConfig answered")
+    except tg.InferenceServerException as e:
+        assert e.status() == "StatusCode.UNIMPLEMENTED", e.status()
+        assert "ModelConfig" in e.message() and "ModelInfer" in e.message(), e.message()
     print(
         f"tritonclient.grpc and tritonclient.http: {a.requests} requests, same scores "
-        f"(largest difference {worst:.1e}); {len(gm.inputs)} inputs, platform {gm.platform}"
+        f"(largest difference {worst:.1e}); {len(gm.inputs)} inputs, platform {gm.platform}; "
+        f"versioned ready/metadata, statistics ({ok_h} successes on both), configuration "
+        f"(max_batch_size {cfg['max_batch_size']}) and the UNIMPLEMENTED message as Triton's "
+        f"clients expect"
     )
 
 

@@ -44,9 +44,13 @@ fn filter(a: &LogArgs) -> anyhow::Result<EnvFilter> {
 /// Installs the subscriber (once per process).
 pub fn init(a: &LogArgs) -> anyhow::Result<()> {
     let filter = filter(a)?;
+    // A log line that cannot be written (stderr closed by whoever started the server) is lost,
+    // not reported with `eprintln!`, which would panic on the same closed stderr and take
+    // the server down.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let done = match a.log_format {
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal())

@@ -425,7 +425,13 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = req.get_ref();
-        let ready = self.app.model_ready(&r.name, &r.version)?;
+        // Triton answers `ready: false` (not an error) for a model or version it does not
+        // serve, and its clients' `is_model_ready` counts on it.
+        let ready = match self.app.model_ready(&r.name, &r.version) {
+            Ok(ready) => ready,
+            Err(ServeError::NotFound(_)) => false,
+            Err(e) => return Err(e.into()),
+        };
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 

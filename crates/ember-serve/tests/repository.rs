@@ -470,14 +470,15 @@ async fn repository_methods_over_grpc() {
         .unwrap()
         .into_inner();
     assert_eq!(meta.versions, vec!["2".to_string()]);
-    let e = g
+    // Version 1 is no longer served: not ready (Triton's answer), not an error.
+    let r = g
         .model_ready(pb::ModelReadyRequest {
             name: "m".into(),
             version: "1".into(),
         })
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+        .unwrap();
+    assert!(!r.into_inner().ready);
     g.repository_model_unload(pb::RepositoryModelUnloadRequest {
         model_name: "m".into(),
         ..Default::default()
