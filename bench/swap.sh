@@ -84,9 +84,10 @@ START=$(date +%s.%N)
 "${LG[@]}" --qps "$RATE" --duration "$DURATION" --warmup 1 --timeline 1 --json > "$W/load.txt" &
 LOAD=$!
 PERF_AT=${PERF_AT:-$((SWAP_AT - 1))}
+record() { perf sched record -g -o "$W/perf.data" -- sleep "$PERF_SECS" 2> "$W/perf.log" & }
 if [ -n "${PERF_SECS:-}" ] && [ "$PERF_AT" -le "$SWAP_AT" ]; then
   sleep $((PERF_AT + 1))
-  perf sched record -g -o "$W/perf.data" -- sleep "$PERF_SECS" 2> "$W/perf.log" &
+  record
   sleep $((SWAP_AT - PERF_AT))
 else
   sleep $((SWAP_AT + 1))
@@ -97,7 +98,7 @@ mv "$W/repo/.rm1-2" "$W/repo/rm1/2"
 MOVED=$(date +%s.%N)
 if [ -n "${PERF_SECS:-}" ] && [ "$PERF_AT" -gt "$SWAP_AT" ]; then
   sleep $((PERF_AT - SWAP_AT))
-  perf sched record -g -o "$W/perf.data" -- sleep "$PERF_SECS" 2> "$W/perf.log" &
+  record
 fi
 wait $LOAD
 SWAPPED=$(cat "$W/swapped" 2>/dev/null || echo "$MOVED")

@@ -155,21 +155,9 @@ fn score_file(
     data: &Path,
     depth: usize,
 ) -> Result<Scored> {
-    let (input, size): (Box<dyn BufRead + Send>, Option<u64>) = if data.as_os_str() == "-" {
-        (Box::new(BufReader::new(std::io::stdin())), None)
-    } else {
-        let f = ember_embed::files::open_regular(data, "data file")
-            .with_context(|| format!("cannot open data file {}", data.display()))?;
-        let len = f.metadata().ok().map(|m| m.len());
-        (Box::new(BufReader::with_capacity(1 << 20, f)), len)
-    };
+    let (input, size) = open_data(data)?;
     let mut reader = CriteoReader::new(input, data.display().to_string());
-    let mut out = match &a.out {
-        Some(p) => Some(BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
-        None => None,
-    };
+    let mut out = open_out(a)?;
     let bar = progress(size);
     let inputs = model.inputs();
     let mut scored = Scored::default();
@@ -230,6 +218,29 @@ fn score_file(
     Ok(scored)
 }
 
+/// `data` to read (`-`: stdin), and its size when it is a file.
+fn open_data(data: &Path) -> Result<(Box<dyn BufRead + Send>, Option<u64>)> {
+    if data.as_os_str() == "-" {
+        return Ok((Box::new(BufReader::new(std::io::stdin())), None));
+    }
+    let f = ember_embed::files::open_regular(data, "data file")
+        .with_context(|| format!("cannot open data file {}", data.display()))?;
+    let len = f.metadata().ok().map(|m| m.len());
+    Ok((Box::new(BufReader::with_capacity(1 << 20, f)), len))
+}
+
+/// The `--out` file, when one is asked for.
+fn open_out(a: &PredictArgs) -> Result<Option<BufWriter<std::fs::File>>> {
+    a.out
+        .as_ref()
+        .map(|p| {
+            std::fs::File::create(p)
+                .map(BufWriter::new)
+                .with_context(|| format!("cannot create {}", p.display()))
+        })
+        .transpose()
+}
+
 /// Streams JSON lines (`{"dense": [...], "sparse": {"F": [ids], ...}, "label": 0 or 1}`, the
 /// label optional, one sample a line, as `/v1/score` takes them) through the engine, `--batch`
 /// lines at a time; a bad line is an error naming its line number.
@@ -239,20 +250,9 @@ fn score_jsonl(
     engine: &mut dyn Engine,
     data: &Path,
 ) -> Result<Scored> {
-    let input: Box<dyn BufRead> = if data.as_os_str() == "-" {
-        Box::new(BufReader::new(std::io::stdin()))
-    } else {
-        let f = ember_embed::files::open_regular(data, "data file")
-            .with_context(|| format!("cannot open data file {}", data.display()))?;
-        Box::new(BufReader::with_capacity(1 << 20, f))
-    };
+    let (input, _) = open_data(data)?;
     let spec = ember_serve::ModelSpec::of(model.clone(), "predict");
-    let mut out = match &a.out {
-        Some(p) => Some(BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
-        None => None,
-    };
+    let mut out = open_out(a)?;
     let mut scored = Scored::default();
     let (mut labelled, mut unlabelled) = (0usize, 0usize);
     let start = Instant::now();

@@ -530,10 +530,9 @@ impl GrpcInferenceService for Grpc {
         req: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         let r = req.into_inner();
+        // Every model, in name order (as `served` lists them), or the one asked.
         let served = if r.name.is_empty() {
-            let mut all = self.app.repo.served();
-            all.sort_by(|a, b| a.name().cmp(b.name()));
-            all
+            self.app.repo.served()
         } else {
             vec![self.app.model(&r.name, &r.version)?]
         };

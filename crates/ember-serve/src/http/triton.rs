@@ -18,10 +18,9 @@ fn stats_of(served: &[std::sync::Arc<Served>]) -> Response {
     axum::Json(json!({ "model_stats": model_stats })).into_response()
 }
 
+/// Every model served, by name (`served` is in name order).
 pub(crate) async fn stats_all(State(app): State<App>) -> Response {
-    let mut served = app.repo.served();
-    served.sort_by(|a, b| a.name().cmp(b.name()));
-    stats_of(&served)
+    stats_of(&app.repo.served())
 }
 
 pub(crate) async fn stats_model(State(app): State<App>, Path(name): Path<String>) -> Response {

@@ -268,7 +268,7 @@ impl Repository {
         }
     }
 
-    /// Every version serving now.
+    /// Every version serving now, in model-name order.
     pub fn served(&self) -> Vec<Arc<Served>> {
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());
         models.values().filter_map(|e| e.current.clone()).collect()

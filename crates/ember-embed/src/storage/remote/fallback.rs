@@ -211,7 +211,8 @@ impl RowStore for WithLocalCopy {
             return Ok(ReadStats::default());
         }
         let t0 = Instant::now();
-        let mut cluster = "the cluster failed a read moments ago".to_string();
+        // Why the cluster is not read (only for a refusal's message; built only when it failed).
+        let mut failed = None;
         if self.local_until.is_none_or(|t| t0 >= t) {
             match self.remote.read(reqs, land) {
                 Ok(stats) => {
@@ -228,13 +229,16 @@ impl RowStore for WithLocalCopy {
                     metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
                         .increment(1);
                     self.set_local_until(Some(Instant::now() + self.retry_after));
-                    cluster = e.to_string();
+                    failed = Some(e.to_string());
                 }
             }
         }
         metrics::counter!("ember_remote_fallback_rows_total", "model" => self.model.clone())
             .increment(reqs.len() as u64);
-        let mut stats = self.read_copy(reqs, land, &cluster)?;
+        let cluster = failed
+            .as_deref()
+            .unwrap_or("the cluster failed a read moments ago");
+        let mut stats = self.read_copy(reqs, land, cluster)?;
         // The batch waited for the failed remote read too.
         stats.wait = t0.elapsed();
         Ok(stats)
