@@ -8,7 +8,7 @@ shared machine hits both alike, and prints both medians and their ratio. The las
 
     ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --threads 1
     ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --dtype int8
-    ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --ids ../shared/data/traces/reuse_medium_table_500K.txt
+    ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --ids data/traces/reuse_medium_table_500K.txt
 
 Flags this script does not know are passed to `ember bench embed` (see `ember bench embed --help`).
 Own flags: --ember PATH (default: target/release/ember, built if missing), --rounds N (default 3),

@@ -100,21 +100,26 @@ def main():
     assert ok_h == ok_g >= 2 * a.requests, (ok_h, ok_g)
     assert int(hs["inference_count"]) >= sum(1 + k % 8 for k in range(a.requests)) * 2
     assert int(hs["execution_count"]) >= 1 and hs["batch_stats"], hs
-    # Model configuration (HTTP): inputs with dims, the batcher's limits.
+    # Model configuration: inputs with dims, the batcher's limits; both protocols the same.
     cfg = h.get_model_config(a.model)
     assert cfg["name"] == a.model and cfg["max_batch_size"] >= 1, cfg
     assert [i["name"] for i in cfg["input"]] == [i["name"] for i in hm["inputs"]]
+    gcfg = g.get_model_config(a.model, "1", as_json=True)["config"]
+    assert gcfg["name"] == cfg["name"] and gcfg["max_batch_size"] == cfg["max_batch_size"], gcfg
+    for gi, hi in zip(gcfg["input"], cfg["input"], strict=True):
+        assert gi["name"] == hi["name"] and gi["data_type"] == hi["data_type"], (gi, hi)
+        assert [int(d) for d in gi["dims"]] == hi["dims"], (gi, hi)
     # What gRPC does not serve answers UNIMPLEMENTED with a message that says so.
     try:
-        g.get_model_config(a.model)
-        sys.exit("gRPC ModelConfig answered")
+        g.get_trace_settings(a.model)
+        sys.exit("gRPC TraceSetting answered")
     except tg.InferenceServerException as e:
         assert e.status() == "StatusCode.UNIMPLEMENTED", e.status()
-        assert "ModelConfig" in e.message() and "ModelInfer" in e.message(), e.message()
+        assert "TraceSetting" in e.message() and "ModelInfer" in e.message(), e.message()
     print(
         f"tritonclient.grpc and tritonclient.http: {a.requests} requests, same scores "
         f"(largest difference {worst:.1e}); {len(gm.inputs)} inputs, platform {gm.platform}; "
-        f"versioned ready/metadata, statistics ({ok_h} successes on both), configuration "
+        f"versioned ready/metadata, statistics ({ok_h} successes on both), configuration on both "
         f"(max_batch_size {cfg['max_batch_size']}) and the UNIMPLEMENTED message as Triton's "
         f"clients expect"
     )

@@ -11,7 +11,7 @@ tables with one call per batch; one EmbeddingBag per table, like TorchRec's
 EmbeddingBagCollection) and the ratio is taken against the faster. The last line is JSON.
 
     python bench/gpu/compare_torch_gpu.py --tables 12 --rows 500000 --dim 128 --pooling 150 \
-        --batch 2048 --ids ../shared/data/traces/reuse_medium_table_500K.txt
+        --batch 2048 --ids data/traces/reuse_medium_table_500K.txt
 
 Own flags: --ember PATH (default target/release/ember), --rounds N (ember and torch alternate).
 Other flags go to `ember bench embed` (see its --help; --device cuda is added).

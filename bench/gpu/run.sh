@@ -17,7 +17,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 EMBER="${EMBER:-$ROOT/target/release/ember}"
 PYTHON="${PYTHON:-python3}"
-TRACE="$ROOT/../shared/data/traces/reuse_medium_table_500K.txt"
+TRACE="$ROOT/data/traces/reuse_medium_table_500K.txt"   # tools/fetch_data.sh
 OUT="$HERE/out"
 QUICK=0
 while [ $# -gt 0 ]; do

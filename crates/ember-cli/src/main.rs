@@ -12,6 +12,7 @@ mod logging;
 mod paths;
 mod plan;
 mod predict;
+mod report;
 mod serve;
 mod store;
 mod tier_args;
@@ -83,6 +84,10 @@ enum Cmd {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The README's check (tests/readme.rs): the command line parses; nothing runs.
+    if std::env::var_os("EMBER_PARSE_ONLY").is_some() {
+        return Ok(());
+    }
     match cli.cmd {
         Cmd::Bench(cmd) => bench::run(cmd),
         Cmd::Convert(args) => convert::run(args),

@@ -1,6 +1,6 @@
-//! `ember predict`: scores a Criteo-format file (a Criteo-shaped model), or JSON lines (any
-//! model: one sample a line, as `/v1/score` takes them, with an optional `label`), streaming it
-//! in batches. Rows are not kept, but each row's label and score are (8 bytes a row, for the
+//! `ember predict`: scores a Criteo-format file (a Criteo-shaped model), JSON lines (any
+//! model: one sample a line, as `/v1/score` takes them, with an optional `label`) or a NumPy
+//! `.npz` / safetensors file of the model's input arrays (any model, [`tensors`]), in batches. Rows are not kept, but each row's label and score are (8 bytes a row, for the
 //! AUC): a Terabyte day of 200M rows needs 1.6 GB.
 //!
 //! Set up: the model and its engine (the CPU predictor, with a sharding plan or not, or a GPU's).
@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod tensors;
+
 #[derive(Debug, Args)]
 pub struct PredictArgs {
     /// Model directory (config.json + model.safetensors) [default: the shipped models/default].
@@ -34,7 +36,9 @@ pub struct PredictArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// Its format: `tsv` (Criteo), `jsonl` (one `{"dense": [...], "sparse": {"F": [ids]},
-    /// "label": 0}` a line, label optional), or `auto` (`jsonl` for .jsonl / .ndjson / .json).
+    /// "label": 0}` a line, label optional), `npz` (NumPy) or `safetensors` (arrays `dense`,
+    /// `<F>_lengths`, `<F>_ids` and optionally `label`, as the KServe inputs), or `auto` (by
+    /// the extension: .jsonl / .ndjson / .json, .npz, .safetensors; else tsv).
     #[arg(long, value_enum, default_value_t = DataFormat::Auto)]
     format: DataFormat,
     /// Samples per batch.
@@ -66,6 +70,8 @@ pub enum DataFormat {
     Auto,
     Tsv,
     Jsonl,
+    Npz,
+    Safetensors,
 }
 
 impl DataFormat {
@@ -73,6 +79,8 @@ impl DataFormat {
         match self {
             DataFormat::Auto => match data.extension().and_then(|e| e.to_str()) {
                 Some("jsonl" | "ndjson" | "json") => DataFormat::Jsonl,
+                Some("npz") => DataFormat::Npz,
+                Some("safetensors") => DataFormat::Safetensors,
                 _ => DataFormat::Tsv,
             },
             f => f,
@@ -105,6 +113,9 @@ pub fn run(a: PredictArgs) -> Result<()> {
     };
     let scored = match format {
         DataFormat::Jsonl => score_jsonl(&a, &model, &mut *engine, &data)?,
+        DataFormat::Npz | DataFormat::Safetensors => {
+            score_tensors(&a, &model, &mut *engine, &data, format == DataFormat::Npz)?
+        }
         _ => score_file(&a, &model, &mut *engine, &data, depth)?,
     };
     print(&a, &model, &model_dir, &data, &scored, depth);
@@ -258,20 +269,8 @@ fn score_jsonl(
     let start = Instant::now();
     let mut batch: Vec<ember_model::Samples> = Vec::with_capacity(a.batch);
     let mut flush = |batch: &mut Vec<ember_model::Samples>, scored: &mut Scored| -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
         let parts: Vec<&ember_model::Samples> = batch.iter().collect();
-        let prepared = model.merge(&parts).and_then(|b| model.prepare(b))?;
-        let s0 = scored.scores.len();
-        scored.scores.resize(s0 + parts.len(), 0.0);
-        let t = engine.run(&prepared, &mut scored.scores[s0..])?;
-        scored.times = scored.times.plus(t);
-        if let Some(w) = &mut out {
-            for s in &scored.scores[s0..] {
-                writeln!(w, "{s}")?;
-            }
-        }
+        score_samples(model, engine, &parts, scored, &mut out)?;
         batch.clear();
         Ok(())
     };
@@ -307,6 +306,76 @@ fn score_jsonl(
     flush(&mut batch, &mut scored)?;
     if labelled > 0 && unlabelled > 0 {
         bail!("{labelled} lines have a 'label' and {unlabelled} do not: all or none");
+    }
+    scored.wall = start.elapsed().as_secs_f64();
+    if let Some(mut w) = out {
+        w.flush()?;
+    }
+    Ok(scored)
+}
+
+/// Scores `parts` as one batch, appending the scores to `scored` (and `out`).
+fn score_samples(
+    model: &Arc<Model>,
+    engine: &mut dyn Engine,
+    parts: &[&ember_model::Samples],
+    scored: &mut Scored,
+    out: &mut Option<BufWriter<std::fs::File>>,
+) -> Result<()> {
+    if parts.is_empty() {
+        return Ok(());
+    }
+    let prepared = model.merge(parts).and_then(|b| model.prepare(b))?;
+    let n: usize = parts.iter().map(|p| p.len()).sum();
+    let s0 = scored.scores.len();
+    scored.scores.resize(s0 + n, 0.0);
+    let t = engine.run(&prepared, &mut scored.scores[s0..])?;
+    scored.times = scored.times.plus(t);
+    if let Some(w) = out {
+        for s in &scored.scores[s0..] {
+            writeln!(w, "{s}")?;
+        }
+    }
+    Ok(())
+}
+
+/// Scores a NumPy `.npz` or safetensors file of the model's input arrays, `--batch` samples
+/// at a time, each batch decoded as a request is.
+fn score_tensors(
+    a: &PredictArgs,
+    model: &Arc<Model>,
+    engine: &mut dyn Engine,
+    data: &Path,
+    npz: bool,
+) -> Result<Scored> {
+    if data == Path::new("-") {
+        bail!("--data -: NumPy and safetensors files are read from a path, not stdin");
+    }
+    let start = Instant::now();
+    let file = tensors::TensorFile::open(data, npz)?;
+    let spec = ember_serve::ModelSpec::of(model.clone(), "predict");
+    let n = file
+        .check(&spec)
+        .with_context(|| format!("{} does not fit the model", data.display()))?;
+    let mut out = open_out(a)?;
+    let mut scored = Scored {
+        labels: file.labels()?.unwrap_or_default(),
+        ..Scored::default()
+    };
+    let mut cursors = vec![0usize; spec.features().len()];
+    for s0 in (0..n).step_by(a.batch) {
+        let range = s0..(s0 + a.batch).min(n);
+        let samples = file
+            .batch(&spec, &mut cursors, range.clone())
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{}, samples {}..{} (sample numbers below count from {s0}): {e}",
+                    data.display(),
+                    range.start,
+                    range.end
+                )
+            })?;
+        score_samples(model, engine, &[&samples], &mut scored, &mut out)?;
     }
     scored.wall = start.elapsed().as_secs_f64();
     if let Some(mut w) = out {

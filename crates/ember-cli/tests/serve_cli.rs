@@ -715,9 +715,18 @@ fn serve_a_model_repository() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (status, index) = post(&addr, "/v2/repository/index", "");
-    assert_eq!(status, 200, "{index}");
-    assert!(index.contains("replaced by version 3"), "{index}");
+    // The old version is UNLOADING until its requests are answered and its memory is freed
+    // (on an idle-class thread), then UNAVAILABLE with the reason.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, index) = post(&addr, "/v2/repository/index", "");
+        assert_eq!(status, 200, "{index}");
+        if index.contains("replaced by version 3") {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "{index}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

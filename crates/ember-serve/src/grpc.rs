@@ -12,12 +12,10 @@
 //! NOT_FOUND, RESOURCE_EXHAUSTED (the queue is full), DEADLINE_EXCEEDED, UNAVAILABLE (stopping).
 
 use std::collections::HashMap;
-use std::marker::PhantomData;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use bytes::{BufMut, Bytes};
-use tonic::codec::{BufferSettings, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use bytes::BufMut;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -27,88 +25,16 @@ use crate::metrics::Tracked;
 use crate::repo::Served;
 use crate::spec::ModelSpec;
 use crate::state::App;
+use crate::triton;
 use ember_model::Samples;
 
-/// The messages, server and client generated from `proto/grpc_service.proto`.
-#[allow(missing_docs, missing_debug_implementations, clippy::all)]
-pub mod pb {
-    tonic::include_proto!("inference");
-}
+pub use crate::proto::{Codec, pb, raw_bytes};
 
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use pb::model_infer_request::InferInputTensor;
 use pb::model_infer_response::InferOutputTensor;
 use pb::model_metadata_response::TensorMetadata;
 use pb::{InferParameter, infer_parameter::ParameterChoice};
-
-/// The protobuf codec of the generated code: prost's, except that a message that does not decode
-/// is the client's fault (INVALID_ARGUMENT), not the server's (tonic's INTERNAL).
-#[derive(Debug)]
-pub struct Codec<T, U>(PhantomData<(T, U)>);
-
-impl<T, U> Default for Codec<T, U> {
-    fn default() -> Self {
-        Codec(PhantomData)
-    }
-}
-
-impl<T, U> tonic::codec::Codec for Codec<T, U>
-where
-    T: prost::Message + Send + 'static,
-    U: prost::Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = ProtoEncoder<T>;
-    type Decoder = ProtoDecoder<U>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ProtoEncoder(PhantomData)
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ProtoDecoder(PhantomData)
-    }
-}
-
-/// Encodes `T` with prost.
-#[derive(Debug)]
-pub struct ProtoEncoder<T>(PhantomData<T>);
-
-impl<T: prost::Message> Encoder for ProtoEncoder<T> {
-    type Item = T;
-    type Error = Status;
-
-    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        // `EncodeBuf` grows as needed, so encoding cannot run out of room.
-        buf.reserve(item.encoded_len());
-        item.encode(buf)
-            .map_err(|e| Status::internal(format!("encoding the response: {e}")))
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
-    }
-}
-
-/// Decodes `U` with prost; errors are INVALID_ARGUMENT.
-#[derive(Debug)]
-pub struct ProtoDecoder<U>(PhantomData<U>);
-
-impl<U: prost::Message + Default> Decoder for ProtoDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf)
-            .map(Some)
-            .map_err(|e| Status::invalid_argument(format!("malformed protobuf message: {e}")))
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
-    }
-}
 
 /// The gRPC service over the server's shared state.
 #[derive(Debug, Clone)]
@@ -143,6 +69,7 @@ pub const IMPLEMENTED: &[&str] = &[
     "RepositoryModelLoad",
     "RepositoryModelUnload",
     "ModelStatistics",
+    "ModelConfig",
 ];
 
 /// tonic answers a method or service it does not have with UNIMPLEMENTED and no message; a
@@ -444,7 +371,7 @@ impl GrpcInferenceService for Grpc {
             version: env!("CARGO_PKG_VERSION").into(),
             extensions: crate::kserve::EXTENSIONS
                 .iter()
-                .filter(|&&e| e != "model_configuration" && e != "binary_tensor_data")
+                .filter(|&&e| e != "binary_tensor_data")
                 .map(|e| e.to_string())
                 .collect(),
         }))
@@ -525,6 +452,17 @@ impl GrpcInferenceService for Grpc {
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
+    async fn model_config(
+        &self,
+        req: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let r = req.get_ref();
+        let served = self.app.model(&r.name, &r.version)?;
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(triton::config(&served).to_proto()),
+        }))
+    }
+
     async fn model_statistics(
         &self,
         req: Request<pb::ModelStatisticsRequest>,
@@ -538,57 +476,10 @@ impl GrpcInferenceService for Grpc {
         };
         let model_stats = served
             .iter()
-            .map(|s| stats_message(s.batcher.stats(s.name(), s.version)))
+            .map(|s| triton::stats_message(s.batcher.stats(s.name(), s.version)))
             .collect();
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }
-}
-
-/// [`crate::batcher::ModelStats`] as the protocol's message.
-fn stats_message(s: crate::batcher::ModelStats) -> pb::ModelStatistics {
-    let d = |d: crate::batcher::DurationStat| {
-        Some(pb::StatisticDuration {
-            count: d.count,
-            ns: d.ns,
-        })
-    };
-    let i = s.inference_stats;
-    pb::ModelStatistics {
-        name: s.name,
-        version: s.version,
-        last_inference: s.last_inference,
-        inference_count: s.inference_count,
-        execution_count: s.execution_count,
-        inference_stats: Some(pb::InferStatistics {
-            success: d(i.success),
-            fail: d(i.fail),
-            queue: d(i.queue),
-            compute_input: d(i.compute_input),
-            compute_infer: d(i.compute_infer),
-            compute_output: d(i.compute_output),
-            cache_hit: d(i.cache_hit),
-            cache_miss: d(Default::default()),
-        }),
-        batch_stats: s
-            .batch_stats
-            .into_iter()
-            .map(|b| pb::InferBatchStatistics {
-                batch_size: b.batch_size,
-                compute_input: d(b.compute_input),
-                compute_infer: d(b.compute_infer),
-                compute_output: d(b.compute_output),
-            })
-            .collect(),
-    }
-}
-
-/// Raw little-endian bytes of `values` (for clients building `raw_input_contents`).
-pub fn raw_bytes<T: Copy, const W: usize>(values: &[T], to_le: impl Fn(T) -> [u8; W]) -> Bytes {
-    let mut b = bytes::BytesMut::with_capacity(values.len() * W);
-    for &v in values {
-        b.extend_from_slice(&to_le(v));
-    }
-    b.freeze()
 }
 
 #[cfg(test)]

@@ -37,9 +37,11 @@ pub mod grpc;
 mod http;
 pub mod kserve;
 mod metrics;
+mod proto;
 pub mod repo;
 mod spec;
 mod state;
+mod triton;
 pub mod v1;
 
 use std::net::SocketAddr;

@@ -109,7 +109,7 @@ fn int64_param(v: i64) -> InferParameter {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metadata_and_inference_match_the_predictor() {
-    let (s, mut c, _, m) = start_grpc(config()).await;
+    let (s, mut c, url, m) = start_grpc(config()).await;
     assert!(
         c.server_live(pb::ServerLiveRequest {})
             .await
@@ -258,6 +258,70 @@ async fn health_metadata_and_inference_match_the_predictor() {
     }
     let e = stats("other", "").await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{}", e.message());
+    // Triton's model configuration extension: the same content as HTTP's `/config`.
+    assert!(ext.contains(&"model_configuration".to_string()), "{ext:?}");
+    let http: serde_json::Value = reqwest::get(format!("{url}/v2/models/default/config"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for version in ["", "1"] {
+        let req = pb::ModelConfigRequest {
+            name: "default".into(),
+            version: version.into(),
+        };
+        let cfg = c.clone().model_config(req).await.unwrap().into_inner();
+        let cfg = cfg.config.unwrap();
+        assert_eq!(cfg.name, http["name"]);
+        assert_eq!(i64::from(cfg.max_batch_size), http["max_batch_size"]);
+        let delay = cfg.dynamic_batching.unwrap().max_queue_delay_microseconds;
+        assert_eq!(
+            delay,
+            http["dynamic_batching"]["max_queue_delay_microseconds"]
+        );
+        let tensors = |ts: Vec<(String, i32, Vec<i64>)>| -> Vec<serde_json::Value> {
+            ts.into_iter()
+                .map(|(name, dtype, dims)| {
+                    let dtype = pb::DataType::try_from(dtype).unwrap().as_str_name();
+                    serde_json::json!({"name": name, "data_type": dtype, "dims": dims})
+                })
+                .collect()
+        };
+        let inputs = tensors(
+            cfg.input
+                .into_iter()
+                .map(|t| (t.name, t.data_type, t.dims))
+                .collect(),
+        );
+        assert_eq!(serde_json::Value::from(inputs), http["input"]);
+        let outputs = tensors(
+            cfg.output
+                .into_iter()
+                .map(|t| (t.name, t.data_type, t.dims))
+                .collect(),
+        );
+        assert_eq!(serde_json::Value::from(outputs), http["output"]);
+        assert_eq!(
+            cfg.version_policy.unwrap().policy_choice,
+            Some(pb::model_version_policy::PolicyChoice::Specific(
+                pb::model_version_policy::Specific { versions: vec![1] }
+            ))
+        );
+    }
+    for (name, version) in [("other", ""), ("default", "9")] {
+        let req = pb::ModelConfigRequest {
+            name: name.into(),
+            version: version.into(),
+        };
+        let e = c.clone().model_config(req).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            Code::NotFound,
+            "{name} {version}: {}",
+            e.message()
+        );
+    }
     s.shutdown().await.unwrap();
 }
 
@@ -549,7 +613,7 @@ async fn bad_requests_get_invalid_argument_naming_the_problem_and_serving_goes_o
     assert_close(&scores(&resp), &direct(&m, &good));
     // Methods and services it does not have: UNIMPLEMENTED with a message naming them.
     for path in [
-        "/inference.GRPCInferenceService/ModelConfig",
+        "/inference.GRPCInferenceService/TraceSetting",
         "/grpc.health.v1.Health/Check",
     ] {
         let e = raw_call(ch.clone(), path, Vec::new()).await.unwrap_err();

@@ -70,7 +70,65 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         huge,
         total_bytes,
     );
+    if let Some(path) = &a.report {
+        page(&report, &a, s, isa, &source.describe()).write(path)?;
+    }
     Ok(())
+}
+
+/// `--report`: Ember against the memory ceiling, as medians and run by run.
+fn page(r: &Report, a: &EmbedArgs, s: Shape, isa: Isa, ids: &str) -> crate::report::Page {
+    use crate::report::{Page, Plot, Series};
+    let mut p = Page::new("ember bench embed");
+    p.param(
+        "tables x rows x dim",
+        format!("{} x {} x {}", s.tables, s.rows, s.dim),
+    )
+    .param("dtype", a.dtype)
+    .param("pooling, batch", format!("{}, {}", s.pooling, s.batch))
+    .param("ids", ids)
+    .param("threads, isa", format!("{}, {isa}", a.threads));
+    let (lps, cps) = (median(&r.ember_runs), median(&r.ceiling_runs));
+    p.param("ember / ceiling", format!("{:.1}%", 100.0 * lps / cps));
+    p.figure(
+        "Lookups/s against the memory ceiling",
+        "Medians of the timed runs: Ember's pooled lookup, and the simplest gather-and-sum over \
+         the same rows and ids (the machine's ceiling for this access pattern), alternated in \
+         one run. PyTorch's figure comes from bench/compare_torch.py.",
+        Plot::Bars {
+            y_label: "million lookups/s".into(),
+            bars: vec![
+                ("ember".into(), lps / 1e6),
+                ("memory ceiling".into(), cps / 1e6),
+            ],
+        },
+    );
+    let runs = |v: &[f64]| {
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| (i as f64 + 1.0, x / 1e6))
+            .collect()
+    };
+    p.figure(
+        "Run by run",
+        "Each timed run (alternating): a shared machine's drift shows here.",
+        Plot::Lines {
+            x_label: "run".into(),
+            y_label: "million lookups/s".into(),
+            series: vec![
+                Series {
+                    name: "ember".into(),
+                    points: runs(&r.ember_runs),
+                },
+                Series {
+                    name: "memory ceiling".into(),
+                    points: runs(&r.ceiling_runs),
+                },
+            ],
+            hline: None,
+        },
+    );
+    p
 }
 
 /// Checks the kernel, then alternates timed runs of Ember and of the ceiling.

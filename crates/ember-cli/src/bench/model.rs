@@ -46,6 +46,9 @@ pub struct ModelArgs {
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
+    /// Write an HTML page of plots (where the time goes, the batch latency histogram).
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<std::path::PathBuf>,
     #[command(flatten)]
     gpu: crate::gpu_args::GpuArgs,
 }
@@ -95,7 +98,59 @@ pub fn run(a: ModelArgs) -> Result<()> {
         bail!("non-finite scores: {scores:?}");
     }
     print(&report, &a, &p, pooling);
+    if let Some(path) = &a.report {
+        page(&report, &a, &p, pooling).write(path)?;
+    }
     Ok(())
+}
+
+/// `--report`: the stages' shares and the batch latencies.
+fn page(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) -> crate::report::Page {
+    use crate::report::{Page, Plot, log_buckets};
+    let mut page = Page::new(format!("ember bench model: preset {}", p.name));
+    let samples_per_s = (a.batch * a.iters) as f64 / r.total;
+    page.param(
+        "batch, pooling, dtype",
+        format!("{}, {pooling}, {}", a.batch, a.dtype),
+    )
+    .param("device", if a.gpu.is_cuda() { "cuda" } else { "cpu" })
+    .param("threads", a.threads)
+    .param("samples/s", format!("{samples_per_s:.0}"));
+    let st = r.stages.total().as_secs_f64();
+    let share = |d: Duration| 100.0 * d.as_secs_f64() / st;
+    page.figure(
+        "Where the time goes",
+        format!(
+            "Share of the forward pass's time per stage{}.",
+            if r.stages.bottom_overlapped {
+                " (the bottom MLP ran beside the embedding stage, inside its share)"
+            } else {
+                ""
+            }
+        ),
+        Plot::Bars {
+            y_label: "% of the forward pass".into(),
+            bars: vec![
+                ("embedding".into(), share(r.stages.embedding)),
+                ("bottom MLP".into(), share(r.stages.bottom_mlp)),
+                ("interaction".into(), share(r.stages.interaction)),
+                ("top MLP".into(), share(r.stages.top_mlp)),
+            ],
+        },
+    );
+    page.figure(
+        "Batch latency",
+        format!(
+            "Latency of each of the {} batches (log scale).",
+            r.lat_ms.len()
+        ),
+        Plot::Histogram {
+            x_label: "ms per batch".into(),
+            buckets: log_buckets(&r.lat_ms),
+            log_x: true,
+        },
+    );
+    page
 }
 
 /// The model with random weights, and the input batches.

@@ -95,6 +95,10 @@ pub struct EmbedArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Write an HTML page of plots (bench embed: lookups/s against the memory ceiling, run by
+    /// run; bench tiered: hit rate and lookups/s per cache policy) to this file.
+    #[arg(long, value_name = "FILE.html")]
+    pub(crate) report: Option<PathBuf>,
     /// Where the lookups run: cpu, or cuda (every GPU variant against the copy bandwidth).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub(crate) device: Device,

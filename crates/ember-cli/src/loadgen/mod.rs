@@ -18,6 +18,7 @@
 //! (reqwest) cost about as much CPU per request as the server it measured, on the same two cores.
 
 mod http1;
+mod report;
 mod requests;
 mod target;
 
@@ -97,6 +98,10 @@ pub struct LoadgenArgs {
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
+    /// Write an HTML page of plots (the latency histogram; the p99 / rate curve of --find-max;
+    /// the timeline; the phases) to this file.
+    #[arg(long, value_name = "FILE.html")]
+    report: Option<std::path::PathBuf>,
     /// Check every answer: each request is first sent once to every server and its answer kept
     /// (all must be 200 and alike); during the measurement an answer with scores whose body
     /// differs from that is counted `wrong`, and loadgen then exits with an error. HTTP only.
@@ -145,6 +150,8 @@ struct Run {
     /// Time to the refusal, of the refused requests.
     refused_p99_ms: f64,
     refused_max_ms: f64,
+    /// Latencies of the answered requests: `[lo, hi, count]`, 8 buckets a decade.
+    latency_histogram_ms: Vec<(f64, f64, u64)>,
     #[serde(skip_serializing_if = "Option::is_none")]
     timeline: Option<Vec<Bucket>>,
     /// With --phases, each phase on its own.
@@ -224,6 +231,9 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         }
+        if let Some(path) = &a.report {
+            report::page(&a, std::slice::from_ref(&r), None).write(path)?;
+        }
         if r.wrong > 0 {
             bail!(
                 "{} of {} answers had scores other than the same request got before",
@@ -291,6 +301,9 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         None => println!("no rate tried kept p99 <= {slo} ms (lower --qps)"),
     }
     let wrong: usize = steps.iter().map(|r| r.wrong).sum();
+    if let Some(path) = &a.report {
+        report::page(&a, &steps, Some(best.as_ref())).write(path)?;
+    }
     if a.json {
         println!(
             "{}",
@@ -564,6 +577,7 @@ async fn run_at(
         max_ms: lat.last().copied().unwrap_or(f64::NAN),
         refused_p99_ms: quantile(&refused_lat, 0.99),
         refused_max_ms: refused_lat.last().copied().unwrap_or(f64::NAN),
+        latency_histogram_ms: crate::report::log_buckets(&lat),
         timeline,
         phases,
     })

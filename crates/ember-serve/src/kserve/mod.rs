@@ -42,7 +42,7 @@ pub struct ModelMetadata {
 }
 
 /// The protocol extensions the server supports, as Triton names them in its server metadata
-/// (gRPC leaves out `model_configuration` and `binary_tensor_data`, which it does not serve).
+/// (gRPC leaves out `binary_tensor_data`, an HTTP extension).
 pub const EXTENSIONS: &[&str] = &[
     "model_repository",
     "statistics",

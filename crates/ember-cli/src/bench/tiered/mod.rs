@@ -200,6 +200,9 @@ pub fn run(t: TieredArgs) -> Result<()> {
         cache_bytes,
     };
     report.print(&t, s);
+    if let Some(path) = &t.embed.report {
+        report.page(&t, s).write(path)?;
+    }
     Ok(())
 }
 

@@ -41,6 +41,69 @@ pub(super) struct Report {
 }
 
 impl Report {
+    /// `--report`: hit rates and lookups/s per cache policy, beside DRAM and mmap.
+    pub(super) fn page(&self, t: &TieredArgs, s: Shape) -> crate::report::Page {
+        use crate::report::{Page, Plot};
+        let a = &t.embed;
+        let mut p = Page::new("ember bench tiered");
+        p.param(
+            "tables x rows x dim",
+            format!("{} x {} x {}", s.tables, s.rows, s.dim),
+        )
+        .param("dtype", a.dtype)
+        .param("pooling, batch", format!("{}, {}", s.pooling, s.batch))
+        .param("ids", &self.ids)
+        .param("table bytes", human_bytes(self.total_bytes))
+        .param("row cache", human_bytes(self.cache_bytes));
+        let name = |v: &Value| format!("tier {}", v["policy"].as_str().unwrap_or("?"));
+        let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+        p.figure(
+            "Hit rate per cache policy",
+            "Distinct rows of a batch found in the row cache (what SSD reads follow).",
+            Plot::Bars {
+                y_label: "hit rate".into(),
+                bars: self
+                    .policies
+                    .iter()
+                    .map(|v| (name(v), f(v, "hit_rate")))
+                    .collect(),
+            },
+        );
+        p.figure(
+            "Hit rate per id",
+            "Lookups (ids, repeats counted) served from the row cache.",
+            Plot::Bars {
+                y_label: "hit rate per id".into(),
+                bars: self
+                    .policies
+                    .iter()
+                    .map(|v| (name(v), f(v, "lookup_hit_rate")))
+                    .collect(),
+            },
+        );
+        let mut bars: Vec<(String, f64)> = self
+            .policies
+            .iter()
+            .map(|v| (name(v), f(v, "lookups_per_s") / 1e6))
+            .collect();
+        if let Some(d) = &self.dram {
+            bars.push(("dram".into(), median(d) / 1e6));
+        }
+        if let Some((m, _)) = &self.mmap {
+            bars.push(("cold mmap".into(), median(m) / 1e6));
+        }
+        p.figure(
+            "Lookups/s",
+            "Medians per policy, beside the same tables in DRAM (the ceiling the tier aims at) \
+             and a cold mmap of the same files (what the OS page cache alone gives).",
+            Plot::Bars {
+                y_label: "million lookups/s".into(),
+                bars,
+            },
+        );
+        p
+    }
+
     pub(super) fn print(&self, t: &TieredArgs, s: Shape) {
         let a = &t.embed;
         let row_bytes = a.dtype.row_bytes(s.dim);
