@@ -46,7 +46,9 @@ pub use error::{EmbedError, Result};
 pub use fpmode::FlushDenormals;
 pub use isa::Isa;
 pub use jagged::{Ids, KeyedJagged};
-pub use pool::{Dedup, PoolOptions, PoolStats, Pooler, Pooling, pooled_lookup};
+pub use pool::{
+    Dedup, PREFETCH_CANDIDATES, PoolOptions, PoolStats, Pooler, Pooling, Prefetch, pooled_lookup,
+};
 pub use shard::{Shard, ShardedEmbeddings};
 pub use storage::{IoKind, IoMode, RowStore};
 pub use table::{EmbeddingTable, Placement, RowsRef};

@@ -18,47 +18,167 @@ pub(crate) fn prefetch_span(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
-/// What to prefetch of each row for one dim block: the block's bytes, and the scale/bias trailer
-/// of quantized rows (one span when they are close).
+/// What to prefetch of each row for one dim block: `lines` cache lines from the block's first
+/// byte (a constant of each kernel instance, so the loop unrolls), then up to two more lines
+/// where rows are not line-aligned or end in the scale/bias trailer of quantized formats, and
+/// the trailer itself when a later block holds it.
+///
+/// A prefetch loop whose trip count depends on the row's address (the first version) cost 27%
+/// of the gather rate on RM1 with the production trace (AMD EPYC, AVX-512), where the unrolled
+/// lines cost nothing; the module's tests check that every line of every row is covered.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RowPrefetch {
     off: usize,
-    len: usize,
-    trailer: Option<usize>,
+    /// Offsets of up to two more lines to prefetch (`n_extra` of them).
+    extra: [usize; 2],
+    n_extra: u8,
+    /// Offsets of the trailer's first and last byte, when it lies past this block.
+    trailer: Option<(usize, usize)>,
 }
 
 impl RowPrefetch {
-    /// Rows of `stride` bytes ending in `trailer` bytes of scale/bias; the block reads
-    /// `len` bytes from `off`.
-    pub(crate) fn new(stride: usize, trailer: usize, off: usize, len: usize) -> Self {
-        let trailer_at = stride - trailer;
-        if trailer == 0 {
-            RowPrefetch {
-                off,
-                len,
-                trailer: None,
-            }
-        } else if off + len + 64 >= trailer_at {
-            RowPrefetch {
-                off,
-                len: stride - off,
-                trailer: None,
-            }
+    /// Rows of `stride` bytes starting at `base`, ending in `trailer` bytes of scale/bias; the
+    /// block reads `len` bytes from `off`, and the kernel prefetches `lines` lines per row with
+    /// [`RowPrefetch::row`], where `64 * lines >= len`.
+    pub(crate) fn new(
+        base: *const u8,
+        stride: usize,
+        trailer: usize,
+        off: usize,
+        len: usize,
+        lines: usize,
+    ) -> Self {
+        assert!(64 * lines >= len, "{lines} lines cannot cover {len} bytes");
+        let aligned = (base as usize).is_multiple_of(64)
+            && stride.is_multiple_of(64)
+            && off.is_multiple_of(64);
+        // The last block's region runs on to the trailer; an earlier block's leaves it apart.
+        let codes_end = stride - trailer;
+        let (end, far_trailer) = if trailer == 0 {
+            (off + len, None)
+        } else if off + len >= codes_end {
+            (stride, None)
         } else {
-            RowPrefetch {
-                off,
-                len,
-                trailer: Some(trailer_at),
-            }
+            (off + len, Some((codes_end, stride - 1)))
+        };
+        let mut extra = [0; 2];
+        let mut n_extra = 0;
+        // Lines past the unrolled ones that the region reaches, then its last byte (whose line
+        // the others miss when the row does not start a line).
+        let mut o = off + 64 * lines;
+        while o < end {
+            extra[n_extra] = o;
+            n_extra += 1;
+            o += 64;
+        }
+        if !aligned && end > off && (n_extra == 0 || extra[n_extra - 1] != end - 1) {
+            extra[n_extra] = end - 1;
+            n_extra += 1;
+        }
+        RowPrefetch {
+            off,
+            extra,
+            n_extra: n_extra as u8,
+            trailer: far_trailer,
         }
     }
 
-    /// Prefetches the span of the row starting at `row`.
+    /// Prefetches the block of the row starting at `row`. `lines` must be the `lines` given
+    /// to [`RowPrefetch::new`], and a constant of the caller, so that the loop unrolls.
     #[inline(always)]
-    pub(crate) fn row(&self, row: *const u8) {
-        prefetch_span(row.wrapping_add(self.off), self.len);
-        if let Some(t) = self.trailer {
-            prefetch_span(row.wrapping_add(t), 8);
+    pub(crate) fn row(&self, row: *const u8, lines: usize) {
+        let p = row.wrapping_add(self.off);
+        for i in 0..lines {
+            prefetch_line(p.wrapping_add(64 * i));
+        }
+        if self.n_extra == 0 && self.trailer.is_none() {
+            return;
+        }
+        if self.n_extra > 0 {
+            prefetch_line(row.wrapping_add(self.extra[0]));
+            if self.n_extra > 1 {
+                prefetch_line(row.wrapping_add(self.extra[1]));
+            }
+        }
+        if let Some((a, b)) = self.trailer {
+            prefetch_line(row.wrapping_add(a));
+            prefetch_line(row.wrapping_add(b));
+        }
+    }
+
+    /// Every offset, relative to a row, that [`RowPrefetch::row`] prefetches (for tests).
+    #[cfg(test)]
+    fn offsets(&self, lines: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..lines).map(|i| self.off + 64 * i).collect();
+        v.extend_from_slice(&self.extra[..self.n_extra as usize]);
+        if let Some((a, b)) = self.trailer {
+            v.extend([a, b]);
+        }
+        v
+    }
+}
+
+/// Asks the CPU to bring the cache line holding `p` into L1. Never faults, whatever `p`.
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: prefetch is a hint; it does not fault on any address (Intel SDM, PREFETCHh).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every cache line that a block of any row touches (and the trailer's) is prefetched, for
+    /// row strides, offsets and table bases aligned and not.
+    #[test]
+    fn every_line_a_block_reads_is_prefetched() {
+        for stride in [4usize, 36, 64, 72, 100, 136, 160, 256, 264, 520] {
+            for trailer in [0usize, 4, 8] {
+                if trailer >= stride {
+                    continue;
+                }
+                let codes = stride - trailer;
+                for base in [0usize, 4, 60, 64] {
+                    for off in (0..codes).step_by(13).chain([0]) {
+                        for len in [1usize, 17, 64, 96, 128, 200, 256] {
+                            if off + len > codes {
+                                continue;
+                            }
+                            let lines = len.div_ceil(64);
+                            let pf = RowPrefetch::new(
+                                base as *const u8,
+                                stride,
+                                trailer,
+                                off,
+                                len,
+                                lines,
+                            );
+                            let got = pf.offsets(lines);
+                            for r in 0..5 {
+                                let row = base + r * stride;
+                                let have: std::collections::HashSet<usize> =
+                                    got.iter().map(|o| (row + o) / 64).collect();
+                                let mut need: Vec<usize> = (off..off + len).collect();
+                                need.extend(codes..stride);
+                                for b in need {
+                                    assert!(
+                                        have.contains(&((row + b) / 64)),
+                                        "stride {stride} trailer {trailer} base {base} off {off} \
+                                         len {len} row {r}: byte {b} not prefetched ({got:?})"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

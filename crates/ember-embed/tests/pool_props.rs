@@ -141,12 +141,17 @@ fn check_all_variants(c: &Case) {
     for isa in Isa::available_all() {
         for dedup in [Dedup::Off, Dedup::On, Dedup::Auto] {
             for threads in [1, 2] {
-                for prefetch in [0, 3, 16] {
+                for prefetch in [
+                    Prefetch::Ids(0),
+                    Prefetch::Ids(3),
+                    Prefetch::Ids(16),
+                    Prefetch::Auto,
+                ] {
                     let opts = PoolOptions {
                         pooling: c.pooling,
                         dedup,
                         threads,
-                        prefetch_distance: prefetch,
+                        prefetch,
                         isa: Some(isa),
                     };
                     let pooler = Pooler::new(opts).unwrap();
@@ -399,5 +404,53 @@ fn overlapping_calls_on_one_pooler_keep_results_and_stats_apart() {
                 });
             }
         });
+    }
+}
+
+#[test]
+fn auto_prefetch_matches_the_reference_at_every_distance_it_tries() {
+    // Units of >= 256 ids are timed, so 60 calls walk `auto` through every candidate distance
+    // (and then its rechecks); each call, at whatever distance, must pool what the reference does.
+    for dtype in [DType::F32, DType::Int8, DType::F16] {
+        for pooling in [Pooling::Sum, Pooling::WeightedSum] {
+            let c = Case {
+                seed: 11,
+                dtype,
+                dims: vec![64, 37],
+                features: 2,
+                batch: 48,
+                max_len: 20,
+                pooling,
+                wide_ids: false,
+            };
+            let (coll, kj, max_abs) = build(&c);
+            assert!(kj.num_ids() >= 2 * 256, "units big enough to be timed");
+            let batch = coll.validate(&kj).unwrap();
+            let mut want = vec![0f32; kj.batch_size() * coll.total_dim()];
+            reference::pooled_lookup(&coll, batch, pooling, &mut want).unwrap();
+            for isa in Isa::available_all() {
+                let pooler = Pooler::new(PoolOptions {
+                    pooling,
+                    dedup: Dedup::Off,
+                    prefetch: Prefetch::Auto,
+                    isa: Some(isa),
+                    ..Default::default()
+                })
+                .unwrap();
+                for call in 0..60 {
+                    let mut got = vec![f32::NAN; want.len()];
+                    pooler.run(&coll, batch, &mut got).unwrap();
+                    let what = format!("{isa} {dtype} {pooling:?} auto call {call}");
+                    assert_close(&coll, &kj, pooling, max_abs, &got, &want, &what);
+                }
+                let chosen = pooler.prefetch_distances(&coll);
+                assert!(
+                    chosen
+                        .iter()
+                        .all(|d| d.is_some_and(|d| PREFETCH_CANDIDATES.contains(&d))),
+                    "{isa} {dtype}: every row size settled on a candidate: {chosen:?}"
+                );
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 use anyhow::Result;
 use ember_bench::ceiling::Ceiling;
 use ember_bench::stats::{human_bytes, median};
-use ember_embed::{EmbeddingCollection, Isa, PoolStats, ValidatedBatch};
+use ember_embed::{EmbeddingCollection, Isa, PoolStats, Prefetch, ValidatedBatch};
 use serde_json::json;
 use std::time::Instant;
 
@@ -29,6 +29,10 @@ struct Report {
     /// Pooled error of a quantized dtype against pooling the f32 rows (`None` for f32 or when
     /// the check was skipped).
     quant_err: Option<f64>,
+    /// The prefetch distance the ceiling tuned itself to.
+    ceiling_prefetch: usize,
+    /// Each feature's prefetch distance at the end (`None`: `auto` still exploring).
+    ember_prefetch: Vec<Option<usize>>,
 }
 
 pub fn run(a: EmbedArgs) -> Result<()> {
@@ -140,11 +144,20 @@ fn measure(
     validated: &[ValidatedBatch<'_>],
 ) -> Result<Report> {
     let pooler = a.pooler(isa)?;
-    let ceiling = Ceiling::new(a.threads, a.prefetch, isa)?;
+    let start_distance = match (a.ceiling_prefetch, a.prefetch) {
+        (Some(d), _) | (None, Prefetch::Ids(d)) => d,
+        (None, Prefetch::Auto) => 16,
+    };
+    let mut ceiling = Ceiling::new(a.threads, start_distance, isa)?;
     let mut out = vec![0f32; s.batch * coll.total_dim()];
     let quant_err = match a.no_check {
         true => None,
         false => check(coll, &pooler, validated[0], a.mode, a.seed, &mut out)?,
+    };
+    // The ceiling's prefetch distance: the fastest on these batches, whatever Ember's is.
+    let ceiling_prefetch = match a.ceiling_prefetch {
+        Some(d) => d,
+        None => ceiling.tune(coll, &validated[..validated.len().min(20)], 2),
     };
     let lookups_per_run = validated.iter().map(|b| b.get().num_ids()).sum::<usize>();
     let (mut ember_runs, mut ceiling_runs) = (Vec::new(), Vec::new());
@@ -185,6 +198,8 @@ fn measure(
         ceiling_runs,
         deduped_fraction: dedup_stats.deduped_lookups as f64 / dedup_stats.lookups.max(1) as f64,
         quant_err,
+        ceiling_prefetch,
+        ember_prefetch: pooler.prefetch_distances(coll),
     })
 }
 
@@ -221,7 +236,7 @@ fn print(
     println!(
         "  ids {ids}, unique ratio {uniq:.3}; {} threads, isa {isa}, prefetch {}, dedup {} (deduplicated {:.0}% of lookups)",
         a.threads,
-        a.prefetch,
+        distances(a.prefetch, &r.ember_prefetch),
         a.dedup,
         100.0 * r.deduped_fraction
     );
@@ -239,7 +254,18 @@ fn print(
             1e9 / lps
         );
     }
-    println!("  ember / ceiling: {:.1}%", 100.0 * lps / cps);
+    println!(
+        "  ember / ceiling: {:.1}% (ceiling: bags summed in registers, prefetch {} ids{})",
+        100.0 * lps / cps,
+        r.ceiling_prefetch,
+        match a.ceiling_prefetch {
+            Some(_) => String::new(),
+            None => format!(
+                ", the fastest of {:?}",
+                ember_bench::ceiling::TUNED_DISTANCES
+            ),
+        }
+    );
     match r.quant_err {
         Some(e) => println!(
             "  check: matches the reference; pooled {} vs f32 relative error {:.4}%",
@@ -256,6 +282,8 @@ fn print(
             "ns_per_lookup": 1e9 / lps,
             "ceiling_lookups_per_s": cps,
             "ceiling_gb_per_s": cgbps,
+            "ceiling_prefetch": r.ceiling_prefetch,
+            "prefetch_per_feature": r.ember_prefetch,
             "fraction_of_ceiling": lps / cps,
             "deduped_fraction": r.deduped_fraction,
             "huge_page_fraction": huge_frac,
@@ -266,4 +294,26 @@ fn print(
         setup::add_workload(&mut j, a, s, ids, isa.name(), uniq);
         println!("{j}");
     }
+}
+
+/// `--prefetch` as run: the fixed distance, or `auto` with the distances features settled on
+/// ("auto: 64 ids x 30, 48 ids x 2").
+fn distances(p: Prefetch, per_feature: &[Option<usize>]) -> String {
+    if p != Prefetch::Auto {
+        return p.to_string();
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    for d in per_feature {
+        *counts.entry(*d).or_insert(0usize) += 1;
+    }
+    let mut parts: Vec<(Option<usize>, usize)> = counts.into_iter().collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    let parts: Vec<String> = parts
+        .iter()
+        .map(|(d, n)| match d {
+            Some(d) => format!("{d} ids x {n}"),
+            None => format!("exploring x {n}"),
+        })
+        .collect();
+    format!("auto ({})", parts.join(", "))
 }

@@ -8,7 +8,7 @@ use ember_bench::stats::{human_bytes, mem_available};
 use ember_bench::workload::{IdSource, WorkloadSpec, generate, unique_ratio};
 use ember_embed::{
     DType, Dedup, EmbedError, EmbeddingCollection, EmbeddingTable, Isa, KeyedJagged, PagePolicy,
-    PoolOptions, Pooler, Pooling,
+    PoolOptions, Pooler, Pooling, Prefetch,
 };
 use ember_model::random::seeded_row;
 use serde_json::json;
@@ -74,9 +74,14 @@ pub struct EmbedArgs {
     /// Ids: uniform, zipf:ALPHA, or a trace file (one id per line).
     #[arg(long, default_value = "uniform")]
     pub(crate) ids: String,
-    /// Software prefetch distance in ids (0: off).
-    #[arg(long, default_value_t = 16)]
-    pub(crate) prefetch: usize,
+    /// Software prefetch distance in ids (0: off), or auto: each feature measures the
+    /// candidate distances on its first units and keeps the fastest.
+    #[arg(long, default_value = "auto")]
+    pub(crate) prefetch: Prefetch,
+    /// The memory ceiling's prefetch distance in ids [default: the fastest of several, timed
+    /// on the run's batches].
+    #[arg(long)]
+    pub(crate) ceiling_prefetch: Option<usize>,
     /// Kernel family (default: the best this CPU has, or EMBER_ISA).
     #[arg(long)]
     pub(crate) isa: Option<Isa>,
@@ -171,7 +176,7 @@ impl EmbedArgs {
             pooling: self.mode,
             dedup: self.dedup,
             threads: self.threads,
-            prefetch_distance: self.prefetch,
+            prefetch: self.prefetch,
             isa: Some(isa),
         })?)
     }
@@ -348,7 +353,7 @@ pub(crate) fn add_workload(
         "runs": a.runs,
         "ids": ids,
         "isa": isa,
-        "prefetch": a.prefetch,
+        "prefetch": a.prefetch.to_string(),
         "row_bytes": row_bytes,
         "table_bytes": s.tables * s.rows * row_bytes,
     });

@@ -37,15 +37,23 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
         let w = (s.dim - d0).min(LANES * MAX_REGS);
         // SAFETY: forwarded from `pool_segment`; `d0 + w <= dim`.
         unsafe {
-            match w.div_ceil(LANES) {
-                1 => block::<F, I, 1>(s, d0, w),
-                2 => block::<F, I, 2>(s, d0, w),
-                3 => block::<F, I, 3>(s, d0, w),
-                4 => block::<F, I, 4>(s, d0, w),
-                5 => block::<F, I, 5>(s, d0, w),
-                6 => block::<F, I, 6>(s, d0, w),
-                7 => block::<F, I, 7>(s, d0, w),
-                _ => block::<F, I, 8>(s, d0, w),
+            match (w.div_ceil(LANES), s.weights.is_some()) {
+                (1, false) => block::<F, I, 1, false>(s, d0, w),
+                (2, false) => block::<F, I, 2, false>(s, d0, w),
+                (3, false) => block::<F, I, 3, false>(s, d0, w),
+                (4, false) => block::<F, I, 4, false>(s, d0, w),
+                (5, false) => block::<F, I, 5, false>(s, d0, w),
+                (6, false) => block::<F, I, 6, false>(s, d0, w),
+                (7, false) => block::<F, I, 7, false>(s, d0, w),
+                (_, false) => block::<F, I, 8, false>(s, d0, w),
+                (1, true) => block::<F, I, 1, true>(s, d0, w),
+                (2, true) => block::<F, I, 2, true>(s, d0, w),
+                (3, true) => block::<F, I, 3, true>(s, d0, w),
+                (4, true) => block::<F, I, 4, true>(s, d0, w),
+                (5, true) => block::<F, I, 5, true>(s, d0, w),
+                (6, true) => block::<F, I, 6, true>(s, d0, w),
+                (7, true) => block::<F, I, 7, true>(s, d0, w),
+                (_, true) => block::<F, I, 8, true>(s, d0, w),
             }
         }
         d0 += w;
@@ -53,36 +61,55 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block<F: Fmt, I: RowIndex, const N: usize>(s: &Segment<'_, I>, d0: usize, w: usize) {
+unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
+    s: &Segment<'_, I>,
+    d0: usize,
+    w: usize,
+) {
     let tail = w % LANES;
+    let base = s.rows.as_ptr();
+    // Lines of a full block: a constant of this instance, so the prefetch unrolls.
+    let lines = (N * LANES * F::BYTES_X2).div_ceil(2 * 64);
     let pf = RowPrefetch::new(
+        base,
         s.stride,
         F::TRAILER,
         F::BYTES_X2 * d0 / 2,
         (F::BYTES_X2 * w).div_ceil(2),
+        lines,
     );
-    let base = s.rows.as_ptr();
-    let n = s.ids.len();
+    let (ids, stride, dist) = (s.ids, s.stride, s.prefetch);
+    // Ids before `ahead_end` have a row `dist` ids ahead to prefetch; the loop over a bag is cut
+    // there, so that neither half tests per id (fewer instructions per row keep more rows'
+    // loads in flight).
+    let ahead_end = match dist {
+        0 => 0,
+        d => ids.len().saturating_sub(d),
+    };
     for bag in 0..s.nbags() {
         let (lo, hi) = s.bag(bag);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut bias = 0f32;
-        for j in lo..hi {
-            let pj = j + s.prefetch;
-            if s.prefetch > 0 && pj < n {
-                // SAFETY: pj < n.
-                let ahead = unsafe { s.ids.get_unchecked(pj) }.idx();
-                pf.row(base.wrapping_add(ahead * s.stride));
-            }
-            // SAFETY: lo <= j < hi <= n, and the id is a row of `rows` (contract).
-            let row = unsafe { base.add(s.ids.get_unchecked(j).idx() * s.stride) };
+        let add = |j: usize, acc: &mut _, bias: &mut f32| {
+            // SAFETY: lo <= j < hi <= ids.len(), and the id is a row of `rows` (contract).
+            let row = unsafe { base.add(ids.get_unchecked(j).idx() * stride) };
             let wt = match s.weights {
                 // SAFETY: weights, when present, have one entry per id.
-                Some(ws) => unsafe { *ws.get_unchecked(j) },
-                None => 1.0,
+                Some(ws) if W => unsafe { *ws.get_unchecked(j) },
+                _ => 1.0,
             };
             // SAFETY: `row` starts a full row; F reads only elements d0..d0+w and the trailer.
-            unsafe { F::acc::<N>(row, s.dim, d0, tail, wt, &mut acc, &mut bias) };
+            unsafe { F::acc::<N, W>(row, s.dim, d0, tail, wt, acc, bias) };
+        };
+        let mid = hi.min(ahead_end).max(lo);
+        for j in lo..mid {
+            // SAFETY: j + dist < ids.len() (j < ahead_end).
+            let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
+            pf.row(base.wrapping_add(ahead * stride), lines);
+            add(j, &mut acc, &mut bias);
+        }
+        for j in mid..hi {
+            add(j, &mut acc, &mut bias);
         }
         let scale = _mm256_set1_ps(s.scale(hi - lo));
         let vb = _mm256_set1_ps(bias);
@@ -126,7 +153,7 @@ trait Fmt {
     ///
     /// # Safety
     /// AVX2 + FMA + F16C; `row` points at a full row of this format of `dim` elements.
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -171,7 +198,7 @@ impl Fmt for F32 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -185,7 +212,11 @@ impl Fmt for F32 {
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe { lanes::<N>(p, k, tail, 8, |q| _mm256_loadu_ps(q.cast())) };
-            *a = _mm256_fmadd_ps(x, vw, *a);
+            *a = if W {
+                _mm256_fmadd_ps(x, vw, *a)
+            } else {
+                _mm256_add_ps(*a, x)
+            };
         }
     }
 }
@@ -195,7 +226,7 @@ impl Fmt for F16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -213,7 +244,11 @@ impl Fmt for F16 {
                     _mm256_cvtph_ps(_mm_loadu_si128(q.cast()))
                 })
             };
-            *a = _mm256_fmadd_ps(x, vw, *a);
+            *a = if W {
+                _mm256_fmadd_ps(x, vw, *a)
+            } else {
+                _mm256_add_ps(*a, x)
+            };
         }
     }
 }
@@ -223,7 +258,7 @@ impl Fmt for Bf16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -243,7 +278,11 @@ impl Fmt for Bf16 {
                     )))
                 })
             };
-            *a = _mm256_fmadd_ps(x, vw, *a);
+            *a = if W {
+                _mm256_fmadd_ps(x, vw, *a)
+            } else {
+                _mm256_add_ps(*a, x)
+            };
         }
     }
 }
@@ -253,7 +292,7 @@ impl Fmt for Int8 {
     const TRAILER: usize = 8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -289,7 +328,7 @@ impl Fmt for Int4 {
     const TRAILER: usize = 4;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,

@@ -37,15 +37,23 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
         let w = (s.dim - d0).min(LANES * MAX_REGS);
         // SAFETY: forwarded from `pool_segment`; `d0 + w <= dim`.
         unsafe {
-            match w.div_ceil(LANES) {
-                1 => block::<F, I, 1>(s, d0, w),
-                2 => block::<F, I, 2>(s, d0, w),
-                3 => block::<F, I, 3>(s, d0, w),
-                4 => block::<F, I, 4>(s, d0, w),
-                5 => block::<F, I, 5>(s, d0, w),
-                6 => block::<F, I, 6>(s, d0, w),
-                7 => block::<F, I, 7>(s, d0, w),
-                _ => block::<F, I, 8>(s, d0, w),
+            match (w.div_ceil(LANES), s.weights.is_some()) {
+                (1, false) => block::<F, I, 1, false>(s, d0, w),
+                (2, false) => block::<F, I, 2, false>(s, d0, w),
+                (3, false) => block::<F, I, 3, false>(s, d0, w),
+                (4, false) => block::<F, I, 4, false>(s, d0, w),
+                (5, false) => block::<F, I, 5, false>(s, d0, w),
+                (6, false) => block::<F, I, 6, false>(s, d0, w),
+                (7, false) => block::<F, I, 7, false>(s, d0, w),
+                (_, false) => block::<F, I, 8, false>(s, d0, w),
+                (1, true) => block::<F, I, 1, true>(s, d0, w),
+                (2, true) => block::<F, I, 2, true>(s, d0, w),
+                (3, true) => block::<F, I, 3, true>(s, d0, w),
+                (4, true) => block::<F, I, 4, true>(s, d0, w),
+                (5, true) => block::<F, I, 5, true>(s, d0, w),
+                (6, true) => block::<F, I, 6, true>(s, d0, w),
+                (7, true) => block::<F, I, 7, true>(s, d0, w),
+                (_, true) => block::<F, I, 8, true>(s, d0, w),
             }
         }
         d0 += w;
@@ -54,39 +62,58 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
 
 /// Elements `d0 .. d0 + w` of every bag, with `N = ceil(w / 16)` accumulators.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn block<F: Fmt, I: RowIndex, const N: usize>(s: &Segment<'_, I>, d0: usize, w: usize) {
+unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
+    s: &Segment<'_, I>,
+    d0: usize,
+    w: usize,
+) {
     let mut masks = [u16::MAX; N];
     if !w.is_multiple_of(LANES) {
         masks[N - 1] = (1u16 << (w % LANES)) - 1;
     }
+    let base = s.rows.as_ptr();
+    // Lines of a full block: a constant of this instance, so the prefetch unrolls.
+    let lines = (N * LANES * F::BYTES_X2).div_ceil(2 * 64);
     let pf = RowPrefetch::new(
+        base,
         s.stride,
         F::TRAILER,
         F::BYTES_X2 * d0 / 2,
         (F::BYTES_X2 * w).div_ceil(2),
+        lines,
     );
-    let base = s.rows.as_ptr();
-    let n = s.ids.len();
+    let (ids, stride, dist) = (s.ids, s.stride, s.prefetch);
+    // Ids before `ahead_end` have a row `dist` ids ahead to prefetch; the loop over a bag is cut
+    // there, so that neither half tests per id (fewer instructions per row keep more rows'
+    // loads in flight).
+    let ahead_end = match dist {
+        0 => 0,
+        d => ids.len().saturating_sub(d),
+    };
     for bag in 0..s.nbags() {
         let (lo, hi) = s.bag(bag);
         let mut acc = [_mm512_setzero_ps(); N];
         let mut bias = 0f32;
-        for j in lo..hi {
-            let pj = j + s.prefetch;
-            if s.prefetch > 0 && pj < n {
-                // SAFETY: pj < n.
-                let ahead = unsafe { s.ids.get_unchecked(pj) }.idx();
-                pf.row(base.wrapping_add(ahead * s.stride));
-            }
-            // SAFETY: lo <= j < hi <= n, and the id is a row of `rows` (contract).
-            let row = unsafe { base.add(s.ids.get_unchecked(j).idx() * s.stride) };
+        let add = |j: usize, acc: &mut _, bias: &mut f32| {
+            // SAFETY: lo <= j < hi <= ids.len(), and the id is a row of `rows` (contract).
+            let row = unsafe { base.add(ids.get_unchecked(j).idx() * stride) };
             let wt = match s.weights {
                 // SAFETY: weights, when present, have one entry per id.
-                Some(ws) => unsafe { *ws.get_unchecked(j) },
-                None => 1.0,
+                Some(ws) if W => unsafe { *ws.get_unchecked(j) },
+                _ => 1.0,
             };
             // SAFETY: `row` starts a full row; F reads only elements d0..d0+w and the trailer.
-            unsafe { F::acc::<N>(row, s.dim, d0, &masks, wt, &mut acc, &mut bias) };
+            unsafe { F::acc::<N, W>(row, s.dim, d0, &masks, wt, acc, bias) };
+        };
+        let mid = hi.min(ahead_end).max(lo);
+        for j in lo..mid {
+            // SAFETY: j + dist < ids.len() (j < ahead_end).
+            let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
+            pf.row(base.wrapping_add(ahead * stride), lines);
+            add(j, &mut acc, &mut bias);
+        }
+        for j in mid..hi {
+            add(j, &mut acc, &mut bias);
         }
         let scale = _mm512_set1_ps(s.scale(hi - lo));
         let vb = _mm512_set1_ps(bias);
@@ -110,7 +137,7 @@ trait Fmt {
     ///
     /// # Safety
     /// AVX-512 F/BW/VL + FMA + F16C; `row` points at a full row of this format of `dim` elements.
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -132,7 +159,7 @@ impl Fmt for F32 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -144,9 +171,20 @@ impl Fmt for F32 {
         let p = row.cast::<f32>().wrapping_add(d0);
         let vw = _mm512_set1_ps(wt);
         for k in 0..N {
-            // SAFETY: masked lanes stay inside the row's d0..d0+w elements.
-            let x = unsafe { _mm512_maskz_loadu_ps(m[k], p.add(LANES * k)) };
-            acc[k] = _mm512_fmadd_ps(x, vw, acc[k]);
+            // SAFETY: masked lanes stay inside the row's d0..d0+w elements; a full mask reads
+            // 16 of them. (A masked load of a full register cost measurably on AMD Zen.)
+            let x = unsafe {
+                if m[k] == u16::MAX {
+                    _mm512_loadu_ps(p.add(LANES * k))
+                } else {
+                    _mm512_maskz_loadu_ps(m[k], p.add(LANES * k))
+                }
+            };
+            acc[k] = if W {
+                _mm512_fmadd_ps(x, vw, acc[k])
+            } else {
+                _mm512_add_ps(acc[k], x)
+            };
         }
     }
 }
@@ -156,7 +194,7 @@ impl Fmt for F16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -170,7 +208,11 @@ impl Fmt for F16 {
         for k in 0..N {
             // SAFETY: masked lanes stay inside the row.
             let h = unsafe { _mm256_maskz_loadu_epi16(m[k], p.add(LANES * k)) };
-            acc[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(h), vw, acc[k]);
+            acc[k] = if W {
+                _mm512_fmadd_ps(_mm512_cvtph_ps(h), vw, acc[k])
+            } else {
+                _mm512_add_ps(acc[k], _mm512_cvtph_ps(h))
+            };
         }
     }
 }
@@ -180,7 +222,7 @@ impl Fmt for Bf16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -195,7 +237,11 @@ impl Fmt for Bf16 {
             // SAFETY: masked lanes stay inside the row.
             let h = unsafe { _mm256_maskz_loadu_epi16(m[k], p.add(LANES * k)) };
             let x = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-            acc[k] = _mm512_fmadd_ps(x, vw, acc[k]);
+            acc[k] = if W {
+                _mm512_fmadd_ps(x, vw, acc[k])
+            } else {
+                _mm512_add_ps(acc[k], x)
+            };
         }
     }
 }
@@ -205,7 +251,7 @@ impl Fmt for Int8 {
     const TRAILER: usize = 8;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -237,7 +283,7 @@ impl Fmt for Int4 {
     const TRAILER: usize = 4;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize>(
+    unsafe fn acc<const N: usize, const W: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,

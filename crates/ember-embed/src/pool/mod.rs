@@ -7,7 +7,7 @@
 //!
 //! How it runs: the work is cut into units of (feature, block of consecutive bags); each unit's
 //! ids are contiguous in the batch, so the kernel walks them in order and software-prefetches the
-//! row `prefetch_distance` ids ahead, across bag boundaries. Units run on a rayon pool of
+//! row a distance ahead, across bag boundaries (fixed, or measured per feature: `distance.rs`). Units run on a rayon pool of
 //! `threads` threads (inline when 1). With dedup, a unit first collects its distinct ids, copies
 //! each distinct row once into a compact per-thread buffer, and pools from that buffer through
 //! the inverse index (RecD's inverse keyed jagged tensor). The kernel family (AVX-512, AVX2,
@@ -18,6 +18,7 @@ pub mod reference;
 mod auto;
 mod avx2;
 mod avx512;
+mod distance;
 mod scalar;
 mod segment;
 mod staged;
@@ -30,6 +31,8 @@ use crate::jagged::{Ids, KeyedJagged, RowIndex};
 use crate::table::Placement;
 use crate::tier::StagedBatch;
 use auto::AutoDedup;
+use distance::AutoPrefetch;
+pub use distance::{CANDIDATES as PREFETCH_CANDIDATES, Prefetch};
 use rayon::prelude::*;
 use segment::OutPtr;
 pub(crate) use segment::{OutRows, Rows, Segment};
@@ -138,8 +141,9 @@ pub struct PoolOptions {
     pub dedup: Dedup,
     /// Worker threads (1 runs on the calling thread).
     pub threads: usize,
-    /// How many ids ahead rows are software-prefetched (0 disables prefetch).
-    pub prefetch_distance: usize,
+    /// How many ids ahead rows are software-prefetched: a number (0 disables prefetch) or
+    /// measured per feature ([`Prefetch::Auto`], the default).
+    pub prefetch: Prefetch,
     /// Kernel family; `None` takes [`Isa::selected`].
     pub isa: Option<Isa>,
 }
@@ -150,7 +154,7 @@ impl Default for PoolOptions {
             pooling: Pooling::Sum,
             dedup: Dedup::Auto,
             threads: 1,
-            prefetch_distance: 16,
+            prefetch: Prefetch::Auto,
             isa: None,
         }
     }
@@ -193,6 +197,7 @@ pub struct Pooler {
     pool: Option<rayon::ThreadPool>,
     scratch: Vec<Mutex<DedupScratch>>,
     auto: AutoDedup,
+    distance: AutoPrefetch,
 }
 
 impl Pooler {
@@ -236,6 +241,7 @@ impl Pooler {
             pool,
             scratch,
             auto: AutoDedup::default(),
+            distance: AutoPrefetch::default(),
         })
     }
 
@@ -247,6 +253,18 @@ impl Pooler {
     /// The kernel family in use.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The prefetch distance each feature of `coll` runs at: the fixed one, or with
+    /// [`Prefetch::Auto`] the one measured fastest so far for its table's row size (`None`
+    /// while still exploring).
+    pub fn prefetch_distances(&self, coll: &EmbeddingCollection) -> Vec<Option<usize>> {
+        (0..coll.features().len())
+            .map(|f| match self.opts.prefetch {
+                Prefetch::Ids(n) => Some(n),
+                Prefetch::Auto => self.distance.current(coll.table_of(f).stride()),
+            })
+            .collect()
     }
 
     /// Runs `f` on this pooler's thread pool (on the calling thread when it has one thread, and
@@ -372,6 +390,15 @@ impl Pooler {
             lookups: ids.len(),
             ..Default::default()
         };
+        // The distance, and with `auto` on a unit worth a clock read, the candidate timed.
+        let (candidate, distance) = match self.opts.prefetch {
+            Prefetch::Ids(n) => (None, n),
+            Prefetch::Auto if ids.len() >= distance::MIN_TIMED_IDS => {
+                let (i, d) = self.distance.choose(table.stride());
+                (Some(i), d)
+            }
+            Prefetch::Auto => (None, self.distance.untimed(table.stride())),
+        };
         // A live table's read lock is held while this unit pools (row updates wait for it).
         let resident = table.rows_ref();
         let direct = Segment {
@@ -385,7 +412,7 @@ impl Pooler {
             base,
             out,
             mean: self.opts.pooling == Pooling::Mean,
-            prefetch: self.opts.prefetch_distance,
+            prefetch: distance,
         };
         if resident.is_none() {
             // A table on the tier: run_inner checked that it was staged for this batch.
@@ -403,7 +430,7 @@ impl Pooler {
             Dedup::Auto if dedupable => self.auto.choose(u.feature, || scratch.shows_reuse(ids)),
             Dedup::Auto => (false, false),
         };
-        let start = timed.then(std::time::Instant::now);
+        let start = (timed || candidate.is_some()).then(std::time::Instant::now);
         if dedup {
             let n_unique = scratch.build(ids);
             scratch.gather(
@@ -420,11 +447,15 @@ impl Pooler {
             self.kernel(&direct);
         }
         if let Some(t) = start {
-            self.auto.record(
-                u.feature,
-                dedup,
-                t.elapsed().as_nanos() as f64 / ids.len() as f64,
-            );
+            let ns = t.elapsed().as_nanos() as f64 / ids.len() as f64;
+            if timed {
+                self.auto.record(u.feature, dedup, ns);
+            }
+            // A deduplicated unit pools from a compact buffer: its time says little of the
+            // distance.
+            if let (Some(i), false) = (candidate, dedup) {
+                self.distance.record(table.stride(), i, ns);
+            }
         }
         stats
     }

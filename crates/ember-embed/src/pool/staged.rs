@@ -69,7 +69,7 @@ impl Pooler {
             stats.unique_rows += distinct;
             self.kernel(&direct.over(Rows::of(&scratch.rows), inverse, 0));
         } else {
-            self.kernel(&direct.over(rows, slots, self.opts.prefetch_distance));
+            self.kernel(&direct.over(rows, slots, direct.prefetch));
         }
         if let Some(t) = start {
             self.auto

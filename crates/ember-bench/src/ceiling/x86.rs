@@ -1,0 +1,189 @@
+//! The ceiling loop in AVX-512 and AVX2, one instance per row size in cache lines (1 to 8) and
+//! per whether the last line is partial, so that loads and prefetches unroll and nothing but the
+//! rows' bytes is read.
+
+use super::{Job, RowIndex};
+use ember_embed::Isa;
+use std::arch::x86_64::*;
+
+/// Widest row (bytes) the unrolled loops take; wider rows run the portable loop.
+pub(crate) const MAX_BYTES: usize = 8 * 64;
+
+/// Runs the loop for `isa`, or `None` where it has no SIMD loop for these rows.
+pub(super) fn gather<I: RowIndex>(isa: Isa, j: &Job<'_, I>) -> Option<u64> {
+    if j.stride == 0 || j.stride > MAX_BYTES || isa == Isa::Scalar || !isa.available() {
+        return None;
+    }
+    macro_rules! pick {
+        ($f:ident) => {
+            // SAFETY: the ISA is available (checked above); `Ceiling::gather` asserted every id
+            // is a row of `rows` and the bags cover `ids` in order; the instance's line count and
+            // tail flag match the stride.
+            unsafe {
+                match (j.stride.div_ceil(64), j.stride % 64 != 0) {
+                    (1, false) => $f::<I, 1, false>(j),
+                    (1, true) => $f::<I, 1, true>(j),
+                    (2, false) => $f::<I, 2, false>(j),
+                    (2, true) => $f::<I, 2, true>(j),
+                    (3, false) => $f::<I, 3, false>(j),
+                    (3, true) => $f::<I, 3, true>(j),
+                    (4, false) => $f::<I, 4, false>(j),
+                    (4, true) => $f::<I, 4, true>(j),
+                    (5, false) => $f::<I, 5, false>(j),
+                    (5, true) => $f::<I, 5, true>(j),
+                    (6, false) => $f::<I, 6, false>(j),
+                    (6, true) => $f::<I, 6, true>(j),
+                    (7, false) => $f::<I, 7, false>(j),
+                    (7, true) => $f::<I, 7, true>(j),
+                    (8, false) => $f::<I, 8, false>(j),
+                    _ => $f::<I, 8, true>(j),
+                }
+            }
+        };
+    }
+    Some(match isa {
+        Isa::Avx512 => pick!(bags_avx512),
+        _ => pick!(bags_avx2),
+    })
+}
+
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    // SAFETY: prefetch is a hint; it does not fault on any address (Intel SDM, PREFETCHh).
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+}
+
+/// Prefetches the `L` lines of the row at `r`, and the line of its last byte when rows do not
+/// start lines (`unaligned`).
+#[inline(always)]
+fn prefetch_row<const L: usize>(r: *const u8, stride: usize, unaligned: bool) {
+    for i in 0..L {
+        prefetch(r.wrapping_add(64 * i));
+    }
+    if unaligned {
+        prefetch(r.wrapping_add(stride - 1));
+    }
+}
+
+/// # Safety
+/// AVX-512 F/BW; every id a row of `j.rows`; `j.bags` ascending from 0 to `j.ids.len()`;
+/// `L == ceil(stride / 64)`, `TAIL == (stride % 64 != 0)`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bags_avx512<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I>) -> u64 {
+    let base = j.rows.as_ptr();
+    let (n, stride, pf) = (j.ids.len(), j.stride, j.prefetch);
+    let unaligned = !(base as usize).is_multiple_of(64) || TAIL;
+    let tail_mask: u64 = if TAIL {
+        (1u64 << (stride % 64)) - 1
+    } else {
+        u64::MAX
+    };
+    let mut total = 0u64;
+    for b in j.bags.windows(2) {
+        let mut acc = [_mm512_setzero_si512(); L];
+        for k in b[0]..b[1] {
+            if pf > 0 && k + pf < n {
+                // SAFETY: k + pf < n.
+                let ahead = unsafe { j.ids.get_unchecked(k + pf) }.idx();
+                prefetch_row::<L>(base.wrapping_add(ahead * stride), stride, unaligned);
+            }
+            // SAFETY: k < n (bags end at n), and the id is a row (contract).
+            let r = unsafe { base.add(j.ids.get_unchecked(k).idx() * stride) };
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: line i of the row; the last, when partial, loads only the row's bytes.
+                let v = unsafe {
+                    if TAIL && i == L - 1 {
+                        _mm512_maskz_loadu_epi8(tail_mask, r.add(64 * i).cast())
+                    } else {
+                        _mm512_loadu_si512(r.add(64 * i).cast())
+                    }
+                };
+                *a = _mm512_add_epi32(*a, v);
+            }
+        }
+        let mut s = acc[0];
+        for a in &acc[1..] {
+            s = _mm512_add_epi32(s, *a);
+        }
+        total = total.wrapping_add(u64::from(_mm512_reduce_add_epi32(s) as u32));
+    }
+    total
+}
+
+/// # Safety
+/// AVX2; as [`bags_avx512`] otherwise.
+#[target_feature(enable = "avx2")]
+unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I>) -> u64 {
+    let base = j.rows.as_ptr();
+    let (n, stride, pf) = (j.ids.len(), j.stride, j.prefetch);
+    let unaligned = !(base as usize).is_multiple_of(64) || TAIL;
+    // The last line when partial: a full 32-byte half if it reaches that far, then whole words
+    // by a masked load (no fault on masked-off words), then 1-3 bytes by hand.
+    let t = stride % 64;
+    let (t_half, t_rest) = if t >= 32 { (true, t - 32) } else { (false, t) };
+    let t_words = (t_rest / 4) as i32;
+    let t_mask = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(t_words),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    let t_bytes = t_rest % 4;
+    let full = if TAIL { L - 1 } else { L };
+    let mut total = 0u64;
+    for b in j.bags.windows(2) {
+        let mut acc = [_mm256_setzero_si256(); L];
+        let mut odd = 0u32;
+        for k in b[0]..b[1] {
+            if pf > 0 && k + pf < n {
+                // SAFETY: k + pf < n.
+                let ahead = unsafe { j.ids.get_unchecked(k + pf) }.idx();
+                prefetch_row::<L>(base.wrapping_add(ahead * stride), stride, unaligned);
+            }
+            // SAFETY: k < n (bags end at n), and the id is a row (contract).
+            let r = unsafe { base.add(j.ids.get_unchecked(k).idx() * stride) };
+            for (i, a) in acc.iter_mut().enumerate().take(full) {
+                // SAFETY: line i is a full line of the row.
+                let (lo, hi) = unsafe {
+                    (
+                        _mm256_loadu_si256(r.add(64 * i).cast()),
+                        _mm256_loadu_si256(r.add(64 * i + 32).cast()),
+                    )
+                };
+                *a = _mm256_add_epi32(_mm256_add_epi32(*a, lo), hi);
+            }
+            if TAIL {
+                let mut p = r.wrapping_add(64 * (L - 1));
+                let a = &mut acc[L - 1];
+                if t_half {
+                    // SAFETY: the row has 32 more bytes at `p`.
+                    *a = _mm256_add_epi32(*a, unsafe { _mm256_loadu_si256(p.cast()) });
+                    p = p.wrapping_add(32);
+                }
+                // SAFETY: the mask selects the `t_words` whole words left in the row.
+                let w = unsafe { _mm256_maskload_epi32(p.cast(), t_mask) };
+                *a = _mm256_add_epi32(*a, w);
+                if t_bytes > 0 {
+                    let mut last = [0u8; 4];
+                    // SAFETY: the row's last `t_bytes` bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            p.add(4 * t_words as usize),
+                            last.as_mut_ptr(),
+                            t_bytes,
+                        )
+                    };
+                    odd = odd.wrapping_add(u32::from_le_bytes(last));
+                }
+            }
+        }
+        let mut s = acc[0];
+        for a in &acc[1..] {
+            s = _mm256_add_epi32(s, *a);
+        }
+        let h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+        let bag = (_mm_cvtsi128_si32(h) as u32).wrapping_add(odd);
+        total = total.wrapping_add(u64::from(bag));
+    }
+    total
+}
