@@ -11,7 +11,15 @@ shared machine hits both alike, and prints both medians and their ratio. The las
     ~/.venvs/torch/bin/python bench/compare_torch.py --preset rm1 --ids data/traces/reuse_medium_table_500K.txt
 
 Flags this script does not know are passed to `ember bench embed` (see `ember bench embed --help`).
+With `--preset rm1 --ids TRACE`, the plain C loop `../shared/tools/gather_ceiling_trace.c` (the
+issue-23 yardstick: RM1 on 2 MiB pages, each table replaying its own window of the trace) is
+compiled with `cc -O3 -march=native` and run in every round too, at each distance of
+--plain-loop-prefetch (default 16,32,64,96), and Ember is reported against it (its distance 16,
+as published, and its best distance in this run).
+
 Own flags: --ember PATH (default: target/release/ember, built if missing), --rounds N (default 3),
+--plain-loop PATH.c (default ../shared/tools/gather_ceiling_trace.c; "none" skips it),
+--plain-loop-prefetch LIST,
 --torch-layout fused|per-table (fused: one EmbeddingBag over the concatenated tables, one call per
 batch, the fastest way to drive PyTorch; per-table: one EmbeddingBag per table, like TorchRec's
 EmbeddingBagCollection), --index-dtype int64|int32.
@@ -41,6 +49,37 @@ except ImportError as e:  # pragma: no cover - depends on the machine
     )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def flag_value(flags, name):
+    for i, f in enumerate(flags):
+        if f == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if f.startswith(name + "="):
+            return f.split("=", 1)[1]
+    return None
+
+
+class PlainLoop:
+    """The C gather-and-sum loop over RM1 and the trace, compiled once, run at several distances."""
+
+    def __init__(self, source, trace, distances, tmp):
+        self.trace, self.distances = trace, distances
+        self.exe = os.path.join(tmp, "plain_loop")
+        cmd = ["cc", "-O3", "-march=native", source, "-o", self.exe]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"compiling the plain loop failed ({' '.join(cmd)}):\n{proc.stderr}")
+
+    def run(self):
+        """Million lookups/s per distance."""
+        out = {}
+        for d in self.distances:
+            proc = subprocess.run([self.exe, self.trace, str(d), "1"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"the plain loop failed: {proc.stderr}{proc.stdout}")
+            out[d] = float(proc.stdout.split(":")[-1].split("Mlookups/s")[0]) * 1e6
+        return out
 
 
 def run_ember(ember, flags, ids_path):
@@ -132,6 +171,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--torch-layout", choices=["fused", "per-table"], default="fused")
     ap.add_argument("--index-dtype", choices=["int64", "int32"], default="int32")
+    ap.add_argument("--plain-loop", default=os.path.join(ROOT, "..", "shared", "tools", "gather_ceiling_trace.c"))
+    ap.add_argument("--plain-loop-prefetch", default="16,32,64,96")
     own, flags = ap.parse_known_args()
     if "--json" in flags:
         flags.remove("--json")
@@ -150,6 +191,18 @@ def main():
         print(f"building PyTorch tables ({cfg['dtype']}, {own.torch_layout}) ...", file=sys.stderr, flush=True)
         tb = TorchBags(cfg, own.torch_layout, own.index_dtype)
         calls = tb.prepare(ids_np)
+        plain, plain_runs = None, []
+        trace = flag_value(flags, "--ids")
+        rm1 = flag_value(flags, "--preset") == "rm1" and not any(
+            flag_value(flags, f) for f in ("--tables", "--rows", "--dim", "--pooling", "--batch", "--dtype"))
+        if own.plain_loop != "none":
+            if not (rm1 and trace and os.path.isfile(trace)):
+                print("plain loop: skipped (it runs RM1 in f32 over a trace: --preset rm1 --ids FILE)", file=sys.stderr)
+            elif not os.path.isfile(own.plain_loop):
+                print(f"plain loop: skipped ({own.plain_loop} not found)", file=sys.stderr)
+            else:
+                dists = [int(x) for x in own.plain_loop_prefetch.split(",")]
+                plain = PlainLoop(own.plain_loop, trace, dists, tmp)
         ember_runs, torch_runs = [first["lookups_per_s"]], []
         ceiling_runs = [first["ceiling_lookups_per_s"]]
         with torch.inference_mode():
@@ -163,6 +216,9 @@ def main():
                 print(f"[round {rnd + 1}/{own.rounds}] torch ...", file=sys.stderr, flush=True)
                 per = [tb.time_run(calls) for _ in range(cfg["runs"])]
                 torch_runs.append(statistics.median(per))
+                if plain:
+                    print(f"[round {rnd + 1}/{own.rounds}] plain loop ...", file=sys.stderr, flush=True)
+                    plain_runs.append(plain.run())
 
     e, t, c = statistics.median(ember_runs), statistics.median(torch_runs), statistics.median(ceiling_runs)
     print()
@@ -173,13 +229,25 @@ def main():
     print(f"  {'ember':<18}{e / 1e6:>28.2f} M   " + " ".join(f"{x / 1e6:.2f}" for x in ember_runs))
     print(f"  {'pytorch':<18}{t / 1e6:>28.2f} M   " + " ".join(f"{x / 1e6:.2f}" for x in torch_runs))
     print(f"  {'memory ceiling':<18}{c / 1e6:>28.2f} M   " + " ".join(f"{x / 1e6:.2f}" for x in ceiling_runs))
+    plain_med = {}
+    if plain_runs:
+        for d in plain_runs[0]:
+            runs = [r[d] for r in plain_runs]
+            plain_med[d] = statistics.median(runs)
+            print(f"  {'plain loop pf ' + str(d):<18}{plain_med[d] / 1e6:>28.2f} M   " + " ".join(f"{x / 1e6:.2f}" for x in runs))
     print(f"  ember / pytorch: {e / t:.2f}x    pytorch / ceiling: {t / c:.2f}    ember / ceiling: {e / c:.2f}")
+    if plain_med:
+        best = max(plain_med, key=plain_med.get)
+        first = list(plain_med)[0]
+        print(f"  ember / plain loop pf {first}: {e / plain_med[first]:.2f}    "
+              f"ember / plain loop at its best (pf {best}): {e / plain_med[best]:.2f}")
     print(json.dumps({
         "ember_lookups_per_s": e, "torch_lookups_per_s": t, "ceiling_lookups_per_s": c, "ratio": e / t,
         "ember_rounds": ember_runs, "torch_rounds": torch_runs, "ceiling_rounds": ceiling_runs,
         "threads": threads, "dtype": cfg["dtype"], "ids": cfg["ids"], "dedup": cfg["dedup"],
         "unique_ratio": cfg["unique_ratio"], "torch_version": torch.__version__, "torch_layout": own.torch_layout,
-        "quant_rel_error": cfg.get("quant_rel_error"),
+        "quant_rel_error": cfg.get("quant_rel_error"), "prefetch": cfg.get("prefetch"),
+        "plain_loop_lookups_per_s": {str(d): v for d, v in plain_med.items()},
     }))
 
 

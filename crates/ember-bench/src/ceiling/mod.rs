@@ -41,7 +41,7 @@ impl RowIndex for i64 {
 }
 
 /// Prefetch distances [`Ceiling::tune`] tries, in ids.
-pub const TUNED_DISTANCES: [usize; 9] = [0, 8, 16, 24, 32, 48, 64, 96, 128];
+pub const TUNED_DISTANCES: [usize; 11] = [0, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
 /// What the loop reads for one feature: `rows` of `stride` bytes, and the bags `bags[i] ..
 /// bags[i + 1]` of `ids` (offsets relative to `ids`).
@@ -275,6 +275,7 @@ mod tests {
             (16, DType::F32),
             (64, DType::F32),
             (130, DType::F32),
+            (100, DType::F32),
             (200, DType::F32),
             (7, DType::F16),
             (64, DType::Int8),

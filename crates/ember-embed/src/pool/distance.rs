@@ -49,7 +49,7 @@ impl FromStr for Prefetch {
 }
 
 /// Distances `auto` chooses from, in ids.
-pub const CANDIDATES: [usize; 7] = [0, 8, 16, 32, 48, 64, 96];
+pub const CANDIDATES: [usize; 8] = [0, 8, 16, 32, 48, 64, 96, 128];
 /// Units timed per candidate while exploring; the fastest of them counts (interference on a
 /// shared machine only ever slows a unit down).
 const EXPLORE: u32 = 6;
