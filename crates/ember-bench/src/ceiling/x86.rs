@@ -139,6 +139,16 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     );
     let t_bytes = t_rest % 4;
+    // Rows of 64 bytes or more: the 64 bytes ending the row, two plain loads, with the bytes
+    // before the partial line zeroed (as in the AVX-512 loop).
+    let overlap = TAIL && stride >= 64;
+    let first_kept = _mm256_set1_epi8((63 - t) as i8);
+    let idx = _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+        25, 26, 27, 28, 29, 30, 31,
+    );
+    let keep_lo = _mm256_cmpgt_epi8(idx, first_kept);
+    let keep_hi = _mm256_cmpgt_epi8(_mm256_add_epi8(idx, _mm256_set1_epi8(32)), first_kept);
     let full = if TAIL { L - 1 } else { L };
     let mut total = 0u64;
     for b in j.bags.windows(2) {
@@ -162,7 +172,19 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
                 };
                 *a = _mm256_add_epi32(_mm256_add_epi32(*a, lo), hi);
             }
-            if TAIL {
+            if overlap {
+                let end = r.wrapping_add(stride - 64);
+                // SAFETY: the row's last 64 bytes (stride >= 64).
+                let (lo, hi) = unsafe {
+                    (
+                        _mm256_loadu_si256(end.cast()),
+                        _mm256_loadu_si256(end.add(32).cast()),
+                    )
+                };
+                let a = &mut acc[L - 1];
+                *a = _mm256_add_epi32(*a, _mm256_and_si256(lo, keep_lo));
+                *a = _mm256_add_epi32(*a, _mm256_and_si256(hi, keep_hi));
+            } else if TAIL {
                 let mut p = r.wrapping_add(64 * (L - 1));
                 let a = &mut acc[L - 1];
                 if t_half {
