@@ -409,7 +409,7 @@ fn overlapping_calls_on_one_pooler_keep_results_and_stats_apart() {
 
 #[test]
 fn auto_prefetch_matches_the_reference_at_every_distance_it_tries() {
-    // Units of >= 256 ids are timed, so 60 calls walk `auto` through every candidate distance
+    // Units of >= 256 ids are timed, so 240 calls walk `auto` through every candidate distance
     // (and then its rechecks); each call, at whatever distance, must pool what the reference does.
     for dtype in [DType::F32, DType::Int8, DType::F16] {
         for pooling in [Pooling::Sum, Pooling::WeightedSum] {
@@ -437,7 +437,7 @@ fn auto_prefetch_matches_the_reference_at_every_distance_it_tries() {
                     ..Default::default()
                 })
                 .unwrap();
-                for call in 0..60 {
+                for call in 0..240 {
                     let mut got = vec![f32::NAN; want.len()];
                     pooler.run(&coll, batch, &mut got).unwrap();
                     let what = format!("{isa} {dtype} {pooling:?} auto call {call}");
