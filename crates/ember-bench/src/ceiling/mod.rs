@@ -44,13 +44,22 @@ impl RowIndex for i64 {
 pub const TUNED_DISTANCES: [usize; 11] = [0, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
 /// What the loop reads for one feature: `rows` of `stride` bytes, and the bags `bags[i] ..
-/// bags[i + 1]` of `ids` (offsets relative to `ids`).
+/// bags[i + 1]` (batch positions; `ids[0]` is at position `first`).
 pub(crate) struct Job<'a, I> {
     pub(crate) rows: &'a [u8],
     pub(crate) stride: usize,
     pub(crate) ids: &'a [I],
     pub(crate) bags: &'a [usize],
+    pub(crate) first: usize,
     pub(crate) prefetch: usize,
+}
+
+impl<I> Job<'_, I> {
+    /// Indices into `ids` of the bag that `b` (two consecutive bag offsets) bounds.
+    #[inline(always)]
+    pub(crate) fn span(&self, b: &[usize]) -> std::ops::Range<usize> {
+        b[0] - self.first..b[1] - self.first
+    }
 }
 
 /// Runs the ceiling loop on a fixed number of threads.
@@ -141,11 +150,10 @@ impl Ceiling {
                 return 0;
             }
             let r = kj.feature_range(f);
-            let offs = &kj.offsets()[f * bsz..=(f + 1) * bsz];
-            let bags: Vec<usize> = offs.iter().map(|o| o - r.start).collect();
+            let bags = &kj.offsets()[f * bsz..=(f + 1) * bsz];
             match kj.ids() {
-                Ids::U32(v) => self.gather(rows, t.stride(), &v[r], &bags),
-                Ids::I64(v) => self.gather(rows, t.stride(), &v[r], &bags),
+                Ids::U32(v) => self.gather(rows, t.stride(), &v[r.clone()], bags, r.start),
+                Ids::I64(v) => self.gather(rows, t.stride(), &v[r.clone()], bags, r.start),
             }
         };
         let nf = coll.features().len();
@@ -160,14 +168,23 @@ impl Ceiling {
         }
     }
 
-    fn gather<I: RowIndex>(&self, rows: &[u8], stride: usize, ids: &[I], bags: &[usize]) -> u64 {
+    fn gather<I: RowIndex>(
+        &self,
+        rows: &[u8],
+        stride: usize,
+        ids: &[I],
+        bags: &[usize],
+        first: usize,
+    ) -> u64 {
         let rows_in = rows.len() / stride.max(1);
         assert!(
             ids.iter().all(|i| i.idx() < rows_in),
             "ceiling ids must be rows of the table"
         );
         assert!(
-            bags.windows(2).all(|w| w[0] <= w[1]) && bags.last().is_some_and(|&e| e == ids.len()),
+            bags.windows(2).all(|w| w[0] <= w[1])
+                && bags.first() == Some(&first)
+                && bags.last() == Some(&(first + ids.len())),
             "bags must cover the ids in order"
         );
         let job = Job {
@@ -175,6 +192,7 @@ impl Ceiling {
             stride,
             ids,
             bags,
+            first,
             prefetch: self.prefetch,
         };
         #[cfg(target_arch = "x86_64")]
@@ -192,7 +210,7 @@ pub(crate) fn gather_portable<I: RowIndex>(j: &Job<'_, I>) -> u64 {
     let mut sum = 0u64;
     for b in j.bags.windows(2) {
         let mut acc = 0u32;
-        for k in b[0]..b[1] {
+        for k in j.span(b) {
             if j.prefetch > 0 && k + j.prefetch < j.ids.len() {
                 prefetch_row(
                     j.rows
@@ -311,6 +329,52 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_batch_of_features_sums_as_each_feature_alone() {
+        // Later features' bags start past position 0 of the batch.
+        let table = |name: &str, dim: usize| {
+            let vals: Vec<f32> = (0..50 * dim).map(|i| (i as f32).cos()).collect();
+            EmbeddingTable::from_f32(name, 50, dim, DType::F32, &vals).unwrap()
+        };
+        let lengths_a = [3usize, 0, 5, 2];
+        let lengths_b = [1usize, 4, 0, 6];
+        let ids_a: Vec<u32> = (0..10).map(|i| (i * 7) % 50).collect();
+        let ids_b: Vec<u32> = (0..11).map(|i| (i * 13) % 50).collect();
+        let one = |name: &str, dim: usize, lengths: &[usize], ids: &[u32]| {
+            let coll = EmbeddingCollection::one_feature_per_table(vec![table(name, dim)]).unwrap();
+            let kj = KeyedJagged::from_lengths(
+                vec![name.into()],
+                4,
+                lengths,
+                Ids::U32(ids.to_vec()),
+                None,
+            )
+            .unwrap();
+            (coll, kj)
+        };
+        let both = EmbeddingCollection::one_feature_per_table(vec![table("a", 16), table("b", 37)])
+            .unwrap();
+        let lengths: Vec<usize> = lengths_a.iter().chain(&lengths_b).copied().collect();
+        let ids: Vec<u32> = ids_a.iter().chain(&ids_b).copied().collect();
+        let kj = KeyedJagged::from_lengths(
+            vec!["a".into(), "b".into()],
+            4,
+            &lengths,
+            Ids::U32(ids),
+            None,
+        )
+        .unwrap();
+        for isa in Isa::available_all() {
+            let c = Ceiling::new(1, 2, isa).unwrap();
+            let (ca, ka) = one("a", 16, &lengths_a, &ids_a);
+            let (cb, kb) = one("b", 37, &lengths_b, &ids_b);
+            let alone = c
+                .run(&ca, ca.validate(&ka).unwrap())
+                .wrapping_add(c.run(&cb, cb.validate(&kb).unwrap()));
+            assert_eq!(c.run(&both, both.validate(&kj).unwrap()), alone, "{isa}");
         }
     }
 

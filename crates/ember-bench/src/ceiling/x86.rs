@@ -66,7 +66,8 @@ fn prefetch_row<const L: usize>(r: *const u8, stride: usize, unaligned: bool) {
 }
 
 /// # Safety
-/// AVX-512 F/BW; every id a row of `j.rows`; `j.bags` ascending from 0 to `j.ids.len()`;
+/// AVX-512 F/BW; every id a row of `j.rows`; `j.bags` ascending from `j.first` to
+/// `j.first + j.ids.len()`;
 /// `L == ceil(stride / 64)`, `TAIL == (stride % 64 != 0)`.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn bags_avx512<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I>) -> u64 {
@@ -89,7 +90,7 @@ unsafe fn bags_avx512<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_,
     let mut total = 0u64;
     for b in j.bags.windows(2) {
         let mut acc = [_mm512_setzero_si512(); L];
-        for k in b[0]..b[1] {
+        for k in j.span(b) {
             if pf > 0 && k + pf < n {
                 // SAFETY: k + pf < n.
                 let ahead = unsafe { j.ids.get_unchecked(k + pf) }.idx();
@@ -154,7 +155,7 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
     for b in j.bags.windows(2) {
         let mut acc = [_mm256_setzero_si256(); L];
         let mut odd = 0u32;
-        for k in b[0]..b[1] {
+        for k in j.span(b) {
             if pf > 0 && k + pf < n {
                 // SAFETY: k + pf < n.
                 let ahead = unsafe { j.ids.get_unchecked(k + pf) }.idx();

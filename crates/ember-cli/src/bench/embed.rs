@@ -297,7 +297,7 @@ fn print(
 }
 
 /// `--prefetch` as run: the fixed distance, or `auto` with the distances features settled on
-/// ("auto: 64 ids x 30, 48 ids x 2").
+/// ("auto (64 ids x 30, 48 ids x 2)").
 fn distances(p: Prefetch, per_feature: &[Option<usize>]) -> String {
     if p != Prefetch::Auto {
         return p.to_string();

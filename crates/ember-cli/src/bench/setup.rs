@@ -74,8 +74,8 @@ pub struct EmbedArgs {
     /// Ids: uniform, zipf:ALPHA, or a trace file (one id per line).
     #[arg(long, default_value = "uniform")]
     pub(crate) ids: String,
-    /// Software prefetch distance in ids (0: off), or auto: each feature measures the
-    /// candidate distances on its first units and keeps the fastest.
+    /// Software prefetch distance in ids (0: off), or auto: the candidate distances are timed
+    /// on the first units of each row size and the fastest kept.
     #[arg(long, default_value = "auto")]
     pub(crate) prefetch: Prefetch,
     /// The memory ceiling's prefetch distance in ids [default: the fastest of several, timed

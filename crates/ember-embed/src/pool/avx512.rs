@@ -36,26 +36,7 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
     while d0 < s.dim {
         let w = (s.dim - d0).min(LANES * MAX_REGS);
         // SAFETY: forwarded from `pool_segment`; `d0 + w <= dim`.
-        unsafe {
-            match (w.div_ceil(LANES), s.weights.is_some()) {
-                (1, false) => block::<F, I, 1, false>(s, d0, w),
-                (2, false) => block::<F, I, 2, false>(s, d0, w),
-                (3, false) => block::<F, I, 3, false>(s, d0, w),
-                (4, false) => block::<F, I, 4, false>(s, d0, w),
-                (5, false) => block::<F, I, 5, false>(s, d0, w),
-                (6, false) => block::<F, I, 6, false>(s, d0, w),
-                (7, false) => block::<F, I, 7, false>(s, d0, w),
-                (_, false) => block::<F, I, 8, false>(s, d0, w),
-                (1, true) => block::<F, I, 1, true>(s, d0, w),
-                (2, true) => block::<F, I, 2, true>(s, d0, w),
-                (3, true) => block::<F, I, 3, true>(s, d0, w),
-                (4, true) => block::<F, I, 4, true>(s, d0, w),
-                (5, true) => block::<F, I, 5, true>(s, d0, w),
-                (6, true) => block::<F, I, 6, true>(s, d0, w),
-                (7, true) => block::<F, I, 7, true>(s, d0, w),
-                (_, true) => block::<F, I, 8, true>(s, d0, w),
-            }
-        }
+        unsafe { dispatch_block!(block::<F, I>(s, d0, w), w.div_ceil(LANES)) }
         d0 += w;
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 pub enum Prefetch {
     /// Prefetch this many ids ahead (0: off).
     Ids(usize),
-    /// Measure per feature (the default).
+    /// Measure, per row size (the default).
     Auto,
 }
 

@@ -7,13 +7,39 @@
 //!
 //! How it runs: the work is cut into units of (feature, block of consecutive bags); each unit's
 //! ids are contiguous in the batch, so the kernel walks them in order and software-prefetches the
-//! row a distance ahead, across bag boundaries (fixed, or measured per feature: `distance.rs`). Units run on a rayon pool of
-//! `threads` threads (inline when 1). With dedup, a unit first collects its distinct ids, copies
-//! each distinct row once into a compact per-thread buffer, and pools from that buffer through
-//! the inverse index (RecD's inverse keyed jagged tensor). The kernel family (AVX-512, AVX2,
-//! scalar) is chosen once when the [`Pooler`] is built.
+//! row a distance ahead, across bag boundaries (fixed, or measured per row size: `distance.rs`).
+//! Units run on a rayon pool of `threads` threads (inline when 1). With dedup, a unit first
+//! collects its distinct ids, copies each distinct row once into a compact per-thread buffer,
+//! and pools from that buffer through the inverse index (RecD's inverse keyed jagged tensor).
+//! The kernel family (AVX-512, AVX2, scalar) is chosen once when the [`Pooler`] is built.
 
 pub mod reference;
+
+/// Calls `$block::<F, I, N, W>(s, d0, w)` with `N` the accumulator registers `$regs` (1 to 8; more
+/// take 8) and `W` whether the segment carries weights: each kernel instance unrolls for one
+/// register count, and without weights adds rows instead of multiplying them by 1.
+macro_rules! dispatch_block {
+    ($block:ident::<$f:ty, $i:ty>($s:expr, $d0:expr, $w:expr), $regs:expr) => {
+        match ($regs, $s.weights.is_some()) {
+            (1, false) => $block::<$f, $i, 1, false>($s, $d0, $w),
+            (2, false) => $block::<$f, $i, 2, false>($s, $d0, $w),
+            (3, false) => $block::<$f, $i, 3, false>($s, $d0, $w),
+            (4, false) => $block::<$f, $i, 4, false>($s, $d0, $w),
+            (5, false) => $block::<$f, $i, 5, false>($s, $d0, $w),
+            (6, false) => $block::<$f, $i, 6, false>($s, $d0, $w),
+            (7, false) => $block::<$f, $i, 7, false>($s, $d0, $w),
+            (_, false) => $block::<$f, $i, 8, false>($s, $d0, $w),
+            (1, true) => $block::<$f, $i, 1, true>($s, $d0, $w),
+            (2, true) => $block::<$f, $i, 2, true>($s, $d0, $w),
+            (3, true) => $block::<$f, $i, 3, true>($s, $d0, $w),
+            (4, true) => $block::<$f, $i, 4, true>($s, $d0, $w),
+            (5, true) => $block::<$f, $i, 5, true>($s, $d0, $w),
+            (6, true) => $block::<$f, $i, 6, true>($s, $d0, $w),
+            (7, true) => $block::<$f, $i, 7, true>($s, $d0, $w),
+            (_, true) => $block::<$f, $i, 8, true>($s, $d0, $w),
+        }
+    };
+}
 
 mod auto;
 mod avx2;
@@ -142,7 +168,7 @@ pub struct PoolOptions {
     /// Worker threads (1 runs on the calling thread).
     pub threads: usize,
     /// How many ids ahead rows are software-prefetched: a number (0 disables prefetch) or
-    /// measured per feature ([`Prefetch::Auto`], the default).
+    /// measured per row size ([`Prefetch::Auto`], the default).
     pub prefetch: Prefetch,
     /// Kernel family; `None` takes [`Isa::selected`].
     pub isa: Option<Isa>,
@@ -390,17 +416,18 @@ impl Pooler {
             lookups: ids.len(),
             ..Default::default()
         };
-        // The distance, and with `auto` on a unit worth a clock read, the candidate timed.
+        // A live table's read lock is held while this unit pools (row updates wait for it).
+        let resident = table.rows_ref();
+        // The distance, and with `auto` on a unit in memory worth a clock read, the candidate
+        // timed (units on the tier are not timed: they pool from staged rows).
         let (candidate, distance) = match self.opts.prefetch {
             Prefetch::Ids(n) => (None, n),
-            Prefetch::Auto if ids.len() >= distance::MIN_TIMED_IDS => {
+            Prefetch::Auto if resident.is_some() && ids.len() >= distance::MIN_TIMED_IDS => {
                 let (i, d) = self.distance.choose(table.stride());
                 (Some(i), d)
             }
             Prefetch::Auto => (None, self.distance.untimed(table.stride())),
         };
-        // A live table's read lock is held while this unit pools (row updates wait for it).
-        let resident = table.rows_ref();
         let direct = Segment {
             rows: Rows::of(resident.as_deref().unwrap_or(&[])),
             stride: table.stride(),
