@@ -204,6 +204,9 @@ def main():
                 dists = [int(x) for x in own.plain_loop_prefetch.split(",")]
                 plain = PlainLoop(own.plain_loop, trace, dists, tmp)
         ember_runs, torch_runs = [first["lookups_per_s"]], []
+        # The plain loop reports the best of its 3 timed passes: Ember's best run of each round
+        # is the same statistic.
+        ember_best = [max(first["run_lookups_per_s"])]
         ceiling_runs = [first["ceiling_lookups_per_s"]]
         with torch.inference_mode():
             tb.time_run(calls)  # warm-up
@@ -212,6 +215,7 @@ def main():
                     print(f"[round {rnd + 1}/{own.rounds}] ember ...", file=sys.stderr, flush=True)
                     res, _ = run_ember(own.ember, flags + ["--no-check"], ids_path)
                     ember_runs.append(res["lookups_per_s"])
+                    ember_best.append(max(res["run_lookups_per_s"]))
                     ceiling_runs.append(res["ceiling_lookups_per_s"])
                 print(f"[round {rnd + 1}/{own.rounds}] torch ...", file=sys.stderr, flush=True)
                 per = [tb.time_run(calls) for _ in range(cfg["runs"])]
@@ -239,8 +243,11 @@ def main():
     if plain_med:
         best = max(plain_med, key=plain_med.get)
         first = list(plain_med)[0]
+        eb = statistics.median(ember_best)
         print(f"  ember / plain loop pf {first}: {e / plain_med[first]:.2f}    "
               f"ember / plain loop at its best (pf {best}): {e / plain_med[best]:.2f}")
+        print(f"  best of runs, as the plain loop reports (ember {eb / 1e6:.2f} M): ember / plain loop at its "
+              f"best (pf {best}): {eb / plain_med[best]:.2f}")
     print(json.dumps({
         "ember_lookups_per_s": e, "torch_lookups_per_s": t, "ceiling_lookups_per_s": c, "ratio": e / t,
         "ember_rounds": ember_runs, "torch_rounds": torch_runs, "ceiling_rounds": ceiling_runs,
@@ -248,6 +255,7 @@ def main():
         "unique_ratio": cfg["unique_ratio"], "torch_version": torch.__version__, "torch_layout": own.torch_layout,
         "quant_rel_error": cfg.get("quant_rel_error"), "prefetch": cfg.get("prefetch"),
         "plain_loop_lookups_per_s": {str(d): v for d, v in plain_med.items()},
+        "ember_best_run_rounds": ember_best if plain_med else None,
     }))
 
 

@@ -3,7 +3,8 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
-use ember_embed::storage::{RowFile, write_row_file};
+use ember_embed::storage::{RowFile, RowLayout, write_row_file, write_row_file_laid_out};
+use ember_embed::trace::load_trace;
 use ember_embed::{DType, Placement};
 use ember_model::config::ModelConfig;
 use ember_model::weights::row_file_path;
@@ -38,6 +39,72 @@ pub struct ConvertArgs {
     /// Read every written file back and check all its blocks.
     #[arg(long)]
     verify: bool,
+    /// Lay the rows out by this profile (an id trace, one id per line, as `pin_trace`): the
+    /// hottest rows first, then the others it meets by first access, so that rows read together
+    /// share blocks. Ids are unchanged. Applies to every table converted (use --tables).
+    #[arg(long)]
+    layout_profile: Option<PathBuf>,
+    /// Rows placed first by heat [default: the rows the table's share of the tier's cache_mb
+    /// holds, as config.json sets it (the whole budget with --safetensors)].
+    #[arg(long, requires = "layout_profile")]
+    layout_hot_rows: Option<usize>,
+}
+
+/// The profile of `--layout-profile`, read once.
+struct Profile {
+    path: PathBuf,
+    ids: Vec<u64>,
+}
+
+impl Profile {
+    fn read(a: &ConvertArgs) -> Result<Option<Self>> {
+        let Some(path) = &a.layout_profile else {
+            return Ok(None);
+        };
+        let ids = load_trace(path).with_context(|| format!("reading {}", path.display()))?;
+        Ok(Some(Profile {
+            path: path.clone(),
+            ids,
+        }))
+    }
+
+    /// The layout of a `rows`-row table with `hot` rows first by heat, said on stderr.
+    fn layout(&self, table: &str, rows: usize, hot: usize) -> Result<RowLayout> {
+        let (l, s) = RowLayout::from_profile(rows, &self.ids, hot)?;
+        eprintln!(
+            "{table}: laid out by {}: {} hot rows by heat, {} by first access, {} unmet{}",
+            self.path.display(),
+            s.hot,
+            s.warm,
+            s.cold,
+            if s.out_of_range > 0 {
+                format!(
+                    " ({} profile ids past its {rows} rows ignored)",
+                    s.out_of_range
+                )
+            } else {
+                String::new()
+            }
+        );
+        Ok(l)
+    }
+}
+
+/// Writes `bytes` (rows in id order) as `path`, laid out when a profile is given.
+fn write_table(
+    path: &Path,
+    (name, rows, dim, dtype): (&str, usize, usize, DType),
+    bytes: &[u8],
+    profile: Option<(&Profile, usize)>,
+) -> Result<()> {
+    match profile {
+        Some((p, hot)) => {
+            let layout = p.layout(name, rows, hot)?;
+            write_row_file_laid_out(path, name, dim, dtype, bytes, &layout)?;
+        }
+        None => write_row_file(path, name, rows, dim, dtype, bytes)?,
+    }
+    Ok(())
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {
@@ -57,12 +124,13 @@ fn done(path: &Path, verify: bool, t0: Instant) -> Result<()> {
     }
     let h = f.header();
     eprintln!(
-        "wrote {} ({} rows x dim {} {}, {} bytes{}) in {:.1} s",
+        "wrote {} ({} rows x dim {} {}, {} bytes{}{}) in {:.1} s",
         path.display(),
         h.rows,
         h.dim,
         h.dtype,
         h.file_bytes(),
+        if h.laid_out() { ", laid out" } else { "" },
         if verify { ", verified" } else { "" },
         t0.elapsed().as_secs_f64()
     );
@@ -100,7 +168,42 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
     )
     .with_context(|| format!("loading model {}", dir.display()))?;
     std::fs::create_dir_all(dir.join("rows"))?;
-    for t in model.embeddings().tables() {
+    let profile = Profile::read(a)?;
+    // The cache budget is shared by the tier's tables in proportion to their sizes: those
+    // placed on ssd once this conversion is done, or else the ones converted.
+    let on_ssd = |name: &str| match a.placement {
+        Some(p) if names.iter().any(|n| n == name) => p == Placement::Ssd,
+        _ => cfg
+            .tables
+            .iter()
+            .any(|t| t.name == name && t.placement == Placement::Ssd),
+    };
+    let placed_mmap = |name: &str| match a.placement {
+        Some(p) => p == Placement::Mmap,
+        None => cfg
+            .tables
+            .iter()
+            .any(|t| t.name == name && t.placement == Placement::Mmap),
+    };
+    if profile.is_some()
+        && let Some(n) = names.iter().find(|n| placed_mmap(n))
+    {
+        bail!(
+            "table '{n}' is placed on mmap, which reads rows in place in id order: a layout \
+             (--layout-profile) needs the ssd placement (--placement ssd)"
+        );
+    }
+    let tables = model.embeddings().tables();
+    let mut share_of: Vec<_> = tables.iter().filter(|t| on_ssd(t.name())).collect();
+    if share_of.is_empty() {
+        share_of = tables
+            .iter()
+            .filter(|t| names.iter().any(|n| n == t.name()))
+            .collect();
+    }
+    let shared_bytes: usize = share_of.iter().map(|t| t.rows() * t.stride()).sum();
+    let cache_bytes = cfg.tier.as_ref().map_or(1024, |t| t.cache_mb) << 20;
+    for t in tables {
         if !names.iter().any(|n| n == t.name()) {
             continue;
         }
@@ -109,7 +212,17 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
         };
         let t0 = Instant::now();
         let path = row_file_path(dir, t.name());
-        write_row_file(&path, t.name(), t.rows(), t.dim(), t.dtype(), bytes)?;
+        let hot = a.layout_hot_rows.unwrap_or_else(|| {
+            let share =
+                cache_bytes as f64 * (t.rows() * t.stride()) as f64 / shared_bytes.max(1) as f64;
+            (share / t.stride() as f64) as usize
+        });
+        write_table(
+            &path,
+            (t.name(), t.rows(), t.dim(), t.dtype()),
+            bytes,
+            profile.as_ref().map(|p| (p, hot)),
+        )?;
         done(&path, a.verify, t0)?;
     }
     if let Some(p) = a.placement {
@@ -135,6 +248,7 @@ fn from_safetensors(a: &ConvertArgs, file: &Path, out: &Path) -> Result<()> {
     let st = SafeTensors::deserialize(&map)
         .map_err(|e| anyhow::anyhow!("{}: not a safetensors file: {e}", file.display()))?;
     std::fs::create_dir_all(out)?;
+    let profile = Profile::read(a)?;
     let mut n = 0;
     let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
     names.sort();
@@ -173,7 +287,15 @@ fn from_safetensors(a: &ConvertArgs, file: &Path, out: &Path) -> Result<()> {
             DType::F32 | DType::BF16 => ember_model::weights::flush_bytes(t.data(), dtype),
             _ => t.data().to_vec(),
         };
-        write_row_file(&path, table, *rows, *dim, dtype, &bytes)?;
+        let hot = a
+            .layout_hot_rows
+            .unwrap_or((1024 << 20) / dtype.row_bytes(*dim).max(1));
+        write_table(
+            &path,
+            (table, *rows, *dim, dtype),
+            &bytes,
+            profile.as_ref().map(|p| (p, hot)),
+        )?;
         done(&path, a.verify, t0)?;
         n += 1;
     }

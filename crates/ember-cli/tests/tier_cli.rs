@@ -1,6 +1,7 @@
-//! The SSD tier end to end: `ember convert` on a copy of the shipped model, `ember predict` with
-//! every table on the tier (scores identical to DRAM, tier counters in the JSON), and `ember bench
-//! tiered` on a small shape (JSON fields, the check against DRAM, every policy).
+//! The SSD tier end to end: `ember convert` on a copy of the shipped model (in id order and laid
+//! out by a profile), `ember predict` with every table on the tier (scores identical to DRAM, tier
+//! counters in the JSON), and `ember bench tiered` on a small shape (JSON fields, the check against
+//! DRAM, every policy, the laid-out files).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -109,6 +110,65 @@ fn convert_then_predict_on_the_tier_scores_like_dram() {
         std::fs::read_to_string(&dram_scores).unwrap(),
         std::fs::read_to_string(&tier_scores).unwrap()
     );
+    // Laid out by a profile (ids of the sample's first rows, some past small tables): the same
+    // scores under every policy; the mmap placement is refused, naming the fix.
+    let profile = dir.join("profile.txt");
+    let ids: Vec<String> = (0..5000u64)
+        .map(|i| ((i * 7919) % 40_000 / (1 + i % 3)).to_string())
+        .collect();
+    std::fs::write(&profile, ids.join("\n") + "\n").unwrap();
+    let (ok, _, err) = ember(&[
+        "convert",
+        "--model",
+        d,
+        "--placement",
+        "mmap",
+        "--layout-profile",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("needs the ssd placement"), "{err}");
+    let (ok, _, err) = ember(&[
+        "convert",
+        "--model",
+        d,
+        "--placement",
+        "ssd",
+        "--layout-profile",
+        profile.to_str().unwrap(),
+        "--layout-hot-rows",
+        "50",
+        "--verify",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("laid out by") && err.contains("50 hot rows by heat"),
+        "{err}"
+    );
+    let f = ember_embed::storage::RowFile::open(&dir.join("rows/t3.rows")).unwrap();
+    assert!(f.layout().is_some_and(|l| !l.is_identity()));
+    for policy in ["lru", "pinned"] {
+        let (ok, _, err) = ember(&[
+            "predict",
+            "--model",
+            d,
+            "--out",
+            tier_scores.to_str().unwrap(),
+            "--batch",
+            "29",
+            "--cache-mb",
+            "1",
+            "--cache-policy",
+            policy,
+        ]);
+        assert!(ok, "{policy}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(&dram_scores).unwrap(),
+            std::fs::read_to_string(&tier_scores).unwrap(),
+            "{policy}: scores from laid-out files differ from DRAM"
+        );
+    }
+    let (ok, _, err) = ember(&["predict", "--model", d, "--placement", "mmap"]);
+    assert!(!ok && err.contains("laid out by a profile"), "{err}");
     // A damaged row file stops predict with the file and block named.
     let rows = dir.join("rows/t3.rows");
     let mut bytes = std::fs::read(&rows).unwrap();
@@ -239,5 +299,84 @@ fn bench_tiered_reports_every_policy_against_dram_and_cold_mmap() {
             || err.contains("mmap with the cache budget: skipped"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With a trace, `bench tiered` also runs the laid-out files: their policy is checked against
+/// DRAM like the others, and the ratio to the row-ordered files and the bytes used per byte read
+/// are reported.
+#[test]
+fn bench_tiered_runs_files_laid_out_by_the_trace() {
+    let dir = tmp("bench-layout");
+    let trace = dir.join("trace.txt");
+    // Some ids repeat (hot), the rest are met once in a row, as a skewed trace is.
+    let ids: Vec<String> = (0..20_000u64)
+        .map(|i| {
+            if i % 3 == 0 {
+                i % 97
+            } else {
+                (i * 31) % 15_000
+            }
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&trace, ids.join("\n") + "\n").unwrap();
+    let (ok, out, err) = ember(&[
+        "bench",
+        "tiered",
+        "--tables",
+        "2",
+        "--rows",
+        "15000",
+        "--dim",
+        "24",
+        "--batch",
+        "16",
+        "--pooling",
+        "20",
+        "--batches",
+        "4",
+        "--runs",
+        "2",
+        "--ids",
+        trace.to_str().unwrap(),
+        "--cache-mb",
+        "1",
+        "--policies",
+        "lru,pinned",
+        "--layout-policies",
+        "pinned,lfu",
+        "--disk-secs",
+        "0.2",
+        "--no-mmap",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let j = json_of(&out);
+    let policies = j["policies"].as_array().unwrap();
+    let labels: Vec<&str> = policies
+        .iter()
+        .map(|p| p["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        ["lru", "pinned", "pinned, laid out", "lfu, laid out"],
+        "{j}"
+    );
+    for p in policies {
+        let used = p["useful_bytes_per_byte_read"].as_f64().unwrap();
+        assert!(used > 0.0 && used <= 1.0, "{p}");
+        assert_eq!(
+            p["layout"].is_null(),
+            !p["label"].as_str().unwrap().contains("laid out")
+        );
+    }
+    let hot = &policies[2]["layout"];
+    assert_eq!(hot["hot_rows"], (1 << 20) / 2 / 96, "{hot}");
+    assert!(j["ratio_layout_to_id_order"].as_f64().unwrap() > 0.0, "{j}");
+    assert_eq!(j["checked_against_dram"], true);
+    assert!(err.contains("layout: "), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

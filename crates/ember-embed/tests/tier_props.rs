@@ -1,13 +1,15 @@
 //! The SSD tier against in-memory tables: row files round-trip every dtype; staged lookups equal
 //! in-memory lookups bit for bit on random batches (odd dims, empty bags, empty batches, weights,
 //! shared tables, u32 and i64 ids) for every cache policy, cache sizes from zero to everything,
-//! inline and pipelined; the cache never exceeds its budget and never evicts a pinned row; damaged
-//! files are refused at open or at read.
+//! inline and pipelined, from files in id order or laid out by a profile; the cache never exceeds
+//! its budget and never evicts a pinned row; damaged files are refused at open or at read.
 
 mod common;
 
 use common::{BatchShape, random_batch};
-use ember_embed::storage::{BLOCK, RowFile, RowFileWriter, write_row_file};
+use ember_embed::storage::{
+    BLOCK, RowFile, RowFileWriter, RowLayout, write_row_file, write_row_file_laid_out,
+};
 use ember_embed::tier::pipeline;
 use ember_embed::*;
 use proptest::prelude::*;
@@ -55,6 +57,34 @@ fn random_table(
         .map(|_| offset + rng.random_range(-2.0f32..2.0))
         .collect();
     EmbeddingTable::from_f32(name, rows, dim, dt, &vals).unwrap()
+}
+
+/// A layout of `rows` rows from a random profile (repeats, ids past the table) and a random
+/// number of hot rows.
+fn random_layout(rng: &mut SmallRng, rows: usize) -> RowLayout {
+    let n = rng.random_range(0..3 * rows + 2);
+    let ids: Vec<u64> = (0..n)
+        .map(|_| match rng.random_range(0..4) {
+            0 => rng.random_range(0..(rows as u64 / 4).max(1)),
+            1 => rows as u64 + rng.random_range(0..3),
+            _ => rng.random_range(0..rows as u64),
+        })
+        .collect();
+    let hot = rng.random_range(0..=rows);
+    RowLayout::from_profile(rows, &ids, hot).unwrap().0
+}
+
+/// Writes `t` laid out by `layout`.
+fn write_laid_out(t: &EmbeddingTable, path: &Path, layout: &RowLayout) {
+    write_row_file_laid_out(
+        path,
+        t.name(),
+        t.dim(),
+        t.dtype(),
+        t.resident().unwrap(),
+        layout,
+    )
+    .unwrap();
 }
 
 fn write(t: &EmbeddingTable, path: &Path) {
@@ -120,13 +150,15 @@ struct Case {
     /// Cache budget as a fraction of the tier tables' bytes.
     cache_frac: f64,
     depth: usize,
+    /// Tier tables' files laid out by a random profile (else in id order).
+    laid_out: bool,
 }
 
 impl std::fmt::Debug for Case {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "seed={} {} dims={:?} ssd={:?} feats={} batch={}x{} len<={} {:?} wide={} {} cache={:.2} depth={}",
+            "seed={} {} dims={:?} ssd={:?} feats={} batch={}x{} len<={} {:?} wide={} {} cache={:.2} depth={} laid_out={}",
             self.seed,
             self.dtype,
             self.dims,
@@ -139,7 +171,8 @@ impl std::fmt::Debug for Case {
             self.wide,
             self.policy,
             self.cache_frac,
-            self.depth
+            self.depth,
+            self.laid_out
         )
     }
 }
@@ -157,7 +190,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
         any::<bool>(),
         prop::sample::select(CachePolicy::ALL.to_vec()),
         prop::sample::select(vec![0.0, 0.05, 0.3, 1.0]),
-        0usize..=2,
+        (0usize..=2, any::<bool>()),
     )
         .prop_map(
             |(
@@ -172,7 +205,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 wide,
                 policy,
                 cache_frac,
-                depth,
+                (depth, laid_out),
             )| {
                 let (dims, mut on_ssd): (Vec<usize>, Vec<bool>) = tabs.into_iter().unzip();
                 on_ssd[0] = true; // at least one table on the tier
@@ -190,6 +223,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                     policy,
                     cache_frac,
                     depth,
+                    laid_out,
                 }
             },
         )
@@ -213,7 +247,11 @@ fn build(
         let rows = rng.random_range(1..400);
         let table = random_table(&mut rng, &format!("table{t}"), rows, dim, c.dtype);
         let p = dir.path(&format!("table{t}.rows"));
-        write(&table, &p);
+        if c.laid_out && ssd {
+            write_laid_out(&table, &p, &random_layout(&mut rng, rows));
+        } else {
+            write(&table, &p);
+        }
         if ssd {
             tier_bytes += table.rows() * table.stride();
         }
@@ -685,12 +723,16 @@ fn damaged_files_are_refused_with_a_clear_error() {
     assert!(open_err(&p).contains("extra bytes"), "{}", open_err(&p));
     // A version this build does not read, with a valid header CRC.
     let p = copy("version.rows");
-    rewrite_header(&p, |h| h[8..12].copy_from_slice(&2u32.to_le_bytes()));
+    rewrite_header(&p, |h| h[8..12].copy_from_slice(&3u32.to_le_bytes()));
     assert!(
-        open_err(&p).contains("format version 2"),
+        open_err(&p).contains("format version 3"),
         "{}",
         open_err(&p)
     );
+    // A file in id order that claims a layout (version 2, valid CRC) is inconsistent.
+    let p = copy("claims-layout.rows");
+    rewrite_header(&p, |h| h[8..12].copy_from_slice(&2u32.to_le_bytes()));
+    assert!(open_err(&p).contains("inconsistent"), "{}", open_err(&p));
     // Fields inconsistent with the shape (valid CRC): data offset moved.
     let p = copy("fields.rows");
     rewrite_header(&p, |h| {
@@ -820,6 +862,7 @@ fn large_batches_staged_in_parallel_equal_in_memory() {
                 policy,
                 cache_frac,
                 depth: j % 2,
+                laid_out: j % 2 == 1,
             };
             pool.install(|| check_case(&c));
         }
@@ -886,4 +929,104 @@ fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
     }
     stager.check_invariants(budget);
     assert_eq!(stager.held_slots(), 0);
+}
+
+/// Files laid out by a profile: every row reads back by its id (one at a time, all at once into
+/// memory, through every store); the mmap placement refuses them; a damaged layout (its CRC, or
+/// positions that are not a permutation under a valid CRC) is refused at open.
+#[test]
+fn laid_out_files_read_by_id_and_damage_is_refused() {
+    let dir = TempDir::new("layout");
+    let mut rng = SmallRng::seed_from_u64(23);
+    for dt in DType::ALL {
+        // 12-byte rows over 4 MiB straddle `read_all`'s chunks; 4400-byte rows span blocks.
+        for (rows, dim) in [(1, 1), (257, 33), (700, 64), (400_000, 3), (60, 1100)] {
+            let t = random_table(&mut rng, "tab", rows, dim, dt);
+            let layout = random_layout(&mut rng, rows);
+            let p = dir.path(&format!("{dt}-{rows}-{dim}.rows"));
+            write_laid_out(&t, &p, &layout);
+            let f = RowFile::open(&p).unwrap();
+            assert!(f.header().laid_out());
+            assert_eq!(f.layout(), Some(&layout));
+            f.verify_all().unwrap();
+            let mut all = vec![0u8; rows * t.stride()];
+            f.read_all(&mut all).unwrap();
+            assert!(all == t.resident().unwrap(), "{dt} {rows}x{dim}: read_all");
+            let (mut a, mut b) = (vec![0u8; t.stride()], vec![0u8; t.stride()]);
+            for r in (0..rows).step_by(1 + rows / 37).chain([rows - 1]) {
+                t.read_row(r, &mut a).unwrap();
+                f.read_row(r, &mut b).unwrap();
+                assert_eq!(a, b, "{dt} {rows}x{dim} row {r}");
+            }
+            let dram =
+                EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).unwrap();
+            assert!(dram.resident() == t.resident(), "{dt} {rows}x{dim} as dram");
+            let e = EmbeddingTable::from_row_file(&p, Placement::Mmap, PagePolicy::Small)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("laid out by a profile"), "{e}");
+        }
+    }
+    // Every store reads every row of a laid-out table where its layout put it.
+    let rows = 3000;
+    let t = random_table(&mut rng, "t", rows, 20, DType::F32);
+    let layout = random_layout(&mut rng, rows);
+    assert!(!layout.is_identity());
+    let p = dir.path("stores.rows");
+    write_laid_out(&t, &p, &layout);
+    let tier =
+        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
+            .unwrap();
+    let mem = EmbeddingCollection::one_feature_per_table(vec![t]).unwrap();
+    let ids: Vec<u32> = (0..rows as u32).rev().collect();
+    let kj = KeyedJagged::from_lengths(vec!["t".into()], rows, &vec![1; rows], Ids::U32(ids), None)
+        .unwrap();
+    for io in [IoMode::Auto, IoMode::Pread, IoMode::Mmap] {
+        let stager = Stager::new(
+            &tier,
+            TierOptions {
+                io,
+                cache_bytes: 0,
+                ..TierOptions::default()
+            },
+        )
+        .unwrap();
+        let staged = stager.stage(&tier, tier.validate(&kj).unwrap()).unwrap();
+        let pooler = Pooler::new(PoolOptions::default()).unwrap();
+        assert_pools_as_dram(&pooler, &tier, &mem, &kj, &staged);
+    }
+
+    // Damage: a flipped position fails the layout's CRC; positions that are not a permutation
+    // under a rewritten CRC are refused too.
+    let f = RowFile::open(&p).unwrap();
+    let at = f.header().layout_offset;
+    drop(f);
+    let open_err = |p: &Path| RowFile::open(p).unwrap_err().to_string();
+    let q = dir.path("layout-crc.rows");
+    std::fs::copy(&p, &q).unwrap();
+    flip(&q, at + 5);
+    assert!(open_err(&q).contains("layout damaged"), "{}", open_err(&q));
+    let q = dir.path("layout-perm.rows");
+    std::fs::copy(&p, &q).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&q)
+            .unwrap();
+        // Row 1 moved onto row 0's position.
+        let mut pos = vec![0u8; 4 * rows];
+        file.read_exact_at(&mut pos, at).unwrap();
+        let first: [u8; 4] = pos[0..4].try_into().unwrap();
+        pos[4..8].copy_from_slice(&first);
+        file.write_all_at(&pos, at).unwrap();
+        let crc = crc32fast::hash(&pos);
+        rewrite_header(&q, |h| h[1112..1116].copy_from_slice(&crc.to_le_bytes()));
+    }
+    assert!(
+        open_err(&q).contains("not a permutation"),
+        "{}",
+        open_err(&q)
+    );
 }

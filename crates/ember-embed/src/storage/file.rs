@@ -85,7 +85,7 @@ impl FileStore {
             }
             // Offset of the row in the buffer: the current read starts at `buf_len`.
             let (_, f0, _) = cur.unwrap_or((0, first, n));
-            ats.push(buf_len + (r.row * file.row_bytes() - f0 as usize * BLOCK));
+            ats.push(buf_len + (file.row_offset(r.row) - f0 * BLOCK as u64) as usize);
         }
         flush(cur, &mut buf_len);
         buf_len
@@ -114,7 +114,7 @@ impl RowStore for FileStore {
             return Ok(ReadStats::default());
         }
         let files = &self.files;
-        reqs.sort_unstable_by_key(|r| (r.table, r.row as u64 * files[r.table].row_bytes() as u64));
+        reqs.sort_unstable_by_key(|r| (r.table, files[r.table].row_offset(r.row)));
         let total = self.plan(reqs);
         let FileStore {
             files,

@@ -83,10 +83,10 @@ impl MappedRows {
         &self.map[start..start + n as usize * BLOCK]
     }
 
-    /// Row `r` of the file.
+    /// Row `r` of the file (where the file's layout put it).
     fn row(&self, r: usize) -> &[u8] {
         let rb = self.file.row_bytes();
-        let start = self.file.header().data_offset as usize + r * rb;
+        let start = (self.file.header().data_offset + self.file.row_offset(r)) as usize;
         &self.map[start..start + rb]
     }
 }
@@ -129,7 +129,7 @@ impl RowStore for MapStore {
     ) -> Result<ReadStats> {
         let t = Instant::now();
         let maps = &self.maps;
-        reqs.sort_unstable_by_key(|r| (r.table, r.row));
+        reqs.sort_unstable_by_key(|r| (r.table, maps[r.table].file.position(r.row)));
         // Every block is checked once before any row lands (all or nothing, as the contract
         // asks); neighbouring rows share blocks, so the last checked range is remembered.
         let (mut checked, mut blocks): (Option<(usize, u64, u64)>, u64) = (None, 0);

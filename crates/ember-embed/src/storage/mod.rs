@@ -29,7 +29,10 @@ mod mmap;
 pub use file::FileStore;
 pub use io::{IoKind, IoMode};
 pub use mmap::{MapStore, MappedRows};
-pub use rowfile::{BLOCK, RowFile, RowFileHeader, RowFileWriter, write_row_file};
+pub use rowfile::{
+    BLOCK, LayoutSummary, RowFile, RowFileHeader, RowFileWriter, RowLayout, write_row_file,
+    write_row_file_laid_out,
+};
 
 use crate::error::{EmbedError, Result};
 use std::fmt;

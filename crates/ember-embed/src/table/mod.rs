@@ -199,8 +199,19 @@ impl EmbeddingTable {
 
     /// A table read through a plain read-only mapping of the row file at `path` (the header and
     /// checksum table are checked at open; the rows are not, as the OS pages them in unseen).
+    /// A file laid out by a profile (`ember convert --layout-profile`) is refused: the kernels
+    /// read a mapped table's rows in place, by id.
     pub fn map_row_file(path: &Path) -> Result<Self> {
         let file = Arc::new(RowFile::open(path)?);
+        if file.layout().is_some() {
+            return Err(EmbedError::RowFile {
+                path: path.display().to_string(),
+                reason: "its rows are laid out by a profile (format version 2), and the mmap \
+                         placement reads rows in place in id order: place the table on ssd, or \
+                         write the file again without --layout-profile"
+                    .into(),
+            });
+        }
         let rows = MappedRows::map(file.clone())?;
         Ok(Self::over_file(file, Storage::Mapped(rows)))
     }

@@ -10,6 +10,7 @@
 //! the cold mmap ([`mmap`]). Report: medians of the runs ([`report`]).
 
 mod files;
+mod layout;
 mod mmap;
 mod pairs;
 mod report;
@@ -94,6 +95,17 @@ pub struct TieredArgs {
     /// Seconds of the disk random-read measurement.
     #[arg(long, default_value_t = 3.0)]
     disk_secs: f64,
+    /// Cache policies to run again on row files laid out by a profile (hot rows first, the rest
+    /// by first access; comma-separated; empty to skip).
+    #[arg(long, value_delimiter = ',', default_value = "pinned")]
+    layout_policies: Vec<CachePolicy>,
+    /// Profile the laid-out files are placed by (an id trace) [default: the --ids trace when it is
+    /// one; without either the layout is skipped].
+    #[arg(long)]
+    layout_profile: Option<PathBuf>,
+    /// Rows placed first by heat [default: the rows each table's share of --cache-mb holds].
+    #[arg(long)]
+    layout_hot_rows: Option<usize>,
 }
 
 /// The batches: warm-up ones, then `runs` runs of `batches` timed ones.
@@ -137,19 +149,34 @@ pub fn run(t: TieredArgs) -> Result<()> {
     let disk = measure_disk(&t, &paths)?;
     let cache_bytes = t.cache_mb << 20;
     // The DRAM tables first: each tier run is paired with a DRAM run of the same batches.
+    let laid = layout::laid_out_files(&t, s, &source)?;
     let dram_coll = dram_tables(&t, s)?;
-    let (policies, outs) = measure_policies(
+    let peers = Peers {
+        disk_iops: disk.iops,
+        dram: dram_coll.as_ref(),
+    };
+    let (mut policies, mut outs) = measure_policies(
         &t,
         s,
-        &paths,
+        (&paths, &t.policies, None),
         &pooler,
         &work,
-        pin_trace,
-        Peers {
-            disk_iops: disk.iops,
-            dram: dram_coll.as_ref(),
-        },
+        pin_trace.clone(),
+        &peers,
     )?;
+    if let Some(l) = &laid {
+        let (p, o) = measure_policies(
+            &t,
+            s,
+            (&l.paths, &t.layout_policies, Some(l)),
+            &pooler,
+            &work,
+            pin_trace,
+            &peers,
+        )?;
+        policies.extend(p);
+        outs.extend(o);
+    }
     let (dram, checked) = measure_dram(
         dram_coll.as_ref(),
         s,
@@ -219,7 +246,7 @@ fn row_files(t: &TieredArgs, s: Shape) -> Result<Vec<PathBuf>> {
         })
         .collect();
     for (i, p) in paths.iter().enumerate() {
-        files::ensure_row_file(p, i, s.rows, s.dim, a.dtype, a.seed)?;
+        files::ensure_row_file(p, i, (s.rows, s.dim, a.dtype), a.seed, None)?;
     }
     Ok(paths)
 }
@@ -302,21 +329,25 @@ fn measure_disk(t: &TieredArgs, paths: &[PathBuf]) -> Result<Disk> {
     })
 }
 
-/// Each policy's pooled output on the last batch of its first run.
-type Outputs = Vec<(CachePolicy, Vec<f32>)>;
+/// Each policy's pooled output on the last batch of its first run, with the policy's name.
+type Outputs = Vec<(String, Vec<f32>)>;
+
+/// The row files a set of policies runs on: their paths, the policies, and the layout that
+/// placed their rows (`None`: id order).
+type Files<'a> = (&'a [PathBuf], &'a [CachePolicy], Option<&'a layout::Laid>);
 
 /// The tier once per policy: a JSON object of figures each, and each policy's output on the
 /// last batch of its first run (checked against DRAM's later).
 fn measure_policies(
     t: &TieredArgs,
     s: Shape,
-    paths: &[PathBuf],
+    (paths, policies, laid): Files<'_>,
     pooler: &Pooler,
     work: &Batches,
     pin_trace: Option<Arc<Vec<u64>>>,
-    peers: Peers<'_>,
+    peers: &Peers<'_>,
 ) -> Result<(Vec<Value>, Outputs)> {
-    let Peers { disk_iops, dram } = peers;
+    let &Peers { disk_iops, dram } = peers;
     let a = &t.embed;
     let cache_bytes = t.cache_mb << 20;
     let coll = EmbeddingCollection::one_feature_per_table(
@@ -329,7 +360,11 @@ fn measure_policies(
     let lookups_per_run = work.lookups_per_run;
     let mut results = Vec::new();
     let mut outs = Vec::new();
-    for &policy in &t.policies {
+    for &policy in policies {
+        let label = match laid {
+            Some(_) => format!("{policy}, laid out"),
+            None => policy.name().to_string(),
+        };
         let opts = TierOptions {
             cache_bytes,
             policy,
@@ -354,7 +389,7 @@ fn measure_policies(
             &mut None,
         )?;
         eprintln!(
-            "{policy}: setup {setup_s:.1} s, warm-up {} batches {:.1} s, hit rate {:.3}",
+            "{label}: setup {setup_s:.1} s, warm-up {} batches {:.1} s, hit rate {:.3}",
             work.warmup.len(),
             t0.elapsed().as_secs_f64(),
             stager.stats().hit_rate()
@@ -382,7 +417,7 @@ fn measure_policies(
                 ratios.push(pair.tier / d);
             }
             if let Some(k) = keep {
-                outs.push((policy, k));
+                outs.push((label.clone(), k));
             }
         }
         stager.check_invariants(cache_bytes);
@@ -390,8 +425,10 @@ fn measure_policies(
         let secs: f64 = lps.iter().map(|l| lookups_per_run as f64 / l).sum();
         let (cached_bytes, _) = stager.cache_usage();
         let vs_dram = (!ratios.is_empty()).then(|| median(&ratios));
+        let row_bytes = a.dtype.row_bytes(s.dim) as f64;
+        let useful = st.misses as f64 * row_bytes / (st.ssd_bytes_read as f64).max(1.0);
         eprintln!(
-            "{policy}: {:.2} M lookups/s (median of {}){}, hit rate {:.3} (per lookup {:.3}), {} read",
+            "{label}: {:.2} M lookups/s (median of {}){}, hit rate {:.3} (per lookup {:.3}), {} read, {:.3} of it rows used",
             median(&lps) / 1e6,
             lps.len(),
             vs_dram.map_or(String::new(), |r| format!(
@@ -399,10 +436,21 @@ fn measure_policies(
             )),
             st.hit_rate(),
             st.lookup_hit_rate(),
-            human_bytes(st.ssd_bytes_read as usize)
+            human_bytes(st.ssd_bytes_read as usize),
+            useful
         );
         results.push(json!({
             "policy": policy.name(),
+            "label": label,
+            "layout": laid.map(|l| json!({
+                "profile": l.profile,
+                "hot_rows": l.hot_rows,
+                "hot": l.summary.hot,
+                "warm": l.summary.warm,
+                "cold": l.summary.cold,
+            })),
+            "rows_read": st.misses,
+            "useful_bytes_per_byte_read": useful,
             "lookups_per_s": median(&lps),
             "run_lookups_per_s": lps,
             "vs_dram_paired": vs_dram,
@@ -471,7 +519,7 @@ fn measure_dram(
     pooler: &Pooler,
     runs: &[&[KeyedJagged]],
     lookups_per_run: usize,
-    outs: &[(CachePolicy, Vec<f32>)],
+    outs: &[(String, Vec<f32>)],
 ) -> Result<(Option<Vec<f64>>, Option<bool>)> {
     let Some(coll) = coll else {
         return Ok((None, None));

@@ -55,7 +55,7 @@ impl Report {
         .param("ids", &self.ids)
         .param("table bytes", human_bytes(self.total_bytes))
         .param("row cache", human_bytes(self.cache_bytes));
-        let name = |v: &Value| format!("tier {}", v["policy"].as_str().unwrap_or("?"));
+        let name = |v: &Value| format!("tier {}", v["label"].as_str().unwrap_or("?"));
         let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
         p.figure(
             "Hit rate per cache policy",
@@ -107,17 +107,17 @@ impl Report {
     pub(super) fn print(&self, t: &TieredArgs, s: Shape) {
         let a = &t.embed;
         let row_bytes = a.dtype.row_bytes(s.dim);
-        let best = self
-            .policies
-            .iter()
-            .max_by(|x, y| {
-                x["lookups_per_s"]
-                    .as_f64()
-                    .partial_cmp(&y["lookups_per_s"].as_f64())
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            })
-            .cloned()
-            .unwrap_or(Value::Null);
+        let best = best_of(self.policies.iter());
+        // Today's row-ordered files against the laid-out ones, each at its best policy.
+        let best_rows = best_of(self.policies.iter().filter(|p| p["layout"].is_null()));
+        let best_laid = best_of(self.policies.iter().filter(|p| !p["layout"].is_null()));
+        let layout_ratio = match (
+            best_laid["lookups_per_s"].as_f64(),
+            best_rows["lookups_per_s"].as_f64(),
+        ) {
+            (Some(l), Some(r)) if r > 0.0 => Some(l / r),
+            _ => None,
+        };
         let best_lps = best["lookups_per_s"].as_f64().unwrap_or(0.0);
         let dram_lps = self.dram.as_ref().map(|v| median(v));
         let mmap_lps = self.mmap.as_ref().map(|(v, _)| median(v));
@@ -175,8 +175,9 @@ impl Report {
             "  {} warm-up batches, then {} runs x {} batches, medians:",
             self.warmup, a.runs, a.batches
         );
+        println!("  used: bytes of the rows the cache lacked, per byte read from the disk");
         println!(
-            "  {:<14} {:>12} {:>9} {:>9} {:>10} {:>12} {:>10} {:>8}",
+            "  {:<24} {:>12} {:>9} {:>9} {:>10} {:>12} {:>10} {:>6} {:>8}",
             "",
             "lookups/s",
             "hit rate",
@@ -184,43 +185,62 @@ impl Report {
             "SSD reads/s",
             "% of disk",
             "SSD bytes",
+            "used",
             "overlap"
         );
         for p in &self.policies {
             println!(
-                "  {:<14} {:>10.3} M {:>9.3} {:>9.3} {:>10.0} {:>11.1}% {:>10} {:>8.2}",
-                format!("tier {}", p["policy"].as_str().unwrap_or("?")),
+                "  {:<24} {:>10.3} M {:>9.3} {:>9.3} {:>10.0} {:>11.1}% {:>10} {:>6.3} {:>8.2}",
+                format!("tier {}", p["label"].as_str().unwrap_or("?")),
                 p["lookups_per_s"].as_f64().unwrap_or(0.0) / 1e6,
                 p["hit_rate"].as_f64().unwrap_or(0.0),
                 p["lookup_hit_rate"].as_f64().unwrap_or(0.0),
                 p["ssd_reads_per_s"].as_f64().unwrap_or(0.0),
                 100.0 * p["fraction_of_disk_ceiling"].as_f64().unwrap_or(0.0),
                 human_bytes(p["ssd_bytes_read"].as_u64().unwrap_or(0) as usize),
+                p["useful_bytes_per_byte_read"].as_f64().unwrap_or(0.0),
                 p["overlap"].as_f64().unwrap_or(0.0)
             );
         }
         if let Some(d) = dram_lps {
-            println!("  {:<14} {:>10.3} M", "dram", d / 1e6);
+            println!("  {:<24} {:>10.3} M", "dram", d / 1e6);
         }
         if let Some(m) = mmap_lps {
-            println!("  {:<14} {:>10.3} M", "mmap (cold)", m / 1e6);
+            println!("  {:<24} {:>10.3} M", "mmap (cold)", m / 1e6);
         }
         if let Some(m) = budget_lps {
             println!(
-                "  {:<14} {:>10.3} M   (cold, page cache limited to the cache budget)",
+                "  {:<24} {:>10.3} M   (cold, page cache limited to the cache budget)",
                 "mmap (budget)",
                 m / 1e6
             );
         }
         if let Some(m) = budget_bound {
             println!(
-                "  {:<14} < {:>8.4} M   (cold, page cache limited to the cache budget; stopped before its runs finished)",
+                "  {:<24} < {:>8.4} M   (cold, page cache limited to the cache budget; stopped before its runs finished)",
                 "mmap (budget)",
                 m / 1e6
             );
         }
+        if let Some(r) = layout_ratio {
+            println!(
+                "  best laid out ({}) / best in id order ({}): {r:.2}x; rows used per byte read {:.3} against {:.3}",
+                best_laid["label"].as_str().unwrap_or("?"),
+                best_rows["label"].as_str().unwrap_or("?"),
+                best_laid["useful_bytes_per_byte_read"]
+                    .as_f64()
+                    .unwrap_or(0.0),
+                best_rows["useful_bytes_per_byte_read"]
+                    .as_f64()
+                    .unwrap_or(0.0),
+            );
+        }
         if let Some(d) = dram_lps {
-            println!("  best tier / dram: {:.3}x", best_lps / d);
+            println!(
+                "  best tier ({}) / dram: {:.3}x",
+                best["label"].as_str().unwrap_or("?"),
+                best_lps / d
+            );
         }
         if let Some(r) = best["vs_dram_paired"].as_f64() {
             println!(
@@ -251,6 +271,10 @@ impl Report {
                 "gb_per_s": best_lps * row_bytes as f64 / 1e9,
                 "ns_per_lookup": 1e9 / best_lps.max(1e-9),
                 "policy": best["policy"],
+                "label": best["label"],
+                "best_id_order": best_rows["label"],
+                "best_laid_out": best_laid["label"],
+                "ratio_layout_to_id_order": layout_ratio,
                 "hit_rate": best["hit_rate"],
                 "lookup_hit_rate": best["lookup_hit_rate"],
                 "ssd_bytes_read": best["ssd_bytes_read"],
@@ -283,4 +307,17 @@ impl Report {
             println!("{j}");
         }
     }
+}
+
+/// The policy entry with the most lookups/s (`Null` when there is none).
+fn best_of<'a>(policies: impl Iterator<Item = &'a Value>) -> Value {
+    policies
+        .max_by(|x, y| {
+            x["lookups_per_s"]
+                .as_f64()
+                .partial_cmp(&y["lookups_per_s"].as_f64())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .cloned()
+        .unwrap_or(Value::Null)
 }

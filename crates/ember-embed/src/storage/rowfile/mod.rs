@@ -6,14 +6,19 @@
 //! 0             4096                  header (below)
 //! sums_offset   4 x blocks, padded    CRC-32 of every data block, in order
 //!               to 4096
+//! layout_offset 4 x rows, padded      version 2 only: the position of every row in the data, u32
+//!               to 4096               in id order (see [`layout`])
 //! data_offset   blocks x 4096         the rows, packed back to back in the table's dtype layout
-//!                                     (`row_bytes` each, as in memory), zero-padded to a block
+//!                                     (`row_bytes` each, as in memory), zero-padded to a block;
+//!                                     in id order (version 1) or in the layout's order
 //! ```
 //!
 //! Header (little-endian): magic `EMBROWS\0` (8), version u32, dtype code u32 (0 f32, 1 f16, 2 bf16,
 //! 3 int8, 4 int4), rows u64, dim u64, row_bytes u64, block_bytes u64, sums_offset u64, data_offset
 //! u64, data_bytes u64, sums_crc u32 (CRC-32 of the checksum table), name_len u32, the table's name
-//! (UTF-8, at most 1024 bytes), zeros, and at byte 4092 the CRC-32 of bytes 0..4092.
+//! (UTF-8, at most 1024 bytes); in version 2, at byte 1104 layout_offset u64 and at 1112
+//! layout_crc u32 (CRC-32 of the 4 x rows bytes of positions); zeros, and at byte 4092 the CRC-32
+//! of bytes 0..4092. A file without a layout is written as version 1, which every build reads.
 //!
 //! The block (4096 bytes) is the unit of every read and of the checksums: the data region starts
 //! block-aligned, so a read of the blocks covering a row is aligned in offset and length as
@@ -25,11 +30,13 @@
 //! file under the final name; a truncated, extended or damaged file is refused at open (length,
 //! header and checksum-table CRCs) or at read (block CRC).
 
+pub mod layout;
 mod read;
 mod write;
 
+pub use layout::{LayoutSummary, RowLayout};
 pub use read::RowFile;
-pub use write::{RowFileWriter, write_row_file};
+pub use write::{RowFileWriter, write_row_file, write_row_file_laid_out};
 
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
@@ -37,8 +44,12 @@ use std::path::Path;
 
 /// First 8 bytes of every row file.
 pub const MAGIC: [u8; 8] = *b"EMBROWS\0";
-/// The format version this build writes and reads.
+/// The format version of a file whose rows are in id order (written by every build).
 pub const VERSION: u32 = 1;
+/// The format version of a file that carries a [`RowLayout`].
+pub const VERSION_LAID_OUT: u32 = 2;
+/// Where version 2 keeps its layout fields (past the longest name).
+const LAYOUT_AT: usize = 80 + MAX_NAME;
 /// Bytes of one block: the unit of reads, alignment and checksums.
 pub const BLOCK: usize = 4096;
 /// Bytes of the header.
@@ -64,11 +75,22 @@ pub struct RowFileHeader {
     pub data_offset: u64,
     pub data_bytes: u64,
     pub sums_crc: u32,
+    /// Where the rows' positions start (0: no layout, the rows are in id order).
+    pub layout_offset: u64,
+    /// CRC-32 of the positions.
+    pub layout_crc: u32,
 }
 
 impl RowFileHeader {
-    /// The layout of a table of this shape.
-    pub(crate) fn layout(name: &str, rows: usize, dim: usize, dtype: DType) -> Result<Self> {
+    /// Where everything lies in the file of a table of this shape (`laid_out`: with a section of
+    /// row positions).
+    pub(crate) fn for_shape(
+        name: &str,
+        rows: usize,
+        dim: usize,
+        dtype: DType,
+        laid_out: bool,
+    ) -> Result<Self> {
         let bad = |reason: String| EmbedError::BadTable {
             table: name.into(),
             reason,
@@ -92,7 +114,23 @@ impl RowFileHeader {
             .ok_or_else(overflow)?
             .div_ceil(BLOCK as u64)
             * BLOCK as u64;
-        let data_offset = sums_offset + sums_bytes;
+        if laid_out && rows > layout::MAX_LAYOUT_ROWS {
+            return Err(bad(format!(
+                "{rows} rows: a layout covers at most {}",
+                layout::MAX_LAYOUT_ROWS
+            )));
+        }
+        let layout_offset = if laid_out {
+            sums_offset + sums_bytes
+        } else {
+            0
+        };
+        let layout_bytes = if laid_out {
+            (rows as u64 * 4).div_ceil(BLOCK as u64) * BLOCK as u64
+        } else {
+            0
+        };
+        let data_offset = sums_offset + sums_bytes + layout_bytes;
         let data_bytes = blocks.checked_mul(BLOCK as u64).ok_or_else(overflow)?;
         data_offset.checked_add(data_bytes).ok_or_else(overflow)?;
         Ok(RowFileHeader {
@@ -106,7 +144,14 @@ impl RowFileHeader {
             data_offset,
             data_bytes,
             sums_crc: 0,
+            layout_offset,
+            layout_crc: 0,
         })
+    }
+
+    /// Whether the file carries a layout (version 2).
+    pub fn laid_out(&self) -> bool {
+        self.layout_offset != 0
     }
 
     /// Data blocks.
@@ -122,7 +167,12 @@ impl RowFileHeader {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut h = vec![0u8; HEADER];
         h[0..8].copy_from_slice(&MAGIC);
-        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let version = if self.laid_out() {
+            VERSION_LAID_OUT
+        } else {
+            VERSION
+        };
+        h[8..12].copy_from_slice(&version.to_le_bytes());
         h[12..16].copy_from_slice(&self.dtype.code().to_le_bytes());
         let fields = [
             self.rows,
@@ -139,6 +189,10 @@ impl RowFileHeader {
         h[72..76].copy_from_slice(&self.sums_crc.to_le_bytes());
         h[76..80].copy_from_slice(&(self.name.len() as u32).to_le_bytes());
         h[80..80 + self.name.len()].copy_from_slice(self.name.as_bytes());
+        if self.laid_out() {
+            h[LAYOUT_AT..LAYOUT_AT + 8].copy_from_slice(&self.layout_offset.to_le_bytes());
+            h[LAYOUT_AT + 8..LAYOUT_AT + 12].copy_from_slice(&self.layout_crc.to_le_bytes());
+        }
         let crc = crc32fast::hash(&h[..HEADER_CRC_AT]);
         h[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         h
@@ -157,11 +211,13 @@ impl RowFileHeader {
         let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4]));
         let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
         let version = u32_at(8);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_LAID_OUT {
             return Err(format!(
-                "format version {version}, this build reads version {VERSION}"
+                "format version {version}, this build reads versions {VERSION} and \
+                 {VERSION_LAID_OUT}"
             ));
         }
+        let laid_out = version == VERSION_LAID_OUT;
         let stored = u32_at(HEADER_CRC_AT);
         let actual = crc32fast::hash(&h[..HEADER_CRC_AT]);
         if stored != actual {
@@ -189,13 +245,17 @@ impl RowFileHeader {
             data_offset: u64_at(56),
             data_bytes: u64_at(64),
             sums_crc: u32_at(72),
+            layout_offset: if laid_out { u64_at(LAYOUT_AT) } else { 0 },
+            layout_crc: if laid_out { u32_at(LAYOUT_AT + 8) } else { 0 },
         };
         // The layout is a function of the shape: anything else is a damaged or foreign file.
         let rows = usize::try_from(got.rows).map_err(|_| "row count too large".to_string())?;
         let dim = usize::try_from(got.dim).map_err(|_| "dim too large".to_string())?;
-        let want = Self::layout(&got.name, rows, dim, dtype).map_err(|e| e.to_string())?;
+        let want =
+            Self::for_shape(&got.name, rows, dim, dtype, laid_out).map_err(|e| e.to_string())?;
         let want = RowFileHeader {
             sums_crc: got.sums_crc,
+            layout_crc: got.layout_crc,
             ..want
         };
         if want != got {

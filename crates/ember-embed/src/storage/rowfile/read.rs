@@ -1,7 +1,7 @@
 //! Reading a row file: opened with its length, header and checksum table checked; rows and
 //! blocks read on demand and checked against their checksums.
 
-use super::{BLOCK, HEADER, RowFileHeader, io_err};
+use super::{BLOCK, HEADER, RowFileHeader, RowLayout, io_err};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::io::{AlignedBuf, read_full_at};
@@ -17,6 +17,8 @@ pub struct RowFile {
     direct: bool,
     header: RowFileHeader,
     sums: Vec<u32>,
+    /// Where each row lies in the data (version 2); `None`: row `r` is at position `r`.
+    layout: Option<RowLayout>,
 }
 
 impl RowFile {
@@ -91,13 +93,64 @@ impl RowFile {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        let layout = match header.laid_out() {
+            true => Some(Self::read_layout(&file, &header).map_err(bad)?),
+            false => None,
+        };
         Ok(RowFile {
             path: path.into(),
             file,
             direct,
             header,
             sums,
+            layout,
         })
+    }
+
+    /// Reads and checks the positions of a version-2 file (their CRC, and that they are a
+    /// permutation of the rows).
+    fn read_layout(file: &File, h: &RowFileHeader) -> std::result::Result<RowLayout, String> {
+        let len = (h.data_offset - h.layout_offset) as usize;
+        let used = 4 * h.rows as usize;
+        let mut raw = AlignedBuf::new(len).map_err(|e| format!("allocating the layout: {e}"))?;
+        let n = read_full_at(file, raw.as_mut(), h.layout_offset)
+            .map_err(|e| format!("reading the layout: {e}"))?;
+        if n != len {
+            return Err("layout truncated".into());
+        }
+        let bytes = &raw.as_ref()[..used];
+        let crc = crc32fast::hash(bytes);
+        if crc != h.layout_crc {
+            return Err(format!(
+                "layout damaged (stored CRC {:08x}, computed {crc:08x})",
+                h.layout_crc
+            ));
+        }
+        let slots: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        RowLayout::from_slots(&slots).map_err(|e| format!("layout is not a permutation: {e}"))
+    }
+
+    /// Where the rows lie, when not in id order (a version-2 file).
+    pub fn layout(&self) -> Option<&RowLayout> {
+        self.layout.as_ref()
+    }
+
+    /// The position of row `r` in the data.
+    #[inline]
+    pub fn position(&self, r: usize) -> usize {
+        match &self.layout {
+            Some(l) => l.position(r),
+            None => r,
+        }
+    }
+
+    /// Byte offset of row `r` within the data.
+    #[inline]
+    pub fn row_offset(&self, r: usize) -> u64 {
+        self.position(r) as u64 * self.header.row_bytes
     }
 
     /// The header.
@@ -135,7 +188,7 @@ impl RowFile {
 
     /// The first block and the number of blocks holding row `r`.
     pub fn row_blocks(&self, r: usize) -> (u64, u64) {
-        let start = r as u64 * self.header.row_bytes;
+        let start = self.row_offset(r);
         let first = start / BLOCK as u64;
         let last = (start + self.header.row_bytes - 1) / BLOCK as u64;
         (first, last - first + 1)
@@ -201,7 +254,7 @@ impl RowFile {
             .map_err(|e| io_err(&self.path, "read", e))?;
         self.check_len(got, n as usize * BLOCK, first)?;
         self.verify(first, &buf.as_ref()[..got])?;
-        let start = r * self.row_bytes() - first as usize * BLOCK;
+        let start = (self.row_offset(r) - first * BLOCK as u64) as usize;
         out.copy_from_slice(&buf.as_ref()[start..start + self.row_bytes()]);
         Ok(())
     }
@@ -211,7 +264,8 @@ impl RowFile {
         self.scan(|_, _| {})
     }
 
-    /// Reads every row, checked, into `out` (`rows x row_bytes` bytes).
+    /// Reads every row, checked, into `out` (`rows x row_bytes` bytes), in id order whatever the
+    /// file's layout.
     pub fn read_all(&self, out: &mut [u8]) -> Result<()> {
         let len = self.rows() * self.row_bytes();
         if out.len() != len {
@@ -220,10 +274,37 @@ impl RowFile {
                 reason: format!("{} bytes of room for {len} bytes of rows", out.len()),
             });
         }
+        let Some(layout) = &self.layout else {
+            return self.scan(|at, bytes| {
+                let end = (at + bytes.len()).min(len);
+                if at < end {
+                    out[at..end].copy_from_slice(&bytes[..end - at]);
+                }
+            });
+        };
+        // Laid out: each whole row of a chunk goes to its id's place. A row may straddle two
+        // chunks, so its first part waits in `part`.
+        let rb = self.row_bytes();
+        let mut part: Vec<u8> = Vec::with_capacity(rb);
         self.scan(|at, bytes| {
             let end = (at + bytes.len()).min(len);
-            if at < end {
-                out[at..end].copy_from_slice(&bytes[..end - at]);
+            let mut pos = at;
+            while pos < end {
+                let p = pos / rb;
+                let within = pos - p * rb;
+                let take = (rb - within).min(end - pos);
+                let src = &bytes[pos - at..pos - at + take];
+                let id = layout.row_at(p);
+                if within == 0 && take == rb {
+                    out[id * rb..(id + 1) * rb].copy_from_slice(src);
+                } else {
+                    part.extend_from_slice(src);
+                    if part.len() == rb {
+                        out[id * rb..(id + 1) * rb].copy_from_slice(&part);
+                        part.clear();
+                    }
+                }
+                pos += take;
             }
         })
     }

@@ -1,14 +1,15 @@
 //! Writing a row file: rows streamed in order, checksummed per block, the header and checksum
 //! table written last, the file synced and renamed into place.
 
-use super::{BLOCK, RowFileHeader, io_err};
+use super::{BLOCK, RowFileHeader, RowLayout, io_err};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-/// Writes a row file from rows given in order.
+/// Writes a row file from rows given in order: in id order, or, for a file with a layout
+/// ([`RowFileWriter::create_laid_out`]), in the layout's order.
 #[derive(Debug)]
 pub struct RowFileWriter {
     path: PathBuf,
@@ -21,6 +22,8 @@ pub struct RowFileWriter {
     in_block: usize,
     bytes: u64,
     finished: bool,
+    /// The rows' positions, written at `finish` (a laid-out file).
+    slots: Option<Vec<u8>>,
 }
 
 impl Drop for RowFileWriter {
@@ -35,7 +38,30 @@ impl Drop for RowFileWriter {
 impl RowFileWriter {
     /// Starts `path` (written as `path.tmp` until [`RowFileWriter::finish`]).
     pub fn create(path: &Path, name: &str, rows: usize, dim: usize, dtype: DType) -> Result<Self> {
-        let header = RowFileHeader::layout(name, rows, dim, dtype)?;
+        Self::start(path, name, rows, dim, dtype, None)
+    }
+
+    /// Starts `path` as a file laid out by `layout` (version 2): [`RowFileWriter::write_rows`]
+    /// then takes the rows in the layout's order, `layout.row_at(0)` first.
+    pub fn create_laid_out(
+        path: &Path,
+        name: &str,
+        dim: usize,
+        dtype: DType,
+        layout: &RowLayout,
+    ) -> Result<Self> {
+        Self::start(path, name, layout.rows(), dim, dtype, Some(layout))
+    }
+
+    fn start(
+        path: &Path,
+        name: &str,
+        rows: usize,
+        dim: usize,
+        dtype: DType,
+        layout: Option<&RowLayout>,
+    ) -> Result<Self> {
+        let header = RowFileHeader::for_shape(name, rows, dim, dtype, layout.is_some())?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
@@ -53,6 +79,7 @@ impl RowFileWriter {
             in_block: 0,
             bytes: 0,
             finished: false,
+            slots: layout.map(|l| l.slots().iter().flat_map(|s| s.to_le_bytes()).collect()),
         })
     }
 
@@ -140,6 +167,16 @@ impl RowFileWriter {
         file.seek(SeekFrom::Start(self.header.sums_offset))
             .map_err(e("seek"))?;
         file.write_all(&sums).map_err(e("write"))?;
+        if let Some(mut slots) = self.slots.take() {
+            self.header.layout_crc = crc32fast::hash(&slots);
+            slots.resize(
+                (self.header.data_offset - self.header.layout_offset) as usize,
+                0,
+            );
+            file.seek(SeekFrom::Start(self.header.layout_offset))
+                .map_err(e("seek"))?;
+            file.write_all(&slots).map_err(e("write"))?;
+        }
         file.seek(SeekFrom::Start(0)).map_err(e("seek"))?;
         file.write_all(&self.header.encode()).map_err(e("write"))?;
         file.sync_all().map_err(e("sync"))?;
@@ -161,6 +198,39 @@ pub fn write_row_file(
     let mut w = RowFileWriter::create(path, name, rows, dim, dtype)?;
     for chunk in bytes.chunks(dtype.row_bytes(dim) * 4096) {
         w.write_rows(chunk)?;
+    }
+    w.finish()
+}
+
+/// Writes `bytes` (a whole table in its dtype layout, rows in id order) as a row file laid out by
+/// `layout`: each block of the data is gathered from the rows it holds.
+pub fn write_row_file_laid_out(
+    path: &Path,
+    name: &str,
+    dim: usize,
+    dtype: DType,
+    bytes: &[u8],
+    layout: &RowLayout,
+) -> Result<()> {
+    let rb = dtype.row_bytes(dim);
+    if bytes.len() != layout.rows() * rb {
+        return Err(EmbedError::RowFile {
+            path: path.display().to_string(),
+            reason: format!(
+                "{} bytes of rows for a layout of {} rows of {rb} bytes",
+                bytes.len(),
+                layout.rows()
+            ),
+        });
+    }
+    let mut w = RowFileWriter::create_laid_out(path, name, dim, dtype, layout)?;
+    let mut chunk = Vec::with_capacity(rb * 4096);
+    for ids in layout.order().chunks(4096) {
+        chunk.clear();
+        for &id in ids {
+            chunk.extend_from_slice(&bytes[id as usize * rb..(id as usize + 1) * rb]);
+        }
+        w.write_rows(&chunk)?;
     }
     w.finish()
 }
