@@ -135,14 +135,17 @@ fn loadgen_measures_a_live_server_over_http_and_grpc() {
         grpc,
         ..
     } = start_server(&[]);
-    for (protocol, format, url) in [
-        ("http", "kserve", format!("http://{addr}")),
-        ("http", "tsv", format!("http://{addr}")),
-        ("http", "binary", format!("http://{addr}")),
-        ("grpc", "kserve", format!("grpc://{grpc}")),
+    // gRPC by both clients: the lean one (h2, the default) and tonic's.
+    for (protocol, format, url, client) in [
+        ("http", "kserve", format!("http://{addr}"), "lean"),
+        ("http", "tsv", format!("http://{addr}"), "lean"),
+        ("http", "binary", format!("http://{addr}"), "lean"),
+        ("grpc", "kserve", format!("grpc://{grpc}"), "lean"),
+        ("grpc", "kserve", format!("grpc://{grpc}"), "tonic"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ember"))
             .args(["loadgen", "--url", &url, "--qps", "200"])
+            .args(["--grpc-client", client])
             .args([
                 "--duration",
                 "1",
@@ -164,7 +167,7 @@ fn loadgen_measures_a_live_server_over_http_and_grpc() {
         );
         let stdout = String::from_utf8(out.stdout).unwrap();
         let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-        assert_eq!(v["errors"], 0, "{protocol} {format}: {v}");
+        assert_eq!(v["errors"], 0, "{protocol} {format} {client}: {v}");
         let ok = v["ok"].as_u64().unwrap();
         // Poisson arrivals at 200/s for 1 s: far from 0, and none lost.
         assert!(

@@ -23,6 +23,7 @@
 //! [`ServeError::ShuttingDown`].
 
 mod admit;
+mod queue;
 mod stats;
 
 use stats::{BatchTimes, Stats};
@@ -30,8 +31,7 @@ pub use stats::{DurationStat, ModelStats};
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ use tokio::sync::oneshot;
 use crate::error::{Result, ServeError};
 use crate::metrics as m;
 use admit::Load;
+use queue::{Queue, Refused, Weighed};
 
 /// Batching limits.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +113,12 @@ impl Job {
     }
 }
 
+impl Weighed for Job {
+    fn samples(&self) -> usize {
+        self.samples.len()
+    }
+}
+
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Job")
@@ -123,7 +130,7 @@ impl std::fmt::Debug for Job {
 /// The queue and the thread that runs its batches.
 #[derive(Debug)]
 pub struct Batcher {
-    tx: RwLock<Option<SyncSender<Job>>>,
+    queue: Arc<Queue<Job>>,
     queued: Arc<AtomicUsize>,
     cfg: BatchConfig,
     load: Arc<Load>,
@@ -142,7 +149,8 @@ impl Batcher {
             queue: cfg.queue.max(1),
             ..cfg
         };
-        let (tx, rx) = sync_channel(cfg.queue);
+        let queue = Arc::new(Queue::new(cfg.queue));
+        let rx = queue.clone();
         let queued = Arc::new(AtomicUsize::new(0));
         let load = Arc::new(Load::new(cfg.max_batch));
         let abandon_at = Arc::new(Mutex::new(None));
@@ -159,7 +167,7 @@ impl Batcher {
             .spawn(move || run(engine, cfg, shared, rx))
             .expect("spawn the batcher thread");
         Batcher {
-            tx: RwLock::new(Some(tx)),
+            queue,
             queued,
             cfg,
             load,
@@ -284,31 +292,21 @@ impl Batcher {
             enqueued: Instant::now(),
             reply,
         };
-        {
-            let tx = self.tx.read().unwrap_or_else(|e| e.into_inner());
-            let Some(tx) = tx.as_ref() else {
-                return Err(ServeError::ShuttingDown);
-            };
-            let full = || {
-                metrics::counter!(m::REQUESTS_REFUSED, "reason" => "queue_full").increment(1);
-                ServeError::Overloaded(format!("{} requests are queued", self.cfg.queue))
-            };
-            // Waiting includes sitting in a batch that is still forming.
-            if self.queued.fetch_add(1, Ordering::Relaxed) >= self.cfg.queue {
-                self.queued.fetch_sub(1, Ordering::Relaxed);
-                return Err(full());
-            }
-            match tx.try_send(job) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => {
-                    self.queued.fetch_sub(1, Ordering::Relaxed);
-                    return Err(full());
-                }
-                Err(TrySendError::Disconnected(_)) => {
-                    self.queued.fetch_sub(1, Ordering::Relaxed);
-                    return Err(ServeError::ShuttingDown);
-                }
-            }
+        let full = || {
+            metrics::counter!(m::REQUESTS_REFUSED, "reason" => "queue_full").increment(1);
+            ServeError::Overloaded(format!("{} requests are queued", self.cfg.queue))
+        };
+        // Waiting includes sitting in a batch that is still forming.
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= self.cfg.queue {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(full());
+        }
+        if let Err((why, _job)) = self.queue.push(job) {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(match why {
+                Refused::Full => full(),
+                Refused::Closed => ServeError::ShuttingDown,
+            });
         }
         metrics::gauge!(m::QUEUE_DEPTH).set(self.queued.load(Ordering::Relaxed) as f64);
         answer
@@ -333,7 +331,7 @@ impl Batcher {
 
     /// Refuses new requests, lets the worker finish every queued one, and waits for it.
     pub fn shutdown(&self) {
-        self.tx.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.queue.close();
         if let Some(w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = w.join();
         }
@@ -369,10 +367,9 @@ type Ready = (Vec<Job>, ember_model::Result<Prepared<'static>>, Duration);
 
 /// The batching loop: form -> prepare -> run -> answer, until every sender is gone and the queue
 /// is drained.
-fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiver<Job>) {
+fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Arc<Queue<Job>>) {
     let model = engine.model().clone();
     let depth = model.prefetch_depth();
-    let mut carry: Option<Job> = None;
     let Shared {
         queued,
         load,
@@ -380,7 +377,7 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiv
         name,
         stats,
     } = shared;
-    let batches = std::iter::from_fn(move || form_batch(&rx, &mut carry, &cfg, &queued));
+    let batches = std::iter::from_fn(move || form_batch(&rx, &cfg, &queued));
     let mut scores = Vec::new();
     let _ = run_ahead(
         depth,
@@ -403,44 +400,11 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Receiv
 }
 
 /// Waits for the next batch: up to `max_batch` samples, closed when full or when its first
-/// request has waited `max_delay`. `None` when every sender is gone and the queue is drained.
-fn form_batch(
-    rx: &Receiver<Job>,
-    carry: &mut Option<Job>,
-    cfg: &BatchConfig,
-    queued: &AtomicUsize,
-) -> Option<Vec<Job>> {
-    let first = match carry.take() {
-        Some(j) => j,
-        None => rx.recv().ok()?,
-    };
-    let close_at = first.enqueued + cfg.max_delay;
-    let mut n = first.samples.len();
-    let mut jobs = vec![first];
-    while n < cfg.max_batch {
-        let next = match rx.try_recv() {
-            Ok(j) => Ok(j),
-            Err(_) => {
-                let now = Instant::now();
-                if now >= close_at {
-                    break;
-                }
-                rx.recv_timeout(close_at - now)
-            }
-        };
-        match next {
-            Ok(j) if n + j.samples.len() > cfg.max_batch => {
-                *carry = Some(j);
-                break;
-            }
-            Ok(j) => {
-                n += j.samples.len();
-                jobs.push(j);
-            }
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
-        }
-    }
-    // The batch's requests stop waiting now (a carried one still waits).
+/// request has waited `max_delay` (`queue.rs`). `None` when the batcher is stopping and the
+/// queue is drained.
+fn form_batch(rx: &Queue<Job>, cfg: &BatchConfig, queued: &AtomicUsize) -> Option<Vec<Job>> {
+    let jobs = rx.next_batch(cfg.max_batch, |first| first.enqueued + cfg.max_delay)?;
+    // The batch's requests stop waiting now (one that did not fit still waits).
     let left = queued.fetch_sub(jobs.len(), Ordering::Relaxed) - jobs.len();
     metrics::gauge!(m::QUEUE_DEPTH).set(left as f64);
     Some(jobs)

@@ -17,6 +17,7 @@
 //! request in flight on each, a new connection when none is idle): a general-purpose client
 //! (reqwest) cost about as much CPU per request as the server it measured, on the same two cores.
 
+mod h2grpc;
 mod http1;
 mod report;
 mod requests;
@@ -46,6 +47,11 @@ pub struct LoadgenArgs {
     /// HTTP/2 connections of --protocol grpc (requests are spread over them).
     #[arg(long, default_value_t = 4)]
     grpc_connections: usize,
+    /// The client of --protocol grpc: lean (requests encoded once, many calls at once on each
+    /// connection over h2; cheaper per call than the server) or tonic (tonic's generated client,
+    /// as an application would call; it costs about as much CPU per call as the server).
+    #[arg(long, default_value = "lean")]
+    grpc_client: String,
     /// The model's name on the server.
     #[arg(long, default_value = "default")]
     model: String,

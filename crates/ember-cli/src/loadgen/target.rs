@@ -13,6 +13,7 @@ use ember_serve::grpc::raw_bytes;
 use serde_json::Value;
 
 use super::LoadgenArgs;
+use super::h2grpc::{self, Lean};
 use super::http1;
 use super::requests::{Shape, binary_bodies, bodies, draws, json_shape, tsv_bodies};
 
@@ -26,10 +27,17 @@ pub(super) enum Target {
         /// (the same from every server).
         expect: Option<Vec<Vec<f64>>>,
     },
-    /// `ModelInfer` requests over a few HTTP/2 connections.
+    /// `ModelInfer` requests over a few HTTP/2 connections, by tonic's client
+    /// (`--grpc-client tonic`).
     Grpc {
         clients: Vec<GrpcClient<tonic::transport::Channel>>,
         requests: Vec<pb::ModelInferRequest>,
+    },
+    /// `ModelInfer` requests framed once, over h2 (`--grpc-client lean`, `h2grpc.rs`); call k
+    /// goes to server k mod n.
+    GrpcLean {
+        servers: Vec<Lean>,
+        bodies: Vec<bytes::Bytes>,
     },
 }
 
@@ -77,6 +85,10 @@ impl Target {
                     },
                 }
             }
+            Target::GrpcLean { servers, bodies } => {
+                let s = &servers[k % servers.len()];
+                grpc_outcome(s.call(k / servers.len(), &bodies[k % bodies.len()]).await)
+            }
         }
     }
 
@@ -118,6 +130,16 @@ impl Target {
         }
         *expect = Some(want);
         Ok(())
+    }
+}
+
+/// The outcome of a call that ended with gRPC status `code` (None: it failed, or had none): OK,
+/// refused for load (RESOURCE_EXHAUSTED, UNAVAILABLE), or an error.
+fn grpc_outcome(code: Option<u32>) -> Outcome {
+    match code {
+        Some(0) => Outcome::Ok,
+        Some(8 | 14) => Outcome::Refused,
+        _ => Outcome::Error,
     }
 }
 
@@ -254,6 +276,9 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
     if a.grpc_connections == 0 {
         bail!("--grpc-connections must be at least 1");
     }
+    if !matches!(a.grpc_client.as_str(), "lean" | "tonic") {
+        bail!("unknown --grpc-client '{}' (lean or tonic)", a.grpc_client);
+    }
     // Connections spread over the servers of --url in turn.
     let mut endpoints = Vec::new();
     for url in urls(a, "http://127.0.0.1:8081") {
@@ -338,13 +363,43 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
                 ..Default::default()
             }
         })
-        .collect();
-    Ok(Target::Grpc { clients, requests })
+        .collect::<Vec<_>>();
+    if a.grpc_client == "tonic" {
+        return Ok(Target::Grpc { clients, requests });
+    }
+    drop(clients);
+    let per_server = a.grpc_connections.div_ceil(endpoints.len());
+    let mut servers = Vec::with_capacity(endpoints.len());
+    for (url, _) in &endpoints {
+        let hostport = url
+            .split_once("://")
+            .map_or(url.as_str(), |(_, rest)| rest)
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let addr = tokio::net::lookup_host(hostport)
+            .await
+            .with_context(|| format!("resolving {hostport}"))?
+            .next()
+            .with_context(|| format!("{hostport} resolves to no address"))?;
+        servers.push(Lean::connect(addr, hostport, per_server).await?);
+    }
+    let bodies = requests.iter().map(h2grpc::frame).collect();
+    Ok(Target::GrpcLean { servers, bodies })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{numbers, same_scores};
+    use super::{Outcome, grpc_outcome, numbers, same_scores};
+
+    #[test]
+    fn grpc_statuses_map_to_outcomes() {
+        assert_eq!(grpc_outcome(Some(0)), Outcome::Ok);
+        assert_eq!(grpc_outcome(Some(8)), Outcome::Refused);
+        assert_eq!(grpc_outcome(Some(14)), Outcome::Refused);
+        assert_eq!(grpc_outcome(Some(3)), Outcome::Error);
+        assert_eq!(grpc_outcome(None), Outcome::Error);
+    }
 
     #[test]
     fn answers_compare_by_their_numbers_within_a_relative_tolerance() {
