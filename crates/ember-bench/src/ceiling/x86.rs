@@ -87,32 +87,53 @@ unsafe fn bags_avx512<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_,
         0 => u64::MAX,
         t => !((1u64 << (64 - t)) - 1),
     });
+    // Ids before `ahead_end` prefetch the row `pf` ids ahead; a bag is cut there, and each part
+    // runs a loop of its own, as is the alignment of rows (so no id pays a test for either:
+    // fewer instructions per row keep more rows' loads in flight).
+    let ahead_end = if pf > 0 { n.saturating_sub(pf) } else { 0 };
     let mut total = 0u64;
     for b in j.bags.windows(2) {
         let mut acc = [_mm512_setzero_si512(); L];
-        for k in j.span(b) {
-            if pf > 0 && k + pf < n {
-                // SAFETY: k + pf < n.
-                let ahead = unsafe { j.ids.get_unchecked(k + pf) }.idx();
-                prefetch_row::<L>(base.wrapping_add(ahead * stride), stride, unaligned);
-            }
-            // SAFETY: k < n (bags end at n), and the id is a row (contract).
-            let r = unsafe { base.add(j.ids.get_unchecked(k).idx() * stride) };
-            for (i, a) in acc.iter_mut().enumerate() {
-                // SAFETY: line i of the row; a partial last line loads only the row's bytes (the
-                // 64 ending the row when it has that many, else masked).
-                let v = unsafe {
-                    if TAIL && i == L - 1 && overlap {
-                        let last = _mm512_loadu_si512(r.add(stride - 64).cast());
-                        _mm512_and_si512(last, keep)
-                    } else if TAIL && i == L - 1 {
-                        _mm512_maskz_loadu_epi8(tail_mask, r.add(64 * i).cast())
-                    } else {
-                        _mm512_loadu_si512(r.add(64 * i).cast())
-                    }
-                };
-                *a = _mm512_add_epi32(*a, v);
-            }
+        let span = j.span(b);
+        let split = span.end.min(ahead_end).max(span.start);
+        macro_rules! add_row {
+            ($k:expr) => {{
+                // SAFETY: k < n (bags end at n), and the id is a row (contract).
+                let r = unsafe { base.add(j.ids.get_unchecked($k).idx() * stride) };
+                for (i, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: line i of the row; a partial last line loads only the row's bytes
+                    // (the 64 ending the row when it has that many, else masked).
+                    let v = unsafe {
+                        if TAIL && i == L - 1 && overlap {
+                            let last = _mm512_loadu_si512(r.add(stride - 64).cast());
+                            _mm512_and_si512(last, keep)
+                        } else if TAIL && i == L - 1 {
+                            _mm512_maskz_loadu_epi8(tail_mask, r.add(64 * i).cast())
+                        } else {
+                            _mm512_loadu_si512(r.add(64 * i).cast())
+                        }
+                    };
+                    *a = _mm512_add_epi32(*a, v);
+                }
+            }};
+        }
+        macro_rules! ahead {
+            ($unaligned:expr) => {
+                for k in span.start..split {
+                    // SAFETY: k < ahead_end = n - pf.
+                    let id = unsafe { j.ids.get_unchecked(k + pf) }.idx();
+                    prefetch_row::<L>(base.wrapping_add(id * stride), stride, $unaligned);
+                    add_row!(k);
+                }
+            };
+        }
+        if unaligned {
+            ahead!(true);
+        } else {
+            ahead!(false);
+        }
+        for k in split..span.end {
+            add_row!(k);
         }
         let mut s = acc[0];
         for a in &acc[1..] {

@@ -60,6 +60,7 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
         lines,
     );
     let (ids, stride, dist) = (s.ids, s.stride, s.prefetch);
+    let plain = pf.plain();
     // Ids before `ahead_end` have a row `dist` ids ahead to prefetch; the loop over a bag is cut
     // there, so that neither half tests per id (fewer instructions per row keep more rows'
     // loads in flight).
@@ -83,11 +84,22 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
             unsafe { F::acc::<N, W>(row, s.dim, d0, tail, wt, acc, bias) };
         };
         let mid = hi.min(ahead_end).max(lo);
-        for j in lo..mid {
-            // SAFETY: j + dist < ids.len() (j < ahead_end).
-            let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
-            pf.row(base.wrapping_add(ahead * stride), lines);
-            add(j, &mut acc, &mut bias);
+        // Rows whose block is whole lines prefetch those only, in a loop of their own (no row
+        // tests for extra lines).
+        if plain {
+            for j in lo..mid {
+                // SAFETY: j + dist < ids.len() (j < ahead_end).
+                let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
+                pf.lines(base.wrapping_add(ahead * stride), lines);
+                add(j, &mut acc, &mut bias);
+            }
+        } else {
+            for j in lo..mid {
+                // SAFETY: j + dist < ids.len() (j < ahead_end).
+                let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
+                pf.row(base.wrapping_add(ahead * stride), lines);
+                add(j, &mut acc, &mut bias);
+            }
         }
         for j in mid..hi {
             add(j, &mut acc, &mut bias);
