@@ -84,23 +84,10 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
             unsafe { F::acc::<N, W>(row, s.dim, d0, tail, wt, acc, bias) };
         };
         let mid = hi.min(ahead_end).max(lo);
-        // Rows whose block is whole lines prefetch those only, in a loop of their own (no row
-        // tests for extra lines).
-        if plain {
-            for j in lo..mid {
-                // SAFETY: j + dist < ids.len() (j < ahead_end).
-                let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
-                pf.lines(base.wrapping_add(ahead * stride), lines);
-                add(j, &mut acc, &mut bias);
-            }
-        } else {
-            for j in lo..mid {
-                // SAFETY: j + dist < ids.len() (j < ahead_end).
-                let ahead = unsafe { ids.get_unchecked(j + dist) }.idx();
-                pf.row(base.wrapping_add(ahead * stride), lines);
-                add(j, &mut acc, &mut bias);
-            }
-        }
+        // mid <= ahead_end: j + dist < ids.len() throughout.
+        prefetch_ahead!(pf, plain, lines, (ids, dist, base, stride), lo..mid, |j| {
+            add(j, &mut acc, &mut bias)
+        });
         for j in mid..hi {
             add(j, &mut acc, &mut bias);
         }

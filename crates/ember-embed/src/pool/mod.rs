@@ -41,6 +41,31 @@ macro_rules! dispatch_block {
     };
 }
 
+/// Runs `$add` for each `$j` in `$range`, after prefetching the row `$dist` ids ahead of it: only
+/// the `$lines` whole lines where `$plain` (`RowPrefetch::plain`), the lines and any extra or
+/// trailer line elsewhere, each in a loop of its own so that no row tests for extra lines. The
+/// caller ends `$range` where `$j + $dist` stops being an index of `$ids`.
+macro_rules! prefetch_ahead {
+    ($pf:expr, $plain:expr, $lines:expr, ($ids:expr, $dist:expr, $base:expr, $stride:expr),
+     $range:expr, |$j:ident| $add:expr) => {
+        if $plain {
+            for $j in $range {
+                // SAFETY: $j + $dist < ids.len() (the caller's range ends there).
+                let ahead = unsafe { $ids.get_unchecked($j + $dist) }.idx();
+                $pf.lines($base.wrapping_add(ahead * $stride), $lines);
+                $add;
+            }
+        } else {
+            for $j in $range {
+                // SAFETY: as above.
+                let ahead = unsafe { $ids.get_unchecked($j + $dist) }.idx();
+                $pf.row($base.wrapping_add(ahead * $stride), $lines);
+                $add;
+            }
+        }
+    };
+}
+
 mod auto;
 mod avx2;
 mod avx512;

@@ -8,10 +8,11 @@ use ember_bench::workload::IdSource;
 use ember_embed::storage::{LayoutSummary, RowLayout};
 use ember_embed::trace::load_trace;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::setup::Shape;
-use super::{TieredArgs, files};
+use super::{TieredArgs, row_files};
 
 /// The laid-out files, and how the profile placed the rows.
 pub(super) struct Laid {
@@ -28,8 +29,8 @@ pub(super) fn laid_out_files(t: &TieredArgs, s: Shape, source: &IdSource) -> Res
         return Ok(None);
     }
     let (profile, ids) = match (&t.layout_profile, source) {
-        (Some(p), _) => (p.display().to_string(), load_trace(p)?),
-        (None, IdSource::Trace { path, ids }) => (path.clone(), ids.to_vec()),
+        (Some(p), _) => (p.display().to_string(), Arc::new(load_trace(p)?)),
+        (None, IdSource::Trace { path, ids }) => (path.clone(), ids.clone()),
         (None, _) => {
             eprintln!("layout: skipped (no profile: give --layout-profile, or --ids with a trace)");
             return Ok(None);
@@ -60,17 +61,7 @@ pub(super) fn laid_out_files(t: &TieredArgs, s: Shape, source: &IdSource) -> Res
         summary.out_of_range,
         t0.elapsed().as_secs_f64()
     );
-    let paths: Vec<PathBuf> = (0..s.tables)
-        .map(|i| {
-            t.dir.join(format!(
-                "t{i}-{}x{}-{}-seed{}-layout{tag:08x}.rows",
-                s.rows, s.dim, a.dtype, a.seed
-            ))
-        })
-        .collect();
-    for (i, p) in paths.iter().enumerate() {
-        files::ensure_row_file(p, i, (s.rows, s.dim, a.dtype), a.seed, Some(&layout))?;
-    }
+    let paths = row_files(t, s, Some((&layout, &format!("-layout{tag:08x}"))))?;
     Ok(Some(Laid {
         paths,
         summary,

@@ -133,7 +133,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
         !t.policies.is_empty(),
         "--policies needs at least one policy"
     );
-    let paths = row_files(&t, s)?;
+    let paths = row_files(&t, s, None)?;
     let work = batches(&t, s, &source)?;
     let pin_trace: Option<Arc<Vec<u64>>> = match (&t.pin_trace, &source) {
         (Some(p), _) => Some(Arc::new(load_trace(p)?)),
@@ -233,20 +233,27 @@ pub fn run(t: TieredArgs) -> Result<()> {
     Ok(())
 }
 
-/// The row files, written where missing.
-fn row_files(t: &TieredArgs, s: Shape) -> Result<Vec<PathBuf>> {
+/// The row files, written where missing: in id order, or placed by a layout (whose tag ends
+/// their names, so that another layout writes other files).
+fn row_files(
+    t: &TieredArgs,
+    s: Shape,
+    layout: Option<(&ember_embed::storage::RowLayout, &str)>,
+) -> Result<Vec<PathBuf>> {
     let a = &t.embed;
     std::fs::create_dir_all(&t.dir).with_context(|| format!("creating {}", t.dir.display()))?;
+    let tag = layout.map_or("", |(_, tag)| tag);
     let paths: Vec<PathBuf> = (0..s.tables)
         .map(|i| {
             t.dir.join(format!(
-                "t{i}-{}x{}-{}-seed{}.rows",
+                "t{i}-{}x{}-{}-seed{}{tag}.rows",
                 s.rows, s.dim, a.dtype, a.seed
             ))
         })
         .collect();
     for (i, p) in paths.iter().enumerate() {
-        files::ensure_row_file(p, i, (s.rows, s.dim, a.dtype), a.seed, None)?;
+        let l = layout.map(|(l, _)| l);
+        files::ensure_row_file(p, i, (s.rows, s.dim, a.dtype), a.seed, l)?;
     }
     Ok(paths)
 }

@@ -54,17 +54,11 @@ impl RowLayout {
                 "{rows} rows: a layout covers at most {MAX_LAYOUT_ROWS}"
             ));
         }
-        let mut slot = vec![u32::MAX; rows];
-        for (p, &id) in order.iter().enumerate() {
-            let s = slot
-                .get_mut(id as usize)
-                .ok_or_else(|| format!("position {p} holds row {id}, past the {rows} rows"))?;
-            if *s != u32::MAX {
-                return Err(format!("row {id} is placed twice (positions {s} and {p})"));
-            }
-            *s = p as u32;
-        }
-        // `rows` positions each filled a distinct slot below `rows`: every row is placed.
+        let slot = invert(
+            &order,
+            |p, id| format!("position {p} holds row {id}, past the {rows} rows"),
+            |id, first, p| format!("row {id} is placed twice (positions {first} and {p})"),
+        )?;
         Ok(RowLayout {
             slot: slot.into(),
             order: order.into(),
@@ -74,16 +68,11 @@ impl RowLayout {
     /// The layout from stored positions (`slot[id]`, as a layout section holds them), checked.
     pub fn from_slots(slot: &[u32]) -> std::result::Result<Self, String> {
         let rows = slot.len();
-        let mut order = vec![u32::MAX; rows];
-        for (id, &p) in slot.iter().enumerate() {
-            let o = order
-                .get_mut(p as usize)
-                .ok_or_else(|| format!("row {id} is at position {p}, past the {rows} rows"))?;
-            if *o != u32::MAX {
-                return Err(format!("position {p} holds two rows ({o} and {id})"));
-            }
-            *o = id as u32;
-        }
+        let order = invert(
+            slot,
+            |id, p| format!("row {id} is at position {p}, past the {rows} rows"),
+            |p, first, id| format!("position {p} holds two rows ({first} and {id})"),
+        )?;
         Ok(RowLayout {
             slot: slot.into(),
             order: order.into(),
@@ -184,6 +173,25 @@ impl RowLayout {
     pub fn is_identity(&self) -> bool {
         self.slot.iter().enumerate().all(|(i, &p)| p as usize == i)
     }
+}
+
+/// The inverse of the permutation `v` (`inv[v[i]] == i`), refusing a value past `v.len()`
+/// (`past(i, v[i])`) or met twice (`twice(v[i], first i, i)`).
+fn invert(
+    v: &[u32],
+    past: impl Fn(usize, u32) -> String,
+    twice: impl Fn(u32, u32, usize) -> String,
+) -> std::result::Result<Vec<u32>, String> {
+    let mut inv = vec![u32::MAX; v.len()];
+    for (i, &x) in v.iter().enumerate() {
+        let slot = inv.get_mut(x as usize).ok_or_else(|| past(i, x))?;
+        if *slot != u32::MAX {
+            return Err(twice(x, *slot, i));
+        }
+        *slot = i as u32;
+    }
+    // `len` values each filled a distinct slot below `len`: every slot is filled.
+    Ok(inv)
 }
 
 #[cfg(test)]
