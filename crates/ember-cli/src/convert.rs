@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use ember_embed::storage::{RowFile, RowLayout, write_row_file, write_row_file_laid_out};
-use ember_embed::trace::load_trace;
+use ember_embed::trace::{load_trace, profile_path};
 use ember_embed::{DType, Placement};
 use ember_model::config::ModelConfig;
 use ember_model::weights::row_file_path;
@@ -41,7 +41,9 @@ pub struct ConvertArgs {
     verify: bool,
     /// Lay the rows out by this profile (an id trace, one id per line, as `pin_trace`): the
     /// hottest rows first, then the others it meets by first access, so that rows read together
-    /// share blocks. Ids are unchanged. Applies to every table converted (use --tables).
+    /// share blocks. Ids are unchanged. A file applies to every table converted (use --tables);
+    /// a directory holds one per table, DIR/<table>.ids, as `ember serve --profile-dir` writes
+    /// them from a served model's lookups.
     #[arg(long)]
     layout_profile: Option<PathBuf>,
     /// Rows placed first by heat [default: the rows the table's share of the tier's cache_mb
@@ -50,10 +52,11 @@ pub struct ConvertArgs {
     layout_hot_rows: Option<usize>,
 }
 
-/// The profile of `--layout-profile`, read once.
-struct Profile {
-    path: PathBuf,
-    ids: Vec<u64>,
+/// The profile of `--layout-profile`: one trace for every table, read once, or a directory of
+/// one per table, each read when its table is written.
+enum Profile {
+    One { path: PathBuf, ids: Vec<u64> },
+    PerTable { dir: PathBuf },
 }
 
 impl Profile {
@@ -61,8 +64,11 @@ impl Profile {
         let Some(path) = &a.layout_profile else {
             return Ok(None);
         };
+        if path.is_dir() {
+            return Ok(Some(Profile::PerTable { dir: path.clone() }));
+        }
         let ids = load_trace(path).with_context(|| format!("reading {}", path.display()))?;
-        Ok(Some(Profile {
+        Ok(Some(Profile::One {
             path: path.clone(),
             ids,
         }))
@@ -70,10 +76,29 @@ impl Profile {
 
     /// The layout of a `rows`-row table with `hot` rows first by heat, said on stderr.
     fn layout(&self, table: &str, rows: usize, hot: usize) -> Result<RowLayout> {
-        let (l, s) = RowLayout::from_profile(rows, &self.ids, hot)?;
+        let loaded;
+        let (path, ids): (PathBuf, &[u64]) = match self {
+            Profile::One { path, ids } => (path.clone(), ids),
+            Profile::PerTable { dir } => {
+                let path = profile_path(dir, table)?;
+                if !path.is_file() {
+                    bail!(
+                        "--layout-profile {}: no profile of table '{table}' ({} is missing; \
+                         `ember serve --profile-dir` writes one per table the model looked up, \
+                         or leave the table out with --tables)",
+                        dir.display(),
+                        path.display()
+                    );
+                }
+                loaded =
+                    load_trace(&path).with_context(|| format!("reading {}", path.display()))?;
+                (path, &loaded)
+            }
+        };
+        let (l, s) = RowLayout::from_profile(rows, ids, hot)?;
         eprintln!(
             "{table}: laid out by {}: {} hot rows by heat, {} by first access, {} unmet{}",
-            self.path.display(),
+            path.display(),
             s.hot,
             s.warm,
             s.cold,

@@ -91,6 +91,21 @@ pub struct ServeArgs {
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
     #[arg(long)]
     dtype: Option<DType>,
+    /// Record every served model's lookups and write them as DIR/<model>/<table>.ids (one id
+    /// per line, rewritten every --profile-interval-s and at stop): the per-table profiles of
+    /// `ember convert --layout-profile DIR/<model>`.
+    #[arg(long)]
+    profile_dir: Option<PathBuf>,
+    /// Most recent ids kept per table for --profile-dir (8 bytes each).
+    #[arg(long, default_value_t = 1 << 18, requires = "profile_dir")]
+    profile_ids: usize,
+    /// Record one batch in this many for --profile-dir (whole batches, so rows looked up
+    /// together stay together).
+    #[arg(long, default_value_t = 1, requires = "profile_dir")]
+    profile_every: u64,
+    /// Seconds between writes of --profile-dir's files.
+    #[arg(long, default_value_t = 60.0, requires = "profile_dir")]
+    profile_interval_s: f64,
     #[command(flatten)]
     tier: TierArgs,
     #[command(flatten)]
@@ -376,6 +391,25 @@ fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig
         },
         max_body_bytes: a.max_body_bytes,
         conn: a.conn.config()?,
+        profile: match &a.profile_dir {
+            Some(dir) => {
+                let interval = secs("--profile-interval-s", a.profile_interval_s)?;
+                if a.profile_ids == 0 || a.profile_every == 0 || interval.is_zero() {
+                    bail!(
+                        "--profile-ids, --profile-every and --profile-interval-s must be above 0"
+                    );
+                }
+                Some(ember_serve::ProfileConfig {
+                    dir: dir.clone(),
+                    record: ember_model::RecordOptions {
+                        ids_per_table: a.profile_ids,
+                        every: a.profile_every,
+                    },
+                    interval,
+                })
+            }
+            None => None,
+        },
     })
 }
 

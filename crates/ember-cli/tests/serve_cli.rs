@@ -756,3 +756,106 @@ fn serve_a_model_repository() {
     assert!(e.contains("small/1/config.json"), "{e}");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn serve_records_its_lookups_as_profiles_that_convert_lays_rows_out_by() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let work = std::env::temp_dir().join(format!("ember-serve-profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let profiles = work.join("profiles");
+    // The interval is long: the files come from the write at stop.
+    let Started {
+        mut child,
+        addr,
+        mut err,
+        ..
+    } = start_server(&[
+        "--profile-dir",
+        profiles.to_str().unwrap(),
+        "--profile-interval-s",
+        "3600",
+    ]);
+    let text = std::fs::read_to_string(root.join("data/sample.tsv")).unwrap();
+    let rows: Vec<&str> = text.lines().take(3).collect();
+    // One request at a time, so batches (and the recorded ids) follow this order.
+    let sent = [rows[0], rows[1], rows[0], rows[2]];
+    for r in sent {
+        let (status, body) = post(&addr, "/v1/score", r);
+        assert_eq!(status, 200, "{body}");
+    }
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = child.wait().unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(code.success(), "exit status {code}: {rest}");
+    // Each table's file has the ids of its feature in the order sent: the categorical's hex
+    // value mod the table's rows (how a batch is built from Criteo TSV).
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/default/config.json")).unwrap(),
+    )
+    .unwrap();
+    let tables = config["tables"].as_array().unwrap();
+    for (k, t) in tables.iter().enumerate() {
+        let (name, rows) = (t["name"].as_str().unwrap(), t["rows"].as_u64().unwrap());
+        let want: Vec<u64> = sent
+            .iter()
+            .map(|r| {
+                let hex = r.split('\t').nth(14 + k).unwrap_or("");
+                u64::from_str_radix(if hex.is_empty() { "0" } else { hex }, 16).unwrap() % rows
+            })
+            .collect();
+        let file = profiles.join("default").join(format!("{name}.ids"));
+        let got: Vec<u64> = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(got, want, "{name}");
+    }
+    // A copy of the model laid out by them: every table from its own file.
+    let model = work.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(root.join("models/default").join(f), model.join(f)).unwrap();
+    }
+    let convert = |profile: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args([
+                "convert",
+                "--model",
+                model.to_str().unwrap(),
+                "--placement",
+                "ssd",
+            ])
+            .args(["--layout-profile", profile.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = convert(&profiles.join("default"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "t0: laid out by {}",
+            profiles.join("default/t0.ids").display()
+        )),
+        "{err}"
+    );
+    let f = ember_embed::storage::RowFile::open(&model.join("rows/t0.rows")).unwrap();
+    assert!(f.layout().is_some_and(|l| !l.is_identity()));
+    // A table without a profile is named, with the way out.
+    std::fs::remove_file(profiles.join("default/t5.ids")).unwrap();
+    let out = convert(&profiles.join("default"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("no profile of table 't5'")
+            && err.contains("--tables"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&work).unwrap();
+}

@@ -243,8 +243,12 @@ impl Model {
         })
     }
 
-    /// Stages the batch's rows on the SSD tier (nothing when no table is there).
+    /// Stages the batch's rows on the SSD tier (nothing when no table is there), and records its
+    /// lookups when [`Model::record_accesses`] asked for it.
     pub fn prepare<'a>(&self, batch: Batch<'a>) -> Result<Prepared<'a>> {
+        if let Some(r) = self.recorder() {
+            r.record(self.embeddings(), batch.valid());
+        }
         let t = Instant::now();
         let staged = match self.stager().is_active() {
             true => Some(self.stager().stage(self.embeddings(), batch.valid())?),

@@ -33,6 +33,7 @@ pub use config::{InteractionConfig, ModelConfig, PairOrder};
 /// prove that a served request is checked exactly once.
 #[doc(hidden)]
 pub use ember_embed::id_checks;
+pub use ember_embed::trace::RecordOptions;
 /// The embedding stage's types that appear in this crate's seam, so that its users (a server)
 /// need no other crate.
 pub use ember_embed::{DType, Ids, KeyedJagged, Lengths, Placement, Shard, StagedBatch, TierStats};

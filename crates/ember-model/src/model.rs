@@ -4,10 +4,10 @@
 //! and prepares its batches.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ember_embed::trace::load_trace;
+use ember_embed::trace::{AccessRecorder, RecordOptions, load_trace};
 use ember_embed::{
     DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement, Stager, TierOptions,
 };
@@ -91,6 +91,8 @@ pub struct Model {
     embeddings: EmbeddingCollection,
     /// Stages lookups of the tables on the SSD tier (inactive when there are none).
     stager: Stager,
+    /// Records the lookups of prepared batches, once [`Model::record_accesses`] started it.
+    recorder: OnceLock<AccessRecorder>,
 }
 
 impl Model {
@@ -171,6 +173,7 @@ impl Model {
             interaction,
             embeddings,
             stager,
+            recorder: OnceLock::new(),
         })
     }
 
@@ -302,6 +305,32 @@ impl Model {
     /// Counts `d` as time a forward pass waited for its batch's tier rows.
     pub fn record_stall(&self, d: Duration) {
         self.stager.add_stall(d);
+    }
+
+    /// Starts recording the lookups of every batch [`Model::prepare`] sees from now on (one in
+    /// `opts.every`, the `opts.ids_per_table` most recent ids of each table), for
+    /// [`Model::write_profile`]. A model records with the options of its first call; later
+    /// calls change nothing.
+    pub fn record_accesses(&self, opts: RecordOptions) -> Result<()> {
+        if self.recorder.get().is_none() {
+            let r = AccessRecorder::new(&self.embeddings, opts)?;
+            let _ = self.recorder.set(r);
+        }
+        Ok(())
+    }
+
+    /// The lookup recorder, once [`Model::record_accesses`] started it.
+    pub fn recorder(&self) -> Option<&AccessRecorder> {
+        self.recorder.get()
+    }
+
+    /// Writes the recorded lookups as `dir/<table>.ids`, one id per line, for `ember convert
+    /// --layout-profile dir` (see [`AccessRecorder::write_dir`]); nothing when not recording.
+    pub fn write_profile(&self, dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+        match self.recorder.get() {
+            Some(r) => Ok(r.write_dir(dir)?),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Bytes of all tables.

@@ -37,6 +37,7 @@ pub mod grpc;
 mod http;
 pub mod kserve;
 mod metrics;
+mod profile;
 mod proto;
 pub mod repo;
 mod spec;
@@ -54,6 +55,7 @@ use tokio::sync::watch;
 pub use batcher::{BatchConfig, Batcher, Reply};
 pub use conn::{ConnConfig, OverBudget, SlowBody};
 pub use error::ServeError;
+pub use profile::ProfileConfig;
 pub use repo::{DiskLoader, IndexEntry, Loader, Repository, RepositoryConfig, Served, StoreFollow};
 pub use spec::ModelSpec;
 pub use state::App;
@@ -74,6 +76,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Connection timeouts, the connection cap, the stop's grace period.
     pub conn: ConnConfig,
+    /// Record the served models' lookups as layout profiles (`--profile-dir`).
+    pub profile: Option<ProfileConfig>,
 }
 
 impl Default for ServeConfig {
@@ -86,6 +90,7 @@ impl Default for ServeConfig {
             batch: BatchConfig::default(),
             max_body_bytes: 16 << 20,
             conn: ConnConfig::default(),
+            profile: None,
         }
     }
 }
@@ -101,6 +106,7 @@ pub struct Server {
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     registry: Arc<conn::Registry>,
     grace: std::time::Duration,
+    profile: Option<profile::ProfileWriter>,
 }
 
 /// Asks the remote store of each served model whether it answers every second, so that
@@ -195,6 +201,10 @@ impl Server {
         };
         let (stop, stopped) = watch::channel(false);
         spawn_store_probe(Arc::downgrade(&repo), ready.clone());
+        let profile = match cfg.profile.clone() {
+            Some(p) => Some(profile::start(&repo, p)?),
+            None => None,
+        };
         let conn_cfg = Arc::new(cfg.conn.clone());
         let http = conn::Listener {
             router: http::router(app.clone()),
@@ -225,6 +235,7 @@ impl Server {
             tasks,
             registry,
             grace: cfg.conn.shutdown_grace,
+            profile,
         })
     }
 
@@ -272,6 +283,12 @@ impl Server {
         tokio::task::spawn_blocking(move || repo.shutdown_by(end))
             .await
             .map_err(|e| std::io::Error::other(format!("stopping the batcher: {e}")))?;
+        // Every batch answered is recorded: the profiles' last write.
+        if let Some(p) = self.profile {
+            tokio::task::spawn_blocking(move || p.stop())
+                .await
+                .map_err(|e| std::io::Error::other(format!("writing the profiles: {e}")))?;
+        }
         result
     }
 }

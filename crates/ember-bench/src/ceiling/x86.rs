@@ -172,67 +172,91 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
     let keep_lo = _mm256_cmpgt_epi8(idx, first_kept);
     let keep_hi = _mm256_cmpgt_epi8(_mm256_add_epi8(idx, _mm256_set1_epi8(32)), first_kept);
     let full = if TAIL { L - 1 } else { L };
+    // As in the AVX-512 loop: a bag is cut where prefetching ends, and the alignment of rows is
+    // dispatched once, so that no id pays a test for either.
+    let ahead_end = if pf > 0 { n.saturating_sub(pf) } else { 0 };
     let mut total = 0u64;
     for b in j.bags.windows(2) {
+        // One accumulator per half line: each load is added once (memory operand), with no
+        // chain of two adds per line.
         let mut acc = [_mm256_setzero_si256(); L];
+        let mut acc_hi = [_mm256_setzero_si256(); L];
         let mut odd = 0u32;
-        for k in j.span(b) {
-            if pf > 0 && k + pf < n {
-                // SAFETY: k + pf < n.
-                let ahead = unsafe { j.ids.get_unchecked(k + pf) }.idx();
-                prefetch_row::<L>(base.wrapping_add(ahead * stride), stride, unaligned);
-            }
-            // SAFETY: k < n (bags end at n), and the id is a row (contract).
-            let r = unsafe { base.add(j.ids.get_unchecked(k).idx() * stride) };
-            for (i, a) in acc.iter_mut().enumerate().take(full) {
-                // SAFETY: line i is a full line of the row.
-                let (lo, hi) = unsafe {
-                    (
-                        _mm256_loadu_si256(r.add(64 * i).cast()),
-                        _mm256_loadu_si256(r.add(64 * i + 32).cast()),
-                    )
-                };
-                *a = _mm256_add_epi32(_mm256_add_epi32(*a, lo), hi);
-            }
-            if overlap {
-                let end = r.wrapping_add(stride - 64);
-                // SAFETY: the row's last 64 bytes (stride >= 64).
-                let (lo, hi) = unsafe {
-                    (
-                        _mm256_loadu_si256(end.cast()),
-                        _mm256_loadu_si256(end.add(32).cast()),
-                    )
-                };
-                let a = &mut acc[L - 1];
-                *a = _mm256_add_epi32(*a, _mm256_and_si256(lo, keep_lo));
-                *a = _mm256_add_epi32(*a, _mm256_and_si256(hi, keep_hi));
-            } else if TAIL {
-                let mut p = r.wrapping_add(64 * (L - 1));
-                let a = &mut acc[L - 1];
-                if t_half {
-                    // SAFETY: the row has 32 more bytes at `p`.
-                    *a = _mm256_add_epi32(*a, unsafe { _mm256_loadu_si256(p.cast()) });
-                    p = p.wrapping_add(32);
-                }
-                // SAFETY: the mask selects the `t_words` whole words left in the row.
-                let w = unsafe { _mm256_maskload_epi32(p.cast(), t_mask) };
-                *a = _mm256_add_epi32(*a, w);
-                if t_bytes > 0 {
-                    let mut last = [0u8; 4];
-                    // SAFETY: the row's last `t_bytes` bytes.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            p.add(4 * t_words as usize),
-                            last.as_mut_ptr(),
-                            t_bytes,
+        let span = j.span(b);
+        let split = span.end.min(ahead_end).max(span.start);
+        macro_rules! add_row {
+            ($k:expr) => {{
+                // SAFETY: k < n (bags end at n), and the id is a row (contract).
+                let r = unsafe { base.add(j.ids.get_unchecked($k).idx() * stride) };
+                for i in 0..full {
+                    // SAFETY: line i is a full line of the row.
+                    let (lo, hi) = unsafe {
+                        (
+                            _mm256_loadu_si256(r.add(64 * i).cast()),
+                            _mm256_loadu_si256(r.add(64 * i + 32).cast()),
                         )
                     };
-                    odd = odd.wrapping_add(u32::from_le_bytes(last));
+                    acc[i] = _mm256_add_epi32(acc[i], lo);
+                    acc_hi[i] = _mm256_add_epi32(acc_hi[i], hi);
                 }
-            }
+                if overlap {
+                    let end = r.wrapping_add(stride - 64);
+                    // SAFETY: the row's last 64 bytes (stride >= 64).
+                    let (lo, hi) = unsafe {
+                        (
+                            _mm256_loadu_si256(end.cast()),
+                            _mm256_loadu_si256(end.add(32).cast()),
+                        )
+                    };
+                    let a = &mut acc[L - 1];
+                    *a = _mm256_add_epi32(*a, _mm256_and_si256(lo, keep_lo));
+                    *a = _mm256_add_epi32(*a, _mm256_and_si256(hi, keep_hi));
+                } else if TAIL {
+                    let mut p = r.wrapping_add(64 * (L - 1));
+                    let a = &mut acc[L - 1];
+                    if t_half {
+                        // SAFETY: the row has 32 more bytes at `p`.
+                        *a = _mm256_add_epi32(*a, unsafe { _mm256_loadu_si256(p.cast()) });
+                        p = p.wrapping_add(32);
+                    }
+                    // SAFETY: the mask selects the `t_words` whole words left in the row.
+                    let w = unsafe { _mm256_maskload_epi32(p.cast(), t_mask) };
+                    *a = _mm256_add_epi32(*a, w);
+                    if t_bytes > 0 {
+                        let mut last = [0u8; 4];
+                        // SAFETY: the row's last `t_bytes` bytes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                p.add(4 * t_words as usize),
+                                last.as_mut_ptr(),
+                                t_bytes,
+                            )
+                        };
+                        odd = odd.wrapping_add(u32::from_le_bytes(last));
+                    }
+                }
+            }};
+        }
+        macro_rules! ahead {
+            ($unaligned:expr) => {
+                for k in span.start..split {
+                    // SAFETY: k < ahead_end = n - pf.
+                    let id = unsafe { j.ids.get_unchecked(k + pf) }.idx();
+                    prefetch_row::<L>(base.wrapping_add(id * stride), stride, $unaligned);
+                    add_row!(k);
+                }
+            };
+        }
+        if unaligned {
+            ahead!(true);
+        } else {
+            ahead!(false);
+        }
+        for k in split..span.end {
+            add_row!(k);
         }
         let mut s = acc[0];
-        for a in &acc[1..] {
+        for a in acc[1..].iter().chain(&acc_hi) {
             s = _mm256_add_epi32(s, *a);
         }
         let h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));

@@ -36,17 +36,26 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
     while d0 < s.dim {
         let w = (s.dim - d0).min(LANES * MAX_REGS);
         // SAFETY: forwarded from `pool_segment`; `d0 + w <= dim`.
-        unsafe { dispatch_block!(block::<F, I>(s, d0, w), w.div_ceil(LANES)) }
+        unsafe {
+            dispatch_block!(
+                block::<F, I>(s, d0, w),
+                w.div_ceil(LANES),
+                !w.is_multiple_of(LANES)
+            )
+        }
         d0 += w;
     }
 }
 
+/// Elements `d0 .. d0 + w` of every bag, with `N = ceil(w / 8)` accumulators, the last of them
+/// partial when `T` (`w` not a multiple of 8).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
+unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool, const T: bool>(
     s: &Segment<'_, I>,
     d0: usize,
     w: usize,
 ) {
+    debug_assert_eq!(T, !w.is_multiple_of(LANES));
     let tail = w % LANES;
     let base = s.rows.as_ptr();
     // Lines of a full block: a constant of this instance, so the prefetch unrolls.
@@ -81,7 +90,7 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
                 _ => 1.0,
             };
             // SAFETY: `row` starts a full row; F reads only elements d0..d0+w and the trailer.
-            unsafe { F::acc::<N, W>(row, s.dim, d0, tail, wt, acc, bias) };
+            unsafe { F::acc::<N, W, T>(row, s.dim, d0, tail, wt, acc, bias) };
         };
         let mid = hi.min(ahead_end).max(lo);
         // mid <= ahead_end: j + dist < ids.len() throughout.
@@ -96,7 +105,7 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
         let out = s.out.row_ptr(bag).wrapping_add(d0);
         for (k, a) in acc.iter().enumerate() {
             let v = _mm256_mul_ps(_mm256_add_ps(*a, vb), scale);
-            if k == N - 1 && tail != 0 {
+            if T && k == N - 1 {
                 let mut tmp = [0f32; LANES];
                 // SAFETY: `tmp` holds 8 floats.
                 unsafe { _mm256_storeu_ps(tmp.as_mut_ptr(), v) };
@@ -128,12 +137,12 @@ trait Fmt {
     const BYTES_X2: usize;
     /// Bytes of scale and bias after the codes.
     const TRAILER: usize;
-    /// `acc[k] += wt * row[d0 + 8k ..][..8]`; the last register holds `tail` elements when
-    /// `tail != 0`. Quantized formats add `wt * bias` to `bias`.
+    /// `acc[k] += wt * row[d0 + 8k ..][..8]`; the last register holds `tail` elements when `T`.
+    /// Quantized formats add `wt * bias` to `bias`.
     ///
     /// # Safety
     /// AVX2 + FMA + F16C; `row` points at a full row of this format of `dim` elements.
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -150,13 +159,14 @@ struct Bf16;
 struct Int8;
 struct Int4;
 
-/// Loads register `k` of a block: `full` when all 8 lanes exist, else `tail` elements of
-/// `bytes_x2 / 2` bytes each through a stack buffer; `load` turns 8 elements' bytes into lanes.
+/// Loads register `k` of a block: all 8 lanes, or where `T` and `k` is the last register, `tail`
+/// elements of `bytes_x2 / 2` bytes each through a stack buffer; `load` turns 8 elements' bytes
+/// into lanes.
 ///
 /// # Safety
 /// The bytes of the register's elements must be readable.
 #[inline(always)]
-unsafe fn lanes<const N: usize>(
+unsafe fn lanes<const N: usize, const T: bool>(
     p: *const u8,
     k: usize,
     tail: usize,
@@ -164,7 +174,7 @@ unsafe fn lanes<const N: usize>(
     load: impl Fn(*const u8) -> __m256,
 ) -> __m256 {
     let at = p.wrapping_add(k * LANES * bytes_x2 / 2);
-    if k == N - 1 && tail != 0 {
+    if T && k == N - 1 {
         // SAFETY: the tail's bytes belong to the row (caller's contract).
         let b = unsafe { partial(at, (tail * bytes_x2).div_ceil(2)) };
         load(b.as_ptr())
@@ -178,7 +188,7 @@ impl Fmt for F32 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -191,7 +201,7 @@ impl Fmt for F32 {
         let vw = _mm256_set1_ps(wt);
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
-            let x = unsafe { lanes::<N>(p, k, tail, 8, |q| _mm256_loadu_ps(q.cast())) };
+            let x = unsafe { lanes::<N, T>(p, k, tail, 8, |q| _mm256_loadu_ps(q.cast())) };
             *a = if W {
                 _mm256_fmadd_ps(x, vw, *a)
             } else {
@@ -206,7 +216,7 @@ impl Fmt for F16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -220,7 +230,7 @@ impl Fmt for F16 {
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe {
-                lanes::<N>(p, k, tail, 4, |q| {
+                lanes::<N, T>(p, k, tail, 4, |q| {
                     _mm256_cvtph_ps(_mm_loadu_si128(q.cast()))
                 })
             };
@@ -238,7 +248,7 @@ impl Fmt for Bf16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
@@ -252,7 +262,7 @@ impl Fmt for Bf16 {
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe {
-                lanes::<N>(p, k, tail, 4, |q| {
+                lanes::<N, T>(p, k, tail, 4, |q| {
                     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
                         _mm_loadu_si128(q.cast()),
                     )))
@@ -272,7 +282,7 @@ impl Fmt for Int8 {
     const TRAILER: usize = 8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -294,7 +304,7 @@ impl Fmt for Int8 {
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's codes (or a zero-padded copy).
             let x = unsafe {
-                lanes::<N>(p, k, tail, 2, |q| {
+                lanes::<N, T>(p, k, tail, 2, |q| {
                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(q.cast())))
                 })
             };
@@ -308,7 +318,7 @@ impl Fmt for Int4 {
     const TRAILER: usize = 4;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
@@ -331,7 +341,7 @@ impl Fmt for Int4 {
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's 4 code bytes (or a zero-padded copy).
             let x = unsafe {
-                lanes::<N>(p, k, tail, 1, |q| {
+                lanes::<N, T>(p, k, tail, 1, |q| {
                     let w16 =
                         _mm_cvtepu8_epi16(_mm_cvtsi32_si128(q.cast::<i32>().read_unaligned()));
                     let nib = _mm_or_si128(

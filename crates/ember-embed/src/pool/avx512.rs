@@ -36,22 +36,32 @@ unsafe fn run<F: Fmt, I: RowIndex>(s: &Segment<'_, I>) {
     while d0 < s.dim {
         let w = (s.dim - d0).min(LANES * MAX_REGS);
         // SAFETY: forwarded from `pool_segment`; `d0 + w <= dim`.
-        unsafe { dispatch_block!(block::<F, I>(s, d0, w), w.div_ceil(LANES)) }
+        unsafe {
+            dispatch_block!(
+                block::<F, I>(s, d0, w),
+                w.div_ceil(LANES),
+                !w.is_multiple_of(LANES)
+            )
+        }
         d0 += w;
     }
 }
 
-/// Elements `d0 .. d0 + w` of every bag, with `N = ceil(w / 16)` accumulators.
+/// Elements `d0 .. d0 + w` of every bag, with `N = ceil(w / 16)` accumulators, the last of
+/// them partial when `T` (`w` not a multiple of 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
+unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool, const T: bool>(
     s: &Segment<'_, I>,
     d0: usize,
     w: usize,
 ) {
-    let mut masks = [u16::MAX; N];
-    if !w.is_multiple_of(LANES) {
-        masks[N - 1] = (1u16 << (w % LANES)) - 1;
-    }
+    debug_assert_eq!(T, !w.is_multiple_of(LANES));
+    // The lanes of the last register: all 16 unless `T`.
+    let tail: u16 = if T {
+        (1u16 << (w % LANES)) - 1
+    } else {
+        u16::MAX
+    };
     let base = s.rows.as_ptr();
     // Lines of a full block: a constant of this instance, so the prefetch unrolls.
     let lines = (N * LANES * F::BYTES_X2).div_ceil(2 * 64);
@@ -85,7 +95,7 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
                 _ => 1.0,
             };
             // SAFETY: `row` starts a full row; F reads only elements d0..d0+w and the trailer.
-            unsafe { F::acc::<N, W>(row, s.dim, d0, &masks, wt, acc, bias) };
+            unsafe { F::acc::<N, W, T>(row, s.dim, d0, tail, wt, acc, bias) };
         };
         let mid = hi.min(ahead_end).max(lo);
         // mid <= ahead_end: j + dist < ids.len() throughout.
@@ -98,10 +108,11 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool>(
         let scale = _mm512_set1_ps(s.scale(hi - lo));
         let vb = _mm512_set1_ps(bias);
         let out = s.out.row_ptr(bag).wrapping_add(d0);
-        for k in 0..N {
-            let v = _mm512_mul_ps(_mm512_add_ps(acc[k], vb), scale);
+        for (k, a) in acc.iter().enumerate() {
+            let v = _mm512_mul_ps(_mm512_add_ps(*a, vb), scale);
+            let m = if k == N - 1 { tail } else { u16::MAX };
             // SAFETY: the masked store writes elements d0+16k .. < d0+w of this unit's row.
-            unsafe { _mm512_mask_storeu_ps(out.add(LANES * k), masks[k], v) };
+            unsafe { _mm512_mask_storeu_ps(out.add(LANES * k), m, v) };
         }
     }
 }
@@ -112,16 +123,17 @@ trait Fmt {
     const BYTES_X2: usize;
     /// Bytes of scale and bias after the codes.
     const TRAILER: usize;
-    /// `acc[k] += wt * row[d0 + 16k ..][..16]` (masked); quantized formats add `wt * bias` to
-    /// `bias` instead of to every lane.
+    /// `acc[k] += wt * row[d0 + 16k ..][..16]`, the last register (`k = N - 1`) masked by
+    /// `tail` when `T`, every other load whole; quantized formats add `wt * bias` to `bias`
+    /// instead of to every lane.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL + FMA + F16C; `row` points at a full row of this format of `dim` elements.
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
-        masks: &[u16; N],
+        tail: u16,
         wt: f32,
         acc: &mut [__m512; N],
         bias: &mut f32,
@@ -139,31 +151,31 @@ impl Fmt for F32 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
-        m: &[u16; N],
+        tail: u16,
         wt: f32,
         acc: &mut [__m512; N],
         _: &mut f32,
     ) {
         let p = row.cast::<f32>().wrapping_add(d0);
         let vw = _mm512_set1_ps(wt);
-        for k in 0..N {
-            // SAFETY: masked lanes stay inside the row's d0..d0+w elements; a full mask reads
-            // 16 of them. (A masked load of a full register cost measurably on AMD Zen.)
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: masked lanes stay inside the row's d0..d0+w elements; a whole register
+            // reads 16 of them. (A masked load of a whole register cost measurably on AMD Zen.)
             let x = unsafe {
-                if m[k] == u16::MAX {
-                    _mm512_loadu_ps(p.add(LANES * k))
+                if T && k == N - 1 {
+                    _mm512_maskz_loadu_ps(tail, p.add(LANES * k))
                 } else {
-                    _mm512_maskz_loadu_ps(m[k], p.add(LANES * k))
+                    _mm512_loadu_ps(p.add(LANES * k))
                 }
             };
-            acc[k] = if W {
-                _mm512_fmadd_ps(x, vw, acc[k])
+            *a = if W {
+                _mm512_fmadd_ps(x, vw, *a)
             } else {
-                _mm512_add_ps(acc[k], x)
+                _mm512_add_ps(*a, x)
             };
         }
     }
@@ -174,24 +186,30 @@ impl Fmt for F16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
-        m: &[u16; N],
+        tail: u16,
         wt: f32,
         acc: &mut [__m512; N],
         _: &mut f32,
     ) {
         let p = row.cast::<i16>().wrapping_add(d0);
         let vw = _mm512_set1_ps(wt);
-        for k in 0..N {
-            // SAFETY: masked lanes stay inside the row.
-            let h = unsafe { _mm256_maskz_loadu_epi16(m[k], p.add(LANES * k)) };
-            acc[k] = if W {
-                _mm512_fmadd_ps(_mm512_cvtph_ps(h), vw, acc[k])
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: masked lanes stay inside the row; a whole register reads 16 elements.
+            let h = unsafe {
+                if T && k == N - 1 {
+                    _mm256_maskz_loadu_epi16(tail, p.add(LANES * k))
+                } else {
+                    _mm256_loadu_si256(p.add(LANES * k).cast())
+                }
+            };
+            *a = if W {
+                _mm512_fmadd_ps(_mm512_cvtph_ps(h), vw, *a)
             } else {
-                _mm512_add_ps(acc[k], _mm512_cvtph_ps(h))
+                _mm512_add_ps(*a, _mm512_cvtph_ps(h))
             };
         }
     }
@@ -202,25 +220,31 @@ impl Fmt for Bf16 {
     const TRAILER: usize = 0;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         _: usize,
         d0: usize,
-        m: &[u16; N],
+        tail: u16,
         wt: f32,
         acc: &mut [__m512; N],
         _: &mut f32,
     ) {
         let p = row.cast::<i16>().wrapping_add(d0);
         let vw = _mm512_set1_ps(wt);
-        for k in 0..N {
-            // SAFETY: masked lanes stay inside the row.
-            let h = unsafe { _mm256_maskz_loadu_epi16(m[k], p.add(LANES * k)) };
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: masked lanes stay inside the row; a whole register reads 16 elements.
+            let h = unsafe {
+                if T && k == N - 1 {
+                    _mm256_maskz_loadu_epi16(tail, p.add(LANES * k))
+                } else {
+                    _mm256_loadu_si256(p.add(LANES * k).cast())
+                }
+            };
             let x = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-            acc[k] = if W {
-                _mm512_fmadd_ps(x, vw, acc[k])
+            *a = if W {
+                _mm512_fmadd_ps(x, vw, *a)
             } else {
-                _mm512_add_ps(acc[k], x)
+                _mm512_add_ps(*a, x)
             };
         }
     }
@@ -231,11 +255,11 @@ impl Fmt for Int8 {
     const TRAILER: usize = 8;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
-        m: &[u16; N],
+        tail: u16,
         wt: f32,
         acc: &mut [__m512; N],
         bias: &mut f32,
@@ -250,10 +274,16 @@ impl Fmt for Int8 {
         let vs = _mm512_set1_ps(wt * scale);
         *bias += wt * b;
         let p = row.wrapping_add(d0).cast::<i8>();
-        for k in 0..N {
-            // SAFETY: masked lanes stay inside the row's codes.
-            let q = unsafe { _mm_maskz_loadu_epi8(m[k], p.add(LANES * k)) };
-            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), vs, acc[k]);
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: masked lanes stay inside the row's codes; a whole register reads 16.
+            let q = unsafe {
+                if T && k == N - 1 {
+                    _mm_maskz_loadu_epi8(tail, p.add(LANES * k))
+                } else {
+                    _mm_loadu_si128(p.add(LANES * k).cast())
+                }
+            };
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), vs, *a);
         }
     }
 }
@@ -263,11 +293,11 @@ impl Fmt for Int4 {
     const TRAILER: usize = 4;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma,f16c")]
-    unsafe fn acc<const N: usize, const W: bool>(
+    unsafe fn acc<const N: usize, const W: bool, const T: bool>(
         row: *const u8,
         dim: usize,
         d0: usize,
-        m: &[u16; N],
+        tail: u16,
         wt: f32,
         acc: &mut [__m512; N],
         bias: &mut f32,
@@ -284,16 +314,22 @@ impl Fmt for Int4 {
         let lo_mask = _mm_set1_epi16(0x0F);
         // d0 is a multiple of 16, so register k starts at byte (d0 + 16k) / 2.
         let p = row.wrapping_add(d0 / 2).cast::<i8>();
-        for k in 0..N {
-            let bytes_mask = (1u32 << (m[k].count_ones().div_ceil(2))) - 1;
-            // SAFETY: loads only the code bytes of this register's elements.
-            let packed = unsafe { _mm_maskz_loadu_epi8(bytes_mask as u16, p.add(8 * k)) };
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: loads only the code bytes of this register's elements (8 for a whole one).
+            let packed = unsafe {
+                if T && k == N - 1 {
+                    let bytes_mask = (1u32 << tail.count_ones().div_ceil(2)) - 1;
+                    _mm_maskz_loadu_epi8(bytes_mask as u16, p.add(8 * k))
+                } else {
+                    _mm_loadl_epi64(p.add(8 * k).cast())
+                }
+            };
             let w16 = _mm_cvtepu8_epi16(packed);
             let nib = _mm_or_si128(
                 _mm_and_si128(w16, lo_mask),
                 _mm_slli_epi16::<8>(_mm_srli_epi16::<4>(w16)),
             );
-            acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib)), vs, acc[k]);
+            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib)), vs, *a);
         }
     }
 }

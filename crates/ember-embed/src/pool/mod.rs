@@ -22,6 +22,8 @@ mod macros;
 mod auto;
 mod avx2;
 mod avx512;
+#[cfg(all(test, unix))]
+mod bounds;
 mod distance;
 mod scalar;
 mod segment;

@@ -1,9 +1,12 @@
 //! Id traces: files of one row id per line, as the literature publishes them (the production-
 //! derived traces of the MICRO'24 artifact). The SSD tier profiles its pinned set from one;
-//! benchmarks replay them.
+//! benchmarks replay them; [`AccessRecorder`] writes them from a served model's lookups.
 
 use crate::error::{EmbedError, Result};
 use std::path::Path;
+
+mod record;
+pub use record::{AccessRecorder, RecordOptions, profile_path};
 
 /// Reads a trace: one non-negative integer id per line (blank lines ignored).
 pub fn load_trace(path: &Path) -> Result<Vec<u64>> {
