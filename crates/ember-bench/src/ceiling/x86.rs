@@ -47,6 +47,33 @@ pub(super) fn gather<I: RowIndex>(isa: Isa, j: &Job<'_, I>) -> Option<u64> {
     })
 }
 
+/// Sums the rows of one bag with `$add!(k)` in two loops: ids before `$split` first prefetch
+/// the row `pf` ids ahead (with the rows' alignment dispatched once, not tested per row), the
+/// rest do not, so no id pays a test for either.
+macro_rules! walk_bag {
+    ($add:ident, $j:expr, $span:expr, $split:expr, $l:ident,
+     ($base:expr, $stride:expr, $pf:expr, $unaligned:expr)) => {
+        if $unaligned {
+            for k in $span.start..$split {
+                // SAFETY: k < ahead_end = n - pf.
+                let id = unsafe { $j.ids.get_unchecked(k + $pf) }.idx();
+                prefetch_row::<$l>($base.wrapping_add(id * $stride), $stride, true);
+                $add!(k);
+            }
+        } else {
+            for k in $span.start..$split {
+                // SAFETY: as above.
+                let id = unsafe { $j.ids.get_unchecked(k + $pf) }.idx();
+                prefetch_row::<$l>($base.wrapping_add(id * $stride), $stride, false);
+                $add!(k);
+            }
+        }
+        for k in $split..$span.end {
+            $add!(k);
+        }
+    };
+}
+
 #[inline(always)]
 fn prefetch(p: *const u8) {
     // SAFETY: prefetch is a hint; it does not fault on any address (Intel SDM, PREFETCHh).
@@ -117,24 +144,7 @@ unsafe fn bags_avx512<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_,
                 }
             }};
         }
-        macro_rules! ahead {
-            ($unaligned:expr) => {
-                for k in span.start..split {
-                    // SAFETY: k < ahead_end = n - pf.
-                    let id = unsafe { j.ids.get_unchecked(k + pf) }.idx();
-                    prefetch_row::<L>(base.wrapping_add(id * stride), stride, $unaligned);
-                    add_row!(k);
-                }
-            };
-        }
-        if unaligned {
-            ahead!(true);
-        } else {
-            ahead!(false);
-        }
-        for k in split..span.end {
-            add_row!(k);
-        }
+        walk_bag!(add_row, j, span, split, L, (base, stride, pf, unaligned));
         let mut s = acc[0];
         for a in &acc[1..] {
             s = _mm512_add_epi32(s, *a);
@@ -237,24 +247,7 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
                 }
             }};
         }
-        macro_rules! ahead {
-            ($unaligned:expr) => {
-                for k in span.start..split {
-                    // SAFETY: k < ahead_end = n - pf.
-                    let id = unsafe { j.ids.get_unchecked(k + pf) }.idx();
-                    prefetch_row::<L>(base.wrapping_add(id * stride), stride, $unaligned);
-                    add_row!(k);
-                }
-            };
-        }
-        if unaligned {
-            ahead!(true);
-        } else {
-            ahead!(false);
-        }
-        for k in split..span.end {
-            add_row!(k);
-        }
+        walk_bag!(add_row, j, span, split, L, (base, stride, pf, unaligned));
         let mut s = acc[0];
         for a in acc[1..].iter().chain(&acc_hi) {
             s = _mm256_add_epi32(s, *a);

@@ -153,6 +153,18 @@ trait Fmt {
     );
 }
 
+/// `a + x`, or `a + wt * x` (`vw` holding `wt`) where the segment carries weights (`W`):
+/// unweighted sums add instead of multiplying by 1.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn accumulate<const W: bool>(a: __m256, x: __m256, vw: __m256) -> __m256 {
+    if W {
+        _mm256_fmadd_ps(x, vw, a)
+    } else {
+        _mm256_add_ps(a, x)
+    }
+}
+
 struct F32;
 struct F16;
 struct Bf16;
@@ -202,11 +214,7 @@ impl Fmt for F32 {
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: reads this register's elements of the row (or a zero-padded copy).
             let x = unsafe { lanes::<N, T>(p, k, tail, 8, |q| _mm256_loadu_ps(q.cast())) };
-            *a = if W {
-                _mm256_fmadd_ps(x, vw, *a)
-            } else {
-                _mm256_add_ps(*a, x)
-            };
+            *a = accumulate::<W>(*a, x, vw);
         }
     }
 }
@@ -234,11 +242,7 @@ impl Fmt for F16 {
                     _mm256_cvtph_ps(_mm_loadu_si128(q.cast()))
                 })
             };
-            *a = if W {
-                _mm256_fmadd_ps(x, vw, *a)
-            } else {
-                _mm256_add_ps(*a, x)
-            };
+            *a = accumulate::<W>(*a, x, vw);
         }
     }
 }
@@ -268,11 +272,7 @@ impl Fmt for Bf16 {
                     )))
                 })
             };
-            *a = if W {
-                _mm256_fmadd_ps(x, vw, *a)
-            } else {
-                _mm256_add_ps(*a, x)
-            };
+            *a = accumulate::<W>(*a, x, vw);
         }
     }
 }

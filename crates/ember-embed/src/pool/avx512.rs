@@ -140,6 +140,36 @@ trait Fmt {
     );
 }
 
+/// `a + x`, or `a + wt * x` (`vw` holding `wt`) where the segment carries weights (`W`):
+/// unweighted sums add instead of multiplying by 1.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn accumulate<const W: bool>(a: __m512, x: __m512, vw: __m512) -> __m512 {
+    if W {
+        _mm512_fmadd_ps(x, vw, a)
+    } else {
+        _mm512_add_ps(a, x)
+    }
+}
+
+/// Register `k` of a block of 2-byte elements (f16, bf16) at `p`: 16 of them, or only `tail`'s
+/// lanes for the last register when `T`.
+///
+/// # Safety
+/// The lanes read (all 16, or `tail`'s) must be elements of the row.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn halves<const N: usize, const T: bool>(p: *const i16, k: usize, tail: u16) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if T && k == N - 1 {
+            _mm256_maskz_loadu_epi16(tail, p.add(LANES * k))
+        } else {
+            _mm256_loadu_si256(p.add(LANES * k).cast())
+        }
+    }
+}
+
 struct F32;
 struct F16;
 struct Bf16;
@@ -172,11 +202,7 @@ impl Fmt for F32 {
                     _mm512_loadu_ps(p.add(LANES * k))
                 }
             };
-            *a = if W {
-                _mm512_fmadd_ps(x, vw, *a)
-            } else {
-                _mm512_add_ps(*a, x)
-            };
+            *a = accumulate::<W>(*a, x, vw);
         }
     }
 }
@@ -198,19 +224,9 @@ impl Fmt for F16 {
         let p = row.cast::<i16>().wrapping_add(d0);
         let vw = _mm512_set1_ps(wt);
         for (k, a) in acc.iter_mut().enumerate() {
-            // SAFETY: masked lanes stay inside the row; a whole register reads 16 elements.
-            let h = unsafe {
-                if T && k == N - 1 {
-                    _mm256_maskz_loadu_epi16(tail, p.add(LANES * k))
-                } else {
-                    _mm256_loadu_si256(p.add(LANES * k).cast())
-                }
-            };
-            *a = if W {
-                _mm512_fmadd_ps(_mm512_cvtph_ps(h), vw, *a)
-            } else {
-                _mm512_add_ps(*a, _mm512_cvtph_ps(h))
-            };
+            // SAFETY: register k's elements are inside the row (`halves`).
+            let h = unsafe { halves::<N, T>(p, k, tail) };
+            *a = accumulate::<W>(*a, _mm512_cvtph_ps(h), vw);
         }
     }
 }
@@ -232,20 +248,10 @@ impl Fmt for Bf16 {
         let p = row.cast::<i16>().wrapping_add(d0);
         let vw = _mm512_set1_ps(wt);
         for (k, a) in acc.iter_mut().enumerate() {
-            // SAFETY: masked lanes stay inside the row; a whole register reads 16 elements.
-            let h = unsafe {
-                if T && k == N - 1 {
-                    _mm256_maskz_loadu_epi16(tail, p.add(LANES * k))
-                } else {
-                    _mm256_loadu_si256(p.add(LANES * k).cast())
-                }
-            };
+            // SAFETY: register k's elements are inside the row (`halves`).
+            let h = unsafe { halves::<N, T>(p, k, tail) };
             let x = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-            *a = if W {
-                _mm512_fmadd_ps(x, vw, *a)
-            } else {
-                _mm512_add_ps(*a, x)
-            };
+            *a = accumulate::<W>(*a, x, vw);
         }
     }
 }

@@ -44,11 +44,13 @@ struct Ring {
 }
 
 impl Ring {
+    /// Keeps `id`, over the oldest once `cap` (at least 1, as `AccessRecorder::new` checks) are
+    /// kept.
     fn push(&mut self, cap: usize, id: u64) {
         self.seen += 1;
         if self.ids.len() < cap {
             self.ids.push(id);
-        } else if cap > 0 {
+        } else {
             self.ids[self.next] = id;
             self.next = (self.next + 1) % cap;
         }
