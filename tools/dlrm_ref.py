@@ -5,6 +5,12 @@
   prepended to `ln_top`), the same initialisation distributions, the same state_dict keys
   (`emb_l.{i}.weight`, `bot_l.{2k}.*`, `top_l.{2k}.*`) and the same forward: `forward(dense_x,
   lS_o, lS_i)` returns probabilities (the top MLP ends in Sigmoid); `logits(...)` stops before it.
+- `DLRMDCN`: TorchRec's `DLRM_DCN` (torchrec.models.dlrm, the MLPerf DLRM-v2 model) in plain
+  PyTorch, without torchrec: the same modules and state_dict keys (`dense_arch.model._mlp.{i}.
+  _linear.*`, `sparse_arch.embedding_bag_collection.embedding_bags.{table}.weight`,
+  `inter_arch.crossnet.{V_kernels,W_kernels,bias}.{l}`, `over_arch.model.0._mlp.{i}._linear.*`,
+  `over_arch.model.1.*`), TorchRec's initialisation and the same forward; it takes dlrm's
+  per-table offsets and indices instead of a KeyedJaggedTensor.
 - `torchrec_classes()`: the *real* TorchRec classes (`DLRM`, `DLRM_DCN`, `EmbeddingBagCollection`,
   `EmbeddingBagConfig`, `KeyedJaggedTensor`, ...) from the installed torchrec package. `import
   torchrec` fails where fbgemm_gpu's native library does not load (ABI mismatch with the installed
@@ -91,6 +97,104 @@ class DLRMNet(nn.Module):
 
     def forward(self, dense_x, lS_o, lS_i):
         return self.top_l[-1](self.logits(dense_x, lS_o, lS_i))
+
+
+class _Perceptron(nn.Module):
+    """torchrec.modules.mlp.Perceptron with ReLU: `_linear` then relu."""
+
+    def __init__(self, n, m):
+        super().__init__()
+        self._linear = nn.Linear(n, m)
+
+    def forward(self, x):
+        return torch.relu(self._linear(x))
+
+
+class _MLP(nn.Module):
+    """torchrec.modules.mlp.MLP(activation="relu"): a ReLU after every layer."""
+
+    def __init__(self, n, sizes):
+        super().__init__()
+        self._mlp = nn.Sequential(*[_Perceptron(a, b) for a, b in zip([n] + list(sizes[:-1]), sizes)])
+
+    def forward(self, x):
+        return self._mlp(x)
+
+
+class _LowRankCrossNet(nn.Module):
+    """torchrec.modules.crossnet.LowRankCrossNet: x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l.
+
+    V_kernels[l]: [r, N], W_kernels[l]: [N, r] (xavier_normal), bias[l]: [N] (zeros).
+    """
+
+    def __init__(self, n, layers, rank):
+        super().__init__()
+        self.V_kernels = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(rank, n)))
+                                          for _ in range(layers))
+        self.W_kernels = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(n, rank)))
+                                          for _ in range(layers))
+        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(n)) for _ in range(layers))
+
+    def forward(self, x0):
+        x = x0
+        for v, w, b in zip(self.V_kernels, self.W_kernels, self.bias):
+            x = x0 * (nn.functional.linear(nn.functional.linear(x, v), w) + b) + x
+        return x
+
+
+class DLRMDCN(nn.Module):
+    """TorchRec `DLRM_DCN` (torchrec.models.dlrm) in plain PyTorch, on one device.
+
+    dense_in: dense features (13); rows: rows per table (one feature per table, named as
+    `names`, default t0..); dim: embedding dim, equal to dense_arch[-1]; dense_arch: the bottom
+    MLP's sizes (512, 256, 128); over_arch: the top's, ending in 1 (1024, 1024, 512, 256, 1);
+    dcn_layers, dcn_rank: the low-rank cross net (3, 512).
+
+    Modules, parameter names and initialisation are TorchRec's: DenseArch (MLP, ReLU after
+    every layer), SparseArch (an EmbeddingBagCollection: one sum EmbeddingBag per table, uniform
+    in +-sqrt(1/rows)), InteractionDCNArch (the cross net over concat([dense_out, pooled_0..])),
+    OverArch (MLP with ReLU, then a Linear without activation). `logits(...)` is TorchRec's
+    `DLRM_DCN.forward` ([B, 1]); `forward(...)` adds the sigmoid (DLRMTrain's prediction).
+    Inputs are dlrm's: dense [B, dense_in], per-table offsets and indices.
+    """
+
+    def __init__(self, dense_in, rows, dim, dense_arch, over_arch, dcn_layers, dcn_rank, names=None, seed=0):
+        super().__init__()
+        if dense_arch[-1] != dim:
+            raise ValueError(f"DLRM_DCN needs the dense arch to end in the embedding dim {dim}, got {dense_arch}")
+        if over_arch[-1] != 1:
+            raise ValueError(f"the over arch must end in 1 output, got {over_arch}")
+        names = list(names or [f"t{i}" for i in range(len(rows))])
+        if len(names) != len(rows):
+            raise ValueError(f"{len(names)} table names for {len(rows)} tables")
+        n = dim * (len(rows) + 1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.dense_arch = nn.Module()
+            self.dense_arch.model = _MLP(dense_in, dense_arch)
+            self.sparse_arch = nn.Module()
+            self.sparse_arch.embedding_bag_collection = nn.Module()
+            bags = nn.ModuleDict()
+            for name, r in zip(names, rows):
+                bag = nn.EmbeddingBag(r, dim, mode="sum")
+                nn.init.uniform_(bag.weight, -(1 / r) ** 0.5, (1 / r) ** 0.5)
+                bags[name] = bag
+            self.sparse_arch.embedding_bag_collection.embedding_bags = bags
+            self.inter_arch = nn.Module()
+            self.inter_arch.crossnet = _LowRankCrossNet(n, dcn_layers, dcn_rank)
+            self.over_arch = nn.Module()
+            self.over_arch.model = nn.Sequential(_MLP(n, over_arch[:-1]), nn.Linear(over_arch[-2], over_arch[-1]))
+        self.bags = list(bags.values())
+
+    def logits(self, dense_x, lS_o, lS_i):
+        """TorchRec's DLRM_DCN.forward: logits [B, 1]."""
+        x = self.dense_arch.model(dense_x)
+        ly = [bag(idx, off) for bag, off, idx in zip(self.bags, lS_o, lS_i)]
+        # InteractionDCNArch: cat((dense.unsqueeze(1), sparse [B, F, D]), 1).reshape(B, -1).
+        return self.over_arch.model(self.inter_arch.crossnet(torch.cat([x] + ly, dim=1)))
+
+    def forward(self, dense_x, lS_o, lS_i):
+        return torch.sigmoid(self.logits(dense_x, lS_o, lS_i))
 
 
 def torchrec_classes():

@@ -5,6 +5,7 @@
 mod bench;
 mod convert;
 mod data;
+mod dense;
 mod device;
 mod gpu_args;
 mod loadgen;

@@ -53,6 +53,10 @@ pub struct PredictArgs {
     /// Re-encode the tables at load (f32, f16, bf16, int8, int4).
     #[arg(long)]
     dtype: Option<DType>,
+    /// Run the dense layers (MLPs, cross net) in f32, bf16 or int8 [default: config.json's
+    /// `dense_dtype`, else f32].
+    #[arg(long, value_name = "DTYPE")]
+    dense_dtype: Option<ember_model::DenseDType>,
     #[command(flatten)]
     tier: TierArgs,
     #[command(flatten)]
@@ -128,7 +132,7 @@ fn set_up(
     model_dir: &Path,
     format: DataFormat,
 ) -> Result<(Arc<Model>, Box<dyn Engine>)> {
-    let mut model = Model::load(model_dir, a.tier.load_options(a.dtype))
+    let mut model = Model::load(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))
         .with_context(|| format!("loading model {}", model_dir.display()))?;
     a.tier.apply(&mut model, model_dir)?;
     let inputs = model.inputs();
@@ -142,6 +146,12 @@ fn set_up(
         );
     }
     let model = Arc::new(model);
+    if !a.gpu.is_cuda() {
+        let name = ember_model::dir_name(model_dir);
+        if let Some((warn, line)) = crate::dense::accuracy_line(&model, &name, a.threads) {
+            eprintln!("{}{line}", if warn { "warning: " } else { "" });
+        }
+    }
     if a.gpu.is_cuda() && a.plan.plan.is_some() {
         bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
     }

@@ -91,6 +91,11 @@ pub struct ServeArgs {
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
     #[arg(long)]
     dtype: Option<DType>,
+    /// Run the dense layers (MLPs, cross net) in f32, bf16 or int8 [default: config.json's
+    /// `dense_dtype`, else f32]. bf16 and int8 run on AMX tiles, AVX-512 BF16 / VNNI, or an
+    /// emulation, whichever the CPU has (`EMBER_DENSE_ISA` picks one).
+    #[arg(long, value_name = "DTYPE")]
+    dense_dtype: Option<ember_model::DenseDType>,
     /// Record every served model's lookups and write them as DIR/<model>/<table>.ids (one id
     /// per line, rewritten every --profile-interval-s and at stop): the per-table profiles of
     /// `ember convert --layout-profile DIR/<model>`.
@@ -226,6 +231,7 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 struct CliLoader {
     tier: TierArgs,
     dtype: Option<DType>,
+    dense_dtype: Option<ember_model::DenseDType>,
     threads: usize,
 }
 
@@ -233,13 +239,16 @@ impl ember_serve::Loader for CliLoader {
     fn load(&self, dir: &std::path::Path, pace: ember_model::Pace) -> Result<Model, String> {
         let opts = ember_model::LoadOptions {
             pace,
-            ..self.tier.load_options(self.dtype)
+            ..self.tier.load_options(self.dtype, self.dense_dtype)
         };
         let mut model = Model::load(dir, opts).map_err(|e| format!("{e}"))?;
         self.tier
             .apply(&mut model, dir)
             .map_err(|e| format!("{e:#}"))?;
-        Ok(model)
+        // The check's predictors are dropped before it returns: the model is ours alone again.
+        let model = Arc::new(model);
+        crate::dense::check_accuracy(&model, &ember_model::dir_name(dir), self.threads);
+        Arc::into_inner(model).ok_or_else(|| "the accuracy check kept the model".to_string())
     }
 
     fn engine(&self, model: Arc<Model>) -> Result<Box<dyn Engine>, String> {
@@ -271,13 +280,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     let (model, name) = match &a.preset {
         Some(p) => {
-            let preset = ember_model::presets::preset(p, a.dtype.unwrap_or(DType::F32))?;
+            let mut preset = ember_model::presets::preset(p, a.dtype.unwrap_or(DType::F32))?;
+            if let Some(d) = a.dense_dtype {
+                preset.config.dense_dtype = d;
+            }
             eprintln!("building {p} with random weights...");
             (Model::random(preset.config, 42, a.threads)?, p.clone())
         }
         None => {
             let dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
-            let mut model = Model::load(&dir, a.tier.load_options(a.dtype))
+            let mut model = Model::load(&dir, a.tier.load_options(a.dtype, a.dense_dtype))
                 .with_context(|| format!("loading model {}", dir.display()))?;
             a.tier.apply(&mut model, &dir)?;
             let name = dir
@@ -293,6 +305,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let model = Arc::new(model);
     if a.gpu.is_cuda() && a.plan.plan.is_some() {
         bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
+    }
+    if !a.gpu.is_cuda() {
+        crate::dense::check_accuracy(&model, &cfg.model_name, a.threads);
     }
     let engine: Box<dyn Engine> = if a.gpu.is_cuda() {
         // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
@@ -353,6 +368,7 @@ fn run_repository(
         loader: Arc::new(CliLoader {
             tier: a.tier.clone(),
             dtype: a.dtype,
+            dense_dtype: a.dense_dtype,
             threads: a.threads,
         }),
         poll: (!poll.is_zero()).then_some(poll),
@@ -431,12 +447,15 @@ fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String {
         false => "no row cache".into(),
     };
     let isa = ember_embed::Isa::selected().map_or("?", |i| i.name());
+    let dense = model.dense_dtype();
+    let dense_on = ember_model::DenseIsa::selected(dense).map_or("?", |i| i.describe(dense));
     let device = match a.gpu.is_cuda() {
         true => format!("cuda:{}", a.gpu.gpu),
         false => "cpu".into(),
     };
     format!(
-        "model '{}' v{}: tables {}; {cache}; {} forward thread(s); kernels {isa}; device {device}",
+        "model '{}' v{}: tables {}; {cache}; {} forward thread(s); kernels {isa}; dense {dense} \
+         ({dense_on}); device {device}",
         s.name(),
         s.version,
         tables.join(", "),

@@ -65,9 +65,14 @@ impl TierArgs {
     }
 
     /// Load options with the placement override.
-    pub fn load_options(&self, table_dtype: Option<ember_embed::DType>) -> LoadOptions {
+    pub fn load_options(
+        &self,
+        table_dtype: Option<ember_embed::DType>,
+        dense_dtype: Option<ember_model::DenseDType>,
+    ) -> LoadOptions {
         LoadOptions {
             table_dtype,
+            dense_dtype,
             placement: self.placement,
             remote: RemoteOverride {
                 redis: self.redis.clone(),

@@ -284,6 +284,7 @@ fn model_config(interaction: InteractionConfig, dtype: DType, pooling: PoolingNa
             .collect(),
         features: None,
         pooling,
+        dense_dtype: Default::default(),
         tier: None,
         remote: None,
     }

@@ -7,6 +7,7 @@ use std::path::Path;
 use ember_embed::{CachePolicy, DType, IoMode, Placement, Pooling, TierOptions};
 use serde::{Deserialize, Serialize};
 
+use crate::dense::DenseDType;
 use crate::error::{ModelError, Result};
 
 /// The value of `format`.
@@ -35,6 +36,10 @@ pub struct ModelConfig {
     pub features: Option<Vec<FeatureConfig>>,
     #[serde(default)]
     pub pooling: PoolingName,
+    /// The precision of the dense layers (MLPs, cross net): `f32` (the default: exact), `bf16`
+    /// or `int8` (see `docs/dense-precision.md`). `--dense-dtype` overrides it.
+    #[serde(default, skip_serializing_if = "DenseDType::is_f32")]
+    pub dense_dtype: DenseDType,
     /// How tables placed on the SSD tier are cached and read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<TierConfig>,

@@ -169,7 +169,8 @@ impl Interaction {
     }
 }
 
-fn concat(x: &[f32], pooled: &[f32], batch: usize, out: &mut [f32]) {
+/// `out[b] = [x[b], pooled[b]]`: the DCN's `x0` and the `cat` interaction.
+pub(crate) fn concat(x: &[f32], pooled: &[f32], batch: usize, out: &mut [f32]) {
     let d = x.len() / batch;
     let pd = pooled.len() / batch;
     for (b, o) in out.chunks_exact_mut(d + pd).enumerate() {

@@ -9,8 +9,10 @@
 //! ([`Predictor`] on CPU, the CUDA backend's `GpuPredictor`) runs the prepared batch. See
 //! `docs/architecture.md` for the path of a request through it.
 
+pub mod accuracy;
 pub mod config;
 pub mod criteo;
+pub mod dense;
 mod engine;
 mod error;
 pub mod eval;
@@ -18,6 +20,7 @@ pub mod eval;
 mod gemm;
 mod inputs;
 pub mod interaction;
+pub mod lowp;
 pub mod mlp;
 mod model;
 mod predictor;
@@ -29,6 +32,7 @@ pub mod synth;
 pub mod weights;
 
 pub use config::{InteractionConfig, ModelConfig, PairOrder};
+pub use dense::{DenseDType, DenseIsa};
 /// How many times ids were checked against a model's tables in this process: tests use it to
 /// prove that a served request is checked exactly once.
 #[doc(hidden)]
@@ -42,7 +46,7 @@ pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
 pub use model::{LoadOptions, Model, Pace, RemoteOverride, dir_name};
-pub use predictor::Predictor;
+pub use predictor::{LayerTime, Predictor};
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):
 /// `predict` and the server's batcher stage batch N+1's rows while batch N computes. See

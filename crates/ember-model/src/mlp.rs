@@ -41,6 +41,8 @@ pub struct Linear {
     /// would run it, on first use when a caller forces [`Gemm::Ember`].
     #[cfg(target_arch = "x86_64")]
     packed: std::sync::OnceLock<crate::gemm::PackedW>,
+    /// The weights for the bf16 and int8 kernels, packed for the dense dtype in use.
+    lowp: crate::dense::pack::LowpWeights,
 }
 
 impl Linear {
@@ -62,6 +64,7 @@ impl Linear {
             relu,
             #[cfg(target_arch = "x86_64")]
             packed: std::sync::OnceLock::new(),
+            lowp: Default::default(),
         };
         #[cfg(target_arch = "x86_64")]
         if l.ember_selected() && ember_gemm_here() {
@@ -99,6 +102,23 @@ impl Linear {
 
     pub fn relu(&self) -> bool {
         self.relu
+    }
+
+    /// The weights as bf16 tiles (packed on first use; at load for a bf16 model).
+    pub(crate) fn packed_bf16(&self) -> &crate::dense::pack::PackedBf16 {
+        self.lowp.bf16(&self.weight, self.out_dim, self.in_dim)
+    }
+
+    /// The weights as int8 tiles with their scales (packed on first use; at load for an int8
+    /// model).
+    pub(crate) fn packed_int8(&self) -> &crate::dense::pack::PackedI8 {
+        self.lowp.int8(&self.weight, self.out_dim, self.in_dim)
+    }
+
+    /// Converts and packs the weights `dtype` runs on (done at load, not on the first batch).
+    pub fn prepare(&self, dtype: crate::dense::DenseDType) {
+        self.lowp
+            .prepare(&self.weight, self.out_dim, self.in_dim, dtype)
     }
 
     /// `y = relu?(x W^T + b)` for `batch` rows: `x` is `[batch, in]`, `y` is `[batch, out]`.

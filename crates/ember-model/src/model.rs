@@ -13,6 +13,7 @@ use ember_embed::{
 };
 
 use crate::config::{InteractionConfig, ModelConfig, RemoteConfig, TierConfig};
+use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
 use crate::interaction::{CrossLayer, Interaction, dot_pairs};
 use crate::mlp::{Linear, Mlp};
@@ -32,6 +33,8 @@ pub struct LoadOptions {
     /// How DRAM tables are copied when the load runs beside a serving version (the default:
     /// as fast as it goes).
     pub pace: Pace,
+    /// Run the dense layers in this precision (overriding config.json's `dense_dtype`).
+    pub dense_dtype: Option<DenseDType>,
 }
 
 /// What a command line overrides in config.json's `remote` object; `redis` is needed where the
@@ -112,6 +115,9 @@ impl Model {
             config.tables.iter_mut().for_each(|t| t.placement = p);
         }
         config.remote = opts.remote.apply(config.remote.take());
+        if let Some(d) = opts.dense_dtype {
+            config.dense_dtype = d;
+        }
         let w = read_weights(
             &dir.join("model.safetensors"),
             &config,
@@ -166,7 +172,9 @@ impl Model {
             InteractionConfig::Dcn { .. } => Interaction::Dcn { layers: w.cross },
         };
         let stager = Stager::new(&embeddings, tier)?;
-        Ok(Model {
+        // Fails here, at load, when EMBER_DENSE_ISA names a family this CPU lacks.
+        DenseIsa::selected(config.dense_dtype)?;
+        let model = Model {
             config,
             bottom: w.bottom,
             top: w.top,
@@ -174,7 +182,27 @@ impl Model {
             embeddings,
             stager,
             recorder: OnceLock::new(),
-        })
+        };
+        model.prepare_dense(model.config.dense_dtype);
+        Ok(model)
+    }
+
+    /// Converts and packs every dense layer's weights for `dtype` (at load for the model's own
+    /// dense dtype; a predictor told to run another calls it before its first batch).
+    pub fn prepare_dense(&self, dtype: DenseDType) {
+        let cross = match &self.interaction {
+            Interaction::Dcn { layers } => layers.as_slice(),
+            _ => &[],
+        };
+        let layers = self.bottom.layers().iter().chain(self.top.layers());
+        for l in layers.chain(cross.iter().flat_map(|c| [&c.v, &c.w])) {
+            l.prepare(dtype);
+        }
+    }
+
+    /// The precision the model's dense layers run in by default.
+    pub fn dense_dtype(&self) -> DenseDType {
+        self.config.dense_dtype
     }
 
     /// A model of `config`'s shape with random weights (MLP weights N(0, 1/in), table rows from

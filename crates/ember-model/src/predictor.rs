@@ -12,11 +12,14 @@ use ember_embed::{
 };
 use faer::Par;
 
+use crate::dense::driver::Kernels;
+use crate::dense::{DenseDType, DenseIsa};
 use crate::engine::{Engine, StageTimes};
 use crate::error::{ModelError, Result};
 use crate::inputs::Prepared;
-use crate::interaction::InteractionScratch;
-use crate::mlp::{MlpScratch, sigmoid};
+use crate::interaction::{Interaction, InteractionScratch, concat};
+use crate::lowp::{self as net, LowpScratch};
+use crate::mlp::{Linear, MlpScratch, sigmoid};
 use crate::model::Model;
 
 #[derive(Debug, Default)]
@@ -26,6 +29,36 @@ struct Scratch {
     inter_out: Vec<f32>,
     inter: InteractionScratch,
     top: MlpScratch,
+    /// bf16 / int8 layers: the bottom MLP's scratch and output, the top MLP's and cross net's
+    /// scratch, the cross net's running `x_l`.
+    low_bottom: LowpScratch,
+    bottom_out: Vec<f32>,
+    low: LowpScratch,
+    xl: Vec<f32>,
+}
+
+/// One dense layer's time over the batches a predictor ran while timing.
+#[derive(Debug, Clone)]
+pub struct LayerTime {
+    /// `bottom0`.., `cross0.V`, `cross0.W`.., `top0`..
+    pub name: String,
+    pub in_dim: usize,
+    pub out_dim: usize,
+    pub time: std::time::Duration,
+}
+
+impl LayerTime {
+    /// Floating-point (or integer) operations per sample: two per multiply-add.
+    pub fn ops_per_sample(&self) -> f64 {
+        2.0 * self.in_dim as f64 * self.out_dim as f64
+    }
+}
+
+/// The precision the dense layers run in, with its kernels (`None` for f32).
+#[derive(Debug, Clone, Copy)]
+struct Dense {
+    dtype: DenseDType,
+    kernels: Option<Kernels>,
 }
 
 /// Runs a model's forward pass with a fixed number of threads; reuses its buffers across calls.
@@ -37,6 +70,7 @@ pub struct Predictor {
     /// The embedding stage spread over devices by a sharding plan, when one is given.
     sharded: Option<ShardedEmbeddings>,
     threads: usize,
+    dense: Dense,
     scratch: Scratch,
 }
 
@@ -55,13 +89,73 @@ impl Predictor {
             threads,
             ..PoolOptions::default()
         })?;
+        let dense = dense_for(&model, model.dense_dtype())?;
         Ok(Predictor {
             model,
             pooler,
             sharded: None,
             threads,
+            dense,
             scratch: Scratch::default(),
         })
+    }
+
+    /// Runs the dense layers in `dtype` from now on (the model's weights for it are packed
+    /// here, before the next batch, when the model was loaded for another).
+    pub fn set_dense_dtype(&mut self, dtype: DenseDType) -> Result<()> {
+        self.dense = dense_for(&self.model, dtype)?;
+        Ok(())
+    }
+
+    /// Times every bf16 / int8 layer from now on ([`Predictor::layer_times`]).
+    pub fn time_layers(&mut self) {
+        self.scratch.low.time_layers();
+        self.scratch.low_bottom.time_layers();
+    }
+
+    /// Each bf16 / int8 layer's time summed over the batches since [`Predictor::time_layers`],
+    /// in the order they run (bottom MLP, cross net, top MLP); empty for f32.
+    pub fn layer_times(&self) -> Vec<LayerTime> {
+        let m = &*self.model;
+        let cross: Vec<(String, &Linear)> = match m.interaction() {
+            Interaction::Dcn { layers } => layers
+                .iter()
+                .enumerate()
+                .flat_map(|(i, c)| [(format!("cross{i}.V"), &c.v), (format!("cross{i}.W"), &c.w)])
+                .collect(),
+            _ => Vec::new(),
+        };
+        fn named<'a>(prefix: &str, layers: &'a [Linear]) -> Vec<(String, &'a Linear)> {
+            layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("{prefix}{i}"), l))
+                .collect()
+        }
+        let bottom = named("bottom", m.bottom_mlp().layers());
+        let rest = cross.into_iter().chain(named("top", m.top_mlp().layers()));
+        let clocks = [
+            (self.scratch.low_bottom.clock(), bottom),
+            (self.scratch.low.clock(), rest.collect()),
+        ];
+        let mut out = Vec::new();
+        for (clock, layers) in clocks {
+            let Some(c) = clock else { continue };
+            for ((name, l), t) in layers.into_iter().zip(&c.times) {
+                out.push(LayerTime {
+                    name,
+                    in_dim: l.in_dim(),
+                    out_dim: l.out_dim(),
+                    time: *t,
+                });
+            }
+        }
+        out
+    }
+
+    /// The precision the dense layers run in, and the kernel family (`None` for f32).
+    pub fn dense(&self) -> (DenseDType, Option<DenseIsa>) {
+        (self.dense.dtype, self.dense.kernels.map(|k| k.isa()))
     }
 
     /// A predictor whose embedding stage follows a sharding plan: each device's shards run on
@@ -134,8 +228,15 @@ impl Predictor {
             inter_out,
             inter,
             top,
+            low_bottom,
+            bottom_out,
+            low,
+            xl,
         } = &mut self.scratch;
         let threads = self.threads;
+        let dense_p = self.dense;
+        low.rewind();
+        low_bottom.rewind();
         let pooler = &self.pooler;
         let sharded = self.sharded.as_ref();
         pooled.resize(batch * m.embeddings().total_dim(), 0.0);
@@ -157,7 +258,13 @@ impl Predictor {
                     || pool_batch(pooler, sharded, m.embeddings(), valid, staged, pooled),
                     || {
                         let t1 = Instant::now();
-                        let x = m.bottom_mlp().forward(dense, batch, bottom, Par::Seq);
+                        let x = run_bottom(
+                            m,
+                            dense_p,
+                            (dense, batch),
+                            (bottom, low_bottom, bottom_out),
+                            1,
+                        );
                         (x, t1.elapsed())
                     },
                 );
@@ -170,26 +277,113 @@ impl Predictor {
                 pool_batch(pooler, sharded, m.embeddings(), valid, staged, pooled)?;
                 t.embedding = t0.elapsed();
                 let t1 = Instant::now();
-                let x = m.bottom_mlp().forward(dense, batch, bottom, par);
+                let x = run_bottom(
+                    m,
+                    dense_p,
+                    (dense, batch),
+                    (bottom, low_bottom, bottom_out),
+                    threads,
+                );
                 t.bottom_mlp = t1.elapsed();
                 x
             };
 
             let t2 = Instant::now();
-            inter_out.resize(batch * m.config().top_in(), 0.0);
-            m.interaction()
-                .forward(x, pooled, batch, inter_out, inter, par);
+            let top_in = m.config().top_in();
+            inter_out.resize(batch * top_in, 0.0);
+            let Some(k) = dense_p.kernels else {
+                m.interaction()
+                    .forward(x, pooled, batch, inter_out, inter, par);
+                t.interaction = t2.elapsed();
+                let t3 = Instant::now();
+                let y = m.top_mlp().forward(inter_out, batch, top, par);
+                logits.copy_from_slice(y);
+                t.top_mlp = t3.elapsed();
+                return Ok(());
+            };
+            let dtype = dense_p.dtype;
+            let input = match m.interaction() {
+                Interaction::Dcn { layers } if batch > 0 => {
+                    concat(x, pooled, batch, inter_out);
+                    xl.clear();
+                    xl.extend_from_slice(inter_out);
+                    net::cross(&k, dtype, layers, inter_out, xl, batch, low, threads);
+                    match dtype {
+                        DenseDType::Bf16 if !layers.is_empty() => net::Input::Bf16Ready,
+                        _ => net::Input::F32(xl, top_in),
+                    }
+                }
+                other => {
+                    other.forward(x, pooled, batch, inter_out, inter, par);
+                    net::Input::F32(inter_out, top_in)
+                }
+            };
             t.interaction = t2.elapsed();
-
             let t3 = Instant::now();
-            let y = m.top_mlp().forward(inter_out, batch, top, par);
-            logits.copy_from_slice(y);
+            net::mlp(
+                &k,
+                dtype,
+                m.top_mlp().layers(),
+                input,
+                batch,
+                logits,
+                low,
+                threads,
+            );
             t.top_mlp = t3.elapsed();
             Ok(())
         })?;
         t.wall = start.elapsed();
         Ok(t)
     }
+}
+
+/// The bottom MLP on `th` threads, in the dense precision; its output lives in `bottom` (f32)
+/// or `bottom_out` (bf16 / int8).
+fn run_bottom<'s>(
+    m: &Model,
+    dense_p: Dense,
+    (dense, batch): (&'s [f32], usize),
+    (bottom, low_bottom, bottom_out): (&'s mut MlpScratch, &mut LowpScratch, &'s mut Vec<f32>),
+    th: usize,
+) -> &'s [f32] {
+    let Some(k) = dense_p.kernels else {
+        let par = if th > 1 { Par::rayon(th) } else { Par::Seq };
+        return m.bottom_mlp().forward(dense, batch, bottom, par);
+    };
+    let layers = m.bottom_mlp().layers();
+    let Some(last) = layers.last() else {
+        return dense;
+    };
+    bottom_out.resize(batch * last.out_dim(), 0.0);
+    let input = net::Input::F32(dense, m.config().dense_in);
+    net::mlp(
+        &k,
+        dense_p.dtype,
+        layers,
+        input,
+        batch,
+        bottom_out,
+        low_bottom,
+        th,
+    );
+    bottom_out
+}
+
+/// The dense precision `dtype` for `model`: its kernels chosen, its weights packed.
+fn dense_for(model: &Model, dtype: DenseDType) -> Result<Dense> {
+    if dtype == DenseDType::F32 {
+        return Ok(Dense {
+            dtype,
+            kernels: None,
+        });
+    }
+    let kernels = Kernels::selected(dtype)?;
+    model.prepare_dense(dtype);
+    Ok(Dense {
+        dtype,
+        kernels: Some(kernels),
+    })
 }
 
 impl Engine for Predictor {

@@ -10,12 +10,14 @@
 //! | `gpu.rs` | `bench embed --device cuda`: every GPU variant against the copy bandwidth |
 //! | `tiered/` | `bench tiered`: the SSD tier against DRAM, mmap and the disk |
 //! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
-//! | `model.rs` | `bench model`: the whole forward pass |
+//! | `model.rs` (+ `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass; bf16 / int8 layers against the dense ceiling |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
 mod check;
+mod dense_layers;
 mod embed;
 mod gpu;
+mod load;
 mod model;
 mod npy;
 mod remote;

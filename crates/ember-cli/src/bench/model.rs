@@ -2,15 +2,18 @@
 //! latency percentiles and where the time goes.
 //!
 //! Set up: the model and 32 distinct input batches (ids differ between consecutive batches, as
-//! in serving). Measure: `--warmup` untimed batches, then `--iters` timed ones, each checked,
-//! prepared and run as a server runs one ([`Engine::score`]); on a GPU, two batches in flight.
+//! in serving; with `--batch-sizes`, batch `i` has the `i`-th size of the list, cycled, and the
+//! distinct batches are a whole number of cycles). Measure: `--warmup` untimed batches, then
+//! `--iters` timed ones, each checked, prepared and run as a server runs one
+//! ([`Engine::score`]); on a GPU, two batches in flight.
 //! Report: samples/s, p50/p99 per batch, the stages' shares, as text and with `--json` as JSON.
 
+use super::load::{BatchSizes, Load};
 use anyhow::{Result, bail};
 use clap::Args;
 use ember_bench::stats::{human_bytes, median, mem_available, quantile};
 use ember_embed::{DType, KeyedJagged};
-use ember_model::presets::{Preset, preset, random_batch};
+use ember_model::presets::{Preset, RowsOptions, dense_macs, preset_with, random_batch_pooled};
 use ember_model::{Engine, Model, Predictor, StageTimes};
 use serde_json::json;
 use std::sync::Arc;
@@ -19,12 +22,18 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Args)]
 pub struct ModelArgs {
     /// Model shape: rm1 (dense 2048 -> 256-64, 32 tables x 500K x 64, pooling 80, dot, top
-    /// 768-384-1) or small (the same with 8 tables x 10K rows).
+    /// 768-384-1), small (the same with 8 tables x 10K rows) or dlrm-v2 (MLPerf DLRM-v2,
+    /// TorchRec's DLRM_DCN: dense 13 -> 512-256-128, 26 tables x dim 128 with MLPerf's rows
+    /// and multi-hot sizes, a 3-layer rank-512 cross net, top 1024-1024-512-256-1).
     #[arg(long, default_value = "rm1")]
     preset: String,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// Batch sizes to cycle through instead of --batch: `mlperf` (MLPerf DLRM-v2's query
+    /// sizes: 100 to 700 samples, 270 on average) or a list such as 100,200,700.
+    #[arg(long, value_name = "mlperf|N,N,...", conflicts_with = "batch")]
+    batch_sizes: Option<BatchSizes>,
     /// Worker threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -34,12 +43,29 @@ pub struct ModelArgs {
     /// Untimed batches first.
     #[arg(long, default_value_t = 30)]
     warmup: usize,
-    /// Ids per bag [default: the preset's].
+    /// Ids per bag of every feature [default: the preset's: 80 for rm1 and small, MLPerf's
+    /// multi-hot size of each feature (1 to 100, 214 a sample) for dlrm-v2].
     #[arg(long)]
     pooling: Option<usize>,
+    /// Multiplies every table's rows by F (rounded up), before --max-rows.
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    rows_scale: f64,
+    /// Caps each table's rows, 0 for no cap [default: 200000 for dlrm-v2, whose five 40M-row
+    /// tables would be 102 GB; none for rm1 and small].
+    #[arg(long, value_name = "N")]
+    max_rows: Option<usize>,
     /// Table dtype: f32, f16, bf16, int8, int4.
     #[arg(long, default_value = "f32")]
     dtype: DType,
+    /// Dense layers' precision: f32, bf16 or int8 (on AMX tiles, AVX-512 BF16 / VNNI or an
+    /// emulation, whichever the CPU has; `EMBER_DENSE_ISA` picks one).
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    dense_dtype: ember_model::DenseDType,
+    /// After timing, score this many more random samples with the dense layers in f32 and in
+    /// --dense-dtype, draw each sample's label from its f32 probability, and report the AUC
+    /// --dense-dtype keeps (MLPerf's targets: 99% / 99.9% of f32's) and the scores' errors.
+    #[arg(long, value_name = "SAMPLES", default_value_t = 0)]
+    accuracy: usize,
     /// Seed of weights and inputs.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -64,12 +90,18 @@ const DISTINCT_BATCHES: usize = 32;
 struct Report {
     /// Milliseconds of each timed batch.
     lat_ms: Vec<f64>,
+    /// Samples in the timed batches.
+    samples: usize,
     /// The stages' times summed over the timed batches.
     stages: StageTimes,
     /// Wall seconds of the timed batches.
     total: f64,
     /// On a GPU, the host's part of the timed batches.
     host: Option<HostTimes>,
+    /// bf16 / int8 dense layers: each layer's time and its share of the ceiling.
+    layers: Option<super::dense_layers::LayerReport>,
+    /// `--accuracy`: the dense dtype's scores against f32's.
+    accuracy: Option<ember_model::accuracy::DenseAccuracy>,
 }
 
 /// Where the host thread spent a GPU loop's time, summed over the timed batches.
@@ -87,31 +119,66 @@ pub fn run(a: ModelArgs) -> Result<()> {
     if a.batch == 0 || a.iters == 0 {
         bail!("--batch and --iters must be at least 1");
     }
-    let p = preset(&a.preset, a.dtype)?;
-    let pooling = a.pooling.unwrap_or(p.pooling_factor);
-    let (model, batches) = set_up(&a, &p, pooling)?;
-    let (report, scores) = match a.gpu.is_cuda() {
-        true => measure_gpu(&a, model, &batches, pooling)?,
-        false => measure_cpu(&a, model, &batches)?,
+    let rows = RowsOptions {
+        scale: a.rows_scale,
+        max_rows: a.max_rows,
     };
+    let mut p = preset_with(&a.preset, a.dtype, rows)?;
+    p.config.dense_dtype = a.dense_dtype;
+    let load = Load::new(a.batch, a.batch_sizes.as_ref(), a.pooling, &p);
+    if load.sizes.is_empty() {
+        bail!("--batch-sizes lists no size");
+    }
+    let (model, batches) = set_up(&a, &p, &load)?;
+    let (mut report, scores) = match a.gpu.is_cuda() {
+        true => measure_gpu(&a, model.clone(), &batches, &load)?,
+        false => measure_cpu(&a, model.clone(), &batches, &load)?,
+    };
+    if a.accuracy > 0 && a.dense_dtype != ember_model::DenseDType::F32 {
+        let batch = load.max_batch();
+        let inputs = |i: usize| {
+            random_batch_pooled(&p.config, batch, &load.pooling, 0xacc ^ (i as u64) << 20)
+        };
+        let n = a.accuracy.div_ceil(batch);
+        let t = Instant::now();
+        let acc = ember_model::accuracy::dense_accuracy(
+            &model,
+            a.dense_dtype,
+            a.threads,
+            n,
+            inputs,
+            a.seed,
+        )?;
+        eprintln!(
+            "accuracy: {} samples in {:.1}s",
+            acc.samples,
+            t.elapsed().as_secs_f64()
+        );
+        report.accuracy = Some(acc);
+    }
     if scores.iter().any(|s| !s.is_finite()) {
         bail!("non-finite scores: {scores:?}");
     }
-    print(&report, &a, &p, pooling);
+    print(&report, &a, &p, &load);
     if let Some(path) = &a.report {
-        page(&report, &a, &p, pooling).write(path)?;
+        page(&report, &a, &p, &load).write(path)?;
     }
     Ok(())
 }
 
 /// `--report`: the stages' shares and the batch latencies.
-fn page(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) -> crate::report::Page {
+fn page(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) -> crate::report::Page {
     use crate::report::{Page, Plot, log_buckets};
     let mut page = Page::new(format!("ember bench model: preset {}", p.name));
-    let samples_per_s = (a.batch * a.iters) as f64 / r.total;
+    let samples_per_s = r.samples as f64 / r.total;
     page.param(
         "batch, pooling, dtype",
-        format!("{}, {pooling}, {}", a.batch, a.dtype),
+        format!(
+            "{}, {}, {}",
+            load.batch_text(),
+            load.pooling_text(),
+            a.dtype
+        ),
     )
     .param("device", if a.gpu.is_cuda() { "cuda" } else { "cpu" })
     .param("threads", a.threads)
@@ -154,13 +221,14 @@ fn page(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) -> crate::report:
 }
 
 /// The model with random weights, and the input batches.
-fn set_up(a: &ModelArgs, p: &Preset, pooling: usize) -> Result<(Arc<Model>, Vec<Inputs>)> {
+fn set_up(a: &ModelArgs, p: &Preset, load: &Load) -> Result<(Arc<Model>, Vec<Inputs>)> {
     let table_bytes = table_bytes(p);
     if let Some(avail) = mem_available()
         && table_bytes > avail
     {
         bail!(
-            "preset {} needs {} of tables but only {} is available; try --dtype int8",
+            "preset {} needs {} of tables but only {} is available; try --dtype int8 or \
+             --max-rows",
             p.name,
             human_bytes(table_bytes),
             human_bytes(avail)
@@ -175,10 +243,20 @@ fn set_up(a: &ModelArgs, p: &Preset, pooling: usize) -> Result<(Arc<Model>, Vec<
         a.dtype,
         build.elapsed().as_secs_f64()
     );
-    let batches = (0..DISTINCT_BATCHES.min(a.warmup + a.iters))
-        .map(|i| random_batch(&p.config, a.batch, pooling, a.seed ^ (i as u64 + 1) << 8))
+    // Whole cycles of the sizes, so that batch i of the run has size i % cycle.
+    let cycle = load.sizes.len();
+    let distinct = DISTINCT_BATCHES.div_ceil(cycle) * cycle;
+    let batches = (0..distinct.min(a.warmup + a.iters))
+        .map(|i| {
+            let seed = a.seed ^ (i as u64 + 1) << 8;
+            random_batch_pooled(&p.config, load.sizes[i % cycle], &load.pooling, seed)
+        })
         .collect();
     Ok((model, batches))
+}
+
+fn table_rows(p: &Preset) -> usize {
+    p.config.tables.iter().map(|t| t.rows).sum()
 }
 
 fn table_bytes(p: &Preset) -> usize {
@@ -190,30 +268,44 @@ fn table_bytes(p: &Preset) -> usize {
 }
 
 /// The CPU loop: one batch at a time, as the server's batcher runs them.
-fn measure_cpu(a: &ModelArgs, model: Arc<Model>, batches: &[Inputs]) -> Result<(Report, Vec<f32>)> {
+fn measure_cpu(
+    a: &ModelArgs,
+    model: Arc<Model>,
+    batches: &[Inputs],
+    load: &Load,
+) -> Result<(Report, Vec<f32>)> {
     let mut pred = Predictor::new(model, a.threads)?;
-    let mut scores = vec![0f32; a.batch];
+    let mut scores = vec![0f32; load.max_batch()];
     for i in 0..a.warmup {
         let (d, s) = &batches[i % batches.len()];
-        pred.score(d, s, &mut scores)?;
+        pred.score(d, s, &mut scores[..s.batch_size()])?;
     }
+    pred.time_layers();
     let mut lat_ms = Vec::with_capacity(a.iters);
     let mut stages = StageTimes::default();
+    let mut samples = 0;
     let start = Instant::now();
     for i in 0..a.iters {
         let (d, s) = &batches[(a.warmup + i) % batches.len()];
         let t = Instant::now();
-        let st = pred.score(d, s, &mut scores)?;
+        let st = pred.score(d, s, &mut scores[..s.batch_size()])?;
         lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
         stages = stages.plus(st);
+        samples += s.batch_size();
     }
     let total = start.elapsed().as_secs_f64();
+    let (dtype, isa) = pred.dense();
+    let layers = (dtype != ember_model::DenseDType::F32)
+        .then(|| super::dense_layers::report(pred.layer_times(), samples, a.threads, dtype, isa));
     Ok((
         Report {
             lat_ms,
+            samples,
             stages,
             total,
             host: None,
+            layers,
+            accuracy: None,
         },
         scores,
     ))
@@ -225,38 +317,48 @@ fn measure_gpu(
     a: &ModelArgs,
     model: Arc<Model>,
     batches: &[Inputs],
-    pooling: usize,
+    load: &Load,
 ) -> Result<(Report, Vec<f32>)> {
     let profile: Vec<_> = batches.iter().map(|(_, kj)| kj).collect();
-    let mut gp = a
-        .gpu
-        .predictor(model.clone(), a.batch, pooling, Some(&profile))?;
-    let mut scores = vec![0f32; a.batch];
+    // Tuned on the largest batch at the features' mean ids per bag.
+    let mean_pooling = load.pooling.iter().sum::<usize>() / load.pooling.len().max(1);
+    let mut gp = a.gpu.predictor(
+        model.clone(),
+        load.max_batch(),
+        mean_pooling.max(1),
+        Some(&profile),
+    )?;
+    let mut scores = vec![0f32; load.max_batch()];
     for i in 0..a.warmup {
         let (d, s) = &batches[i % batches.len()];
-        gp.predict(d, s, &mut scores)?;
+        gp.predict(d, s, &mut scores[..s.batch_size()])?;
     }
     let mut lat_ms = Vec::with_capacity(a.iters);
     let mut stages = StageTimes::default();
     let mut host = HostTimes::default();
+    let mut samples = 0;
+    // Each batch in flight: when it was submitted and its samples.
     let mut submitted = std::collections::VecDeque::new();
-    let mut collect =
-        |gp: &mut crate::gpu_args::GpuPredictor, host: &mut HostTimes| -> Result<StageTimes> {
-            let t = Instant::now();
-            let st = gp.collect(&mut scores)?;
-            host.wait += t.elapsed();
-            Ok(st)
-        };
+    let mut collect = |gp: &mut crate::gpu_args::GpuPredictor,
+                       host: &mut HostTimes,
+                       n: usize|
+     -> Result<StageTimes> {
+        let t = Instant::now();
+        let st = gp.collect(&mut scores[..n])?;
+        host.wait += t.elapsed();
+        Ok(st)
+    };
     let start = Instant::now();
     for i in 0..a.iters {
         let (d, s) = &batches[(a.warmup + i) % batches.len()];
         if gp.in_flight() == 2 {
-            stages = stages.plus(collect(&mut gp, &mut host)?);
-            let t: Instant = submitted.pop_front().expect("one per submit");
+            let (t, n): (Instant, usize) = submitted.pop_front().expect("one per submit");
+            stages = stages.plus(collect(&mut gp, &mut host, n)?);
             lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let t = Instant::now();
-        submitted.push_back(t);
+        submitted.push_back((t, s.batch_size()));
+        samples += s.batch_size();
         let batch = model.batch(d, s)?;
         host.check += t.elapsed();
         let t = Instant::now();
@@ -264,25 +366,28 @@ fn measure_gpu(
         host.submit += t.elapsed();
     }
     while gp.in_flight() > 0 {
-        stages = stages.plus(collect(&mut gp, &mut host)?);
-        let t = submitted.pop_front().expect("one per submit");
+        let (t, n) = submitted.pop_front().expect("one per submit");
+        stages = stages.plus(collect(&mut gp, &mut host, n)?);
         lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let total = start.elapsed().as_secs_f64();
     Ok((
         Report {
             lat_ms,
+            samples,
             stages,
             total,
             host: Some(host),
+            layers: None,
+            accuracy: None,
         },
         scores,
     ))
 }
 
 /// Prints the report as text, and as JSON with `--json`.
-fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
-    let samples_per_s = (a.batch * a.iters) as f64 / r.total;
+fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
+    let samples_per_s = r.samples as f64 / r.total;
     let mut sorted = r.lat_ms.clone();
     sorted.sort_by(f64::total_cmp);
     let (p50, p99) = (quantile(&sorted, 0.5), quantile(&sorted, 0.99));
@@ -305,8 +410,28 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
         false => format!("{} threads", a.threads),
     };
     println!(
-        "ember bench model: preset {} (batch {}, pooling {}, {} tables, {on}, {} iters)",
-        p.name, a.batch, pooling, a.dtype, a.iters
+        "ember bench model: preset {} ({}, {}, {} tables, {on}, {} iters)",
+        p.name,
+        load.batch_text(),
+        load.pooling_text(),
+        a.dtype,
+        a.iters
+    );
+    let macs = dense_macs(&p.config);
+    println!(
+        "  model       {} tables, {} rows{} ({}); dense layers {:.2} M multiply-adds a sample",
+        p.config.tables.len(),
+        table_rows(p),
+        p.max_rows
+            .map_or_else(String::new, |cap| format!(", at most {cap} per table")),
+        human_bytes(table_bytes(p)),
+        macs as f64 / 1e6
+    );
+    let dense_isa = ember_model::DenseIsa::selected(a.dense_dtype).ok();
+    println!(
+        "  dense       {} ({})",
+        a.dense_dtype,
+        dense_isa.map_or("?", |i| i.describe(a.dense_dtype))
     );
     println!("  samples/s   {samples_per_s:.0}");
     println!(
@@ -326,6 +451,29 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
             "    {name:<12} {:5.1}%  {}",
             s * 100.0,
             "#".repeat((s * 40.0).round() as usize)
+        );
+    }
+    if let Some(l) = &r.layers {
+        l.print();
+    }
+    if let Some(acc) = &r.accuracy {
+        println!(
+            "  accuracy    {} keeps {:.4}% of f32's AUC ({:.5} against {:.5}; labels drawn from f32's \
+             probabilities, {} samples): {}; |score error| max {:.2e}, mean {:.2e}",
+            acc.dtype,
+            100.0 * acc.ratio(),
+            acc.auc,
+            acc.auc_f32,
+            acc.samples,
+            if acc.meets(0.999) {
+                "meets MLPerf's 99.9% target"
+            } else if acc.meets(0.99) {
+                "meets the 99% target only"
+            } else {
+                "MISSES MLPerf's targets"
+            },
+            acc.max_abs,
+            acc.mean_abs
         );
     }
     let per_batch = |d: Duration| d.as_secs_f64() * 1e3 / a.iters as f64;
@@ -350,13 +498,33 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, pooling: usize) {
             "{}",
             json!({
                 "preset": p.name,
-                "batch": a.batch,
+                "batch": (load.sizes.len() == 1).then_some(load.sizes[0]),
+                "batch_sizes": &load.sizes,
+                "samples": r.samples,
                 "threads": a.threads,
                 "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
                 "gpu_variant": a.gpu.is_cuda().then_some(&a.gpu.gpu_variant),
                 "iters": a.iters,
-                "pooling": pooling,
+                "pooling": load
+                    .uniform_pooling()
+                    .map_or_else(|| json!(load.pooling), |n| json!(n)),
+                "ids_per_sample": load.pooling.iter().sum::<usize>(),
+                "rows_scale": a.rows_scale,
+                "max_rows": p.max_rows,
+                "table_rows": table_rows(p),
+                "dense_macs_per_sample": macs,
                 "dtype": a.dtype.name(),
+                "dense_dtype": a.dense_dtype.name(),
+                "dense_isa": dense_isa.map(|i| i.name()),
+                "dense_layers": r.layers.as_ref().map(|l| l.json()),
+                "accuracy": r.accuracy.as_ref().map(|acc| json!({
+                    "samples": acc.samples,
+                    "auc_f32": acc.auc_f32,
+                    "auc": acc.auc,
+                    "ratio": acc.ratio(),
+                    "max_abs_error": acc.max_abs,
+                    "mean_abs_error": acc.mean_abs,
+                })),
                 "samples_per_s": samples_per_s,
                 "p50_ms": p50,
                 "p99_ms": p99,

@@ -1,0 +1,164 @@
+//! Activations in the kernels' input forms: f32 rows rounded to bf16, or quantized to int8 per
+//! row with their scales; rows padded to the packed weights' input width with zeros (zero
+//! codes) and to a multiple of 16 rows.
+
+use super::TILE;
+use super::driver::round_bf16;
+
+/// `x` (`m` rows of `k` f32 at stride `ldx`) as bf16 rows of `ld` values (inputs past `k` zero)
+/// in `dst`, sized to `m` rounded up to 16 rows.
+pub fn to_bf16_rows(x: &[f32], m: usize, k: usize, ldx: usize, dst: &mut Vec<u16>, ld: usize) {
+    dst.resize(m.next_multiple_of(TILE) * ld, 0);
+    #[cfg(target_arch = "x86_64")]
+    if ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512) {
+        // SAFETY: AVX-512 is available (the embedding stage's check).
+        unsafe { to_bf16_avx512(x, (m, k, ldx), dst, ld) };
+        return;
+    }
+    to_bf16_plain(x, (m, k, ldx), dst, ld);
+}
+
+/// [`to_bf16_plain`] compiled for AVX-512 (vectorized).
+///
+/// # Safety
+/// The CPU has AVX-512F/BW/VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn to_bf16_avx512(x: &[f32], dims: (usize, usize, usize), dst: &mut [u16], ld: usize) {
+    to_bf16_plain(x, dims, dst, ld)
+}
+
+#[inline(always)]
+fn to_bf16_plain(x: &[f32], (m, k, ldx): (usize, usize, usize), dst: &mut [u16], ld: usize) {
+    for r in 0..m {
+        let (src, d) = (&x[r * ldx..r * ldx + k], &mut dst[r * ld..(r + 1) * ld]);
+        for (o, &v) in d.iter_mut().zip(src) {
+            *o = round_bf16(v);
+        }
+        d[k..].fill(0);
+    }
+}
+
+/// `x` (`m` rows of `k` f32 at stride `ldx`) quantized per row (`reference::quantize_row`'s
+/// codes) into `dst` (rows of `ld` bytes, inputs past `k` zero codes, sized to `m` rounded up
+/// to 16 rows), scales into `sx`; `unsigned` stores `code + 128`.
+pub fn quantize_rows(
+    x: &[f32],
+    (m, k, ldx): (usize, usize, usize),
+    dst: &mut Vec<u8>,
+    ld: usize,
+    sx: &mut Vec<f32>,
+    unsigned: bool,
+) {
+    dst.resize(m.next_multiple_of(TILE) * ld, 0);
+    sx.resize(m, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512) {
+        // SAFETY: AVX-512 is available (the embedding stage's check).
+        unsafe { quantize_avx512(x, (m, k, ldx), dst, ld, sx, unsigned) };
+        return;
+    }
+    quantize_plain(x, (m, k, ldx), dst, ld, sx, unsigned);
+}
+
+/// [`quantize_plain`] compiled for AVX-512 (vectorized).
+///
+/// # Safety
+/// The CPU has AVX-512F/BW/VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_avx512(
+    x: &[f32],
+    (m, k, ldx): (usize, usize, usize),
+    dst: &mut [u8],
+    ld: usize,
+    sx: &mut [f32],
+    unsigned: bool,
+) {
+    use std::arch::x86_64::*;
+    let bias = if unsigned { 128u8 } else { 0 };
+    assert!((m == 0 || x.len() >= (m - 1) * ldx + k) && dst.len() >= m * ld && ld >= k);
+    for r in 0..m {
+        let src = &x[r * ldx..r * ldx + k];
+        // SAFETY: every load reads `src[i .. i + 16]` masked to `i + 16 <= k` values, every
+        // store writes `d[i ..]` masked likewise; `d` has `ld >= k` bytes (asserted).
+        unsafe {
+            let mut mx = _mm512_setzero_ps();
+            let mut i = 0;
+            while i < k {
+                let mask: __mmask16 = if k - i >= 16 {
+                    0xffff
+                } else {
+                    (1u16 << (k - i)) - 1
+                };
+                let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
+                // max(|v|, mx): a NaN value leaves mx as it was, as f32::max does.
+                mx = _mm512_max_ps(_mm512_abs_ps(v), mx);
+                i += 16;
+            }
+            let top = _mm512_reduce_max_ps(mx);
+            let s = if top > 0.0 && top.is_finite() {
+                top / 127.0
+            } else {
+                1.0
+            };
+            let inv = _mm512_set1_ps(1.0 / s);
+            let d = dst.as_mut_ptr().add(r * ld);
+            let (lo, hi, b) = (
+                _mm512_set1_epi32(-127),
+                _mm512_set1_epi32(127),
+                _mm512_set1_epi32(bias as i32),
+            );
+            let mut i = 0;
+            while i < k {
+                let mask: __mmask16 = if k - i >= 16 {
+                    0xffff
+                } else {
+                    (1u16 << (k - i)) - 1
+                };
+                let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
+                // Round to nearest even (the default rounding mode), as `round_ties_even`.
+                let q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
+                let q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, hi), lo), b);
+                _mm_mask_storeu_epi8(d.add(i).cast(), mask, _mm512_cvtepi32_epi8(q));
+                i += 16;
+            }
+            std::slice::from_raw_parts_mut(d.add(k), ld - k).fill(bias);
+            sx[r] = s;
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn quantize_plain(
+    x: &[f32],
+    (m, k, ldx): (usize, usize, usize),
+    dst: &mut [u8],
+    ld: usize,
+    sx: &mut [f32],
+    unsigned: bool,
+) {
+    let bias = if unsigned { 128u8 } else { 0 };
+    for r in 0..m {
+        let src = &x[r * ldx..r * ldx + k];
+        let s = super::pack::quant_scale(src);
+        let inv = 1.0 / s;
+        let d = &mut dst[r * ld..(r + 1) * ld];
+        for (o, &v) in d.iter_mut().zip(src) {
+            let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            *o = (q as u8).wrapping_add(bias);
+        }
+        d[k..].fill(bias);
+        sx[r] = s;
+    }
+}
+
+/// Zeroes inputs `k .. ld` of the first `m` rows of a bf16 buffer (what a layer of `k`
+/// outputs leaves unwritten in the next layer's padded input).
+pub fn zero_pad_bf16(buf: &mut [u16], m: usize, k: usize, ld: usize) {
+    if k < ld {
+        for r in 0..m {
+            buf[r * ld + k..(r + 1) * ld].fill(0);
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! A model's MLPs and cross net in bf16 or int8: activations stay in the kernels' input form
+//! between layers (bf16 rows written by the previous layer's epilogue; int8 rows quantized from
+//! the f32 outputs, since a row's scale needs its whole row), f32 where the model needs it (the
+//! bottom MLP's output for the interaction, the cross net's running `x_l`, the logits).
+
+use crate::dense::acts;
+use crate::dense::driver::{self, Epilogue, Kernels, MatBf16, MatF32};
+use crate::dense::{ActsBf16, ActsI8, DenseDType, TILE};
+use crate::interaction::CrossLayer;
+use crate::mlp::Linear;
+
+/// Buffers reused across calls.
+#[derive(Debug, Default)]
+pub struct LowpScratch {
+    /// bf16 activations: the current layer's input and the next one's.
+    b0: Vec<u16>,
+    b1: Vec<u16>,
+    /// int8 activations and their rows' scales.
+    q: Vec<u8>,
+    sx: Vec<f32>,
+    /// f32 outputs of int8 layers.
+    f: Vec<f32>,
+    /// The cross net's low-rank projection (bf16).
+    low: Vec<u16>,
+    /// Per-layer wall times, in call order, when timing is on ([`LowpScratch::time_layers`]).
+    clock: Option<LayerClock>,
+}
+
+/// Time spent in each layer call, summed over forward passes; layers in the order they run.
+#[derive(Debug, Default, Clone)]
+pub struct LayerClock {
+    pub times: Vec<std::time::Duration>,
+    next: usize,
+}
+
+impl LowpScratch {
+    /// Starts timing every layer call (a clock read before and after each).
+    pub fn time_layers(&mut self) {
+        self.clock.get_or_insert_with(LayerClock::default);
+    }
+
+    /// The layer times so far (`None` when timing is off).
+    pub fn clock(&self) -> Option<&LayerClock> {
+        self.clock.as_ref()
+    }
+
+    /// Marks the start of a forward pass: layer times restart at the first slot.
+    pub fn rewind(&mut self) {
+        if let Some(c) = &mut self.clock {
+            c.next = 0;
+        }
+    }
+
+    /// Runs `f` (one layer), adding its time to the next slot when timing.
+    fn timed<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        if self.clock.is_none() {
+            return f(self);
+        }
+        let t = std::time::Instant::now();
+        let r = f(self);
+        let c = self.clock.as_mut().expect("checked");
+        if c.times.len() <= c.next {
+            c.times.resize(c.next + 1, Default::default());
+        }
+        c.times[c.next] += t.elapsed();
+        c.next += 1;
+        r
+    }
+}
+
+/// Where an MLP's input is.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// `m` rows of f32 at a stride.
+    F32(&'a [f32], usize),
+    /// Already in the scratch's bf16 buffer `b0`, at the first layer's padded width (left there
+    /// by [`cross`]).
+    Bf16Ready,
+}
+
+/// Runs `layers` on `m` rows in `dtype` (bf16 or int8) and writes the last layer's f32 output
+/// (`[m, out]`, dense) to `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp(
+    k: &Kernels,
+    dtype: DenseDType,
+    layers: &[Linear],
+    input: Input<'_>,
+    m: usize,
+    out: &mut [f32],
+    s: &mut LowpScratch,
+    threads: usize,
+) {
+    let Some(first) = layers.first() else {
+        return;
+    };
+    match dtype {
+        DenseDType::Bf16 => {
+            let kp0 = first.packed_bf16().kp();
+            if let Input::F32(x, ldx) = input {
+                acts::to_bf16_rows(x, m, first.in_dim(), ldx, &mut s.b0, kp0);
+            }
+            for (i, l) in layers.iter().enumerate() {
+                let w = l.packed_bf16();
+                let a = ActsBf16 {
+                    ptr: s.b0.as_ptr(),
+                    lda: w.kp(),
+                };
+                let mut ep = Epilogue {
+                    bias: l.bias(),
+                    relu: l.relu(),
+                    cross: None,
+                    f32_out: None,
+                    bf16_out: None,
+                };
+                let next = layers.get(i + 1);
+                if let Some(nl) = next {
+                    let ld = nl.packed_bf16().kp();
+                    s.b1.resize(m.next_multiple_of(TILE) * ld, 0);
+                    ep.bf16_out = Some(MatBf16 {
+                        ptr: s.b1.as_mut_ptr(),
+                        ld,
+                    });
+                    s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+                    acts::zero_pad_bf16(&mut s.b1, m, l.out_dim(), ld);
+                    std::mem::swap(&mut s.b0, &mut s.b1);
+                } else {
+                    ep.f32_out = Some(MatF32 {
+                        ptr: out.as_mut_ptr(),
+                        ld: l.out_dim(),
+                    });
+                    assert!(out.len() >= m * l.out_dim());
+                    s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+                }
+            }
+        }
+        DenseDType::Int8 => {
+            let (x, ldx) = match input {
+                Input::F32(x, ldx) => (x, ldx),
+                Input::Bf16Ready => unreachable!("int8 layers start from f32"),
+            };
+            let kp0 = first.packed_int8().kp();
+            let u = k.unsigned_i8();
+            acts::quantize_rows(x, (m, first.in_dim(), ldx), &mut s.q, kp0, &mut s.sx, u);
+            for (i, l) in layers.iter().enumerate() {
+                let w = l.packed_int8();
+                let a = ActsI8 {
+                    ptr: s.q.as_ptr(),
+                    lda: w.kp(),
+                };
+                let n = l.out_dim();
+                let last = i + 1 == layers.len();
+                let dst: &mut [f32] = if last {
+                    &mut out[..m * n]
+                } else {
+                    s.f.resize(m * n, 0.0);
+                    &mut s.f
+                };
+                let ep = Epilogue {
+                    bias: l.bias(),
+                    relu: l.relu(),
+                    cross: None,
+                    f32_out: Some(MatF32 {
+                        ptr: dst.as_mut_ptr(),
+                        ld: n,
+                    }),
+                    bf16_out: None,
+                };
+                s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
+                if let Some(nl) = layers.get(i + 1) {
+                    let ld = nl.packed_int8().kp();
+                    acts::quantize_rows(&s.f, (m, n, n), &mut s.q, ld, &mut s.sx, u);
+                }
+            }
+        }
+        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
+    }
+}
+
+/// The DCNv2 cross net in `dtype`: `xl` holds `x0` (`[m, n]`) on entry and `x_L` on return. In
+/// bf16, `x_L` is also left in bf16 in the scratch ([`Input::Bf16Ready`] for the top MLP).
+#[allow(clippy::too_many_arguments)]
+pub fn cross(
+    k: &Kernels,
+    dtype: DenseDType,
+    layers: &[CrossLayer],
+    x0: &[f32],
+    xl: &mut [f32],
+    m: usize,
+    s: &mut LowpScratch,
+    threads: usize,
+) {
+    let Some(first) = layers.first() else {
+        return;
+    };
+    let n = first.v.in_dim();
+    assert!(x0.len() >= m * n && xl.len() >= m * n);
+    let x0m = MatF32 {
+        ptr: x0.as_ptr().cast_mut(),
+        ld: n,
+    };
+    let xlm = MatF32 {
+        ptr: xl.as_mut_ptr(),
+        ld: n,
+    };
+    match dtype {
+        DenseDType::Bf16 => {
+            let kpn = first.v.packed_bf16().kp();
+            acts::to_bf16_rows(x0, m, n, n, &mut s.b0, kpn);
+            for l in layers {
+                let (v, w) = (l.v.packed_bf16(), l.w.packed_bf16());
+                let ld = w.kp();
+                s.low.resize(m.next_multiple_of(TILE) * ld, 0);
+                let ep = Epilogue {
+                    bias: l.v.bias(),
+                    relu: false,
+                    cross: None,
+                    f32_out: None,
+                    bf16_out: Some(MatBf16 {
+                        ptr: s.low.as_mut_ptr(),
+                        ld,
+                    }),
+                };
+                let a = ActsBf16 {
+                    ptr: s.b0.as_ptr(),
+                    lda: kpn,
+                };
+                s.timed(|_| driver::linear_bf16(k, a, m, v, &ep, threads));
+                acts::zero_pad_bf16(&mut s.low, m, v.n(), ld);
+                // x_{l+1} = x0 * (W low + b) + x_l, in f32 and as the next layer's bf16 input.
+                let ep = Epilogue {
+                    bias: l.w.bias(),
+                    relu: false,
+                    cross: Some(x0m),
+                    f32_out: Some(xlm),
+                    bf16_out: Some(MatBf16 {
+                        ptr: s.b0.as_mut_ptr(),
+                        ld: kpn,
+                    }),
+                };
+                let a = ActsBf16 {
+                    ptr: s.low.as_ptr(),
+                    lda: ld,
+                };
+                s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+            }
+        }
+        DenseDType::Int8 => {
+            let u = k.unsigned_i8();
+            for l in layers {
+                let (v, w) = (l.v.packed_int8(), l.w.packed_int8());
+                acts::quantize_rows(xl, (m, n, n), &mut s.q, v.kp(), &mut s.sx, u);
+                let r = v.n();
+                s.f.resize(m * r, 0.0);
+                let ep = Epilogue {
+                    bias: l.v.bias(),
+                    relu: false,
+                    cross: None,
+                    f32_out: Some(MatF32 {
+                        ptr: s.f.as_mut_ptr(),
+                        ld: r,
+                    }),
+                    bf16_out: None,
+                };
+                let a = ActsI8 {
+                    ptr: s.q.as_ptr(),
+                    lda: v.kp(),
+                };
+                s.timed(|s| driver::linear_i8(k, a, &s.sx, m, v, &ep, threads));
+                acts::quantize_rows(&s.f, (m, r, r), &mut s.q, w.kp(), &mut s.sx, u);
+                let ep = Epilogue {
+                    bias: l.w.bias(),
+                    relu: false,
+                    cross: Some(x0m),
+                    f32_out: Some(xlm),
+                    bf16_out: None,
+                };
+                let a = ActsI8 {
+                    ptr: s.q.as_ptr(),
+                    lda: w.kp(),
+                };
+                s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
+            }
+        }
+        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
+    }
+}
