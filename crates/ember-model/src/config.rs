@@ -527,6 +527,45 @@ mod tests {
         assert_eq!(check(v).unwrap().top_in(), 24);
     }
 
+    /// `dense_dtype`: f32 when absent, each name read, left out of the file when f32 (written
+    /// otherwise, and read back the same); an unknown value refused naming it and the names.
+    #[test]
+    fn dense_dtype_is_read_and_written_by_name() {
+        let c = check(base()).unwrap();
+        assert_eq!(c.dense_dtype, DenseDType::F32);
+        assert!(
+            serde_json::to_value(&c)
+                .unwrap()
+                .get("dense_dtype")
+                .is_none()
+        );
+        for want in DenseDType::ALL {
+            let mut v = base();
+            v["dense_dtype"] = serde_json::json!(want.name());
+            let c = check(v).unwrap();
+            assert_eq!(c.dense_dtype, want);
+            let written = serde_json::to_value(&c).unwrap();
+            match want {
+                DenseDType::F32 => assert!(written.get("dense_dtype").is_none(), "{written}"),
+                _ => assert_eq!(written["dense_dtype"], want.name(), "{written}"),
+            }
+            let back: ModelConfig = serde_json::from_value(written).unwrap();
+            assert_eq!(back, c);
+        }
+        for bad in [serde_json::json!("fp8"), serde_json::json!(8)] {
+            let mut v = base();
+            v["dense_dtype"] = bad.clone();
+            let e = check(v).unwrap_err();
+            assert!(e.contains(&bad.to_string().replace('"', "")), "{bad}: {e}");
+            if bad.is_string() {
+                assert!(
+                    ["f32", "bf16", "int8"].iter().all(|n| e.contains(n)),
+                    "{bad}: {e}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn bad_configs_are_refused_with_a_reason() {
         let cases: Vec<(&str, serde_json::Value, &str)> = vec![

@@ -177,8 +177,9 @@ pub fn mlp(
     }
 }
 
-/// The DCNv2 cross net in `dtype`: `xl` holds `x0` (`[m, n]`) on entry and `x_L` on return. In
-/// bf16, `x_L` is also left in bf16 in the scratch ([`Input::Bf16Ready`] for the top MLP).
+/// The DCNv2 cross net in `dtype`: `x_L` of `x0` (`[m, n]`) written to `xl` (whose contents on
+/// entry are not read: the first layer's residual is `x0` itself). In bf16, `x_L` is also left
+/// in bf16 in the scratch ([`Input::Bf16Ready`] for the top MLP).
 #[allow(clippy::too_many_arguments)]
 pub fn cross(
     k: &Kernels,
@@ -207,7 +208,7 @@ pub fn cross(
         DenseDType::Bf16 => {
             let kpn = first.v.packed_bf16().kp();
             acts::to_bf16_rows(x0, m, n, n, &mut s.b0, kpn);
-            for l in layers {
+            for (i, l) in layers.iter().enumerate() {
                 let (v, w) = (l.v.packed_bf16(), l.w.packed_bf16());
                 let ld = w.kp();
                 s.low.resize(m.next_multiple_of(TILE) * ld, 0);
@@ -231,7 +232,7 @@ pub fn cross(
                 let ep = Epilogue {
                     bias: l.w.bias(),
                     relu: false,
-                    cross: Some(x0m),
+                    cross: Some((x0m, if i == 0 { x0m } else { xlm })),
                     f32_out: Some(xlm),
                     bf16_out: Some(MatBf16 {
                         ptr: s.b0.as_mut_ptr(),
@@ -247,9 +248,10 @@ pub fn cross(
         }
         DenseDType::Int8 => {
             let u = k.unsigned_i8();
-            for l in layers {
+            for (i, l) in layers.iter().enumerate() {
                 let (v, w) = (l.v.packed_int8(), l.w.packed_int8());
-                acts::quantize_rows(xl, (m, n, n), &mut s.q, v.kp(), &mut s.sx, u);
+                let input: &[f32] = if i == 0 { x0 } else { xl };
+                acts::quantize_rows(input, (m, n, n), &mut s.q, v.kp(), &mut s.sx, u);
                 let r = v.n();
                 s.f.resize(m * r, 0.0);
                 let ep = Epilogue {
@@ -271,7 +273,7 @@ pub fn cross(
                 let ep = Epilogue {
                     bias: l.w.bias(),
                     relu: false,
-                    cross: Some(x0m),
+                    cross: Some((x0m, if i == 0 { x0m } else { xlm })),
                     f32_out: Some(xlm),
                     bf16_out: None,
                 };

@@ -305,8 +305,7 @@ impl Predictor {
             let input = match m.interaction() {
                 Interaction::Dcn { layers } if batch > 0 => {
                     concat(x, pooled, batch, inter_out);
-                    xl.clear();
-                    xl.extend_from_slice(inter_out);
+                    xl.resize(inter_out.len(), 0.0);
                     net::cross(&k, dtype, layers, inter_out, xl, batch, low, threads);
                     match dtype {
                         DenseDType::Bf16 if !layers.is_empty() => net::Input::Bf16Ready,

@@ -118,14 +118,14 @@ unsafe impl Send for MatBf16 {}
 unsafe impl Sync for MatBf16 {}
 
 /// What a layer does to its sums before writing them, per output `(m, n)` with sum `v`:
-/// `v += bias[n]`; `v = max(v, 0)` with `relu`; with `cross`, `v = x0[m, n] * v + f32_out[m, n]`
-/// (the cross net's residual: `f32_out` holds `x_l` and receives `x_{l+1}`); then `v` written to
-/// `f32_out` and, rounded, to `bf16_out`.
+/// `v += bias[n]`; `v = max(v, 0)` with `relu`; with `cross = (x0, xl)`, `v = x0[m, n] * v +
+/// xl[m, n]` (the cross net's step; `xl` may be `f32_out` itself, read before it is written, or
+/// `x0` for the first layer); then `v` written to `f32_out` and, rounded, to `bf16_out`.
 #[derive(Debug, Clone, Copy)]
 pub struct Epilogue<'a> {
     pub bias: &'a [f32],
     pub relu: bool,
-    pub cross: Option<MatF32>,
+    pub cross: Option<(MatF32, MatF32)>,
     pub f32_out: Option<MatF32>,
     pub bf16_out: Option<MatBf16>,
 }
@@ -173,13 +173,13 @@ fn finish_tile(
             row.iter_mut().for_each(|v| *v = v.max(0.0));
         }
         let at = |mm: &MatF32| (r0 + r) * mm.ld + c0;
-        if let (Some(x0), Some(out)) = (ep.cross, ep.f32_out) {
-            // SAFETY: this block's cells of x0 and out (rows < m, columns < n) are in their
-            // buffers (the caller's contract) and written by this task alone.
+        if let Some((x0, xl)) = ep.cross {
+            // SAFETY: this block's cells of x0, xl and the outputs (rows < m, columns < n) are
+            // in their buffers (the caller's contract) and written by this task alone.
             unsafe {
-                let (x, o) = (x0.ptr.add(at(&x0)), out.ptr.add(at(&out)));
+                let (x, l) = (x0.ptr.add(at(&x0)), xl.ptr.add(at(&xl)));
                 for (c, v) in row.iter_mut().enumerate() {
-                    *v = *x.add(c) * *v + *o.add(c);
+                    *v = *x.add(c) * *v + *l.add(c);
                 }
             }
         }
@@ -273,19 +273,20 @@ unsafe fn finish_tile_avx512(
             if ep.relu {
                 v = _mm512_max_ps(v, _mm512_setzero_ps());
             }
+            // The next block along the outputs reads and writes the same rows 32 columns on:
+            // 32 rows x 2-4 matrices are more streams than the hardware prefetchers follow, so
+            // ask for those lines now (a prefetch never faults, past a row's end included).
+            if let Some((x0, xl)) = ep.cross {
+                let xp = x0.ptr.add((r0 + r) * x0.ld + c0);
+                let lp = xl.ptr.add((r0 + r) * xl.ld + c0);
+                _mm_prefetch::<_MM_HINT_T0>(xp.wrapping_add(2 * TILE) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(lp.wrapping_add(2 * TILE) as *const i8);
+                let x = _mm512_maskz_loadu_ps(mask, xp);
+                v = _mm512_fmadd_ps(x, v, _mm512_maskz_loadu_ps(mask, lp));
+            }
             if let Some(out) = ep.f32_out {
                 let o = out.ptr.add((r0 + r) * out.ld + c0);
-                // The next block along the outputs reads and writes the same rows 32 columns
-                // on: 32 rows x 2-3 matrices are more streams than the hardware prefetchers
-                // follow, so ask for those lines now (a prefetch never faults, past the row
-                // end included).
                 _mm_prefetch::<_MM_HINT_T0>(o.wrapping_add(2 * TILE) as *const i8);
-                if let Some(x0) = ep.cross {
-                    let xp = x0.ptr.add((r0 + r) * x0.ld + c0);
-                    _mm_prefetch::<_MM_HINT_T0>(xp.wrapping_add(2 * TILE) as *const i8);
-                    let x = _mm512_maskz_loadu_ps(mask, xp);
-                    v = _mm512_fmadd_ps(x, v, _mm512_maskz_loadu_ps(mask, o));
-                }
                 _mm512_mask_storeu_ps(o, mask, v);
             }
             if let Some(out) = ep.bf16_out {
