@@ -24,6 +24,9 @@ pub struct LowpScratch {
     low: Vec<u16>,
     /// Per-layer wall times, in call order, when timing is on ([`LowpScratch::time_layers`]).
     clock: Option<LayerClock>,
+    /// The largest |input| per column of each layer, in call order, when calibrating (bf16
+    /// runs only; [`LowpScratch::calibrate`]).
+    calib: Option<(Vec<Vec<f32>>, usize)>,
 }
 
 /// Time spent in each layer call, summed over forward passes; layers in the order they run.
@@ -49,6 +52,42 @@ impl LowpScratch {
         if let Some(c) = &mut self.clock {
             c.next = 0;
         }
+        if let Some((_, next)) = &mut self.calib {
+            *next = 0;
+        }
+    }
+
+    /// Starts recording each bf16 layer's largest |input| per column (int8's calibration).
+    pub fn calibrate(&mut self) {
+        self.calib.get_or_insert_with(Default::default);
+    }
+
+    /// The recorded maxima, one vector per layer in call order.
+    pub fn calibration(&self) -> Option<&[Vec<f32>]> {
+        self.calib.as_ref().map(|(v, _)| v.as_slice())
+    }
+
+    /// Records the largest |value| per column of `m` bf16 rows of `k` values at stride `ld`
+    /// (in `b0` or `low`) as the next layer's input.
+    fn capture(&mut self, which: Buf, m: usize, k: usize, ld: usize) {
+        let Some((all, next)) = &mut self.calib else {
+            return;
+        };
+        if all.len() <= *next {
+            all.resize(*next + 1, Vec::new());
+        }
+        let mx = &mut all[*next];
+        mx.resize(k, 0.0);
+        let buf = match which {
+            Buf::B0 => &self.b0,
+            Buf::Low => &self.low,
+        };
+        for r in 0..m {
+            for (o, &b) in mx.iter_mut().zip(&buf[r * ld..r * ld + k]) {
+                *o = o.max(crate::dense::from_bf16(b).abs());
+            }
+        }
+        *next += 1;
     }
 
     /// Runs `f` (one layer), adding its time to the next slot when timing.
@@ -66,6 +105,13 @@ impl LowpScratch {
         c.next += 1;
         r
     }
+}
+
+/// A bf16 activation buffer of the scratch.
+#[derive(Debug, Clone, Copy)]
+enum Buf {
+    B0,
+    Low,
 }
 
 /// Where an MLP's input is.
@@ -102,6 +148,7 @@ pub fn mlp(
             }
             for (i, l) in layers.iter().enumerate() {
                 let w = l.packed_bf16();
+                s.capture(Buf::B0, m, l.in_dim(), w.kp());
                 let a = ActsBf16 {
                     ptr: s.b0.as_ptr(),
                     lda: w.kp(),
@@ -139,38 +186,72 @@ pub fn mlp(
                 Input::F32(x, ldx) => (x, ldx),
                 Input::Bf16Ready => unreachable!("int8 layers start from f32"),
             };
-            let kp0 = first.packed_int8().kp();
             let u = k.unsigned_i8();
-            acts::quantize_rows(x, (m, first.in_dim(), ldx), &mut s.q, kp0, &mut s.sx, u);
+            let last = layers.len() - 1;
+            // Every layer but the last in int8; the last (the logit, or the bottom MLP's output
+            // that the interaction multiplies) in bf16, from the f32 outputs before it: its
+            // error goes straight to the score, and it is a small share of the work. Measured on
+            // DLRM-v2 (`bench model --accuracy 50000`): with the top MLP's last layer in int8
+            // too, int8 kept 99.83% of f32's AUC; see docs/dense-precision.md.
             for (i, l) in layers.iter().enumerate() {
+                let n = l.out_dim();
+                if i == last {
+                    let w = l.packed_bf16();
+                    if i == 0 {
+                        acts::to_bf16_rows(x, m, l.in_dim(), ldx, &mut s.b0, w.kp());
+                    } else {
+                        acts::to_bf16_rows(&s.f, m, l.in_dim(), l.in_dim(), &mut s.b0, w.kp());
+                    }
+                    let a = ActsBf16 {
+                        ptr: s.b0.as_ptr(),
+                        lda: w.kp(),
+                    };
+                    assert!(out.len() >= m * n);
+                    let ep = Epilogue {
+                        bias: l.bias(),
+                        relu: l.relu(),
+                        cross: None,
+                        f32_out: Some(MatF32 {
+                            ptr: out.as_mut_ptr(),
+                            ld: n,
+                        }),
+                        bf16_out: None,
+                    };
+                    s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+                    break;
+                }
                 let w = l.packed_int8();
+                if i == 0 {
+                    let inv = l.int8_inv_smooth();
+                    acts::quantize_rows(
+                        x,
+                        (m, l.in_dim(), ldx),
+                        &mut s.q,
+                        w.kp(),
+                        &mut s.sx,
+                        (u, inv),
+                    );
+                } else {
+                    let kd = l.in_dim();
+                    let inv = l.int8_inv_smooth();
+                    acts::quantize_rows(&s.f, (m, kd, kd), &mut s.q, w.kp(), &mut s.sx, (u, inv));
+                }
                 let a = ActsI8 {
                     ptr: s.q.as_ptr(),
                     lda: w.kp(),
                 };
-                let n = l.out_dim();
-                let last = i + 1 == layers.len();
-                let dst: &mut [f32] = if last {
-                    &mut out[..m * n]
-                } else {
-                    s.f.resize(m * n, 0.0);
-                    &mut s.f
-                };
+                s.f.resize(m * n, 0.0);
                 let ep = Epilogue {
                     bias: l.bias(),
                     relu: l.relu(),
                     cross: None,
                     f32_out: Some(MatF32 {
-                        ptr: dst.as_mut_ptr(),
+                        ptr: s.f.as_mut_ptr(),
                         ld: n,
                     }),
                     bf16_out: None,
                 };
                 s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
-                if let Some(nl) = layers.get(i + 1) {
-                    let ld = nl.packed_int8().kp();
-                    acts::quantize_rows(&s.f, (m, n, n), &mut s.q, ld, &mut s.sx, u);
-                }
             }
         }
         DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
@@ -222,6 +303,7 @@ pub fn cross(
                         ld,
                     }),
                 };
+                s.capture(Buf::B0, m, n, kpn);
                 let a = ActsBf16 {
                     ptr: s.b0.as_ptr(),
                     lda: kpn,
@@ -239,6 +321,7 @@ pub fn cross(
                         ld: kpn,
                     }),
                 };
+                s.capture(Buf::Low, m, v.n(), ld);
                 let a = ActsBf16 {
                     ptr: s.low.as_ptr(),
                     lda: ld,
@@ -251,7 +334,8 @@ pub fn cross(
             for (i, l) in layers.iter().enumerate() {
                 let (v, w) = (l.v.packed_int8(), l.w.packed_int8());
                 let input: &[f32] = if i == 0 { x0 } else { xl };
-                acts::quantize_rows(input, (m, n, n), &mut s.q, v.kp(), &mut s.sx, u);
+                let inv = l.v.int8_inv_smooth();
+                acts::quantize_rows(input, (m, n, n), &mut s.q, v.kp(), &mut s.sx, (u, inv));
                 let r = v.n();
                 s.f.resize(m * r, 0.0);
                 let ep = Epilogue {
@@ -269,7 +353,8 @@ pub fn cross(
                     lda: v.kp(),
                 };
                 s.timed(|s| driver::linear_i8(k, a, &s.sx, m, v, &ep, threads));
-                acts::quantize_rows(&s.f, (m, r, r), &mut s.q, w.kp(), &mut s.sx, u);
+                let inv = l.w.int8_inv_smooth();
+                acts::quantize_rows(&s.f, (m, r, r), &mut s.q, w.kp(), &mut s.sx, (u, inv));
                 let ep = Epilogue {
                     bias: l.w.bias(),
                     relu: false,

@@ -115,6 +115,23 @@ impl Linear {
         self.lowp.int8(&self.weight, self.out_dim, self.in_dim)
     }
 
+    /// int8's smoothing from a calibration's largest |input| per column (see
+    /// [`crate::dense::pack::LowpWeights::set_smooth`]); `false` if the int8 weights were
+    /// packed already.
+    pub(crate) fn set_int8_smooth(&self, act: &[f32]) -> bool {
+        self.lowp.set_smooth(&self.weight, self.in_dim, act)
+    }
+
+    /// Whether the int8 weights are packed (after which the smoothing is fixed).
+    pub(crate) fn int8_packed(&self) -> bool {
+        self.lowp.int8_packed()
+    }
+
+    /// `1 / s` per input of the int8 smoothing, when set.
+    pub(crate) fn int8_inv_smooth(&self) -> Option<&[f32]> {
+        self.lowp.inv_smooth()
+    }
+
     /// Converts and packs the weights `dtype` runs on (done at load, not on the first batch).
     pub fn prepare(&self, dtype: crate::dense::DenseDType) {
         self.lowp

@@ -198,6 +198,20 @@ impl Model {
         for l in layers.chain(cross.iter().flat_map(|c| [&c.v, &c.w])) {
             l.prepare(dtype);
         }
+        // int8 runs each MLP's last layer in bf16 (`lowp::mlp`).
+        if dtype == DenseDType::Int8 {
+            for mlp in [&self.bottom, &self.top] {
+                if let Some(l) = mlp.layers().last() {
+                    l.prepare(DenseDType::Bf16);
+                }
+            }
+        }
+    }
+
+    /// Whether int8's weights are packed (their smoothing, if any, fixed:
+    /// [`crate::Predictor::calibrate_int8`]).
+    pub fn int8_calibrated(&self) -> bool {
+        self.top.layers().first().is_some_and(|l| l.int8_packed())
     }
 
     /// The precision the model's dense layers run in by default.

@@ -37,6 +37,9 @@ struct Scratch {
     xl: Vec<f32>,
 }
 
+/// Dense layers with their names, in the order they run.
+type Named<'a> = Vec<(String, &'a Linear)>;
+
 /// One dense layer's time over the batches a predictor ran while timing.
 #[derive(Debug, Clone)]
 pub struct LayerTime {
@@ -107,15 +110,69 @@ impl Predictor {
         Ok(())
     }
 
-    /// Times every bf16 / int8 layer from now on ([`Predictor::layer_times`]).
-    pub fn time_layers(&mut self) {
-        self.scratch.low.time_layers();
-        self.scratch.low_bottom.time_layers();
+    /// Calibrates `model`'s int8 layers on inputs like the ones it will serve: scores `batches`
+    /// batches of `inputs` with the dense layers in bf16, records each layer's largest |input|
+    /// per column, and sets each int8 layer's smoothing from them
+    /// ([`crate::dense::pack::LowpWeights::set_smooth`]) before its int8 weights are packed.
+    /// Once only, and before anything packs the model's int8 weights (a model loaded or built
+    /// with `dense_dtype` int8 has them packed without a smoothing): then it does nothing.
+    /// Inputs unlike the served ones make it worse, not better (the shipped model calibrated on
+    /// uniform random inputs scored worse than without it): it is only run where the inputs are
+    /// known, as `bench model` does.
+    pub fn calibrate_int8(
+        model: &Arc<Model>,
+        threads: usize,
+        batches: usize,
+        mut inputs: impl FnMut(usize) -> (Vec<f32>, ember_embed::KeyedJagged),
+    ) -> Result<()> {
+        if model.int8_calibrated() {
+            return Ok(());
+        }
+        let pooler = Pooler::new(PoolOptions {
+            pooling: model.config().pooling.into(),
+            dedup: Dedup::Auto,
+            threads,
+            ..PoolOptions::default()
+        })?;
+        let mut p = Predictor {
+            model: model.clone(),
+            pooler,
+            sharded: None,
+            threads,
+            dense: dense_for(model, DenseDType::Bf16)?,
+            scratch: Scratch::default(),
+        };
+        p.scratch.low.calibrate();
+        p.scratch.low_bottom.calibrate();
+        for i in 0..batches {
+            let (dense, sparse) = inputs(i);
+            let mut scores = vec![0f32; sparse.batch_size()];
+            p.score(&dense, &sparse, &mut scores)?;
+        }
+        let (bottom, rest) = p.dense_layers();
+        let runs = [
+            (p.scratch.low_bottom.calibration(), bottom),
+            (p.scratch.low.calibration(), rest),
+        ];
+        let lasts = [
+            model.bottom_mlp().layers().last(),
+            model.top_mlp().layers().last(),
+        ];
+        for (maxes, layers) in runs {
+            for ((_, l), act) in layers.iter().zip(maxes.unwrap_or_default()) {
+                // Each MLP's last layer runs in bf16.
+                if !lasts.iter().any(|x| x.is_some_and(|x| std::ptr::eq(x, *l))) {
+                    l.set_int8_smooth(act);
+                }
+            }
+        }
+        model.prepare_dense(DenseDType::Int8);
+        Ok(())
     }
 
-    /// Each bf16 / int8 layer's time summed over the batches since [`Predictor::time_layers`],
-    /// in the order they run (bottom MLP, cross net, top MLP); empty for f32.
-    pub fn layer_times(&self) -> Vec<LayerTime> {
+    /// The dense layers in the order the bf16 / int8 path runs them, named: the bottom MLP's,
+    /// then the cross net's (`V`, `W` per layer) and the top MLP's.
+    fn dense_layers(&self) -> (Named<'_>, Named<'_>) {
         let m = &*self.model;
         let cross: Vec<(String, &Linear)> = match m.interaction() {
             Interaction::Dcn { layers } => layers
@@ -133,10 +190,26 @@ impl Predictor {
                 .collect()
         }
         let bottom = named("bottom", m.bottom_mlp().layers());
-        let rest = cross.into_iter().chain(named("top", m.top_mlp().layers()));
+        let rest = cross
+            .into_iter()
+            .chain(named("top", m.top_mlp().layers()))
+            .collect();
+        (bottom, rest)
+    }
+
+    /// Times every bf16 / int8 layer from now on ([`Predictor::layer_times`]).
+    pub fn time_layers(&mut self) {
+        self.scratch.low.time_layers();
+        self.scratch.low_bottom.time_layers();
+    }
+
+    /// Each bf16 / int8 layer's time summed over the batches since [`Predictor::time_layers`],
+    /// in the order they run (bottom MLP, cross net, top MLP); empty for f32.
+    pub fn layer_times(&self) -> Vec<LayerTime> {
+        let (bottom, rest) = self.dense_layers();
         let clocks = [
             (self.scratch.low_bottom.clock(), bottom),
-            (self.scratch.low.clock(), rest.collect()),
+            (self.scratch.low.clock(), rest),
         ];
         let mut out = Vec::new();
         for (clock, layers) in clocks {
@@ -369,8 +442,9 @@ fn run_bottom<'s>(
     bottom_out
 }
 
-/// The dense precision `dtype` for `model`: its kernels chosen, its weights packed.
-fn dense_for(model: &Model, dtype: DenseDType) -> Result<Dense> {
+/// The dense precision `dtype` for `model`: its kernels chosen, its weights packed (int8's
+/// without a smoothing unless [`Predictor::calibrate_int8`] ran first).
+fn dense_for(model: &Arc<Model>, dtype: DenseDType) -> Result<Dense> {
     if dtype == DenseDType::F32 {
         return Ok(Dense {
             dtype,

@@ -27,6 +27,8 @@ pub(crate) struct ModelConfig {
     pub max_queue_delay_us: u64,
     pub input: Vec<ConfigTensor>,
     pub output: Vec<ConfigTensor>,
+    /// Triton's `parameters`: the dense layers' precision and kernels.
+    pub parameters: Vec<(&'static str, String)>,
 }
 
 /// The configuration of `s`: its inputs and output (dims without the batch dimension; a
@@ -51,7 +53,19 @@ pub(crate) fn config(s: &Served) -> ModelConfig {
         max_queue_delay_us: cfg.max_delay.as_micros() as u64,
         input: meta.inputs.iter().map(tensor).collect(),
         output: meta.outputs.iter().map(tensor).collect(),
+        parameters: dense_parameters(s.spec.model()),
     }
+}
+
+/// `dense_dtype` and `dense_kernels` of a model (its dense layers' precision and the kernel
+/// family this process runs it on).
+fn dense_parameters(model: &ember_model::Model) -> Vec<(&'static str, String)> {
+    let dtype = model.dense_dtype();
+    let kernels = ember_model::DenseIsa::selected(dtype).map_or("?", |i| i.describe(dtype));
+    vec![
+        ("dense_dtype", dtype.name().to_string()),
+        ("dense_kernels", kernels.to_string()),
+    ]
 }
 
 impl ModelConfig {
@@ -67,6 +81,9 @@ impl ModelConfig {
             "output": self.output.iter().map(tensor).collect::<Vec<_>>(),
             "dynamic_batching": { "max_queue_delay_microseconds": self.max_queue_delay_us },
             "version_policy": { "specific": { "versions": [self.version] } },
+            "parameters": self.parameters.iter()
+                .map(|(k, v)| (k.to_string(), json!({ "string_value": v })))
+                .collect::<serde_json::Map<_, _>>(),
         })
     }
 
@@ -109,6 +126,16 @@ impl ModelConfig {
             dynamic_batching: Some(pb::ModelDynamicBatching {
                 max_queue_delay_microseconds: self.max_queue_delay_us,
             }),
+            parameters: self
+                .parameters
+                .iter()
+                .map(|(k, v)| {
+                    let p = pb::ModelParameter {
+                        string_value: v.clone(),
+                    };
+                    (k.to_string(), p)
+                })
+                .collect(),
         }
     }
 }

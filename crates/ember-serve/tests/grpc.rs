@@ -275,6 +275,13 @@ async fn health_metadata_and_inference_match_the_predictor() {
         let cfg = cfg.config.unwrap();
         assert_eq!(cfg.name, http["name"]);
         assert_eq!(i64::from(cfg.max_batch_size), http["max_batch_size"]);
+        // The dense layers' precision, as Triton's `parameters`: f32 for the shipped model.
+        assert_eq!(http["parameters"]["dense_dtype"]["string_value"], "f32");
+        for key in ["dense_dtype", "dense_kernels"] {
+            let v = &cfg.parameters[key].string_value;
+            assert!(!v.is_empty() && v != "?", "{key}: {v}");
+            assert_eq!(http["parameters"][key]["string_value"], v.as_str(), "{key}");
+        }
         let delay = cfg.dynamic_batching.unwrap().max_queue_delay_microseconds;
         assert_eq!(
             delay,

@@ -123,13 +123,22 @@ pub fn run(a: ModelArgs) -> Result<()> {
         scale: a.rows_scale,
         max_rows: a.max_rows,
     };
-    let mut p = preset_with(&a.preset, a.dtype, rows)?;
-    p.config.dense_dtype = a.dense_dtype;
+    // Built with f32 dense layers, switched to --dense-dtype by the timed predictor (after
+    // int8's calibration on the workload's inputs).
+    let p = preset_with(&a.preset, a.dtype, rows)?;
     let load = Load::new(a.batch, a.batch_sizes.as_ref(), a.pooling, &p);
     if load.sizes.is_empty() {
         bail!("--batch-sizes lists no size");
     }
     let (model, batches) = set_up(&a, &p, &load)?;
+    if a.dense_dtype == ember_model::DenseDType::Int8 && !a.gpu.is_cuda() {
+        // int8's smoothing calibrated on inputs like the timed ones (4 fresh batches).
+        let batch = load.max_batch().min(512);
+        let inputs = |i: usize| {
+            random_batch_pooled(&p.config, batch, &load.pooling, 0xca1b ^ (i as u64) << 16)
+        };
+        Predictor::calibrate_int8(&model, a.threads, 4, inputs)?;
+    }
     let (mut report, scores) = match a.gpu.is_cuda() {
         true => measure_gpu(&a, model.clone(), &batches, &load)?,
         false => measure_cpu(&a, model.clone(), &batches, &load)?,
@@ -275,6 +284,7 @@ fn measure_cpu(
     load: &Load,
 ) -> Result<(Report, Vec<f32>)> {
     let mut pred = Predictor::new(model, a.threads)?;
+    pred.set_dense_dtype(a.dense_dtype)?;
     let mut scores = vec![0f32; load.max_batch()];
     for i in 0..a.warmup {
         let (d, s) = &batches[i % batches.len()];

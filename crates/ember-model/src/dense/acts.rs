@@ -2,6 +2,8 @@
 //! row with their scales; rows padded to the packed weights' input width with zeros (zero
 //! codes) and to a multiple of 16 rows.
 
+use rayon::prelude::*;
+
 use super::TILE;
 use super::driver::round_bf16;
 
@@ -9,6 +11,33 @@ use super::driver::round_bf16;
 /// in `dst`, sized to `m` rounded up to 16 rows.
 pub fn to_bf16_rows(x: &[f32], m: usize, k: usize, ldx: usize, dst: &mut Vec<u16>, ld: usize) {
     dst.resize(m.next_multiple_of(TILE) * ld, 0);
+    let per = rows_per_thread(m);
+    if per < m {
+        // Rows are independent: split them over the current pool.
+        dst[..m * ld]
+            .par_chunks_mut(per * ld)
+            .enumerate()
+            .for_each(|(c, d)| {
+                let rows = d.len() / ld;
+                to_bf16_seq(&x[c * per * ldx..], (rows, k, ldx), d, ld)
+            });
+        return;
+    }
+    to_bf16_seq(x, (m, k, ldx), dst, ld);
+}
+
+/// Rows per task when a pass over `m` rows is split over the current rayon pool (`m` itself
+/// when it runs on one thread: a pool of one, or too few rows to pay for waking the others).
+fn rows_per_thread(m: usize) -> usize {
+    let th = rayon::current_num_threads();
+    if th > 1 && m >= 64 {
+        m.div_ceil(th)
+    } else {
+        m.max(1)
+    }
+}
+
+fn to_bf16_seq(x: &[f32], (m, k, ldx): (usize, usize, usize), dst: &mut [u16], ld: usize) {
     #[cfg(target_arch = "x86_64")]
     if ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512) {
         // SAFETY: AVX-512 is available (the embedding stage's check).
@@ -48,17 +77,47 @@ pub fn quantize_rows(
     dst: &mut Vec<u8>,
     ld: usize,
     sx: &mut Vec<f32>,
-    unsigned: bool,
+    (unsigned, inv): (bool, Option<&[f32]>),
 ) {
     dst.resize(m.next_multiple_of(TILE) * ld, 0);
     sx.resize(m, 0.0);
+    let per = rows_per_thread(m);
+    if per < m {
+        // Rows are independent: split them over the current pool.
+        dst[..m * ld]
+            .par_chunks_mut(per * ld)
+            .zip(sx[..m].par_chunks_mut(per))
+            .enumerate()
+            .for_each(|(c, (d, s))| {
+                quantize_seq(
+                    &x[c * per * ldx..],
+                    (s.len(), k, ldx),
+                    d,
+                    ld,
+                    s,
+                    (unsigned, inv),
+                )
+            });
+        return;
+    }
+    quantize_seq(x, (m, k, ldx), dst, ld, sx, (unsigned, inv));
+}
+
+fn quantize_seq(
+    x: &[f32],
+    (m, k, ldx): (usize, usize, usize),
+    dst: &mut [u8],
+    ld: usize,
+    sx: &mut [f32],
+    opts: (bool, Option<&[f32]>),
+) {
     #[cfg(target_arch = "x86_64")]
     if ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512) {
         // SAFETY: AVX-512 is available (the embedding stage's check).
-        unsafe { quantize_avx512(x, (m, k, ldx), dst, ld, sx, unsigned) };
+        unsafe { quantize_avx512(x, (m, k, ldx), dst, ld, sx, opts) };
         return;
     }
-    quantize_plain(x, (m, k, ldx), dst, ld, sx, unsigned);
+    quantize_plain(x, (m, k, ldx), dst, ld, sx, opts);
 }
 
 /// [`quantize_plain`] compiled for AVX-512 (vectorized).
@@ -73,11 +132,20 @@ unsafe fn quantize_avx512(
     dst: &mut [u8],
     ld: usize,
     sx: &mut [f32],
-    unsigned: bool,
+    (unsigned, inv_s): (bool, Option<&[f32]>),
 ) {
     use std::arch::x86_64::*;
     let bias = if unsigned { 128u8 } else { 0 };
     assert!((m == 0 || x.len() >= (m - 1) * ldx + k) && dst.len() >= m * ld && ld >= k);
+    assert!(inv_s.is_none_or(|v| v.len() >= k));
+    let ones = [1f32; 16];
+    // `1 / s` for inputs `i .. i + 16` (masked), or ones.
+    let smooth = |inv: Option<&[f32]>, i: usize, mask: __mmask16| match inv {
+        // SAFETY: inv has k values (asserted) and the mask keeps i + lane < k.
+        Some(v) => unsafe { _mm512_maskz_loadu_ps(mask, v.as_ptr().add(i)) },
+        // SAFETY: 16 values.
+        None => unsafe { _mm512_loadu_ps(ones.as_ptr()) },
+    };
     for r in 0..m {
         let src = &x[r * ldx..r * ldx + k];
         // SAFETY: every load reads `src[i .. i + 16]` masked to `i + 16 <= k` values, every
@@ -92,6 +160,7 @@ unsafe fn quantize_avx512(
                     (1u16 << (k - i)) - 1
                 };
                 let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
+                let v = _mm512_mul_ps(v, smooth(inv_s, i, mask));
                 // max(|v|, mx): a NaN value leaves mx as it was, as f32::max does.
                 mx = _mm512_max_ps(_mm512_abs_ps(v), mx);
                 i += 16;
@@ -117,6 +186,7 @@ unsafe fn quantize_avx512(
                     (1u16 << (k - i)) - 1
                 };
                 let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
+                let v = _mm512_mul_ps(v, smooth(inv_s, i, mask));
                 // Round to nearest even (the default rounding mode), as `round_ties_even`.
                 let q = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
                 let q = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(q, hi), lo), b);
@@ -136,15 +206,23 @@ pub(crate) fn quantize_plain(
     dst: &mut [u8],
     ld: usize,
     sx: &mut [f32],
-    unsigned: bool,
+    (unsigned, smooth): (bool, Option<&[f32]>),
 ) {
     let bias = if unsigned { 128u8 } else { 0 };
+    let mut row = vec![0f32; k];
     for r in 0..m {
         let src = &x[r * ldx..r * ldx + k];
-        let s = super::pack::quant_scale(src);
+        match smooth {
+            Some(v) => row
+                .iter_mut()
+                .zip(src.iter().zip(v))
+                .for_each(|(o, (a, b))| *o = a * b),
+            None => row.copy_from_slice(src),
+        }
+        let s = super::pack::quant_scale(&row);
         let inv = 1.0 / s;
         let d = &mut dst[r * ld..(r + 1) * ld];
-        for (o, &v) in d.iter_mut().zip(src) {
+        for (o, &v) in d.iter_mut().zip(&row) {
             let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
             *o = (q as u8).wrapping_add(bias);
         }

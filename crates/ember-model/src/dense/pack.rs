@@ -182,6 +182,9 @@ pub fn quantize(v: f32, s: f32) -> i8 {
 pub struct LowpWeights {
     bf16: OnceLock<PackedBf16>,
     int8: OnceLock<PackedI8>,
+    /// int8's per-input smoothing `s` (`x W^T = (x / s) (W s)^T`), set by a calibration before
+    /// the int8 weights are packed, and `1 / s` for the activations' quantizer.
+    smooth: OnceLock<(Vec<f32>, Vec<f32>)>,
 }
 
 impl LowpWeights {
@@ -190,9 +193,58 @@ impl LowpWeights {
         self.bf16.get_or_init(|| PackedBf16::new(w, n, k))
     }
 
-    /// `w` (`[n, k]`) as int8 tiles.
+    /// `w` (`[n, k]`) as int8 tiles: each input column `i` multiplied by the smoothing `s[i]`
+    /// first, when one was set.
     pub fn int8(&self, w: &[f32], n: usize, k: usize) -> &PackedI8 {
-        self.int8.get_or_init(|| PackedI8::new(w, n, k))
+        self.int8.get_or_init(|| match self.smooth.get() {
+            Some((s, _)) => {
+                let ws: Vec<f32> = w.iter().enumerate().map(|(j, v)| v * s[j % k]).collect();
+                PackedI8::new(&ws, n, k)
+            }
+            None => PackedI8::new(w, n, k),
+        })
+    }
+
+    /// Sets the smoothing from the largest |activation| seen per input (`act`, from a
+    /// calibration) and the weights `w` (`[n, k]`): `s[i] = sqrt(act[i] / max_o |w[o, i]|)`
+    /// (SmoothQuant's balance, alpha 0.5), 1 where either is zero. It moves the spread of the
+    /// inputs' scales (pooled embeddings of 1 id and of 100 ids side by side in the cross net's
+    /// input) into the weights, whose scales are per output channel. `false` when the weights
+    /// were packed already (or a smoothing was set): then nothing changes.
+    pub fn set_smooth(&self, w: &[f32], k: usize, act: &[f32]) -> bool {
+        if self.int8.get().is_some() || act.len() != k {
+            return false;
+        }
+        let mut wmax = vec![0f32; k];
+        for row in w.chunks_exact(k) {
+            for (m, v) in wmax.iter_mut().zip(row) {
+                *m = m.max(v.abs());
+            }
+        }
+        let s: Vec<f32> = act
+            .iter()
+            .zip(&wmax)
+            .map(|(&a, &b)| {
+                let v = (a / b).sqrt();
+                if a > 0.0 && b > 0.0 && v.is_finite() {
+                    v.clamp(1e-4, 1e4)
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        let inv = s.iter().map(|v| 1.0 / v).collect();
+        self.smooth.set((s, inv)).is_ok()
+    }
+
+    /// Whether the int8 tiles are packed.
+    pub fn int8_packed(&self) -> bool {
+        self.int8.get().is_some()
+    }
+
+    /// `1 / s` per input when a smoothing is set.
+    pub fn inv_smooth(&self) -> Option<&[f32]> {
+        self.smooth.get().map(|(_, inv)| inv.as_slice())
     }
 
     /// Packs `w` for `dtype`.
