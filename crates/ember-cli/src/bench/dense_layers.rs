@@ -83,6 +83,34 @@ impl LayerReport {
         }
     }
 
+    /// The report page's figure: each layer's share of the ceiling.
+    pub fn figure(&self, page: &mut crate::report::Page) {
+        let Some(p) = &self.peak else {
+            return;
+        };
+        page.figure(
+            "Dense layers against the ceiling",
+            format!(
+                "Each {} layer's {} as a share of the {} peak measured in the same run ({:.0} \
+                 {} on {} thread(s)).",
+                self.layers.first().map_or("", |_| "bf16 / int8"),
+                self.kind.unit(),
+                self.kind.instruction(),
+                p.gops(),
+                self.kind.unit(),
+                p.threads
+            ),
+            crate::report::Plot::Bars {
+                y_label: "% of the ceiling".into(),
+                bars: self
+                    .layers
+                    .iter()
+                    .map(|(t, rate)| (t.name.clone(), 100.0 * p.share(*rate)))
+                    .collect(),
+            },
+        );
+    }
+
     /// The JSON form.
     pub fn json(&self) -> Value {
         json!({

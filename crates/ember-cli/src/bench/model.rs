@@ -226,6 +226,9 @@ fn page(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) -> crate::report::Pa
             log_x: true,
         },
     );
+    if let Some(l) = &r.layers {
+        l.figure(&mut page);
+    }
     page
 }
 
