@@ -128,20 +128,8 @@ impl Predictor {
         if model.int8_calibrated() {
             return Ok(());
         }
-        let pooler = Pooler::new(PoolOptions {
-            pooling: model.config().pooling.into(),
-            dedup: Dedup::Auto,
-            threads,
-            ..PoolOptions::default()
-        })?;
-        let mut p = Predictor {
-            model: model.clone(),
-            pooler,
-            sharded: None,
-            threads,
-            dense: dense_for(model, DenseDType::Bf16)?,
-            scratch: Scratch::default(),
-        };
+        let mut p = Predictor::new(model.clone(), threads)?;
+        p.set_dense_dtype(DenseDType::Bf16)?;
         p.scratch.low.calibrate();
         p.scratch.low_bottom.calibrate();
         for i in 0..batches {

@@ -343,3 +343,43 @@ fn config_dense_dtype_is_the_default_and_load_options_override_it() {
     assert!(e.contains("fp8"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// int8's calibration on the workload's inputs: it fixes the smoothing before the int8 weights
+/// are packed, the calibrated model scores within int8's tolerance of f32 on fresh batches of
+/// the same kind, a second calibration changes nothing, and a model whose int8 weights were
+/// packed already (loaded as int8) is left as it is.
+#[test]
+fn int8_calibration_on_the_workloads_inputs() {
+    let model = random_dcn();
+    assert!(!model.int8_calibrated());
+    let m = model.clone();
+    Predictor::calibrate_int8(&model, 2, 3, |i| batch(&m, 64, 500 + i as u64)).unwrap();
+    assert!(model.int8_calibrated());
+    let input = batch(&model, 300, 77);
+    let mut f = Predictor::new(model.clone(), 1).unwrap();
+    let want = scores(&mut f, &input);
+    let mut q = Predictor::new(model.clone(), 1).unwrap();
+    q.set_dense_dtype(DenseDType::Int8).unwrap();
+    let got = scores(&mut q, &input);
+    let (max, mean) = abs_err(&got, &want);
+    let (max_tol, mean_tol) = tolerance("dcn", DenseDType::Int8);
+    assert!(
+        max <= max_tol && mean <= mean_tol,
+        "calibrated int8: max {max}, mean {mean}"
+    );
+    assert!(max > 0.0, "int8 scores identical to f32's: did int8 run?");
+    // Calibrating again (even on other inputs) is a no-op: the same scores.
+    Predictor::calibrate_int8(&model, 1, 2, |i| batch(&m, 16, 900 + i as u64)).unwrap();
+    let mut q2 = Predictor::new(model.clone(), 1).unwrap();
+    q2.set_dense_dtype(DenseDType::Int8).unwrap();
+    assert_eq!(scores(&mut q2, &input), got);
+    // Loaded as int8: packed at load, so the calibration leaves it.
+    let loaded = load(&default_dir(), Some(DenseDType::Int8));
+    assert!(loaded.int8_calibrated());
+    let probe = batch(&loaded, 50, 3);
+    let before = scores(&mut Predictor::new(loaded.clone(), 1).unwrap(), &probe);
+    let l = loaded.clone();
+    Predictor::calibrate_int8(&loaded, 1, 1, |i| batch(&l, 8, i as u64)).unwrap();
+    let after = scores(&mut Predictor::new(loaded.clone(), 1).unwrap(), &probe);
+    assert_eq!(before, after);
+}
