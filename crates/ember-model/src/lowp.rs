@@ -22,38 +22,50 @@ pub struct LowpScratch {
     f: Vec<f32>,
     /// The cross net's low-rank projection (bf16).
     low: Vec<u16>,
-    /// Per-layer wall times, in call order, when timing is on ([`LowpScratch::time_layers`]).
-    clock: Option<LayerClock>,
-    /// The largest |input| per column of each layer, in call order, when calibrating (bf16
-    /// runs only; [`LowpScratch::calibrate`]).
-    calib: Option<(Vec<Vec<f32>>, usize)>,
+    /// Per-layer wall times summed over forward passes, when timing is on
+    /// ([`LowpScratch::time_layers`]).
+    clock: Option<PerLayer<std::time::Duration>>,
+    /// The largest |input| per column of each layer, when calibrating (bf16 runs only;
+    /// [`LowpScratch::calibrate`]).
+    calib: Option<PerLayer<Vec<f32>>>,
 }
 
-/// Time spent in each layer call, summed over forward passes; layers in the order they run.
+/// One value per layer call of a forward pass, in the order the layers run.
 #[derive(Debug, Default, Clone)]
-pub struct LayerClock {
-    pub times: Vec<std::time::Duration>,
+pub struct PerLayer<T> {
+    pub values: Vec<T>,
     next: usize,
+}
+
+impl<T: Default> PerLayer<T> {
+    /// The next layer's value (made on first use).
+    fn next_slot(&mut self) -> &mut T {
+        if self.values.len() <= self.next {
+            self.values.resize_with(self.next + 1, T::default);
+        }
+        self.next += 1;
+        &mut self.values[self.next - 1]
+    }
 }
 
 impl LowpScratch {
     /// Starts timing every layer call (a clock read before and after each).
     pub fn time_layers(&mut self) {
-        self.clock.get_or_insert_with(LayerClock::default);
+        self.clock.get_or_insert_with(Default::default);
     }
 
     /// The layer times so far (`None` when timing is off).
-    pub fn clock(&self) -> Option<&LayerClock> {
-        self.clock.as_ref()
+    pub fn clock(&self) -> Option<&[std::time::Duration]> {
+        self.clock.as_ref().map(|c| c.values.as_slice())
     }
 
-    /// Marks the start of a forward pass: layer times restart at the first slot.
+    /// Marks the start of a forward pass: the per-layer values restart at the first layer.
     pub fn rewind(&mut self) {
         if let Some(c) = &mut self.clock {
             c.next = 0;
         }
-        if let Some((_, next)) = &mut self.calib {
-            *next = 0;
+        if let Some(c) = &mut self.calib {
+            c.next = 0;
         }
     }
 
@@ -64,19 +76,16 @@ impl LowpScratch {
 
     /// The recorded maxima, one vector per layer in call order.
     pub fn calibration(&self) -> Option<&[Vec<f32>]> {
-        self.calib.as_ref().map(|(v, _)| v.as_slice())
+        self.calib.as_ref().map(|c| c.values.as_slice())
     }
 
     /// Records the largest |value| per column of `m` bf16 rows of `k` values at stride `ld`
     /// (in `b0` or `low`) as the next layer's input.
     fn capture(&mut self, which: Buf, m: usize, k: usize, ld: usize) {
-        let Some((all, next)) = &mut self.calib else {
+        let Some(calib) = &mut self.calib else {
             return;
         };
-        if all.len() <= *next {
-            all.resize(*next + 1, Vec::new());
-        }
-        let mx = &mut all[*next];
+        let mx = calib.next_slot();
         mx.resize(k, 0.0);
         let buf = match which {
             Buf::B0 => &self.b0,
@@ -87,7 +96,6 @@ impl LowpScratch {
                 *o = o.max(crate::dense::from_bf16(b).abs());
             }
         }
-        *next += 1;
     }
 
     /// Runs `f` (one layer), adding its time to the next slot when timing.
@@ -97,12 +105,7 @@ impl LowpScratch {
         }
         let t = std::time::Instant::now();
         let r = f(self);
-        let c = self.clock.as_mut().expect("checked");
-        if c.times.len() <= c.next {
-            c.times.resize(c.next + 1, Default::default());
-        }
-        c.times[c.next] += t.elapsed();
-        c.next += 1;
+        *self.clock.as_mut().expect("checked").next_slot() += t.elapsed();
         r
     }
 }
@@ -195,13 +198,12 @@ pub fn mlp(
             // too, int8 kept 99.83% of f32's AUC; see docs/dense-precision.md.
             for (i, l) in layers.iter().enumerate() {
                 let n = l.out_dim();
+                // The input: `x`, or the previous layer's f32 output.
+                let (src, lds): (&[f32], usize) =
+                    if i == 0 { (x, ldx) } else { (&s.f, l.in_dim()) };
                 if i == last {
                     let w = l.packed_bf16();
-                    if i == 0 {
-                        acts::to_bf16_rows(x, m, l.in_dim(), ldx, &mut s.b0, w.kp());
-                    } else {
-                        acts::to_bf16_rows(&s.f, m, l.in_dim(), l.in_dim(), &mut s.b0, w.kp());
-                    }
+                    acts::to_bf16_rows(src, m, l.in_dim(), lds, &mut s.b0, w.kp());
                     let a = ActsBf16 {
                         ptr: s.b0.as_ptr(),
                         lda: w.kp(),
@@ -221,21 +223,8 @@ pub fn mlp(
                     break;
                 }
                 let w = l.packed_int8();
-                if i == 0 {
-                    let inv = l.int8_inv_smooth();
-                    acts::quantize_rows(
-                        x,
-                        (m, l.in_dim(), ldx),
-                        &mut s.q,
-                        w.kp(),
-                        &mut s.sx,
-                        (u, inv),
-                    );
-                } else {
-                    let kd = l.in_dim();
-                    let inv = l.int8_inv_smooth();
-                    acts::quantize_rows(&s.f, (m, kd, kd), &mut s.q, w.kp(), &mut s.sx, (u, inv));
-                }
+                let (dims, inv) = ((m, l.in_dim(), lds), l.int8_inv_smooth());
+                acts::quantize_rows(src, dims, &mut s.q, w.kp(), &mut s.sx, (u, inv));
                 let a = ActsI8 {
                     ptr: s.q.as_ptr(),
                     lda: w.kp(),

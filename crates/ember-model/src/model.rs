@@ -210,7 +210,7 @@ impl Model {
 
     /// Whether int8's weights are packed (their smoothing, if any, fixed:
     /// [`crate::Predictor::calibrate_int8`]).
-    pub fn int8_calibrated(&self) -> bool {
+    pub fn int8_packed(&self) -> bool {
         self.top.layers().first().is_some_and(|l| l.int8_packed())
     }
 

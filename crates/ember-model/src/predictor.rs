@@ -125,7 +125,7 @@ impl Predictor {
         batches: usize,
         mut inputs: impl FnMut(usize) -> (Vec<f32>, ember_embed::KeyedJagged),
     ) -> Result<()> {
-        if model.int8_calibrated() {
+        if model.int8_packed() {
             return Ok(());
         }
         let mut p = Predictor::new(model.clone(), threads)?;
@@ -202,7 +202,7 @@ impl Predictor {
         let mut out = Vec::new();
         for (clock, layers) in clocks {
             let Some(c) = clock else { continue };
-            for ((name, l), t) in layers.into_iter().zip(&c.times) {
+            for ((name, l), t) in layers.into_iter().zip(c) {
                 out.push(LayerTime {
                     name,
                     in_dim: l.in_dim(),

@@ -351,10 +351,10 @@ fn config_dense_dtype_is_the_default_and_load_options_override_it() {
 #[test]
 fn int8_calibration_on_the_workloads_inputs() {
     let model = random_dcn();
-    assert!(!model.int8_calibrated());
+    assert!(!model.int8_packed());
     let m = model.clone();
     Predictor::calibrate_int8(&model, 2, 3, |i| batch(&m, 64, 500 + i as u64)).unwrap();
-    assert!(model.int8_calibrated());
+    assert!(model.int8_packed());
     let input = batch(&model, 300, 77);
     let mut f = Predictor::new(model.clone(), 1).unwrap();
     let want = scores(&mut f, &input);
@@ -375,7 +375,7 @@ fn int8_calibration_on_the_workloads_inputs() {
     assert_eq!(scores(&mut q2, &input), got);
     // Loaded as int8: packed at load, so the calibration leaves it.
     let loaded = load(&default_dir(), Some(DenseDType::Int8));
-    assert!(loaded.int8_calibrated());
+    assert!(loaded.int8_packed());
     let probe = batch(&loaded, 50, 3);
     let before = scores(&mut Predictor::new(loaded.clone(), 1).unwrap(), &probe);
     let l = loaded.clone();

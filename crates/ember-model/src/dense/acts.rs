@@ -154,11 +154,7 @@ unsafe fn quantize_avx512(
             let mut mx = _mm512_setzero_ps();
             let mut i = 0;
             while i < k {
-                let mask: __mmask16 = if k - i >= 16 {
-                    0xffff
-                } else {
-                    (1u16 << (k - i)) - 1
-                };
+                let mask = super::lanes(k - i);
                 let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
                 let v = _mm512_mul_ps(v, smooth(inv_s, i, mask));
                 // max(|v|, mx): a NaN value leaves mx as it was, as f32::max does.
@@ -180,11 +176,7 @@ unsafe fn quantize_avx512(
             );
             let mut i = 0;
             while i < k {
-                let mask: __mmask16 = if k - i >= 16 {
-                    0xffff
-                } else {
-                    (1u16 << (k - i)) - 1
-                };
+                let mask = super::lanes(k - i);
                 let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
                 let v = _mm512_mul_ps(v, smooth(inv_s, i, mask));
                 // Round to nearest even (the default rounding mode), as `round_ties_even`.
@@ -199,7 +191,8 @@ unsafe fn quantize_avx512(
     }
 }
 
-#[inline(always)]
+/// The portable quantizer: the reference's codes ([`super::reference::quantize_row`]) of each
+/// row (times `1 / s` first when smoothed).
 pub(crate) fn quantize_plain(
     x: &[f32],
     (m, k, ldx): (usize, usize, usize),
@@ -209,7 +202,7 @@ pub(crate) fn quantize_plain(
     (unsigned, smooth): (bool, Option<&[f32]>),
 ) {
     let bias = if unsigned { 128u8 } else { 0 };
-    let mut row = vec![0f32; k];
+    let (mut row, mut q) = (vec![0f32; k], vec![0i8; k]);
     for r in 0..m {
         let src = &x[r * ldx..r * ldx + k];
         match smooth {
@@ -219,15 +212,12 @@ pub(crate) fn quantize_plain(
                 .for_each(|(o, (a, b))| *o = a * b),
             None => row.copy_from_slice(src),
         }
-        let s = super::pack::quant_scale(&row);
-        let inv = 1.0 / s;
+        sx[r] = super::reference::quantize_row(&row, &mut q);
         let d = &mut dst[r * ld..(r + 1) * ld];
-        for (o, &v) in d.iter_mut().zip(&row) {
-            let q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-            *o = (q as u8).wrapping_add(bias);
+        for (o, &c) in d.iter_mut().zip(&q) {
+            *o = (c as u8).wrapping_add(bias);
         }
         d[k..].fill(bias);
-        sx[r] = s;
     }
 }
 

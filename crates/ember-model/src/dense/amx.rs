@@ -11,7 +11,6 @@
 //! [`release`] after its last (a released thread's context switches do not save 8 KiB of tiles).
 
 use std::arch::asm;
-use std::ops::Range;
 
 use super::pack::{PackedBf16, PackedI8};
 use super::{ActsBf16, ActsI8, TILE, Tiles};
@@ -106,51 +105,36 @@ unsafe fn dot<const BF16: bool, const C: u8, const A: u8, const B: u8>() {
     }
 }
 
-/// The shared loop: tile steps `steps` of `MT` activation tiles (`a`, rows `lda` bytes apart,
+/// The shared loop: `steps` tile steps of `MT` activation tiles (`a`, rows `lda` bytes apart,
 /// advancing 64 bytes a step) against `NT` weight tiles (`b0`, `b1`: sequential 1 KiB tiles),
-/// then the sums stored to `out`; with `acc`, the sums start from `out`'s (the partial sums of
-/// the steps before), else from zero.
+/// `hook(step, steps)` after each step's dot products, then the sums stored to `out`.
 ///
 /// # Safety
-/// Tiles configured; `a` readable for `16 MT` rows of `64 steps.end` bytes at `lda`; `b0` (and
-/// `b1` when `NT` = 2) readable for `steps.end` KiB.
+/// Tiles configured; `a` readable for `16 MT` rows of `64 steps` bytes at `lda`; `b0` (and
+/// `b1` when `NT` = 2) readable for `steps` KiB.
 #[inline(always)]
 unsafe fn run<const BF16: bool, const MT: usize, const NT: usize>(
     a: *const u8,
     lda: usize,
     (b0, b1): (*const u8, *const u8),
-    (steps, acc): (Range<usize>, bool),
+    steps: usize,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
 ) {
     // SAFETY: per the contract; every pointer offset stays inside the ranges it names.
     unsafe {
-        if acc {
-            load::<0>(out[0].as_ptr().cast(), 64);
+        zero::<0>();
+        if NT == 2 {
+            zero::<1>();
+        }
+        if MT == 2 {
+            zero::<2>();
             if NT == 2 {
-                load::<1>(out[1].as_ptr().cast(), 64);
-            }
-            if MT == 2 {
-                load::<2>(out[2].as_ptr().cast(), 64);
-                if NT == 2 {
-                    load::<3>(out[3].as_ptr().cast(), 64);
-                }
-            }
-        } else {
-            zero::<0>();
-            if NT == 2 {
-                zero::<1>();
-            }
-            if MT == 2 {
-                zero::<2>();
-                if NT == 2 {
-                    zero::<3>();
-                }
+                zero::<3>();
             }
         }
         let a1 = a.add(TILE * lda);
-        let (s0, n) = (steps.start, steps.len());
-        for s in steps {
+        for s in 0..steps {
             load::<4>(a.add(s * 64), lda);
             load::<6>(b0.add(s * 1024), 64);
             dot::<BF16, 0, 4, 6>();
@@ -166,7 +150,7 @@ unsafe fn run<const BF16: bool, const MT: usize, const NT: usize>(
                 }
             }
             // The vector units finish the previous block while the tile unit works.
-            hook(s - s0, n);
+            hook(s, steps);
         }
         store::<0>(out[0].as_mut_ptr().cast(), 64);
         if NT == 2 {
@@ -177,6 +161,32 @@ unsafe fn run<const BF16: bool, const MT: usize, const NT: usize>(
             if NT == 2 {
                 store::<3>(out[3].as_mut_ptr().cast(), 64);
             }
+        }
+    }
+}
+
+/// [`run`] for a block of `mt` x `nt` tiles: `a` at the block's first row (`lda` bytes a row),
+/// the weights of output blocks `nb`, `nb + 1` (the same one twice when `nt` is 1).
+///
+/// # Safety
+/// As [`run`].
+#[inline(always)]
+unsafe fn run_block<const BF16: bool>(
+    a: *const u8,
+    lda: usize,
+    (mt, nt): (usize, usize),
+    b: (*const u8, *const u8),
+    steps: usize,
+    out: &mut Tiles,
+    hook: &mut dyn FnMut(usize, usize),
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (mt, nt) {
+            (2, 2) => run::<BF16, 2, 2>(a, lda, b, steps, out, hook),
+            (2, _) => run::<BF16, 2, 1>(a, lda, b, steps, out, hook),
+            (_, 2) => run::<BF16, 1, 2>(a, lda, b, steps, out, hook),
+            _ => run::<BF16, 1, 1>(a, lda, b, steps, out, hook),
         }
     }
 }
@@ -195,18 +205,7 @@ pub unsafe fn block_bf16(
     out: &mut Tiles,
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        block_bf16_hooked(
-            a,
-            m0,
-            mt,
-            w,
-            (nb, nt),
-            (0..w.kp() / 32, false),
-            out,
-            &mut |_, _| {},
-        )
-    }
+    unsafe { block_bf16_hooked(a, m0, (mt, nt), w, nb, out, &mut |_, _| {}) }
 }
 
 /// [`block_bf16`], calling `hook(step, steps)` after each tile step's dot products: the caller
@@ -216,19 +215,15 @@ pub unsafe fn block_bf16(
 ///
 /// # Safety
 /// As [`block_bf16`].
-/// Runs tile steps `steps` only; `acc` adds to the sums in `out`.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn block_bf16_hooked(
     a: ActsBf16,
     m0: usize,
-    mt: usize,
+    (mt, nt): (usize, usize),
     w: &PackedBf16,
-    (nb, nt): (usize, usize),
-    (steps, acc): (Range<usize>, bool),
+    nb: usize,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
 ) {
-    assert!(steps.end <= w.kp() / 32);
     let b0 = w.block(nb).as_ptr().cast::<u8>();
     let b1 = if nt == 2 {
         w.block(nb + 1).as_ptr().cast()
@@ -239,13 +234,7 @@ pub unsafe fn block_bf16_hooked(
     // hold kp / 32 tiles each.
     unsafe {
         let ap = a.ptr.add(m0 * a.lda).cast::<u8>();
-        let lda = a.lda * 2;
-        match (mt, nt) {
-            (2, 2) => run::<true, 2, 2>(ap, lda, (b0, b1), (steps, acc), out, hook),
-            (2, _) => run::<true, 2, 1>(ap, lda, (b0, b1), (steps, acc), out, hook),
-            (_, 2) => run::<true, 1, 2>(ap, lda, (b0, b1), (steps, acc), out, hook),
-            _ => run::<true, 1, 1>(ap, lda, (b0, b1), (steps, acc), out, hook),
-        }
+        run_block::<true>(ap, a.lda * 2, (mt, nt), (b0, b1), w.kp() / 32, out, hook)
     }
 }
 
@@ -263,51 +252,31 @@ pub unsafe fn block_i8(
     out: &mut Tiles,
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        block_i8_hooked(
-            a,
-            m0,
-            mt,
-            w,
-            (nb, nt),
-            (0..w.kp() / 64, false),
-            out,
-            &mut |_, _| {},
-        )
-    }
+    unsafe { block_i8_hooked(a, m0, (mt, nt), w, nb, out, &mut |_, _| {}) }
 }
 
 /// [`block_i8`] with a hook per tile step, as [`block_bf16_hooked`].
 ///
 /// # Safety
 /// As [`block_i8`].
-/// Runs tile steps `steps` only; `acc` adds to the sums in `out`.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn block_i8_hooked(
     a: ActsI8,
     m0: usize,
-    mt: usize,
+    (mt, nt): (usize, usize),
     w: &PackedI8,
-    (nb, nt): (usize, usize),
-    (steps, acc): (Range<usize>, bool),
+    nb: usize,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
 ) {
-    assert!(steps.end <= w.kp() / 64);
     let b0 = w.block(nb).as_ptr().cast::<u8>();
     let b1 = if nt == 2 {
         w.block(nb + 1).as_ptr().cast()
     } else {
         b0
     };
-    // SAFETY: as in `block_bf16`, with kp int8 values a row and kp / 64 tiles a block.
+    // SAFETY: as in `block_bf16_hooked`, with kp int8 values a row and kp / 64 tiles a block.
     unsafe {
         let ap = a.ptr.add(m0 * a.lda);
-        match (mt, nt) {
-            (2, 2) => run::<false, 2, 2>(ap, a.lda, (b0, b1), (steps, acc), out, hook),
-            (2, _) => run::<false, 2, 1>(ap, a.lda, (b0, b1), (steps, acc), out, hook),
-            (_, 2) => run::<false, 1, 2>(ap, a.lda, (b0, b1), (steps, acc), out, hook),
-            _ => run::<false, 1, 1>(ap, a.lda, (b0, b1), (steps, acc), out, hook),
-        }
+        run_block::<false>(ap, a.lda, (mt, nt), (b0, b1), w.kp() / 64, out, hook)
     }
 }

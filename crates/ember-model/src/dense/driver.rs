@@ -1,12 +1,11 @@
 //! One layer through a block kernel: blocks of 32 rows x 32 outputs over the threads, each
 //! block's sums finished by the fused [`Epilogue`] as soon as they leave the kernel, so that a
-//! layer's output is written once, in the form the next step reads. Also the conversions of
-//! f32 activations to a kernel's input (bf16 rows, int8 rows with their scales).
+//! layer's output is written once, in the form the next step reads.
 //!
-//! Order of work: rows in chunks of [`MC`] (the chunk's activations stay in L2), then output
-//! blocks, then the chunk's 32-row blocks, so each block of weights is read from L3 once per
-//! chunk and from L2 for the chunk's other blocks. Threads split the outputs (each reads all
-//! rows and its share of the weights) or, for layers of few outputs, the rows.
+//! Order of work: output blocks in chunks of about 1 MiB of weights ([`chunk_blocks`]: the
+//! chunk stays in L2), every 32-row block against a chunk, block after block along the
+//! outputs. Threads split the outputs (each reads all rows and its share of the weights) or,
+//! for layers of few outputs, the rows.
 
 use std::ops::Range;
 
@@ -238,11 +237,7 @@ unsafe fn finish_tile_avx512(
     if rows.is_empty() || cols == 0 {
         return;
     }
-    let mask: __mmask16 = if cols == TILE {
-        0xffff
-    } else {
-        (1u16 << cols) - 1
-    };
+    let mask = super::lanes(cols);
     // SAFETY: every masked load and store touches columns c0 .. c0 + cols < n of rows
     // r0 .. r0 + rows < m: inside the bias (n values), the scales (padded to whole tiles),
     // and the epilogue's matrices (the caller's contract); the tile has 16 x 16 values.
@@ -328,14 +323,13 @@ fn tasks(m: usize, blocks: usize, threads: usize) -> Vec<(Range<usize>, Range<us
 type Hook<'h> = &'h mut dyn FnMut(usize, usize);
 
 /// A block kernel as the driver calls it: rows `m0 ..` (`mt` tiles), output tiles `nb ..`
-/// (`nt`), tile steps `ks` (adding to the sums in the tiles when `acc`), the hook called along.
-type BlockFn<'a> =
-    dyn Fn(usize, usize, (usize, usize), (Range<usize>, bool), &mut Tiles, Hook<'_>) + Sync + 'a;
+/// (`nt`), the sums into the tiles, the hook called along.
+type BlockFn<'a> = dyn Fn(usize, (usize, usize), usize, &mut Tiles, Hook<'_>) + Sync + 'a;
 
 /// Finishes rows `sel` of a tile of sums at `(row, output)`.
 type FinishFn<'a> = dyn Fn(&mut [f32; TILE * TILE], (usize, usize), Range<usize>) + Sync + 'a;
 
-/// A block whose sums wait in the sums buffer `idx` to be finished.
+/// A block whose sums wait in the sums buffer `idx` (of two) to be finished.
 #[derive(Clone, Copy)]
 struct Pending {
     m0: usize,
@@ -374,18 +368,6 @@ impl Pending {
     }
 }
 
-/// Two distinct elements of `v`, mutably.
-fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
-    assert_ne!(a, b);
-    if a < b {
-        let (lo, hi) = v.split_at_mut(b);
-        (&mut lo[a], &mut hi[0])
-    } else {
-        let (lo, hi) = v.split_at_mut(a);
-        (&mut hi[0], &mut lo[b])
-    }
-}
-
 /// Output blocks per chunk: a chunk's weights (at most ~1 MiB) stay in L2 while every row
 /// block of the layer runs against them, block after block along the outputs. Rows then meet
 /// consecutive outputs (each row written in runs of up to 4 KiB), which the prefetchers follow:
@@ -395,13 +377,13 @@ fn chunk_blocks(blocks: usize, kp_bytes: usize) -> usize {
     ((1 << 20) / (TILE * kp_bytes)).clamp(2, blocks.max(2)) & !1
 }
 
-/// Runs `block` over every block of the layer (`steps` tile steps deep, `kp_bytes` bytes of
-/// inputs a row), each block's sums finished while the next block computes (the kernel's hook
-/// spreads the previous block's rows over its steps).
+/// Runs `block` over every block of the layer (`kp_bytes` bytes of inputs a row), each
+/// block's sums finished while the next block computes (the kernel's hook spreads the previous
+/// block's rows over its steps).
 fn drive(
     k: &Kernels,
     m: usize,
-    (blocks, steps, kp_bytes): (usize, usize, usize),
+    (blocks, kp_bytes): (usize, usize),
     threads: usize,
     block: &BlockFn<'_>,
     finish: &FinishFn<'_>,
@@ -409,7 +391,7 @@ fn drive(
     let ncb = chunk_blocks(blocks, kp_bytes);
     let task = |(rows, outs): (Range<usize>, Range<usize>)| {
         k.with_tiles(|| {
-            let mut sums: Vec<Tiles> = vec![[[0.0; TILE * TILE]; 4]; 2];
+            let [mut s0, mut s1]: [Tiles; 2] = [[[0.0; TILE * TILE]; 4]; 2];
             let mut pending: Option<Pending> = None;
             let mut idx = 0;
             let mut nc = outs.start;
@@ -421,7 +403,11 @@ fn drive(
                     let mut nb = nc;
                     while nb < nc_end {
                         let nt = (nc_end - nb).min(2);
-                        let (out, prev) = two_mut(&mut sums, idx, idx ^ 1);
+                        let (out, prev) = if idx == 0 {
+                            (&mut s0, &mut s1)
+                        } else {
+                            (&mut s1, &mut s0)
+                        };
                         let mut done = 0;
                         let mut hook = |s: usize, n: usize| {
                             if let Some(p) = pending {
@@ -433,7 +419,7 @@ fn drive(
                                 p.finish_rows(prev, finish, &mut done, target);
                             }
                         };
-                        block(m0, mt, (nb, nt), (0..steps, false), out, &mut hook);
+                        block(m0, (mt, nt), nb, out, &mut hook);
                         if let Some(p) = pending {
                             p.finish_rows(prev, finish, &mut done, p.rows());
                         }
@@ -453,7 +439,8 @@ fn drive(
             }
             if let Some(p) = pending {
                 let mut done = 0;
-                p.finish_rows(&mut sums[p.idx], finish, &mut done, p.rows());
+                let last = if p.idx == 0 { &mut s0 } else { &mut s1 };
+                p.finish_rows(last, finish, &mut done, p.rows());
             }
         })
     };
@@ -493,26 +480,19 @@ pub fn linear_bf16(
     threads: usize,
 ) {
     assert!(ep.bias.len() >= w.n());
-    let block = |m0, mt, (nb, nt), ks: (Range<usize>, bool), t: &mut Tiles, hook: Hook<'_>| {
+    let block = |m0, (mt, nt), nb, t: &mut Tiles, hook: Hook<'_>| {
         // SAFETY: `a` covers every block's rows (the caller's contract, rows padded to 16);
         // the family is available (Kernels are only built so) and configured by `drive`.
         unsafe {
             #[cfg(target_arch = "x86_64")]
             if k.isa == DenseIsa::Amx {
-                return super::amx::block_bf16_hooked(a, m0, mt, w, (nb, nt), ks, t, hook);
+                return super::amx::block_bf16_hooked(a, m0, (mt, nt), w, nb, t, hook);
             }
             (k.bf16)(a, m0, mt, w, nb, nt, t)
         }
     };
     let finish = finisher(k, ep, (m, w.n()), None);
-    drive(
-        k,
-        m,
-        (w.blocks(), w.kp() / 32, w.kp() * 2),
-        threads,
-        &block,
-        &finish,
-    );
+    drive(k, m, (w.blocks(), w.kp() * 2), threads, &block, &finish);
 }
 
 /// One int8 layer, as [`linear_bf16`]: `a` holds codes (`u8` = code + 128 where
@@ -527,12 +507,12 @@ pub fn linear_i8(
     threads: usize,
 ) {
     assert!(ep.bias.len() >= w.n() && sx.len() >= m);
-    let block = |m0, mt, (nb, nt), ks: (Range<usize>, bool), t: &mut Tiles, hook: Hook<'_>| {
+    let block = |m0, (mt, nt), nb, t: &mut Tiles, hook: Hook<'_>| {
         // SAFETY: as in `linear_bf16`.
         unsafe {
             #[cfg(target_arch = "x86_64")]
             if k.isa == DenseIsa::Amx {
-                return super::amx::block_i8_hooked(a, m0, mt, w, (nb, nt), ks, t, hook);
+                return super::amx::block_i8_hooked(a, m0, (mt, nt), w, nb, t, hook);
             }
             (k.i8)(a, m0, mt, w, nb, nt, t)
         }
@@ -543,12 +523,5 @@ pub fn linear_i8(
         comp: k.unsigned_i8().then_some(w.comp()),
     };
     let finish = finisher(k, ep, (m, w.n()), Some(dq));
-    drive(
-        k,
-        m,
-        (w.blocks(), w.kp() / 64, w.kp()),
-        threads,
-        &block,
-        &finish,
-    );
+    drive(k, m, (w.blocks(), w.kp()), threads, &block, &finish);
 }

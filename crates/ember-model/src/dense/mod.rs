@@ -98,6 +98,13 @@ pub const fn k_step(dtype: DenseDType) -> usize {
     }
 }
 
+/// The mask of the first `n` of 16 lanes (all 16 for `n >= 16`): a row's last, partial
+/// register in the AVX-512 loops.
+#[inline(always)]
+pub(crate) fn lanes(n: usize) -> u16 {
+    if n >= 16 { 0xffff } else { (1u16 << n) - 1 }
+}
+
 /// `f32 -> bf16` bits, round to nearest even (NaN kept a quiet NaN), as PyTorch's and the
 /// hardware's `vcvtneps2bf16`.
 #[inline]
