@@ -2,29 +2,69 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use ember_embed::storage::RowFileWriter;
+use ember_embed::{DType, Placement};
+use ember_model::presets::RowsOptions;
+use ember_model::{DenseDType, ModelConfig};
+use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
+use std::time::Instant;
 
 #[derive(Debug, Subcommand)]
 pub enum DataCmd {
     /// Write synthetic Criteo-format TSV whose labels come from a hidden teacher model.
     Synth(SynthArgs),
-    /// Write a model directory of a benchmark shape (rm1: 4 GB of tables) with random weights,
-    /// streamed to disk (memory stays small), for serving and swap benchmarks.
+    /// Write a model directory of a benchmark shape (rm1: 4 GB of tables; dlrm-v2 at full size:
+    /// 204M rows, 14 GB in int4) with random weights, streamed to disk (memory stays small),
+    /// tables in DRAM or on the SSD tier as they fit, for serving and benchmarks.
     Model(ModelArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// The shape: rm1 or small.
+    /// The shape: rm1, small or dlrm-v2 (MLPerf DLRM-v2: 26 tables, 204M rows at full size).
     #[arg(long)]
     preset: String,
-    /// Output directory (config.json and model.safetensors are written there).
+    /// Output directory (config.json, model.safetensors and, for tables on the SSD tier,
+    /// rows/NAME.rows are written there).
     #[arg(long)]
     out: PathBuf,
-    /// Seed of the weights (another seed: another model of the same shape).
+    /// Seed of the weights (another seed: another model of the same shape). The directory
+    /// holds the model `bench model --preset P --seed S` builds in memory: the same dense
+    /// weights, and the same rows in any table dtype.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Every table's rows times this (rounded up): 1.0 is the preset's full size.
+    #[arg(long, default_value_t = 1.0)]
+    rows_scale: f64,
+    /// Cap on each table's rows after scaling (0: none; the default is none, full size).
+    #[arg(long, default_value_t = 0)]
+    max_rows: usize,
+    /// Table dtype: f32, f16, bf16, int8 (FBGEMM row-wise) or int4 (row-wise, f16 scale/bias).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Dense precision written into config.json: f32, bf16 or int8.
+    #[arg(long, default_value = "f32")]
+    dense_dtype: String,
+    /// Where the tables live: `dram` (all in model.safetensors), `ssd` (tables of at least
+    /// --ssd-min-rows rows as row files on the SSD tier, the rest in DRAM), or `auto` (DRAM
+    /// while they fit in --memory-budget-gb, the largest tables on the SSD tier beyond it).
+    #[arg(long, default_value = "auto")]
+    placement: String,
+    /// With --placement ssd: tables of at least this many rows go to the SSD tier.
+    #[arg(long, default_value_t = 10_000_000)]
+    ssd_min_rows: usize,
+    /// With --placement auto: GB of table rows kept in DRAM at most (default: 70% of the
+    /// memory available now, less the row cache).
+    #[arg(long)]
+    memory_budget_gb: Option<f64>,
+    /// The SSD tier's row cache (MiB) written into config.json when a table is on the SSD tier.
+    #[arg(long, default_value_t = 2048)]
+    cache_mb: usize,
+    /// Threads that generate rows.
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(1, |n| n.get()))]
+    threads: usize,
 }
 
 #[derive(Debug, Args)]
@@ -47,46 +87,165 @@ pub fn run(cmd: DataCmd) -> Result<()> {
     }
 }
 
-/// The tensors of a DLRM of `cfg`'s shape, in file order: name, shape, and the bound of its
-/// uniform values.
-fn tensors(cfg: &ember_model::ModelConfig) -> Vec<(String, Vec<usize>, f32)> {
-    let mut out = Vec::new();
-    let mut mlp = |prefix: &str, mut k_in: usize, sizes: &[usize]| {
-        for (k, &n) in sizes.iter().enumerate() {
-            let bound = (3.0 / k_in as f32).sqrt();
-            out.push((format!("{prefix}.{k}.weight"), vec![n, k_in], bound));
-            out.push((format!("{prefix}.{k}.bias"), vec![n], 0.01));
-            k_in = n;
+/// A tensor of `model.safetensors` as it is streamed: dense weights held in memory, or table
+/// `t`'s rows generated as they are written.
+enum Source {
+    Dense(Vec<f32>),
+    Table(usize),
+}
+
+/// Bytes of `/proc/meminfo`'s MemAvailable (None off Linux).
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Which tables go to the SSD tier.
+fn place(a: &ModelArgs, cfg: &ModelConfig) -> Result<Vec<bool>> {
+    let bytes: Vec<u64> = cfg
+        .tables
+        .iter()
+        .map(|t| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
+        .collect();
+    match a.placement.as_str() {
+        "dram" => Ok(vec![false; bytes.len()]),
+        "ssd" => Ok(cfg
+            .tables
+            .iter()
+            .map(|t| t.rows >= a.ssd_min_rows)
+            .collect()),
+        "auto" => {
+            let budget = match a.memory_budget_gb {
+                Some(gb) => (gb * 1e9) as u64,
+                None => {
+                    let avail = mem_available().unwrap_or(u64::MAX / 2);
+                    ((avail as f64 * 0.7) as u64).saturating_sub((a.cache_mb as u64) << 20)
+                }
+            };
+            let mut ssd = vec![false; bytes.len()];
+            let mut dram: u64 = bytes.iter().sum();
+            let mut order: Vec<usize> = (0..bytes.len()).collect();
+            order.sort_by_key(|&i| std::cmp::Reverse(bytes[i]));
+            for i in order {
+                if dram <= budget {
+                    break;
+                }
+                ssd[i] = true;
+                dram -= bytes[i];
+            }
+            Ok(ssd)
         }
-    };
-    mlp("bottom_mlp", cfg.dense_in, &cfg.bottom_mlp);
-    mlp("top_mlp", cfg.top_in(), &cfg.top_mlp);
-    for t in &cfg.tables {
-        out.push((format!("tables.{}", t.name), vec![t.rows, t.dim], 0.05));
+        p => anyhow::bail!("--placement '{p}' is not one of dram, ssd, auto"),
     }
-    out
+}
+
+/// Rows generated per parallel step: `CHUNK` rows a task.
+const CHUNK: usize = 8192;
+
+/// Table `t`'s rows `r0 .. r0 + n` in `dtype`, generated on the pool into `buf`.
+fn table_rows(
+    pool: &rayon::ThreadPool,
+    (seed, t): (u64, usize),
+    (dim, dtype): (usize, DType),
+    r0: usize,
+    n: usize,
+    buf: &mut Vec<u8>,
+) {
+    use rayon::prelude::*;
+    let rb = dtype.row_bytes(dim);
+    buf.resize(n * rb, 0);
+    pool.install(|| {
+        buf.par_chunks_mut(CHUNK * rb)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let mut tmp = vec![0f32; dim];
+                for (i, row) in chunk.chunks_exact_mut(rb).enumerate() {
+                    ember_model::random::seeded_row(seed, t, r0 + c * CHUNK + i, &mut tmp);
+                    dtype.encode_row(&tmp, row);
+                }
+            })
+    });
+}
+
+/// The safetensors dtype and shape of a table's tensor (`model-format.md`).
+fn table_tensor(rows: usize, dim: usize, dtype: DType) -> (&'static str, Vec<usize>) {
+    match dtype {
+        DType::F32 => ("F32", vec![rows, dim]),
+        DType::F16 => ("F16", vec![rows, dim]),
+        DType::BF16 => ("BF16", vec![rows, dim]),
+        DType::Int8 | DType::Int4 => ("U8", vec![rows, dtype.row_bytes(dim)]),
+    }
 }
 
 fn model(a: ModelArgs) -> Result<()> {
-    let preset = ember_model::presets::preset(&a.preset, ember_embed::DType::F32)?;
-    let cfg = preset.config;
-    if !matches!(cfg.interaction, ember_model::InteractionConfig::Dot { .. }) {
-        anyhow::bail!("preset {} is not a dot-interaction DLRM", a.preset);
+    let dtype: DType = a.dtype.parse()?;
+    let dense_dtype: DenseDType = a.dense_dtype.parse()?;
+    let rows = RowsOptions {
+        scale: a.rows_scale,
+        max_rows: Some(a.max_rows),
+    };
+    let mut cfg = ember_model::presets::preset_with(&a.preset, dtype, rows)?.config;
+    cfg.dense_dtype = dense_dtype;
+    let ssd = place(&a, &cfg)?;
+    for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
+        if *on_ssd {
+            t.placement = Placement::Ssd;
+        }
+    }
+    if ssd.iter().any(|&s| s) {
+        let tier = cfg.tier.get_or_insert_with(Default::default);
+        tier.cache_mb = a.cache_mb;
     }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
-    let list = tensors(&cfg);
-    // The safetensors header: every tensor's dtype, shape and byte range, in file order.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads.max(1))
+        .build()?;
+
+    // model.safetensors: the dense weights, then the DRAM tables, streamed.
+    let mut list: Vec<(String, &'static str, Vec<usize>, Source)> =
+        ember_model::random_dense_tensors(&cfg, a.seed)?
+            .into_iter()
+            .map(|(n, shape, v)| (n, "F32", shape, Source::Dense(v)))
+            .collect();
+    for (i, t) in cfg.tables.iter().enumerate() {
+        if !ssd[i] {
+            let (dt, shape) = table_tensor(t.rows, t.dim, t.dtype);
+            list.push((format!("tables.{}", t.name), dt, shape, Source::Table(i)));
+        }
+    }
     let mut header = serde_json::Map::new();
     let mut at = 0usize;
-    for (name, shape, _) in &list {
-        let bytes = 4 * shape.iter().product::<usize>();
+    for (name, dt, shape, src) in &list {
+        let bytes = match src {
+            Source::Dense(v) => 4 * v.len(),
+            Source::Table(i) => {
+                let t = &cfg.tables[*i];
+                t.rows * t.dtype.row_bytes(t.dim)
+            }
+        };
         header.insert(
             name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes]}),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [at, at + bytes]}),
         );
         at += bytes;
     }
+    let table_bytes: u64 = cfg
+        .tables
+        .iter()
+        .map(|t| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
+        .sum();
+    let bar = ProgressBar::new(table_bytes);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:>12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let t0 = Instant::now();
     let mut h = serde_json::to_vec(&header)?;
     while h.len() % 8 != 0 {
         h.push(b' ');
@@ -95,43 +254,97 @@ fn model(a: ModelArgs) -> Result<()> {
     let tmp = a.out.join(".model.safetensors.tmp");
     let f =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut w = BufWriter::with_capacity(4 << 20, f);
-    let write = |w: &mut BufWriter<std::fs::File>| -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(8 << 20, f);
+    let mut buf = Vec::new();
+    let mut write = |w: &mut BufWriter<std::fs::File>| -> std::io::Result<()> {
         w.write_all(&(h.len() as u64).to_le_bytes())?;
         w.write_all(&h)?;
-        let mut s = a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut buf = Vec::with_capacity(1 << 20);
-        for (_, shape, bound) in &list {
-            let mut left = shape.iter().product::<usize>();
-            while left > 0 {
-                let n = left.min(1 << 18);
-                buf.clear();
-                for _ in 0..n {
-                    // xorshift64*: uniform in [-bound, bound).
-                    s ^= s >> 12;
-                    s ^= s << 25;
-                    s ^= s >> 27;
-                    let u =
-                        (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-                    buf.extend_from_slice(&((u * 2.0 - 1.0) * bound).to_le_bytes());
+        for (_, _, _, src) in &list {
+            match src {
+                Source::Dense(v) => {
+                    for x in v {
+                        w.write_all(&x.to_le_bytes())?;
+                    }
                 }
-                w.write_all(&buf)?;
-                left -= n;
+                Source::Table(i) => {
+                    let t = &cfg.tables[*i];
+                    bar.set_message(t.name.clone());
+                    let step = (64 * CHUNK * a.threads.max(1)).max(1);
+                    let mut r0 = 0;
+                    while r0 < t.rows {
+                        let n = step.min(t.rows - r0);
+                        table_rows(&pool, (a.seed, *i), (t.dim, t.dtype), r0, n, &mut buf);
+                        w.write_all(&buf)?;
+                        bar.inc(buf.len() as u64);
+                        r0 += n;
+                    }
+                }
             }
         }
         w.flush()?;
         w.get_ref().sync_all()
     };
     write(&mut w).with_context(|| format!("writing {}", tmp.display()))?;
+    drop(w);
     std::fs::rename(&tmp, &path)?;
+
+    // The SSD tier's tables: row files.
+    if ssd.iter().any(|&s| s) {
+        std::fs::create_dir_all(a.out.join("rows"))?;
+    }
+    for (i, t) in cfg.tables.iter().enumerate() {
+        if !ssd[i] {
+            continue;
+        }
+        bar.set_message(t.name.clone());
+        let file = a.out.join("rows").join(format!("{}.rows", t.name));
+        let mut rw = RowFileWriter::create(&file, &t.name, t.rows, t.dim, t.dtype)?;
+        let step = 64 * CHUNK * a.threads.max(1);
+        let mut r0 = 0;
+        while r0 < t.rows {
+            let n = step.min(t.rows - r0);
+            table_rows(&pool, (a.seed, i), (t.dim, t.dtype), r0, n, &mut buf);
+            rw.write_rows(&buf)?;
+            bar.inc(buf.len() as u64);
+            r0 += n;
+        }
+        rw.finish()?;
+    }
+    bar.finish_and_clear();
     let config = serde_json::to_vec_pretty(&cfg)?;
     std::fs::write(a.out.join("config.json"), config)?;
+    let on_ssd: Vec<&str> = cfg
+        .tables
+        .iter()
+        .zip(&ssd)
+        .filter(|(_, s)| **s)
+        .map(|(t, _)| t.name.as_str())
+        .collect();
+    let ssd_bytes: u64 = cfg
+        .tables
+        .iter()
+        .zip(&ssd)
+        .filter(|(_, s)| **s)
+        .map(|(t, _)| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
+        .sum();
     eprintln!(
-        "wrote {} ({}, {:.2} GB of weights, seed {})",
+        "wrote {} ({}, {} tables, {} rows, {} rows; {:.2} GB of tables: {:.2} GB in DRAM, {:.2} GB on the SSD tier{}; dense {}; seed {}) in {:.1}s",
         a.out.display(),
         a.preset,
-        at as f64 / 1e9,
-        a.seed
+        cfg.tables.len(),
+        cfg.tables.iter().map(|t| t.rows).sum::<usize>(),
+        dtype,
+        table_bytes as f64 / 1e9,
+        (table_bytes - ssd_bytes) as f64 / 1e9,
+        ssd_bytes as f64 / 1e9,
+        if on_ssd.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", on_ssd.join(", "))
+        },
+        dense_dtype,
+        a.seed,
+        t0.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -282,3 +282,108 @@ fn predict_with_dense_layers_in_int8_keeps_the_auc() {
         );
     }
 }
+
+/// `ember data model --preset dlrm-v2` writes the model `Model::random` builds for the same
+/// seed, in any table dtype and placement: loaded back (the large tables from row files on the
+/// SSD tier, or all in DRAM) it scores a random multi-hot batch bit for bit as the in-memory
+/// model does.
+#[test]
+fn data_model_dlrm_v2_loads_as_the_random_model_in_dram_and_on_the_ssd_tier() {
+    use ember_model::presets::{RowsOptions, preset_with, random_batch_pooled};
+    use ember_model::{DType, Engine, LoadOptions, Model, Placement, Predictor};
+    use std::sync::Arc;
+
+    let scale = 0.0001; // the 40M-row tables: 4,000 rows
+    for (dtype, placement, seed) in [
+        (DType::Int8, "ssd", 7u64),
+        (DType::Int4, "dram", 8),
+        (DType::F32, "auto", 9),
+    ] {
+        let dir = tmp(&format!("dlrm-v2-{dtype}-{placement}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (ok, _, err) = ember(&[
+            "data",
+            "model",
+            "--preset",
+            "dlrm-v2",
+            "--rows-scale",
+            &scale.to_string(),
+            "--dtype",
+            dtype.name(),
+            "--placement",
+            placement,
+            "--ssd-min-rows",
+            "1000",
+            "--memory-budget-gb",
+            "100",
+            "--seed",
+            &seed.to_string(),
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(ok, "{dtype} {placement}: {err}");
+        assert!(err.contains("wrote"), "{err}");
+        let loaded = Model::load(&dir, LoadOptions::default()).unwrap();
+        let on_ssd: Vec<bool> = loaded
+            .config()
+            .tables
+            .iter()
+            .map(|t| t.placement == Placement::Ssd)
+            .collect();
+        for (t, ssd) in loaded.config().tables.iter().zip(&on_ssd) {
+            let want = placement == "ssd" && t.rows >= 1000;
+            assert_eq!(*ssd, want, "{dtype} {placement}: table {}", t.name);
+            assert_eq!(t.dtype, dtype);
+            assert_eq!(
+                dir.join("rows").join(format!("{}.rows", t.name)).exists(),
+                want
+            );
+        }
+        assert_eq!(
+            on_ssd.iter().filter(|s| **s).count(),
+            if placement == "ssd" { 5 } else { 0 }
+        );
+        let rows = RowsOptions {
+            scale,
+            max_rows: Some(0),
+        };
+        let preset = preset_with("dlrm-v2", dtype, rows).unwrap();
+        let want = Model::random(preset.config.clone(), seed, 1).unwrap();
+        let batch = random_batch_pooled(&preset.config, 17, &preset.pooling, seed);
+        let score = |m: Model| {
+            let mut p = Predictor::new(Arc::new(m), 1).unwrap();
+            let mut out = vec![f32::NAN; 17];
+            p.score(&batch.0, &batch.1, &mut out).unwrap();
+            out
+        };
+        let (got, want) = (score(loaded), score(want));
+        assert!(got.iter().all(|s| (0.0..=1.0).contains(s)), "{got:?}");
+        assert_eq!(got, want, "{dtype} {placement}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Refused by name.
+    let dir = tmp("dlrm-v2-bad");
+    for (flag, value, what) in [
+        ("--placement", "nowhere", "nowhere"),
+        ("--dtype", "int3", "int3"),
+        ("--dense-dtype", "fp8", "fp8"),
+        ("--preset", "rm9", "rm9"),
+    ] {
+        let preset = if flag == "--preset" { value } else { "dlrm-v2" };
+        let mut args = vec![
+            "data",
+            "model",
+            "--preset",
+            preset,
+            "--rows-scale",
+            "0.0001",
+        ];
+        args.extend(["--out", dir.to_str().unwrap()]);
+        if flag != "--preset" {
+            args.extend([flag, value]);
+        }
+        let (ok, _, err) = ember(&args);
+        assert!(!ok && err.contains(what), "{flag} {value}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

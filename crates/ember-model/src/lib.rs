@@ -45,7 +45,7 @@ pub use engine::{Engine, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
-pub use model::{LoadOptions, Model, Pace, RemoteOverride, dir_name};
+pub use model::{LoadOptions, Model, Pace, RemoteOverride, dir_name, random_dense_tensors};
 pub use predictor::{LayerTime, Predictor};
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):

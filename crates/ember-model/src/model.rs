@@ -223,41 +223,7 @@ impl Model {
     /// [`seeded_row`]), for benchmarks. Tables are filled on `threads` threads.
     pub fn random(config: ModelConfig, seed: u64, threads: usize) -> Result<Model> {
         config.check().map_err(config_error)?;
-        let mut s = seed;
-        let mut next = || {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            s
-        };
-        let mut mlp = |in_dim: usize, sizes: &[usize], relu_last: bool| {
-            let mut k_in = in_dim;
-            let layers = sizes
-                .iter()
-                .enumerate()
-                .map(|(k, &out)| {
-                    let std = (1.0 / k_in as f32).sqrt();
-                    let w = normal_vec(out * k_in, std, next());
-                    let b = normal_vec(out, 0.01, next());
-                    let l = Linear::new(k_in, out, w, b, relu_last || k + 1 < sizes.len());
-                    k_in = out;
-                    l
-                })
-                .collect();
-            Mlp::new(layers)
-        };
-        let bottom = mlp(config.dense_in, &config.bottom_mlp, true);
-        let top = mlp(config.top_in(), &config.top_mlp, false);
-        let mut cross = Vec::new();
-        if let InteractionConfig::Dcn { layers, low_rank } = config.interaction {
-            let n = config.top_in();
-            for _ in 0..layers {
-                let v = normal_vec(low_rank * n, (1.0 / n as f32).sqrt(), next());
-                let w = normal_vec(n * low_rank, (1.0 / low_rank as f32).sqrt(), next());
-                cross.push(CrossLayer {
-                    v: Linear::new(n, low_rank, v, vec![0.0; low_rank], false),
-                    w: Linear::new(low_rank, n, w, vec![0.0; n], false),
-                });
-            }
-        }
+        let (bottom, top, cross) = random_dense(&config, seed);
         let mut tables = Vec::with_capacity(config.tables.len());
         for (i, t) in config.tables.iter().enumerate() {
             let mut table =
@@ -414,4 +380,79 @@ fn config_error(reason: String) -> ModelError {
         path: "config".into(),
         reason,
     }
+}
+
+/// The dense layers [`Model::random`] gives `config` for `seed`: MLP weights N(0, 1/in), biases
+/// N(0, 0.01); cross net `V` N(0, 1/N), `W` N(0, 1/rank), biases zero.
+fn random_dense(config: &ModelConfig, seed: u64) -> (Mlp, Mlp, Vec<CrossLayer>) {
+    let mut s = seed;
+    let mut next = || {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        s
+    };
+    let mut mlp = |in_dim: usize, sizes: &[usize], relu_last: bool| {
+        let mut k_in = in_dim;
+        let layers = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &out)| {
+                let std = (1.0 / k_in as f32).sqrt();
+                let w = normal_vec(out * k_in, std, next());
+                let b = normal_vec(out, 0.01, next());
+                let l = Linear::new(k_in, out, w, b, relu_last || k + 1 < sizes.len());
+                k_in = out;
+                l
+            })
+            .collect();
+        Mlp::new(layers)
+    };
+    let bottom = mlp(config.dense_in, &config.bottom_mlp, true);
+    let top = mlp(config.top_in(), &config.top_mlp, false);
+    let mut cross = Vec::new();
+    if let InteractionConfig::Dcn { layers, low_rank } = config.interaction {
+        let n = config.top_in();
+        for _ in 0..layers {
+            let v = normal_vec(low_rank * n, (1.0 / n as f32).sqrt(), next());
+            let w = normal_vec(n * low_rank, (1.0 / low_rank as f32).sqrt(), next());
+            cross.push(CrossLayer {
+                v: Linear::new(n, low_rank, v, vec![0.0; low_rank], false),
+                w: Linear::new(low_rank, n, w, vec![0.0; n], false),
+            });
+        }
+    }
+    (bottom, top, cross)
+}
+
+/// A named f32 tensor: name, shape, values.
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// The dense tensors of [`Model::random`]`(config, seed)` as `model.safetensors` names them
+/// (`model-format.md`): name, shape, f32 values, in file order (bottom MLP, top MLP, cross
+/// net). `ember data model` writes them beside tables of [`crate::random::seeded_row`]'s rows,
+/// so the directory it writes loads as the same model.
+pub fn random_dense_tensors(
+    config: &ModelConfig,
+    seed: u64,
+) -> Result<Vec<NamedTensor>> {
+    config.check().map_err(config_error)?;
+    let (bottom, top, cross) = random_dense(config, seed);
+    let mut out = Vec::new();
+    for (prefix, mlp) in [("bottom_mlp", &bottom), ("top_mlp", &top)] {
+        for (k, l) in mlp.layers().iter().enumerate() {
+            let (o, i) = (l.bias().len(), l.weight().len() / l.bias().len().max(1));
+            out.push((
+                format!("{prefix}.{k}.weight"),
+                vec![o, i],
+                l.weight().to_vec(),
+            ));
+            out.push((format!("{prefix}.{k}.bias"), vec![o], l.bias().to_vec()));
+        }
+    }
+    for (k, c) in cross.iter().enumerate() {
+        let (r, n) = (c.v.bias().len(), c.w.bias().len());
+        out.push((format!("crossnet.{k}.V"), vec![r, n], c.v.weight().to_vec()));
+        out.push((format!("crossnet.{k}.W"), vec![n, r], c.w.weight().to_vec()));
+        out.push((format!("crossnet.{k}.bias"), vec![n], c.w.bias().to_vec()));
+    }
+    Ok(out)
 }
