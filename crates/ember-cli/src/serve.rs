@@ -63,9 +63,15 @@ pub struct ServeArgs {
     grpc: GrpcAddr,
     #[command(flatten)]
     log: crate::logging::LogArgs,
-    /// Threads of the model's forward pass.
+    /// Threads of the model's forward pass (of each instance's, with --instances).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Model instances (Triton's instance_group count): batches that run at once, each on a
+    /// predictor of its own with --threads threads. On a CPU, N instances of 1 thread give
+    /// more throughput than 1 instance of N threads when batches are large and many (MLPerf's
+    /// Offline); 1 instance of N threads gives a lone batch the lowest latency. CPU only.
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
     /// Threads serving connections and decoding requests [default: one per core].
     #[arg(long)]
     io_threads: Option<usize>,
@@ -96,6 +102,12 @@ pub struct ServeArgs {
     /// emulation, whichever the CPU has (`EMBER_DENSE_ISA` picks one).
     #[arg(long, value_name = "DTYPE")]
     dense_dtype: Option<ember_model::DenseDType>,
+    /// With --dense-dtype int8: calibrate the int8 layers on these inputs before serving (a
+    /// `.npz` or `.safetensors` file of the model's input arrays, as `predict` reads them; they
+    /// should be like the served ones: SmoothQuant's per-column balance is set from each
+    /// layer's input ranges on them). Without it int8 runs plain per-row activations.
+    #[arg(long, value_name = "FILE")]
+    calibrate: Option<PathBuf>,
     /// Record every served model's lookups and write them as DIR/<model>/<table>.ids (one id
     /// per line, rewritten every --profile-interval-s and at stop): the per-table profiles of
     /// `ember convert --layout-profile DIR/<model>`.
@@ -263,14 +275,27 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let io_threads = a
         .io_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if a.threads == 0 || io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
-        bail!("--threads, --io-threads, --max-batch and --queue must be at least 1");
+    if a.threads == 0 || a.instances == 0 || io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
+        bail!("--threads, --instances, --io-threads, --max-batch and --queue must be at least 1");
+    }
+    if a.instances > 1 && (a.gpu.is_cuda() || a.plan.plan.is_some()) {
+        bail!(
+            "--instances runs CPU predictors side by side; with --device cuda or --plan the \
+             model runs on its devices (leave --instances at 1)"
+        );
     }
     if a.model_repository.is_none()
         && a.from_store.is_none()
         && (a.poll_secs.is_some() || a.load_mb_per_s != 0.0)
     {
         bail!("--poll-secs and --load-mb-per-s take --model-repository or --from-store");
+    }
+    let int8 = a.dense_dtype == Some(ember_model::DenseDType::Int8);
+    if a.calibrate.is_some() && !int8 {
+        bail!("--calibrate calibrates int8 dense layers: it takes --dense-dtype int8");
+    }
+    if a.calibrate.is_some() && (a.model_repository.is_some() || a.from_store.is_some()) {
+        bail!("--calibrate takes --model or --preset (one model), not a repository or a store");
     }
     if let Some(root) = &a.model_repository {
         return run_repository(&a, root.clone(), None, io_threads);
@@ -281,7 +306,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let (model, name) = match &a.preset {
         Some(p) => {
             let mut preset = ember_model::presets::preset(p, a.dtype.unwrap_or(DType::F32))?;
-            if let Some(d) = a.dense_dtype {
+            if let Some(d) = a.dense_dtype.filter(|_| a.calibrate.is_none()) {
                 preset.config.dense_dtype = d;
             }
             eprintln!("building {p} with random weights...");
@@ -289,7 +314,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => {
             let dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
-            let mut model = Model::load(&dir, a.tier.load_options(a.dtype, a.dense_dtype))
+            // To be calibrated: loaded in f32, its int8 weights packed by the calibration.
+            let dense = match a.calibrate {
+                Some(_) => Some(ember_model::DenseDType::F32),
+                None => a.dense_dtype,
+            };
+            let mut model = Model::load(&dir, a.tier.load_options(a.dtype, dense))
                 .with_context(|| format!("loading model {}", dir.display()))?;
             a.tier.apply(&mut model, &dir)?;
             let name = dir
@@ -302,20 +332,40 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     };
     let cfg = serve_config(&a, a.name.clone().unwrap_or(name))?;
     let rt = runtime(io_threads)?;
-    let model = Arc::new(model);
+    let mut model = Arc::new(model);
+    if let Some(file) = &a.calibrate {
+        let t = std::time::Instant::now();
+        let samples = crate::predict::read_samples(&model, file)?;
+        let n: usize = samples.iter().map(|s| s.len()).sum();
+        ember_model::Predictor::calibrate_int8_samples(&model, a.threads, &samples, a.max_batch)
+            .with_context(|| format!("calibrating int8 on {}", file.display()))?;
+        Arc::get_mut(&mut model)
+            .context("the calibration kept the model")?
+            .set_dense_dtype(ember_model::DenseDType::Int8)?;
+        tracing::info!(
+            "model '{}': int8 layers calibrated on {n} samples of {} in {:.1}s",
+            cfg.model_name,
+            file.display(),
+            t.elapsed().as_secs_f64()
+        );
+    }
     if a.gpu.is_cuda() && a.plan.plan.is_some() {
         bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
     }
     if !a.gpu.is_cuda() {
         crate::dense::check_accuracy(&model, &cfg.model_name, a.threads);
     }
-    let engine: Box<dyn Engine> = if a.gpu.is_cuda() {
+    let engines: Vec<Box<dyn Engine>> = if a.gpu.is_cuda() {
         // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
-        Box::new(a.gpu.predictor(model, a.max_batch, 20, None)?)
+        vec![Box::new(a.gpu.predictor(model, a.max_batch, 20, None)?)]
     } else {
-        Box::new(a.plan.predictor(model, a.threads)?)
+        let mut v: Vec<Box<dyn Engine>> = Vec::with_capacity(a.instances);
+        for _ in 0..a.instances {
+            v.push(Box::new(a.plan.predictor(model.clone(), a.threads)?));
+        }
+        v
     };
-    let started = Server::start_engine(engine, cfg.clone());
+    let started = Server::start_engines(engines, cfg.clone());
     serve_until_stopped(rt, &a, cfg, started)
 }
 
@@ -404,6 +454,7 @@ fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig
                 d if d.is_zero() => None,
                 d => Some(d),
             },
+            instances: a.instances,
         },
         max_body_bytes: a.max_body_bytes,
         conn: a.conn.config()?,
@@ -454,11 +505,16 @@ fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String {
         false => "cpu".into(),
     };
     format!(
-        "model '{}' v{}: tables {}; {cache}; {} forward thread(s); kernels {isa}; dense {dense} \
+        "model '{}' v{}: tables {}; {cache}; {}{} forward thread(s); kernels {isa}; dense {dense} \
          ({dense_on}); device {device}",
         s.name(),
         s.version,
         tables.join(", "),
+        if a.instances > 1 {
+            format!("{} instances x ", a.instances)
+        } else {
+            String::new()
+        },
         a.threads
     )
 }

@@ -945,3 +945,137 @@ fn serve_with_dense_layers_in_bf16_scores_close_to_f32() {
     assert!(max <= 0.015, "bf16 scores {max:e} from f32's");
     assert_ne!(scores[0], scores[1], "bf16 scores identical to f32's");
 }
+
+/// `serve --dense-dtype int8 --calibrate FILE`: the int8 layers are calibrated on the file's
+/// inputs before serving (a log line says on how many samples), the banner says int8, and its
+/// scores stay close to f32's while differing from plain int8's. `--calibrate` without int8,
+/// or a file that does not fit the model, is refused by name.
+#[test]
+fn serve_calibrates_int8_layers_on_a_file_of_inputs() {
+    use safetensors::Dtype;
+    use safetensors::tensor::TensorView;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("models/default/config.json")).unwrap(),
+    )
+    .unwrap();
+    // Inputs like the served ones: rows 200-399 of data/sample.tsv (the scored rows are 0-199),
+    // decoded as model-format.md says (dense ln(x + 1), ids hex mod rows); calibrating on
+    // inputs unlike the served ones makes int8 worse, not better.
+    let tsv = std::fs::read_to_string(root.join("data/sample.tsv")).unwrap();
+    let cal: Vec<Vec<&str>> = tsv
+        .lines()
+        .skip(200)
+        .take(200)
+        .map(|l| l.split('\t').collect())
+        .collect();
+    let n = cal.len();
+    let dense: Vec<u8> = cal
+        .iter()
+        .flat_map(|r| {
+            (1..14).flat_map(|c| {
+                let x: f32 = r.get(c).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                x.max(0.0).ln_1p().to_le_bytes()
+            })
+        })
+        .collect();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
+        vec![("dense".into(), Dtype::F32, vec![n, 13], dense)];
+    for (k, (f, t)) in config["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(config["tables"].as_array().unwrap())
+        .enumerate()
+    {
+        let rows = t["rows"].as_u64().unwrap();
+        let name = f["name"].as_str().unwrap();
+        let lengths: Vec<u8> = (0..n).flat_map(|_| 1i64.to_le_bytes()).collect();
+        let ids: Vec<u8> = cal
+            .iter()
+            .flat_map(|r| {
+                let v = r.get(14 + k).copied().unwrap_or("");
+                let id = u64::from_str_radix(v, 16).map_or(0, |h| h % rows);
+                (id as i64).to_le_bytes()
+            })
+            .collect();
+        owned.push((format!("{name}_lengths"), Dtype::I64, vec![n], lengths));
+        owned.push((format!("{name}_ids"), Dtype::I64, vec![n], ids));
+    }
+    let file = std::env::temp_dir().join(format!(
+        "ember-calibrate-{}.safetensors",
+        std::process::id()
+    ));
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &file).unwrap();
+    let f = file.to_str().unwrap();
+    let rows: String = std::fs::read_to_string(root.join("data/sample.tsv"))
+        .unwrap()
+        .lines()
+        .take(200)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut scores = Vec::new();
+    for extra in [
+        &["--dense-dtype", "f32"][..],
+        &["--dense-dtype", "int8"],
+        &["--dense-dtype", "int8", "--calibrate", f],
+    ] {
+        let Started {
+            mut child,
+            addr,
+            before,
+            ..
+        } = start_server(extra);
+        let calibrated: Vec<&String> = before
+            .iter()
+            .filter(|l| l.contains("int8 layers calibrated on 200 samples"))
+            .collect();
+        assert_eq!(calibrated.len(), extra.len() / 4, "{extra:?}: {before:?}");
+        let (status, body) = post(&addr, "/v1/score", &rows);
+        assert_eq!(status, 200, "{body}");
+        let s: Vec<f32> = body.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(s.len(), 200, "{body}");
+        scores.push(s);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    // int8's error on the shipped model: 4.6e-2 at most on data/sample.tsv (dense-precision.md).
+    assert!(
+        max_diff(&scores[2], &scores[0]) <= 0.1,
+        "calibrated int8 vs f32"
+    );
+    assert!(
+        max_diff(&scores[2], &scores[1]) > 0.0,
+        "calibration changed nothing"
+    );
+    // Refused, by name.
+    for (args, what) in [
+        (vec!["--calibrate", f], "--dense-dtype int8"),
+        (
+            vec!["--dense-dtype", "int8", "--calibrate", "/nonexistent/x.npz"],
+            "/nonexistent/x.npz",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(["serve", "--http", "127.0.0.1:0", "--grpc", "off"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(what),
+            "{args:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_file(&file);
+}

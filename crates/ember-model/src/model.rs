@@ -219,6 +219,16 @@ impl Model {
         self.config.dense_dtype
     }
 
+    /// Makes `dtype` the precision its predictors run by default, packing its weights (a
+    /// model loaded in f32 and calibrated for int8 with [`crate::Predictor::calibrate_int8`]
+    /// keeps the calibrated packing).
+    pub fn set_dense_dtype(&mut self, dtype: DenseDType) -> Result<()> {
+        DenseIsa::selected(dtype)?;
+        self.config.dense_dtype = dtype;
+        self.prepare_dense(dtype);
+        Ok(())
+    }
+
     /// A model of `config`'s shape with random weights (MLP weights N(0, 1/in), table rows from
     /// [`seeded_row`]), for benchmarks. Tables are filled on `threads` threads.
     pub fn random(config: ModelConfig, seed: u64, threads: usize) -> Result<Model> {
@@ -430,10 +440,7 @@ pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
 /// (`model-format.md`): name, shape, f32 values, in file order (bottom MLP, top MLP, cross
 /// net). `ember data model` writes them beside tables of [`crate::random::seeded_row`]'s rows,
 /// so the directory it writes loads as the same model.
-pub fn random_dense_tensors(
-    config: &ModelConfig,
-    seed: u64,
-) -> Result<Vec<NamedTensor>> {
+pub fn random_dense_tensors(config: &ModelConfig, seed: u64) -> Result<Vec<NamedTensor>> {
     config.check().map_err(config_error)?;
     let (bottom, top, cross) = random_dense(config, seed);
     let mut out = Vec::new();

@@ -125,6 +125,44 @@ impl Predictor {
         batches: usize,
         mut inputs: impl FnMut(usize) -> (Vec<f32>, ember_embed::KeyedJagged),
     ) -> Result<()> {
+        Self::calibrate_int8_with(model, threads, |p| {
+            for i in 0..batches {
+                let (dense, sparse) = inputs(i);
+                let mut scores = vec![0f32; sparse.batch_size()];
+                p.score(&dense, &sparse, &mut scores)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// [`Predictor::calibrate_int8`] on checked samples (a calibration file's, as `serve
+    /// --calibrate` reads it), in batches of at most `batch`.
+    pub fn calibrate_int8_samples(
+        model: &Arc<Model>,
+        threads: usize,
+        samples: &[crate::Samples],
+        batch: usize,
+    ) -> Result<()> {
+        Self::calibrate_int8_with(model, threads, |p| {
+            let mut scores = Vec::new();
+            for s in samples {
+                for piece in s.pieces(batch.max(1)) {
+                    let prepared = model.prepare(model.merge(&[&piece])?)?;
+                    scores.resize(piece.len(), 0.0);
+                    p.run(&prepared, &mut scores)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `feed` on a bf16 predictor that records each int8 layer's input ranges, then sets
+    /// the smoothing and packs the int8 weights ([`Predictor::calibrate_int8`]).
+    fn calibrate_int8_with(
+        model: &Arc<Model>,
+        threads: usize,
+        feed: impl FnOnce(&mut Predictor) -> Result<()>,
+    ) -> Result<()> {
         if model.int8_packed() {
             return Ok(());
         }
@@ -132,11 +170,7 @@ impl Predictor {
         p.set_dense_dtype(DenseDType::Bf16)?;
         p.scratch.low.calibrate();
         p.scratch.low_bottom.calibrate();
-        for i in 0..batches {
-            let (dense, sparse) = inputs(i);
-            let mut scores = vec![0f32; sparse.batch_size()];
-            p.score(&dense, &sparse, &mut scores)?;
-        }
+        feed(&mut p)?;
         let (bottom, rest) = p.dense_layers();
         let runs = [
             (p.scratch.low_bottom.calibration(), bottom),

@@ -383,3 +383,52 @@ fn int8_calibration_on_the_workloads_inputs() {
     let after = scores(&mut Predictor::new(loaded.clone(), 1).unwrap(), &probe);
     assert_eq!(before, after);
 }
+
+/// Calibrating on checked samples (what `serve --calibrate` reads from a file) sets the same
+/// smoothing as calibrating on the same batches given as keyed jagged inputs: the int8 scores
+/// of the two models are identical, and differ from the uncalibrated model's.
+#[test]
+fn int8_calibration_on_samples_matches_the_batch_form() {
+    let (a, b, plain) = (random_dcn(), random_dcn(), random_dcn());
+    let inputs: Vec<(Vec<f32>, KeyedJagged)> = (0..3).map(|i| batch(&a, 64, 700 + i)).collect();
+    let samples: Vec<ember_model::Samples> = (0..3)
+        .map(|i| {
+            // The same draw as `batch`, as the lengths and ids a request carries.
+            let mut rng = StdRng::seed_from_u64(700 + i);
+            let inputs = a.inputs();
+            let n = 64;
+            let dense: Vec<f32> = (0..n * inputs.dense_in)
+                .map(|_| rng.random_range(0.0f32..4.0))
+                .collect();
+            let (mut lengths, mut ids) = (Vec::new(), Vec::new());
+            for &rows in &inputs.rows {
+                for _ in 0..n {
+                    let l = rng.random_range(0..4usize);
+                    lengths.push(l as u32);
+                    ids.extend((0..l).map(|_| rng.random_range(0..rows as i64)));
+                }
+            }
+            b.check_samples(n, dense, lengths, Ids::I64(ids)).unwrap()
+        })
+        .collect();
+    Predictor::calibrate_int8(&a, 1, 3, |i| inputs[i].clone()).unwrap();
+    Predictor::calibrate_int8_samples(&b, 1, &samples, 64).unwrap();
+    assert!(a.int8_packed() && b.int8_packed() && !plain.int8_packed());
+    let probe = batch(&a, 100, 42);
+    let int8 = |m: &Arc<Model>| {
+        let mut p = Predictor::new(m.clone(), 1).unwrap();
+        p.set_dense_dtype(DenseDType::Int8).unwrap();
+        scores(&mut p, &probe)
+    };
+    let (sa, sb) = (int8(&a), int8(&b));
+    assert_eq!(sa, sb);
+    assert_ne!(sa, int8(&plain), "calibrated int8 scores as the plain int8");
+    // A model calibrated in f32 and made int8 by default keeps that packing.
+    let Ok(mut m) = Arc::try_unwrap(b) else {
+        panic!("a predictor still holds the model")
+    };
+    m.set_dense_dtype(DenseDType::Int8).unwrap();
+    let m = Arc::new(m);
+    assert_eq!(m.dense_dtype(), DenseDType::Int8);
+    assert_eq!(scores(&mut Predictor::new(m, 1).unwrap(), &probe), sa);
+}

@@ -55,6 +55,10 @@ pub struct BatchConfig {
     /// Longest a request may be expected to wait before its batch starts; one expected to wait
     /// longer is refused at once (`None`: only its own deadline bounds it).
     pub max_queue_delay: Option<Duration>,
+    /// Model instances (Triton's `instance_group` count): batches run at once, each by an engine
+    /// of its own. The batcher forms a batch when an instance is free, so requests that arrive
+    /// while all are busy join the next one.
+    pub instances: usize,
 }
 
 impl Default for BatchConfig {
@@ -64,6 +68,7 @@ impl Default for BatchConfig {
             max_delay: Duration::from_micros(500),
             queue: 4096,
             max_queue_delay: Some(Duration::from_millis(50)),
+            instances: 1,
         }
     }
 }
@@ -144,15 +149,23 @@ impl Batcher {
     /// Starts the batching thread, which owns `engine` (the CPU predictor, a GPU predictor) of
     /// the model served as `name` (its metrics' label).
     pub fn start(engine: Box<dyn Engine>, cfg: BatchConfig, name: &str) -> Self {
+        Self::start_pool(vec![engine], cfg, name)
+    }
+
+    /// [`Batcher::start`] with one engine per model instance (`engines` of one model; their
+    /// count overrides `cfg.instances`): each runs its batches on a thread of its own.
+    pub fn start_pool(engines: Vec<Box<dyn Engine>>, cfg: BatchConfig, name: &str) -> Self {
+        assert!(!engines.is_empty(), "a batcher needs an engine");
         let cfg = BatchConfig {
             max_batch: cfg.max_batch.max(1),
             queue: cfg.queue.max(1),
+            instances: engines.len(),
             ..cfg
         };
         let queue = Arc::new(Queue::new(cfg.queue));
         let rx = queue.clone();
         let queued = Arc::new(AtomicUsize::new(0));
-        let load = Arc::new(Load::new(cfg.max_batch));
+        let load = Arc::new(Load::new(cfg.max_batch, cfg.instances));
         let abandon_at = Arc::new(Mutex::new(None));
         let stats = Arc::new(Stats::default());
         let shared = Shared {
@@ -164,7 +177,14 @@ impl Batcher {
         };
         let worker = std::thread::Builder::new()
             .name("ember-batcher".into())
-            .spawn(move || run(engine, cfg, shared, rx))
+            .spawn(move || {
+                if engines.len() == 1 {
+                    let engine = engines.into_iter().next().expect("one engine");
+                    run(engine, cfg, shared, rx)
+                } else {
+                    run_instances(engines, cfg, shared, rx)
+                }
+            })
             .expect("spawn the batcher thread");
         Batcher {
             queue,
@@ -385,11 +405,8 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Arc<Qu
         |jobs| prepare(&model, jobs, &abandon_at, &stats),
         |ready: Option<Ready>| {
             if let Some((live, prepared, input)) = ready {
-                let start = Instant::now();
-                let n = live.iter().map(|j| j.samples.len()).sum();
                 let ran = (&mut *engine, model.as_ref(), depth, &mut scores);
-                run_batch(ran, live, prepared, input, (&name, &stats));
-                load.observe(n, start.elapsed());
+                run_batch(ran, live, prepared, input, (&name, &stats, &load));
             }
             Ok::<(), Infallible>(())
         },
@@ -397,6 +414,90 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Arc<Qu
         // alike: neither is counted as a stall (see `ember_tier_stall_seconds`).
         |_| {},
     );
+}
+
+/// The batching loop of several instances: this thread forms and prepares a batch whenever an
+/// instance is free and hands it to that instance's thread, which runs and answers it. Forming
+/// waits for a free instance, so requests arriving while all run join the next batch rather
+/// than filling small ones. Tier rows are staged here, while the instances compute.
+fn run_instances(
+    engines: Vec<Box<dyn Engine>>,
+    cfg: BatchConfig,
+    shared: Shared,
+    rx: Arc<Queue<Job>>,
+) {
+    let model = engines[0].model().clone();
+    let Shared {
+        queued,
+        load,
+        abandon_at,
+        name,
+        stats,
+    } = shared;
+    let (free_tx, free_rx) = std::sync::mpsc::channel::<usize>();
+    let mut to = Vec::with_capacity(engines.len());
+    let mut threads = Vec::with_capacity(engines.len());
+    for (i, mut engine) in engines.into_iter().enumerate() {
+        let (tx, work) = std::sync::mpsc::sync_channel::<Ready>(1);
+        to.push(tx);
+        let (free, model, load, label, stats) = (
+            free_tx.clone(),
+            model.clone(),
+            load.clone(),
+            name.clone(),
+            stats.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("ember-instance-{i}"))
+            .spawn(move || {
+                let mut scores = Vec::new();
+                let _ = free.send(i);
+                for (live, prepared, input) in work {
+                    // Staged by the forming thread, ahead: not part of this batch's stages.
+                    let ran = (&mut *engine, model.as_ref(), 1, &mut scores);
+                    run_batch(ran, live, prepared, input, (&label, &stats, &load));
+                    if free.send(i).is_err() {
+                        break;
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!("model '{name}': instance {i} did not start: {e}"),
+        }
+    }
+    drop(free_tx);
+    // Each instance says when it is free; a batch is formed only then.
+    let mut still_free = None;
+    loop {
+        let i = match still_free.take() {
+            Some(i) => i,
+            None => match free_rx.recv() {
+                Ok(i) => i,
+                Err(_) => break,
+            },
+        };
+        let Some(jobs) = form_batch(&rx, &cfg, &queued) else {
+            break;
+        };
+        match prepare(&model, jobs, &abandon_at, &stats) {
+            Some(ready) => {
+                if let Err(std::sync::mpsc::SendError(ready)) = to[i].send(ready) {
+                    // That instance is gone (it cannot be: it just said it was free); answer
+                    // its requests rather than drop them.
+                    for j in ready.0 {
+                        j.answer(Err(ServeError::Internal("a model instance stopped".into())));
+                    }
+                }
+            }
+            // Nothing left to run in it: the instance is still free.
+            None => still_free = Some(i),
+        }
+    }
+    drop(to);
+    for t in threads {
+        let _ = t.join();
+    }
 }
 
 /// Waits for the next batch: up to `max_batch` samples, closed when full or when its first
@@ -451,13 +552,14 @@ fn prepare(
 }
 
 /// Runs a prepared batch and answers its requests. Staged on this thread (`depth` 0), its
-/// staging counts in the embedding stage and as a stall.
+/// staging counts in the embedding stage and as a stall. The admission model learns the
+/// batch's time before its requests are answered.
 fn run_batch(
     (engine, model, depth, scores): (&mut (dyn Engine + '_), &Model, usize, &mut Vec<f32>),
     live: Vec<Job>,
     prepared: ember_model::Result<Prepared<'static>>,
     input: Duration,
-    (name, stats): (&str, &Stats),
+    (name, stats, load): (&str, &Stats, &Load),
 ) {
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
     scores.resize(n, 0.0);
@@ -475,6 +577,7 @@ fn run_batch(
         // Before the answers: a client that reads /metrics after its answer sees its batch.
         m::record_tier(name, model);
     }
+    load.observe(n, start.elapsed());
     let requests = live.len();
     let answered = Instant::now();
     answer(live, n, scores, result);

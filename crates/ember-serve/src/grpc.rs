@@ -306,7 +306,9 @@ impl Grpc {
         };
         // Refused before decoding when the server is already past its queue bound.
         served.batcher.admit(timeout)?;
+        let t0 = std::time::Instant::now();
         let samples = decode(&served.spec, &req)?;
+        crate::metrics::decoded("grpc", t0);
         let n = samples.len();
         let scored = served.batcher.submit(samples, timeout).await?;
         let mut raw = bytes::BytesMut::with_capacity(4 * n);

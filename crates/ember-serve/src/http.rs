@@ -277,7 +277,9 @@ async fn infer_on(
     // Refused before reading when the server is already past its queue bound.
     let body = admit_unread(app, served, body, None).await?;
     let bytes = read_body(body, app.max_body_bytes).await?;
+    let t0 = std::time::Instant::now();
     let d = decode_infer(&served.spec, headers, &bytes)?;
+    crate::metrics::decoded("http", t0);
     // The body and its parsed values are not needed while the samples wait and run.
     drop(bytes);
     let n = d.samples.len();

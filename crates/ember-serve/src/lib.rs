@@ -137,9 +137,13 @@ impl Server {
     /// Binds the listeners and starts serving `model` on the CPU with `cfg.threads` threads
     /// (call inside a tokio runtime).
     pub async fn start(model: Arc<Model>, cfg: ServeConfig) -> std::io::Result<Server> {
-        let predictor = Predictor::new(model, cfg.threads.max(1))
-            .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
-        Self::start_engine(Box::new(predictor), cfg).await
+        let mut engines: Vec<Box<dyn Engine>> = Vec::new();
+        for _ in 0..cfg.batch.instances.max(1) {
+            let predictor = Predictor::new(model.clone(), cfg.threads.max(1))
+                .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
+            engines.push(Box::new(predictor));
+        }
+        Self::start_engines(engines, cfg).await
     }
 
     /// [`Server::start`] with the batches run by `engine` (a CPU predictor with a sharding plan,
@@ -148,7 +152,19 @@ impl Server {
         engine: Box<dyn Engine>,
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
-        let repo = Repository::single(&cfg.model_name, engine, cfg.batch);
+        Self::start_engines(vec![engine], cfg).await
+    }
+
+    /// [`Server::start_engine`] with one engine per model instance (`cfg.batch.instances` is
+    /// their count): batches run side by side, one per instance.
+    pub async fn start_engines(
+        engines: Vec<Box<dyn Engine>>,
+        cfg: ServeConfig,
+    ) -> std::io::Result<Server> {
+        if engines.is_empty() {
+            return Err(std::io::Error::other("no engine to serve with"));
+        }
+        let repo = Repository::single(&cfg.model_name, engines, cfg.batch);
         Self::serve(Arc::new(repo), cfg).await
     }
 

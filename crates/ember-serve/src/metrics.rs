@@ -18,6 +18,8 @@ pub const REQUEST_SECONDS: &str = "ember_request_duration_seconds";
 pub const REFUSAL_SECONDS: &str = "ember_refusal_seconds";
 /// Seconds a request waited in the queue before its batch started.
 pub const QUEUE_WAIT: &str = "ember_queue_wait_seconds";
+/// Histogram: a request's tensors decoded and checked (ids against their tables), by protocol.
+pub const DECODE_SECONDS: &str = "ember_request_decode_seconds";
 /// Seconds of the embedding stage, per batch.
 pub const EMBEDDING_STAGE: &str = "ember_embedding_stage_seconds";
 /// Seconds of the dense stage (MLPs and interaction not overlapped with the embedding stage), per
@@ -193,6 +195,11 @@ fn describe() {
         QUEUE_WAIT,
         Unit::Seconds,
         "Wait in the batching queue, per request"
+    );
+    describe_histogram!(
+        DECODE_SECONDS,
+        Unit::Seconds,
+        "Request tensors decoded and checked (ids against their tables), per request"
     );
     describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
     describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
@@ -373,6 +380,12 @@ impl Drop for Tracked {
         }
         metrics::gauge!(IN_FLIGHT).decrement(1.0);
     }
+}
+
+/// Records how long decoding one request of `protocol` took.
+pub fn decoded(protocol: &'static str, since: std::time::Instant) {
+    metrics::histogram!(DECODE_SECONDS, "protocol" => protocol)
+        .record(since.elapsed().as_secs_f64());
 }
 
 #[cfg(test)]

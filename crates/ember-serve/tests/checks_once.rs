@@ -130,6 +130,7 @@ async fn ids_are_checked_once_per_request() {
             max_delay: Duration::from_millis(20),
             queue: 256,
             max_queue_delay: None,
+            instances: 1,
         },
         ..ServeConfig::default()
     };

@@ -486,6 +486,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
         "ember_requests_total{protocol=\"http\",status=\"resource_exhausted\"}",
         "ember_request_duration_seconds_bucket",
         "ember_queue_wait_seconds_bucket",
+        "ember_request_decode_seconds_bucket{protocol=\"http\"",
         "ember_requests_in_flight",
     ] {
         assert!(page.contains(name), "/metrics lacks {name}");

@@ -8,7 +8,8 @@
 //! The wait is predicted from the samples ahead of the request (submitted, not yet answered) and
 //! a batch cost model `t(n) = a + b n` fitted to the batches the engine ran (least squares with
 //! exponential forgetting, so it follows the model's real speed, tier misses included):
-//! `wait = ceil(P / max_batch) a + P b` for `P` samples ahead.
+//! `wait = (ceil(P / max_batch) a + P b) / instances` for `P` samples ahead and `instances`
+//! batches running side by side.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -23,6 +24,8 @@ pub(crate) struct Load {
     /// Samples submitted and not yet answered (queued, forming, or running).
     pending: AtomicUsize,
     max_batch: usize,
+    /// Batches that run at once (model instances).
+    instances: usize,
     /// The fitted cost per batch (`a`) and per sample (`b`), in ns, as f64 bits; read without a
     /// lock on every request.
     a_ns: AtomicU64,
@@ -31,10 +34,11 @@ pub(crate) struct Load {
 }
 
 impl Load {
-    pub(crate) fn new(max_batch: usize) -> Self {
+    pub(crate) fn new(max_batch: usize, instances: usize) -> Self {
         Load {
             pending: AtomicUsize::new(0),
             max_batch: max_batch.max(1),
+            instances: instances.max(1),
             a_ns: AtomicU64::new(0f64.to_bits()),
             b_ns: AtomicU64::new(0f64.to_bits()),
             fit: Mutex::new(Fit::default()),
@@ -67,7 +71,8 @@ impl Load {
         let a = f64::from_bits(self.a_ns.load(Relaxed));
         let b = f64::from_bits(self.b_ns.load(Relaxed));
         let batches = (p / self.max_batch as f64).ceil();
-        Duration::from_nanos((batches * a + p * b).max(0.0) as u64)
+        // Instances run batches side by side: the samples ahead drain that many times as fast.
+        Duration::from_nanos(((batches * a + p * b) / self.instances as f64).max(0.0) as u64)
     }
 
     /// Counts `n` more pending samples if the wait behind those pending now is within `bound`;
@@ -183,18 +188,23 @@ mod tests {
 
     #[test]
     fn the_wait_counts_batches_and_samples_ahead() {
-        let load = Load::new(100);
-        assert_eq!(load.expected_wait(), Duration::ZERO);
-        for n in [1usize, 10, 50, 100, 100, 20, 70] {
-            load.observe(n, Duration::from_nanos(1_000_000 + 10_000 * n as u64));
+        for instances in [1, 2, 3] {
+            let load = Load::new(100, instances);
+            assert_eq!(load.expected_wait(), Duration::ZERO);
+            for n in [1usize, 10, 50, 100, 100, 20, 70] {
+                load.observe(n, Duration::from_nanos(1_000_000 + 10_000 * n as u64));
+            }
+            load.add(250);
+            // 3 batches ahead: 3 ms + 250 x 10 us = 5.5 ms, shared by the instances.
+            let w = load.expected_wait().as_secs_f64();
+            assert!(
+                (w - 5.5e-3 / instances as f64).abs() < 1e-6,
+                "{instances}: {w}"
+            );
+            load.done(250);
+            assert_eq!(load.pending(), 0);
+            assert_eq!(load.expected_wait(), Duration::ZERO);
         }
-        load.add(250);
-        // 3 batches ahead: 3 ms + 250 x 10 us = 5.5 ms.
-        let w = load.expected_wait().as_secs_f64();
-        assert!((w - 5.5e-3).abs() < 1e-6, "{w}");
-        load.done(250);
-        assert_eq!(load.pending(), 0);
-        assert_eq!(load.expected_wait(), Duration::ZERO);
     }
 
     #[test]
@@ -202,7 +212,7 @@ mod tests {
         // 1 ms per sample, one sample per batch cost-free: a 10 ms bound admits samples while
         // fewer than 10 are ahead, so 8 threads racing with 100 tries each of 1 sample admit
         // exactly 11 (the one that sees 10 ahead is the first refused).
-        let load = std::sync::Arc::new(Load::new(1000));
+        let load = std::sync::Arc::new(Load::new(1000, 1));
         for _ in 0..40 {
             load.observe(10, Duration::from_millis(10));
         }

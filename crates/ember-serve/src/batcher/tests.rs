@@ -89,6 +89,7 @@ async fn merged_batches_score_like_single_requests() {
         max_delay: Duration::from_millis(20),
         queue: 1000,
         max_queue_delay: None,
+        instances: 1,
     };
     let (model, spec, b) = start(cfg);
     let reqs: Vec<Samples> = (0..40)
@@ -126,6 +127,7 @@ async fn a_full_queue_refuses_at_once() {
         max_delay: Duration::from_millis(300),
         queue: 2,
         max_queue_delay: None,
+        instances: 1,
     };
     let (_, spec, b) = start(cfg);
     let waiting = queue_requests(&b, &spec, 2, 1).await;
@@ -150,6 +152,7 @@ async fn late_requests_are_answered_without_scores() {
         max_delay: Duration::from_millis(100),
         queue: 10,
         max_queue_delay: None,
+        instances: 1,
     };
     let (_, spec, b) = start(cfg);
     let late = b.submit(random_samples(&spec, 1, 1), Some(1_000)).await;
@@ -166,6 +169,7 @@ async fn shutdown_finishes_what_is_queued_then_refuses() {
         max_delay: Duration::from_secs(5),
         queue: 100,
         max_queue_delay: None,
+        instances: 1,
     };
     let (_, spec, b) = start(cfg);
     let t0 = Instant::now();
@@ -202,6 +206,7 @@ async fn a_request_expected_to_wait_too_long_is_refused_at_once() {
         max_delay: Duration::from_secs(2),
         queue: 100,
         max_queue_delay: Some(Duration::from_nanos(1)),
+        instances: 1,
     };
     let (_, spec, b) = start(cfg);
     // Nothing ahead: no wait, whatever the bound.
@@ -246,6 +251,7 @@ async fn a_request_that_would_miss_its_deadline_is_refused_at_once() {
         max_delay: Duration::from_millis(300),
         queue: 100,
         max_queue_delay: None,
+        instances: 1,
     };
     let (_, spec, b) = start(cfg);
     b.submit(random_samples(&spec, 2, 1), None).await.unwrap();
@@ -275,6 +281,7 @@ async fn large_requests_run_in_pieces_and_let_small_ones_through() {
         max_delay: Duration::ZERO,
         queue: 100,
         max_queue_delay: None,
+        instances: 1,
     };
     let (model, spec, b) = start(cfg);
     let big = random_samples(&spec, 101, 5);
@@ -313,6 +320,7 @@ async fn a_stop_with_a_deadline_answers_what_it_cannot_run() {
         max_delay: Duration::from_secs(5),
         queue: 100,
         max_queue_delay: None,
+        instances: 1,
     };
     let (_, spec, b) = start(cfg);
     let tasks = queue_requests(&b, &spec, 10, 2).await;
@@ -326,4 +334,78 @@ async fn a_stop_with_a_deadline_answers_what_it_cannot_run() {
     }
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     assert_eq!(b.pending_samples(), 0);
+}
+
+/// An engine that counts the batches it ran.
+struct Counting(Predictor, Arc<AtomicUsize>);
+
+impl Engine for Counting {
+    fn model(&self) -> &Arc<Model> {
+        self.0.model()
+    }
+    fn run(&mut self, batch: &Prepared<'_>, scores: &mut [f32]) -> ember_model::Result<StageTimes> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.run(batch, scores)
+    }
+    fn device(&self) -> String {
+        self.0.device()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_share_the_batches_and_score_like_single_requests() {
+    let model = default_model();
+    let spec = Arc::new(ModelSpec::of(model.clone(), "default"));
+    let runs: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let engines: Vec<Box<dyn Engine>> = runs
+        .iter()
+        .map(|r| {
+            let p = Predictor::new(model.clone(), 1).unwrap();
+            Box::new(Counting(p, r.clone())) as Box<dyn Engine>
+        })
+        .collect();
+    let cfg = BatchConfig {
+        max_batch: 8,
+        max_delay: Duration::from_millis(5),
+        queue: 1000,
+        max_queue_delay: None,
+        instances: 1, // the engines' count wins
+    };
+    let b = Arc::new(Batcher::start_pool(engines, cfg, "test"));
+    assert_eq!(b.config().instances, 3);
+    let reqs: Vec<Samples> = (0..60)
+        .map(|i| random_samples(&spec, 1 + i % 5, 100 + i as u64))
+        .collect();
+    let tasks: Vec<_> = reqs
+        .iter()
+        .cloned()
+        .map(|s| {
+            let b = b.clone();
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect();
+    for (t, s) in tasks.into_iter().zip(&reqs) {
+        let got = t.await.unwrap().unwrap();
+        assert!(got.batch <= 8, "batch of {} over max_batch", got.batch);
+        let want = direct(&model, &spec, s);
+        assert_eq!(got.scores.len(), s.len());
+        for (g, w) in got.scores.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
+        }
+    }
+    // 180 samples in batches of at most 8: every instance ran some (a batch goes to whichever
+    // instance is free; all three start free).
+    let counts: Vec<usize> = runs.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+    assert!(
+        counts.iter().all(|&c| c > 0),
+        "runs per instance {counts:?}"
+    );
+    assert!(counts.iter().sum::<usize>() >= 180 / 8, "{counts:?}");
+    // Shutdown ends every instance's thread, and later requests are refused.
+    let b2 = b.clone();
+    tokio::task::spawn_blocking(move || b2.shutdown())
+        .await
+        .unwrap();
+    let late = b.submit(random_samples(&spec, 2, 1), None).await;
+    assert!(matches!(late, Err(ServeError::ShuttingDown)), "{late:?}");
 }

@@ -310,18 +310,22 @@ impl Repository {
             return Err("the server is stopping".into());
         }
         let model = Arc::new(model);
-        let mut engine = src.loader.engine(model.clone())?;
-        warm(
-            engine.as_mut(),
-            self.batch.max_batch.min(128),
-            src.warm_batches,
-        )
-        .map_err(|e| format!("warming it up: {e}"))?;
+        let mut engines = Vec::with_capacity(self.batch.instances.max(1));
+        for _ in 0..self.batch.instances.max(1) {
+            let mut engine = src.loader.engine(model.clone())?;
+            warm(
+                engine.as_mut(),
+                self.batch.max_batch.min(128),
+                src.warm_batches,
+            )
+            .map_err(|e| format!("warming it up: {e}"))?;
+            engines.push(engine);
+        }
         let spec = ModelSpec::of(model, name);
         Ok(Served::new(
             spec,
             version,
-            Batcher::start(engine, self.batch, name),
+            Batcher::start_pool(engines, self.batch, name),
         ))
     }
 

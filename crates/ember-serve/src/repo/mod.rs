@@ -141,11 +141,15 @@ impl Repository {
     /// A repository of the one model `served` as version 1; it cannot load others.
     pub(crate) fn single(
         name: &str,
-        engine: Box<dyn ember_model::Engine>,
+        engines: Vec<Box<dyn ember_model::Engine>>,
         batch: BatchConfig,
     ) -> Self {
-        let spec = ModelSpec::of(engine.model().clone(), name);
-        let served = Arc::new(Served::new(spec, 1, Batcher::start(engine, batch, name)));
+        let spec = ModelSpec::of(engines[0].model().clone(), name);
+        let served = Arc::new(Served::new(
+            spec,
+            1,
+            Batcher::start_pool(engines, batch, name),
+        ));
         let mut entry = Entry::default();
         entry.versions.insert(1, Status::new(State::Ready));
         entry.current = Some(served);

@@ -25,6 +25,7 @@ pub fn config() -> ServeConfig {
             max_delay: Duration::from_micros(500),
             queue: 256,
             max_queue_delay: None,
+            instances: 1,
         },
         ..ServeConfig::default()
     }
