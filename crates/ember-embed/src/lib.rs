@@ -49,6 +49,7 @@ pub use jagged::{Ids, KeyedJagged};
 pub use pool::{
     Dedup, PREFETCH_CANDIDATES, PoolOptions, PoolStats, Pooler, Pooling, Prefetch, pooled_lookup,
 };
+pub use prefetch::PrefetchLevel;
 pub use shard::{Shard, ShardedEmbeddings};
 pub use storage::{IoKind, IoMode, RowStore};
 pub use table::{EmbeddingTable, Placement, RowsRef};

@@ -1,4 +1,66 @@
-//! Software prefetch of byte spans (a no-op off x86-64).
+//! Software prefetch of byte spans (a no-op off x86-64), and the cache level row prefetches fill.
+
+use std::sync::OnceLock;
+
+/// The cache level the kernels' row prefetches fill: L1 (`prefetcht0`) or L2 (`prefetcht1`).
+///
+/// On Intel cores a `prefetcht0` that misses holds one of the L1D's fill buffers (16 on Golden /
+/// Raptor Cove) until its line lands in L1, so at most 16 lines (4 rows of 256 bytes) are in
+/// flight from software prefetch, whatever the distance; a prefetch to L2 is handed to the L2's
+/// own, larger miss queue, and the row's loads later hit L2. On RM1 with the production trace, an
+/// Emerald Rapids VM (2 vCPUs) ran the C loop 1.07-1.16x faster with `prefetcht1` than with
+/// `prefetcht0` at its best distance (medians of 25 paired passes), the ceiling of `bench embed`
+/// chose L2 in 6 tunings of 6, and Ember ran at 53-81 M lookups/s into L2 against 53-60 M into
+/// L1 (three alternating processes each). The AMD EPYC (Zen) VM the kernels were tuned on
+/// prefetched into L1 at 0.97-1.03 of its ceiling; it was not available to measure L2 on, so it
+/// keeps L1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefetchLevel {
+    /// `prefetcht0`.
+    L1,
+    /// `prefetcht1`.
+    L2,
+}
+
+impl PrefetchLevel {
+    /// `EMBER_PREFETCH_LEVEL` (`l1` or `l2`) if set to one of them, else L2 on Intel and L1
+    /// elsewhere. Read once per process.
+    pub fn selected() -> PrefetchLevel {
+        static SELECTED: OnceLock<PrefetchLevel> = OnceLock::new();
+        *SELECTED.get_or_init(|| match std::env::var("EMBER_PREFETCH_LEVEL").as_deref() {
+            Ok("l1") => PrefetchLevel::L1,
+            Ok("l2") => PrefetchLevel::L2,
+            _ => PrefetchLevel::for_cpu(),
+        })
+    }
+
+    /// The default for this CPU: L2 on Intel, L1 elsewhere.
+    pub fn for_cpu() -> PrefetchLevel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let v = std::arch::x86_64::__cpuid(0);
+            // "GenuineIntel"
+            if [v.ebx, v.edx, v.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e] {
+                return PrefetchLevel::L2;
+            }
+        }
+        PrefetchLevel::L1
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefetchLevel::L1 => "l1",
+            PrefetchLevel::L2 => "l2",
+        }
+    }
+
+    /// Whether prefetches fill L2 only (the kernels' const parameter).
+    #[inline(always)]
+    pub(crate) fn is_l2(self) -> bool {
+        self == PrefetchLevel::L2
+    }
+}
 
 /// Asks the CPU to bring the cache lines of `[p, p + len)` into L1. Never faults, whatever `p`.
 #[inline(always)]
@@ -83,26 +145,27 @@ impl RowPrefetch {
         }
     }
 
-    /// Prefetches the block of the row starting at `row`. `lines` must be the `lines` given
-    /// to [`RowPrefetch::new`], and a constant of the caller, so that the loop unrolls.
+    /// Prefetches the block of the row starting at `row`, into L2 when `L2`, else L1. `lines`
+    /// must be the `lines` given to [`RowPrefetch::new`], and a constant of the caller, so that
+    /// the loop unrolls.
     #[inline(always)]
-    pub(crate) fn row(&self, row: *const u8, lines: usize) {
+    pub(crate) fn row<const L2: bool>(&self, row: *const u8, lines: usize) {
         let p = row.wrapping_add(self.off);
         for i in 0..lines {
-            prefetch_line(p.wrapping_add(64 * i));
+            prefetch_line_to::<L2>(p.wrapping_add(64 * i));
         }
         if self.n_extra == 0 && self.trailer.is_none() {
             return;
         }
         if self.n_extra > 0 {
-            prefetch_line(row.wrapping_add(self.extra[0]));
+            prefetch_line_to::<L2>(row.wrapping_add(self.extra[0]));
             if self.n_extra > 1 {
-                prefetch_line(row.wrapping_add(self.extra[1]));
+                prefetch_line_to::<L2>(row.wrapping_add(self.extra[1]));
             }
         }
         if let Some((a, b)) = self.trailer {
-            prefetch_line(row.wrapping_add(a));
-            prefetch_line(row.wrapping_add(b));
+            prefetch_line_to::<L2>(row.wrapping_add(a));
+            prefetch_line_to::<L2>(row.wrapping_add(b));
         }
     }
 
@@ -116,10 +179,10 @@ impl RowPrefetch {
 
     /// [`RowPrefetch::row`] where [`RowPrefetch::plain`] holds: the `lines` lines only.
     #[inline(always)]
-    pub(crate) fn lines(&self, row: *const u8, lines: usize) {
+    pub(crate) fn lines<const L2: bool>(&self, row: *const u8, lines: usize) {
         let p = row.wrapping_add(self.off);
         for i in 0..lines {
-            prefetch_line(p.wrapping_add(64 * i));
+            prefetch_line_to::<L2>(p.wrapping_add(64 * i));
         }
     }
 
@@ -135,14 +198,21 @@ impl RowPrefetch {
     }
 }
 
-/// Asks the CPU to bring the cache line holding `p` into L1. Never faults, whatever `p`.
+/// Asks the CPU to bring the cache line holding `p` into L2 (`prefetcht1`) when `L2`, else into
+/// L1 (`prefetcht0`). Never faults, whatever `p`.
 #[inline(always)]
-pub(crate) fn prefetch_line(p: *const u8) {
+pub(crate) fn prefetch_line_to<const L2: bool>(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
         // SAFETY: prefetch is a hint; it does not fault on any address (Intel SDM, PREFETCHh).
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+        unsafe {
+            if L2 {
+                _mm_prefetch::<_MM_HINT_T1>(p.cast())
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(p.cast())
+            }
+        };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;

@@ -11,7 +11,9 @@
 //! ceiling and flatters the kernels, which is what happened before this loop: Ember ran at 100%
 //! of a ceiling that a 30-line C loop beat by 25%).
 
-use ember_embed::{EmbedError, EmbeddingCollection, Ids, Isa, Result, ValidatedBatch};
+use ember_embed::{
+    EmbedError, EmbeddingCollection, Ids, Isa, PrefetchLevel, Result, ValidatedBatch,
+};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -52,6 +54,8 @@ pub(crate) struct Job<'a, I> {
     pub(crate) bags: &'a [usize],
     pub(crate) first: usize,
     pub(crate) prefetch: usize,
+    /// Prefetch into L2 (`prefetcht1`) rather than L1.
+    pub(crate) l2: bool,
 }
 
 impl<I> Job<'_, I> {
@@ -67,12 +71,14 @@ impl<I> Job<'_, I> {
 pub struct Ceiling {
     pool: Option<rayon::ThreadPool>,
     prefetch: usize,
+    level: PrefetchLevel,
     isa: Isa,
 }
 
 impl Ceiling {
-    /// A ceiling loop with `threads` threads and a prefetch distance of `prefetch` ids (until
-    /// [`Ceiling::tune`] picks one).
+    /// A ceiling loop with `threads` threads and a prefetch distance of `prefetch` ids, into the
+    /// cache level Ember's kernels use ([`PrefetchLevel::selected`]) (until [`Ceiling::tune`]
+    /// picks both).
     pub fn new(threads: usize, prefetch: usize, isa: Isa) -> Result<Self> {
         let pool = if threads > 1 {
             Some(
@@ -90,6 +96,7 @@ impl Ceiling {
         Ok(Ceiling {
             pool,
             prefetch,
+            level: PrefetchLevel::selected(),
             isa: isa.require()?,
         })
     }
@@ -99,34 +106,49 @@ impl Ceiling {
         self.prefetch
     }
 
-    /// Times the loop over `batches` at each of [`TUNED_DISTANCES`] (best of `rounds` passes,
-    /// after one untimed pass) and keeps the fastest distance, which it returns.
+    /// The cache level prefetches fill.
+    pub fn prefetch_level(&self) -> PrefetchLevel {
+        self.level
+    }
+
+    /// Times the loop over `batches` at each of [`TUNED_DISTANCES`], prefetching into L1 and
+    /// into L2 (best of `rounds` passes, after one untimed pass), and keeps the fastest distance
+    /// and level; returns the distance ([`Ceiling::prefetch_level`] has the level).
     pub fn tune(
         &mut self,
         coll: &EmbeddingCollection,
         batches: &[ValidatedBatch<'_>],
         rounds: usize,
     ) -> usize {
-        let mut best = (f64::INFINITY, self.prefetch);
+        let mut best = (f64::INFINITY, self.prefetch, self.level);
         let mut sink = 0u64;
         for &d in &TUNED_DISTANCES {
-            self.prefetch = d;
-            for b in batches {
-                sink = sink.wrapping_add(self.run(coll, *b));
-            }
-            for _ in 0..rounds.max(1) {
-                let t = Instant::now();
+            // Both levels at each distance (only one without prefetch), in turn, so that drift
+            // hits both alike.
+            let levels: &[PrefetchLevel] = match d {
+                0 => &[PrefetchLevel::L1],
+                _ => &[PrefetchLevel::L1, PrefetchLevel::L2],
+            };
+            for &level in levels {
+                self.prefetch = d;
+                self.level = level;
                 for b in batches {
                     sink = sink.wrapping_add(self.run(coll, *b));
                 }
-                let s = t.elapsed().as_secs_f64();
-                if s < best.0 {
-                    best = (s, d);
+                for _ in 0..rounds.max(1) {
+                    let t = Instant::now();
+                    for b in batches {
+                        sink = sink.wrapping_add(self.run(coll, *b));
+                    }
+                    let s = t.elapsed().as_secs_f64();
+                    if s < best.0 {
+                        best = (s, d, level);
+                    }
                 }
             }
         }
         std::hint::black_box(sink);
-        self.prefetch = best.1;
+        (_, self.prefetch, self.level) = best;
         best.1
     }
 
@@ -194,6 +216,7 @@ impl Ceiling {
             bags,
             first,
             prefetch: self.prefetch,
+            l2: self.level == PrefetchLevel::L2,
         };
         #[cfg(target_arch = "x86_64")]
         if let Some(sum) = x86::gather(self.isa, &job) {

@@ -48,47 +48,54 @@ pub(super) fn gather<I: RowIndex>(isa: Isa, j: &Job<'_, I>) -> Option<u64> {
 }
 
 /// Sums the rows of one bag with `$add!(k)` in two loops: ids before `$split` first prefetch
-/// the row `pf` ids ahead (with the rows' alignment dispatched once, not tested per row), the
-/// rest do not, so no id pays a test for either.
+/// the row `pf` ids ahead (with the rows' alignment and the cache level, `j.l2`, dispatched
+/// once, not tested per row), the rest do not, so no id pays a test for either.
 macro_rules! walk_bag {
     ($add:ident, $j:expr, $span:expr, $split:expr, $l:ident,
      ($base:expr, $stride:expr, $pf:expr, $unaligned:expr)) => {
-        if $unaligned {
-            for k in $span.start..$split {
-                // SAFETY: k < ahead_end = n - pf.
-                let id = unsafe { $j.ids.get_unchecked(k + $pf) }.idx();
-                prefetch_row::<$l>($base.wrapping_add(id * $stride), $stride, true);
-                $add!(k);
-            }
-        } else {
-            for k in $span.start..$split {
-                // SAFETY: as above.
-                let id = unsafe { $j.ids.get_unchecked(k + $pf) }.idx();
-                prefetch_row::<$l>($base.wrapping_add(id * $stride), $stride, false);
-                $add!(k);
-            }
+        match ($unaligned, $j.l2) {
+            (true, false) => walk_bag!(@ahead $add, $j, $span, $split, $l, ($base, $stride, $pf), true, false),
+            (true, true) => walk_bag!(@ahead $add, $j, $span, $split, $l, ($base, $stride, $pf), true, true),
+            (false, false) => walk_bag!(@ahead $add, $j, $span, $split, $l, ($base, $stride, $pf), false, false),
+            (false, true) => walk_bag!(@ahead $add, $j, $span, $split, $l, ($base, $stride, $pf), false, true),
         }
         for k in $split..$span.end {
             $add!(k);
         }
     };
+    (@ahead $add:ident, $j:expr, $span:expr, $split:expr, $l:ident,
+     ($base:expr, $stride:expr, $pf:expr), $unaligned:literal, $l2:literal) => {
+        for k in $span.start..$split {
+            // SAFETY: k < ahead_end = n - pf.
+            let id = unsafe { $j.ids.get_unchecked(k + $pf) }.idx();
+            prefetch_row::<$l, $l2>($base.wrapping_add(id * $stride), $stride, $unaligned);
+            $add!(k);
+        }
+    };
 }
 
+/// Prefetches the line at `p` into L2 (`prefetcht1`) when `L2`, else into L1.
 #[inline(always)]
-fn prefetch(p: *const u8) {
+fn prefetch<const L2: bool>(p: *const u8) {
     // SAFETY: prefetch is a hint; it does not fault on any address (Intel SDM, PREFETCHh).
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    unsafe {
+        if L2 {
+            _mm_prefetch::<_MM_HINT_T1>(p.cast())
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast())
+        }
+    };
 }
 
 /// Prefetches the `L` lines of the row at `r`, and the line of its last byte when rows do not
 /// start lines (`unaligned`).
 #[inline(always)]
-fn prefetch_row<const L: usize>(r: *const u8, stride: usize, unaligned: bool) {
+fn prefetch_row<const L: usize, const L2: bool>(r: *const u8, stride: usize, unaligned: bool) {
     for i in 0..L {
-        prefetch(r.wrapping_add(64 * i));
+        prefetch::<L2>(r.wrapping_add(64 * i));
     }
     if unaligned {
-        prefetch(r.wrapping_add(stride - 1));
+        prefetch::<L2>(r.wrapping_add(stride - 1));
     }
 }
 

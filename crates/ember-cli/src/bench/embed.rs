@@ -10,7 +10,7 @@
 use anyhow::Result;
 use ember_bench::ceiling::Ceiling;
 use ember_bench::stats::{human_bytes, median};
-use ember_embed::{EmbeddingCollection, Isa, PoolStats, Prefetch, ValidatedBatch};
+use ember_embed::{EmbeddingCollection, Isa, PoolStats, Prefetch, PrefetchLevel, ValidatedBatch};
 use serde_json::json;
 use std::time::Instant;
 
@@ -29,8 +29,9 @@ struct Report {
     /// Pooled error of a quantized dtype against pooling the f32 rows (`None` for f32 or when
     /// the check was skipped).
     quant_err: Option<f64>,
-    /// The prefetch distance the ceiling tuned itself to.
+    /// The prefetch distance the ceiling tuned itself to, and the cache level.
     ceiling_prefetch: usize,
+    ceiling_level: PrefetchLevel,
     /// Each feature's prefetch distance at the end (`None`: `auto` still exploring).
     ember_prefetch: Vec<Option<usize>>,
 }
@@ -199,6 +200,7 @@ fn measure(
         deduped_fraction: dedup_stats.deduped_lookups as f64 / dedup_stats.lookups.max(1) as f64,
         quant_err,
         ceiling_prefetch,
+        ceiling_level: ceiling.prefetch_level(),
         ember_prefetch: pooler.prefetch_distances(coll),
     })
 }
@@ -234,9 +236,10 @@ fn print(
         a.mode.name()
     );
     println!(
-        "  ids {ids}, unique ratio {uniq:.3}; {} threads, isa {isa}, prefetch {}, dedup {} (deduplicated {:.0}% of lookups)",
+        "  ids {ids}, unique ratio {uniq:.3}; {} threads, isa {isa}, prefetch {} into {}, dedup {} (deduplicated {:.0}% of lookups)",
         a.threads,
         distances(a.prefetch, &r.ember_prefetch),
+        PrefetchLevel::selected().name(),
         a.dedup,
         100.0 * r.deduped_fraction
     );
@@ -255,13 +258,14 @@ fn print(
         );
     }
     println!(
-        "  ember / ceiling: {:.1}% (ceiling: bags summed in registers, prefetch {} ids{})",
+        "  ember / ceiling: {:.1}% (ceiling: bags summed in registers, prefetch {} ids into {}{})",
         100.0 * lps / cps,
         r.ceiling_prefetch,
+        r.ceiling_level.name(),
         match a.ceiling_prefetch {
             Some(_) => String::new(),
             None => format!(
-                ", the fastest of {:?}",
+                ", the fastest of {:?} into l1 or l2",
                 ember_bench::ceiling::TUNED_DISTANCES
             ),
         }
@@ -283,7 +287,9 @@ fn print(
             "ceiling_lookups_per_s": cps,
             "ceiling_gb_per_s": cgbps,
             "ceiling_prefetch": r.ceiling_prefetch,
+            "ceiling_prefetch_level": r.ceiling_level.name(),
             "prefetch_per_feature": r.ember_prefetch,
+            "prefetch_level": PrefetchLevel::selected().name(),
             "fraction_of_ceiling": lps / cps,
             "deduped_fraction": r.deduped_fraction,
             "huge_page_fraction": huge_frac,

@@ -6,7 +6,7 @@
 use super::Segment;
 use crate::dtype::DType;
 use crate::jagged::RowIndex;
-use crate::prefetch::RowPrefetch;
+use crate::prefetch::{PrefetchLevel, RowPrefetch};
 use std::arch::x86_64::*;
 
 const LANES: usize = 16;
@@ -75,6 +75,7 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool, const T: boo
     );
     let (ids, stride, dist) = (s.ids, s.stride, s.prefetch);
     let plain = pf.plain();
+    let l2 = PrefetchLevel::selected().is_l2();
     // Ids before `ahead_end` have a row `dist` ids ahead to prefetch; the loop over a bag is cut
     // there, so that neither half tests per id (fewer instructions per row keep more rows'
     // loads in flight).
@@ -99,9 +100,15 @@ unsafe fn block<F: Fmt, I: RowIndex, const N: usize, const W: bool, const T: boo
         };
         let mid = hi.min(ahead_end).max(lo);
         // mid <= ahead_end: j + dist < ids.len() throughout.
-        prefetch_ahead!(pf, plain, lines, (ids, dist, base, stride), lo..mid, |j| {
-            add(j, &mut acc, &mut bias)
-        });
+        prefetch_ahead!(
+            pf,
+            plain,
+            l2,
+            lines,
+            (ids, dist, base, stride),
+            lo..mid,
+            |j| { add(j, &mut acc, &mut bias) }
+        );
         for j in mid..hi {
             add(j, &mut acc, &mut bias);
         }

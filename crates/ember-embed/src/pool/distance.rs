@@ -49,7 +49,7 @@ impl FromStr for Prefetch {
 }
 
 /// Distances `auto` chooses from, in ids.
-pub const CANDIDATES: [usize; 8] = [0, 8, 16, 32, 48, 64, 96, 128];
+pub const CANDIDATES: [usize; 10] = [0, 8, 16, 32, 48, 64, 96, 128, 192, 256];
 /// Units timed per candidate while exploring; their median counts. Candidates are handed to
 /// units in a scrambled order, so that each is timed on a mix of the tables of that row size
 /// (tables differ in how many of their rows hit in cache: handed out in turn, with 32 tables and
@@ -247,7 +247,7 @@ mod tests {
     #[test]
     fn row_sizes_are_independent_and_the_option_parses() {
         let a = AutoPrefetch::default();
-        for _ in 0..200 {
+        for _ in 0..CANDIDATES.len() * EXPLORE + 8 {
             let (i, d) = a.choose(256);
             a.record(256, i, cost(0, d));
             let (i, d) = a.choose(72);

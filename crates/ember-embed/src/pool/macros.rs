@@ -31,25 +31,26 @@ macro_rules! dispatch_block {
 
 /// Runs `$add` for each `$j` in `$range`, after prefetching the row `$dist` ids ahead of it: only
 /// the `$lines` whole lines where `$plain` (`RowPrefetch::plain`), the lines and any extra or
-/// trailer line elsewhere, each in a loop of its own so that no row tests for extra lines. The
-/// caller ends `$range` where `$j + $dist` stops being an index of `$ids`.
+/// trailer line elsewhere, into L2 where `$l2` (`PrefetchLevel`), else L1; each case in a loop of
+/// its own so that no row tests for either. The caller ends `$range` where `$j + $dist` stops
+/// being an index of `$ids`.
 macro_rules! prefetch_ahead {
-    ($pf:expr, $plain:expr, $lines:expr, ($ids:expr, $dist:expr, $base:expr, $stride:expr),
+    ($pf:expr, $plain:expr, $l2:expr, $lines:expr, ($ids:expr, $dist:expr, $base:expr, $stride:expr),
      $range:expr, |$j:ident| $add:expr) => {
-        if $plain {
-            for $j in $range {
-                // SAFETY: $j + $dist < ids.len() (the caller's range ends there).
-                let ahead = unsafe { $ids.get_unchecked($j + $dist) }.idx();
-                $pf.lines($base.wrapping_add(ahead * $stride), $lines);
-                $add;
-            }
-        } else {
-            for $j in $range {
-                // SAFETY: as above.
-                let ahead = unsafe { $ids.get_unchecked($j + $dist) }.idx();
-                $pf.row($base.wrapping_add(ahead * $stride), $lines);
-                $add;
-            }
+        match ($plain, $l2) {
+            (true, false) => prefetch_ahead!(@loop lines, false, $pf, $lines, ($ids, $dist, $base, $stride), $range, |$j| $add),
+            (true, true) => prefetch_ahead!(@loop lines, true, $pf, $lines, ($ids, $dist, $base, $stride), $range, |$j| $add),
+            (false, false) => prefetch_ahead!(@loop row, false, $pf, $lines, ($ids, $dist, $base, $stride), $range, |$j| $add),
+            (false, true) => prefetch_ahead!(@loop row, true, $pf, $lines, ($ids, $dist, $base, $stride), $range, |$j| $add),
+        }
+    };
+    (@loop $how:ident, $l2:literal, $pf:expr, $lines:expr, ($ids:expr, $dist:expr, $base:expr, $stride:expr),
+     $range:expr, |$j:ident| $add:expr) => {
+        for $j in $range {
+            // SAFETY: $j + $dist < ids.len() (the caller's range ends there).
+            let ahead = unsafe { $ids.get_unchecked($j + $dist) }.idx();
+            $pf.$how::<$l2>($base.wrapping_add(ahead * $stride), $lines);
+            $add;
         }
     };
 }
