@@ -1,0 +1,95 @@
+//! Several model instances (`--instances N`, Triton's `instance_group` count): the batcher's
+//! thread forms and prepares a batch whenever an instance is free and hands it to that
+//! instance's thread, which runs it on its own engine and answers its requests.
+
+use std::sync::Arc;
+
+use ember_model::Engine;
+
+use super::queue::Queue;
+use super::{BatchConfig, Job, Ready, Shared, form_batch, prepare, run_batch};
+use crate::error::ServeError;
+
+/// The batching loop of several instances: this thread forms and prepares a batch whenever an
+/// instance is free and hands it to that instance's thread, which runs and answers it. Forming
+/// waits for a free instance, so requests arriving while all run join the next batch rather
+/// than filling small ones. Tier rows are staged here, while the instances compute.
+pub(super) fn run(
+    engines: Vec<Box<dyn Engine>>,
+    cfg: BatchConfig,
+    shared: Shared,
+    rx: Arc<Queue<Job>>,
+) {
+    let model = engines[0].model().clone();
+    let Shared {
+        queued,
+        load,
+        abandon_at,
+        name,
+        stats,
+    } = shared;
+    let (free_tx, free_rx) = std::sync::mpsc::channel::<usize>();
+    let mut to = Vec::with_capacity(engines.len());
+    let mut threads = Vec::with_capacity(engines.len());
+    for (i, mut engine) in engines.into_iter().enumerate() {
+        let (tx, work) = std::sync::mpsc::sync_channel::<Ready>(1);
+        to.push(tx);
+        let (free, model, load, label, stats) = (
+            free_tx.clone(),
+            model.clone(),
+            load.clone(),
+            name.clone(),
+            stats.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("ember-instance-{i}"))
+            .spawn(move || {
+                let mut scores = Vec::new();
+                let _ = free.send(i);
+                for (live, prepared, input) in work {
+                    // Staged by the forming thread, ahead: not part of this batch's stages.
+                    let ran = (&mut *engine, model.as_ref(), 1, &mut scores);
+                    run_batch(ran, live, prepared, input, (&label, &stats, &load));
+                    if free.send(i).is_err() {
+                        break;
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!("model '{name}': instance {i} did not start: {e}"),
+        }
+    }
+    drop(free_tx);
+    // Each instance says when it is free; a batch is formed only then.
+    let mut still_free = None;
+    loop {
+        let i = match still_free.take() {
+            Some(i) => i,
+            None => match free_rx.recv() {
+                Ok(i) => i,
+                Err(_) => break,
+            },
+        };
+        let Some(jobs) = form_batch(&rx, &cfg, &queued) else {
+            break;
+        };
+        match prepare(&model, jobs, &abandon_at, &stats) {
+            Some(ready) => {
+                if let Err(std::sync::mpsc::SendError(ready)) = to[i].send(ready) {
+                    // That instance is gone (it cannot be: it just said it was free); answer
+                    // its requests rather than drop them.
+                    for j in ready.0 {
+                        j.answer(Err(ServeError::Internal("a model instance stopped".into())));
+                    }
+                }
+            }
+            // Nothing left to run in it: the instance is still free.
+            None => still_free = Some(i),
+        }
+    }
+    drop(to);
+    for t in threads {
+        let _ = t.join();
+    }
+}
