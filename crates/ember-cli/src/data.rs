@@ -43,10 +43,10 @@ pub struct ModelArgs {
     max_rows: usize,
     /// Table dtype: f32, f16, bf16, int8 (FBGEMM row-wise) or int4 (row-wise, f16 scale/bias).
     #[arg(long, default_value = "f32")]
-    dtype: String,
+    dtype: DType,
     /// Dense precision written into config.json: f32, bf16 or int8.
     #[arg(long, default_value = "f32")]
-    dense_dtype: String,
+    dense_dtype: DenseDType,
     /// Where the tables live: `dram` (all in model.safetensors), `ssd` (tables of at least
     /// --ssd-min-rows rows as row files on the SSD tier, the rest in DRAM), or `auto` (DRAM
     /// while they fit in --memory-budget-gb, the largest tables on the SSD tier beyond it).
@@ -102,13 +102,16 @@ fn mem_available() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Which tables go to the SSD tier.
-fn place(a: &ModelArgs, cfg: &ModelConfig) -> Result<Vec<bool>> {
-    let bytes: Vec<u64> = cfg
-        .tables
+/// Bytes of each table's rows.
+fn table_bytes(cfg: &ModelConfig) -> Vec<u64> {
+    cfg.tables
         .iter()
         .map(|t| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
-        .collect();
+        .collect()
+}
+
+/// Which tables go to the SSD tier (`bytes`: each table's, [`table_bytes`]).
+fn place(a: &ModelArgs, cfg: &ModelConfig, bytes: &[u64]) -> Result<Vec<bool>> {
     match a.placement.as_str() {
         "dram" => Ok(vec![false; bytes.len()]),
         "ssd" => Ok(cfg
@@ -141,32 +144,44 @@ fn place(a: &ModelArgs, cfg: &ModelConfig) -> Result<Vec<bool>> {
     }
 }
 
-/// Rows generated per parallel step: `CHUNK` rows a task.
+/// Rows generated per parallel task.
 const CHUNK: usize = 8192;
 
-/// Table `t`'s rows `r0 .. r0 + n` in `dtype`, generated on the pool into `buf`.
-fn table_rows(
+/// Table `t`'s rows (`seeded_row`'s, encoded in its dtype), generated on the pool `64 CHUNK`
+/// rows a thread at a time and handed to `sink` in order, the bar moved along.
+fn stream_table(
     pool: &rayon::ThreadPool,
     (seed, t): (u64, usize),
-    (dim, dtype): (usize, DType),
-    r0: usize,
-    n: usize,
-    buf: &mut Vec<u8>,
-) {
+    table: &ember_model::config::TableConfig,
+    bar: &ProgressBar,
+    mut sink: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
     use rayon::prelude::*;
+    let (dim, dtype) = (table.dim, table.dtype);
     let rb = dtype.row_bytes(dim);
-    buf.resize(n * rb, 0);
-    pool.install(|| {
-        buf.par_chunks_mut(CHUNK * rb)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                let mut tmp = vec![0f32; dim];
-                for (i, row) in chunk.chunks_exact_mut(rb).enumerate() {
-                    ember_model::random::seeded_row(seed, t, r0 + c * CHUNK + i, &mut tmp);
-                    dtype.encode_row(&tmp, row);
-                }
-            })
-    });
+    let step = 64 * CHUNK * pool.current_num_threads();
+    let mut buf = Vec::new();
+    bar.set_message(table.name.clone());
+    let mut r0 = 0;
+    while r0 < table.rows {
+        let n = step.min(table.rows - r0);
+        buf.resize(n * rb, 0);
+        pool.install(|| {
+            buf.par_chunks_mut(CHUNK * rb)
+                .enumerate()
+                .for_each(|(c, chunk)| {
+                    let mut tmp = vec![0f32; dim];
+                    for (i, row) in chunk.chunks_exact_mut(rb).enumerate() {
+                        ember_model::random::seeded_row(seed, t, r0 + c * CHUNK + i, &mut tmp);
+                        dtype.encode_row(&tmp, row);
+                    }
+                })
+        });
+        sink(&buf)?;
+        bar.inc(buf.len() as u64);
+        r0 += n;
+    }
+    Ok(())
 }
 
 /// The safetensors dtype and shape of a table's tensor (`model-format.md`).
@@ -180,21 +195,22 @@ fn table_tensor(rows: usize, dim: usize, dtype: DType) -> (&'static str, Vec<usi
 }
 
 fn model(a: ModelArgs) -> Result<()> {
-    let dtype: DType = a.dtype.parse()?;
-    let dense_dtype: DenseDType = a.dense_dtype.parse()?;
+    let (dtype, dense_dtype) = (a.dtype, a.dense_dtype);
     let rows = RowsOptions {
         scale: a.rows_scale,
         max_rows: Some(a.max_rows),
     };
     let mut cfg = ember_model::presets::preset_with(&a.preset, dtype, rows)?.config;
     cfg.dense_dtype = dense_dtype;
-    let ssd = place(&a, &cfg)?;
+    let bytes = table_bytes(&cfg);
+    let ssd = place(&a, &cfg, &bytes)?;
+    let any_ssd = ssd.iter().any(|&s| s);
     for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
         if *on_ssd {
             t.placement = Placement::Ssd;
         }
     }
-    if ssd.iter().any(|&s| s) {
+    if any_ssd {
         let tier = cfg.tier.get_or_insert_with(Default::default);
         tier.cache_mb = a.cache_mb;
     }
@@ -219,25 +235,18 @@ fn model(a: ModelArgs) -> Result<()> {
     let mut header = serde_json::Map::new();
     let mut at = 0usize;
     for (name, dt, shape, src) in &list {
-        let bytes = match src {
+        let len = match src {
             Source::Dense(v) => 4 * v.len(),
-            Source::Table(i) => {
-                let t = &cfg.tables[*i];
-                t.rows * t.dtype.row_bytes(t.dim)
-            }
+            Source::Table(i) => bytes[*i] as usize,
         };
         header.insert(
             name.clone(),
-            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [at, at + bytes]}),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [at, at + len]}),
         );
-        at += bytes;
+        at += len;
     }
-    let table_bytes: u64 = cfg
-        .tables
-        .iter()
-        .map(|t| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
-        .sum();
-    let bar = ProgressBar::new(table_bytes);
+    let total: u64 = bytes.iter().sum();
+    let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template(
             "{msg:>12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
@@ -255,59 +264,36 @@ fn model(a: ModelArgs) -> Result<()> {
     let f =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut w = BufWriter::with_capacity(8 << 20, f);
-    let mut buf = Vec::new();
-    let mut write = |w: &mut BufWriter<std::fs::File>| -> std::io::Result<()> {
+    let write = |w: &mut BufWriter<std::fs::File>| -> Result<()> {
         w.write_all(&(h.len() as u64).to_le_bytes())?;
         w.write_all(&h)?;
         for (_, _, _, src) in &list {
             match src {
                 Source::Dense(v) => {
-                    for x in v {
-                        w.write_all(&x.to_le_bytes())?;
-                    }
+                    let le: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    w.write_all(&le)?;
                 }
                 Source::Table(i) => {
                     let t = &cfg.tables[*i];
-                    bar.set_message(t.name.clone());
-                    let step = (64 * CHUNK * a.threads.max(1)).max(1);
-                    let mut r0 = 0;
-                    while r0 < t.rows {
-                        let n = step.min(t.rows - r0);
-                        table_rows(&pool, (a.seed, *i), (t.dim, t.dtype), r0, n, &mut buf);
-                        w.write_all(&buf)?;
-                        bar.inc(buf.len() as u64);
-                        r0 += n;
-                    }
+                    stream_table(&pool, (a.seed, *i), t, &bar, |b| Ok(w.write_all(b)?))?;
                 }
             }
         }
         w.flush()?;
-        w.get_ref().sync_all()
+        Ok(w.get_ref().sync_all()?)
     };
     write(&mut w).with_context(|| format!("writing {}", tmp.display()))?;
     drop(w);
     std::fs::rename(&tmp, &path)?;
 
     // The SSD tier's tables: row files.
-    if ssd.iter().any(|&s| s) {
+    if any_ssd {
         std::fs::create_dir_all(a.out.join("rows"))?;
     }
-    for (i, t) in cfg.tables.iter().enumerate() {
-        if !ssd[i] {
-            continue;
-        }
-        bar.set_message(t.name.clone());
+    for (i, t) in cfg.tables.iter().enumerate().filter(|(i, _)| ssd[*i]) {
         let file = a.out.join("rows").join(format!("{}.rows", t.name));
         let mut rw = RowFileWriter::create(&file, &t.name, t.rows, t.dim, t.dtype)?;
-        let step = 64 * CHUNK * a.threads.max(1);
-        let mut r0 = 0;
-        while r0 < t.rows {
-            let n = step.min(t.rows - r0);
-            table_rows(&pool, (a.seed, i), (t.dim, t.dtype), r0, n, &mut buf);
-            rw.write_rows(&buf)?;
-            bar.inc(buf.len() as u64);
-            r0 += n;
-        }
+        stream_table(&pool, (a.seed, i), t, &bar, |b| Ok(rw.write_rows(b)?))?;
         rw.finish()?;
     }
     bar.finish_and_clear();
@@ -320,22 +306,21 @@ fn model(a: ModelArgs) -> Result<()> {
         .filter(|(_, s)| **s)
         .map(|(t, _)| t.name.as_str())
         .collect();
-    let ssd_bytes: u64 = cfg
-        .tables
+    let ssd_bytes: u64 = bytes
         .iter()
         .zip(&ssd)
         .filter(|(_, s)| **s)
-        .map(|(t, _)| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
+        .map(|(b, _)| b)
         .sum();
     eprintln!(
-        "wrote {} ({}, {} tables, {} rows, {} rows; {:.2} GB of tables: {:.2} GB in DRAM, {:.2} GB on the SSD tier{}; dense {}; seed {}) in {:.1}s",
+        "wrote {} ({}, {} tables, {} rows of {}; {:.2} GB of tables: {:.2} GB in DRAM, {:.2} GB on the SSD tier{}; dense {}; seed {}) in {:.1}s",
         a.out.display(),
         a.preset,
         cfg.tables.len(),
         cfg.tables.iter().map(|t| t.rows).sum::<usize>(),
         dtype,
-        table_bytes as f64 / 1e9,
-        (table_bytes - ssd_bytes) as f64 / 1e9,
+        total as f64 / 1e9,
+        (total - ssd_bytes) as f64 / 1e9,
         ssd_bytes as f64 / 1e9,
         if on_ssd.is_empty() {
             String::new()

@@ -350,9 +350,13 @@ fn score_samples(
 }
 
 /// The samples of a NumPy `.npz` or safetensors file of the model's input arrays (`predict`'s
-/// tensor format), checked against the model, in pieces of at most 4,096 samples: the inputs
+/// tensor format), checked against the model, in batches of at most `batch`: the inputs
 /// `serve --calibrate` calibrates int8 layers on.
-pub(crate) fn read_samples(model: &Arc<Model>, path: &Path) -> Result<Vec<ember_model::Samples>> {
+pub(crate) fn read_samples(
+    model: &Arc<Model>,
+    path: &Path,
+    batch: usize,
+) -> Result<Vec<ember_model::Samples>> {
     let npz = path.extension().is_some_and(|e| e == "npz");
     let file = tensors::TensorFile::open(path, npz)?;
     let spec = ember_serve::ModelSpec::of(model.clone(), "calibrate");
@@ -361,8 +365,8 @@ pub(crate) fn read_samples(model: &Arc<Model>, path: &Path) -> Result<Vec<ember_
         .with_context(|| format!("{} does not fit the model", path.display()))?;
     let mut cursors = vec![0usize; spec.features().len()];
     let mut out = Vec::new();
-    for s0 in (0..n).step_by(4096) {
-        let range = s0..(s0 + 4096).min(n);
+    for s0 in (0..n).step_by(batch.max(1)) {
+        let range = s0..(s0 + batch.max(1)).min(n);
         out.push(
             file.batch(&spec, &mut cursors, range.clone())
                 .map_err(|e| anyhow::anyhow!("{}, samples {range:?}: {e}", path.display()))?,

@@ -335,7 +335,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut model = Arc::new(model);
     if let Some(file) = &a.calibrate {
         let t = std::time::Instant::now();
-        let samples = crate::predict::read_samples(&model, file)?;
+        let samples = crate::predict::read_samples(&model, file, a.max_batch)?;
         let n: usize = samples.iter().map(|s| s.len()).sum();
         ember_model::Predictor::calibrate_int8_samples(&model, a.threads, &samples, a.max_batch)
             .with_context(|| format!("calibrating int8 on {}", file.display()))?;

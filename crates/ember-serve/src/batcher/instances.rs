@@ -41,7 +41,7 @@ pub(super) fn run(
             name.clone(),
             stats.clone(),
         );
-        let spawned = std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("ember-instance-{i}"))
             .spawn(move || {
                 let mut scores = Vec::new();
@@ -54,11 +54,9 @@ pub(super) fn run(
                         break;
                     }
                 }
-            });
-        match spawned {
-            Ok(t) => threads.push(t),
-            Err(e) => tracing::error!("model '{name}': instance {i} did not start: {e}"),
-        }
+            })
+            .expect("spawn a model instance's thread");
+        threads.push(thread);
     }
     drop(free_tx);
     // Each instance says when it is free; a batch is formed only then.
@@ -77,8 +75,8 @@ pub(super) fn run(
         match prepare(&model, jobs, &abandon_at, &stats) {
             Some(ready) => {
                 if let Err(std::sync::mpsc::SendError(ready)) = to[i].send(ready) {
-                    // That instance is gone (it cannot be: it just said it was free); answer
-                    // its requests rather than drop them.
+                    // That instance's thread is gone (it panicked): answer its requests
+                    // rather than drop them.
                     for j in ready.0 {
                         j.answer(Err(ServeError::Internal("a model instance stopped".into())));
                     }
