@@ -1,4 +1,4 @@
-//! Keeps the README true: every `ember ...` command in its `sh` blocks parses (run with
+//! Keeps the README and `docs/` true: every `ember ...` command in their `sh` blocks parses (run with
 //! `EMBER_PARSE_ONLY`, which stops after parsing), every repository file a README command
 //! names exists, and the quick commands run for real from the repository root (the planner's
 //! MLPerf and shipped-model examples, `ember predict`, the repository block's copy steps are
@@ -12,10 +12,31 @@ fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
-/// The commands of the README's `sh` blocks: continuation lines joined, comments and a trailing
+/// The guides whose commands are checked: the README and every page of `docs/`.
+fn guides() -> Vec<std::path::PathBuf> {
+    let mut pages: Vec<_> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() >= 5, "docs/ holds {} pages", pages.len());
+    let mut all = vec![root().join("README.md")];
+    all.extend(pages);
+    all
+}
+
+/// The commands of the guides' `sh` blocks: continuation lines joined, comments and a trailing
 /// `&` dropped.
 fn commands() -> Vec<String> {
-    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    guides()
+        .iter()
+        .flat_map(|p| sh_commands(&std::fs::read_to_string(p).unwrap()))
+        .collect()
+}
+
+/// The commands of one page's `sh` blocks.
+fn sh_commands(text: &str) -> Vec<String> {
     let (mut out, mut in_sh, mut cur) = (Vec::new(), false, String::new());
     for line in text.lines() {
         if line.starts_with("```") {
@@ -93,7 +114,10 @@ fn every_ember_command_in_the_readme_parses_and_names_files_that_exist() {
     );
     for (cmd, args) in &embers {
         let (ok, text) = ember(args, true, root());
-        assert!(ok, "README command does not parse: {cmd}\n{text}");
+        assert!(
+            ok,
+            "command in README.md or docs/ does not parse: {cmd}\n{text}"
+        );
         // Shipped files (data/, models/default) named by a command exist; data/traces is
         // fetched by tools/fetch_data.sh, which must name the file.
         for a in args
@@ -140,7 +164,8 @@ fn the_quick_readme_commands_run() {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     std::fs::copy(root().join("data/sample.tsv"), dir.join("data/sample.tsv")).unwrap();
     let quick = |c: &str| {
-        c.starts_with("ember plan make")
+        // (a plan made with a calibrated --profile needs `plan calibrate`'s ~2 minutes first)
+        (c.starts_with("ember plan make") && !c.contains("--profile"))
             || c.starts_with("cargo run --release -p ember-cli -- predict")
     };
     let cmds: Vec<String> = commands().into_iter().filter(|c| quick(c)).collect();
@@ -153,4 +178,58 @@ fn the_quick_readme_commands_run() {
     assert!(dir.join("plan.json").exists() && dir.join("torchrec.json").exists());
     assert!(dir.join("p.json").exists());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_readme_is_a_guide_that_opens_with_its_two_commands() {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines: it is a guide; dated figures and investigations go to docs/"
+    );
+    assert_eq!(
+        text.lines().next(),
+        Some("# Ember"),
+        "README.md must open with its title"
+    );
+    let first = sh_commands(&text);
+    assert_eq!(
+        first.get(..2),
+        Some(
+            &[
+                "cargo run --release -p ember-cli -- serve".to_string(),
+                "cargo test --workspace".to_string()
+            ][..]
+        ),
+        "README.md's first commands must be the main job and the tests"
+    );
+    let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
+    assert!(
+        ci.lines().any(|l| l.trim() == "cargo test --workspace"),
+        ".ci/run must run exactly the README's test command"
+    );
+    // Every page of docs/ is reachable from the README or from a page it links.
+    let mut linked = std::collections::BTreeSet::new();
+    let mut todo = vec![root().join("README.md")];
+    while let Some(p) = todo.pop() {
+        let body = std::fs::read_to_string(&p).unwrap();
+        for part in body.split("](").skip(1) {
+            let target = part.split([')', '#']).next().unwrap_or("");
+            let Some(name) = target.rsplit('/').next() else {
+                continue;
+            };
+            let page = root().join("docs").join(name);
+            if name.ends_with(".md") && page.exists() && linked.insert(name.to_string()) {
+                todo.push(page);
+            }
+        }
+    }
+    for p in guides().iter().skip(1) {
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            linked.contains(&name),
+            "docs/{name} is not linked from the README or its pages"
+        );
+    }
 }
