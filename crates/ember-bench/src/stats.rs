@@ -29,24 +29,6 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Bytes as a short human string (GiB / MiB).
-pub fn human_bytes(b: usize) -> String {
-    let b = b as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
-}
-
-/// Bytes of memory the OS says are available (`MemAvailable`), if it tells.
-pub fn mem_available() -> Option<usize> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,7 +51,5 @@ mod tests {
         assert_eq!(quantile(&v, 0.0), 1.0);
         assert_eq!(quantile(&[7.0], 0.99), 7.0);
         assert!(quantile(&[], 0.5).is_nan());
-        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
-        assert_eq!(human_bytes(5 << 20), "5.0 MiB");
     }
 }

@@ -94,14 +94,6 @@ enum Source {
     Table(usize),
 }
 
-/// Bytes of `/proc/meminfo`'s MemAvailable (None off Linux).
-fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// Bytes of each table's rows.
 fn table_bytes(cfg: &ModelConfig) -> Vec<u64> {
     cfg.tables
@@ -123,7 +115,7 @@ fn place(a: &ModelArgs, cfg: &ModelConfig, bytes: &[u64]) -> Result<Vec<bool>> {
             let budget = match a.memory_budget_gb {
                 Some(gb) => (gb * 1e9) as u64,
                 None => {
-                    let avail = mem_available().unwrap_or(u64::MAX / 2);
+                    let avail = crate::units::mem_available().map_or(u64::MAX / 2, |b| b as u64);
                     ((avail as f64 * 0.7) as u64).saturating_sub((a.cache_mb as u64) << 20)
                 }
             };

@@ -17,6 +17,7 @@ mod report;
 mod serve;
 mod store;
 mod tier_args;
+mod units;
 
 use clap::{Parser, Subcommand};
 

@@ -11,9 +11,9 @@
 use crate::gpu_args::GpuArgs;
 use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
 use crate::tier_args::TierArgs;
+use crate::units::human_bytes;
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use ember_bench::stats::human_bytes;
 use ember_embed::DType;
 use ember_model::criteo::{CriteoBatch, CriteoReader, DENSE, SPARSE};
 use ember_model::eval::{auc, log_loss};

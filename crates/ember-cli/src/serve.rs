@@ -493,7 +493,7 @@ fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String {
     let cache = match stager.is_active() {
         true => format!(
             "row cache {}",
-            ember_bench::stats::human_bytes(stager.cache_usage().1)
+            crate::units::human_bytes(stager.cache_usage().1)
         ),
         false => "no row cache".into(),
     };

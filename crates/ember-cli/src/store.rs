@@ -192,7 +192,7 @@ fn push(a: PushArgs) -> Result<()> {
             rep.version,
             rep.tables,
             rep.rows,
-            ember_bench::stats::human_bytes(rep.bytes),
+            crate::units::human_bytes(rep.bytes),
             rep.blocks,
             if rep.resumed {
                 format!(
@@ -241,7 +241,7 @@ fn ls(a: ClusterArgs) -> Result<()> {
                 v.state.name(),
                 v.tables,
                 v.rows,
-                ember_bench::stats::human_bytes(v.bytes),
+                crate::units::human_bytes(v.bytes),
                 match (served == Some(v.version), promoted.is_some()) {
                     (true, true) => "yes (promoted)",
                     (true, false) => "yes (newest ready)",
@@ -263,7 +263,7 @@ fn verify(a: VersionArgs) -> Result<()> {
             a.model,
             a.version,
             rep.blocks,
-            ember_bench::stats::human_bytes(rep.bytes)
+            crate::units::human_bytes(rep.bytes)
         );
         if !rep.updated.is_empty() {
             println!(

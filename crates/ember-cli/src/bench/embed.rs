@@ -7,9 +7,10 @@
 //! rows and ids). Report: medians, printed as text, and with `--json` as one JSON object on the
 //! last line. `--device cuda` runs every GPU variant instead ([`super::gpu`]).
 
+use crate::units::human_bytes;
 use anyhow::Result;
 use ember_bench::ceiling::Ceiling;
-use ember_bench::stats::{human_bytes, median};
+use ember_bench::stats::median;
 use ember_embed::{EmbeddingCollection, Isa, PoolStats, Prefetch, PrefetchLevel, ValidatedBatch};
 use serde_json::json;
 use std::time::Instant;

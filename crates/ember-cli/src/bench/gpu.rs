@@ -47,8 +47,9 @@ pub fn run(
 
 #[cfg(feature = "cuda")]
 mod cuda {
+    use crate::units::human_bytes;
     use anyhow::{Context, Result, bail};
-    use ember_bench::stats::{human_bytes, median};
+    use ember_bench::stats::median;
     use ember_cuda::{Gpu, GpuEmbeddings, HotPlan, TuneCache, Variant};
     use ember_embed::pool::reference;
     use ember_embed::{EmbeddingCollection, KeyedJagged};

@@ -9,9 +9,10 @@
 //! Report: samples/s, p50/p99 per batch, the stages' shares, as text and with `--json` as JSON.
 
 use super::load::{BatchSizes, Load};
+use crate::units::{human_bytes, mem_available};
 use anyhow::{Result, bail};
 use clap::Args;
-use ember_bench::stats::{human_bytes, median, mem_available, quantile};
+use ember_bench::stats::{median, quantile};
 use ember_embed::{DType, KeyedJagged};
 use ember_model::presets::{Preset, RowsOptions, dense_macs, preset_with, random_batch_pooled};
 use ember_model::{Engine, Model, Predictor, StageTimes};

@@ -2,9 +2,9 @@
 //! flags, the resolved shape, tables filled from a seed, the id batches, and the workload's
 //! fields in their JSON reports.
 
+use crate::units::{human_bytes, mem_available};
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
-use ember_bench::stats::{human_bytes, mem_available};
 use ember_bench::workload::{IdSource, WorkloadSpec, generate, unique_ratio};
 use ember_embed::{
     DType, Dedup, EmbedError, EmbeddingCollection, EmbeddingTable, Isa, KeyedJagged, PagePolicy,

@@ -18,7 +18,7 @@ use ember_plan::task::TaskOptions;
 use ember_plan::{DeviceSpec, Plan, PlanFile, TableSpec};
 use serde_json::json;
 
-use ember_bench::stats::human_bytes;
+use crate::units::human_bytes;
 
 /// Meta's locality statistics, where a checkout beside `../shared` has them.
 const LOCALITY: &str = "../shared/data/tables/dlrm_datasets_2021_locality_stats.txt";

@@ -11,10 +11,11 @@
 //! warm-up then timed runs, checked bit for bit against DRAM; the ceiling loop with as many rows
 //! per batch as the smallest cache missed.
 
+use crate::units::human_bytes;
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
-use ember_bench::stats::{human_bytes, median, quantile};
+use ember_bench::stats::{median, quantile};
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
 use ember_embed::{
     CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Stager, TierOptions, TierStats,

@@ -15,10 +15,11 @@ mod mmap;
 mod pairs;
 mod report;
 
+use crate::units::{human_bytes, mem_available};
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::disk::random_read_rate;
-use ember_bench::stats::{human_bytes, median, mem_available};
+use ember_bench::stats::median;
 use ember_bench::workload::IdSource;
 use ember_embed::storage::io::IoEngine;
 use ember_embed::storage::{BLOCK, RowFile};

@@ -2,7 +2,9 @@
 //! same tables in DRAM, the cold and the memory-budgeted mmap, and the disk's own rate, side by
 //! side, as text and (with `--json`) as one JSON object on the last line.
 
-use ember_bench::stats::{human_bytes, median};
+use ember_bench::stats::median;
+
+use crate::units::human_bytes;
 use ember_embed::Isa;
 use ember_embed::storage::BLOCK;
 use serde_json::{Value, json};
