@@ -5,7 +5,8 @@
 //!   sees the model only through `ember-model` (no `ember-embed` anywhere in `ember-serve`);
 //! - no import cycle between the modules of a crate, nor between the files of a module
 //!   directory (an import that "runs back up" closes a cycle);
-//! - no source file over 600 lines of non-test code without a stated reason;
+//! - no source file over 600 lines of non-test code without a stated reason (`#[cfg(test)]`
+//!   items left out wherever they stand);
 //! - every source path `docs/architecture.md` names exists.
 //!
 //! Test code (`#[cfg(test)]` modules, `tests/`, `benches/`) is not held to the import rules:
@@ -31,12 +32,79 @@ const CRATES: [&str; 7] = [
 /// Files allowed over the size limit, with why.
 const LARGE: [(&str, &str); 0] = [];
 
-/// Lines of non-test code: everything before a top-level `#[cfg(test)]`.
-fn code_of(text: &str) -> &str {
-    match text.find("\n#[cfg(test)]") {
-        Some(i) => &text[..i],
-        None => text,
+/// The non-test code of a file: every item under `#[cfg(test)]` (or `#[cfg(all(test, ...))]`)
+/// removed wherever it stands, a `mod tests;` line or a whole `mod tests { ... }` block (braces
+/// counted outside comments, strings and char literals).
+fn code_of(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        if !(t.starts_with("#[cfg(test)]") || t.starts_with("#[cfg(all(test")) {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        // Further attributes, then the item: up to its `;` or its balanced braces.
+        let mut depth = 0i64;
+        let mut opened = false;
+        for item in lines.by_ref() {
+            let code = code_chars(item);
+            if !opened && code.trim_start().starts_with("#[") && depth == 0 {
+                continue;
+            }
+            for c in code.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if (opened && depth <= 0) || (!opened && code.trim_end().ends_with(';')) {
+                break;
+            }
+        }
     }
+    out
+}
+
+/// A line's code with comments, string contents and char literals blanked (for brace counts).
+fn code_chars(line: &str) -> String {
+    let line = strip_comment(line);
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                while let Some(d) = chars.next() {
+                    match d {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '\'' => {
+                // a char literal ('{', '\\'') or a lifetime ('a): skip a literal only
+                let rest: String = chars.clone().take(3).collect();
+                if rest.starts_with('\\') {
+                    chars.next();
+                    chars.next();
+                    chars.next();
+                } else if rest.chars().nth(1) == Some('\'') {
+                    chars.next();
+                    chars.next();
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// The code of a line, without its comment (`//` at the start or after white space; `://` in
@@ -88,7 +156,12 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
 
 /// The paths (`crate::a::b`, `super::c`) a file's code names, resolved to module paths (as far
 /// as they are modules of the crate), including those inside `use crate::{a::X, b::Y}` groups.
-fn references(code: &str, me: &[String], modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+fn references(
+    code: &str,
+    me: &[String],
+    modules: &BTreeSet<Vec<String>>,
+    reexports: &BTreeMap<Vec<String>, Vec<String>>,
+) -> BTreeSet<Vec<String>> {
     let mut out = BTreeSet::new();
     let idents = |s: &str| -> Vec<String> {
         s.split("::")
@@ -100,11 +173,16 @@ fn references(code: &str, me: &[String], modules: &BTreeSet<Vec<String>>) -> BTr
             .take_while(|p| !p.is_empty())
             .collect()
     };
-    // The longest prefix of `path` that is a module.
+    // The longest prefix of `path` that is a module, or an item a module re-exports (`crate::X`
+    // for `pub use tier::X` in lib.rs names `tier`).
     let resolve = |path: Vec<String>, out: &mut BTreeSet<Vec<String>>| {
         for n in (1..=path.len()).rev() {
             if modules.contains(&path[..n]) {
                 out.insert(path[..n].to_vec());
+                return;
+            }
+            if let Some(target) = reexports.get(&path[..n]) {
+                out.insert(target.clone());
                 return;
             }
         }
@@ -135,6 +213,80 @@ fn references(code: &str, me: &[String], modules: &BTreeSet<Vec<String>>) -> BTr
                 }
                 path.extend(idents(after));
                 resolve(path, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// The items each module re-exports from another of the crate's modules: `pub use a::b::X;`
+/// (or `pub use crate::a::{X, Y as Z};`, `self::`, `super::`) in module `m` maps `m::X` to the
+/// module `a::b` it comes from.
+fn reexports(
+    src: &Path,
+    files: &[PathBuf],
+    modules: &BTreeSet<Vec<String>>,
+) -> BTreeMap<Vec<String>, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for f in files {
+        let me = module_of(src, f);
+        let code = code_of(&std::fs::read_to_string(f).unwrap());
+        let joined: String = code
+            .lines()
+            .map(strip_comment)
+            .collect::<Vec<_>>()
+            .join(" ");
+        for stmt in joined.split(';') {
+            let Some(i) = stmt.find("pub use ") else {
+                continue;
+            };
+            let path = stmt[i + "pub use ".len()..].trim();
+            let (mut base, rest) = if let Some(r) = path.strip_prefix("crate::") {
+                (Vec::new(), r)
+            } else if let Some(r) = path.strip_prefix("self::") {
+                (me.clone(), r)
+            } else if let Some(r) = path.strip_prefix("super::") {
+                (parent_of(&me), r)
+            } else {
+                (me.clone(), path)
+            };
+            let (prefix, items) = match rest.find('{') {
+                Some(b) => (&rest[..b], rest[b + 1..].trim_end().trim_end_matches('}')),
+                None => match rest.rfind("::") {
+                    Some(k) => (&rest[..k + 2], &rest[k + 2..]),
+                    None => continue,
+                },
+            };
+            base.extend(
+                prefix
+                    .split("::")
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(String::from),
+            );
+            for item in items.split(',') {
+                let mut words = item.split_whitespace();
+                let (Some(first), alias) = (words.next(), words.nth(1)) else {
+                    continue;
+                };
+                let mut full = base.clone();
+                full.extend(first.split("::").map(String::from));
+                let name = alias.unwrap_or_else(|| first.rsplit("::").next().unwrap_or(first));
+                if name == "*" || name == "self" {
+                    continue;
+                }
+                // The module it comes from: the longest module prefix of its path.
+                let from = (1..full.len())
+                    .rev()
+                    .map(|n| full[..n].to_vec())
+                    .find(|p| modules.contains(p));
+                if let Some(from) = from
+                    && from != me
+                {
+                    let mut key = me.clone();
+                    key.push(name.to_string());
+                    out.insert(key, from);
+                }
             }
         }
     }
@@ -195,6 +347,7 @@ fn modules_import_without_cycles() {
         let src = root().join("crates").join(krate).join("src");
         let files = rust_files(&src);
         let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(&src, f)).collect();
+        let reexports = reexports(&src, &files, &modules);
         // Per directory module (and the crate root, `[]`): the graph of its child modules.
         let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
         for f in &files {
@@ -203,7 +356,7 @@ fn modules_import_without_cycles() {
                 continue;
             }
             let text = std::fs::read_to_string(f).unwrap();
-            for target in references(code_of(&text), &me, &modules) {
+            for target in references(&code_of(&text), &me, &modules, &reexports) {
                 // The edge is between the two children of the modules' deepest common ancestor.
                 let common = me.iter().zip(&target).take_while(|(a, b)| a == b).count();
                 if common >= me.len() || common >= target.len() {

@@ -121,23 +121,9 @@ impl EmbeddingCollection {
     pub fn into_tables(self) -> Vec<EmbeddingTable> {
         self.tables
     }
-    /// Makes every in-memory table live ([`EmbeddingTable::make_live`]) when `opts` follows the
-    /// update streams of a store this collection reads tables from: a [`crate::Stager`] started
-    /// with `opts` then writes updates into them too. Answers whether it did.
-    pub fn prepare_updates(&mut self, opts: &crate::TierOptions) -> Result<bool> {
-        let from_store = self
-            .tables
-            .iter()
-            .any(|t| t.placement() == crate::Placement::Remote);
-        if !(opts.follow_updates && opts.remote.is_some() && from_store) {
-            return Ok(false);
-        }
-        for t in &mut self.tables {
-            if t.placement() == crate::Placement::Dram {
-                t.make_live()?;
-            }
-        }
-        Ok(true)
+    /// The tables, mutably (for the tier to make them live; the features stay as they are).
+    pub(crate) fn tables_mut(&mut self) -> &mut [EmbeddingTable] {
+        &mut self.tables
     }
     /// The features.
     pub fn features(&self) -> &[Feature] {

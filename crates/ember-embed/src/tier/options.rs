@@ -1,8 +1,11 @@
 //! How the tier runs: the cache budget and policy, how row files are read, and the pinned set.
 
 use crate::cache::CachePolicy;
+use crate::collection::EmbeddingCollection;
+use crate::error::Result;
 use crate::storage::IoMode;
 use crate::storage::remote::RemoteSource;
+use crate::table::Placement;
 use std::sync::Arc;
 
 /// How the tier runs.
@@ -51,5 +54,29 @@ impl Default for TierOptions {
             staging_rows: None,
             follow_updates: true,
         }
+    }
+}
+
+// The tier's own step on a collection: a method of the collection (callers write
+// `coll.prepare_updates(&opts)`), defined here so that the collection does not import the tier
+// (the tier imports the collection).
+impl EmbeddingCollection {
+    /// Makes every in-memory table live ([`EmbeddingTable::make_live`]) when `opts` follows the
+    /// update streams of a store this collection reads tables from: a [`crate::Stager`] started
+    /// with `opts` then writes updates into them too. Answers whether it did.
+    pub fn prepare_updates(&mut self, opts: &TierOptions) -> Result<bool> {
+        let from_store = self
+            .tables()
+            .iter()
+            .any(|t| t.placement() == Placement::Remote);
+        if !(opts.follow_updates && opts.remote.is_some() && from_store) {
+            return Ok(false);
+        }
+        for t in self.tables_mut() {
+            if t.placement() == Placement::Dram {
+                t.make_live()?;
+            }
+        }
+        Ok(true)
     }
 }

@@ -299,7 +299,7 @@ impl Repository {
             std::thread::Builder::new()
                 .name("ember-load".into())
                 .spawn_scoped(s, move || {
-                    lower_priority();
+                    super::lower_priority();
                     loader.load(&dir2, pace)
                 })
                 .map_err(|e| format!("starting the loading thread: {e}"))?
@@ -357,7 +357,7 @@ const FREE_PAUSE: Duration = Duration::from_millis(1);
 fn free_quietly(model: Arc<Model>, wait: Duration) {
     let end = Instant::now() + wait;
     let free = move || {
-        lower_priority();
+        super::lower_priority();
         let mut model = model;
         loop {
             match Arc::try_unwrap(model) {
@@ -400,25 +400,6 @@ fn warm(engine: &mut dyn Engine, n: usize, batches: usize) -> ember_model::Resul
         tracing::warn!("warming a version, a store did not answer in time ({e}); loading on");
     }
     Ok(())
-}
-
-/// Puts the calling thread in the idle scheduling class (it runs when no serving thread wants
-/// the core), or at nice 19 where that is refused. Of the four ways measured with
-/// `bench/swap.sh` (nice 10; idle class; idle class paced at 250 MB/s; nice 5 paced at 250
-/// MB/s), the idle class unpaced spiked least. The idle class alone is not enough: a core it
-/// holds does not take waiting request threads until it sleeps, hence [`Pace::background`]'s
-/// breathing copy (README: the figures).
-pub(super) fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: both calls take the calling thread's id and change only its scheduling; the
-    // parameter struct outlives the call.
-    unsafe {
-        let tid = libc::gettid();
-        let param = libc::sched_param { sched_priority: 0 };
-        if libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) != 0 {
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -404,3 +404,22 @@ fn spawn_watcher(
 /// How long a retired version waits for the requests that run on it before its batcher is
 /// stopped anyway (those still queued then are answered `ShuttingDown`).
 const RETIRE_GRACE: Duration = Duration::from_secs(30);
+
+/// Puts the calling thread in the idle scheduling class (it runs when no serving thread wants
+/// the core), or at nice 19 where that is refused. Of the four ways measured with
+/// `bench/swap.sh` (nice 10; idle class; idle class paced at 250 MB/s; nice 5 paced at 250
+/// MB/s), the idle class unpaced spiked least. The idle class alone is not enough: a core it
+/// holds does not take waiting request threads until it sleeps, hence [`load::Pace::background`]'s
+/// breathing copy (docs/serving.md: the figures).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: both calls take the calling thread's id and change only its scheduling; the
+    // parameter struct outlives the call.
+    unsafe {
+        let tid = libc::gettid();
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+        }
+    }
+}

@@ -77,7 +77,7 @@ impl Repository {
             std::thread::Builder::new()
                 .name("ember-fetch".into())
                 .spawn_scoped(s, || {
-                    super::load::lower_priority();
+                    super::lower_priority();
                     let mut conn = self.store_conn.lock().unwrap_or_else(|e| e.into_inner());
                     let c = conn.as_mut().ok_or("no store connection")?;
                     c.fetch(target, &dir).map_err(|e| {
