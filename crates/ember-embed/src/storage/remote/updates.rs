@@ -16,13 +16,11 @@
 //! position was trimmed away (it fell behind) cannot tell which rows it missed, and drops its
 //! cache of that table ([`Polled::Reset`]).
 
-use super::cluster::Cluster;
 use super::layout::{self, block_prefix};
 use super::manifest::ManifestTable;
-use super::ops::Ops;
-use super::options::ClusterOptions;
 use super::store::{read_manifest, resolve_version, store_err};
 use crate::error::Result;
+use ember_redis::{Cluster, ClusterOptions, Ops};
 use redis::Value;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -334,7 +332,7 @@ impl UpdateReader {
 
     fn run(&mut self, ops: &Ops) -> Result<Vec<Value>> {
         let deadline = Instant::now() + self.cluster.options().timeout;
-        self.cluster.run(ops, true, deadline)
+        Ok(self.cluster.run(ops, true, deadline)?)
     }
 
     /// Whether any update was ever published for table `i` (before this reader opened, or
