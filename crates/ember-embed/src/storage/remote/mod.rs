@@ -14,6 +14,7 @@
 //! | `files.rs` | a version's `config.json` and dense weights, stored beside its tables |
 //! | `served.rs` | [`promote`]; [`read_tables`]: a version's tables read back whole, checked |
 //! | `updates.rs` | [`updates::publish`] and [`updates::UpdateReader`]: streaming row updates |
+//! | `source.rs` | [`open_source`]: the reader as the tier's [`crate::storage::updates::UpdateSource`] |
 //!
 //! `docs/remote-tier.md` is the user's guide: layout and its figures, commands, failure
 //! semantics, sizing and a deployment sketch.
@@ -25,6 +26,7 @@ pub mod layout;
 mod manifest;
 mod push;
 mod served;
+mod source;
 mod store;
 pub mod updates;
 
@@ -39,6 +41,7 @@ pub use layout::VersionState;
 pub use manifest::{Manifest, ManifestTable, ModelFiles};
 pub use push::{PushOptions, PushReport, RowSource, push};
 pub use served::{promote, read_tables};
+pub use source::open_source;
 pub use store::{
     RedisStore, RemoteSource, RemoteTableSpec, read_manifest, resolve_version, served_version,
     versions,
