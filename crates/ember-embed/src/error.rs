@@ -1,6 +1,7 @@
 //! The one error type of `ember-embed`. Variants carry the numbers that explain them, so that a
 //! message names the feature, the sample and the bad value without the caller adding context.
 
+use ember_redis::RedisError;
 use thiserror::Error;
 
 /// Everything that can go wrong when building tables and batches or running a pooled lookup.
@@ -207,3 +208,22 @@ pub enum EmbedError {
 
 /// Result alias of this crate.
 pub type Result<T, E = EmbedError> = std::result::Result<T, E>;
+
+/// A cluster's errors as the tier reports them: unavailable (503, its `kind` the metrics' label)
+/// or a bad `redis://` URL.
+impl From<RedisError> for EmbedError {
+    fn from(e: RedisError) -> Self {
+        match e {
+            RedisError::Unavailable { store, failure } => EmbedError::StoreUnavailable {
+                store,
+                kind: failure.kind.name(),
+                node: failure.node,
+                detail: failure.detail,
+            },
+            RedisError::BadUrl { reason } => EmbedError::BadOption {
+                option: "redis",
+                reason,
+            },
+        }
+    }
+}

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions, ModelFilesData};
-use ember_embed::{DType, Placement};
+use ember_embed::{DType, EmbedError, Placement};
 
 use crate::config::{ModelConfig, RemoteConfig};
 use crate::error::{ModelError, Result};
@@ -202,11 +202,11 @@ impl StoreModel {
     /// Connects to the cluster at `url` (`redis://host:port[,...]`) for model `model`.
     pub fn connect(url: &str, model: &str) -> Result<Self> {
         remote::layout::check_name("model", model)?;
-        let mut o = ClusterOptions::parse(url)?;
+        let mut o = ClusterOptions::parse(url).map_err(EmbedError::from)?;
         o.timeout = Duration::from_secs(5);
         o.connect_timeout = Duration::from_secs(2);
         Ok(StoreModel {
-            cluster: Cluster::connect(o)?,
+            cluster: Cluster::connect(o).map_err(EmbedError::from)?,
             url: url.into(),
             model: model.into(),
             timeout: Duration::from_secs(30),

@@ -13,6 +13,8 @@
 //!
 //!   A third reads rows from a Redis Cluster: [`remote::RedisStore`], for tables placed
 //!   `remote` ([`remote`] has the client, the key layout and `ember store`'s operations).
+//! - [`updates`]: row updates as the tier follows them, whatever carries them: the
+//!   [`updates::UpdateSource`] trait (a Redis Stream per table is one, in [`remote`]).
 //! - [`MappedRows`] (`mmap.rs`): the mapping that `mmap`-placed tables are read through in place
 //!   (the page cache is their only cache, so they need no store).
 //!
@@ -22,6 +24,7 @@
 pub mod io;
 pub mod remote;
 pub mod rowfile;
+pub mod updates;
 
 mod file;
 mod mmap;

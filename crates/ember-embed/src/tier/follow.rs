@@ -1,5 +1,6 @@
-//! Following the update streams of a collection's remote tables
-//! (`crate::storage::remote::updates`): a thread (`ember-updates`) polls the streams every
+//! Following the updates of a collection's tier tables from an
+//! [`UpdateSource`] (a Redis Stream per table: `crate::storage::remote::updates`): a thread
+//! (`ember-updates`) polls the source every
 //! [`POLL_EVERY`] while updates flow (backing off to [`POLL_IDLE`] when they do not) and queues
 //! what it reads; the stager applies the queue between batches, under
 //! its lock, before it looks the next batch's ids up ([`crate::RowCache::update`]: a row no
@@ -15,8 +16,7 @@
 //! server, it is read again whole from the store ([`Reload`]).
 
 use crate::error::Result;
-use crate::storage::remote::RedisStore;
-use crate::storage::remote::updates::{EntryId, Polled, UpdateReader};
+use crate::storage::updates::{EntryId, Polled, UpdateSource};
 use crate::storage::{RowRequest, RowStore};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -142,13 +142,13 @@ const RELOAD_CHUNK: usize = 4096;
 /// Reads whole live tables from the store (the version followed).
 #[derive(Debug)]
 pub(super) struct Reload {
-    store: RedisStore,
+    store: Box<dyn RowStore>,
     /// Per table followed: for a live one, its index in `store`, its rows and row bytes.
     of: Vec<Option<(usize, usize, usize)>>,
 }
 
 impl Reload {
-    pub(super) fn new(store: RedisStore, of: Vec<Option<(usize, usize, usize)>>) -> Self {
+    pub(super) fn new(store: Box<dyn RowStore>, of: Vec<Option<(usize, usize, usize)>>) -> Self {
         Reload { store, of }
     }
 
@@ -189,7 +189,12 @@ impl Reload {
 }
 
 /// The `ember-updates` thread: polls until told to stop (see the module documentation).
-fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String], mut reload: Option<Reload>) {
+fn poll_loop(
+    mut reader: Box<dyn UpdateSource>,
+    f: &Feed,
+    names: &[String],
+    mut reload: Option<Reload>,
+) {
     let mut failing = false;
     let mut wait = POLL_EVERY;
     // Live tables to read again whole (their stream was trimmed past this server).
@@ -250,7 +255,7 @@ fn poll_loop(mut reader: UpdateReader, f: &Feed, names: &[String], mut reload: O
             continue;
         }
         wait = POLL_EVERY;
-        let full = polled.len() >= reader.count;
+        let full = polled.len() >= reader.batch();
         if let Some(r) = &reload {
             stale.extend(polled.iter().filter_map(|p| match *p {
                 Polled::Reset { table, now_at } if r.holds(table) => Some((table, now_at)),
@@ -268,13 +273,13 @@ impl Follower {
     /// Starts following with `reader`, whose tables go to `targets`; `reload` reads the live
     /// ones again when their stream is trimmed past this server.
     pub(super) fn start(
-        reader: UpdateReader,
+        reader: Box<dyn UpdateSource>,
         names: Vec<String>,
         targets: Vec<Target>,
         reload: Option<Reload>,
     ) -> std::io::Result<Self> {
         let feed = Arc::new(Feed {
-            model: reader.source().0.to_string(),
+            model: reader.name().to_string(),
             ..Feed::default()
         });
         *lock(&feed.positions) = reader.positions();

@@ -10,7 +10,7 @@ use crate::cache::{RowCache, Updated};
 use crate::collection::EmbeddingCollection;
 use crate::dedup::DedupScratch;
 use crate::error::Result;
-use crate::storage::remote::updates::Polled;
+use crate::storage::updates::Polled;
 use crate::storage::{RowRequest, RowStore};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;

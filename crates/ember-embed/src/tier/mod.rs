@@ -22,8 +22,8 @@
 //! | `stager.rs` | [`Stager`]: stores, fetching misses, landing rows, pinning |
 //! | `lookup.rs` | one tier table's part of a batch: releases, lookups that dedup, holds |
 //! | `seen.rs` | the distinct stable rows of a feature, noted without a branch |
-//! | `follow.rs` | following the remote tables' update streams, applied between batches |
-//! | `live.rs` | what a model served from the store follows, in-memory tables included |
+//! | `follow.rs` | following an update source (`crate::storage::updates`), applied between batches |
+//! | `live.rs` | what a model served from a store follows, in-memory tables included |
 //! | `pipeline.rs` | [`run_ahead`] and [`pipeline`]: prefetch of the next batch |
 
 mod follow;

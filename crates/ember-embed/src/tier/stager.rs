@@ -10,7 +10,7 @@
 
 use super::follow::{Follower, UpdateStats};
 use super::inner::{Inner, TableScratch, TierTable, staging_slots};
-use super::live::follow;
+use super::live::{follow, live_tables};
 use super::lookup::{PARALLEL_MIN_IDS, TableStaged, copy_stable, stage_table};
 use super::options::TierOptions;
 use super::pinning::hottest;
@@ -20,7 +20,8 @@ use crate::cache::{CachePolicy, RowCache};
 use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
-use crate::storage::remote::{RedisStore, RemoteTableSpec, WithLocalCopy};
+use crate::storage::remote::{self, RedisStore, RemoteTableSpec, WithLocalCopy};
+use crate::storage::updates::FollowedTable;
 use crate::storage::{RowStore, open_row_files};
 use crate::table::Placement;
 use std::sync::atomic::AtomicBool;
@@ -145,15 +146,18 @@ impl Stager {
             // Before any row is read (the pinned set below): no update published from here on
             // is missed.
             if opts.follow_updates {
-                let row_bytes = |d: usize| shapes[d].3;
-                follower = Some(follow(
-                    coll,
-                    src,
-                    store.version(),
-                    &remote,
-                    &remote_tier,
-                    row_bytes,
-                )?);
+                let followed = remote
+                    .iter()
+                    .zip(&remote_tier)
+                    .map(|(t, &d)| FollowedTable {
+                        name: t.name.clone(),
+                        rows: t.rows,
+                        row_bytes: shapes[d].3,
+                    })
+                    .collect();
+                let (in_coll, live) = live_tables(coll);
+                let opened = remote::open_source(src, store.version(), followed, &live)?;
+                follower = Some(follow(coll, opened, &remote_tier, &in_coll)?);
             }
             match copies.len() {
                 0 => stores.push(store),

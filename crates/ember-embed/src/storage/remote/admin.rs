@@ -2,16 +2,12 @@
 //! `UNLINK`, never `KEYS` or a big `DEL`). [`super::push`] writes them. The key layout is in
 //! [`super::layout`].
 
-use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::Manifest;
-use super::ops::Ops;
-use super::resp::Reply;
-use super::store::{
-    call, read_manifest, served_version, set_state, store_err, updated_set, versions,
-};
+use super::store::{read_manifest, served_version, set_state, store_err, updated_set, versions};
 use super::updates::{updated_key, updates_key};
 use crate::error::Result;
+use ember_redis::{Cluster, Ops, Reply, call};
 use redis::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -19,7 +19,8 @@
 //! failed read landed nothing and all of it is read again from the copy.
 
 use crate::error::{EmbedError, Result};
-use crate::storage::{ReadStats, RowRequest, RowStore, remote::NodeStats};
+use crate::storage::{ReadStats, RowRequest, RowStore};
+use ember_redis::NodeStats;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 

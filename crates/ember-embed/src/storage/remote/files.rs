@@ -2,11 +2,11 @@
 //! tables), stored beside its tables by `ember store push` so that a server can build the
 //! version from the store alone; their sizes and CRC-32s are in the manifest's `files`.
 
-use super::cluster::Cluster;
 use super::layout;
 use super::manifest::{Manifest, ModelFiles};
-use super::store::{call, store_err};
+use super::store::store_err;
 use crate::error::Result;
+use ember_redis::{Cluster, call};
 use redis::Value;
 
 /// A version's `config.json` and dense weights (a safetensors file of every tensor but the

@@ -12,16 +12,13 @@
 //! blocks in `done` are skipped) if its tables are the same, and is refused otherwise.
 
 use super::admin::check_blocks;
-use super::cluster::Cluster;
 use super::files::{ModelFilesData, read_files, write_files};
 use super::layout::{self, VersionState, block_prefix, check_name};
 use super::manifest::{FORMAT, FORMAT_VERSION, Manifest, ManifestTable};
-use super::ops::Ops;
-use super::store::{
-    call, hash_entries, read_manifest, set_state, store_err, versions, write_manifest,
-};
+use super::store::{read_manifest, set_state, store_err, versions, write_manifest};
 use crate::dtype::DType;
 use crate::error::Result;
+use ember_redis::{Cluster, Ops, call, hash_entries};
 use redis::Value;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -6,12 +6,12 @@
 //!   tables a server holds in memory.
 
 use super::admin::{check_blocks, updated_blocks};
-use super::cluster::Cluster;
 use super::files::read_files;
 use super::layout;
 use super::manifest::Manifest;
-use super::store::{call, read_manifest, resolve_version, served_version, store_err};
+use super::store::{read_manifest, resolve_version, served_version, store_err};
 use crate::error::Result;
+use ember_redis::{Cluster, call};
 use std::time::Duration;
 
 /// Makes `version` the one `model`'s servers serve: it must be ready and hold its config and

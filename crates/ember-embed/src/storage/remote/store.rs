@@ -2,16 +2,14 @@
 //! `GETRANGE` each, sent as one pipeline per node (all nodes in parallel, [`Cluster::run`]);
 //! every reply is checked for its length before any row lands.
 
-use super::cluster::Cluster;
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
-use super::ops::{self, Ops};
-use super::options::ClusterOptions;
-use super::resp::{Replies, Reply};
-use super::slot::key_slot;
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
+use ember_redis::ops::{self, Ops};
+use ember_redis::slot::key_slot;
+use ember_redis::{Cluster, ClusterOptions, Replies, Reply, call, hash_entries};
 use redis::Value;
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -155,7 +153,7 @@ impl RedisStore {
     pub fn updated_blocks(&mut self) -> Result<Vec<(usize, BTreeSet<usize>)>> {
         let timeout = self.cluster.options().timeout;
         self.cluster
-            .set_timeout(timeout.max(super::options::SETUP_TIMEOUT));
+            .set_timeout(timeout.max(ember_redis::SETUP_TIMEOUT));
         let out = self
             .tables
             .iter()
@@ -187,7 +185,8 @@ impl RedisStore {
             ops.getrange_with_head(head, slot, 0, 0);
         }
         let deadline = Instant::now() + self.cluster.options().timeout;
-        self.cluster.run(&ops, true, deadline).map(|_| ())
+        self.cluster.run(&ops, true, deadline)?;
+        Ok(())
     }
 }
 
@@ -212,7 +211,7 @@ impl RowStore for RedisStore {
         true
     }
 
-    fn node_stats(&self) -> Vec<super::NodeStats> {
+    fn node_stats(&self) -> Vec<ember_redis::NodeStats> {
         self.cluster.node_stats()
     }
 
@@ -306,76 +305,6 @@ impl RedisStore {
             row: r.row,
             reason,
         }
-    }
-}
-
-/// One command's reply (`read`: it may go to a replica).
-pub(crate) fn call(
-    cluster: &mut Cluster,
-    key: &str,
-    cmd: &redis::Cmd,
-    read: bool,
-) -> Result<Value> {
-    let mut ops = Ops::default();
-    ops.push(key.as_bytes(), cmd);
-    let deadline = Instant::now() + cluster.options().timeout;
-    let mut v = cluster.run(&ops, read, deadline)?;
-    let v = v.pop().expect("one reply");
-    if let Value::ServerError(e) = &v {
-        return Err(EmbedError::StoreUnavailable {
-            store: cluster.name().into(),
-            kind: "server",
-            node: String::new(),
-            detail: format!("{key}: {e}"),
-        });
-    }
-    Ok(v)
-}
-
-/// Every field and value of a small hash, with `HSCAN` (bounded steps, never `HGETALL`).
-pub(crate) fn hash_entries(cluster: &mut Cluster, key: &str) -> Result<Vec<(String, String)>> {
-    let mut out = Vec::new();
-    let mut cursor = "0".to_string();
-    loop {
-        let v = call(
-            cluster,
-            key,
-            redis::cmd("HSCAN")
-                .arg(key)
-                .arg(&cursor)
-                .arg("COUNT")
-                .arg(1000),
-            false,
-        )?;
-        let Value::Array(parts) = v else {
-            return Err(bad_reply(cluster, key, "HSCAN"));
-        };
-        let (Some(Value::BulkString(next)), Some(Value::Array(items))) =
-            (parts.first(), parts.get(1))
-        else {
-            return Err(bad_reply(cluster, key, "HSCAN"));
-        };
-        for pair in items.chunks(2) {
-            if let [Value::BulkString(f), Value::BulkString(v)] = pair {
-                out.push((
-                    String::from_utf8_lossy(f).into_owned(),
-                    String::from_utf8_lossy(v).into_owned(),
-                ));
-            }
-        }
-        cursor = String::from_utf8_lossy(next).into_owned();
-        if cursor == "0" {
-            return Ok(out);
-        }
-    }
-}
-
-pub(crate) fn bad_reply(cluster: &Cluster, key: &str, cmd: &str) -> EmbedError {
-    EmbedError::StoreUnavailable {
-        store: cluster.name().into(),
-        kind: "server",
-        node: String::new(),
-        detail: format!("{cmd} {key}: unexpected reply"),
     }
 }
 

@@ -16,13 +16,12 @@
 //! position was trimmed away (it fell behind) cannot tell which rows it missed, and drops its
 //! cache of that table ([`Polled::Reset`]).
 
-use super::cluster::Cluster;
 use super::layout::{self, block_prefix};
 use super::manifest::ManifestTable;
-use super::ops::Ops;
-use super::options::ClusterOptions;
 use super::store::{read_manifest, resolve_version, store_err};
 use crate::error::Result;
+pub use crate::storage::updates::{EntryId, FollowedTable, Polled};
+use ember_redis::{Cluster, ClusterOptions, Ops};
 use redis::Value;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -207,33 +206,6 @@ impl Publisher {
     }
 }
 
-/// A stream entry's id, ordered as the stream orders them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct EntryId(pub u64, pub u64);
-
-impl EntryId {
-    /// Parses `<ms>-<seq>`.
-    pub fn parse(s: &[u8]) -> Option<EntryId> {
-        let s = std::str::from_utf8(s).ok()?;
-        let (a, b) = s.split_once('-')?;
-        Some(EntryId(a.parse().ok()?, b.parse().ok()?))
-    }
-}
-
-impl std::fmt::Display for EntryId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}-{}", self.0, self.1)
-    }
-}
-
-/// A table a reader follows: its index in the caller's list, name and shape.
-#[derive(Debug, Clone)]
-pub struct FollowedTable {
-    pub name: String,
-    pub rows: usize,
-    pub row_bytes: usize,
-}
-
 #[derive(Debug)]
 struct Followed {
     table: FollowedTable,
@@ -244,28 +216,6 @@ struct Followed {
     seen: u64,
     /// Whether the stream exists (it is created by the first update published).
     exists: bool,
-}
-
-/// What [`UpdateReader::poll`] found, per table (its index in the tables followed).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Polled {
-    /// New rows: ids, and the rows in the table's encoding; published at `published_ms`.
-    Rows {
-        table: usize,
-        entry: EntryId,
-        ids: Vec<u64>,
-        rows: Vec<u8>,
-        published_ms: u64,
-    },
-    /// The stream was trimmed past this reader's position: updates were lost to it, and the
-    /// reader goes on from the stream's newest entry (`now_at`).
-    Reset { table: usize, now_at: EntryId },
-    /// An entry that is not a well-formed update of this table (skipped; `reason` says why).
-    Bad {
-        table: usize,
-        entry: EntryId,
-        reason: String,
-    },
 }
 
 /// Follows the update streams of a version's tables (see the module documentation): from the
@@ -334,7 +284,7 @@ impl UpdateReader {
 
     fn run(&mut self, ops: &Ops) -> Result<Vec<Value>> {
         let deadline = Instant::now() + self.cluster.options().timeout;
-        self.cluster.run(ops, true, deadline)
+        Ok(self.cluster.run(ops, true, deadline)?)
     }
 
     /// Whether any update was ever published for table `i` (before this reader opened, or
@@ -427,6 +377,11 @@ impl UpdateReader {
             self.tables[i].exists = matches!(v, Value::Int(1));
         }
         Ok(())
+    }
+
+    /// The names of the tables followed, in order.
+    pub fn tables(&self) -> Vec<String> {
+        self.tables.iter().map(|t| t.table.name.clone()).collect()
     }
 
     /// The model and version followed.

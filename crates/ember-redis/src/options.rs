@@ -1,7 +1,7 @@
 //! How to reach a cluster and how long to wait ([`ClusterOptions`], parsed from a
-//! `redis://` URL), and how a call fails ([`FailKind`], [`Failure`]).
+//! `redis://` URL).
 
-use crate::error::{EmbedError, Result};
+use crate::error::{RedisError, Result};
 use std::fmt;
 use std::time::Duration;
 
@@ -55,10 +55,7 @@ impl ClusterOptions {
 
     /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out).
     pub fn parse(url: &str) -> Result<Self> {
-        let bad = |reason: String| EmbedError::BadOption {
-            option: "redis",
-            reason,
-        };
+        let bad = |reason: String| RedisError::BadUrl { reason };
         let rest = url.strip_prefix("redis://").unwrap_or(url);
         if rest.starts_with("rediss://") || url.starts_with("rediss://") {
             return Err(bad("TLS (rediss://) is not supported yet".into()));
@@ -118,63 +115,6 @@ impl Default for ClusterOptions {
             retries: 2,
             read_from_replicas: false,
             down_for: Duration::from_millis(500),
-        }
-    }
-}
-
-/// Why a call failed, for messages and the `kind` label of error metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailKind {
-    /// No connection (refused, reset, unreachable).
-    Connect,
-    /// No answer within the time given.
-    Timeout,
-    /// The cluster is failing over or resharding (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, ...)
-    /// past the retries.
-    Redirect,
-    /// The node answered an error that retrying will not fix.
-    Server,
-    /// A slot no node serves.
-    Uncovered,
-}
-
-impl FailKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            FailKind::Connect => "connect",
-            FailKind::Timeout => "timeout",
-            FailKind::Redirect => "redirect",
-            FailKind::Server => "server",
-            FailKind::Uncovered => "uncovered",
-        }
-    }
-}
-
-/// A failed call: what, where, and the node's or the socket's words.
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub kind: FailKind,
-    /// `host:port`, or empty where no node is involved.
-    pub node: String,
-    pub detail: String,
-}
-
-impl Failure {
-    pub(super) fn new(kind: FailKind, node: &str, detail: impl Into<String>) -> Self {
-        Failure {
-            kind,
-            node: node.into(),
-            detail: detail.into(),
-        }
-    }
-
-    /// The error of this failure, naming the store.
-    pub fn into_error(self, store: &str) -> EmbedError {
-        EmbedError::StoreUnavailable {
-            store: store.into(),
-            kind: self.kind.name(),
-            node: self.node,
-            detail: self.detail,
         }
     }
 }

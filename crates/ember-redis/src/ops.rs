@@ -2,7 +2,7 @@
 //! its key. `GETRANGE` and `SET` are packed by hand (the hot paths); anything else through the
 //! `redis` crate's `Cmd`.
 
-use super::slot::key_slot;
+use crate::slot::key_slot;
 
 /// Commands for [`Cluster::run`]: packed (RESP) commands back to back in one buffer, each with the
 /// slot of its key.
@@ -92,12 +92,13 @@ fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-pub(super) fn itoa_buf() -> [u8; 20] {
+/// A buffer for [`fmt_usize`].
+pub fn itoa_buf() -> [u8; 20] {
     [0; 20]
 }
 
 /// `v` in decimal, written at the end of `buf`.
-pub(super) fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
+pub fn fmt_usize(buf: &mut [u8; 20], mut v: usize) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;

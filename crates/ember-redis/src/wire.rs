@@ -1,8 +1,8 @@
 //! One node's state (its connection, whether it is avoided) and counters, and the ranges of a
 //! `CLUSTER SLOTS` answer.
 
-use super::resp::Conn;
-use super::slot::SLOTS;
+use crate::resp::Conn;
+use crate::slot::SLOTS;
 use redis::Value;
 use std::collections::HashMap;
 use std::fmt;
@@ -17,7 +17,7 @@ pub struct NodeStats {
     pub bytes: u64,
     /// Round trips (one pipeline each).
     pub round_trips: u64,
-    /// Failures by kind (see [`super::FailKind::name`]).
+    /// Failures by kind (see [`crate::FailKind::name`]).
     pub errors: HashMap<&'static str, u64>,
 }
 

@@ -5,9 +5,9 @@
 //! primaries serve.)
 
 use super::{Cluster, Outcome};
-use crate::storage::remote::ops::Ops;
-use crate::storage::remote::options::Failure;
-use crate::storage::remote::resp::Reply;
+use crate::error::Failure;
+use crate::ops::Ops;
+use crate::resp::Reply;
 use redis::Value;
 use std::time::Instant;
 

@@ -12,14 +12,14 @@
 //! Server errors are parsed by the `redis` crate (so [`Value::ServerError`] keeps its kind);
 //! everything else is [`Value`] as the crate would give it (`+OK` is [`Value::Okay`]).
 
-use super::options::FailKind;
+use crate::error::FailKind;
 use redis::Value;
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// A socket failure: its kind and words.
-pub(super) type WireError = (FailKind, String);
+pub type WireError = (FailKind, String);
 
 /// Bytes asked of the socket per read (more when a reply is larger).
 const READ_CHUNK: usize = 256 << 10;

@@ -22,12 +22,12 @@
 //! Rows of a `ready` version never change, so a replica's copy is as good as its primary's: a
 //! read that fails on a primary is retried on a replica at once, without waiting for failover.
 
-use super::ops::Ops;
-use super::options::{ClusterOptions, FailKind, Failure};
-use super::resp::{Conn, Replies, Reply};
-use super::slot::{SLOTS, key_slot};
-use super::wire::{Node, NodeStats, slot_ranges};
-use crate::error::Result;
+use crate::error::{FailKind, Failure, Result};
+use crate::ops::Ops;
+use crate::options::ClusterOptions;
+use crate::resp::{Conn, Replies, Reply};
+use crate::slot::{SLOTS, key_slot};
+use crate::wire::{Node, NodeStats, slot_ranges};
 use redis::Value;
 use std::time::{Duration, Instant};
 
