@@ -7,7 +7,10 @@
 //!   directory (an import that "runs back up" closes a cycle);
 //! - no source file over 600 lines of non-test code without a stated reason (`#[cfg(test)]`
 //!   items left out wherever they stand);
-//! - every source path `docs/architecture.md` names exists.
+//! - every source path `docs/architecture.md` names exists;
+//! - every dependency a crate's `Cargo.toml` lists is named in its sources (or excused with
+//!   its reason in `NEEDED_WITHOUT_A_PATH`): no external tool (cargo-machete / cargo-udeps are
+//!   not on CI's machines).
 //!
 //! Test code (`#[cfg(test)]` modules, `tests/`, `benches/`) is not held to the import rules:
 //! tests may reach anywhere.
@@ -29,6 +32,13 @@ const CRATES: [&str; 8] = [
     "ember-bench",
     "ember-cli",
 ];
+
+/// (crate, dependency, why it has no path in the sources)
+const NEEDED_WITHOUT_A_PATH: &[(&str, &str, &str)] = &[(
+    "ember-serve",
+    "tonic-prost",
+    "the gRPC code build.rs generates into OUT_DIR names tonic_prost::ProstCodec",
+)];
 
 /// Files allowed over the size limit, with why.
 const LARGE: [(&str, &str); 0] = [];
@@ -489,4 +499,90 @@ fn the_architecture_document_names_files_that_exist() {
         named >= 20,
         "docs/architecture.md names only {named} source paths"
     );
+}
+
+/// The dependency names of one manifest's dependency tables (keys, as written).
+fn dependencies(manifest: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_deps = matches!(
+                t,
+                "[dependencies]" | "[dev-dependencies]" | "[build-dependencies]"
+            ) || t.starts_with("[target.") && t.ends_with("dependencies]");
+            continue;
+        }
+        if !in_deps || t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if let Some((k, _)) = t.split_once('=') {
+            // `name.workspace = true` and `name = {...}` alike
+            let key = k.trim().split('.').next().unwrap_or("");
+            out.push(key.trim_matches('"').to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_listed_dependency_is_used() {
+    // Every crate of the workspace is one the house rules know.
+    for e in std::fs::read_dir(root().join("crates")).unwrap() {
+        let p = e.unwrap().path();
+        let dir = p.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            !p.join("Cargo.toml").exists() || CRATES.contains(&dir.as_str()),
+            "crates/{dir} is not in the architecture test's CRATES"
+        );
+    }
+    let mut unused = Vec::new();
+    for name in CRATES {
+        let c = root().join("crates").join(name);
+        let manifest = std::fs::read_to_string(c.join("Cargo.toml")).unwrap();
+        let mut files = Vec::new();
+        for d in ["src", "tests", "benches", "examples"] {
+            if c.join(d).is_dir() {
+                files.extend(rust_files(&c.join(d)));
+            }
+        }
+        if c.join("build.rs").exists() {
+            files.push(c.join("build.rs"));
+        }
+        let text: String = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        for dep in dependencies(&manifest) {
+            let id = dep.replace('-', "_");
+            let used = [
+                format!("{id}::"),
+                format!("use {id}"),
+                format!("{id}!"),
+                format!("extern crate {id}"),
+            ]
+            .iter()
+            .any(|p| text.contains(p.as_str()));
+            let excused = NEEDED_WITHOUT_A_PATH
+                .iter()
+                .any(|(k, d, _)| *k == name && *d == dep);
+            if !used && !excused {
+                unused.push(format!("{name}: {dep}"));
+            }
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "dependencies listed but never used (remove them, or list them in NEEDED_WITHOUT_A_PATH \
+         with the reason): {unused:?}"
+    );
+}
+
+#[test]
+fn the_manifest_reader_finds_each_table() {
+    let m = "[package]\nname = \"x\"\n[dependencies]\na.workspace = true\nb-c = { version = \"1\" }\n\
+             [dev-dependencies]\nd = \"1\"\n[features]\ne = [\"dep:a\"]\n[build-dependencies]\nf = \"1\"\n";
+    assert_eq!(dependencies(m), ["a", "b-c", "d", "f"]);
 }

@@ -60,9 +60,10 @@ fn random_dcn() -> Arc<Model> {
     Arc::new(Model::random(dcn_config(), 11, 1).unwrap())
 }
 
-/// `n` random samples of `model`: dense values uniform in [0, 4) (Criteo's `ln(x + 1)` range),
-/// 0 to 3 uniform ids in every bag (empty bags included).
-fn batch(model: &Model, n: usize, seed: u64) -> (Vec<f32>, KeyedJagged) {
+/// `n` random samples of `model` as dense values, lengths (feature-major) and ids: dense values
+/// uniform in [0, 4) (Criteo's `ln(x + 1)` range), 0 to 3 uniform ids in every bag (empty bags
+/// included).
+fn draw(model: &Model, n: usize, seed: u64) -> (Vec<f32>, Vec<usize>, Vec<i64>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let inputs = model.inputs();
     let dense = (0..n * inputs.dense_in)
@@ -76,7 +77,14 @@ fn batch(model: &Model, n: usize, seed: u64) -> (Vec<f32>, KeyedJagged) {
             ids.extend((0..l).map(|_| rng.random_range(0..rows as i64)));
         }
     }
-    let kj = KeyedJagged::from_lengths(inputs.features, n, &lengths, Ids::I64(ids), None).unwrap();
+    (dense, lengths, ids)
+}
+
+/// [`draw`]'s samples as a keyed jagged batch.
+fn batch(model: &Model, n: usize, seed: u64) -> (Vec<f32>, KeyedJagged) {
+    let (dense, lengths, ids) = draw(model, n, seed);
+    let kj = KeyedJagged::from_lengths(model.inputs().features, n, &lengths, Ids::I64(ids), None)
+        .unwrap();
     (dense, kj)
 }
 
@@ -394,21 +402,9 @@ fn int8_calibration_on_samples_matches_the_batch_form() {
     let samples: Vec<ember_model::Samples> = (0..3)
         .map(|i| {
             // The same draw as `batch`, as the lengths and ids a request carries.
-            let mut rng = StdRng::seed_from_u64(700 + i);
-            let inputs = a.inputs();
-            let n = 64;
-            let dense: Vec<f32> = (0..n * inputs.dense_in)
-                .map(|_| rng.random_range(0.0f32..4.0))
-                .collect();
-            let (mut lengths, mut ids) = (Vec::new(), Vec::new());
-            for &rows in &inputs.rows {
-                for _ in 0..n {
-                    let l = rng.random_range(0..4usize);
-                    lengths.push(l as u32);
-                    ids.extend((0..l).map(|_| rng.random_range(0..rows as i64)));
-                }
-            }
-            b.check_samples(n, dense, lengths, Ids::I64(ids)).unwrap()
+            let (dense, lengths, ids) = draw(&a, 64, 700 + i);
+            let lengths: Vec<u32> = lengths.into_iter().map(|l| l as u32).collect();
+            b.check_samples(64, dense, lengths, Ids::I64(ids)).unwrap()
         })
         .collect();
     Predictor::calibrate_int8(&a, 1, 3, |i| inputs[i].clone()).unwrap();

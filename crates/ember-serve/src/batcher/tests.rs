@@ -55,6 +55,17 @@ fn direct(model: &Arc<Model>, spec: &ModelSpec, s: &Samples) -> Vec<f32> {
     out
 }
 
+/// Submits each of `reqs` as a request of its own, each on a task (answers in `reqs`' order).
+fn submit_each(b: &Arc<Batcher>, reqs: &[Samples]) -> Vec<tokio::task::JoinHandle<Result<Reply>>> {
+    reqs.iter()
+        .cloned()
+        .map(|s| {
+            let b = b.clone();
+            tokio::spawn(async move { b.submit(s, None).await })
+        })
+        .collect()
+}
+
 /// Submits `n` requests of `samples` samples each (seeds 0..n) and waits until all are queued.
 async fn queue_requests(
     b: &Arc<Batcher>,
@@ -95,14 +106,7 @@ async fn merged_batches_score_like_single_requests() {
     let reqs: Vec<Samples> = (0..40)
         .map(|i| random_samples(&spec, 1 + i % 3, i as u64))
         .collect();
-    let tasks: Vec<_> = reqs
-        .iter()
-        .cloned()
-        .map(|s| {
-            let b = b.clone();
-            tokio::spawn(async move { b.submit(s, None).await })
-        })
-        .collect();
+    let tasks = submit_each(&b, &reqs);
     let mut largest = 0;
     for (t, s) in tasks.into_iter().zip(&reqs) {
         let got = t.await.unwrap().unwrap();
@@ -376,14 +380,7 @@ async fn instances_share_the_batches_and_score_like_single_requests() {
     let reqs: Vec<Samples> = (0..60)
         .map(|i| random_samples(&spec, 1 + i % 5, 100 + i as u64))
         .collect();
-    let tasks: Vec<_> = reqs
-        .iter()
-        .cloned()
-        .map(|s| {
-            let b = b.clone();
-            tokio::spawn(async move { b.submit(s, None).await })
-        })
-        .collect();
+    let tasks = submit_each(&b, &reqs);
     for (t, s) in tasks.into_iter().zip(&reqs) {
         let got = t.await.unwrap().unwrap();
         assert!(got.batch <= 8, "batch of {} over max_batch", got.batch);
