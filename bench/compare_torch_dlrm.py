@@ -52,8 +52,10 @@ torchrec imports); it fails over 1e-4.
 
 With --device cuda both sides run on the GPU and every batch starts on the host: PyTorch copies
 its (pinned) inputs with non_blocking=True, runs the model and synchronizes, per batch;
-Ember runs `bench model --device cuda --gpu-variant V` (its inputs copied on a copy stream while
-the previous batch computes).
+Ember runs `bench model --device cuda --gpu-variant V`: its inputs, page-locked ahead likewise
+(`--gpu-inputs pinned`, its default), are copied on a copy stream while the batch before
+computes, and checked on the device (`--ember-args "--gpu-inputs staged"` has the host check and
+stage each batch instead, as `ember serve` does).
 
 PyTorch is needed: `python3 -m venv ~/.venvs/torch && ~/.venvs/torch/bin/pip install torch numpy safetensors`,
 then run this script with that venv's python.

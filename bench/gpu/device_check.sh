@@ -9,7 +9,10 @@
 #   strip -o .gpu/gpu_props target/release/deps/gpu_props-<hash>     (likewise nvrtc_compile,
 #   and the crate's unit tests as .gpu/ember_cuda_unit); cp <trace> .gpu/
 #
-#   bench/gpu/device_check.sh [--dir .gpu] [--out DIR] [--steps tools,tests,model,ncu,serve,sanitize,bench,full]
+#   bench/gpu/device_check.sh [--dir .gpu] [--out DIR]
+#       [--steps tools,tests,model,dlrmv2,fullsize,mlperf,ncu,serve,sanitize,bench,full]
+#
+# mlperf needs mlcommons-loadgen and tritonclient: carry their wheels in .whl (bench/mlperf/README.md).
 #
 # Logs go to OUT (default $OUT, else bench/gpu/out) as one tarball plus summary.txt.
 set -uo pipefail
@@ -91,11 +94,60 @@ if want model; then
     --batch 2048 --iters 50 --warmup 5
   grep -E "samples/s|batch ms|per batch" "$LOG/model_breakdown.txt" | tee -a "$SUMMARY"
   # RM1 end to end against PyTorch eager, every batch from the host, per variant.
-  for v in baseline prefetch; do
+  for v in ${MODEL_VARIANTS:-prefetch}; do
     step "model_$v" 300 python3 "$ROOT/bench/compare_torch_dlrm.py" --ember "$E" --device cuda \
-      --gpu-variant "$v" --preset rm1 --batch 2048 --iters 100 --warmup 10 --rounds 2
+      --gpu-variant "$v" --preset rm1 --batch 2048 --iters 200 --warmup 20 --rounds 3
     grep -E "per batch|samples/s|ember|pytorch" "$LOG/model_$v.txt" | tail -n 6 | tee -a "$SUMMARY"
   done
+fi
+
+if want dlrmv2; then
+  # MLPerf DLRM-v2 (tables capped at 200,000 rows on both sides) at batch 2048, every batch from
+  # the host: Ember's bf16 and f32 dense layers against PyTorch eager in f32 and bf16 autocast.
+  step dlrmv2 420 python3 "$ROOT/bench/compare_torch_dlrm.py" --ember "$E" --device cuda \
+    --gpu-variant prefetch --preset dlrm-v2 --batch 2048 --iters 100 --warmup 10 --rounds 3 \
+    --ember-dense bf16,f32 --torch-modes fp32,bf16 --json
+  grep -E "ember|pytorch|per batch|medians" "$LOG/dlrmv2.txt" | tail -n 12 | tee -a "$SUMMARY"
+  # bf16's accuracy on the GPU against the CPU's f32 scores (MLPerf's AUC rule).
+  step dlrmv2_accuracy 200 "$E" bench model --device cuda --gpu-variant prefetch --preset dlrm-v2 \
+    --dense-dtype bf16 --batch 2048 --iters 20 --warmup 3 --accuracy 16384
+  grep -E "samples/s|AUC|accuracy|per batch" "$LOG/dlrmv2_accuracy.txt" | tee -a "$SUMMARY"
+fi
+
+if want fullsize; then
+  # Full-size DLRM-v2 (204M rows) with int8 tables in HBM, bf16 dense layers.
+  step fullsize 400 "$E" bench model --device cuda --gpu-variant prefetch --preset dlrm-v2 \
+    --max-rows 0 --dtype int8 --dense-dtype bf16 --batch 2048 --iters 100 --warmup 10 --threads 16
+  grep -E "samples/s|per batch|tables|GB" "$LOG/fullsize.txt" | head -n 8 | tee -a "$SUMMARY"
+fi
+
+if want mlperf; then
+  # `ember serve --device cuda` under MLCommons' LoadGen (bench/mlperf/harness.py): DLRM-v2 with
+  # int8 tables (rows scaled by $MLPERF_ROWS_SCALE, default 0.05; 1.0 is full size) and bf16
+  # dense layers.
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$ROOT"/.whl/*.whl > "$LOG/wheels.txt" 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  M=/tmp/ember-mlperf/int8
+  step mlperf_model 300 "$E" data model --preset dlrm-v2 --rows-scale "${MLPERF_ROWS_SCALE:-0.05}" \
+    --dtype int8 --dense-dtype bf16 --threads "$(nproc)" --out "$M"
+  "$E" serve --model "$M" --name dlrm-v2 --device cuda --gpu-variant prefetch --dense-dtype bf16 \
+    --instances "${MLPERF_INSTANCES:-2}" --max-batch "${MLPERF_MAX_BATCH:-4096}" \
+    --max-queue-delay-ms 0 --http 127.0.0.1:18120 --grpc 127.0.0.1:18121 > "$LOG/mlperf_serve.txt" 2>&1 &
+  SPID=$!
+  for _ in $(seq 180); do curl -sf -o /dev/null 127.0.0.1:18120/v2/health/ready && break; sleep 1; done
+  say "server ready: $(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:18120/v2/health/ready)"; tail -n 5 "$LOG/mlperf_serve.txt" | tee -a "$SUMMARY"
+  [ "${MLPERF_OFFLINE:-1}" = 1 ] && step mlperf_offline 150 python3 "$ROOT/bench/mlperf/harness.py" --grpc 127.0.0.1:18121 \
+    --scenario Offline --duration 30 --max-inflight 32 --metrics-url http://127.0.0.1:18120/metrics \
+    --server-pid "$SPID" --out "$LOG/mlperf_offline"
+  grep -E "samples/s|VALID|INVALID|pairs|Result" "$LOG/mlperf_offline.txt" | head -n 8 | tee -a "$SUMMARY"
+  # The search's upper end: the closed-loop rate with 32 calls in flight, times the headroom.
+  step mlperf_server 330 python3 "$ROOT/bench/mlperf/harness.py" --grpc 127.0.0.1:18121 --find-max \
+    --max-inflight 32 --search-headroom "${MLPERF_HEADROOM:-1.5}" \
+    --search-steps "${MLPERF_STEPS:-4}" --search-duration 10 --duration "${MLPERF_DURATION:-40}" \
+    --metrics-url http://127.0.0.1:18120/metrics --server-pid "$SPID" --out "$LOG/mlperf_server"
+  grep -E "samples/s|VALID|INVALID|p99|pairs|Result|target" "$LOG/mlperf_server.txt" | tail -n 12 | tee -a "$SUMMARY"
+  kill "$SPID"; wait "$SPID" 2>/dev/null
 fi
 
 if want ncu; then

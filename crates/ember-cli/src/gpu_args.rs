@@ -11,6 +11,11 @@ use crate::device::Device;
 #[cfg(feature = "cuda")]
 pub use ember_cuda::GpuPredictor;
 
+/// A batch in page-locked memory; none exists in a build without CUDA.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub enum PinnedBatch {}
+
 /// The GPU predictor's place in a build without CUDA: a type with no values, so that callers
 /// have one code path and [`GpuArgs::predictor`] is what refuses `--device cuda`.
 #[cfg(not(feature = "cuda"))]
@@ -19,16 +24,27 @@ pub enum GpuPredictor {}
 
 #[cfg(not(feature = "cuda"))]
 impl GpuPredictor {
-    pub fn predict(
-        &mut self,
-        _: &[f32],
-        _: &ember_embed::KeyedJagged,
-        _: &mut [f32],
-    ) -> anyhow::Result<ember_model::StageTimes> {
+    pub fn submit(&mut self, _: &[f32], _: &ember_embed::KeyedJagged) -> anyhow::Result<()> {
         match *self {}
     }
 
-    pub fn submit_batch(&mut self, _: &ember_model::Batch<'_>) -> anyhow::Result<()> {
+    pub fn capacity(&self) -> usize {
+        match *self {}
+    }
+
+    pub fn set_capacity(&mut self, _: usize) -> anyhow::Result<()> {
+        match *self {}
+    }
+
+    pub fn sibling(&self) -> anyhow::Result<GpuPredictor> {
+        match *self {}
+    }
+
+    pub fn pin(&self, _: &[f32], _: &ember_embed::KeyedJagged) -> anyhow::Result<PinnedBatch> {
+        match *self {}
+    }
+
+    pub fn submit_pinned(&mut self, _: &PinnedBatch) -> anyhow::Result<()> {
         match *self {}
     }
 
@@ -88,13 +104,32 @@ impl GpuArgs {
         self.device == Device::Cuda
     }
 
-    /// A GPU predictor of `model`, tuned (choices cached on disk) on a synthetic batch of
-    /// `tune_batch` samples with `tune_pooling` ids per bag. `profile` (else `--gpu-profile`)
-    /// gives the hot rows of the pinning variants.
+    /// `serve`'s engines on the GPU: `instances` predictors of `model` in its dense precision,
+    /// sharing one copy of it on the device, tuned at start-up on a batch of `max_batch` samples
+    /// of 20-id bags (choices cached on disk).
+    pub fn engines(
+        &self,
+        model: &Arc<Model>,
+        instances: usize,
+        max_batch: usize,
+    ) -> anyhow::Result<Vec<Box<dyn ember_model::Engine>>> {
+        let first = self.predictor(model.clone(), model.dense_dtype(), max_batch, 20, None)?;
+        let mut v: Vec<Box<dyn ember_model::Engine>> = Vec::with_capacity(instances);
+        for _ in 1..instances {
+            v.push(Box::new(first.sibling()?));
+        }
+        v.push(Box::new(first));
+        Ok(v)
+    }
+
+    /// A GPU predictor of `model`, its dense layers in `dense` (f32 or bf16), tuned (choices
+    /// cached on disk) on a synthetic batch of `tune_batch` samples with `tune_pooling` ids per
+    /// bag. `profile` (else `--gpu-profile`) gives the hot rows of the pinning variants.
     #[cfg(not(feature = "cuda"))]
     pub fn predictor(
         &self,
         _model: Arc<Model>,
+        _dense: ember_model::DenseDType,
         _tune_batch: usize,
         _tune_pooling: usize,
         _profile: Option<&[&ember_embed::KeyedJagged]>,
@@ -102,12 +137,14 @@ impl GpuArgs {
         Err(crate::device::no_cuda())
     }
 
-    /// A GPU predictor of `model`, tuned (choices cached on disk) on a synthetic batch of
-    /// `tune_batch` samples with `tune_pooling` ids per bag.
+    /// A GPU predictor of `model`, its dense layers in `dense` (f32 or bf16), tuned (choices
+    /// cached on disk) on a synthetic batch of `tune_batch` samples with `tune_pooling` ids per
+    /// bag.
     #[cfg(feature = "cuda")]
     pub fn predictor(
         &self,
         model: Arc<Model>,
+        dense: ember_model::DenseDType,
         tune_batch: usize,
         tune_pooling: usize,
         profile: Option<&[&ember_embed::KeyedJagged]>,
@@ -141,7 +178,12 @@ impl GpuArgs {
                 "--gpu-variant {variant} pins hot rows in L2 and needs a profile: --gpu-profile FILE"
             ),
         };
-        let gm = Arc::new(GpuModel::upload(&gpu, model.clone(), plan.as_ref())?);
+        let gm = Arc::new(GpuModel::upload_dense(
+            &gpu,
+            model.clone(),
+            plan.as_ref(),
+            dense,
+        )?);
         let mut gp = GpuPredictor::new(gm, variant)?;
         let mut cache = match self.tune_cache.clone().or_else(TuneCache::default_path) {
             Some(p) => TuneCache::load(&p)?,

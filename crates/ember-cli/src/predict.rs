@@ -160,7 +160,10 @@ fn set_up(
             if model.stager().is_active() {
                 bail!("--device cuda needs every table in memory (no --placement ssd)");
             }
-            Box::new(a.gpu.predictor(model.clone(), a.batch, 1, None)?)
+            Box::new(
+                a.gpu
+                    .predictor(model.clone(), model.dense_dtype(), a.batch, 1, None)?,
+            )
         }
         false => Box::new(a.plan.predictor(model.clone(), a.threads)?),
     };

@@ -69,7 +69,9 @@ pub struct ServeArgs {
     /// Model instances (Triton's instance_group count): batches that run at once, each on a
     /// predictor of its own with --threads threads. On a CPU, N instances of 1 thread give
     /// more throughput than 1 instance of N threads when batches are large and many (MLPerf's
-    /// Offline); 1 instance of N threads gives a lone batch the lowest latency. CPU only.
+    /// Offline); 1 instance of N threads gives a lone batch the lowest latency. With --device
+    /// cuda, N predictors share the GPU's one copy of the model: one batch's host work (check,
+    /// staging) runs beside another's copy and compute.
     #[arg(long, default_value_t = 1)]
     instances: usize,
     /// Threads serving connections and decoding requests [default: one per core].
@@ -278,10 +280,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if a.threads == 0 || a.instances == 0 || io_threads == 0 || a.max_batch == 0 || a.queue == 0 {
         bail!("--threads, --instances, --io-threads, --max-batch and --queue must be at least 1");
     }
-    if a.instances > 1 && (a.gpu.is_cuda() || a.plan.plan.is_some()) {
+    if a.instances > 1 && a.plan.plan.is_some() {
         bail!(
-            "--instances runs CPU predictors side by side; with --device cuda or --plan the \
-             model runs on its devices (leave --instances at 1)"
+            "--instances runs predictors side by side; with --plan the model runs on the \
+             plan's devices (leave --instances at 1)"
         );
     }
     if a.model_repository.is_none()
@@ -356,8 +358,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         crate::dense::check_accuracy(&model, &cfg.model_name, a.threads);
     }
     let engines: Vec<Box<dyn Engine>> = if a.gpu.is_cuda() {
-        // Tuned at start-up on a full batch of 20-id bags (choices cached on disk).
-        vec![Box::new(a.gpu.predictor(model, a.max_batch, 20, None)?)]
+        a.gpu.engines(&model, a.instances, a.max_batch)?
     } else {
         let mut v: Vec<Box<dyn Engine>> = Vec::with_capacity(a.instances);
         for _ in 0..a.instances {

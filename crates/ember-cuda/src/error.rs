@@ -31,6 +31,12 @@ pub enum CudaError {
         what: &'static str,
         source: cudarc::cublas::result::CublasError,
     },
+    /// A cuBLASLt call failed (the bf16 dense layers).
+    #[error("cuBLASLt {what}: {source:?}")]
+    BlasLt {
+        what: &'static str,
+        source: cudarc::cublaslt::result::CublasError,
+    },
     /// The input (batch, tables, options) does not fit what was asked.
     #[error("{0}")]
     Input(String),

@@ -27,6 +27,6 @@ pub use device::{Gpu, GpuInfo, cuda_available};
 pub use embed::{EmbedRun, GpuEmbeddings, KernelStats, Variant};
 pub use error::{CudaError, Result};
 pub use hot::HotPlan;
-pub use model::{GpuModel, GpuPredictor};
+pub use model::{GpuModel, GpuPredictor, PinnedBatch, SLOTS};
 pub use nvrtc::{compile_cubin, nvrtc_available, nvrtc_version};
 pub use tune::{TuneCache, TuneChoice};

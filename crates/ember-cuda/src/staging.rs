@@ -13,34 +13,64 @@ use rayon::prelude::*;
 
 use crate::error::{DriverCtx, Result};
 
-/// A page-locked host buffer that grows as batches need (to a power of two).
+/// A page-locked host buffer that grows as batches need (to a power of two). By default it is
+/// write-combined: fast for the host to write and the copy engine to read, slow for the host to
+/// read; [`Pinned::readable`] is cached, for what the device writes back.
 #[derive(Debug)]
-pub(crate) struct Pinned<T>(Option<PinnedHostSlice<T>>);
+pub(crate) struct Pinned<T> {
+    buf: Option<PinnedHostSlice<T>>,
+    flags: u32,
+}
 
 impl<T> Default for Pinned<T> {
     fn default() -> Self {
-        Pinned(None)
+        Pinned {
+            buf: None,
+            flags: cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED,
+        }
+    }
+}
+
+impl<T> Pinned<T> {
+    /// A buffer the host reads (cached page-locked memory).
+    pub(crate) fn readable() -> Self {
+        Pinned {
+            buf: None,
+            flags: 0,
+        }
     }
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits + Copy> Pinned<T> {
     /// Its first `len` elements. The caller has waited for the last copy out of the buffer.
     pub(crate) fn get(&mut self, ctx: &Arc<CudaContext>, len: usize) -> Result<&mut [T]> {
-        if self.0.as_ref().is_none_or(|b| b.len() < len.max(1)) {
-            self.0 = None; // free first
+        if self.buf.as_ref().is_none_or(|b| b.len() < len.max(1)) {
+            self.buf = None; // free first
             let cap = len.max(1).next_power_of_two();
-            // SAFETY: `alloc_pinned` returns `cap` uninitialised elements; they are zeroed
-            // before any slice of them is made, and zero bytes are a valid `T`
+            // SAFETY: `alloc_pinned_with_flags` returns `cap` uninitialised elements; they are
+            // zeroed before any slice of them is made, and zero bytes are a valid `T`
             // (`ValidAsZeroBits`).
-            let mut buf = unsafe { ctx.alloc_pinned::<T>(cap) }.ctx("allocating pinned memory")?;
+            let mut buf = unsafe { ctx.alloc_pinned_with_flags::<T>(cap, self.flags) }
+                .ctx("allocating pinned memory")?;
             let p = buf.as_mut_ptr().ctx("allocating pinned memory")?;
             // SAFETY: `p` points to `cap` elements of this fresh allocation, which nothing else
             // refers to yet.
             unsafe { std::ptr::write_bytes(p, 0, cap) };
-            self.0 = Some(buf);
+            self.buf = Some(buf);
         }
-        let buf = self.0.as_mut().expect("allocated above");
+        let buf = self.buf.as_mut().expect("allocated above");
         Ok(&mut buf.as_mut_slice().ctx("staging a batch")?[..len])
+    }
+
+    /// Its first `len` elements, as the last [`Pinned::get`] of at least `len` left them. The
+    /// caller has waited for the device's writes into it.
+    pub(crate) fn peek(&self, len: usize) -> Result<&[T]> {
+        match &self.buf {
+            Some(b) if b.len() >= len => Ok(&b.as_slice().ctx("reading a batch")?[..len]),
+            _ => Err(crate::error::CudaError::Input(format!(
+                "reading {len} values from a page-locked buffer that was never filled"
+            ))),
+        }
     }
 }
 

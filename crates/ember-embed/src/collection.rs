@@ -149,19 +149,7 @@ impl EmbeddingCollection {
     /// Checks that the batch has this collection's features in order and that every id is a row
     /// of its feature's table. The error names the feature, the sample and the id.
     pub fn validate<'a>(&self, kj: &'a KeyedJagged) -> Result<ValidatedBatch<'a>> {
-        ID_CHECKS.fetch_add(1, Ordering::Relaxed);
-        if kj.keys().len() != self.features.len()
-            || kj
-                .keys()
-                .iter()
-                .zip(&self.features)
-                .any(|(k, f)| *k != f.name)
-        {
-            return Err(EmbedError::KeysMismatch {
-                got: kj.keys().to_vec(),
-                expected: self.feature_names(),
-            });
-        }
+        self.validate_names(kj)?;
         // The position of the feature's first id out of range, if any.
         let first_bad = |f: usize| {
             let range = kj.feature_range(f);
@@ -195,6 +183,70 @@ impl EmbeddingCollection {
         Ok(ValidatedBatch { kj, coll: self.id })
     }
 
+    /// [`EmbeddingCollection::validate`] and the ids narrowed to 32 bits into `out`, in one pass
+    /// over them: each feature's ids are copied and their maximum taken together (a GPU's batch
+    /// reads its millions of ids once, not once to check and again to stage). `out` must hold
+    /// [`KeyedJagged::num_ids`] ids and every table at most 2^32 rows, so that a checked id fits.
+    /// On a bad id the error is [`EmbeddingCollection::validate`]'s, and `out` holds garbage.
+    pub fn validate_narrowed<'a>(
+        &self,
+        kj: &'a KeyedJagged,
+        out: &mut [u32],
+    ) -> Result<ValidatedBatch<'a>> {
+        let wide = self.tables.iter().any(|t| t.rows() as u64 > 1 << 32);
+        if wide {
+            return Err(EmbedError::BadOption {
+                option: "ids narrowed to 32 bits",
+                reason: "a table has over 2^32 rows".into(),
+            });
+        }
+        if out.len() != kj.num_ids() {
+            return Err(EmbedError::OutputLen {
+                got: out.len(),
+                batch_size: kj.batch_size(),
+                dim: 1,
+                expected: kj.num_ids(),
+            });
+        }
+        let nf = self.features.len();
+        if kj.keys().len() != nf {
+            return self.validate(kj);
+        }
+        // Each feature's slice of `out`, so that features go to threads without sharing.
+        let mut parts = Vec::with_capacity(nf);
+        let mut rest = out;
+        for f in 0..nf {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(kj.feature_range(f).len());
+            parts.push((f, head));
+            rest = tail;
+        }
+        let narrow = |(f, dst): (usize, &mut [u32])| -> bool {
+            let range = kj.feature_range(f);
+            let max = match kj.ids() {
+                Ids::U32(v) => narrow_max(&v[range], dst, u64::from),
+                // As u64, negative ids are above any row count.
+                Ids::I64(v) => narrow_max(&v[range], dst, |x| x as u64),
+            };
+            dst.is_empty() || max < self.table_of(f).rows() as u64
+        };
+        let ok = if kj.num_ids() >= PARALLEL_CHECK_IDS && nf > 1 {
+            parts
+                .into_par_iter()
+                .map(narrow)
+                .reduce(|| true, |a, b| a & b)
+        } else {
+            parts.into_iter().map(narrow).fold(true, |a, b| a & b)
+        };
+        match ok {
+            // Names and order checked, every id in range: what validate would have found.
+            true => self
+                .validate_names(kj)
+                .map(|()| ValidatedBatch { kj, coll: self.id }),
+            // validate names the feature, the sample and the id.
+            false => self.validate(kj),
+        }
+    }
+
     /// Refuses a batch checked against another collection.
     pub(crate) fn check_own(&self, batch: ValidatedBatch<'_>) -> Result<()> {
         if batch.coll == self.id {
@@ -203,6 +255,39 @@ impl EmbeddingCollection {
             Err(EmbedError::WrongCollection)
         }
     }
+}
+
+impl EmbeddingCollection {
+    /// Counts a check, and refuses a batch whose features are not this collection's, in order.
+    fn validate_names(&self, kj: &KeyedJagged) -> Result<()> {
+        ID_CHECKS.fetch_add(1, Ordering::Relaxed);
+        if kj.keys().len() != self.features.len()
+            || kj
+                .keys()
+                .iter()
+                .zip(&self.features)
+                .any(|(k, f)| *k != f.name)
+        {
+            return Err(EmbedError::KeysMismatch {
+                got: kj.keys().to_vec(),
+                expected: self.feature_names(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `dst[i] = src[i]` narrowed to 32 bits; returns the largest `key(src[i])` (0 when empty). One
+/// branch-free loop: it vectorizes.
+fn narrow_max<T: Copy>(src: &[T], dst: &mut [u32], key: impl Fn(T) -> u64) -> u64 {
+    debug_assert_eq!(src.len(), dst.len());
+    let mut max = 0u64;
+    for (d, &s) in dst.iter_mut().zip(src) {
+        let k = key(s);
+        max = max.max(k);
+        *d = k as u32;
+    }
+    max
 }
 
 /// Ids in a batch from which [`EmbeddingCollection::validate`] checks features in parallel.
@@ -239,6 +324,67 @@ mod tests {
     use super::*;
     use crate::alloc::PagePolicy;
     use crate::dtype::DType;
+
+    #[test]
+    fn validate_narrowed_copies_every_id_or_fails_as_validate_does() {
+        use rand::{Rng, SeedableRng};
+        let c = coll();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for round in 0..200 {
+            let batch = rng.random_range(0..6usize);
+            let mut lengths = Vec::new();
+            let mut ids = Vec::new();
+            for rows in [10i64, 3, 10] {
+                for _ in 0..batch {
+                    let n = rng.random_range(0..4usize);
+                    lengths.push(n);
+                    for _ in 0..n {
+                        // Mostly in range; now and then past the end (negative ids are
+                        // refused when the batch is built).
+                        let id = match rng.random_range(0..40) {
+                            0 => rows,
+                            1 => 1 << 33,
+                            _ => rng.random_range(0..rows),
+                        };
+                        ids.push(id);
+                    }
+                }
+            }
+            let kj = KeyedJagged::from_lengths(
+                vec!["x".into(), "y".into(), "z".into()],
+                batch,
+                &lengths,
+                Ids::I64(ids.clone()),
+                None,
+            )
+            .unwrap();
+            let mut out = vec![u32::MAX; kj.num_ids()];
+            let fused = c.validate_narrowed(&kj, &mut out).map(|_| ());
+            let plain = c.validate(&kj).map(|_| ());
+            assert_eq!(
+                fused.as_ref().map_err(|e| e.to_string()),
+                plain.as_ref().map_err(|e| e.to_string()),
+                "round {round}"
+            );
+            if plain.is_ok() {
+                let want: Vec<u32> = ids.iter().map(|&i| i as u32).collect();
+                assert_eq!(out, want, "round {round}");
+            }
+        }
+        let kj = KeyedJagged::from_lengths(
+            vec!["x".into(), "y".into(), "z".into()],
+            1,
+            &[1, 1, 1],
+            Ids::U32(vec![9, 2, 9]),
+            None,
+        )
+        .unwrap();
+        let mut short = vec![0u32; 2];
+        assert!(c.validate_narrowed(&kj, &mut short).is_err());
+        let mut out = vec![0u32; 3];
+        c.validate_narrowed(&kj, &mut out).unwrap();
+        assert_eq!(out, [9, 2, 9]);
+    }
 
     fn coll() -> EmbeddingCollection {
         let a = EmbeddingTable::zeroed("a", 10, 4, DType::F32, PagePolicy::Small).unwrap();

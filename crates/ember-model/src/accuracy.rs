@@ -55,13 +55,30 @@ pub fn dense_accuracy(
     dtype: DenseDType,
     threads: usize,
     batches: usize,
+    inputs: impl FnMut(usize) -> (Vec<f32>, KeyedJagged),
+    seed: u64,
+) -> Result<DenseAccuracy> {
+    let mut low = Predictor::new(model.clone(), threads)?;
+    low.set_dense_dtype(dtype)?;
+    let isa = low.dense().1;
+    let mut acc = dense_accuracy_of(model, &mut low, dtype, threads, batches, inputs, seed)?;
+    acc.isa = isa;
+    Ok(acc)
+}
+
+/// [`dense_accuracy`] of any engine of `model` whose dense layers run in `dtype` (a GPU's,
+/// say), against the CPU's f32 scores on `threads` threads. `isa` is left `None`.
+pub fn dense_accuracy_of(
+    model: &Arc<Model>,
+    low: &mut dyn Engine,
+    dtype: DenseDType,
+    threads: usize,
+    batches: usize,
     mut inputs: impl FnMut(usize) -> (Vec<f32>, KeyedJagged),
     seed: u64,
 ) -> Result<DenseAccuracy> {
     let mut reference = Predictor::new(model.clone(), threads)?;
     reference.set_dense_dtype(DenseDType::F32)?;
-    let mut low = Predictor::new(model.clone(), threads)?;
-    low.set_dense_dtype(dtype)?;
     let (mut f32s, mut lows) = (Vec::new(), Vec::new());
     for i in 0..batches {
         let (dense, sparse) = inputs(i);
@@ -84,7 +101,7 @@ pub fn dense_accuracy(
     let (max_abs, sum) = diffs.fold((0f64, 0f64), |(m, s), d| (m.max(d), s + d));
     Ok(DenseAccuracy {
         dtype,
-        isa: low.dense().1,
+        isa: None,
         samples: f32s.len(),
         auc_f32,
         auc: auc_low,

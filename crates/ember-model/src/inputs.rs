@@ -261,9 +261,46 @@ impl Model {
         })
     }
 
+    /// [`Model::batch`]'s check of the dense values, copying them into `dst` in the same pass
+    /// (a GPU stages its batch in page-locked memory: each value is read once, not once to
+    /// check and again to copy). `dst` must be as long as `dense`; on an error it holds garbage.
+    pub fn check_dense_into(&self, dense: &[f32], batch: usize, dst: &mut [f32]) -> Result<()> {
+        if dst.len() != dense.len() {
+            return Err(ModelError::Input(format!(
+                "staging {} dense values into room for {}",
+                dense.len(),
+                dst.len()
+            )));
+        }
+        let copy = |(d, s): (&mut [f32], &[f32])| {
+            d.copy_from_slice(s);
+            s.chunks(64)
+                .all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+        };
+        let finite = if dense.len() >= ember_embed::PARALLEL_CHECK_IDS {
+            dst.par_chunks_mut(1 << 16)
+                .zip(dense.par_chunks(1 << 16))
+                .map(copy)
+                .reduce(|| true, |a, b| a & b)
+        } else {
+            copy((dst, dense))
+        };
+        match finite {
+            // The shape's check and the finite value's name.
+            true => self.check_dense_shape(dense, batch),
+            false => self.check_dense(dense, batch),
+        }
+    }
+
     /// Dense values of a batch of `batch` samples: a multiple of `dense_in`, one row per
     /// sample, finite.
     fn check_dense(&self, dense: &[f32], batch: usize) -> Result<()> {
+        self.check_dense_shape(dense, batch)?;
+        check_finite(dense, self.config().dense_in)
+    }
+
+    /// A multiple of `dense_in` values, one row per sample of `batch`.
+    fn check_dense_shape(&self, dense: &[f32], batch: usize) -> Result<()> {
         let n = self.config().dense_in;
         if !dense.len().is_multiple_of(n) {
             return Err(ModelError::Input(format!(
@@ -277,7 +314,7 @@ impl Model {
                 dense.len() / n
             )));
         }
-        check_finite(dense, n)
+        Ok(())
     }
 }
 

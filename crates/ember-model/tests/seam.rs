@@ -319,3 +319,48 @@ fn prepare_stages_tier_rows_and_inline_staging_is_counted() {
     );
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// `check_dense_into` (a GPU's one-pass check and copy) accepts and refuses what `Model::batch`
+/// does, with the same message, and copies every value it accepts.
+#[test]
+fn dense_checked_into_a_buffer_agrees_with_the_batch_check() {
+    let p = ember_model::presets::preset("small", ember_embed::DType::F32).unwrap();
+    let model = Model::random(p.config.clone(), 3, 1).unwrap();
+    let n = model.config().dense_in;
+    let mut rng = StdRng::seed_from_u64(5);
+    // Below and above the size from which the copy is split across threads.
+    for batch in [0usize, 1, 7, ember_embed::PARALLEL_CHECK_IDS / n + 3] {
+        let (mut dense, kj) =
+            ember_model::presets::random_batch(&model.config().clone(), batch, 2, 9);
+        for case in 0..4 {
+            let mut d = dense.clone();
+            match case {
+                1 if !d.is_empty() => {
+                    let at = rng.random_range(0..d.len());
+                    d[at] = f32::NAN;
+                }
+                2 => d.push(1.0), // not a whole sample
+                3 if !d.is_empty() => {
+                    d[0] = f32::INFINITY;
+                    let last = d.len() - 1;
+                    d[last] = f32::NEG_INFINITY;
+                }
+                _ => {}
+            }
+            let mut dst = vec![0f32; d.len()];
+            let fused = model.check_dense_into(&d, batch, &mut dst);
+            let plain = model.batch(&d, &kj).map(|_| ());
+            assert_eq!(
+                fused.as_ref().map_err(|e| e.to_string()),
+                plain.as_ref().map_err(|e| e.to_string()),
+                "batch {batch} case {case}"
+            );
+            if plain.is_ok() {
+                assert_eq!(dst, d, "batch {batch} case {case}");
+            }
+        }
+        let mut short = vec![0f32; dense.len() + 1];
+        assert!(model.check_dense_into(&dense, batch, &mut short).is_err());
+        dense.clear();
+    }
+}

@@ -10,7 +10,7 @@
 //! | `gpu.rs` | `bench embed --device cuda`: every GPU variant against the copy bandwidth |
 //! | `tiered/` | `bench tiered`: the SSD tier against DRAM, mmap and the disk |
 //! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
-//! | `model.rs` (+ `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass; bf16 / int8 layers against the dense ceiling |
+//! | `model.rs` (+ `model_gpu.rs`, `model_report.rs`, `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass (`model_gpu.rs` the GPU loop); bf16 / int8 layers against the dense ceiling |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
 mod check;
@@ -19,6 +19,8 @@ mod embed;
 mod gpu;
 mod load;
 mod model;
+mod model_gpu;
+mod model_report;
 mod npy;
 mod remote;
 mod setup;

@@ -5,15 +5,17 @@
 //! in serving; with `--batch-sizes`, batch `i` has the `i`-th size of the list, cycled, and the
 //! distinct batches are a whole number of cycles). Measure: `--warmup` untimed batches, then
 //! `--iters` timed ones, each checked, prepared and run as a server runs one
-//! ([`Engine::score`]); on a GPU, two batches in flight.
+//! ([`Engine::score`]); on a GPU, up to three batches in flight.
 //! Report: samples/s, p50/p99 per batch, the stages' shares, as text and with `--json` as JSON.
 
 use super::load::{BatchSizes, Load};
+use super::model_gpu::{GpuInputs, GpuLoop, measure_gpu};
+use super::model_report::{Inputs, Report};
 use crate::units::{human_bytes, mem_available};
 use anyhow::{Result, bail};
 use clap::Args;
 use ember_bench::stats::{median, quantile};
-use ember_embed::{DType, KeyedJagged};
+use ember_embed::DType;
 use ember_model::presets::{Preset, RowsOptions, dense_macs, preset_with, random_batch_pooled};
 use ember_model::{Engine, Model, Predictor, StageTimes};
 use serde_json::json;
@@ -78,42 +80,33 @@ pub struct ModelArgs {
     report: Option<std::path::PathBuf>,
     #[command(flatten)]
     gpu: crate::gpu_args::GpuArgs,
+    /// With --device cuda, where each batch starts. pinned: in page-locked memory made ahead and
+    /// not timed (as PyTorch's side of bench/compare_torch_dlrm.py pins its inputs), copied as
+    /// it is and checked on the device; staged: in ordinary memory, checked and staged by the
+    /// host in one pass, as `serve` runs a batch.
+    #[arg(long, value_enum, default_value_t = GpuInputs::Pinned)]
+    gpu_inputs: GpuInputs,
+    /// With --device cuda, batches in flight at most [default: 2 with pinned inputs (the copy
+    /// engine is the limit: a third only waits), 3 with staged ones (the host stages one while
+    /// another copies and a third computes)].
+    #[arg(long, value_name = "N")]
+    in_flight: Option<usize>,
 }
-
-/// One input batch: dense values and sparse ids.
-type Inputs = (Vec<f32>, KeyedJagged);
 
 /// Distinct input batches cycled through (ids differ between consecutive batches, as in serving).
 const DISTINCT_BATCHES: usize = 32;
 
-/// What the timed batches measured.
-#[derive(Debug)]
-struct Report {
-    /// Milliseconds of each timed batch.
-    lat_ms: Vec<f64>,
-    /// Samples in the timed batches.
-    samples: usize,
-    /// The stages' times summed over the timed batches.
-    stages: StageTimes,
-    /// Wall seconds of the timed batches.
-    total: f64,
-    /// On a GPU, the host's part of the timed batches.
-    host: Option<HostTimes>,
-    /// bf16 / int8 dense layers: each layer's time and its share of the ceiling.
-    layers: Option<super::dense_layers::LayerReport>,
-    /// `--accuracy`: the dense dtype's scores against f32's.
-    accuracy: Option<ember_model::accuracy::DenseAccuracy>,
-}
-
-/// Where the host thread spent a GPU loop's time, summed over the timed batches.
-#[derive(Debug, Default)]
-struct HostTimes {
-    /// `Model::batch`: dense values and ids checked.
-    check: Duration,
-    /// `submit_batch`: the batch staged in page-locked memory, its copy and forward enqueued.
-    submit: Duration,
-    /// `collect`: waiting for the oldest batch's logits.
-    wait: Duration,
+impl ModelArgs {
+    fn gpu_loop(&self) -> GpuLoop<'_> {
+        GpuLoop {
+            gpu: &self.gpu,
+            dense_dtype: self.dense_dtype,
+            inputs: self.gpu_inputs,
+            in_flight: self.in_flight,
+            warmup: self.warmup,
+            iters: self.iters,
+        }
+    }
 }
 
 pub fn run(a: ModelArgs) -> Result<()> {
@@ -140,9 +133,15 @@ pub fn run(a: ModelArgs) -> Result<()> {
         };
         Predictor::calibrate_int8(&model, a.threads, 4, inputs)?;
     }
-    let (mut report, scores) = match a.gpu.is_cuda() {
-        true => measure_gpu(&a, model.clone(), &batches, &load)?,
-        false => measure_cpu(&a, model.clone(), &batches, &load)?,
+    let (mut report, scores, gpu) = match a.gpu.is_cuda() {
+        true => {
+            let (r, s, g) = measure_gpu(&a.gpu_loop(), model.clone(), &batches, &load)?;
+            (r, s, Some(g))
+        }
+        false => {
+            let (r, s) = measure_cpu(&a, model.clone(), &batches, &load)?;
+            (r, s, None)
+        }
     };
     if a.accuracy > 0 && a.dense_dtype != ember_model::DenseDType::F32 {
         let batch = load.max_batch();
@@ -151,14 +150,26 @@ pub fn run(a: ModelArgs) -> Result<()> {
         };
         let n = a.accuracy.div_ceil(batch);
         let t = Instant::now();
-        let acc = ember_model::accuracy::dense_accuracy(
-            &model,
-            a.dense_dtype,
-            a.threads,
-            n,
-            inputs,
-            a.seed,
-        )?;
+        let acc = match gpu {
+            // The GPU's scores against the CPU's f32 ones.
+            Some(mut g) => ember_model::accuracy::dense_accuracy_of(
+                &model,
+                &mut g,
+                a.dense_dtype,
+                a.threads.max(rayon::current_num_threads()),
+                n,
+                inputs,
+                a.seed,
+            )?,
+            None => ember_model::accuracy::dense_accuracy(
+                &model,
+                a.dense_dtype,
+                a.threads,
+                n,
+                inputs,
+                a.seed,
+            )?,
+        };
         eprintln!(
             "accuracy: {} samples in {:.1}s",
             acc.samples,
@@ -325,80 +336,6 @@ fn measure_cpu(
     ))
 }
 
-/// The GPU loop: one batch is copied in while the one before computes (two in flight); a
-/// batch's latency runs from its submit to its collect. Stage times are GPU times (events).
-fn measure_gpu(
-    a: &ModelArgs,
-    model: Arc<Model>,
-    batches: &[Inputs],
-    load: &Load,
-) -> Result<(Report, Vec<f32>)> {
-    let profile: Vec<_> = batches.iter().map(|(_, kj)| kj).collect();
-    // Tuned on the largest batch at the features' mean ids per bag.
-    let mean_pooling = load.pooling.iter().sum::<usize>() / load.pooling.len().max(1);
-    let mut gp = a.gpu.predictor(
-        model.clone(),
-        load.max_batch(),
-        mean_pooling.max(1),
-        Some(&profile),
-    )?;
-    let mut scores = vec![0f32; load.max_batch()];
-    for i in 0..a.warmup {
-        let (d, s) = &batches[i % batches.len()];
-        gp.predict(d, s, &mut scores[..s.batch_size()])?;
-    }
-    let mut lat_ms = Vec::with_capacity(a.iters);
-    let mut stages = StageTimes::default();
-    let mut host = HostTimes::default();
-    let mut samples = 0;
-    // Each batch in flight: when it was submitted and its samples.
-    let mut submitted = std::collections::VecDeque::new();
-    let mut collect = |gp: &mut crate::gpu_args::GpuPredictor,
-                       host: &mut HostTimes,
-                       n: usize|
-     -> Result<StageTimes> {
-        let t = Instant::now();
-        let st = gp.collect(&mut scores[..n])?;
-        host.wait += t.elapsed();
-        Ok(st)
-    };
-    let start = Instant::now();
-    for i in 0..a.iters {
-        let (d, s) = &batches[(a.warmup + i) % batches.len()];
-        if gp.in_flight() == 2 {
-            let (t, n): (Instant, usize) = submitted.pop_front().expect("one per submit");
-            stages = stages.plus(collect(&mut gp, &mut host, n)?);
-            lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        let t = Instant::now();
-        submitted.push_back((t, s.batch_size()));
-        samples += s.batch_size();
-        let batch = model.batch(d, s)?;
-        host.check += t.elapsed();
-        let t = Instant::now();
-        gp.submit_batch(&batch)?;
-        host.submit += t.elapsed();
-    }
-    while gp.in_flight() > 0 {
-        let (t, n) = submitted.pop_front().expect("one per submit");
-        stages = stages.plus(collect(&mut gp, &mut host, n)?);
-        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let total = start.elapsed().as_secs_f64();
-    Ok((
-        Report {
-            lat_ms,
-            samples,
-            stages,
-            total,
-            host: Some(host),
-            layers: None,
-            accuracy: None,
-        },
-        scores,
-    ))
-}
-
 /// Prints the report as text, and as JSON with `--json`.
 fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
     let samples_per_s = r.samples as f64 / r.total;
@@ -418,8 +355,15 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
     ];
     let on = match a.gpu.is_cuda() {
         true => format!(
-            "cuda:{} {}, two batches in flight",
-            a.gpu.gpu, a.gpu.gpu_variant
+            "cuda:{} {}, {} dense, {} inputs, {} batches in flight",
+            a.gpu.gpu,
+            a.gpu.gpu_variant,
+            a.dense_dtype,
+            match a.gpu_inputs {
+                GpuInputs::Pinned => "pinned (checked on the device)",
+                GpuInputs::Staged => "staged (checked by the host)",
+            },
+            a.gpu_loop().in_flight()
         ),
         false => format!("{} threads", a.threads),
     };
@@ -494,7 +438,7 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
     if let Some(h) = &r.host {
         println!(
             "  per batch, ms: GPU copy in {:.3}, embedding {:.3}, bottom MLP {:.3}, interaction \
-             {:.3}, top MLP {:.3}, copy out {:.3}; host check {:.3}, stage + enqueue {:.3}, \
+             {:.3}, top MLP {:.3}, copy out {:.3}; host check + stage + enqueue {:.3}, \
              wait {:.3}",
             per_batch(stages.copy_in),
             per_batch(stages.embedding),
@@ -502,7 +446,6 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
             per_batch(stages.interaction),
             per_batch(stages.top_mlp),
             per_batch(stages.copy_out),
-            per_batch(h.check),
             per_batch(h.submit),
             per_batch(h.wait)
         );
@@ -559,7 +502,6 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
                     "gpu_top_mlp": per_batch(stages.top_mlp),
                     "gpu_forward": per_batch(stages.wall),
                     "gpu_copy_out": per_batch(stages.copy_out),
-                    "host_check": per_batch(h.check),
                     "host_submit": per_batch(h.submit),
                     "host_wait": per_batch(h.wait),
                 })),

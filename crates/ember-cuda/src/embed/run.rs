@@ -65,18 +65,109 @@ impl EmbedRun {
         coll: &EmbeddingCollection,
         kj: &KeyedJagged,
     ) -> Result<()> {
-        self.uploaded = false;
-        let valid = coll.validate(kj)?;
-        self.upload_valid(emb, valid)
+        self.upload_checked(emb, coll, kj).map(|_| ())
     }
 
     /// Copies the offsets, ids and weights of a batch validated against the collection `emb`
     /// was uploaded from (checked once upstream, not again) to the device.
     pub fn upload_valid(&mut self, emb: &GpuEmbeddings, batch: ValidatedBatch<'_>) -> Result<()> {
+        if batch.collection() != emb.source {
+            return Err(CudaError::Input(
+                "the collection is not the one these tables were uploaded from".into(),
+            ));
+        }
+        self.stage(emb, batch.get(), None).map(|_| ())
+    }
+
+    /// Checks `kj` against `coll` (the collection `emb` was uploaded from) as it stages the
+    /// batch: where ids travel as 32 bits, each id is read once, narrowed and checked in the
+    /// same pass ([`EmbeddingCollection::validate_narrowed`]), instead of once to check and
+    /// again to stage. Errors are [`EmbeddingCollection::validate`]'s.
+    pub fn upload_checked<'a>(
+        &mut self,
+        emb: &GpuEmbeddings,
+        coll: &EmbeddingCollection,
+        kj: &'a KeyedJagged,
+    ) -> Result<ValidatedBatch<'a>> {
+        if coll.id() != emb.source {
+            return Err(CudaError::Input(
+                "the collection is not the one these tables were uploaded from".into(),
+            ));
+        }
+        let valid = self.stage(emb, kj, Some(coll))?;
+        Ok(valid.expect("stage checks when given the collection"))
+    }
+
+    /// Enqueues on the upload stream the copies of a batch the caller holds in page-locked
+    /// memory ([`crate::PinnedBatch`]): its 64-bit ids and offsets go to the device as they
+    /// are, with no pass of the host over them. The ids are NOT checked here: the caller runs
+    /// the device's check ([`crate::GpuPredictor`]) before any kernel reads them.
+    pub(crate) fn upload_pinned(
+        &mut self,
+        emb: &GpuEmbeddings,
+        batch: usize,
+        offsets: &[i64],
+        ids: &[i64],
+    ) -> Result<()> {
+        self.uploaded = false;
+        if self.variant == Variant::Dedup {
+            return Err(CudaError::Input(
+                "the dedup variant reads the batch's offsets on the host: stage the batch \
+                 (submit) instead of handing it over page-locked"
+                    .into(),
+            ));
+        }
+        if self.pooling == Pooling::WeightedSum {
+            return Err(CudaError::Input(
+                "weighted pooling needs per-id weights, which a page-locked batch does not carry"
+                    .into(),
+            ));
+        }
+        if batch > i32::MAX as usize / 2 || ids.len() >= 1 << 31 {
+            return Err(CudaError::Input(format!(
+                "a batch of {batch} samples and {} ids is too large for one launch (at most 2^31 \
+                 ids)",
+                ids.len()
+            )));
+        }
+        let gpu = self.gpu.clone();
+        let stream = &self.upload_stream();
+        let o = self.bufs.offsets.ensure(&gpu, offsets.len())?;
+        stream
+            .memcpy_htod(offsets, &mut o.slice_mut(..offsets.len()))
+            .ctx("uploading offsets")?;
+        let n = ids.len();
+        let b = self.bufs.ids64.ensure(&gpu, n)?;
+        stream
+            .memcpy_htod(ids, &mut b.slice_mut(..n))
+            .ctx("uploading ids")?;
+        self.id64 = true;
+        self.batch = batch;
+        self.n_ids = n;
+        self.bufs.out.ensure(&gpu, batch * emb.total_dim.max(1))?;
+        self.uploaded = true;
+        Ok(())
+    }
+
+    /// The device buffer the ids of [`EmbedRun::upload_pinned`] went to.
+    pub(crate) fn ids64_ptr(&self) -> u64 {
+        self.bufs.ids64.ptr(&self.gpu)
+    }
+
+    /// Stages `kj` and enqueues its copies; checks it against `check` when given (nothing is
+    /// enqueued for a batch that fails).
+    fn stage<'a>(
+        &mut self,
+        emb: &GpuEmbeddings,
+        kj: &'a KeyedJagged,
+        check: Option<&EmbeddingCollection>,
+    ) -> Result<Option<ValidatedBatch<'a>>> {
         // Until this upload completes, nothing may be launched over half-replaced buffers.
         self.uploaded = false;
-        let kj = batch.get();
-        if batch.collection() != emb.source || kj.keys() != emb.names.as_slice() {
+        if kj.keys() != emb.names.as_slice() {
+            if let Some(coll) = check {
+                coll.validate(kj)?; // names what differs
+            }
             return Err(CudaError::Input(
                 "the collection is not the one these tables were uploaded from".into(),
             ));
@@ -95,28 +186,23 @@ impl EmbedRun {
                 kj.num_ids()
             )));
         }
-        self.batch = kj.batch_size();
-        self.n_ids = kj.num_ids();
         // The host buffers are written below: the copies out of them must be done.
         if let Some(e) = &self.bufs.staged {
             e.synchronize().ctx("waiting for the last uploads")?;
         }
         let ctx = gpu.context().clone();
         let host = &mut self.bufs.host;
-        let n_off = kj.offsets().len();
-        let offsets = host.offsets.get(&ctx, n_off)?;
-        fill(offsets, kj.offsets(), |o| o as i64);
-        let o = self.bufs.offsets.ensure(&gpu, n_off)?;
-        stream
-            .memcpy_htod(&*offsets, &mut o.slice_mut(..n_off))
-            .ctx("uploading offsets")?;
-        // Every id is below its table's rows (checked upstream): where all tables have at most
-        // 2^32 rows, 64-bit ids travel as 32-bit ones.
+        // Every id is below its table's rows (checked upstream, or here): where all tables have
+        // at most 2^32 rows, 64-bit ids travel as 32-bit ones.
         let narrow = self.narrow_ids && emb.tables.iter().all(|t| t.rows <= 1 << 32);
         let n = kj.num_ids();
-        self.id64 = matches!(kj.ids(), Ids::I64(_)) && !narrow;
+        let id64 = matches!(kj.ids(), Ids::I64(_)) && !narrow;
+        let mut valid = None;
         match kj.ids() {
-            Ids::I64(v) if self.id64 => {
+            Ids::I64(v) if id64 => {
+                if let Some(coll) = check {
+                    valid = Some(coll.validate(kj)?);
+                }
                 let h = host.ids64.get(&ctx, n)?;
                 fill(h, v, |i| i);
                 let b = self.bufs.ids64.ensure(&gpu, n)?;
@@ -126,9 +212,10 @@ impl EmbedRun {
             }
             ids => {
                 let h = host.ids32.get(&ctx, n)?;
-                match ids {
-                    Ids::I64(v) => fill(h, v, |i| i as u32),
-                    Ids::U32(v) => fill(h, v, |i| i),
+                match (check, ids) {
+                    (Some(coll), _) => valid = Some(coll.validate_narrowed(kj, h)?),
+                    (None, Ids::I64(v)) => fill(h, v, |i| i as u32),
+                    (None, Ids::U32(v)) => fill(h, v, |i| i),
                 }
                 let b = self.bufs.ids32.ensure(&gpu, n)?;
                 stream
@@ -136,6 +223,16 @@ impl EmbedRun {
                     .ctx("uploading ids")?;
             }
         }
+        self.id64 = id64;
+        self.batch = kj.batch_size();
+        self.n_ids = n;
+        let n_off = kj.offsets().len();
+        let offsets = host.offsets.get(&ctx, n_off)?;
+        fill(offsets, kj.offsets(), |o| o as i64);
+        let o = self.bufs.offsets.ensure(&gpu, n_off)?;
+        stream
+            .memcpy_htod(&*offsets, &mut o.slice_mut(..n_off))
+            .ctx("uploading offsets")?;
         if let (Pooling::WeightedSum, Some(w)) = (self.pooling, kj.weights()) {
             let h = host.weights.get(&ctx, w.len())?;
             fill(h, w, |x| x);
@@ -158,7 +255,7 @@ impl EmbedRun {
             self.prepare_dedup(emb, kj.offsets())?;
         }
         self.uploaded = true;
-        Ok(())
+        Ok(valid)
     }
 
     pub(super) fn config(

@@ -69,3 +69,66 @@ extern "C" __global__ void ember_cross_update(float* xl, const float* x0, const 
         xl[i] = fmaf(x0[i], wide[i] + bias[i % n], xl[i]);
     }
 }
+
+// ----- bf16 dense layers (cuBLASLt GEMMs on tensor cores, bias and ReLU in their epilogue) -----
+// bf16 values travel as their 16 bits (unsigned short); no header needed.
+
+// f32 -> bf16, rounding to nearest even (NaN stays NaN), as PyTorch's cast.
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (unsigned short)((u >> 16) | 0x40);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// y = bf16(x), [batch, width] at x's row stride into a packed [batch, width].
+extern "C" __global__ void ember_to_bf16(const float* x, unsigned short* y, i64 total) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) {
+        y[i] = f32_to_bf16(x[i]);
+    }
+}
+
+// DCNv2 with the bias added by the GEMM's epilogue: xl += x0 * wide, and xl16 = bf16(xl), the
+// next GEMM's input (the next layer's V, or the top MLP's first layer), in the same pass.
+extern "C" __global__ void ember_cross_update_bf16(float* xl, const float* x0, const float* wide,
+                                                   unsigned short* xl16, i64 total) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) {
+        const float v = fmaf(x0[i], wide[i], xl[i]);
+        xl[i] = v;
+        xl16[i] = f32_to_bf16(v);
+    }
+}
+
+// ----- inputs checked on the device (batches handed over in page-locked memory) -----
+
+// Feature f's ids are ids[starts[f] .. starts[f + 1]); an id not below rows[f] (as unsigned:
+// negative ids are above any row count) is replaced by 0, so that no kernel reads outside a
+// table, and the first such position is kept in bad[0] (the batch's scores are then withheld).
+// Blocks with blockIdx.y == nf look for a dense value that is not finite: bad[1].
+extern "C" __global__ void ember_check_inputs(long long* ids, const long long* starts,
+                                              const long long* rows, int nf, const float* dense,
+                                              i64 n_dense, unsigned long long* bad) {
+    const int f = blockIdx.y;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (f < nf) {
+        const unsigned long long r = (unsigned long long)rows[f];
+        const i64 end = starts[f + 1];
+        for (i64 i = starts[f] + first; i < end; i += stride) {
+            if ((unsigned long long)ids[i] >= r) {
+                ids[i] = 0;
+                atomicMin(&bad[0], (unsigned long long)i);
+            }
+        }
+    } else {
+        for (i64 i = first; i < n_dense; i += stride) {
+            if ((__float_as_uint(dense[i]) & 0x7f800000u) == 0x7f800000u) {
+                atomicMin(&bad[1], (unsigned long long)i);
+            }
+        }
+    }
+}

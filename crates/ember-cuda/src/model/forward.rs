@@ -15,12 +15,9 @@ impl GpuPredictor {
         let m = self.m.clone();
         let gpu = &m.gpu;
         let stream = gpu.compute();
-        let slot = &mut self.slots[si];
+        let pooled = self.embedding_stage(si)?;
+        let slot = &self.slots[si];
         let batch = slot.batch;
-        slot.marks[0].record(stream).ctx("recording an event")?;
-        slot.run.launch(&m.emb)?;
-        slot.marks[1].record(stream).ctx("recording an event")?;
-        let pooled = slot.run.output_ptr();
         let p = |b: &Option<CudaSlice<f32>>| dptr(b.as_ref().expect("allocated"), stream);
         let acts = [p(&slot.act[0]), p(&slot.act[1])];
         let mut cur = p(&slot.dense);
@@ -41,37 +38,8 @@ impl GpuPredictor {
         let inter_out = p(&slot.inter_out);
         let x = cur;
         let top_input = match &m.inter {
-            DevInteraction::Dot { pairs, n_pairs, d } => {
-                let n = pd / d + 1;
-                let smem = n * d * 4;
-                let use_smem = i32::from(smem <= 48 * 1024);
-                let (pairs, n_pairs_i, d_i, n_i, top_in_i) = (
-                    dptr(pairs, stream),
-                    *n_pairs as i32,
-                    *d as i32,
-                    n as i32,
-                    top_in as i32,
-                );
-                if batch > 0 {
-                    let mut b = stream.launch_builder(&self.dot);
-                    b.arg(&x)
-                        .arg(&pooled)
-                        .arg(&d_i)
-                        .arg(&n_i)
-                        .arg(&pairs)
-                        .arg(&n_pairs_i)
-                        .arg(&inter_out)
-                        .arg(&top_in_i)
-                        .arg(&use_smem);
-                    let cfg = LaunchConfig {
-                        grid_dim: (batch as u32, 1, 1),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: if use_smem == 1 { smem as u32 } else { 0 },
-                    };
-                    // SAFETY: arguments match ember_dot_interact; x is [batch, d], pooled
-                    // [batch, (n-1) d], inter_out [batch, top_in], pairs 2 x n_pairs ints < n.
-                    unsafe { b.launch(cfg) }.ctx("launching the dot interaction")?;
-                }
+            DevInteraction::Dot { .. } => {
+                self.dot_interaction(x, pooled, inter_out, batch)?;
                 inter_out
             }
             DevInteraction::Cat => {
@@ -117,9 +85,107 @@ impl GpuPredictor {
             which ^= 1;
         }
         debug_assert_eq!(cur, acts[which ^ 1]);
-        let slot = &self.slots[si];
+        self.finish(si)
+    }
+
+    /// Slot `si`'s embedding stage on the compute stream, between the marks of its start and
+    /// end; returns where the pooled rows are (`[batch, total_dim]` f32).
+    pub(super) fn embedding_stage(&mut self, si: usize) -> Result<u64> {
+        let stream = self.m.gpu.compute().clone();
+        let slot = &mut self.slots[si];
+        slot.marks[0].record(&stream).ctx("recording an event")?;
+        slot.run.launch(&self.m.emb)?;
+        slot.marks[1].record(&stream).ctx("recording an event")?;
+        Ok(slot.run.output_ptr())
+    }
+
+    /// Where the logits of a batch are left: the activation buffer `act[k]` that the last
+    /// layer writes when the bottom MLP starts in `act[0]` and each layer writes the other.
+    pub(super) fn logits_index(&self) -> usize {
+        ((self.m.bottom.len() + self.m.top.len()) % 2) ^ 1
+    }
+
+    /// The end of slot `si`'s forward pass: the logits (left in `act[logits_index]`) copied
+    /// back, then "done".
+    pub(super) fn finish(&mut self, si: usize) -> Result<()> {
+        let gpu = self.m.gpu.clone();
+        let stream = gpu.compute();
+        let li = self.logits_index();
+        let slot = &mut self.slots[si];
+        let batch = slot.batch;
         slot.marks[4].record(stream).ctx("recording an event")?;
+        // The logits (4 bytes a sample) come back on this stream: on the copy stream they would
+        // queue behind the next batch's uploads.
+        slot.copy_marks[2]
+            .record(stream)
+            .ctx("recording an event")?;
+        if batch > 0 {
+            let logits = slot.act[li].as_ref().expect("allocated at submit");
+            let host = slot.host_logits.get(gpu.context(), batch)?;
+            stream
+                .memcpy_dtoh(&logits.slice(..batch), host)
+                .ctx("downloading scores")?;
+        }
+        if slot.pinned.is_some() {
+            // The device's check of the inputs: where it found a bad id or value, if anywhere.
+            let bad = slot.bad.as_ref().expect("allocated at submit");
+            let host = slot.host_bad.get(gpu.context(), 2)?;
+            stream
+                .memcpy_dtoh(&bad.slice(..2), host)
+                .ctx("downloading the input check")?;
+        }
+        slot.copy_marks[3]
+            .record(stream)
+            .ctx("recording an event")?;
         slot.done.record(stream).ctx("recording an event")?;
+        Ok(())
+    }
+
+    /// The dot interaction of `x` (the bottom MLP's `[batch, d]` output) and `pooled` into
+    /// `inter_out` (`[batch, top_in]`), f32.
+    pub(super) fn dot_interaction(
+        &self,
+        x: u64,
+        pooled: u64,
+        inter_out: u64,
+        batch: usize,
+    ) -> Result<()> {
+        let DevInteraction::Dot { pairs, n_pairs, d } = &self.m.inter else {
+            return Err(CudaError::Input("not a dot interaction".into()));
+        };
+        let stream = self.m.gpu.compute();
+        let top_in = self.m.model.config().top_in();
+        let pd = self.m.emb.total_dim();
+        let n = pd / d + 1;
+        let smem = n * d * 4;
+        let use_smem = i32::from(smem <= 48 * 1024);
+        let (pairs, n_pairs_i, d_i, n_i, top_in_i) = (
+            dptr(pairs, stream),
+            *n_pairs as i32,
+            *d as i32,
+            n as i32,
+            top_in as i32,
+        );
+        if batch > 0 {
+            let mut b = stream.launch_builder(&self.dot);
+            b.arg(&x)
+                .arg(&pooled)
+                .arg(&d_i)
+                .arg(&n_i)
+                .arg(&pairs)
+                .arg(&n_pairs_i)
+                .arg(&inter_out)
+                .arg(&top_in_i)
+                .arg(&use_smem);
+            let cfg = LaunchConfig {
+                grid_dim: (batch as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: if use_smem == 1 { smem as u32 } else { 0 },
+            };
+            // SAFETY: arguments match ember_dot_interact; x is [batch, d], pooled
+            // [batch, (n-1) d], inter_out [batch, top_in], pairs 2 x n_pairs ints < n.
+            unsafe { b.launch(cfg) }.ctx("launching the dot interaction")?;
+        }
         Ok(())
     }
 
@@ -176,7 +242,7 @@ impl GpuPredictor {
         Ok(())
     }
 
-    fn copy_cols(
+    pub(super) fn copy_cols(
         &self,
         src: u64,
         width: usize,
@@ -199,7 +265,7 @@ impl GpuPredictor {
     }
 }
 
-fn grid(total: i64) -> LaunchConfig {
+pub(super) fn grid(total: i64) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((total as u64).div_ceil(256) as u32, 1, 1),
         block_dim: (256, 1, 1),

@@ -7,28 +7,48 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaEvent, CudaSlice};
-use ember_model::{Batch, Engine, Model, ModelError, Prepared, StageTimes, sigmoid};
+use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, ValidAsZeroBits};
+use ember_model::{Batch, DenseDType, Engine, Model, ModelError, Prepared, StageTimes, sigmoid};
 
+use super::pinned::{PinnedBatch, refusal};
 use super::{DevInteraction, GpuModel, GpuPredictor, Slot};
 use crate::device::{Gpu, TIMED, dptr};
 use crate::embed::Variant;
 use crate::error::{CudaError, DriverCtx, Result};
 use crate::kernels::MODEL_SRC;
 use crate::staging::{Pinned, fill};
+
+/// Batches in flight at most: one staged by the host, one copying, one computing.
+pub const SLOTS: usize = 3;
+
+/// What a submit hands over: a batch checked upstream, or dense values and ids to check while
+/// they are staged.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Checked(&'a Batch<'a>),
+    Raw {
+        dense: &'a [f32],
+        sparse: &'a KeyedJagged,
+    },
+    Pinned(&'a PinnedBatch),
+}
 use crate::tune::TuneCache;
 use ember_embed::KeyedJagged;
 
-/// Grows `buf` to at least `len` floats (allocation is ordered on the compute stream; the
+/// Grows `buf` to at least `len` elements (allocation is ordered on the compute stream; the
 /// caller synchronizes before a copy stream touches a new buffer).
-pub(super) fn grow(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, len: usize) -> Result<(u64, bool)> {
+pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    buf: &mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<(u64, bool)> {
     let len = len.max(1);
     let mut grew = false;
     if buf.as_ref().is_none_or(|b| b.len() < len) {
         *buf = None;
         *buf = Some(
             gpu.compute()
-                .alloc_zeros::<f32>(len.next_power_of_two())
+                .alloc_zeros::<T>(len.next_power_of_two())
                 .ctx("allocating activations")?,
         );
         grew = true;
@@ -36,42 +56,62 @@ pub(super) fn grow(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, len: usize) -> R
     Ok((dptr(buf.as_ref().expect("allocated"), gpu.compute()), grew))
 }
 
+/// One slot's buffers and events; its embedding run pools with `variant` and uploads on the
+/// copy stream.
+fn new_slot(m: &GpuModel, variant: Variant) -> Result<Slot> {
+    let ctx = m.gpu.context();
+    let mut run = m.emb.runner(variant, m.model.config().pooling.into())?;
+    run.upload_on_copy_stream();
+    // Ordering events need no clock; the stage marks do.
+    let ev = || ctx.new_event(None).ctx("creating an event");
+    let mark = || ctx.new_event(Some(TIMED)).ctx("creating an event");
+    Ok(Slot {
+        run,
+        dense: None,
+        act: [None, None],
+        inter_out: None,
+        xl: None,
+        low: None,
+        wide: None,
+        act16: [None, None],
+        xl16: None,
+        low16: None,
+        pinned: None,
+        starts: None,
+        bad: None,
+        host_bad: Pinned::readable(),
+        batch: 0,
+        host_dense: Pinned::default(),
+        host_logits: Pinned::readable(),
+        ready: ev()?,
+        done: ev()?,
+        marks: [mark()?, mark()?, mark()?, mark()?, mark()?],
+        copy_marks: [mark()?, mark()?, mark()?, mark()?],
+    })
+}
+
 impl GpuPredictor {
     /// A predictor pooling with `variant`; tuned variants tune on the first batch (choices
     /// recorded in `cache`).
     pub fn new(m: Arc<GpuModel>, variant: Variant) -> Result<GpuPredictor> {
         let gpu = m.gpu.clone();
-        let pooling = m.model.config().pooling.into();
-        let ctx = gpu.context();
-        let mut slots = Vec::new();
-        for _ in 0..2 {
-            let mut run = m.emb.runner(variant, pooling)?;
-            run.upload_on_copy_stream();
-            // Ordering events need no clock; the stage marks do.
-            let ev = || ctx.new_event(None).ctx("creating an event");
-            let mark = || ctx.new_event(Some(TIMED)).ctx("creating an event");
-            slots.push(Slot {
-                run,
-                dense: None,
-                act: [None, None],
-                inter_out: None,
-                xl: None,
-                low: None,
-                wide: None,
-                batch: 0,
-                host_dense: Pinned::default(),
-                ready: ev()?,
-                done: ev()?,
-                marks: [mark()?, mark()?, mark()?, mark()?, mark()?],
-                copy_marks: [mark()?, mark()?, mark()?, mark()?],
-            });
-        }
+        let slots = (0..SLOTS)
+            .map(|_| new_slot(&m, variant))
+            .collect::<Result<Vec<_>>>()?;
         let f = |name: &str| gpu.function("model.cu", || MODEL_SRC.to_string(), &[], name);
         let blas = CudaBlas::new(gpu.compute().clone()).map_err(|source| CudaError::Blas {
             what: "creating a handle",
             source,
         })?;
+        let lt = match m.dense {
+            DenseDType::Bf16 => Some(super::lt::Lt::new(&gpu)?),
+            _ => None,
+        };
         Ok(GpuPredictor {
+            lt,
+            to_bf16: f("ember_to_bf16")?,
+            cross_bf16: f("ember_cross_update_bf16")?,
+            check: f("ember_check_inputs")?,
             bias_act: f("ember_bias_act")?,
             copy_cols: f("ember_copy_cols")?,
             dot: f("ember_dot_interact")?,
@@ -83,6 +123,16 @@ impl GpuPredictor {
             pending: VecDeque::new(),
             cache: TuneCache::in_memory(),
         })
+    }
+
+    /// Another predictor of the same model on the device (its weights and tables are shared,
+    /// not copied), pooling with the same variant and tuned choices: two of them let one
+    /// batch's host work run beside another's copies and compute (`serve --instances`).
+    pub fn sibling(&self) -> Result<GpuPredictor> {
+        let variant = self.slots[0].run.variant();
+        let mut next = GpuPredictor::new(self.m.clone(), variant)?;
+        next.cache = self.cache.clone();
+        Ok(next)
     }
 
     /// The model on the device (its [`Engine::model`] is the host model it came from).
@@ -107,18 +157,60 @@ impl GpuPredictor {
         Ok(())
     }
 
-    /// Checks a batch (dense shape and values, ids in range), copies it to the device and
-    /// enqueues its forward pass. At most two batches are in flight: a third submit is refused
-    /// until the oldest is collected.
+    /// Checks a batch (dense shape and values, ids in range) as it stages it in page-locked
+    /// memory, each value read once ([`Model::check_dense_into`],
+    /// [`ember_embed::EmbeddingCollection::validate_narrowed`]), copies it to the device and
+    /// enqueues its forward pass. At most [`GpuPredictor::capacity`] batches are in flight: one
+    /// more submit is refused until the oldest is collected. Errors are [`Model::batch`]'s.
     pub fn submit(&mut self, dense: &[f32], sparse: &KeyedJagged) -> Result<()> {
-        let model = self.m.model.clone();
-        let batch = model.batch(dense, sparse)?;
-        self.submit_batch(&batch)
+        self.submit_input(Input::Raw { dense, sparse })
     }
 
     /// [`GpuPredictor::submit`] for a batch checked already ([`Model::batch`],
     /// [`Model::merge`]): nothing is checked again.
     pub fn submit_batch(&mut self, batch: &Batch<'_>) -> Result<()> {
+        self.submit_input(Input::Checked(batch))
+    }
+
+    /// [`GpuPredictor::submit`] for a batch already in page-locked memory
+    /// ([`GpuPredictor::pin`]): copied to the device as it is, checked there (no host pass
+    /// over its ids or values). A bad batch is refused at [`GpuPredictor::collect`], with the
+    /// host check's words, and none of its scores is returned.
+    pub fn submit_pinned(&mut self, batch: &PinnedBatch) -> Result<()> {
+        self.submit_input(Input::Pinned(batch))
+    }
+
+    /// Keeps at most `n` batches in flight (1 to 8; [`SLOTS`] by default), with nothing in
+    /// flight. Three let the host stage one batch while another copies and a third computes;
+    /// where the host does no work per batch ([`GpuPredictor::submit_pinned`]), two keep the
+    /// copy engine as busy and a batch waits behind one fewer.
+    pub fn set_capacity(&mut self, n: usize) -> Result<()> {
+        if !(1..=8).contains(&n) {
+            return Err(CudaError::Input(format!(
+                "{n} batches in flight: between 1 and 8"
+            )));
+        }
+        if !self.pending.is_empty() {
+            return Err(CudaError::Input(
+                "changing the batches in flight with some in flight: collect them first".into(),
+            ));
+        }
+        let variant = self.slots[0].run.variant();
+        // A new slot's run tunes on its first batch, from the predictor's cache.
+        while self.slots.len() < n {
+            self.slots.push(new_slot(&self.m, variant)?);
+        }
+        self.slots.truncate(n);
+        self.next = 0;
+        Ok(())
+    }
+
+    /// Batches that can be in flight at once.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn submit_input(&mut self, input: Input<'_>) -> Result<()> {
         // cuBLAS and the raw driver calls use the thread's current context.
         self.m
             .gpu
@@ -126,9 +218,10 @@ impl GpuPredictor {
             .bind_to_thread()
             .ctx("binding the context")?;
         if self.pending.len() == self.slots.len() {
-            return Err(CudaError::Input(
-                "two batches are in flight: collect one before submitting another".into(),
-            ));
+            return Err(CudaError::Input(format!(
+                "{} batches are in flight: collect one before submitting another",
+                self.slots.len()
+            )));
         }
         // The first slot not in flight (a failed submit leaves its slot free).
         let n = self.slots.len();
@@ -136,7 +229,7 @@ impl GpuPredictor {
             .map(|k| (self.next + k) % n)
             .find(|s| !self.pending.contains(s))
             .expect("fewer batches in flight than slots");
-        match self.submit_into(si, batch) {
+        match self.submit_into(si, input) {
             Ok(()) => {
                 self.next = (si + 1) % n;
                 self.pending.push_back(si);
@@ -152,9 +245,17 @@ impl GpuPredictor {
         }
     }
 
-    /// Copies a checked batch into slot `si` and enqueues its forward pass.
-    fn submit_into(&mut self, si: usize, checked: &Batch<'_>) -> Result<()> {
-        let (batch, dense) = (checked.len(), checked.dense());
+    /// Copies a batch into slot `si` (checking it on the way when it is raw) and enqueues its
+    /// forward pass.
+    fn submit_into(&mut self, si: usize, input: Input<'_>) -> Result<()> {
+        let (batch, dense) = match input {
+            Input::Checked(b) => (b.len(), b.dense()),
+            Input::Raw { dense, sparse } => (sparse.batch_size(), dense),
+            Input::Pinned(p) => {
+                p.check_fits(&self.m.model)?;
+                (p.batch_size(), p.dense()?)
+            }
+        };
         let m = self.m.clone();
         let gpu = m.gpu.clone();
         let cfg = m.model.config();
@@ -163,7 +264,7 @@ impl GpuPredictor {
         let slot = &mut self.slots[si];
         // Buffers first (growing synchronizes), then the copy stream waits until the slot's
         // previous batch is done with them.
-        let mut grew = grow(&gpu, &mut slot.dense, batch * dense_in)?.1;
+        let mut grew = grow(&gpu, &mut slot.dense, dense.len().max(batch * dense_in))?.1;
         let widest = m
             .bottom
             .iter()
@@ -182,23 +283,69 @@ impl GpuPredictor {
             grew |= grow(&gpu, &mut slot.low, batch * low)?.1;
             grew |= grow(&gpu, &mut slot.wide, batch * top_in)?.1;
         }
+        if m.dense == DenseDType::Bf16 {
+            for a in &mut slot.act16 {
+                grew |= grow(&gpu, a, batch * widest)?.1;
+            }
+            if let DevInteraction::Dcn { layers } = &m.inter {
+                let low = layers.iter().map(|(v, _)| v.n_out).max().unwrap_or(1);
+                grew |= grow(&gpu, &mut slot.xl16, batch * top_in)?.1;
+                grew |= grow(&gpu, &mut slot.low16, batch * low)?.1;
+            }
+        }
+        let nf = m.model.config().features().len();
+        if let Input::Pinned(_) = input {
+            grew |= grow(&gpu, &mut slot.starts, nf + 1)?.1;
+            grew |= grow(&gpu, &mut slot.bad, 2)?.1;
+        }
         if grew {
             gpu.compute().synchronize().ctx("allocating")?;
         }
+        // The slot's last upload read the page-locked dense buffer until `ready`.
+        slot.ready
+            .synchronize()
+            .ctx("waiting for the last upload")?;
+        // Dense values first (Model::batch's order of checks), staged as they are checked.
+        // A page-locked batch is copied as it is.
+        match input {
+            Input::Checked(_) => fill(
+                slot.host_dense.get(gpu.context(), dense.len())?,
+                dense,
+                |v| v,
+            ),
+            Input::Raw { sparse, .. } => {
+                let h = slot.host_dense.get(gpu.context(), dense.len())?;
+                m.model.check_dense_into(dense, sparse.batch_size(), h)?
+            }
+            Input::Pinned(_) => {}
+        }
+        slot.pinned = None;
         let copy = gpu.copy();
         copy.wait(&slot.done)
             .ctx("ordering the copy after the slot's last use")?;
         slot.copy_marks[0].record(copy).ctx("recording an event")?;
-        slot.run.upload_valid(&m.emb, checked.valid())?;
+        match input {
+            Input::Checked(b) => slot.run.upload_valid(&m.emb, b.valid())?,
+            Input::Raw { sparse, .. } => {
+                slot.run
+                    .upload_checked(&m.emb, m.model.embeddings(), sparse)?;
+            }
+            Input::Pinned(p) => {
+                slot.run
+                    .upload_pinned(&m.emb, batch, p.offsets()?, p.ids()?)?;
+                let st = slot.starts.as_mut().expect("allocated above");
+                copy.memcpy_htod(p.starts()?, &mut st.slice_mut(..nf + 1))
+                    .ctx("uploading feature starts")?;
+                slot.pinned = Some(p.clone());
+            }
+        }
         if !dense.is_empty() {
-            // The slot's last upload read the page-locked buffer until `ready`.
-            slot.ready
-                .synchronize()
-                .ctx("waiting for the last upload")?;
-            let h = slot.host_dense.get(gpu.context(), dense.len())?;
-            fill(h, dense, |v| v);
+            let h: &[f32] = match input {
+                Input::Pinned(_) => dense,
+                _ => slot.host_dense.get(gpu.context(), dense.len())?,
+            };
             let d = slot.dense.as_mut().expect("allocated above");
-            copy.memcpy_htod(&*h, &mut d.slice_mut(..dense.len()))
+            copy.memcpy_htod(h, &mut d.slice_mut(..dense.len()))
                 .ctx("uploading dense features")?;
         }
         slot.copy_marks[1].record(copy).ctx("recording an event")?;
@@ -208,10 +355,16 @@ impl GpuPredictor {
         compute
             .wait(&slot.ready)
             .ctx("ordering compute after the copy")?;
-        // Variants that tune do it on their first batch, both slots from one cache so that
+        // Variants that tune do it on their first batch, all slots from one cache so that
         // they choose alike ([`GpuPredictor::tune`] does it ahead, with a cache on disk).
         slot.run.tune(&m.emb, &mut self.cache)?;
-        self.forward(si)
+        if slot.pinned.is_some() {
+            self.check_on_device(si, nf)?;
+        }
+        match m.dense {
+            DenseDType::Bf16 => self.forward_bf16(si),
+            _ => self.forward(si),
+        }
     }
 
     /// Waits for the oldest batch in flight and writes its scores (sigmoid of the logits) into
@@ -221,7 +374,7 @@ impl GpuPredictor {
             .pending
             .pop_front()
             .ok_or_else(|| CudaError::Input("no batch in flight".into()))?;
-        let slot = &self.slots[si];
+        let slot = &mut self.slots[si];
         if scores.len() != slot.batch {
             return Err(CudaError::Input(format!(
                 "output has room for {} scores, the batch has {} samples",
@@ -231,17 +384,19 @@ impl GpuPredictor {
         }
         let gpu = &self.m.gpu;
         gpu.context().bind_to_thread().ctx("binding the context")?;
-        let copy = gpu.copy();
-        copy.wait(&slot.done).ctx("ordering the download")?;
-        slot.copy_marks[2].record(copy).ctx("recording an event")?;
-        if slot.batch > 0 {
-            let logits = self.logits_buffer(si);
-            copy.memcpy_dtoh(&logits.slice(..slot.batch), scores)
-                .ctx("downloading scores")?;
-        }
-        slot.copy_marks[3].record(copy).ctx("recording an event")?;
-        copy.synchronize().ctx("downloading scores")?;
+        // The logits came back on the compute stream, before `done` (see forward).
         slot.done.synchronize().ctx("running the model")?;
+        // A page-locked batch the device's check refused: its error, and no score.
+        if let Some(p) = slot.pinned.take() {
+            let bad = slot.host_bad.peek(2)?;
+            if let Some(e) = refusal(&self.m.model, &p, [bad[0], bad[1]])? {
+                return Err(e);
+            }
+        }
+        if slot.batch > 0 {
+            let host = slot.host_logits.peek(slot.batch)?;
+            scores.copy_from_slice(host);
+        }
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         let between = |a: &CudaEvent, b: &CudaEvent| -> Result<Duration> {
             let t = a.elapsed_ms(b).ctx("reading stage times")?;
@@ -280,14 +435,6 @@ impl GpuPredictor {
     /// Batches submitted and not yet collected.
     pub fn in_flight(&self) -> usize {
         self.pending.len()
-    }
-
-    /// Where the top MLP left the logits of slot `si` (its last activation buffer).
-    pub(super) fn logits_buffer(&self, si: usize) -> &CudaSlice<f32> {
-        let slot = &self.slots[si];
-        let last = (self.m.bottom.len() + self.m.top.len()) % 2;
-        // The bottom MLP starts in act[0]; each layer writes the other buffer (see forward).
-        slot.act[last ^ 1].as_ref().expect("allocated at submit")
     }
 }
 
