@@ -4,7 +4,29 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStderr, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Polls `ready` until it holds; panics naming `what` after `limit`.
+fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < end, "no {what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The value of `series` (`name{labels}` as printed) in a `/metrics` page, 0 if absent.
+fn metric_in(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
 
 fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
     post_with(addr, path, "", body)
@@ -51,7 +73,17 @@ fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
             std::thread::spawn(move || post(&a, "/v1/score", &r))
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(100));
+    // Received: queued in the forming batch (or, on a machine slow enough to miss its 300 ms,
+    // answered already).
+    wait_until("three requests received", Duration::from_secs(30), || {
+        let page = get(&addr, "/metrics");
+        metric_in(&page, "ember_queue_depth")
+            + metric_in(
+                &page,
+                "ember_requests_total{protocol=\"http\",status=\"ok\"}",
+            )
+            >= 3.0
+    });
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -716,14 +748,9 @@ fn serve_a_model_repository() {
         std::fs::copy(root.join("ctr/2").join(f), d.join(f)).unwrap();
     }
     std::fs::rename(&d, root.join("ctr/3")).unwrap();
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    while !get(&addr, "/v2/models/ctr").contains("\"versions\":[\"3\"]") {
-        assert!(
-            std::time::Instant::now() < end,
-            "version 3 was not picked up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("pick-up of version 3", Duration::from_secs(20), || {
+        get(&addr, "/v2/models/ctr").contains("\"versions\":[\"3\"]")
+    });
     // The old version is UNLOADING until its requests are answered and its memory is freed
     // (on an idle-class thread), then UNAVAILABLE with the reason.
     let end = std::time::Instant::now() + Duration::from_secs(20);

@@ -10,8 +10,8 @@
 //!   interaction as a kernel, host-device copies on their own stream overlapped with compute).
 //!
 //! CUDA is loaded dynamically: this crate builds, and its tests run, on machines without a GPU.
-//! [`Gpu::open`] then fails with an error that says what is missing, and the GPU tests skip
-//! saying so.
+//! [`Gpu::open`] then fails with an error that says what is missing, and the GPU tests are
+//! built as ignored, saying why (`build.rs`).
 
 mod device;
 mod embed;

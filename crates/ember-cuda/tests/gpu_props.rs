@@ -18,16 +18,16 @@ use ember_model::{Engine, Model, Predictor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn gpu() -> Option<Arc<Gpu>> {
+/// The device; a test that needs one and finds none fails saying so (it is built as ignored
+/// where no device node was, and runs anyway with --include-ignored).
+fn gpu() -> Arc<Gpu> {
     if let Err(why) = cuda_available() {
-        // Built where a device node was (build.rs), so not marked ignored: a fault now.
-        if cfg!(ember_cuda_device) {
-            panic!("a CUDA device was present when this test was built, and now: {why}");
+        match cfg!(ember_cuda_device) {
+            true => panic!("a CUDA device was present when this test was built, and now: {why}"),
+            false => panic!("this test needs a CUDA device: {why}"),
         }
-        eprintln!("skipped: {why}");
-        return None;
     }
-    Some(Gpu::open(0).expect("a CUDA device is present"))
+    Gpu::open(0).expect("a CUDA device is present")
 }
 
 /// A random collection: 1-4 tables of random dtype and (often odd) dim, 1-5 features.
@@ -116,7 +116,7 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
     ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
 )]
 fn every_variant_matches_the_cpu_reference() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(2024);
     let mut cache = TuneCache::in_memory();
     for case in 0..24 {
@@ -171,7 +171,7 @@ fn every_variant_matches_the_cpu_reference() {
     ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
 )]
 fn every_launch_the_tuner_can_pick_is_correct() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(99);
     let values: Vec<f32> = (0..5000 * 128).map(|_| rng.random::<f32>() - 0.5).collect();
     for dtype in [DType::F32, DType::F16, DType::Int8] {
@@ -214,7 +214,7 @@ fn every_launch_the_tuner_can_pick_is_correct() {
     ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
 )]
 fn bad_batches_are_refused_before_the_device_sees_them() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(5);
     let coll = random_collection(&mut rng);
     let emb = GpuEmbeddings::upload(&gpu, &coll, None).unwrap();
@@ -296,7 +296,7 @@ fn model_config(interaction: InteractionConfig, dtype: DType, pooling: PoolingNa
     ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
 )]
 fn whole_models_match_the_cpu_predictor() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let interactions = [
         InteractionConfig::Dot {
             self_interaction: false,
@@ -421,7 +421,7 @@ fn whole_models_match_the_cpu_predictor() {
     ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
 )]
 fn bf16_dense_layers_score_within_bf16_tolerance_of_f32() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let interactions = [
         InteractionConfig::Dot {
             self_interaction: false,
@@ -483,7 +483,7 @@ fn bf16_dense_layers_score_within_bf16_tolerance_of_f32() {
     ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
 )]
 fn pinned_batches_are_checked_on_the_device() {
-    let Some(gpu) = gpu() else { return };
+    let gpu = gpu();
     let mut rng = StdRng::seed_from_u64(17);
     for (k, (dense_dtype, inter)) in [
         (

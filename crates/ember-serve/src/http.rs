@@ -375,58 +375,73 @@ async fn score_route(
     body: Body,
 ) -> Response {
     let t = Tracked::new("http");
-    let r = async {
-        let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
-        let served = app.repo.get_default(q.model.as_deref())?;
-        let body = admit_unread(&app, &served, body, timeout).await?;
-        let bytes = read_body(body, app.max_body_bytes).await?;
-        if bytes.trim_ascii().is_empty() {
-            return Err(ServeError::bad(
-                "the request body is empty: send Criteo TSV lines (text/tab-separated-values), or \
-                 JSON {\"instances\": [...]} with Content-Type: application/json",
-            ));
+    let r = match app.repo.get_default(q.model.as_deref()) {
+        Ok(served) => {
+            let r = score_on(&app, &served, &q, &headers, body).await;
+            // Counted per model as KServe's requests are (a request naming no model is not).
+            served.count_request(r.as_ref().err());
+            r
         }
-        let json = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        let samples = if json {
-            v1::decode_json(&served.spec, &bytes)?
-        } else if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
-            // Criteo TSV lines start with a label or a number, never a bracket.
-            let ctype = headers
-                .get(header::CONTENT_TYPE)
-                .map_or("no Content-Type".into(), |v| {
-                    format!("Content-Type {}", String::from_utf8_lossy(v.as_bytes()))
-                });
-            return Err(ServeError::bad(format!(
-                "the body looks like JSON, but it came with {ctype}, so it would be read as \
-                 Criteo TSV: send it with the header Content-Type: application/json"
-            )));
-        } else {
-            v1::decode_tsv(&served.spec, &bytes, q.labels.unwrap_or(true))?
-        };
-        drop(bytes);
-        let scored = served.batcher.submit(samples, timeout).await?;
-        let access = crate::access::Access {
-            model: served.spec.name.clone(),
-            samples: scored.scores.len(),
-        };
-        let mut resp = if json {
-            axum::Json(json!({ "scores": scored.scores })).into_response()
-        } else {
-            let mut text = String::with_capacity(scored.scores.len() * 12);
-            for s in &scored.scores {
-                text.push_str(&s.to_string());
-                text.push('\n');
-            }
-            ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
-        };
-        resp.extensions_mut().insert(access);
-        Ok(resp)
-    }
-    .await;
+        Err(e) => Err(e),
+    };
     finish(t, r)
+}
+
+/// `/v1/score` on the model `served`: the body decoded, scored, written as text or JSON.
+async fn score_on(
+    app: &App,
+    served: &Served,
+    q: &ScoreQuery,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
+    let body = admit_unread(app, served, body, timeout).await?;
+    let bytes = read_body(body, app.max_body_bytes).await?;
+    if bytes.trim_ascii().is_empty() {
+        return Err(ServeError::bad(
+            "the request body is empty: send Criteo TSV lines (text/tab-separated-values), or \
+             JSON {\"instances\": [...]} with Content-Type: application/json",
+        ));
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let samples = if json {
+        v1::decode_json(&served.spec, &bytes)?
+    } else if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
+        // Criteo TSV lines start with a label or a number, never a bracket.
+        let ctype = headers
+            .get(header::CONTENT_TYPE)
+            .map_or("no Content-Type".into(), |v| {
+                format!("Content-Type {}", String::from_utf8_lossy(v.as_bytes()))
+            });
+        return Err(ServeError::bad(format!(
+            "the body looks like JSON, but it came with {ctype}, so it would be read as \
+             Criteo TSV: send it with the header Content-Type: application/json"
+        )));
+    } else {
+        v1::decode_tsv(&served.spec, &bytes, q.labels.unwrap_or(true))?
+    };
+    drop(bytes);
+    let scored = served.batcher.submit(samples, timeout).await?;
+    let access = crate::access::Access {
+        model: served.spec.name.clone(),
+        samples: scored.scores.len(),
+    };
+    let mut resp = if json {
+        axum::Json(json!({ "scores": scored.scores })).into_response()
+    } else {
+        let mut text = String::with_capacity(scored.scores.len() * 12);
+        for s in &scored.scores {
+            text.push_str(&s.to_string());
+            text.push('\n');
+        }
+        ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
+    };
+    resp.extensions_mut().insert(access);
+    Ok(resp)
 }
 
 async fn metrics_page(State(app): State<App>) -> Response {

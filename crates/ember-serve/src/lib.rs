@@ -164,6 +164,9 @@ impl Server {
         if engines.is_empty() {
             return Err(std::io::Error::other("no engine to serve with"));
         }
+        // The recorder first: a served model registers its counters when it is made, and a
+        // counter registered before the recorder counts nothing.
+        metrics::handle();
         let repo = Repository::single(&cfg.model_name, engines, cfg.batch);
         Self::serve(Arc::new(repo), cfg).await
     }
@@ -178,6 +181,7 @@ impl Server {
     ) -> std::io::Result<Server> {
         let poll = source.poll;
         let follows_store = source.store.is_some();
+        metrics::handle(); // before any model registers its counters (see start_engines)
         let repo = Arc::new(Repository::open(source, cfg.batch));
         let r = repo.clone();
         tokio::task::spawn_blocking(move || r.load_all())

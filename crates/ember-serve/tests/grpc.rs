@@ -651,7 +651,7 @@ async fn queue_limit_deadlines_metrics_and_a_graceful_stop() {
     // Two requests wait in a forming batch; a third finds the queue full at once.
     let waiting: Vec<Req> = (0..2).map(|i| random_req(&m, 1, 50 + i)).collect();
     let futs: Vec<_> = waiting.iter().map(|r| call(r, |_| {})).collect();
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    wait_queued(&s, 2).await;
     let t = std::time::Instant::now();
     let e = call(&random_req(&m, 1, 60), |_| {})
         .await
@@ -685,7 +685,25 @@ async fn queue_limit_deadlines_metrics_and_a_graceful_stop() {
         matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{e:?}"
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The server counts the dropped call once its batch forms (after the 300 ms delay).
+    let cancelled = "ember_requests_total{protocol=\"grpc\",status=\"cancelled\"}";
+    let start = std::time::Instant::now();
+    loop {
+        let page = reqwest::get(format!("{url}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if page.lines().any(|l| l.starts_with(cancelled)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the dropped call was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // A deadline longer than the delay is met.
     let resp = call(&r, |q| q.set_timeout(Duration::from_secs(5)))
         .await
@@ -724,7 +742,7 @@ async fn queue_limit_deadlines_metrics_and_a_graceful_stop() {
     // Requests in flight when the stop comes are answered; then the port is closed.
     let reqs: Vec<Req> = (0..2).map(|i| random_req(&m, 3, 70 + i)).collect();
     let futs: Vec<_> = reqs.iter().map(|r| call(r, |_| {})).collect();
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    wait_queued(&s, 2).await;
     let g = s.grpc_addr().unwrap();
     s.shutdown().await.unwrap();
     for (f, r) in futs.into_iter().zip(&reqs) {

@@ -465,7 +465,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     // Two requests wait in a forming batch; a third finds the queue full: 503 at once.
     let waiting: Vec<Req> = (0..2).map(|i| random_req(&m, 1, 20 + i)).collect();
     let futs = spawn_infers(&c, &url, &m, &waiting);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_queued(&s, 2).await;
     let (status, v) = post_json(
         &c,
         format!("{url}/v2/models/default/infer"),
@@ -494,7 +494,7 @@ async fn deadlines_metrics_and_a_graceful_stop() {
     // Requests in flight when the stop comes are answered; then the port is closed.
     let reqs: Vec<Req> = (0..2).map(|i| random_req(&m, 3, 40 + i)).collect();
     let futs = spawn_infers(&c, &url, &m, &reqs);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_queued(&s, 2).await;
     s.shutdown().await.unwrap();
     expect_scores(futs, &m, &reqs).await;
     assert!(c.get(format!("{url}/v2/health/live")).send().await.is_err());
@@ -705,4 +705,77 @@ async fn post_json_raw(c: &reqwest::Client, url: &str, body: String) -> reqwest:
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp
+}
+
+/// `/v1/score` requests are counted per model in `ember_model_requests_total`, as KServe's
+/// are: answered ones under `status="ok"`, refused ones under their error's label. The model
+/// has a name of its own, so that no other test's requests share its counters. (Run alone,
+/// this test is its process's first server: it also holds the counters to being registered
+/// after the metrics recorder.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_requests_are_counted_per_model() {
+    let cfg = ember_serve::ServeConfig {
+        model_name: "v1-counted".into(),
+        ..config()
+    };
+    let (s, url, m) = start(cfg).await;
+    let c = reqwest::Client::new();
+    // One KServe request too: the first server of a process counts those as well (its
+    // counters are registered after the metrics recorder is installed).
+    let (code, v) = post_json(
+        &c,
+        format!("{url}/v2/models/v1-counted/infer"),
+        &body(&m, &random_req(&m, 2, 1), false),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    let text = std::fs::read_to_string(root().join("data/sample.tsv")).unwrap();
+    let lines: Vec<&str> = text.lines().take(5).collect();
+    for _ in 0..3 {
+        let r = c
+            .post(format!("{url}/v1/score"))
+            .body(lines.join("\n"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = c
+        .post(format!("{url}/v1/score"))
+        .body("not\ta\trow")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let metrics = c
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |status: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("ember_model_requests_total{")
+                    && l.contains("model=\"v1-counted\"")
+                    && l.contains(&format!("status=\"{status}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert_eq!(count("ok"), 4.0, "{metrics}");
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("ember_model_requests_total{")
+                && l.contains("model=\"v1-counted\"")
+                && !l.contains("status=\"ok\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(refused, 1.0, "{metrics}");
+    s.shutdown().await.unwrap();
 }

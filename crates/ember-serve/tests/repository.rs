@@ -161,10 +161,12 @@ async fn versions_swap_under_concurrent_requests_each_answer_from_one_version() 
         .map(|r| [direct(&mb1, r), direct(&mb2, r)])
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let bodies: Arc<Vec<Value>> = Arc::new(reqs.iter().map(|r| body(&ma, r)).collect());
     let mut clients = Vec::new();
     for k in 0..3 {
         let (c, url, stop, bodies) = (c.clone(), url.clone(), stop.clone(), bodies.clone());
+        let answered = answered.clone();
         clients.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             let mut i = k;
@@ -172,17 +174,26 @@ async fn versions_swap_under_concurrent_requests_each_answer_from_one_version() 
                 let at = Instant::now();
                 let (code, v) = post(&c, format!("{url}/v2/models/b/infer"), &bodies[i % 16]).await;
                 seen.push((at, i % 16, code, v));
+                answered.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }
             seen
         }));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Traffic on version 1 before the swap, and on version 2 after it: counted, not timed.
+    let traffic = async |more: usize| {
+        let until = answered.load(Ordering::Relaxed) + more;
+        eventually("clients' answers", async || {
+            answered.load(Ordering::Relaxed) >= until
+        })
+        .await;
+    };
+    traffic(30).await;
     let (code, v) = post(&c, format!("{url}/v2/repository/models/b/load"), &json!({})).await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["version"], "2");
     let swapped = Instant::now();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    traffic(30).await;
     stop.store(true, Ordering::Relaxed);
     let (mut old, mut new) = (0, 0);
     for cl in clients {
@@ -398,6 +409,7 @@ async fn the_poller_loads_new_versions_and_models_and_unloads_removed_ones() {
             .any(|e| e.0 == "pm" && e.1 == "3" && e.2 == "UNAVAILABLE")
     })
     .await;
+    // Not a wait: six poll periods pass in which the poller must NOT try version 3 again.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let metrics = get_text(&c, format!("{url}/metrics")).await;
     let failed = metrics

@@ -9,7 +9,7 @@ use ember_serve::grpc::pb;
 use ember_serve::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient as GrpcClient;
 use serde_json::{Value, json};
 
-use crate::server::{Server, request, tsv_rows};
+use crate::server::{PATIENCE, Server, metric_in, request, tsv_rows, wait_until};
 
 /// The shipped model's sparse features, from its metadata.
 pub fn features(s: &Server) -> Vec<String> {
@@ -21,6 +21,30 @@ pub fn features(s: &Server) -> Vec<String> {
         .iter()
         .filter_map(|i| i["name"].as_str()?.strip_suffix("_ids").map(String::from))
         .collect()
+}
+
+/// Waits until the server is done with its requests (none in flight, no body held, at most
+/// `conns` connections open, the scrape's own included) and its resident memory has stopped
+/// falling: the level a request leaves.
+pub fn settle(s: &Server, conns: f64) {
+    wait_until("end of the requests", PATIENCE, || {
+        let Some((200, page)) = s.request("GET", "/metrics", "", b"") else {
+            return false;
+        };
+        metric_in(&page, "ember_requests_in_flight") == 0.0
+            && metric_in(&page, "ember_inflight_body_bytes") == 0.0
+            && metric_in(&page, "ember_connections_open") <= conns
+    });
+    // Memory freed goes back at once (mimalloc's purge delay is 0), the last of it as the
+    // threads that freed it run again: settled when it has not fallen by 1 MiB in 200 ms.
+    let mut seen = vec![(Instant::now(), s.rss().0)];
+    wait_until("steady resident memory", PATIENCE, || {
+        let (now, rss) = (Instant::now(), s.rss().0);
+        seen.push((now, rss));
+        let window = Duration::from_millis(200);
+        let from = seen.iter().rposition(|&(t, _)| now - t >= window);
+        from.is_some_and(|i| seen[i..].iter().all(|&(_, r)| r <= rss + (1 << 20)))
+    });
 }
 
 /// A request body of `n` samples: (path, content type, extra header, body).
@@ -176,14 +200,13 @@ pub fn peaks(limit: usize, bursts: usize) -> Vec<Peak> {
     for shape in shapes() {
         let (n, made) = fill(shape, &feats, limit);
         let s = Server::start(&args);
-        let settle = || std::thread::sleep(Duration::from_millis(700));
         assert_eq!(
             s.request("POST", "/v1/score", "text/plain", &tsv_rows(2, 1))
                 .unwrap()
                 .0,
             200
         );
-        settle();
+        settle(&s, 1.0);
         let idle = s.rss().0;
         let (mut added, mut levels) = (Vec::new(), Vec::new());
         for _ in 0..bursts {
@@ -191,7 +214,7 @@ pub fn peaks(limit: usize, bursts: usize) -> Vec<Peak> {
             s.reset_peak();
             assert_eq!(send(&s, &made), 200, "{shape}");
             added.push(s.rss().1.saturating_sub(base));
-            settle();
+            settle(&s, 1.0);
             levels.push(s.rss().0);
         }
         let p = Peak {
@@ -256,6 +279,7 @@ fn a_large_request_runs_in_pieces_and_small_ones_pass_it() {
         "0",
     ]);
     let big = tsv_rows(40_000, 5);
+    let batches = s.metric("ember_batch_size_count");
     let addr = s.addr;
     let t = Instant::now();
     let large = std::thread::spawn(move || {
@@ -269,8 +293,10 @@ fn a_large_request_runs_in_pieces_and_small_ones_pass_it() {
         );
         (r, t.elapsed())
     });
-    // Small requests while it runs: each answered before the large one.
-    std::thread::sleep(Duration::from_millis(100));
+    // Small requests while it runs (a piece of it has: a batch more): each answered before it.
+    s.wait_metric("ember_batch_size_count", "past the batches before", |n| {
+        n > batches
+    });
     let mut small = Vec::new();
     while !large.is_finished() && small.len() < 20 {
         let t = Instant::now();
@@ -384,7 +410,8 @@ pub fn grpc_peaks(limit: usize) -> Vec<(&'static str, usize, u64)> {
         let body = req.encoded_len();
         let mut added = Vec::new();
         for _ in 0..3 {
-            std::thread::sleep(Duration::from_millis(700));
+            // Its gRPC connection stays open.
+            settle(&s, 2.0);
             let base = s.rss().0;
             s.reset_peak();
             let r = rt.block_on(client.model_infer(req.clone()));

@@ -1,5 +1,6 @@
 //! `ember serve` as a child process on free loopback ports: start, talk plain HTTP/1.1 to it,
-//! read its metrics and its memory, signal it, and always stop it.
+//! read its metrics and its memory, signal it, and always stop it; and waits for a state of it
+//! (a metric, what it has read of a connection), never for a time.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -99,16 +100,25 @@ impl Server {
         assert!(ok, "kill -{signal}");
     }
 
-    /// Waits up to `limit` for the server to exit.
+    /// Waits up to `limit` for the server to exit (`None`: still running then).
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + limit;
-        while Instant::now() < end {
+        loop {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return Some(s);
             }
-            std::thread::sleep(Duration::from_millis(10));
+            if Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(POLL);
         }
-        None
+    }
+
+    /// Waits up to [`PATIENCE`] for `text` in its log (stderr after the start lines).
+    pub fn wait_log(&self, text: &str) {
+        wait_until(&format!("{text:?} in the log"), PATIENCE, || {
+            self.log.lock().unwrap().contains(text)
+        });
     }
 
     /// A request: `(status, body)`; `None` when the connection failed.
@@ -131,10 +141,40 @@ impl Server {
 
     /// The value of a metric line (`name{labels}` as printed), 0 when absent.
     pub fn metric(&self, series: &str) -> f64 {
-        let (_, text) = self
-            .request("GET", "/metrics", "text/plain", b"")
-            .expect("GET /metrics");
-        metric_in(&text, series)
+        self.try_metric(series).expect("GET /metrics")
+    }
+
+    /// [`Server::metric`], `None` when `/metrics` could not be read (its connection refused at
+    /// the cap, say).
+    pub fn try_metric(&self, series: &str) -> Option<f64> {
+        let (status, text) = self.request("GET", "/metrics", "text/plain", b"")?;
+        (status == 200).then(|| metric_in(&text, series))
+    }
+
+    /// Waits up to [`PATIENCE`] for `series` to satisfy `ok` (`what` says how, for the panic);
+    /// returns its value then. Each look is a scrape: a connection of its own, counted in
+    /// `ember_connections_open` while it is read.
+    pub fn wait_metric(&self, series: &str, what: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let mut last = None;
+        let end = Instant::now() + PATIENCE;
+        loop {
+            last = self.try_metric(series).or(last);
+            match last {
+                Some(v) if ok(v) => return v,
+                _ => {}
+            }
+            assert!(
+                Instant::now() < end,
+                "{series} is {last:?} after {PATIENCE:?}, not {what}"
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Whether the server has accepted `conn` (a connection to [`Server::addr`]) and read every
+    /// byte sent on it so far.
+    pub fn has_read(&self, conn: &TcpStream) -> bool {
+        server_side(self.addr, conn) == Some(0)
     }
 
     /// (resident, peak resident) memory in bytes, from /proc.
@@ -169,6 +209,45 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Long enough for a loaded machine; a state never reached in it is a failure.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Between two looks at a state being waited for.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Polls `ready` until it holds; panics naming `what` after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < end, "no {what} within {limit:?}");
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The server's side of `conn`, a loopback IPv4 connection to its listener at `addr`, from
+/// `/proc/net/tcp`: `None` while it waits in the listener's accept queue (no descriptor yet,
+/// inode 0) or once it is gone; then the bytes the client sent that the server has not read.
+pub fn server_side(addr: SocketAddr, conn: &TcpStream) -> Option<u64> {
+    let hex = |a: SocketAddr| match a {
+        SocketAddr::V4(a) => format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(a.ip().octets()),
+            a.port()
+        ),
+        SocketAddr::V6(_) => panic!("{a}: only IPv4 connections are looked up"),
+    };
+    let (local, remote) = (hex(addr), hex(conn.local_addr().ok()?));
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 10 || f[1] != local || f[2] != remote || f[9] == "0" {
+            return None;
+        }
+        u64::from_str_radix(f[4].split_once(':')?.1, 16).ok()
+    })
 }
 
 /// The value of `series` in a Prometheus text page (0 when absent).

@@ -6,15 +6,29 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::clients;
-use crate::server::{Server, request, tsv_rows};
+use crate::server::{PATIENCE, Server, metric_in, request, tsv_rows, wait_until};
 
 /// Clients stuck in every way a stop can meet them.
 struct Stuck {
-    _idle: Vec<TcpStream>,
-    _heads: clients::Trickle,
-    _bodies: clients::Trickle,
+    idle: Vec<TcpStream>,
+    heads: clients::Trickle,
+    bodies: clients::Trickle,
     /// An HTTP/2 request whose answer cannot be sent (its window is 0).
-    _h2: TcpStream,
+    h2: TcpStream,
+}
+
+impl Stuck {
+    /// Waits until the server has accepted every stuck connection and read all it was sent.
+    fn wait_read(&self, s: &Server) {
+        let all = || {
+            (self.idle.iter())
+                .chain(&self.heads.conns)
+                .chain(&self.bodies.conns)
+                .chain([&self.h2])
+                .all(|c| s.has_read(c))
+        };
+        wait_until("read of every stuck client", PATIENCE, all);
+    }
 }
 
 fn stuck(s: &Server) -> Stuck {
@@ -25,10 +39,10 @@ fn stuck(s: &Server) -> Stuck {
     let mut h2 = clients::h2_silent(s.addr, 0);
     clients::h2_request(&mut h2, &s.addr.to_string(), &tsv_rows(1, 3));
     Stuck {
-        _idle: clients::idle(s.addr, 5),
-        _heads: heads,
-        _bodies: bodies,
-        _h2: h2,
+        idle: clients::idle(s.addr, 5),
+        heads,
+        bodies,
+        h2,
     }
 }
 
@@ -55,9 +69,20 @@ fn received(s: &Server, n: usize) -> Vec<std::thread::JoinHandle<Option<(u16, St
 #[test]
 fn sigterm_with_stuck_clients_answers_what_was_received_and_exits_0_within_the_grace() {
     let mut s = Server::start(&["--max-delay-us", "300000", "--shutdown-grace-s", "3"]);
-    let _stuck = stuck(&s);
+    let stuck = stuck(&s);
     let inflight = received(&s, 3);
-    std::thread::sleep(Duration::from_millis(150));
+    stuck.wait_read(&s);
+    // Received: the three and the stuck HTTP/2 request queued (or, on a machine slow enough to
+    // miss the batch's 300 ms, answered already).
+    wait_until("four requests received", PATIENCE, || {
+        let (_, page) = s.request("GET", "/metrics", "", b"").expect("GET /metrics");
+        metric_in(&page, "ember_queue_depth")
+            + metric_in(
+                &page,
+                "ember_requests_total{protocol=\"http\",status=\"ok\"}",
+            )
+            >= 4.0
+    });
     let t = Instant::now();
     s.signal("TERM");
     let status = s
@@ -84,12 +109,13 @@ fn sigterm_with_stuck_clients_answers_what_was_received_and_exits_0_within_the_g
 #[test]
 fn a_second_signal_exits_at_once() {
     let mut s = Server::start(&["--shutdown-grace-s", "30"]);
-    let _stuck = stuck(&s);
-    std::thread::sleep(Duration::from_millis(100));
+    let stuck = stuck(&s);
+    stuck.wait_read(&s);
     s.signal("TERM");
-    std::thread::sleep(Duration::from_millis(300));
+    s.wait_log("SIGTERM: stopping");
+    // Not a wait for a state: the stop is under way, and the server must stay up through this.
     assert!(
-        s.child.try_wait().unwrap().is_none(),
+        s.wait_exit(Duration::from_millis(300)).is_none(),
         "stopped before its stuck client"
     );
     let t = Instant::now();

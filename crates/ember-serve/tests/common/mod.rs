@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ember_model::{Engine, Ids, KeyedJagged};
 use ember_model::{LoadOptions, Model, Predictor};
@@ -102,4 +102,23 @@ pub fn scores_of(v: &serde_json::Value) -> Vec<f32> {
 /// GET `url`'s body as text (e.g. `/metrics`).
 pub async fn get_text(c: &reqwest::Client, url: String) -> String {
     c.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+/// How long a test waits for a state before it fails, naming it (generous: a loaded machine
+/// is slow, not wrong).
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Waits until the default model's batcher holds at least `n` requests (its own count, not
+/// the process-wide gauge other tests also move), polling; fails after [`PATIENCE`].
+pub async fn wait_queued(s: &Server, n: usize) {
+    let served = s.repository().get_default(None).unwrap();
+    let start = Instant::now();
+    while served.batcher.queued() < n {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the batcher holds {} requests, not {n}",
+            served.batcher.queued()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
