@@ -3,11 +3,11 @@
 //! started, and a table whose updates it missed (its stream trimmed past it), are refused with
 //! a 503 naming them, never answered with the rows as pushed.
 
-use crate::server::{Server, tsv_rows};
+use crate::server::{PATIENCE, Server, tsv_rows, wait_until};
 use crate::updates::{admin, overrun, update_file};
 use ember_bench::redis_cluster::LocalCluster;
 use rand::{Rng, SeedableRng};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Every body's `/v1/score` answer from `s`: (status, body).
 fn scores(s: &Server, bodies: &[Vec<u8>]) -> Vec<(u16, String)> {
@@ -17,13 +17,9 @@ fn scores(s: &Server, bodies: &[Vec<u8>]) -> Vec<(u16, String)> {
         .collect()
 }
 
-/// Waits up to 10 s for `done`.
-fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "not within 10 s: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits up to [`PATIENCE`] for `done`.
+fn until(what: &str, done: impl FnMut() -> bool) {
+    wait_until(what, PATIENCE, done);
 }
 
 /// Pauses every node, runs `f`, resumes them and waits for the cluster to be healthy.

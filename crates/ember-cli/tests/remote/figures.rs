@@ -11,7 +11,7 @@
 //!
 //! Each prints the counts by status and the p99 over time (0.5 s buckets), and FIGURE lines.
 
-use crate::server::Server;
+use crate::server::{PATIENCE, Server, wait_until};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -81,9 +81,13 @@ fn under_load(s: &Server, rate: f64, secs: f64, fault: impl FnOnce()) -> Seen {
         "--timeline".into(),
         "0.5".into(),
     ];
+    let before = answered(s);
     let child = loadgen(s, &args);
-    // The verify pass and the warm-up take a second or so; the fault's time is read back from
-    // loadgen's own start time below.
+    wait_until("loadgen's first requests at the server", PATIENCE, || {
+        answered(s) > before
+    });
+    // The fault's place in the run, not a wait: the verify pass and the warm-up take a second or
+    // so, then four seconds of the measurement; the exact time is read back from loadgen's start.
     std::thread::sleep(Duration::from_millis(5000));
     let at = now_ms();
     fault();
@@ -114,6 +118,18 @@ fn under_load(s: &Server, rate: f64, secs: f64, fault: impl FnOnce()) -> Seen {
             })
             .collect(),
     }
+}
+
+/// Requests the model `default` of `s` has answered, whatever their version and status.
+fn answered(s: &Server) -> f64 {
+    let text = s
+        .request("GET", "/metrics", "text/plain", b"")
+        .map(|r| r.1)
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("ember_model_requests_total{") && l.contains("model=\"default\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 fn report(name: &str, seen: &Seen) {
@@ -205,6 +221,7 @@ fn figure_faults_under_load() {
     let seen = under_load(&s, rate, 16.0, || {
         let mut c = cell.borrow_mut();
         c.kill(victim).unwrap();
+        // The fault's shape (2 s of a killed primary, then 2 s of all paused), not waits.
         std::thread::sleep(Duration::from_millis(2000));
         for &i in &others {
             c.pause(i);

@@ -3,6 +3,7 @@
 //! whole from the store at start when updates were published since the push, and read again
 //! when the stream was trimmed past the server.
 
+use crate::server::PATIENCE;
 use crate::updates::{admin, encode, overrun, values};
 use ember_embed::storage::remote::{self, ClusterOptions, PushOptions, RemoteSource, updates};
 use ember_embed::tier::{Stager, TierOptions};
@@ -169,19 +170,14 @@ fn updates_rewrite_in_memory_tables_whole_rows_only() {
                 updates::publish(&mut cl, "live", None, "d", &ids, &rows, 1000).unwrap();
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        crate::wait_state("the update in the table", PATIENCE, || {
             let (got, want) = both(&pooler, &srv, &singles(&mut rng, 64), &r, &d2);
             if got == want {
-                break;
+                Ok(())
+            } else {
+                Err(format!("{:?}", srv.1.update_stats()))
             }
-            assert!(
-                Instant::now() < deadline,
-                "the update is not in the table after 10 s: {:?}",
-                srv.1.update_stats()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        });
         stop.store(true, Relaxed);
         for r in readers {
             assert!(r.join().unwrap() > 0);
@@ -233,19 +229,15 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
         let i = i as usize;
         d[i * DIM..(i + 1) * DIM].copy_from_slice(&new[i * DIM..(i + 1) * DIM]);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    crate::wait_state("d read again from the store", PATIENCE, || {
         let u = srv.1.update_stats().unwrap();
         let (got, want) = both(&pooler, &srv, &singles(&mut rng, 64), &r, &d);
         if u.resets > 0 && u.rows_reloaded >= ROWS as u64 && got == want {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{u:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "not read again within 10 s: {u:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    });
     // Rows written without publishing (no record of an update): verify calls them damaged.
     let v = remote::verify(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
     let bad: Vec<usize> = (100..110).map(|i| i / rpb).collect();
@@ -346,11 +338,9 @@ fn a_served_model_applies_updates_to_its_in_memory_table() {
         want.iter().zip(&before).all(|(x, y)| x != y),
         "the update changed no score: the fresh replica served t3 from its files"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scores(&a) != want {
-        assert!(Instant::now() < deadline, "replica not updated within 10 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::server::wait_until("the running replica serving the update", PATIENCE, || {
+        scores(&a) == want
+    });
     let metrics = a.request("GET", "/metrics", "text/plain", b"").unwrap().1;
     let applied = metrics
         .lines()

@@ -81,6 +81,28 @@ pub fn push_default(c: &LocalCluster) {
         .expect("replicas catching up after the push");
 }
 
+/// Polls `state` until it is `Ok` (see also [`server::wait_until`]); panics after `limit` naming
+/// `what` and the last state seen (its `Err`).
+pub fn wait_state(
+    what: &str,
+    limit: std::time::Duration,
+    mut state: impl FnMut() -> Result<(), String>,
+) {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        let seen = match state() {
+            Ok(()) => return,
+            Err(seen) => seen,
+        };
+        assert!(
+            std::time::Instant::now() < end,
+            "no {what} within {limit:?}; last seen: {seen}"
+        );
+        // The poll's interval inside a bounded wait for a state.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// `ember ARGS`: whether it succeeded, and what it printed (stdout, then stderr).
 pub fn ember(args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))

@@ -5,7 +5,7 @@
 //! version; a rollback; the promoted version cannot be removed; a version that cannot be loaded
 //! leaves the served one alone and is reported; and promote's refusals.
 
-use crate::server::{Server, tsv_rows};
+use crate::server::{PATIENCE, Server, tsv_rows, wait_until as wait_for};
 use crate::{ember, ok};
 use ember_embed::storage::remote::{self, layout};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,14 +109,6 @@ fn served_version(s: &Server) -> Vec<(String, String)> {
         .collect()
 }
 
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < end, "no {what} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 #[cfg_attr(
     not(ember_redis),
@@ -205,6 +197,7 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
             .any(|l| l.contains("fresh") && l.contains(" 1 ") && l.contains("promoted")),
         "{listed}"
     );
+    // A period in which v2 must NOT be served (four polls at 0.2 s), not a wait for a state.
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(scores(&a, &bodies), want[0], "v2 served without promote");
 
@@ -243,7 +236,9 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for("20 answers from v1 before the promotion", PATIENCE, || {
+        seen.lock().unwrap().0 >= 20
+    });
     let said = promote(&url, 2);
     assert!(said.contains("was version 1"), "{said}");
     for s in [&a, &b] {
@@ -253,7 +248,11 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
                 .any(|v| v.0 == "2" && v.1.contains("READY"))
         });
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // Both replicas serve v2: clients go on until v2 has answered them 20 more times.
+    let swapped = seen.lock().unwrap().1;
+    wait_for("20 answers from v2 after the swap", PATIENCE, || {
+        seen.lock().unwrap().1 >= swapped + 20
+    });
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().expect("a client saw a failure");
@@ -263,11 +262,17 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
     for s in [&a, &b] {
         assert_eq!(scores(s, &bodies), want[1]);
     }
-    let fetched: Vec<String> = std::fs::read_dir(cache.join("fresh"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(fetched, ["2"], "the replaced version's files stay behind");
+    let fetched = || -> Vec<String> {
+        std::fs::read_dir(cache.join("fresh"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    // They are removed once the swap is done, after the answers above.
+    wait_for("the replaced version's files removed", PATIENCE, || {
+        fetched() != ["1", "2"] && fetched() != ["2", "1"]
+    });
+    assert_eq!(fetched(), ["2"], "the replaced version's files stay behind");
 
     // The promoted version cannot be removed; v1 can be promoted back (a rollback).
     let (done, said) = version_cmd("rm", &url, "fresh", 2);

@@ -1,7 +1,7 @@
 //! `ember serve` with its tables in the cluster: scores identical to DRAM, several replicas, and
 //! what a killed primary, a paused node and a whole cluster down cost.
 
-use crate::server::{Server, request, tsv_rows};
+use crate::server::{PATIENCE, Server, request, tsv_rows, wait_until};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -144,12 +144,25 @@ fn load(
                     log.lock()
                         .unwrap()
                         .push((sent, took, code, code != 200 || body == want[j]));
+                    // The load's pace (a client's think time), not a wait for a state.
                     std::thread::sleep(Duration::from_millis(5));
                 }
             })
         })
         .collect();
     (log, handles)
+}
+
+/// Waits until the load has `n` answers to requests sent at `from` (since its `t0`) or later,
+/// of any status, or only 200s where `ok_only`.
+fn wait_answers(log: &Log, from: Duration, n: usize, ok_only: bool, what: &str) {
+    wait_until(what, PATIENCE, || {
+        let log = log.lock().unwrap();
+        log.iter()
+            .filter(|e| e.0 >= from && (!ok_only || e.2 == 200))
+            .count()
+            >= n
+    });
 }
 
 fn finish(stop: &AtomicBool, handles: Vec<std::thread::JoinHandle<()>>) {
@@ -175,14 +188,21 @@ fn a_killed_primary_costs_no_wrong_score_and_serving_recovers_by_itself() {
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
-    std::thread::sleep(Duration::from_millis(800));
+    wait_answers(&log, Duration::ZERO, 20, true, "20 scores before the kill");
     let victim = c.index(c.primaries().unwrap()[0]).unwrap();
     let killed_at = t0.elapsed();
     c.kill(victim).unwrap();
     // Failover: a replica takes over after the node timeout.
     c.wait_healthy(Duration::from_secs(20)).unwrap();
     let healthy_at = t0.elapsed();
-    std::thread::sleep(Duration::from_millis(1500));
+    let settled = healthy_at + Duration::from_millis(500);
+    wait_answers(
+        &log,
+        settled,
+        50,
+        false,
+        "50 answers 500 ms after the failover",
+    );
     finish(&stop, handles);
     let log = log.lock().unwrap();
     assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
@@ -226,12 +246,14 @@ fn a_paused_node_delays_no_request_past_its_deadline() {
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_answers(&log, Duration::ZERO, 20, true, "20 scores before the pause");
     let victim = c.index(c.primaries().unwrap()[1]).unwrap();
     c.pause(victim);
+    // The pause's length is what is tested (no request may wait it out), not a wait.
     std::thread::sleep(Duration::from_millis(1500));
     c.resume(victim);
-    std::thread::sleep(Duration::from_millis(500));
+    let resumed_at = t0.elapsed();
+    wait_answers(&log, resumed_at, 20, false, "20 answers after the resume");
     finish(&stop, handles);
     let log = log.lock().unwrap();
     assert!(log.iter().all(|e| e.3), "a 200 answer with wrong scores");
@@ -336,6 +358,15 @@ pub fn model_with_row_files() -> std::path::PathBuf {
     dir
 }
 
+/// Failed reads of the cluster `s` counted, over every node and kind.
+fn remote_errors(s: &Server) -> f64 {
+    let text = s.request("GET", "/metrics", "text/plain", b"").unwrap().1;
+    text.lines()
+        .filter(|l| l.starts_with("ember_remote_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The status of `/v2/health/ready`.
 fn ready(s: &Server) -> u16 {
     s.request("GET", "/v2/health/ready", "text/plain", b"")
@@ -363,20 +394,38 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     let (log, handles) = load(&s, Arc::new(bodies), Arc::new(want), 2, stop.clone(), t0);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_answers(&log, Duration::ZERO, 20, true, "20 scores before the kill");
     assert_eq!(
         s.metric("ember_remote_fallback_rows_total{model=\"default\"}"),
         0.0
     );
     let victim = c.index(c.primaries().unwrap()[0]).unwrap();
+    let errors = remote_errors(&s);
+    let killed_at = t0.elapsed();
     c.kill(victim).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The kill reaches the server: its reads of the killed primary fail.
+    wait_until("a remote error after the kill", PATIENCE, || {
+        remote_errors(&s) > errors
+    });
+    wait_answers(&log, killed_at, 20, false, "20 answers after the kill");
     // Now every node left paused: nothing answers at all.
     let live: Vec<usize> = (0..c.nodes.len()).filter(|&i| i != victim).collect();
+    let paused_at = t0.elapsed();
     for &i in &live {
         c.pause(i);
     }
-    std::thread::sleep(Duration::from_millis(1000));
+    wait_until(
+        "the local copy serving with the cluster paused",
+        PATIENCE,
+        || s.metric("ember_remote_fallback_active{model=\"default\"}") == 1.0,
+    );
+    wait_answers(
+        &log,
+        paused_at,
+        20,
+        false,
+        "20 answers with the cluster paused",
+    );
     assert_eq!(ready(&s), 200, "ready while the local copy serves");
     assert_eq!(
         s.metric("ember_remote_fallback_active{model=\"default\"}"),
@@ -390,7 +439,14 @@ fn with_a_local_copy_a_killed_primary_and_the_whole_cluster_paused_fail_no_reque
     let back = ember_bench::redis_cluster::wait_for(Duration::from_secs(10), || {
         Ok(s.metric("ember_remote_fallback_active{model=\"default\"}") == 0.0)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    let back_at = t0.elapsed();
+    wait_answers(
+        &log,
+        back_at,
+        20,
+        false,
+        "20 answers after the cluster came back",
+    );
     finish(&stop, handles);
     let log = log.lock().unwrap();
     let failed: Vec<_> = log.iter().filter(|e| e.2 != 200).collect();
