@@ -7,7 +7,7 @@
 //! missed or a request fails. The serving p99 ratio is reported, not asserted: on a 2-core
 //! machine the publisher, the probe and the cluster share the servers' cores.
 
-use crate::server::request;
+use crate::server::{PATIENCE, request, wait_until};
 use ember_embed::DType;
 use ember_embed::EmbeddingTable;
 use ember_embed::storage::remote::{Cluster, ClusterOptions, updates};
@@ -149,6 +149,8 @@ fn with_updates<R>(
     f: impl FnOnce() -> R,
 ) -> (R, f64, Vec<Vec<f64>>) {
     let stop = Arc::new(AtomicBool::new(false));
+    // Probes whose update both replicas showed: `f` starts once the traffic is seen to flow.
+    let probed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let publisher = {
         let (stop, opts) = (stop.clone(), opts.clone());
         std::thread::spawn(move || {
@@ -172,6 +174,7 @@ fn with_updates<R>(
                 rows += 100;
                 let due = t0 + Duration::from_micros(rows * 100);
                 if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    // Not a wait: the publisher's pace (10,000 rows/s) is what is measured.
                     std::thread::sleep(wait);
                 }
             }
@@ -179,7 +182,7 @@ fn with_updates<R>(
         })
     };
     let prober = {
-        let (stop, opts) = (stop.clone(), opts.clone());
+        let (stop, opts, probed) = (stop.clone(), opts.clone(), probed.clone());
         std::thread::spawn(move || {
             let mut cl = Cluster::connect(opts).unwrap();
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 100);
@@ -223,12 +226,16 @@ fn with_updates<R>(
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
+                probed.fetch_add(1, Ordering::Relaxed);
+                // Not a wait: a probe every 100 ms is the measurement's own pace.
                 std::thread::sleep(Duration::from_millis(100));
             }
             lags
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
+    wait_until("a first probe seen by both replicas", PATIENCE, || {
+        probed.load(Ordering::Relaxed) >= 1
+    });
     let r = f();
     stop.store(true, Ordering::Relaxed);
     let published = publisher.join().unwrap();
