@@ -79,9 +79,7 @@ async fn queue_requests(
             tokio::spawn(async move { b.submit(s, None).await })
         })
         .collect();
-    while b.queued() < n {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until("the requests queued", || b.queued() >= n).await;
     tasks
 }
 
@@ -228,9 +226,7 @@ async fn a_request_expected_to_wait_too_long_is_refused_at_once() {
         let (b, s) = (b.clone(), random_samples(&spec, 5, 2));
         tokio::spawn(async move { b.submit(s, None).await })
     };
-    while b.pending_samples() < 5 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until("the request ahead pending", || b.pending_samples() >= 5).await;
     assert!(b.expected_wait() > Duration::ZERO);
     let t = Instant::now();
     let refused = b.submit(random_samples(&spec, 1, 3), None).await;
@@ -263,9 +259,7 @@ async fn a_request_that_would_miss_its_deadline_is_refused_at_once() {
         let (b, s) = (b.clone(), random_samples(&spec, 5, 2));
         tokio::spawn(async move { b.submit(s, None).await })
     };
-    while b.pending_samples() < 5 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until("the request ahead pending", || b.pending_samples() >= 5).await;
     // No queue bound: a request without a deadline still queues, one whose deadline is shorter
     // than the expected wait does not.
     let refused = b.submit(random_samples(&spec, 1, 3), Some(0)).await;
@@ -305,9 +299,7 @@ async fn large_requests_run_in_pieces_and_let_small_ones_through() {
         let b = b.clone();
         tokio::spawn(async move { b.submit(huge, None).await })
     };
-    while b.pending_samples() == 0 {
-        tokio::time::sleep(Duration::from_micros(100)).await;
-    }
+    until("the large request pending", || b.pending_samples() > 0).await;
     let small = b.submit(random_samples(&spec, 2, 7), None).await.unwrap();
     assert_eq!(small.scores.len(), 2);
     assert!(
@@ -405,4 +397,17 @@ async fn instances_share_the_batches_and_score_like_single_requests() {
         .unwrap();
     let late = b.submit(random_samples(&spec, 2, 1), None).await;
     assert!(matches!(late, Err(ServeError::ShuttingDown)), "{late:?}");
+}
+
+/// Polls `ready` until it holds; fails naming `what` after 30 s (a loaded machine is slow, not
+/// wrong), so that no test loop waits forever.
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
 }
