@@ -2,7 +2,8 @@
 //! them):
 //!
 //! - crates depend one way: redis <- embed <- model <- serve / plan / cuda / bench <- cli, and the server
-//!   sees the model only through `ember-model` (no `ember-embed` anywhere in `ember-serve`);
+//!   sees the model only through `ember-model` (no `ember-embed` anywhere in `ember-serve`),
+//!   in the manifests and in the graph Cargo resolves (`cargo metadata`);
 //! - no import cycle between the modules of a crate, nor between the files of a module
 //!   directory (an import that "runs back up" closes a cycle);
 //! - no source file over 600 lines of non-test code without a stated reason (`#[cfg(test)]`
@@ -397,9 +398,9 @@ fn modules_import_without_cycles() {
     }
 }
 
-#[test]
-fn crates_depend_one_way_and_the_server_only_on_the_model() {
-    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
+/// Which workspace crates each crate may depend on (docs/architecture.md's picture).
+fn allowed_dependencies() -> BTreeMap<&'static str, &'static [&'static str]> {
+    BTreeMap::from([
         ("ember-redis", &[][..]),
         ("ember-embed", &["ember-redis"][..]),
         ("ember-model", &["ember-embed"][..]),
@@ -421,7 +422,12 @@ fn crates_depend_one_way_and_the_server_only_on_the_model() {
                 "ember-bench",
             ][..],
         ),
-    ]);
+    ])
+}
+
+#[test]
+fn crates_depend_one_way_and_the_server_only_on_the_model() {
+    let allowed = allowed_dependencies();
     for krate in CRATES {
         let toml =
             std::fs::read_to_string(root().join("crates").join(krate).join("Cargo.toml")).unwrap();
@@ -452,6 +458,60 @@ fn crates_depend_one_way_and_the_server_only_on_the_model() {
             );
         }
     }
+}
+
+/// The crate graph as Cargo resolves it (`cargo metadata`: normal, dev and build
+/// dependencies, renamed ones too), not as the manifests' lines read: every workspace member is
+/// in CRATES, and every dependency on a workspace crate is one the picture allows.
+#[test]
+fn the_crate_graph_cargo_resolves_points_one_way() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let allowed = allowed_dependencies();
+    let packages = meta["packages"].as_array().unwrap();
+    let members: BTreeSet<&str> = packages
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        members,
+        CRATES.iter().copied().collect::<BTreeSet<_>>(),
+        "the workspace's members and the architecture test's CRATES differ"
+    );
+    let mut edges = 0;
+    for p in packages {
+        let name = p["name"].as_str().unwrap();
+        for d in p["dependencies"].as_array().unwrap() {
+            let dep = d["name"].as_str().unwrap();
+            if !members.contains(dep) || dep == name {
+                continue;
+            }
+            edges += 1;
+            let kind = d["kind"].as_str().unwrap_or("normal");
+            assert!(
+                allowed[name].contains(&dep),
+                "{name} depends on {dep} ({kind}): the crates depend one way (see \
+                 docs/architecture.md)"
+            );
+        }
+    }
+    // The graph was read: the CLI alone depends on six workspace crates.
+    assert!(edges >= 6, "{edges} workspace dependencies found");
 }
 
 #[test]
