@@ -688,13 +688,9 @@ async fn queue_limit_deadlines_metrics_and_a_graceful_stop() {
     // The server counts the dropped call once its batch forms (after the 300 ms delay).
     let cancelled = "ember_requests_total{protocol=\"grpc\",status=\"cancelled\"}";
     let start = std::time::Instant::now();
+    let http = reqwest::Client::new();
     loop {
-        let page = reqwest::get(format!("{url}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let page = get_text(&http, format!("{url}/metrics")).await;
         if page.lines().any(|l| l.starts_with(cancelled)) {
             break;
         }
@@ -712,12 +708,7 @@ async fn queue_limit_deadlines_metrics_and_a_graceful_stop() {
         .into_inner();
     assert_close(&scores(&resp), &direct(&m, &r));
 
-    let page = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(&http, format!("{url}/metrics")).await;
     let count = |name: &str| -> u64 {
         let line = page
             .lines()

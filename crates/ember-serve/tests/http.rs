@@ -747,35 +747,20 @@ async fn score_requests_are_counted_per_model() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    let metrics = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let count = |status: &str| -> f64 {
+    let metrics = get_text(&c, format!("{url}/metrics")).await;
+    // The model's requests, summed over the lines whose status `ok` matches.
+    let count = |ok: bool| -> f64 {
         metrics
             .lines()
             .filter(|l| {
                 l.starts_with("ember_model_requests_total{")
                     && l.contains("model=\"v1-counted\"")
-                    && l.contains(&format!("status=\"{status}\""))
+                    && l.contains("status=\"ok\"") == ok
             })
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum()
     };
-    assert_eq!(count("ok"), 4.0, "{metrics}");
-    let refused: f64 = metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("ember_model_requests_total{")
-                && l.contains("model=\"v1-counted\"")
-                && !l.contains("status=\"ok\"")
-        })
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum();
-    assert_eq!(refused, 1.0, "{metrics}");
+    assert_eq!(count(true), 4.0, "{metrics}");
+    assert_eq!(count(false), 1.0, "{metrics}");
     s.shutdown().await.unwrap();
 }

@@ -123,13 +123,7 @@ impl EmbedRun {
                     .into(),
             ));
         }
-        if batch > i32::MAX as usize / 2 || ids.len() >= 1 << 31 {
-            return Err(CudaError::Input(format!(
-                "a batch of {batch} samples and {} ids is too large for one launch (at most 2^31 \
-                 ids)",
-                ids.len()
-            )));
-        }
+        fits_one_launch(batch, ids.len())?;
         let gpu = self.gpu.clone();
         let stream = &self.upload_stream();
         let o = self.bufs.offsets.ensure(&gpu, offsets.len())?;
@@ -178,14 +172,7 @@ impl EmbedRun {
             .map_err(|e| CudaError::Input(e.to_string()))?;
         let gpu = self.gpu.clone();
         let stream = &self.upload_stream();
-        // Dedup's hash table has next_pow2(2n) slots numbered in 32 bits: n < 2^31.
-        if kj.batch_size() > i32::MAX as usize / 2 || kj.num_ids() >= 1 << 31 {
-            return Err(CudaError::Input(format!(
-                "a batch of {} samples and {} ids is too large for one launch (at most 2^31 ids)",
-                kj.batch_size(),
-                kj.num_ids()
-            )));
-        }
+        fits_one_launch(kj.batch_size(), kj.num_ids())?;
         // The host buffers are written below: the copies out of them must be done.
         if let Some(e) = &self.bufs.staged {
             e.synchronize().ctx("waiting for the last uploads")?;
@@ -479,4 +466,16 @@ impl EmbedRun {
         }
         Ok(v)
     }
+}
+
+/// Refuses a batch too large for one launch. Dedup's hash table has next_pow2(2n) slots
+/// numbered in 32 bits: n < 2^31.
+fn fits_one_launch(batch: usize, ids: usize) -> Result<()> {
+    if batch > i32::MAX as usize / 2 || ids >= 1 << 31 {
+        return Err(CudaError::Input(format!(
+            "a batch of {batch} samples and {ids} ids is too large for one launch (at most 2^31 \
+             ids)"
+        )));
+    }
+    Ok(())
 }

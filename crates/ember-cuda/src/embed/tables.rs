@@ -40,6 +40,11 @@ pub(super) fn desc_words(
 }
 
 impl GpuEmbeddings {
+    /// The features' names, in the order a batch must list them.
+    pub(crate) fn feature_names(&self) -> &[String] {
+        &self.names
+    }
+
     /// Uploads `coll`'s tables. With a [`HotPlan`], each table's hot rows are renumbered into
     /// one shared hot region (for [`Variant::L2Pin`] and [`Variant::Combined`]).
     pub fn upload(

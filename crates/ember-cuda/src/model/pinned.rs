@@ -48,10 +48,9 @@ impl PinnedBatch {
     }
 
     /// Refuses a batch pinned for another model's shape (its features or dense width).
-    pub(super) fn check_fits(&self, model: &ember_model::Model) -> Result<()> {
+    pub(super) fn check_fits(&self, features: &[String], dense_in: usize) -> Result<()> {
         let i = &self.0;
-        let want = i.batch * model.config().dense_in;
-        if i.keys != model.feature_names() || i.n_dense != want {
+        if i.keys != features || i.n_dense != i.batch * dense_in {
             return Err(CudaError::Input(
                 "the page-locked batch was made for another model's features or dense width".into(),
             ));
@@ -77,7 +76,7 @@ impl PinnedBatch {
 }
 
 /// `u64::MAX`: no bad position was found.
-pub(super) const NONE_BAD: u64 = u64::MAX;
+const NONE_BAD: u64 = u64::MAX;
 
 impl GpuPredictor {
     /// Copies `dense` and `sparse` once into page-locked memory laid out as the device reads

@@ -18,6 +18,9 @@ use crate::error::{CudaError, DriverCtx, Result};
 use crate::kernels::MODEL_SRC;
 use crate::staging::{Pinned, fill};
 
+use crate::tune::TuneCache;
+use ember_embed::KeyedJagged;
+
 /// Batches in flight at most: one staged by the host, one copying, one computing.
 pub const SLOTS: usize = 3;
 
@@ -32,8 +35,6 @@ enum Input<'a> {
     },
     Pinned(&'a PinnedBatch),
 }
-use crate::tune::TuneCache;
-use ember_embed::KeyedJagged;
 
 /// Grows `buf` to at least `len` elements (allocation is ordered on the compute stream; the
 /// caller synchronizes before a copy stream touches a new buffer).
@@ -252,7 +253,7 @@ impl GpuPredictor {
             Input::Checked(b) => (b.len(), b.dense()),
             Input::Raw { dense, sparse } => (sparse.batch_size(), dense),
             Input::Pinned(p) => {
-                p.check_fits(&self.m.model)?;
+                p.check_fits(self.m.emb.feature_names(), self.m.model.config().dense_in)?;
                 (p.batch_size(), p.dense()?)
             }
         };
