@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Two `ember` binaries side by side in one run (a refactor must not cost speed): the embedding
-# stage (`bench embed --preset rm1`), the whole model (`bench model --preset rm1`), and the
+# stage (`bench embed --preset rm1`), the whole model (`bench model --preset rm1`), the SSD tier
+# (`bench tiered`, 8 tables x 500K rows, the best cache policy), the remote tier (`bench remote`,
+# 4 tables x 200K rows on a 3+3 Redis Cluster it starts, LFU with 10% of the rows cached), and the
 # server over /v1/score (`serve` + `loadgen --format tsv`, the same load generator for both): its
 # highest rate within a 10 ms p99 (`--find-max`, 10 s a step) and its p50 / p99 at a fixed rate
 # (`RATE`, 5000 requests/s by default). Rounds alternate which binary goes first, so
@@ -8,8 +10,9 @@
 #
 #   bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]     (from the repository root)
 #
-# Each round builds RM1's 4 GB of tables twice (about 30 s) and runs two find-max searches of
-# about 90 s each: 3 rounds take about 12 minutes on a 2-core machine.
+# Each round builds RM1's 4 GB of tables twice (about 30 s), runs the tiers' benchmarks (about a
+# minute each) and two find-max searches of about 90 s each: 3 rounds take about 20 minutes on a
+# 2-core machine. `bench remote` needs `redis-server` on the PATH.
 set -euo pipefail
 
 OLD=${1:?usage: bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]}
@@ -31,6 +34,12 @@ run_one() { # which binary
   field lookups_per_s < "$OUT/embed.json" >> "$OUT/$which.embed"
   field fraction_of_ceiling < "$OUT/embed.json" >> "$OUT/$which.ceiling"
   "$bin" bench model --preset rm1 --json 2>/dev/null | tail -1 | field samples_per_s >> "$OUT/$which.model"
+  "$bin" bench tiered --tables 8 --rows 500000 --runs 3 --json 2>/dev/null | tail -1 \
+    | field lookups_per_s >> "$OUT/$which.tiered"
+  "$bin" bench remote --tables 4 --rows 200000 --runs 3 --cache-fractions 0.1 --layout-rows 0 \
+    --json 2>/dev/null | tail -1 | python3 -c 'import json, sys
+print(next(p["lookups_per_s"] for p in json.load(sys.stdin)["policies"] if p["policy"] == "lfu"))' \
+    >> "$OUT/$which.remote"
   "$bin" serve --http "127.0.0.1:$PORT" --grpc off 2>/dev/null &
   SERVER=$!
   for _ in $(seq 100); do
@@ -58,7 +67,8 @@ done
 
 printf '%-44s %14s %14s %9s\n' "" old new "new/old"
 for m in "embed:bench embed rm1, lookups/s" "ceiling:bench embed rm1, fraction of ceiling" \
-         "model:bench model rm1, samples/s" "serve:serve /v1/score find-max, samples/s" \
+         "model:bench model rm1, samples/s" "tiered:bench tiered 8x500K, lookups/s" \
+         "remote:bench remote 4x200K lfu 10%, lookups/s" "serve:serve /v1/score find-max, samples/s" \
          "p50:serve /v1/score at $RATE/s, p50 ms" "p99:serve /v1/score at $RATE/s, p99 ms"; do
   key=${m%%:*}
   o=$(median < "$OUT/old.$key")

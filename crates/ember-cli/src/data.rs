@@ -186,57 +186,18 @@ fn table_tensor(rows: usize, dim: usize, dtype: DType) -> (&'static str, Vec<usi
     }
 }
 
+/// `data model`: a preset's model directory of random weights: `model.safetensors` (the dense
+/// weights and the DRAM tables), the SSD tier's row files, and `config.json`.
 fn model(a: ModelArgs) -> Result<()> {
-    let (dtype, dense_dtype) = (a.dtype, a.dense_dtype);
-    let rows = RowsOptions {
-        scale: a.rows_scale,
-        max_rows: Some(a.max_rows),
-    };
-    let mut cfg = ember_model::presets::preset_with(&a.preset, dtype, rows)?.config;
-    cfg.dense_dtype = dense_dtype;
-    let bytes = table_bytes(&cfg);
-    let ssd = place(&a, &cfg, &bytes)?;
-    let any_ssd = ssd.iter().any(|&s| s);
-    for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
-        if *on_ssd {
-            t.placement = Placement::Ssd;
-        }
-    }
-    if any_ssd {
-        let tier = cfg.tier.get_or_insert_with(Default::default);
-        tier.cache_mb = a.cache_mb;
-    }
+    let (cfg, bytes, ssd) = placed_config(&a)?;
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.max(1))
         .build()?;
-
     // model.safetensors: the dense weights, then the DRAM tables, streamed.
-    let mut list: Vec<(String, &'static str, Vec<usize>, Source)> =
-        ember_model::random_dense_tensors(&cfg, a.seed)?
-            .into_iter()
-            .map(|(n, shape, v)| (n, "F32", shape, Source::Dense(v)))
-            .collect();
-    for (i, t) in cfg.tables.iter().enumerate() {
-        if !ssd[i] {
-            let (dt, shape) = table_tensor(t.rows, t.dim, t.dtype);
-            list.push((format!("tables.{}", t.name), dt, shape, Source::Table(i)));
-        }
-    }
-    let mut header = serde_json::Map::new();
-    let mut at = 0usize;
-    for (name, dt, shape, src) in &list {
-        let len = match src {
-            Source::Dense(v) => 4 * v.len(),
-            Source::Table(i) => bytes[*i] as usize,
-        };
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [at, at + len]}),
-        );
-        at += len;
-    }
+    let list = tensor_list(&cfg, &ssd, a.seed)?;
+    let header = safetensors_header(&list, &bytes)?;
     let total: u64 = bytes.iter().sum();
     let bar = ProgressBar::new(total);
     bar.set_style(
@@ -247,19 +208,111 @@ fn model(a: ModelArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     let t0 = Instant::now();
+    let rows_from = RowMaker {
+        pool: &pool,
+        seed: a.seed,
+        bar: &bar,
+    };
+    write_safetensors(&a.out, &cfg, &list, &header, &rows_from)?;
+    write_row_files(&a.out, &cfg, &ssd, &rows_from)?;
+    bar.finish_and_clear();
+    let config = serde_json::to_vec_pretty(&cfg)?;
+    std::fs::write(a.out.join("config.json"), config)?;
+    print_written(&a, &cfg, (&bytes, &ssd), t0);
+    Ok(())
+}
+
+/// The preset's config in `--dtype` and `--dense-dtype`, each table's bytes, and which tables
+/// are placed on the SSD tier (with `--cache-mb` for its cache when any is).
+fn placed_config(a: &ModelArgs) -> Result<(ModelConfig, Vec<u64>, Vec<bool>)> {
+    let rows = RowsOptions {
+        scale: a.rows_scale,
+        max_rows: Some(a.max_rows),
+    };
+    let mut cfg = ember_model::presets::preset_with(&a.preset, a.dtype, rows)?.config;
+    cfg.dense_dtype = a.dense_dtype;
+    let bytes = table_bytes(&cfg);
+    let ssd = place(a, &cfg, &bytes)?;
+    for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
+        if *on_ssd {
+            t.placement = Placement::Ssd;
+        }
+    }
+    if ssd.iter().any(|&s| s) {
+        let tier = cfg.tier.get_or_insert_with(Default::default);
+        tier.cache_mb = a.cache_mb;
+    }
+    Ok((cfg, bytes, ssd))
+}
+
+/// A tensor of `model.safetensors`: its name, dtype, shape, and where its bytes come from.
+type Tensor = (String, &'static str, Vec<usize>, Source);
+
+/// The tensors of `model.safetensors` in the order they are written: the dense weights of
+/// `seed`, then the tables not on the SSD tier (`ssd`).
+fn tensor_list(cfg: &ModelConfig, ssd: &[bool], seed: u64) -> Result<Vec<Tensor>> {
+    let mut list: Vec<Tensor> = ember_model::random_dense_tensors(cfg, seed)?
+        .into_iter()
+        .map(|(n, shape, v)| (n, "F32", shape, Source::Dense(v)))
+        .collect();
+    for (i, t) in cfg.tables.iter().enumerate() {
+        if !ssd[i] {
+            let (dt, shape) = table_tensor(t.rows, t.dim, t.dtype);
+            list.push((format!("tables.{}", t.name), dt, shape, Source::Table(i)));
+        }
+    }
+    Ok(list)
+}
+
+/// The safetensors header of `list` (each table `bytes[i]` long), as JSON padded with spaces
+/// to a multiple of 8 bytes.
+fn safetensors_header(list: &[Tensor], bytes: &[u64]) -> Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    let mut at = 0usize;
+    for (name, dt, shape, src) in list {
+        let len = match src {
+            Source::Dense(v) => 4 * v.len(),
+            Source::Table(i) => bytes[*i] as usize,
+        };
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        at += len;
+    }
     let mut h = serde_json::to_vec(&header)?;
     while h.len() % 8 != 0 {
         h.push(b' ');
     }
-    let path = a.out.join("model.safetensors");
-    let tmp = a.out.join(".model.safetensors.tmp");
+    Ok(h)
+}
+
+/// How tables' rows are made as they are written: generated on `pool` from `seed`, moving
+/// `bar` along.
+struct RowMaker<'a> {
+    pool: &'a rayon::ThreadPool,
+    seed: u64,
+    bar: &'a ProgressBar,
+}
+
+/// Writes `dir/model.safetensors` (through a temporary file, renamed when complete and
+/// synced): the header `h`, then the tensors of `list`.
+fn write_safetensors(
+    dir: &std::path::Path,
+    cfg: &ModelConfig,
+    list: &[Tensor],
+    h: &[u8],
+    rows_from: &RowMaker<'_>,
+) -> Result<()> {
+    let path = dir.join("model.safetensors");
+    let tmp = dir.join(".model.safetensors.tmp");
     let f =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut w = BufWriter::with_capacity(8 << 20, f);
     let write = |w: &mut BufWriter<std::fs::File>| -> Result<()> {
         w.write_all(&(h.len() as u64).to_le_bytes())?;
-        w.write_all(&h)?;
-        for (_, _, _, src) in &list {
+        w.write_all(h)?;
+        for (_, _, _, src) in list {
             match src {
                 Source::Dense(v) => {
                     let le: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -267,7 +320,8 @@ fn model(a: ModelArgs) -> Result<()> {
                 }
                 Source::Table(i) => {
                     let t = &cfg.tables[*i];
-                    stream_table(&pool, (a.seed, *i), t, &bar, |b| Ok(w.write_all(b)?))?;
+                    let (pool, bar) = (rows_from.pool, rows_from.bar);
+                    stream_table(pool, (rows_from.seed, *i), t, bar, |b| Ok(w.write_all(b)?))?;
                 }
             }
         }
@@ -277,30 +331,44 @@ fn model(a: ModelArgs) -> Result<()> {
     write(&mut w).with_context(|| format!("writing {}", tmp.display()))?;
     drop(w);
     std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
 
-    // The SSD tier's tables: row files.
-    if any_ssd {
-        std::fs::create_dir_all(a.out.join("rows"))?;
+/// Writes the row file (`dir/rows/NAME.rows`) of each table on the SSD tier (`ssd`).
+fn write_row_files(
+    dir: &std::path::Path,
+    cfg: &ModelConfig,
+    ssd: &[bool],
+    rows_from: &RowMaker<'_>,
+) -> Result<()> {
+    if ssd.iter().any(|&s| s) {
+        std::fs::create_dir_all(dir.join("rows"))?;
     }
     for (i, t) in cfg.tables.iter().enumerate().filter(|(i, _)| ssd[*i]) {
-        let file = a.out.join("rows").join(format!("{}.rows", t.name));
+        let file = dir.join("rows").join(format!("{}.rows", t.name));
         let mut rw = RowFileWriter::create(&file, &t.name, t.rows, t.dim, t.dtype)?;
-        stream_table(&pool, (a.seed, i), t, &bar, |b| Ok(rw.write_rows(b)?))?;
+        stream_table(rows_from.pool, (rows_from.seed, i), t, rows_from.bar, |b| {
+            Ok(rw.write_rows(b)?)
+        })?;
         rw.finish()?;
     }
-    bar.finish_and_clear();
-    let config = serde_json::to_vec_pretty(&cfg)?;
-    std::fs::write(a.out.join("config.json"), config)?;
+    Ok(())
+}
+
+/// The line saying what was written: tables, bytes in DRAM and on the SSD tier (`bytes`,
+/// `ssd`), the dense precision, the seed, and the seconds since `t0`.
+fn print_written(a: &ModelArgs, cfg: &ModelConfig, (bytes, ssd): (&[u64], &[bool]), t0: Instant) {
+    let total: u64 = bytes.iter().sum();
     let on_ssd: Vec<&str> = cfg
         .tables
         .iter()
-        .zip(&ssd)
+        .zip(ssd)
         .filter(|(_, s)| **s)
         .map(|(t, _)| t.name.as_str())
         .collect();
     let ssd_bytes: u64 = bytes
         .iter()
-        .zip(&ssd)
+        .zip(ssd)
         .filter(|(_, s)| **s)
         .map(|(b, _)| b)
         .sum();
@@ -310,7 +378,7 @@ fn model(a: ModelArgs) -> Result<()> {
         a.preset,
         cfg.tables.len(),
         cfg.tables.iter().map(|t| t.rows).sum::<usize>(),
-        dtype,
+        a.dtype,
         total as f64 / 1e9,
         (total - ssd_bytes) as f64 / 1e9,
         ssd_bytes as f64 / 1e9,
@@ -319,11 +387,10 @@ fn model(a: ModelArgs) -> Result<()> {
         } else {
             format!(" ({})", on_ssd.join(", "))
         },
-        dense_dtype,
+        a.dense_dtype,
         a.seed,
         t0.elapsed().as_secs_f64()
     );
-    Ok(())
 }
 
 fn synth(a: SynthArgs) -> Result<()> {

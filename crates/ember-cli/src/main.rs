@@ -13,9 +13,9 @@ mod logging;
 mod paths;
 mod plan;
 mod predict;
+mod registry;
 mod report;
 mod serve;
-mod store;
 mod tier_args;
 mod units;
 
@@ -78,10 +78,10 @@ enum Cmd {
     /// Data tools: synthetic Criteo-format data.
     #[command(subcommand)]
     Data(data::DataCmd),
-    /// Models in a Redis Cluster: push a model, list, verify, promote and remove versions,
-    /// publish row updates.
-    #[command(subcommand)]
-    Store(store::StoreCmd),
+    /// The model registry in a Redis Cluster: push a model, list, verify, promote and remove
+    /// versions, publish row updates (`ember store` still works, for one release).
+    #[command(subcommand, visible_alias = "store")]
+    Registry(registry::RegistryCmd),
 }
 
 fn run() -> anyhow::Result<()> {
@@ -98,7 +98,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::Loadgen(args) => loadgen::run(args),
         Cmd::Data(cmd) => data::run(cmd),
         Cmd::Plan(cmd) => plan::run(cmd),
-        Cmd::Store(cmd) => store::run(cmd),
+        Cmd::Registry(cmd) => registry::run(cmd),
     }
 }
 

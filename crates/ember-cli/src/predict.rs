@@ -483,8 +483,8 @@ fn print(a: &PredictArgs, model: &Model, model_dir: &Path, data: &Path, s: &Scor
         println!(
             "SSD tier      hit rate {:.3}, {} read from SSD in {} reads, stall {:.2} s, overlap {:.2} ({}, prefetch depth {depth})",
             tier.hit_rate(),
-            human_bytes(tier.ssd_bytes_read as usize),
-            tier.ssd_reads,
+            human_bytes(tier.store_bytes_read as usize),
+            tier.store_reads,
             tier.stall.as_secs_f64(),
             tier.overlap(),
             stager.engine().unwrap_or("none"),
@@ -496,8 +496,8 @@ fn print(a: &PredictArgs, model: &Model, model_dir: &Path, data: &Path, s: &Scor
             json!({
                 "tier": stager.is_active().then(|| json!({
                     "hit_rate": tier.hit_rate(),
-                    "ssd_bytes_read": tier.ssd_bytes_read,
-                    "ssd_reads": tier.ssd_reads,
+                    "ssd_bytes_read": tier.store_bytes_read,
+                    "ssd_reads": tier.store_reads,
                     "stall_s": tier.stall.as_secs_f64(),
                     "overlap": tier.overlap(),
                     "prefetch_depth": depth,

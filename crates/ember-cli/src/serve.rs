@@ -26,24 +26,25 @@ pub struct ServeArgs {
     /// reloads one.
     #[arg(long, conflicts_with_all = ["model", "preset", "name"])]
     model_repository: Option<PathBuf>,
-    /// Serve model NAME from the remote store of --redis alone (tables, config and dense
-    /// weights, pushed by `ember store push`), following the version it says to serve: the one
-    /// `ember store promote` chose, else the newest ready one. A new version is fetched, loaded,
-    /// warmed and swapped in without a pause.
-    #[arg(long, value_name = "NAME", requires = "redis",
-          conflicts_with_all = ["model", "model_repository", "preset", "store_model", "store_version", "placement", "remote_fallback"])]
-    from_store: Option<String>,
-    /// With --from-store: the directory versions are fetched into [default: a new directory
-    /// under the system's temporary directory, removed at exit].
-    #[arg(long, requires = "from_store")]
-    store_cache: Option<PathBuf>,
+    /// Serve model NAME from the registry of --redis alone (tables, config and dense weights,
+    /// pushed by `ember registry push`), following the version it says to serve: the one `ember
+    /// registry promote` chose, else the newest ready one. A new version is fetched, loaded,
+    /// warmed and swapped in without a pause. (--from-store: the old name, for one release.)
+    #[arg(long, value_name = "NAME", requires = "redis", visible_alias = "from-store",
+          conflicts_with_all = ["model", "model_repository", "preset", "registry_model", "registry_version", "placement", "remote_fallback"])]
+    from_registry: Option<String>,
+    /// With --from-registry: the directory versions are fetched into [default: a new directory
+    /// under the system's temporary directory, removed at exit]. (--store-cache: the old name,
+    /// for one release.)
+    #[arg(long, requires = "from_registry", visible_alias = "store-cache")]
+    registry_cache: Option<PathBuf>,
     /// With --model-repository: scan it every N seconds, loading new versions (swapped in
     /// without a pause) and new models, unloading models whose directory is gone [default: 0,
-    /// never]. With --from-store: read the version to serve every N seconds [default: 1; 0:
+    /// never]. With --from-registry: read the version to serve every N seconds [default: 1; 0:
     /// never, only on POST /v2/repository/models/NAME/load].
     #[arg(long)]
     poll_secs: Option<f64>,
-    /// With --model-repository or --from-store: MB per second a new version's tables are
+    /// With --model-repository or --from-registry: MB per second a new version's tables are
     /// copied at while other versions serve, so that loading leaves serving its memory
     /// bandwidth (0: as fast as it goes). Loads at start are not paced.
     #[arg(long, default_value_t = 0.0)]
@@ -287,23 +288,23 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         );
     }
     if a.model_repository.is_none()
-        && a.from_store.is_none()
+        && a.from_registry.is_none()
         && (a.poll_secs.is_some() || a.load_mb_per_s != 0.0)
     {
-        bail!("--poll-secs and --load-mb-per-s take --model-repository or --from-store");
+        bail!("--poll-secs and --load-mb-per-s take --model-repository or --from-registry");
     }
     let int8 = a.dense_dtype == Some(ember_model::DenseDType::Int8);
     if a.calibrate.is_some() && !int8 {
         bail!("--calibrate calibrates int8 dense layers: it takes --dense-dtype int8");
     }
-    if a.calibrate.is_some() && (a.model_repository.is_some() || a.from_store.is_some()) {
-        bail!("--calibrate takes --model or --preset (one model), not a repository or a store");
+    if a.calibrate.is_some() && (a.model_repository.is_some() || a.from_registry.is_some()) {
+        bail!("--calibrate takes --model or --preset (one model), not a repository or a registry");
     }
     if let Some(root) = &a.model_repository {
         return run_repository(&a, root.clone(), None, io_threads);
     }
-    if let Some(name) = &a.from_store {
-        return run_from_store(&a, name, io_threads);
+    if let Some(name) = &a.from_registry {
+        return run_from_registry(&a, name, io_threads);
     }
     let (model, name) = match &a.preset {
         Some(p) => {
@@ -370,19 +371,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     serve_until_stopped(rt, &a, cfg, started)
 }
 
-/// `--from-store NAME`: one model from the store, its versions fetched under a cache directory.
-fn run_from_store(a: &ServeArgs, name: &str, io_threads: usize) -> anyhow::Result<()> {
-    let redis = a.tier.redis().context("--from-store needs --redis")?;
-    let (root, temporary) = match &a.store_cache {
+/// `--from-registry NAME`: one model from the registry, its versions fetched under a cache
+/// directory.
+fn run_from_registry(a: &ServeArgs, name: &str, io_threads: usize) -> anyhow::Result<()> {
+    let redis = a.tier.redis().context("--from-registry needs --redis")?;
+    let (root, temporary) = match &a.registry_cache {
         Some(d) => (d.clone(), false),
         None => (
-            std::env::temp_dir().join(format!("ember-store-{name}-{}", std::process::id())),
+            std::env::temp_dir().join(format!("ember-registry-{name}-{}", std::process::id())),
             true,
         ),
     };
     std::fs::create_dir_all(&root)
-        .with_context(|| format!("creating the store cache {}", root.display()))?;
-    let follow = ember_serve::StoreFollow {
+        .with_context(|| format!("creating the registry cache {}", root.display()))?;
+    let follow = ember_serve::RegistryFollow {
         redis: redis.to_string(),
         model: name.to_string(),
         name: a.name.clone().unwrap_or_else(|| name.to_string()),
@@ -394,16 +396,16 @@ fn run_from_store(a: &ServeArgs, name: &str, io_threads: usize) -> anyhow::Resul
     served
 }
 
-/// `--model-repository`: every model of the directory; or, with `store`, the one model followed
-/// in a store, fetched under `root`.
+/// `--model-repository`: every model of the directory; or, with `registry`, the one model
+/// followed in the registry, fetched under `root`.
 fn run_repository(
     a: &ServeArgs,
     root: PathBuf,
-    store: Option<ember_serve::StoreFollow>,
+    registry: Option<ember_serve::RegistryFollow>,
     io_threads: usize,
 ) -> anyhow::Result<()> {
-    let what = match store {
-        Some(_) => "--from-store",
+    let what = match registry {
+        Some(_) => "--from-registry",
         None => "--model-repository",
     };
     if a.gpu.is_cuda() || a.plan.plan.is_some() {
@@ -412,7 +414,7 @@ fn run_repository(
     if !root.is_dir() {
         bail!("--model-repository {}: not a directory", root.display());
     }
-    let default_poll = if store.is_some() { 1.0 } else { 0.0 };
+    let default_poll = if registry.is_some() { 1.0 } else { 0.0 };
     let poll = secs("--poll-secs", a.poll_secs.unwrap_or(default_poll))?;
     let source = ember_serve::RepositoryConfig {
         root,
@@ -425,7 +427,7 @@ fn run_repository(
         poll: (!poll.is_zero()).then_some(poll),
         warm_batches: 4,
         pace_bytes_per_s: (a.load_mb_per_s > 0.0).then_some((a.load_mb_per_s * 1e6) as u64),
-        store,
+        registry,
     };
     let cfg = serve_config(a, String::new())?;
     let rt = runtime(io_threads)?;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 pub struct TierArgs {
     /// Place every table so: dram, mmap, ssd or remote (ssd and mmap read rows/NAME.rows,
     /// written by `ember convert`; remote reads the cluster of --redis, pushed there by `ember
-    /// store push`) [default: each table's placement in config.json, else dram].
+    /// registry push`) [default: each table's placement in config.json, else dram].
     #[arg(long)]
     placement: Option<Placement>,
     /// DRAM budget of the SSD tier's row cache, in MiB [default: config.json's tier.cache_mb, else 1024].
@@ -36,12 +36,14 @@ pub struct TierArgs {
     /// [default: config.json's remote.redis].
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
-    /// The model's name in the store [default: the model directory's name].
-    #[arg(long)]
-    store_model: Option<String>,
-    /// The version in the store to serve [default: the newest ready one at start].
-    #[arg(long)]
-    store_version: Option<u64>,
+    /// The model's name in the registry [default: the model directory's name]. (--store-model:
+    /// the old name, for one release.)
+    #[arg(long, visible_alias = "store-model")]
+    registry_model: Option<String>,
+    /// The version in the registry to serve [default: the newest ready one at start].
+    /// (--store-version: the old name, for one release.)
+    #[arg(long, visible_alias = "store-version")]
+    registry_version: Option<u64>,
     /// Deadline of one batch's remote fetch, retries included, in ms [default: 100].
     #[arg(long)]
     redis_timeout_ms: Option<u64>,
@@ -76,8 +78,8 @@ impl TierArgs {
             placement: self.placement,
             remote: RemoteOverride {
                 redis: self.redis.clone(),
-                model: self.store_model.clone(),
-                version: self.store_version,
+                model: self.registry_model.clone(),
+                version: self.registry_version,
                 timeout_ms: self.redis_timeout_ms,
                 retries: self.redis_retries,
                 read_from_replicas: self.read_from_replicas.then_some(true),

@@ -1,13 +1,18 @@
 //! The house rules of the workspace, checked on its sources (`docs/architecture.md` states
 //! them):
 //!
-//! - crates depend one way: redis <- embed <- model <- serve / plan / cuda / bench <- cli, and the server
+//! - crates depend one way: redis <- embed <- model <- registry / serve / plan / cuda / bench <- cli
+//!   (the server may use the registry), and the server
 //!   sees the model only through `ember-model` (no `ember-embed` anywhere in `ember-serve`),
 //!   in the manifests and in the graph Cargo resolves (`cargo metadata`);
+//! - the server's code names none of the embedding stage's types `ember-model` re-exports but
+//!   the seam's input columns (`SERVER_MAY_NAME`, each with its reason), and calls none of the
+//!   `Model` methods that hand the stage out (`EMBEDDING_STAGE_ACCESSORS`);
 //! - no import cycle between the modules of a crate, nor between the files of a module
 //!   directory (an import that "runs back up" closes a cycle);
 //! - no source file over 600 lines of non-test code without a stated reason (`#[cfg(test)]`
 //!   items left out wherever they stand);
+//! - no function over 100 lines without a stated reason (a `// Long:` line above it);
 //! - every source path `docs/architecture.md` names exists;
 //! - every dependency a crate's `Cargo.toml` lists is named in its sources (or excused with
 //!   its reason in `NEEDED_WITHOUT_A_PATH`): no external tool (cargo-machete / cargo-udeps are
@@ -23,10 +28,11 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-const CRATES: [&str; 8] = [
+const CRATES: [&str; 9] = [
     "ember-redis",
     "ember-embed",
     "ember-model",
+    "ember-registry",
     "ember-serve",
     "ember-cuda",
     "ember-plan",
@@ -404,7 +410,11 @@ fn allowed_dependencies() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("ember-redis", &[][..]),
         ("ember-embed", &["ember-redis"][..]),
         ("ember-model", &["ember-embed"][..]),
-        ("ember-serve", &["ember-model"][..]),
+        (
+            "ember-registry",
+            &["ember-redis", "ember-embed", "ember-model"][..],
+        ),
+        ("ember-serve", &["ember-model", "ember-registry"][..]),
         ("ember-plan", &["ember-embed"][..]),
         ("ember-cuda", &["ember-embed", "ember-model"][..]),
         (
@@ -416,6 +426,7 @@ fn allowed_dependencies() -> BTreeMap<&'static str, &'static [&'static str]> {
             &[
                 "ember-embed",
                 "ember-model",
+                "ember-registry",
                 "ember-serve",
                 "ember-plan",
                 "ember-cuda",
@@ -539,6 +550,211 @@ fn source_files_hold_one_concern() {
     );
 }
 
+/// Lines a function may span (from its `fn` line to its closing brace) without a stated reason.
+const LONG_FN: usize = 100;
+
+/// `code` with comments, string and char literals blanked to spaces, its lines kept: the text
+/// that braces and keywords are read from. Handles block comments, strings over several lines,
+/// escapes, raw strings (`r#"..."#`, `br"..."`), char literals and lifetimes.
+fn blank_literals(code: &str) -> String {
+    let b = code.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let keep = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        let ident_before = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        if c == b'/' && next == Some(b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if c == b'/' && next == Some(b'*') {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+                    depth += 1;
+                    out.extend_from_slice(b"  ");
+                    i += 2;
+                } else if b[i] == b'*' && b.get(i + 1) == Some(&b'/') {
+                    depth -= 1;
+                    out.extend_from_slice(b"  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    keep(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+        } else if (c == b'r' || (c == b'b' && next == Some(b'r'))) && !ident_before && {
+            let j = if c == b'b' { i + 2 } else { i + 1 };
+            let hashes = b[j..].iter().take_while(|&&h| h == b'#').count();
+            b.get(j + hashes) == Some(&b'"')
+        } {
+            let j = if c == b'b' { i + 2 } else { i + 1 };
+            let hashes = b[j..].iter().take_while(|&&h| h == b'#').count();
+            let close: Vec<u8> = std::iter::once(b'"')
+                .chain(std::iter::repeat_n(b'#', hashes))
+                .collect();
+            out.extend(std::iter::repeat_n(b' ', j + hashes + 1 - i));
+            i = j + hashes + 1;
+            while i < b.len() && !b[i..].starts_with(&close) {
+                keep(&mut out, b[i]);
+                i += 1;
+            }
+            out.extend(std::iter::repeat_n(b' ', close.len().min(b.len() - i)));
+            i += close.len();
+        } else if c == b'"' {
+            out.push(b' ');
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                if b[i] == b'\\' {
+                    out.push(b' ');
+                    i += 1;
+                }
+                if i < b.len() {
+                    keep(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+            out.push(b' ');
+            i += 1;
+        } else if c == b'\'' {
+            // A char literal ('{', '\n', '\u{7f}') or a lifetime ('a): blank a literal only.
+            let end = if next == Some(b'\\') {
+                (b.get(i + 3..).unwrap_or(&[]).iter())
+                    .position(|&d| d == b'\'')
+                    .map(|p| i + 3 + p)
+            } else if b.get(i + 2) == Some(&b'\'') {
+                Some(i + 2)
+            } else {
+                None
+            };
+            match end {
+                Some(e) => {
+                    out.extend(std::iter::repeat_n(b' ', e + 1 - i));
+                    i = e + 1;
+                }
+                None => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The functions of `code` (non-test code, literals blanked) longer than `limit` lines that
+/// state no reason (a `// Long: <reason>` line among the comments and attributes right above
+/// the `fn`): `(name, first line, lines)`.
+fn long_functions(original: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let code = blank_literals(original);
+    let text: Vec<&str> = original.lines().collect();
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        // `fn name`: a declaration (`fn(` is a function pointer's type).
+        let Some(name) = line
+            .split_whitespace()
+            .skip_while(|w| *w != "fn")
+            .nth(1)
+            .and_then(|w| w.split(|c: char| !(c.is_alphanumeric() || c == '_')).next())
+            .filter(|w| !w.is_empty())
+        else {
+            continue;
+        };
+        // The body: from the first `{` after the name to its match (none: a declaration).
+        let mut depth = 0i64;
+        let mut end = None;
+        'scan: for (j, l) in lines.iter().enumerate().skip(at) {
+            let from = if j == at {
+                line.find(name).unwrap_or(0)
+            } else {
+                0
+            };
+            for c in l[from..].chars() {
+                match c {
+                    ';' if depth == 0 => break 'scan,
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = Some(j);
+                            break 'scan;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let Some(end) = end else { continue };
+        let len = end - at + 1;
+        if len <= limit {
+            continue;
+        }
+        let stated = text[..at]
+            .iter()
+            .rev()
+            .map(|l| l.trim_start())
+            .take_while(|l| l.starts_with("//") || l.starts_with("#["))
+            .any(|l| l.starts_with("// Long:"));
+        if !stated {
+            found.push((name.to_string(), at + 1, len));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_function_reader_measures_bodies_and_reads_reasons() {
+    let body = "    let x = 1;\n".repeat(3);
+    let f = format!("fn short() {{\n{body}}}\n");
+    assert!(long_functions(&f, 5).is_empty());
+    let brace_text = "    let s = \"}}}}\"; let c = '}'; let r = r#\"{\"#; // }\n";
+    let g = format!("/// doc\nfn long<'a>(x: &'a str) {{\n{brace_text}{body}}}\nfn after() {{}}\n");
+    assert_eq!(long_functions(&g, 4), vec![("long".to_string(), 2, 6)]);
+    let h = format!("// Long: one unrolled loop\n#[inline]\n{}", &g[8..]);
+    assert!(
+        long_functions(&h, 4).is_empty(),
+        "a stated reason excuses it"
+    );
+    let multi = format!("fn m() {{\n    let s = \"a\n}}\n\";\n{body}}}\n");
+    assert_eq!(long_functions(&multi, 4), vec![("m".to_string(), 1, 8)]);
+    let quotes = format!("fn q() {{\n    let a = '\\''; let b = '{{';\n{body}}}\n");
+    assert_eq!(long_functions(&quotes, 4), vec![("q".to_string(), 1, 6)]);
+    assert!(long_functions("trait T { fn f(&self); }\n", 0).is_empty());
+}
+
+#[test]
+fn functions_stay_short_or_say_why() {
+    let mut over = Vec::new();
+    for krate in CRATES {
+        let src = root().join("crates").join(krate).join("src");
+        for f in rust_files(&src) {
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            if rel.ends_with("/tests.rs") || rel.ends_with("_tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (name, line, len) in long_functions(&code_of(&text), LONG_FN) {
+                over.push(format!("{rel}:{line} {name}: {len} lines"));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "functions over {LONG_FN} lines of non-test code (cut them into functions that each do \
+         one thing, or state why not in a `// Long: <reason>` line above the fn): {over:#?}"
+    );
+}
+
 #[test]
 fn the_architecture_document_names_files_that_exist() {
     let doc = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
@@ -645,4 +861,131 @@ fn the_manifest_reader_finds_each_table() {
     let m = "[package]\nname = \"x\"\n[dependencies]\na.workspace = true\nb-c = { version = \"1\" }\n\
              [dev-dependencies]\nd = \"1\"\n[features]\ne = [\"dep:a\"]\n[build-dependencies]\nf = \"1\"\n";
     assert_eq!(dependencies(m), ["a", "b-c", "d", "f"]);
+}
+
+/// The `ember-embed` items `ember-model` re-exports that the server's code may name, with why.
+/// Every other re-export (`KeyedJagged`, `TierStats`, ...) is for tools and engines: the server
+/// sees what it needs of them through the seam's own types (`Model::inputs`, `Model::tier`).
+const SERVER_MAY_NAME: &[(&str, &str)] = &[
+    (
+        "Ids",
+        "the seam's id column: what a decoder builds for `Model::check_samples`",
+    ),
+    (
+        "Lengths",
+        "the seam's lengths column: what a decoder builds for `Model::check_samples`",
+    ),
+    (
+        "run_ahead",
+        "the seam's pipeline: a generic function that runs `Model::prepare` ahead of \
+         `Engine::run`; no type of the embedding stage crosses it",
+    ),
+];
+
+/// The `Model` methods that hand out the embedding stage itself (its stager, its collection of
+/// tables, its lookup recorder): tools and benchmarks call them, the server's code does not.
+const EMBEDDING_STAGE_ACCESSORS: [&str; 3] = ["stager", "embeddings", "recorder"];
+
+/// The names `lib` (a crate root's code) re-exports from `ember-embed`: `pub use
+/// ember_embed::X;`, `pub use ember_embed::a::{X, Y as Z};` give `X`, `Y` (or `Z`).
+fn embed_reexports(lib: &str) -> Vec<String> {
+    let joined: String = lib.lines().map(strip_comment).collect::<Vec<_>>().join(" ");
+    let mut out = Vec::new();
+    for stmt in joined.split(';') {
+        let Some(i) = stmt.find("pub use ember_embed::") else {
+            continue;
+        };
+        let path = &stmt[i + "pub use ".len()..];
+        let items = match path.find('{') {
+            Some(b) => path[b + 1..].trim_end().trim_end_matches('}'),
+            None => path.rsplit("::").next().unwrap_or(path),
+        };
+        for item in items.split(',') {
+            let words: Vec<&str> = item.split_whitespace().collect();
+            let name = match words[..] {
+                [first] => first.rsplit("::").next().unwrap_or(first),
+                [_, "as", alias] => alias,
+                _ => continue,
+            };
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Whether `code` names the identifier `name` (not as part of a longer one); with `call`, only
+/// as a method or path call: `.name(` or `::name(`.
+fn names_ident(code: &str, name: &str, call: bool) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    code.match_indices(name).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + name.len()..].trim_start().chars().next();
+        let whole = !before.is_some_and(ident) && !after.is_some_and(ident);
+        whole && (!call || (matches!(before, Some('.' | ':')) && after == Some('(')))
+    })
+}
+
+#[test]
+fn the_server_names_no_type_of_the_embedding_stage() {
+    let lib = std::fs::read_to_string(root().join("crates/ember-model/src/lib.rs")).unwrap();
+    let reexported = embed_reexports(&code_of(&lib));
+    assert!(
+        reexported.iter().any(|n| n == "KeyedJagged") && reexported.len() >= 5,
+        "read too few of ember-model's re-exports of ember-embed: {reexported:?}"
+    );
+    for (name, _why) in SERVER_MAY_NAME {
+        assert!(
+            reexported.iter().any(|n| n == name),
+            "SERVER_MAY_NAME lists {name}, which ember-model no longer re-exports from ember-embed"
+        );
+    }
+    let src = root().join("crates/ember-serve/src");
+    let mut named = Vec::new();
+    for f in rust_files(&src) {
+        if module_of(&src, &f).last().is_some_and(|m| m == "tests") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code: String = code_of(&text)
+            .lines()
+            .map(code_chars)
+            .collect::<Vec<_>>()
+            .join("\n");
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        for name in &reexported {
+            let may = SERVER_MAY_NAME.iter().any(|(n, _)| n == name);
+            if !may && names_ident(&code, name, false) {
+                named.push(format!("{rel} names ember_model::{name}"));
+            }
+        }
+        for m in EMBEDDING_STAGE_ACCESSORS {
+            if names_ident(&code, m, true) {
+                named.push(format!("{rel} calls Model::{m}"));
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "the server sees the model through ember-model's seam (Model::inputs, Model::tier, ...), \
+         not the embedding stage's types: {named:?} (or list a re-export in SERVER_MAY_NAME with \
+         its reason)"
+    );
+}
+
+#[test]
+fn the_reexport_reader_finds_each_name() {
+    let lib = "/// doc\n#[doc(hidden)]\npub use ember_embed::id_checks;\npub use ember_embed::{\n    \
+               DType, Ids as Column,\n};\npub use ember_embed::tier::run_ahead;\npub use x::Y;\n";
+    assert_eq!(
+        embed_reexports(lib),
+        ["id_checks", "DType", "Column", "run_ahead"]
+    );
+    assert!(names_ident("let s = m.stager ();", "stager", true));
+    assert!(!names_ident("let stager = 1; x.stagers()", "stager", true));
+    assert!(names_ident(
+        "use ember_model::{Ids, Shard};",
+        "Shard",
+        false
+    ));
+    assert!(!names_ident("struct ShardMap;", "Shard", false));
 }

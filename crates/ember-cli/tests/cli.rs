@@ -274,3 +274,57 @@ fn device_cuda_runs_or_says_what_is_missing() {
         "{err}"
     );
 }
+
+/// The registry's old names, kept for one release, parse as the new ones: `ember store ...` as
+/// `ember registry ...`, and `--from-store`, `--store-cache`, `--store-model`,
+/// `--store-version` as `--from-registry`, `--registry-cache`, `--registry-model`,
+/// `--registry-version` (the same arguments: giving both spellings is refused).
+#[test]
+fn the_registry_s_old_names_still_parse() {
+    let parse = |line: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(line.split_whitespace())
+            .env("EMBER_PARSE_ONLY", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), err)
+    };
+    const R: &str = "--redis redis://127.0.0.1:7000";
+    let lines = [
+        (format!("registry ls {R}"), format!("store ls {R}")),
+        (
+            format!("registry promote {R} --model m --version 2"),
+            format!("store promote {R} --model m --version 2"),
+        ),
+        (
+            format!("serve {R} --from-registry m --registry-cache /tmp/c --poll-secs 1"),
+            format!("serve {R} --from-store m --store-cache /tmp/c --poll-secs 1"),
+        ),
+        (
+            format!("serve --placement remote {R} --registry-model m --registry-version 3"),
+            format!("serve --placement remote {R} --store-model m --store-version 3"),
+        ),
+        // The planner's cost model (`--profile` before).
+        (
+            "plan eval --tasks 1 --cost-model m.json".to_string(),
+            "plan eval --tasks 1 --profile m.json".to_string(),
+        ),
+    ];
+    for (new, old) in &lines {
+        let (ok, err) = parse(new);
+        assert!(ok, "{new}: {err}");
+        let (ok, err) = parse(old);
+        assert!(ok, "{old}: {err}");
+    }
+    let (ok, err) = parse(&format!("serve {R} --from-store m --from-registry m"));
+    assert!(!ok && err.contains("--from-registry"), "{err}");
+    // The help names the new word and the old one as its alias.
+    let (ok, out, err) = ember(&["--help"]);
+    assert!(
+        ok && out.contains("registry") && out.contains("store"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = ember(&["store", "--help"]);
+    assert!(ok && out.contains("promote"), "{out}{err}");
+}

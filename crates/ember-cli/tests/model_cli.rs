@@ -190,10 +190,11 @@ fn bench_model_reports_latency_and_breakdown() {
         } else {
             sequential + part("bottom_mlp")
         };
-        // Never more than the wall time (the overlapped MLP is not counted twice); not all of it
-        // either: waking the pool and sizing buffers are outside the stages, and at this tiny
-        // batch on a loaded machine that was measured at up to 30%.
-        assert!((0.3..=1.0 + 1e-9).contains(&sum), "{threads} threads: {b}");
+        // Never more than the wall time (the overlapped MLP is not counted twice), and some of
+        // it. How much is not asserted: waking the pool and sizing buffers are outside the
+        // stages, and at this tiny batch their share grows with the machine's load (a lower
+        // bound of 0.3 failed on a loaded 2-core machine), so a bound would test the load.
+        assert!(sum > 0.0 && sum <= 1.0 + 1e-9, "{threads} threads: {b}");
         assert!(part("bottom_mlp") > 0.0 && part("bottom_mlp") < 1.0, "{b}");
     }
     let (ok, _, err) = ember(&["bench", "model", "--preset", "rm9"]);

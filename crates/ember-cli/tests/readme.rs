@@ -164,8 +164,8 @@ fn the_quick_readme_commands_run() {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     std::fs::copy(root().join("data/sample.tsv"), dir.join("data/sample.tsv")).unwrap();
     let quick = |c: &str| {
-        // (a plan made with a calibrated --profile needs `plan calibrate`'s ~2 minutes first)
-        (c.starts_with("ember plan make") && !c.contains("--profile"))
+        // (a plan made with a calibrated --cost-model needs `plan calibrate`'s ~2 minutes first)
+        (c.starts_with("ember plan make") && !c.contains("--cost-model"))
             || c.starts_with("cargo run --release -p ember-cli -- predict")
     };
     let cmds: Vec<String> = commands().into_iter().filter(|c| quick(c)).collect();

@@ -344,7 +344,10 @@ fn serve_with_tables_on_the_ssd_tier_reports_the_cache_on_metrics() {
         for name in [
             "ember_tier_cache_hit_ratio",
             "ember_tier_cache_lookups_total",
+            "ember_tier_store_read_bytes_total",
+            "ember_tier_store_reads_total",
             "ember_tier_ssd_read_bytes_total",
+            "ember_tier_ssd_reads_total",
             "ember_tier_stall_seconds",
             "ember_tier_cache_bytes",
         ] {
@@ -355,13 +358,33 @@ fn serve_with_tables_on_the_ssd_tier_reports_the_cache_on_metrics() {
             );
         }
         if tier {
-            let bytes: f64 = metrics
-                .lines()
-                .find(|l| l.starts_with("ember_tier_ssd_read_bytes_total"))
-                .and_then(|l| l.split_whitespace().last())
-                .and_then(|v| v.parse().ok())
-                .unwrap();
-            assert!(bytes >= 4096.0, "{metrics}");
+            let value = |name: &str| -> f64 {
+                metrics
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{name}{{")))
+                    .and_then(|l| l.split_whitespace().last())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+            };
+            assert!(
+                value("ember_tier_store_read_bytes_total") >= 4096.0,
+                "{metrics}"
+            );
+            assert!(value("ember_tier_store_reads_total") >= 1.0, "{metrics}");
+            // The old names stay for one release as deprecated aliases, with the same values.
+            for (new, old) in [
+                (
+                    "ember_tier_store_read_bytes_total",
+                    "ember_tier_ssd_read_bytes_total",
+                ),
+                ("ember_tier_store_reads_total", "ember_tier_ssd_reads_total"),
+            ] {
+                assert_eq!(value(new), value(old), "{new} vs {old}:\n{metrics}");
+            }
+            assert!(
+                metrics.contains("Deprecated: use ember_tier_store_reads_total"),
+                "{metrics}"
+            );
         }
         child.kill().unwrap();
         child.wait().unwrap();

@@ -46,9 +46,20 @@ pub enum CudaError {
     /// An error of the model layer.
     #[error(transparent)]
     Model(#[from] ember_model::ModelError),
-    /// Reading or writing the autotuner's cache file.
-    #[error("autotune cache {path}: {reason}")]
-    TuneCache { path: String, reason: String },
+    /// Reading or writing the autotuner's cache file failed.
+    #[error("autotune cache {path}: {source}")]
+    TuneCache {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The autotuner's cache file is not JSON of tuned choices (or they could not be encoded).
+    #[error("autotune cache {path}: {source}")]
+    TuneCacheJson {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;

@@ -74,7 +74,7 @@ impl HotPlan {
             .map(|(i, t)| (t.name(), i))
             .collect();
         for kj in batches {
-            let valid = coll.validate(kj)?;
+            let valid = coll.check_view(kj)?;
             let kj = valid.get();
             for f in 0..coll.features().len() {
                 let t = table_index[coll.table_of(f).name()];

@@ -100,14 +100,19 @@ impl TuneCache {
 
     /// Loads `path` (a missing file is an empty cache; a damaged one is an error).
     pub fn load(path: &Path) -> Result<TuneCache> {
-        let err = |reason: String| CudaError::TuneCache {
-            path: path.display().to_string(),
-            reason,
-        };
+        let path_text = || path.display().to_string();
         let entries = match ember_embed::files::read_limited(path, "tuning cache", 16 << 20) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| err(e.to_string()))?,
+            Ok(b) => serde_json::from_slice(&b).map_err(|source| CudaError::TuneCacheJson {
+                path: path_text(),
+                source,
+            })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(err(e.to_string())),
+            Err(source) => {
+                return Err(CudaError::TuneCache {
+                    path: path_text(),
+                    source,
+                });
+            }
         };
         Ok(TuneCache {
             path: Some(path.to_path_buf()),
@@ -141,17 +146,22 @@ impl TuneCache {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let err = |reason: String| CudaError::TuneCache {
+        let io = |source| CudaError::TuneCache {
             path: path.display().to_string(),
-            reason,
+            source,
         };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+            std::fs::create_dir_all(dir).map_err(io)?;
         }
         let tmp = path.with_extension("json.tmp");
-        let body = serde_json::to_vec_pretty(&self.entries).map_err(|e| err(e.to_string()))?;
-        std::fs::write(&tmp, body).map_err(|e| err(e.to_string()))?;
-        std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+        let body = serde_json::to_vec_pretty(&self.entries).map_err(|source| {
+            CudaError::TuneCacheJson {
+                path: path.display().to_string(),
+                source,
+            }
+        })?;
+        std::fs::write(&tmp, body).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
     }
 }
 
@@ -211,6 +221,38 @@ mod tests {
         std::fs::write(&path, b"{ not json").unwrap();
         let e = TuneCache::load(&path).unwrap_err().to_string();
         assert!(e.contains("tune.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cache_errors_keep_their_cause_as_the_source() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("ember-tune-src-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Damaged: serde_json's error, printed as the text variant printed it.
+        let path = dir.join("tune.json");
+        std::fs::write(&path, b"{ not json").unwrap();
+        let e = TuneCache::load(&path).unwrap_err();
+        assert!(matches!(e, CudaError::TuneCacheJson { .. }), "{e:?}");
+        let json = e
+            .source()
+            .and_then(|s| s.downcast_ref::<serde_json::Error>());
+        assert!(json.is_some_and(|j| j.is_syntax()), "{e:?}");
+        let parse = serde_json::from_slice::<BTreeMap<String, TuneChoice>>(b"{ not json");
+        let old = format!("autotune cache {}: {}", path.display(), parse.unwrap_err());
+        assert_eq!(e.to_string(), old);
+        // Unreadable (a directory): the I/O error.
+        let e = TuneCache::load(&dir).unwrap_err();
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|io| io.kind()),
+            Some(std::io::ErrorKind::InvalidInput),
+            "{e:?}"
+        );
+        let read = ember_embed::files::read_limited(&dir, "tuning cache", 16 << 20);
+        let old = format!("autotune cache {}: {}", dir.display(), read.unwrap_err());
+        assert_eq!(e.to_string(), old);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

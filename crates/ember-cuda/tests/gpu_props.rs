@@ -132,7 +132,7 @@ fn every_variant_matches_the_cpu_reference() {
             let weighted = pooling == Pooling::WeightedSum;
             let kj = random_batch(&mut rng, &coll, batch, weighted);
             let mut want = vec![0f32; batch * coll.total_dim()];
-            pooled_lookup(&coll, coll.validate(&kj).unwrap(), pooling, &mut want).unwrap();
+            pooled_lookup(&coll, coll.check_view(&kj).unwrap(), pooling, &mut want).unwrap();
             for variant in Variant::ALL {
                 // The tuned variants compile and time ~20 kernels per new shape: a few cases.
                 if matches!(variant, Variant::Tuned | Variant::Combined) && case >= 6 {
@@ -152,7 +152,7 @@ fn every_variant_matches_the_cpu_reference() {
                 // A second batch through the same runner (buffers reused, dedup state reset).
                 let kj2 = random_batch(&mut rng, &coll, batch + 3, weighted);
                 let mut want2 = vec![0f32; (batch + 3) * coll.total_dim()];
-                pooled_lookup(&coll, coll.validate(&kj2).unwrap(), pooling, &mut want2).unwrap();
+                pooled_lookup(&coll, coll.check_view(&kj2).unwrap(), pooling, &mut want2).unwrap();
                 let mut got2 = vec![f32::NAN; want2.len()];
                 run.pool(emb, &coll, &kj2, &mut got2).unwrap();
                 assert_close(
@@ -184,7 +184,7 @@ fn every_launch_the_tuner_can_pick_is_correct() {
         let mut want = vec![0f32; 100 * coll.total_dim()];
         pooled_lookup(
             &coll,
-            coll.validate(&kj).unwrap(),
+            coll.check_view(&kj).unwrap(),
             Pooling::WeightedSum,
             &mut want,
         )

@@ -86,7 +86,7 @@ fn pooled_lookup(bencher: Bencher, case: &str) {
     .unwrap();
     let width = coll.total_dim();
     let (mut got, mut want) = (vec![0f32; 64 * width], vec![0f32; 64 * width]);
-    let first = coll.validate(&batches[0]).unwrap();
+    let first = coll.check_view(&batches[0]).unwrap();
     pooler.run(&coll, first, &mut got).unwrap();
     reference::pooled_lookup(&coll, first, Pooling::Sum, &mut want).unwrap();
     assert!(
@@ -95,7 +95,10 @@ fn pooled_lookup(bencher: Bencher, case: &str) {
             .all(|(a, b)| (a - b).abs() <= 1e-4 * (1.0 + b.abs())),
         "{isa} {dtype} disagrees with the reference"
     );
-    let validated: Vec<_> = batches.iter().map(|b| coll.validate(b).unwrap()).collect();
+    let validated: Vec<_> = batches
+        .iter()
+        .map(|b| coll.check_view(b).unwrap())
+        .collect();
     let bytes = batches.iter().map(|b| b.num_ids()).sum::<usize>() * dtype.row_bytes(DIM);
     bencher.counter(BytesCount::new(bytes)).bench_local(|| {
         for vb in &validated {

@@ -2,10 +2,10 @@
 //! arrive ([`CheckedSamples`]), and batches that own their ids ([`CheckedBatch`]), built by
 //! checking once ([`EmbeddingCollection::check`]) or by merging checked samples without checking
 //! them again ([`EmbeddingCollection::merge`]). A server checks each request once, merges the
-//! requests of a batch, and hands the kernels the merged batch's [`ValidatedBatch`] view.
+//! requests of a batch, and hands the kernels the merged batch's [`CheckedView`] view.
 
 use crate::collection::{
-    CollectionId, EmbeddingCollection, ID_CHECKS, ValidatedBatch, first_out_of_range,
+    CheckedView, CollectionId, EmbeddingCollection, ID_CHECKS, first_out_of_range,
 };
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
@@ -21,8 +21,8 @@ pub struct CheckedBatch {
 
 impl CheckedBatch {
     /// The batch as the kernels take it.
-    pub fn view(&self) -> ValidatedBatch<'_> {
-        ValidatedBatch::trusted(&self.kj, self.coll)
+    pub fn view(&self) -> CheckedView<'_> {
+        CheckedView::trusted(&self.kj, self.coll)
     }
 
     /// The batch.
@@ -215,9 +215,9 @@ impl Iterator for Pieces<'_> {
 }
 
 impl EmbeddingCollection {
-    /// Validates an owned batch (see [`EmbeddingCollection::validate`]).
+    /// Validates an owned batch (see [`EmbeddingCollection::check_view`]).
     pub fn check(&self, kj: KeyedJagged) -> Result<CheckedBatch> {
-        self.validate(&kj)?;
+        self.check_view(&kj)?;
         Ok(CheckedBatch {
             kj,
             coll: self.id(),

@@ -43,12 +43,12 @@ pub struct EmbeddingCollection {
 /// kernels, which therefore never see an out-of-range id; it remembers the collection it was
 /// checked against, and every other collection refuses it.
 #[derive(Debug, Clone, Copy)]
-pub struct ValidatedBatch<'a> {
+pub struct CheckedView<'a> {
     kj: &'a KeyedJagged,
     coll: CollectionId,
 }
 
-impl<'a> ValidatedBatch<'a> {
+impl<'a> CheckedView<'a> {
     /// The underlying batch.
     pub fn get(&self) -> &'a KeyedJagged {
         self.kj
@@ -61,7 +61,7 @@ impl<'a> ValidatedBatch<'a> {
 
     /// A batch known to be valid for `coll` by construction (built from checked parts).
     pub(crate) fn trusted(kj: &'a KeyedJagged, coll: CollectionId) -> Self {
-        ValidatedBatch { kj, coll }
+        CheckedView { kj, coll }
     }
 }
 
@@ -148,8 +148,8 @@ impl EmbeddingCollection {
 
     /// Checks that the batch has this collection's features in order and that every id is a row
     /// of its feature's table. The error names the feature, the sample and the id.
-    pub fn validate<'a>(&self, kj: &'a KeyedJagged) -> Result<ValidatedBatch<'a>> {
-        self.validate_names(kj)?;
+    pub fn check_view<'a>(&self, kj: &'a KeyedJagged) -> Result<CheckedView<'a>> {
+        self.check_names(kj)?;
         // The position of the feature's first id out of range, if any.
         let first_bad = |f: usize| {
             let range = kj.feature_range(f);
@@ -180,19 +180,19 @@ impl EmbeddingCollection {
                 rows: table.rows(),
             });
         }
-        Ok(ValidatedBatch { kj, coll: self.id })
+        Ok(CheckedView { kj, coll: self.id })
     }
 
-    /// [`EmbeddingCollection::validate`] and the ids narrowed to 32 bits into `out`, in one pass
+    /// [`EmbeddingCollection::check_view`] and the ids narrowed to 32 bits into `out`, in one pass
     /// over them: each feature's ids are copied and their maximum taken together (a GPU's batch
     /// reads its millions of ids once, not once to check and again to stage). `out` must hold
     /// [`KeyedJagged::num_ids`] ids and every table at most 2^32 rows, so that a checked id fits.
-    /// On a bad id the error is [`EmbeddingCollection::validate`]'s, and `out` holds garbage.
-    pub fn validate_narrowed<'a>(
+    /// On a bad id the error is [`EmbeddingCollection::check_view`]'s, and `out` holds garbage.
+    pub fn check_view_narrowed<'a>(
         &self,
         kj: &'a KeyedJagged,
         out: &mut [u32],
-    ) -> Result<ValidatedBatch<'a>> {
+    ) -> Result<CheckedView<'a>> {
         let wide = self.tables.iter().any(|t| t.rows() as u64 > 1 << 32);
         if wide {
             return Err(EmbedError::BadOption {
@@ -210,7 +210,7 @@ impl EmbeddingCollection {
         }
         let nf = self.features.len();
         if kj.keys().len() != nf {
-            return self.validate(kj);
+            return self.check_view(kj);
         }
         // Each feature's slice of `out`, so that features go to threads without sharing.
         let mut parts = Vec::with_capacity(nf);
@@ -240,15 +240,15 @@ impl EmbeddingCollection {
         match ok {
             // Names and order checked, every id in range: what validate would have found.
             true => self
-                .validate_names(kj)
-                .map(|()| ValidatedBatch { kj, coll: self.id }),
+                .check_names(kj)
+                .map(|()| CheckedView { kj, coll: self.id }),
             // validate names the feature, the sample and the id.
-            false => self.validate(kj),
+            false => self.check_view(kj),
         }
     }
 
     /// Refuses a batch checked against another collection.
-    pub(crate) fn check_own(&self, batch: ValidatedBatch<'_>) -> Result<()> {
+    pub(crate) fn check_own(&self, batch: CheckedView<'_>) -> Result<()> {
         if batch.coll == self.id {
             Ok(())
         } else {
@@ -259,7 +259,7 @@ impl EmbeddingCollection {
 
 impl EmbeddingCollection {
     /// Counts a check, and refuses a batch whose features are not this collection's, in order.
-    fn validate_names(&self, kj: &KeyedJagged) -> Result<()> {
+    fn check_names(&self, kj: &KeyedJagged) -> Result<()> {
         ID_CHECKS.fetch_add(1, Ordering::Relaxed);
         if kj.keys().len() != self.features.len()
             || kj
@@ -290,10 +290,10 @@ fn narrow_max<T: Copy>(src: &[T], dst: &mut [u32], key: impl Fn(T) -> u64) -> u6
     max
 }
 
-/// Ids in a batch from which [`EmbeddingCollection::validate`] checks features in parallel.
+/// Ids in a batch from which [`EmbeddingCollection::check_view`] checks features in parallel.
 pub const PARALLEL_CHECK_IDS: usize = 1 << 20;
 
-/// How many times ids were checked against a collection ([`EmbeddingCollection::validate`],
+/// How many times ids were checked against a collection ([`EmbeddingCollection::check_view`],
 /// [`EmbeddingCollection::check_samples`]) in this process: lets tests prove that a served
 /// request's ids are checked exactly once.
 pub(crate) static ID_CHECKS: AtomicU64 = AtomicU64::new(0);
@@ -326,7 +326,7 @@ mod tests {
     use crate::dtype::DType;
 
     #[test]
-    fn validate_narrowed_copies_every_id_or_fails_as_validate_does() {
+    fn check_view_narrowed_copies_every_id_or_fails_as_check_view_does() {
         use rand::{Rng, SeedableRng};
         let c = coll();
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -359,8 +359,8 @@ mod tests {
             )
             .unwrap();
             let mut out = vec![u32::MAX; kj.num_ids()];
-            let fused = c.validate_narrowed(&kj, &mut out).map(|_| ());
-            let plain = c.validate(&kj).map(|_| ());
+            let fused = c.check_view_narrowed(&kj, &mut out).map(|_| ());
+            let plain = c.check_view(&kj).map(|_| ());
             assert_eq!(
                 fused.as_ref().map_err(|e| e.to_string()),
                 plain.as_ref().map_err(|e| e.to_string()),
@@ -380,9 +380,9 @@ mod tests {
         )
         .unwrap();
         let mut short = vec![0u32; 2];
-        assert!(c.validate_narrowed(&kj, &mut short).is_err());
+        assert!(c.check_view_narrowed(&kj, &mut short).is_err());
         let mut out = vec![0u32; 3];
-        c.validate_narrowed(&kj, &mut out).unwrap();
+        c.check_view_narrowed(&kj, &mut out).unwrap();
         assert_eq!(out, [9, 2, 9]);
     }
 
@@ -433,7 +433,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let e = c.validate(&kj).unwrap_err();
+        let e = c.check_view(&kj).unwrap_err();
         assert_eq!(
             e.to_string(),
             "feature 'y', sample 1: id 3 is out of range for table 'b' with 3 rows"
@@ -446,7 +446,7 @@ mod tests {
             None,
         )
         .unwrap();
-        let e = c.validate(&kj).unwrap_err();
+        let e = c.check_view(&kj).unwrap_err();
         assert_eq!(
             e,
             EmbedError::IdOutOfRange {
@@ -465,7 +465,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert!(c.validate(&ok).is_ok());
+        assert!(c.check_view(&ok).is_ok());
     }
 
     #[test]
@@ -483,7 +483,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert!(c.validate(&ok).is_ok());
+        assert!(c.check_view(&ok).is_ok());
         ids[2 * per + 7] = 10; // z
         ids[per + per / 2] = 5; // y
         ids[per + per - 1] = 3; // y, later
@@ -496,7 +496,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.validate(&bad).unwrap_err().to_string(),
+            c.check_view(&bad).unwrap_err().to_string(),
             "feature 'y', sample 0: id 5 is out of range for table 'b' with 3 rows"
         );
     }
@@ -507,7 +507,7 @@ mod tests {
         let kj = KeyedJagged::from_lengths(keys(&["x", "z", "y"]), 0, &[], Ids::U32(vec![]), None)
             .unwrap();
         assert!(matches!(
-            c.validate(&kj),
+            c.check_view(&kj),
             Err(EmbedError::KeysMismatch { .. })
         ));
         let t = EmbeddingTable::zeroed("a", 1, 1, DType::F32, PagePolicy::Small).unwrap();

@@ -1,6 +1,10 @@
 //! The one error type of `ember-embed`. Variants carry the numbers that explain them, so that a
 //! message names the feature, the sample and the bad value without the caller adding context.
 
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+
 use ember_redis::RedisError;
 use thiserror::Error;
 
@@ -90,11 +94,13 @@ pub enum EmbedError {
         tables: usize,
     },
     /// Memory for a table could not be mapped.
-    #[error("could not allocate {bytes} bytes for table '{table}': {reason}")]
+    #[error("could not allocate {bytes} bytes for table '{table}': {cause}")]
     Alloc {
         table: String,
         bytes: usize,
-        reason: String,
+        /// The mapping's error.
+        #[source]
+        cause: Cause,
     },
     /// A dtype name that is not known.
     #[error("unknown dtype '{0}' (expected f32, f16, bf16, int8 or int4)")]
@@ -118,7 +124,7 @@ pub enum EmbedError {
         expected: usize,
     },
     /// A batch checked against one collection given to another (a bug of the caller).
-    #[error("the batch was validated against another collection of tables")]
+    #[error("the batch was checked against another collection of tables")]
     WrongCollection,
     /// A sharding plan that does not fit the tables (coverage, overlap, ranges).
     #[error("sharding plan: {0}")]
@@ -127,8 +133,13 @@ pub enum EmbedError {
     #[error("instruction set {isa} is not available on this CPU")]
     IsaUnavailable { isa: &'static str },
     /// A thread pool could not be created.
-    #[error("could not start a thread pool of {threads} threads: {reason}")]
-    ThreadPool { threads: usize, reason: String },
+    #[error("could not start a thread pool of {threads} threads: {cause}")]
+    ThreadPool {
+        threads: usize,
+        /// Rayon's error.
+        #[source]
+        cause: Cause,
+    },
     /// A bad option value.
     #[error("invalid option {option}: {reason}")]
     BadOption {
@@ -157,11 +168,23 @@ pub enum EmbedError {
         actual: u32,
     },
     /// Reading or writing a row file failed.
-    #[error("row file {path}: {op}: {reason}")]
+    #[error("row file {path}: {op}: {cause}")]
     Io {
         path: String,
         op: &'static str,
-        reason: String,
+        /// The I/O error.
+        #[source]
+        cause: Cause,
+    },
+    /// A read of `len` bytes at `offset` of a row file failed.
+    #[error("row file {path}: read: {len} bytes at offset {offset}: {cause}")]
+    ReadAt {
+        path: String,
+        len: usize,
+        offset: u64,
+        /// The I/O error.
+        #[source]
+        cause: Cause,
     },
     /// A lookup reached a table on the SSD tier without its rows staged first.
     #[error(
@@ -201,9 +224,81 @@ pub enum EmbedError {
     },
 
     // ----- workloads -----
-    /// An id trace file could not be read or parsed.
+    /// An id trace file that cannot be used: a line that is not an id, no ids, a table name
+    /// that cannot name a profile file.
     #[error("id trace {path}: {reason}")]
     Trace { path: String, reason: String },
+    /// Reading or writing an id trace file failed.
+    #[error("id trace {path}: {cause}")]
+    TraceIo {
+        path: String,
+        /// The I/O error.
+        #[source]
+        cause: Cause,
+    },
+}
+
+/// The error that caused an [`EmbedError`], kept whole so that
+/// [`source()`](std::error::Error::source) of the `EmbedError` is that error itself (an
+/// [`std::io::Error`] downcasts as one), while `EmbedError` stays `Clone` and `PartialEq`: the
+/// error is shared, and two causes are equal when their messages are.
+///
+/// It displays as the error does and dereferences to it. It is not an error itself, on purpose:
+/// `#[source]` then reaches through it to the error it holds, so a chain of causes does not
+/// show the same message twice.
+#[derive(Clone)]
+pub struct Cause(Arc<dyn StdError + Send + Sync>);
+
+impl Cause {
+    /// Wraps `error`.
+    pub fn new(error: impl StdError + Send + Sync + 'static) -> Self {
+        Cause(Arc::new(error))
+    }
+}
+
+impl std::ops::Deref for Cause {
+    type Target = dyn StdError + Send + Sync;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl From<std::io::Error> for Cause {
+    fn from(e: std::io::Error) -> Self {
+        Cause::new(e)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+/// Equal when the messages are: errors such as [`std::io::Error`] have no equality of their own.
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl EmbedError {
+    /// [`EmbedError::RemoteStore`]: `model`'s `version` in the remote store cannot be served or
+    /// managed as asked, for `reason`.
+    pub fn remote_store(model: &str, version: u64, reason: impl Into<String>) -> Self {
+        EmbedError::RemoteStore {
+            model: model.into(),
+            version,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// Result alias of this crate.
@@ -225,5 +320,75 @@ impl From<RedisError> for EmbedError {
                 reason,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// The error the operating system gives for `path`, which does not exist.
+    fn missing(path: &Path) -> std::io::Error {
+        std::fs::metadata(path).unwrap_err()
+    }
+
+    #[test]
+    fn a_missing_row_file_keeps_its_io_error_as_the_source() {
+        let path = std::env::temp_dir().join(format!("ember-no-such-{}.rows", std::process::id()));
+        let e = crate::EmbeddingTable::open_row_file(&path).unwrap_err();
+        assert!(matches!(e, EmbedError::Io { op: "open", .. }), "{e:?}");
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|io| io.kind()),
+            Some(std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        // The message is the one the text variant printed.
+        let old = format!("row file {}: open: {}", path.display(), missing(&path));
+        assert_eq!(e.to_string(), old);
+        // Clone and PartialEq still hold, by the message.
+        assert_eq!(e.clone(), e);
+        let other = EmbedError::Io {
+            path: path.display().to_string(),
+            op: "open",
+            cause: std::io::Error::other("another error").into(),
+        };
+        assert_ne!(e, other);
+    }
+
+    #[test]
+    fn a_missing_trace_keeps_its_io_error_as_the_source() {
+        let path = Path::new("/nonexistent/ember/trace.ids");
+        let e = crate::trace::load_trace(path).unwrap_err();
+        assert!(matches!(e, EmbedError::TraceIo { .. }), "{e:?}");
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|io| io.kind()),
+            Some(std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        let old = format!("id trace {}: {}", path.display(), missing(path));
+        assert_eq!(e.to_string(), old);
+    }
+
+    #[test]
+    fn a_thread_pool_error_is_the_source() {
+        let build = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .spawn_handler(|_| Err(std::io::Error::other("no threads today")))
+            .build()
+            .unwrap_err();
+        let text = build.to_string();
+        let e = EmbedError::ThreadPool {
+            threads: 1,
+            cause: Cause::new(build),
+        };
+        assert_eq!(
+            e.to_string(),
+            format!("could not start a thread pool of 1 threads: {text}")
+        );
+        let source = e.source().unwrap();
+        assert!(source.is::<rayon::ThreadPoolBuildError>(), "{source:?}");
     }
 }

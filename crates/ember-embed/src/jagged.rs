@@ -8,7 +8,7 @@
 //!
 //! A [`KeyedJagged`] is structurally valid by construction (lengths add up, offsets never
 //! decrease, weights match, no negative id); whether each id is a row of its table is checked
-//! against a model's tables by [`crate::EmbeddingCollection::validate`].
+//! against a model's tables by [`crate::EmbeddingCollection::check_view`].
 
 use crate::error::{EmbedError, Result};
 use std::ops::Range;

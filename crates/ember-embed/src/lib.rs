@@ -9,7 +9,7 @@
 //! let coll = EmbeddingCollection::one_feature_per_table(vec![table]).unwrap();
 //! // batch of 2 samples: sample 0 looks up rows 0 and 3, sample 1 nothing.
 //! let kj = KeyedJagged::from_lengths(vec!["t".into()], 2, &[2, 0], Ids::U32(vec![0, 3]), None).unwrap();
-//! let batch = coll.validate(&kj).unwrap();
+//! let batch = coll.check_view(&kj).unwrap();
 //! let mut out = vec![0f32; 2 * 3];
 //! pooled_lookup(&coll, batch, Pooling::Sum, &mut out).unwrap();
 //! assert_eq!(out, [9.0, 11.0, 13.0, 0.0, 0.0, 0.0]);
@@ -39,10 +39,10 @@ pub use alloc::PagePolicy;
 pub use cache::{CachePolicy, Marked, RowCache, Updated};
 pub use checked::{CheckedBatch, CheckedSamples, Lengths, Pieces};
 pub use collection::{
-    CollectionId, EmbeddingCollection, Feature, PARALLEL_CHECK_IDS, ValidatedBatch, id_checks,
+    CheckedView, CollectionId, EmbeddingCollection, Feature, PARALLEL_CHECK_IDS, id_checks,
 };
 pub use dtype::DType;
-pub use error::{EmbedError, Result};
+pub use error::{Cause, EmbedError, Result};
 pub use fpmode::FlushDenormals;
 pub use isa::Isa;
 pub use jagged::{Ids, KeyedJagged};

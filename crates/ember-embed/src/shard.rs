@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::alloc::PagePolicy;
 use crate::checked::CheckedBatch;
-use crate::collection::{CollectionId, EmbeddingCollection, Feature, ValidatedBatch};
+use crate::collection::{CheckedView, CollectionId, EmbeddingCollection, Feature};
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
 use crate::pool::{PoolOptions, PoolStats, Pooler, Pooling};
@@ -314,7 +314,7 @@ impl ShardedEmbeddings {
 
     /// Pools `batch` (validated against the source collection) into `out` (`batch x total_dim`),
     /// every device at once on its own pool.
-    pub fn run(&self, batch: ValidatedBatch<'_>, out: &mut [f32]) -> Result<PoolStats> {
+    pub fn run(&self, batch: CheckedView<'_>, out: &mut [f32]) -> Result<PoolStats> {
         if batch.collection() != self.source {
             return Err(EmbedError::WrongCollection);
         }
@@ -463,7 +463,7 @@ mod tests {
             },
         )
         .unwrap();
-        let v = coll.validate(&kj).unwrap();
+        let v = coll.check_view(&kj).unwrap();
         let mut got = vec![f32::NAN; bsz * coll.total_dim()];
         sharded.run(v, &mut got).unwrap();
         let mut want = vec![0f32; bsz * coll.total_dim()];

@@ -85,7 +85,7 @@ proptest! {
         let mut a = vec![f32::NAN; total * coll.total_dim()];
         let mut b = a.clone();
         pooler.run(&coll, merged.view(), &mut a).unwrap();
-        pooler.run(&coll, coll.validate(&want).unwrap(), &mut b).unwrap();
+        pooler.run(&coll, coll.check_view(&want).unwrap(), &mut b).unwrap();
         prop_assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 }
@@ -164,10 +164,12 @@ fn batches_of_another_collection_are_refused() {
     let pooler = Pooler::new(PoolOptions::default()).unwrap();
     let mut out = vec![0f32; a.total_dim()];
     let e = pooler
-        .run(&b, a.validate(&kj).unwrap(), &mut out)
+        .run(&b, a.check_view(&kj).unwrap(), &mut out)
         .unwrap_err();
     assert_eq!(e, EmbedError::WrongCollection);
-    pooler.run(&b, b.validate(&kj).unwrap(), &mut out).unwrap();
+    pooler
+        .run(&b, b.check_view(&kj).unwrap(), &mut out)
+        .unwrap();
     let s = a.check_samples(1, vec![1, 1, 1], vec![3i64, 4, 5]).unwrap();
     assert_eq!(b.merge(&[&s]).unwrap_err(), EmbedError::WrongCollection);
     let shards: Vec<Shard> = (0..2)
@@ -179,9 +181,11 @@ fn batches_of_another_collection_are_refused() {
         })
         .collect();
     let sharded = ShardedEmbeddings::new(&a, &shards, PoolOptions::default()).unwrap();
-    let e = sharded.run(b.validate(&kj).unwrap(), &mut out).unwrap_err();
+    let e = sharded
+        .run(b.check_view(&kj).unwrap(), &mut out)
+        .unwrap_err();
     assert_eq!(e, EmbedError::WrongCollection);
-    sharded.run(a.validate(&kj).unwrap(), &mut out).unwrap();
+    sharded.run(a.check_view(&kj).unwrap(), &mut out).unwrap();
 }
 
 #[test]

@@ -135,7 +135,7 @@ fn assert_close(
 
 fn check_all_variants(c: &Case) {
     let (coll, kj, max_abs) = build(c);
-    let batch = coll.validate(&kj).unwrap();
+    let batch = coll.check_view(&kj).unwrap();
     let mut want = vec![f32::NAN; kj.batch_size() * coll.total_dim()];
     reference::pooled_lookup(&coll, batch, c.pooling, &mut want).unwrap();
     for isa in Isa::available_all() {
@@ -198,7 +198,13 @@ fn empty_batch_and_all_empty_bags() {
             check_all_variants(&c);
             let (coll, kj, _) = build(&c);
             let mut out = vec![f32::NAN; kj.batch_size() * coll.total_dim()];
-            pooled_lookup(&coll, coll.validate(&kj).unwrap(), Pooling::Mean, &mut out).unwrap();
+            pooled_lookup(
+                &coll,
+                coll.check_view(&kj).unwrap(),
+                Pooling::Mean,
+                &mut out,
+            )
+            .unwrap();
             assert!(out.iter().all(|&x| x == 0.0), "empty bags give zeros");
         }
     }
@@ -221,7 +227,7 @@ fn large_bags_with_heavy_reuse_dedup_on_every_isa() {
         };
         check_all_variants(&c);
         let (coll, kj, max_abs) = build(&c);
-        let batch = coll.validate(&kj).unwrap();
+        let batch = coll.check_view(&kj).unwrap();
         let mut want = vec![0f32; kj.batch_size() * coll.total_dim()];
         reference::pooled_lookup(&coll, batch, Pooling::WeightedSum, &mut want).unwrap();
         let pooler = Pooler::new(PoolOptions {
@@ -267,7 +273,7 @@ fn bad_calls_are_errors_not_panics() {
         wide_ids: false,
     };
     let (coll, kj, _) = build(&c);
-    let batch = coll.validate(&kj).unwrap();
+    let batch = coll.check_view(&kj).unwrap();
     let pool = |pooling| {
         Pooler::new(PoolOptions {
             pooling,
@@ -298,7 +304,7 @@ fn bad_calls_are_errors_not_panics() {
     let plain =
         KeyedJagged::from_lengths(vec!["f0".into()], 1, &[1], Ids::U32(vec![0]), None).unwrap();
     let e = pool(Pooling::WeightedSum)
-        .run(&coll, coll.validate(&plain).unwrap(), &mut out[..8])
+        .run(&coll, coll.check_view(&plain).unwrap(), &mut out[..8])
         .unwrap_err();
     assert_eq!(e, EmbedError::MissingWeights);
     let e = Pooler::new(PoolOptions {
@@ -342,7 +348,7 @@ fn quantized_pooling_stays_close_to_f32_pooling() {
         ])
         .unwrap();
         let mut out = vec![0f32; batch * dim];
-        pooled_lookup(&coll, coll.validate(&kj).unwrap(), Pooling::Sum, &mut out).unwrap();
+        pooled_lookup(&coll, coll.check_view(&kj).unwrap(), Pooling::Sum, &mut out).unwrap();
         out
     };
     let exact = pooled(DType::F32);
@@ -374,7 +380,7 @@ fn overlapping_calls_on_one_pooler_keep_results_and_stats_apart() {
         wide_ids: false,
     };
     let (coll, kj, max_abs) = build(&c);
-    let batch = coll.validate(&kj).unwrap();
+    let batch = coll.check_view(&kj).unwrap();
     let mut want = vec![0f32; kj.batch_size() * coll.total_dim()];
     reference::pooled_lookup(&coll, batch, Pooling::Sum, &mut want).unwrap();
     for threads in [1, 2] {
@@ -425,7 +431,7 @@ fn auto_prefetch_matches_the_reference_at_every_distance_it_tries() {
             };
             let (coll, kj, max_abs) = build(&c);
             assert!(kj.num_ids() >= 2 * 256, "units big enough to be timed");
-            let batch = coll.validate(&kj).unwrap();
+            let batch = coll.check_view(&kj).unwrap();
             let mut want = vec![0f32; kj.batch_size() * coll.total_dim()];
             reference::pooled_lookup(&coll, batch, pooling, &mut want).unwrap();
             for isa in Isa::available_all() {

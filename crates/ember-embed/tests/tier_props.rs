@@ -350,11 +350,11 @@ fn check_store(
                 let staged = staged.map_err(|e| e.to_string())?;
                 let mut want = vec![f32::NAN; kj.batch_size() * width];
                 pooler
-                    .run(mem, mem.validate(kj).unwrap(), &mut want)
+                    .run(mem, mem.check_view(kj).unwrap(), &mut want)
                     .unwrap();
                 let mut got = vec![f32::NAN; want.len()];
                 pooler
-                    .run_staged(tier, tier.validate(kj).unwrap(), &staged, &mut got)
+                    .run_staged(tier, tier.check_view(kj).unwrap(), &staged, &mut got)
                     .unwrap();
                 // Bit-identical: the same kernel sums the same bytes in the same order.
                 let same = got
@@ -401,15 +401,16 @@ fn unstaged_tier_lookup_is_an_error() {
     let t = random_table(&mut rng, "t", 20, 8, DType::F32);
     let p = dir.path("t.rows");
     write(&t, &p);
-    let coll =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let coll = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     let kj =
         KeyedJagged::from_lengths(vec!["t".into()], 1, &[2], Ids::U32(vec![1, 19]), None).unwrap();
     let pooler = Pooler::new(PoolOptions::default()).unwrap();
     let mut out = vec![0f32; 8];
     let e = pooler
-        .run(&coll, coll.validate(&kj).unwrap(), &mut out)
+        .run(&coll, coll.check_view(&kj).unwrap(), &mut out)
         .unwrap_err();
     assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
     // A staged batch of the same shape but other ids is refused (its rows are another batch's).
@@ -417,17 +418,17 @@ fn unstaged_tier_lookup_is_an_error() {
         KeyedJagged::from_lengths(vec!["t".into()], 1, &[2], Ids::U32(vec![1, 18]), None).unwrap();
     let stager = Stager::new(&coll, TierOptions::default()).unwrap();
     let staged = stager
-        .stage(&coll, coll.validate(&same_shape).unwrap())
+        .stage(&coll, coll.check_view(&same_shape).unwrap())
         .unwrap();
     let e = pooler
-        .run_staged(&coll, coll.validate(&kj).unwrap(), &staged, &mut out)
+        .run_staged(&coll, coll.check_view(&kj).unwrap(), &staged, &mut out)
         .unwrap_err();
     assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
     // The same batch pools.
     pooler
         .run_staged(
             &coll,
-            coll.validate(&same_shape).unwrap(),
+            coll.check_view(&same_shape).unwrap(),
             &staged,
             &mut out,
         )
@@ -435,20 +436,23 @@ fn unstaged_tier_lookup_is_an_error() {
     // A stager built for another collection (same shape, another file) refuses to stage.
     let p2 = dir.path("t2.rows");
     write(&t, &p2);
-    let other =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p2).unwrap()])
-            .unwrap();
+    let other = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p2).unwrap(),
+    ])
+    .unwrap();
     let e = stager
-        .stage(&other, other.validate(&kj).unwrap())
+        .stage(&other, other.check_view(&kj).unwrap())
         .unwrap_err();
     assert!(e.to_string().contains("other than the stager's"), "{e}");
     // A staged batch of another shape is refused too.
     let other =
         KeyedJagged::from_lengths(vec!["t".into()], 1, &[1], Ids::U32(vec![3]), None).unwrap();
     let stager = Stager::new(&coll, TierOptions::default()).unwrap();
-    let staged = stager.stage(&coll, coll.validate(&other).unwrap()).unwrap();
+    let staged = stager
+        .stage(&coll, coll.check_view(&other).unwrap())
+        .unwrap();
     let e = pooler
-        .run_staged(&coll, coll.validate(&kj).unwrap(), &staged, &mut out)
+        .run_staged(&coll, coll.check_view(&kj).unwrap(), &staged, &mut out)
         .unwrap_err();
     assert!(matches!(e, EmbedError::NotStaged { .. }), "{e}");
 }
@@ -458,9 +462,10 @@ fn ssd_and_dram(dir: &TempDir, rng: &mut SmallRng) -> (EmbeddingCollection, Embe
     let t = random_table(rng, "t", 4000, 16, DType::F32);
     let p = dir.path("t.rows");
     write(&t, &p);
-    let tier =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let tier = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     let mem = EmbeddingCollection::one_feature_per_table(vec![
         EmbeddingTable::from_row_file(&p, Placement::Dram, PagePolicy::Small).unwrap(),
     ])
@@ -478,11 +483,11 @@ fn assert_pools_as_dram(
 ) {
     let mut want = vec![0f32; kj.batch_size() * mem.total_dim()];
     pooler
-        .run(mem, mem.validate(kj).unwrap(), &mut want)
+        .run(mem, mem.check_view(kj).unwrap(), &mut want)
         .unwrap();
     let mut got = vec![f32::NAN; want.len()];
     pooler
-        .run_staged(tier, tier.validate(kj).unwrap(), staged, &mut got)
+        .run_staged(tier, tier.check_view(kj).unwrap(), staged, &mut got)
         .unwrap();
     assert!(
         got.iter()
@@ -519,13 +524,13 @@ fn cached_rows_pool_in_place_held_until_dropped() {
         assert_pools_as_dram(&pooler, &tier, &mem, kj, staged);
     };
     let (ka, kb, kc) = (batch(0), batch(1000), batch(2000));
-    let a = stager.stage(&tier, tier.validate(&ka).unwrap()).unwrap();
+    let a = stager.stage(&tier, tier.check_view(&ka).unwrap()).unwrap();
     // An empty cache admits all 80 rows: pooled in place, 80 slots held.
     assert_eq!(a.in_place(), (1, 1));
     assert_eq!(stager.held_slots(), 80);
     // While `a` lives its 80 slots are not evicted: 20 free slots and 50 staging slots hold
     // 70 of b's 80 rows; the last 10 find none, so b is copied.
-    let b = stager.stage(&tier, tier.validate(&kb).unwrap()).unwrap();
+    let b = stager.stage(&tier, tier.check_view(&kb).unwrap()).unwrap();
     assert_eq!(b.in_place(), (0, 1));
     stager.check_invariants(budget);
     check(&ka, &a);
@@ -538,7 +543,7 @@ fn cached_rows_pool_in_place_held_until_dropped() {
         "dropped batches release their slots"
     );
     // With a's slots back, c's rows evict them and are pooled in place again.
-    let c = stager.stage(&tier, tier.validate(&kc).unwrap()).unwrap();
+    let c = stager.stage(&tier, tier.check_view(&kc).unwrap()).unwrap();
     assert_eq!(c.in_place(), (1, 1));
     check(&kc, &c);
     stager.check_invariants(budget);
@@ -554,9 +559,10 @@ fn pinned_rows_survive_cold_traffic() {
     let t = random_table(&mut rng, "t", rows, 16, DType::F32);
     let p = dir.path("t.rows");
     write(&t, &p);
-    let coll =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let coll = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     // Hot ids 0..50 appear 5 times each in the profile.
     let trace: Vec<u64> = (0..5).flat_map(|_| 0..50u64).chain(100..300).collect();
     let budget = 100 * 64; // 100 rows of 64 bytes, all pinned (a trace is given)
@@ -581,7 +587,7 @@ fn pinned_rows_survive_cold_traffic() {
             .collect();
         let kj = KeyedJagged::from_lengths(vec!["t".into()], 1, &[ids.len()], Ids::U32(ids), None)
             .unwrap();
-        stager.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+        stager.stage(&coll, coll.check_view(&kj).unwrap()).unwrap();
         stager.check_invariants(budget);
     }
     for id in 0..50 {
@@ -594,9 +600,9 @@ fn pinned_rows_survive_cold_traffic() {
     let before = stager.stats();
     let ids: Vec<u32> = (0..50).collect();
     let kj = KeyedJagged::from_lengths(vec!["t".into()], 1, &[50], Ids::U32(ids), None).unwrap();
-    stager.stage(&coll, coll.validate(&kj).unwrap()).unwrap();
+    stager.stage(&coll, coll.check_view(&kj).unwrap()).unwrap();
     let d = stager.stats().since(&before);
-    assert_eq!((d.hits, d.misses, d.ssd_reads), (50, 0, 0));
+    assert_eq!((d.hits, d.misses, d.store_reads), (50, 0, 0));
     assert_eq!((d.lookups, d.lookup_hits), (50, 50));
 }
 
@@ -654,9 +660,10 @@ fn damaged_files_are_refused_with_a_clear_error() {
     // naming the block; rows of other blocks still read.
     let p = copy("data.rows");
     flip(&p, data + 2 * BLOCK as u64 + 100);
-    let coll =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let coll = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     let kj = |ids: Vec<u32>| {
         KeyedJagged::from_lengths(vec!["t".into()], 1, &[ids.len()], Ids::U32(ids), None).unwrap()
     };
@@ -669,7 +676,7 @@ fn damaged_files_are_refused_with_a_clear_error() {
         let stager = Stager::new(&coll, opts).unwrap();
         let bad = kj(vec![3, 40]);
         let e = stager
-            .stage(&coll, coll.validate(&bad).unwrap())
+            .stage(&coll, coll.check_view(&bad).unwrap())
             .unwrap_err();
         assert!(
             matches!(e, EmbedError::Corrupt { block: 2, .. }),
@@ -677,9 +684,9 @@ fn damaged_files_are_refused_with_a_clear_error() {
         );
         assert!(e.to_string().contains("fails its checksum"), "{e}");
         let ok = kj(vec![3, 60, 99]);
-        stager.stage(&coll, coll.validate(&ok).unwrap()).unwrap();
+        stager.stage(&coll, coll.check_view(&ok).unwrap()).unwrap();
         // The bad row was not cached by the failed read: asking again fails again.
-        assert!(stager.stage(&coll, coll.validate(&bad).unwrap()).is_err());
+        assert!(stager.stage(&coll, coll.check_view(&bad).unwrap()).is_err());
     }
     assert!(matches!(
         RowFile::open(&p).unwrap().verify_all(),
@@ -783,9 +790,10 @@ fn large_rows_need_io_uring() {
     let t = random_table(&mut rng, "t", 10, 8, DType::F32);
     let p = dir.path("t.rows");
     write(&t, &p);
-    let tier =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let tier = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     let opts = TierOptions {
         io: IoMode::Uring,
         ..TierOptions::default()
@@ -806,9 +814,10 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
     let p = dir.path("t.rows");
     write(&t, &p);
     let mem = EmbeddingCollection::one_feature_per_table(vec![t]).unwrap();
-    let tier =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let tier = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     let mut ids: Vec<u32> = (0..rows as u32).collect();
     ids.extend((0..50).map(|_| rng.random_range(0..rows as u32)));
     let lengths: Vec<usize> = vec![ids.len() / 2, ids.len() - ids.len() / 2];
@@ -816,7 +825,7 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
     let pooler = Pooler::new(PoolOptions::default()).unwrap();
     let mut want = vec![0f32; 2 * dim];
     pooler
-        .run(&mem, mem.validate(&kj).unwrap(), &mut want)
+        .run(&mem, mem.check_view(&kj).unwrap(), &mut want)
         .unwrap();
     for io in [IoMode::Uring, IoMode::Pread, IoMode::Mmap] {
         let opts = TierOptions {
@@ -840,10 +849,10 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
                 _ => "mmap",
             })
         );
-        let staged = stager.stage(&tier, tier.validate(&kj).unwrap()).unwrap();
+        let staged = stager.stage(&tier, tier.check_view(&kj).unwrap()).unwrap();
         let mut got = vec![f32::NAN; 2 * dim];
         pooler
-            .run_staged(&tier, tier.validate(&kj).unwrap(), &staged, &mut got)
+            .run_staged(&tier, tier.check_view(&kj).unwrap(), &staged, &mut got)
             .unwrap();
         assert!(
             got.iter()
@@ -854,8 +863,8 @@ fn large_rows_and_split_merged_reads_equal_in_memory() {
         let s = stager.stats();
         // 300 rows x 4400 bytes = 1.3 MB of blocks: more than 5 reads of at most 256 KiB.
         assert_eq!(s.misses, rows as u64);
-        assert!(s.ssd_reads >= 6, "{s:?}");
-        assert!(s.ssd_bytes_read >= (rows * 4400) as u64, "{s:?}");
+        assert!(s.store_reads >= 6, "{s:?}");
+        assert!(s.store_bytes_read >= (rows * 4400) as u64, "{s:?}");
     }
 }
 
@@ -924,11 +933,11 @@ fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
     };
     // The first batch's rows are fetched, then pinned by the refresh after it.
     let hot = batch(0, 50);
-    drop(stager.stage(&tier, tier.validate(&hot).unwrap()).unwrap());
+    drop(stager.stage(&tier, tier.check_view(&hot).unwrap()).unwrap());
     assert!((0..50).all(|id| stager.is_pinned(0, id)));
     // `a` reads them pinned: unheld.
     let before = stager.stats();
-    let a = stager.stage(&tier, tier.validate(&hot).unwrap()).unwrap();
+    let a = stager.stage(&tier, tier.check_view(&hot).unwrap()).unwrap();
     let d = stager.stats().since(&before);
     assert_eq!((d.hits, d.misses, d.lookup_hits), (50, 0, 100));
     assert_eq!(a.in_place(), (1, 1));
@@ -936,7 +945,9 @@ fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
     // and overwrite the rows `a` reads if they were not held for it.
     for b in 0..6 {
         let cold = batch(1000 + 100 * b, 100);
-        let s = stager.stage(&tier, tier.validate(&cold).unwrap()).unwrap();
+        let s = stager
+            .stage(&tier, tier.check_view(&cold).unwrap())
+            .unwrap();
         check(&cold, &s);
         stager.check_invariants(budget);
     }
@@ -948,7 +959,11 @@ fn pinned_rows_read_unheld_survive_a_new_pinned_set() {
     assert_eq!(stager.held_slots(), 0);
     for b in 0..2 {
         let cold = batch(2000 + 100 * b, 100);
-        drop(stager.stage(&tier, tier.validate(&cold).unwrap()).unwrap());
+        drop(
+            stager
+                .stage(&tier, tier.check_view(&cold).unwrap())
+                .unwrap(),
+        );
     }
     stager.check_invariants(budget);
     assert_eq!(stager.held_slots(), 0);
@@ -997,9 +1012,10 @@ fn laid_out_files_read_by_id_and_damage_is_refused() {
     assert!(!layout.is_identity());
     let p = dir.path("stores.rows");
     write_laid_out(&t, &p, &layout);
-    let tier =
-        EmbeddingCollection::one_feature_per_table(vec![EmbeddingTable::open_ssd(&p).unwrap()])
-            .unwrap();
+    let tier = EmbeddingCollection::one_feature_per_table(vec![
+        EmbeddingTable::open_row_file(&p).unwrap(),
+    ])
+    .unwrap();
     let mem = EmbeddingCollection::one_feature_per_table(vec![t]).unwrap();
     let ids: Vec<u32> = (0..rows as u32).rev().collect();
     let kj = KeyedJagged::from_lengths(vec!["t".into()], rows, &vec![1; rows], Ids::U32(ids), None)
@@ -1014,7 +1030,7 @@ fn laid_out_files_read_by_id_and_damage_is_refused() {
             },
         )
         .unwrap();
-        let staged = stager.stage(&tier, tier.validate(&kj).unwrap()).unwrap();
+        let staged = stager.stage(&tier, tier.check_view(&kj).unwrap()).unwrap();
         let pooler = Pooler::new(PoolOptions::default()).unwrap();
         assert_pools_as_dram(&pooler, &tier, &mem, &kj, &staged);
     }

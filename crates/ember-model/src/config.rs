@@ -49,7 +49,7 @@ pub struct ModelConfig {
 }
 
 /// The `remote` object: the Redis Cluster holding the tables placed `remote` (pushed there by
-/// `ember store push`), and how long a fetch may take.
+/// `ember registry push`), and how long a fetch may take.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteConfig {
@@ -208,7 +208,7 @@ pub struct TableConfig {
     pub dtype: DType,
     /// `dram` (default), `mmap`, `ssd` or `remote`: where the rows live. `mmap` and `ssd` read
     /// `rows/NAME.rows` in the model directory (written by `ember convert`); `remote` reads the
-    /// cluster of the `remote` object (rows pushed by `ember store push`).
+    /// cluster of the `remote` object (rows pushed by `ember registry push`).
     #[serde(default, skip_serializing_if = "is_dram")]
     pub placement: Placement,
 }
@@ -286,10 +286,11 @@ impl ModelConfig {
                 source,
             },
         )?;
-        let cfg: ModelConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
+        let cfg: ModelConfig =
+            serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
+                path: path.into(),
+                source,
+            })?;
         cfg.check().map_err(|reason| ModelError::Config {
             path: path.into(),
             reason,
@@ -367,6 +368,20 @@ impl ModelConfig {
 
     /// Checks everything that can be checked without the weights.
     pub fn check(&self) -> std::result::Result<(), String> {
+        self.check_format()?;
+        self.check_layer_sizes()?;
+        self.check_tables()?;
+        if let Some(t) = &self.tier {
+            t.options()?;
+        }
+        self.check_feature_names()?;
+        let tables = self.feature_tables()?;
+        self.check_overflow()?;
+        self.check_interaction(&tables)
+    }
+
+    /// The file's format and version are the ones this build reads.
+    fn check_format(&self) -> std::result::Result<(), String> {
         if self.format != FORMAT {
             return Err(format!("format is '{}', expected '{FORMAT}'", self.format));
         }
@@ -376,6 +391,11 @@ impl ModelConfig {
                 self.format_version
             ));
         }
+        Ok(())
+    }
+
+    /// No layer (nor the dense input) is empty, and the top MLP ends in the logit.
+    fn check_layer_sizes(&self) -> std::result::Result<(), String> {
         if self.dense_in == 0 {
             return Err("dense_in must be at least 1".into());
         }
@@ -391,6 +411,11 @@ impl ModelConfig {
                 self.top_mlp
             ));
         }
+        Ok(())
+    }
+
+    /// At least one table; each non-empty, named once, by a name that can name its row file.
+    fn check_tables(&self) -> std::result::Result<(), String> {
         if self.tables.is_empty() {
             return Err("a model needs at least one table".into());
         }
@@ -412,9 +437,11 @@ impl ModelConfig {
                 ));
             }
         }
-        if let Some(t) = &self.tier {
-            t.options()?;
-        }
+        Ok(())
+    }
+
+    /// At least one sparse feature, each named once.
+    fn check_feature_names(&self) -> std::result::Result<(), String> {
         let feats = self.features();
         if feats.is_empty() {
             return Err("a model needs at least one sparse feature".into());
@@ -425,8 +452,11 @@ impl ModelConfig {
                 return Err(format!("feature name '{}' appears twice", f.name));
             }
         }
-        let tables = self.feature_tables()?;
-        let d = self.bottom_out();
+        Ok(())
+    }
+
+    /// No table's bytes, the interaction's output size, nor any layer's weight count overflows.
+    fn check_overflow(&self) -> std::result::Result<(), String> {
         for t in &self.tables {
             t.rows
                 .checked_mul(t.dtype.row_bytes(t.dim))
@@ -451,6 +481,13 @@ impl ModelConfig {
                 k_in = out;
             }
         }
+        Ok(())
+    }
+
+    /// The interaction's own options, and the equal dims that `dot` and `dcn` need of the
+    /// features' `tables` and the bottom MLP.
+    fn check_interaction(&self, tables: &[usize]) -> std::result::Result<(), String> {
+        let d = self.bottom_out();
         match self.interaction {
             InteractionConfig::Dot {
                 self_interaction,
@@ -459,14 +496,14 @@ impl ModelConfig {
                 if self_interaction && pair_order == PairOrder::Upper {
                     return Err("self_interaction is only defined with pair_order 'lower'".into());
                 }
-                self.check_equal_dims(&tables, d, "dot")?;
+                self.check_equal_dims(tables, d, "dot")?;
             }
             InteractionConfig::Cat {} => {}
             InteractionConfig::Dcn { layers, low_rank } => {
                 if layers == 0 || low_rank == 0 {
                     return Err("dcn needs layers >= 1 and low_rank >= 1".into());
                 }
-                self.check_equal_dims(&tables, d, "dcn")?;
+                self.check_equal_dims(tables, d, "dcn")?;
             }
         }
         Ok(())

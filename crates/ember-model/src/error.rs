@@ -15,9 +15,17 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    /// `config.json` is malformed or inconsistent.
+    /// `config.json` is inconsistent: a rule of the format broken (a table twice, a feature
+    /// naming no table, a row file that does not match).
     #[error("{path}: {reason}")]
     Config { path: PathBuf, reason: String },
+    /// `config.json` is not JSON of a model config.
+    #[error("{path}: {source}")]
+    ConfigJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A weight tensor is missing, extra, or has the wrong dtype or shape.
     #[error("weights {path}: tensor '{tensor}': {reason}")]
     Weights {
@@ -25,9 +33,24 @@ pub enum ModelError {
         tensor: String,
         reason: String,
     },
-    /// The weights file is not a valid safetensors file.
+    /// The weights file is not a valid safetensors file: a rule of the format broken (a header
+    /// longer than the file, an entry out of range).
     #[error("weights {path}: not a valid safetensors file: {reason}")]
     Safetensors { path: PathBuf, reason: String },
+    /// The weights file is not a valid safetensors file, as the `safetensors` crate reads it.
+    #[error("weights {path}: not a valid safetensors file: {source}")]
+    SafetensorsFormat {
+        path: PathBuf,
+        #[source]
+        source: safetensors::SafeTensorError,
+    },
+    /// The header of a safetensors file is not JSON.
+    #[error("weights {path}: not a valid safetensors file: its header: {source}")]
+    SafetensorsHeader {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A batch does not fit the model.
     #[error("bad input: {0}")]
     Input(String),
@@ -103,3 +126,57 @@ impl ModelError {
 
 /// `Result` with [`ModelError`].
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// A file in the temporary directory holding `bytes`, named for this test run.
+    fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("ember-{}-{name}", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_config_that_is_not_json_keeps_serde_json_error_as_the_source() {
+        let text = "{ \"tables\": [ not json";
+        let path = temp_file("config.json", text.as_bytes());
+        let e = crate::ModelConfig::read(&path).unwrap_err();
+        std::fs::remove_file(&path).ok();
+        assert!(matches!(e, ModelError::ConfigJson { .. }), "{e:?}");
+        let json = e
+            .source()
+            .and_then(|s| s.downcast_ref::<serde_json::Error>());
+        assert!(json.is_some_and(|j| j.is_syntax()), "{e:?}");
+        // The message is the one the text variant printed.
+        let parse = serde_json::from_str::<crate::ModelConfig>(text).unwrap_err();
+        assert_eq!(e.to_string(), format!("{}: {parse}", path.display()));
+        assert_eq!(e.kind(), ErrorKind::Internal);
+    }
+
+    #[test]
+    fn weights_that_are_not_safetensors_keep_its_error_as_the_source() {
+        let bytes = b"\x02\0\0\0\0\0\0\0{]";
+        let path = temp_file("model.safetensors", bytes);
+        let cfg = crate::presets::preset("small", ember_embed::DType::F32)
+            .unwrap()
+            .config;
+        let e = crate::weights::read_weights(&path, &cfg, None, crate::weights::Pace::default())
+            .err()
+            .unwrap();
+        std::fs::remove_file(&path).ok();
+        assert!(matches!(e, ModelError::SafetensorsFormat { .. }), "{e:?}");
+        let source = e.source().unwrap();
+        assert!(source.is::<safetensors::SafeTensorError>(), "{source:?}");
+        let reason = safetensors::SafeTensors::deserialize(bytes).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "weights {}: not a valid safetensors file: {reason}",
+                path.display()
+            )
+        );
+    }
+}

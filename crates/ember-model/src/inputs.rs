@@ -24,8 +24,7 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use ember_embed::{
-    CheckedBatch, CheckedSamples, EmbedError, Ids, KeyedJagged, Lengths, StagedBatch,
-    ValidatedBatch,
+    CheckedBatch, CheckedSamples, CheckedView, EmbedError, Ids, KeyedJagged, Lengths, StagedBatch,
 };
 
 use crate::error::{ModelError, Result};
@@ -40,6 +39,9 @@ pub struct Inputs {
     pub features: Vec<String>,
     /// Rows of the table each feature reads (ids run from 0 to rows - 1).
     pub rows: Vec<usize>,
+    /// Whether every table has at most 2^32 rows: checked samples then keep their ids 32-bit,
+    /// and a decoder that builds them so ([`Ids::with_capacity`]) spares the conversion.
+    pub narrow_ids: bool,
 }
 
 impl Inputs {
@@ -102,7 +104,7 @@ impl Samples {
 /// The sparse half of a batch: borrowed from the caller, or owned (a merge of requests).
 #[derive(Debug)]
 enum Sparse<'a> {
-    Borrowed(ValidatedBatch<'a>),
+    Borrowed(CheckedView<'a>),
     Owned(CheckedBatch),
 }
 
@@ -132,7 +134,7 @@ impl Batch<'_> {
         self.valid().get()
     }
     /// The sparse features as the embedding stage takes them.
-    pub fn valid(&self) -> ValidatedBatch<'_> {
+    pub fn valid(&self) -> CheckedView<'_> {
         match &self.sparse {
             Sparse::Borrowed(v) => *v,
             Sparse::Owned(c) => c.view(),
@@ -181,6 +183,7 @@ impl Model {
             rows: (0..coll.features().len())
                 .map(|f| coll.table_of(f).rows())
                 .collect(),
+            narrow_ids: coll.narrow_ids(),
         }
     }
 
@@ -230,7 +233,7 @@ impl Model {
         self.check_dense(dense, sparse.batch_size())?;
         Ok(Batch {
             dense: Cow::Borrowed(dense),
-            sparse: Sparse::Borrowed(self.embeddings().validate(sparse)?),
+            sparse: Sparse::Borrowed(self.embeddings().check_view(sparse)?),
         })
     }
 

@@ -6,7 +6,8 @@
 //!
 //! The seam a server or a tool uses is small: [`Model::check_samples`] / [`Model::merge`] /
 //! [`Model::batch`] check inputs once, [`Model::prepare`] stages tier rows, and an [`Engine`]
-//! ([`Predictor`] on CPU, the CUDA backend's `GpuPredictor`) runs the prepared batch. See
+//! ([`Predictor`] on CPU, the CUDA backend's `GpuPredictor`) runs the prepared batch;
+//! [`Model::tier`] tells a server the tier's counters and its remote store's health. See
 //! `docs/architecture.md` for the path of a request through it.
 
 pub mod accuracy;
@@ -27,8 +28,8 @@ mod predictor;
 pub mod presets;
 pub mod random;
 mod simd;
-pub mod store;
 pub mod synth;
+mod tier;
 pub mod weights;
 
 pub use config::{InteractionConfig, ModelConfig, PairOrder};
@@ -37,16 +38,24 @@ pub use dense::{DenseDType, DenseIsa};
 /// prove that a served request is checked exactly once.
 #[doc(hidden)]
 pub use ember_embed::id_checks;
-pub use ember_embed::trace::RecordOptions;
-/// The embedding stage's types that appear in this crate's seam, so that its users (a server)
-/// need no other crate.
-pub use ember_embed::{DType, Ids, KeyedJagged, Lengths, Placement, Shard, StagedBatch, TierStats};
+/// The embedding stage's types that appear in this crate's API for tools and engines
+/// (`predict`, the benchmarks, the GPU engine), so that they need no other crate for them. A
+/// server needs none: it sees the tier through [`Model::tier`].
+pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch, TierStats};
+/// The seam's input columns: a request's ids (32-bit where every table allows,
+/// [`Inputs::narrow_ids`]) and its lengths per (feature, sample), as a decoder builds them for
+/// [`Model::check_samples`]. The only types of the embedding stage a server names (the
+/// architecture test checks it).
+pub use ember_embed::{Ids, Lengths};
 pub use engine::{Engine, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
-pub use model::{LoadOptions, Model, Pace, RemoteOverride, dir_name, random_dense_tensors};
+pub use model::{
+    LoadOptions, Model, Pace, RecordOptions, RemoteOverride, dir_name, random_dense_tensors,
+};
 pub use predictor::{LayerTime, Predictor};
+pub use tier::{StoreNode, Tier, TierCounters};
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):
 /// `predict` and the server's batcher stage batch N+1's rows while batch N computes. See

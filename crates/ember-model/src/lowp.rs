@@ -140,110 +140,134 @@ pub fn mlp(
     s: &mut LowpScratch,
     threads: usize,
 ) {
-    let Some(first) = layers.first() else {
+    if layers.is_empty() {
         return;
-    };
+    }
     match dtype {
-        DenseDType::Bf16 => {
-            let kp0 = first.packed_bf16().kp();
-            if let Input::F32(x, ldx) = input {
-                acts::to_bf16_rows(x, m, first.in_dim(), ldx, &mut s.b0, kp0);
-            }
-            for (i, l) in layers.iter().enumerate() {
-                let w = l.packed_bf16();
-                s.capture(Buf::B0, m, l.in_dim(), w.kp());
-                let a = ActsBf16 {
-                    ptr: s.b0.as_ptr(),
-                    lda: w.kp(),
-                };
-                let mut ep = Epilogue {
-                    bias: l.bias(),
-                    relu: l.relu(),
-                    cross: None,
-                    f32_out: None,
-                    bf16_out: None,
-                };
-                let next = layers.get(i + 1);
-                if let Some(nl) = next {
-                    let ld = nl.packed_bf16().kp();
-                    s.b1.resize(m.next_multiple_of(TILE) * ld, 0);
-                    ep.bf16_out = Some(MatBf16 {
-                        ptr: s.b1.as_mut_ptr(),
-                        ld,
-                    });
-                    s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
-                    acts::zero_pad_bf16(&mut s.b1, m, l.out_dim(), ld);
-                    std::mem::swap(&mut s.b0, &mut s.b1);
-                } else {
-                    ep.f32_out = Some(MatF32 {
-                        ptr: out.as_mut_ptr(),
-                        ld: l.out_dim(),
-                    });
-                    assert!(out.len() >= m * l.out_dim());
-                    s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
-                }
-            }
-        }
-        DenseDType::Int8 => {
-            let (x, ldx) = match input {
-                Input::F32(x, ldx) => (x, ldx),
-                Input::Bf16Ready => unreachable!("int8 layers start from f32"),
-            };
-            let u = k.unsigned_i8();
-            let last = layers.len() - 1;
-            // Every layer but the last in int8; the last (the logit, or the bottom MLP's output
-            // that the interaction multiplies) in bf16, from the f32 outputs before it: its
-            // error goes straight to the score, and it is a small share of the work. Measured on
-            // DLRM-v2 (`bench model --accuracy 50000`): with the top MLP's last layer in int8
-            // too, int8 kept 99.83% of f32's AUC; see docs/dense-precision.md.
-            for (i, l) in layers.iter().enumerate() {
-                let n = l.out_dim();
-                // The input: `x`, or the previous layer's f32 output.
-                let (src, lds): (&[f32], usize) =
-                    if i == 0 { (x, ldx) } else { (&s.f, l.in_dim()) };
-                if i == last {
-                    let w = l.packed_bf16();
-                    acts::to_bf16_rows(src, m, l.in_dim(), lds, &mut s.b0, w.kp());
-                    let a = ActsBf16 {
-                        ptr: s.b0.as_ptr(),
-                        lda: w.kp(),
-                    };
-                    assert!(out.len() >= m * n);
-                    let ep = Epilogue {
-                        bias: l.bias(),
-                        relu: l.relu(),
-                        cross: None,
-                        f32_out: Some(MatF32 {
-                            ptr: out.as_mut_ptr(),
-                            ld: n,
-                        }),
-                        bf16_out: None,
-                    };
-                    s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
-                    break;
-                }
-                let w = l.packed_int8();
-                let (dims, inv) = ((m, l.in_dim(), lds), l.int8_inv_smooth());
-                acts::quantize_rows(src, dims, &mut s.q, w.kp(), &mut s.sx, (u, inv));
-                let a = ActsI8 {
-                    ptr: s.q.as_ptr(),
-                    lda: w.kp(),
-                };
-                s.f.resize(m * n, 0.0);
-                let ep = Epilogue {
-                    bias: l.bias(),
-                    relu: l.relu(),
-                    cross: None,
-                    f32_out: Some(MatF32 {
-                        ptr: s.f.as_mut_ptr(),
-                        ld: n,
-                    }),
-                    bf16_out: None,
-                };
-                s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
-            }
-        }
+        DenseDType::Bf16 => mlp_bf16(k, layers, input, m, out, s, threads),
+        DenseDType::Int8 => mlp_int8(k, layers, input, m, out, s, threads),
         DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
+    }
+}
+
+/// [`mlp`] in bf16: each layer's epilogue writes the next layer's bf16 input, the last one
+/// f32 to `out`. `layers` is not empty.
+fn mlp_bf16(
+    k: &Kernels,
+    layers: &[Linear],
+    input: Input<'_>,
+    m: usize,
+    out: &mut [f32],
+    s: &mut LowpScratch,
+    threads: usize,
+) {
+    let first = &layers[0];
+    let kp0 = first.packed_bf16().kp();
+    if let Input::F32(x, ldx) = input {
+        acts::to_bf16_rows(x, m, first.in_dim(), ldx, &mut s.b0, kp0);
+    }
+    for (i, l) in layers.iter().enumerate() {
+        let w = l.packed_bf16();
+        s.capture(Buf::B0, m, l.in_dim(), w.kp());
+        let a = ActsBf16 {
+            ptr: s.b0.as_ptr(),
+            lda: w.kp(),
+        };
+        let mut ep = Epilogue {
+            bias: l.bias(),
+            relu: l.relu(),
+            cross: None,
+            f32_out: None,
+            bf16_out: None,
+        };
+        let next = layers.get(i + 1);
+        if let Some(nl) = next {
+            let ld = nl.packed_bf16().kp();
+            s.b1.resize(m.next_multiple_of(TILE) * ld, 0);
+            ep.bf16_out = Some(MatBf16 {
+                ptr: s.b1.as_mut_ptr(),
+                ld,
+            });
+            s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+            acts::zero_pad_bf16(&mut s.b1, m, l.out_dim(), ld);
+            std::mem::swap(&mut s.b0, &mut s.b1);
+        } else {
+            ep.f32_out = Some(MatF32 {
+                ptr: out.as_mut_ptr(),
+                ld: l.out_dim(),
+            });
+            assert!(out.len() >= m * l.out_dim());
+            s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+        }
+    }
+}
+
+/// [`mlp`] in int8: every layer but the last quantizes the previous f32 output; the last runs
+/// in bf16 and writes f32 to `out`. `layers` is not empty.
+fn mlp_int8(
+    k: &Kernels,
+    layers: &[Linear],
+    input: Input<'_>,
+    m: usize,
+    out: &mut [f32],
+    s: &mut LowpScratch,
+    threads: usize,
+) {
+    let (x, ldx) = match input {
+        Input::F32(x, ldx) => (x, ldx),
+        Input::Bf16Ready => unreachable!("int8 layers start from f32"),
+    };
+    let u = k.unsigned_i8();
+    let last = layers.len() - 1;
+    // Every layer but the last in int8; the last (the logit, or the bottom MLP's output that
+    // the interaction multiplies) in bf16, from the f32 outputs before it: its error goes
+    // straight to the score, and it is a small share of the work. Measured on DLRM-v2 (`bench
+    // model --accuracy 50000`): with the top MLP's last layer in int8 too, int8 kept 99.83% of
+    // f32's AUC; see docs/dense-precision.md.
+    for (i, l) in layers.iter().enumerate() {
+        let n = l.out_dim();
+        // The input: `x`, or the previous layer's f32 output.
+        let (src, lds): (&[f32], usize) = if i == 0 { (x, ldx) } else { (&s.f, l.in_dim()) };
+        if i == last {
+            let w = l.packed_bf16();
+            acts::to_bf16_rows(src, m, l.in_dim(), lds, &mut s.b0, w.kp());
+            let a = ActsBf16 {
+                ptr: s.b0.as_ptr(),
+                lda: w.kp(),
+            };
+            assert!(out.len() >= m * n);
+            let ep = Epilogue {
+                bias: l.bias(),
+                relu: l.relu(),
+                cross: None,
+                f32_out: Some(MatF32 {
+                    ptr: out.as_mut_ptr(),
+                    ld: n,
+                }),
+                bf16_out: None,
+            };
+            s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+            break;
+        }
+        let w = l.packed_int8();
+        let (dims, inv) = ((m, l.in_dim(), lds), l.int8_inv_smooth());
+        acts::quantize_rows(src, dims, &mut s.q, w.kp(), &mut s.sx, (u, inv));
+        let a = ActsI8 {
+            ptr: s.q.as_ptr(),
+            lda: w.kp(),
+        };
+        s.f.resize(m * n, 0.0);
+        let ep = Epilogue {
+            bias: l.bias(),
+            relu: l.relu(),
+            cross: None,
+            f32_out: Some(MatF32 {
+                ptr: s.f.as_mut_ptr(),
+                ld: n,
+            }),
+            bf16_out: None,
+        };
+        s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
     }
 }
 
@@ -266,6 +290,15 @@ pub fn cross(
     };
     let n = first.v.in_dim();
     assert!(x0.len() >= m * n && xl.len() >= m * n);
+    match dtype {
+        DenseDType::Bf16 => cross_bf16(k, layers, x0, xl, m, s, threads),
+        DenseDType::Int8 => cross_int8(k, layers, x0, xl, m, s, threads),
+        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
+    }
+}
+
+/// `x0` and `x_l`, `n` wide, as the matrices of the cross epilogue (`x0 * (W low + b) + x_l`).
+fn cross_mats(x0: &[f32], xl: &mut [f32], n: usize) -> (MatF32, MatF32) {
     let x0m = MatF32 {
         ptr: x0.as_ptr().cast_mut(),
         ld: n,
@@ -274,90 +307,116 @@ pub fn cross(
         ptr: xl.as_mut_ptr(),
         ld: n,
     };
-    match dtype {
-        DenseDType::Bf16 => {
-            let kpn = first.v.packed_bf16().kp();
-            acts::to_bf16_rows(x0, m, n, n, &mut s.b0, kpn);
-            for (i, l) in layers.iter().enumerate() {
-                let (v, w) = (l.v.packed_bf16(), l.w.packed_bf16());
-                let ld = w.kp();
-                s.low.resize(m.next_multiple_of(TILE) * ld, 0);
-                let ep = Epilogue {
-                    bias: l.v.bias(),
-                    relu: false,
-                    cross: None,
-                    f32_out: None,
-                    bf16_out: Some(MatBf16 {
-                        ptr: s.low.as_mut_ptr(),
-                        ld,
-                    }),
-                };
-                s.capture(Buf::B0, m, n, kpn);
-                let a = ActsBf16 {
-                    ptr: s.b0.as_ptr(),
-                    lda: kpn,
-                };
-                s.timed(|_| driver::linear_bf16(k, a, m, v, &ep, threads));
-                acts::zero_pad_bf16(&mut s.low, m, v.n(), ld);
-                // x_{l+1} = x0 * (W low + b) + x_l, in f32 and as the next layer's bf16 input.
-                let ep = Epilogue {
-                    bias: l.w.bias(),
-                    relu: false,
-                    cross: Some((x0m, if i == 0 { x0m } else { xlm })),
-                    f32_out: Some(xlm),
-                    bf16_out: Some(MatBf16 {
-                        ptr: s.b0.as_mut_ptr(),
-                        ld: kpn,
-                    }),
-                };
-                s.capture(Buf::Low, m, v.n(), ld);
-                let a = ActsBf16 {
-                    ptr: s.low.as_ptr(),
-                    lda: ld,
-                };
-                s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
-            }
-        }
-        DenseDType::Int8 => {
-            let u = k.unsigned_i8();
-            for (i, l) in layers.iter().enumerate() {
-                let (v, w) = (l.v.packed_int8(), l.w.packed_int8());
-                let input: &[f32] = if i == 0 { x0 } else { xl };
-                let inv = l.v.int8_inv_smooth();
-                acts::quantize_rows(input, (m, n, n), &mut s.q, v.kp(), &mut s.sx, (u, inv));
-                let r = v.n();
-                s.f.resize(m * r, 0.0);
-                let ep = Epilogue {
-                    bias: l.v.bias(),
-                    relu: false,
-                    cross: None,
-                    f32_out: Some(MatF32 {
-                        ptr: s.f.as_mut_ptr(),
-                        ld: r,
-                    }),
-                    bf16_out: None,
-                };
-                let a = ActsI8 {
-                    ptr: s.q.as_ptr(),
-                    lda: v.kp(),
-                };
-                s.timed(|s| driver::linear_i8(k, a, &s.sx, m, v, &ep, threads));
-                let inv = l.w.int8_inv_smooth();
-                acts::quantize_rows(&s.f, (m, r, r), &mut s.q, w.kp(), &mut s.sx, (u, inv));
-                let ep = Epilogue {
-                    bias: l.w.bias(),
-                    relu: false,
-                    cross: Some((x0m, if i == 0 { x0m } else { xlm })),
-                    f32_out: Some(xlm),
-                    bf16_out: None,
-                };
-                let a = ActsI8 {
-                    ptr: s.q.as_ptr(),
-                    lda: w.kp(),
-                };
-                s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
-            }
-        }
-        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
+    (x0m, xlm)
+}
+
+/// [`cross`] in bf16: each layer's epilogue writes `x_{l+1}` in f32 to `xl` and in bf16 as the
+/// next layer's input. `layers` is not empty; `x0` and `xl` hold `m` rows (checked by `cross`).
+fn cross_bf16(
+    k: &Kernels,
+    layers: &[CrossLayer],
+    x0: &[f32],
+    xl: &mut [f32],
+    m: usize,
+    s: &mut LowpScratch,
+    threads: usize,
+) {
+    let first = &layers[0];
+    let n = first.v.in_dim();
+    let (x0m, xlm) = cross_mats(x0, xl, n);
+    let kpn = first.v.packed_bf16().kp();
+    acts::to_bf16_rows(x0, m, n, n, &mut s.b0, kpn);
+    for (i, l) in layers.iter().enumerate() {
+        let (v, w) = (l.v.packed_bf16(), l.w.packed_bf16());
+        let ld = w.kp();
+        s.low.resize(m.next_multiple_of(TILE) * ld, 0);
+        let ep = Epilogue {
+            bias: l.v.bias(),
+            relu: false,
+            cross: None,
+            f32_out: None,
+            bf16_out: Some(MatBf16 {
+                ptr: s.low.as_mut_ptr(),
+                ld,
+            }),
+        };
+        s.capture(Buf::B0, m, n, kpn);
+        let a = ActsBf16 {
+            ptr: s.b0.as_ptr(),
+            lda: kpn,
+        };
+        s.timed(|_| driver::linear_bf16(k, a, m, v, &ep, threads));
+        acts::zero_pad_bf16(&mut s.low, m, v.n(), ld);
+        // x_{l+1} = x0 * (W low + b) + x_l, in f32 and as the next layer's bf16 input.
+        let ep = Epilogue {
+            bias: l.w.bias(),
+            relu: false,
+            cross: Some((x0m, if i == 0 { x0m } else { xlm })),
+            f32_out: Some(xlm),
+            bf16_out: Some(MatBf16 {
+                ptr: s.b0.as_mut_ptr(),
+                ld: kpn,
+            }),
+        };
+        s.capture(Buf::Low, m, v.n(), ld);
+        let a = ActsBf16 {
+            ptr: s.low.as_ptr(),
+            lda: ld,
+        };
+        s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
+    }
+}
+
+/// [`cross`] in int8: each layer quantizes its input (`x0`, then `x_l`) and the low-rank
+/// projection, and the second GEMM's epilogue writes `x_{l+1}` to `xl`. `layers` is not
+/// empty; `x0` and `xl` hold `m` rows (checked by `cross`).
+fn cross_int8(
+    k: &Kernels,
+    layers: &[CrossLayer],
+    x0: &[f32],
+    xl: &mut [f32],
+    m: usize,
+    s: &mut LowpScratch,
+    threads: usize,
+) {
+    let n = layers[0].v.in_dim();
+    let (x0m, xlm) = cross_mats(x0, xl, n);
+    let u = k.unsigned_i8();
+    for (i, l) in layers.iter().enumerate() {
+        let (v, w) = (l.v.packed_int8(), l.w.packed_int8());
+        let input: &[f32] = if i == 0 { x0 } else { xl };
+        let inv = l.v.int8_inv_smooth();
+        acts::quantize_rows(input, (m, n, n), &mut s.q, v.kp(), &mut s.sx, (u, inv));
+        let r = v.n();
+        s.f.resize(m * r, 0.0);
+        let ep = Epilogue {
+            bias: l.v.bias(),
+            relu: false,
+            cross: None,
+            f32_out: Some(MatF32 {
+                ptr: s.f.as_mut_ptr(),
+                ld: r,
+            }),
+            bf16_out: None,
+        };
+        let a = ActsI8 {
+            ptr: s.q.as_ptr(),
+            lda: v.kp(),
+        };
+        s.timed(|s| driver::linear_i8(k, a, &s.sx, m, v, &ep, threads));
+        let inv = l.w.int8_inv_smooth();
+        acts::quantize_rows(&s.f, (m, r, r), &mut s.q, w.kp(), &mut s.sx, (u, inv));
+        let ep = Epilogue {
+            bias: l.w.bias(),
+            relu: false,
+            cross: Some((x0m, if i == 0 { x0m } else { xlm })),
+            f32_out: Some(xlm),
+            bf16_out: None,
+        };
+        let a = ActsI8 {
+            ptr: s.q.as_ptr(),
+            lda: w.kp(),
+        };
+        s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ember_embed::trace::{AccessRecorder, RecordOptions, load_trace};
+use ember_embed::trace::{self, AccessRecorder, load_trace};
 use ember_embed::{
     DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement, Stager, TierOptions,
 };
@@ -81,6 +81,26 @@ impl RemoteOverride {
             c.fallback_local = v;
         }
         Some(c)
+    }
+}
+
+/// What [`Model::record_accesses`] records of the batches [`Model::prepare`] sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordOptions {
+    /// Ids kept per table (the most recent).
+    pub ids_per_table: usize,
+    /// One batch in this many is recorded (1: every batch).
+    pub every: u64,
+}
+
+impl Default for RecordOptions {
+    /// The embedding stage's recorder's defaults.
+    fn default() -> Self {
+        let d = trace::RecordOptions::default();
+        RecordOptions {
+            ids_per_table: d.ids_per_table,
+            every: d.every,
+        }
     }
 }
 
@@ -270,6 +290,8 @@ impl Model {
         &self.config
     }
 
+    /// The embedding stage: tables and features (tools and benchmarks; a server sees what it
+    /// needs through [`Model::inputs`] and [`Model::tier`]).
     pub fn embeddings(&self) -> &EmbeddingCollection {
         &self.embeddings
     }
@@ -301,7 +323,8 @@ impl Model {
             .prefetch_depth = depth;
     }
 
-    /// The SSD tier's stager: its counters, and staging ahead for pipelines.
+    /// The SSD tier's stager: its counters, and staging ahead for pipelines (tools and
+    /// benchmarks; a server sees the tier through [`Model::tier`]).
     pub fn stager(&self) -> &Stager {
         &self.stager
     }
@@ -331,6 +354,10 @@ impl Model {
     /// calls change nothing.
     pub fn record_accesses(&self, opts: RecordOptions) -> Result<()> {
         if self.recorder.get().is_none() {
+            let opts = trace::RecordOptions {
+                ids_per_table: opts.ids_per_table,
+                every: opts.every,
+            };
             let r = AccessRecorder::new(&self.embeddings, opts)?;
             let _ = self.recorder.set(r);
         }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ember_embed::{
-    Dedup, EmbedError, EmbeddingCollection, PoolOptions, Pooler, Shard, ShardedEmbeddings,
-    StagedBatch, ValidatedBatch,
+    CheckedView, Dedup, EmbedError, EmbeddingCollection, PoolOptions, Pooler, Shard,
+    ShardedEmbeddings, StagedBatch,
 };
 use faer::Par;
 
@@ -24,15 +24,29 @@ use crate::model::Model;
 
 #[derive(Debug, Default)]
 struct Scratch {
-    bottom: MlpScratch,
+    bottom: BottomScratch,
     pooled: Vec<f32>,
+    head: HeadScratch,
+}
+
+/// The bottom MLP's buffers.
+#[derive(Debug, Default)]
+struct BottomScratch {
+    /// f32 layers.
+    f32: MlpScratch,
+    /// bf16 / int8 layers: their scratch and the MLP's output.
+    low: LowpScratch,
+    out: Vec<f32>,
+}
+
+/// The buffers of what runs after the embeddings and the bottom MLP: the interaction (or the
+/// cross net) and the top MLP.
+#[derive(Debug, Default)]
+struct HeadScratch {
     inter_out: Vec<f32>,
     inter: InteractionScratch,
     top: MlpScratch,
-    /// bf16 / int8 layers: the bottom MLP's scratch and output, the top MLP's and cross net's
-    /// scratch, the cross net's running `x_l`.
-    low_bottom: LowpScratch,
-    bottom_out: Vec<f32>,
+    /// bf16 / int8 layers: the top MLP's and cross net's scratch, the cross net's running `x_l`.
     low: LowpScratch,
     xl: Vec<f32>,
 }
@@ -168,13 +182,13 @@ impl Predictor {
         }
         let mut p = Predictor::new(model.clone(), threads)?;
         p.set_dense_dtype(DenseDType::Bf16)?;
-        p.scratch.low.calibrate();
-        p.scratch.low_bottom.calibrate();
+        p.scratch.head.low.calibrate();
+        p.scratch.bottom.low.calibrate();
         feed(&mut p)?;
         let (bottom, rest) = p.dense_layers();
         let runs = [
-            (p.scratch.low_bottom.calibration(), bottom),
-            (p.scratch.low.calibration(), rest),
+            (p.scratch.bottom.low.calibration(), bottom),
+            (p.scratch.head.low.calibration(), rest),
         ];
         let lasts = [
             model.bottom_mlp().layers().last(),
@@ -221,8 +235,8 @@ impl Predictor {
 
     /// Times every bf16 / int8 layer from now on ([`Predictor::layer_times`]).
     pub fn time_layers(&mut self) {
-        self.scratch.low.time_layers();
-        self.scratch.low_bottom.time_layers();
+        self.scratch.head.low.time_layers();
+        self.scratch.bottom.low.time_layers();
     }
 
     /// Each bf16 / int8 layer's time summed over the batches since [`Predictor::time_layers`],
@@ -230,8 +244,8 @@ impl Predictor {
     pub fn layer_times(&self) -> Vec<LayerTime> {
         let (bottom, rest) = self.dense_layers();
         let clocks = [
-            (self.scratch.low_bottom.clock(), bottom),
-            (self.scratch.low.clock(), rest),
+            (self.scratch.bottom.low.clock(), bottom),
+            (self.scratch.head.low.clock(), rest),
         ];
         let mut out = Vec::new();
         for (clock, layers) in clocks {
@@ -312,7 +326,7 @@ impl Predictor {
         &mut self,
         dense: &[f32],
         batch: usize,
-        valid: ValidatedBatch<'_>,
+        valid: CheckedView<'_>,
         staged: Option<&StagedBatch>,
         logits: &mut [f32],
     ) -> Result<StageTimes> {
@@ -320,111 +334,28 @@ impl Predictor {
         let Scratch {
             bottom,
             pooled,
-            inter_out,
-            inter,
-            top,
-            low_bottom,
-            bottom_out,
-            low,
-            xl,
+            head,
         } = &mut self.scratch;
-        let threads = self.threads;
-        let dense_p = self.dense;
-        low.rewind();
-        low_bottom.rewind();
-        let pooler = &self.pooler;
-        let sharded = self.sharded.as_ref();
+        head.low.rewind();
+        bottom.low.rewind();
+        let pass = Pass {
+            m,
+            dense_p: self.dense,
+            threads: self.threads,
+        };
+        let embed = Embed {
+            pooler: &self.pooler,
+            sharded: self.sharded.as_ref(),
+            coll: m.embeddings(),
+            valid,
+            staged,
+        };
         pooled.resize(batch * m.embeddings().total_dim(), 0.0);
         let mut t = StageTimes::default();
         let start = Instant::now();
-        pooler.install(|| -> Result<()> {
-            let par = if threads > 1 {
-                Par::rayon(threads)
-            } else {
-                Par::Seq
-            };
-            let t0 = Instant::now();
-            let x = if threads > 1 {
-                // The bottom MLP does not depend on the embeddings: one thread runs it (compute
-                // bound) while the others pool (memory bound), then joins the pooling. On the
-                // development machine the two "cores" share one core's FMA units, so splitting the
-                // GEMM over both gains little, and overlapping it with the gathers gains more.
-                let (pooled_res, (x, tb)) = rayon::join(
-                    || pool_batch(pooler, sharded, m.embeddings(), valid, staged, pooled),
-                    || {
-                        let t1 = Instant::now();
-                        let x = run_bottom(
-                            m,
-                            dense_p,
-                            (dense, batch),
-                            (bottom, low_bottom, bottom_out),
-                            1,
-                        );
-                        (x, t1.elapsed())
-                    },
-                );
-                pooled_res?;
-                t.embedding = t0.elapsed();
-                t.bottom_mlp = tb;
-                t.bottom_overlapped = true;
-                x
-            } else {
-                pool_batch(pooler, sharded, m.embeddings(), valid, staged, pooled)?;
-                t.embedding = t0.elapsed();
-                let t1 = Instant::now();
-                let x = run_bottom(
-                    m,
-                    dense_p,
-                    (dense, batch),
-                    (bottom, low_bottom, bottom_out),
-                    threads,
-                );
-                t.bottom_mlp = t1.elapsed();
-                x
-            };
-
-            let t2 = Instant::now();
-            let top_in = m.config().top_in();
-            inter_out.resize(batch * top_in, 0.0);
-            let Some(k) = dense_p.kernels else {
-                m.interaction()
-                    .forward(x, pooled, batch, inter_out, inter, par);
-                t.interaction = t2.elapsed();
-                let t3 = Instant::now();
-                let y = m.top_mlp().forward(inter_out, batch, top, par);
-                logits.copy_from_slice(y);
-                t.top_mlp = t3.elapsed();
-                return Ok(());
-            };
-            let dtype = dense_p.dtype;
-            let input = match m.interaction() {
-                Interaction::Dcn { layers } if batch > 0 => {
-                    concat(x, pooled, batch, inter_out);
-                    xl.resize(inter_out.len(), 0.0);
-                    net::cross(&k, dtype, layers, inter_out, xl, batch, low, threads);
-                    match dtype {
-                        DenseDType::Bf16 if !layers.is_empty() => net::Input::Bf16Ready,
-                        _ => net::Input::F32(xl, top_in),
-                    }
-                }
-                other => {
-                    other.forward(x, pooled, batch, inter_out, inter, par);
-                    net::Input::F32(inter_out, top_in)
-                }
-            };
-            t.interaction = t2.elapsed();
-            let t3 = Instant::now();
-            net::mlp(
-                &k,
-                dtype,
-                m.top_mlp().layers(),
-                input,
-                batch,
-                logits,
-                low,
-                threads,
-            );
-            t.top_mlp = t3.elapsed();
+        self.pooler.install(|| -> Result<()> {
+            let x = pass.pool_and_bottom(embed, (dense, batch), pooled, bottom, &mut t)?;
+            pass.head(x, pooled, batch, head, logits, &mut t);
             Ok(())
         })?;
         t.wall = start.elapsed();
@@ -432,24 +363,143 @@ impl Predictor {
     }
 }
 
-/// The bottom MLP on `th` threads, in the dense precision; its output lives in `bottom` (f32)
-/// or `bottom_out` (bf16 / int8).
+/// What every stage of one forward pass reads: the model, the dense precision, the threads.
+#[derive(Clone, Copy)]
+struct Pass<'m> {
+    m: &'m Model,
+    dense_p: Dense,
+    threads: usize,
+}
+
+impl Pass<'_> {
+    /// Pools the batch's rows into `pooled` and runs the bottom MLP on `dense`, side by side
+    /// when there are several threads; returns the bottom MLP's output and times both in `t`.
+    fn pool_and_bottom<'s>(
+        self,
+        embed: Embed<'_>,
+        (dense, batch): (&'s [f32], usize),
+        pooled: &mut [f32],
+        bottom: &'s mut BottomScratch,
+        t: &mut StageTimes,
+    ) -> Result<&'s [f32]> {
+        let t0 = Instant::now();
+        if self.threads > 1 {
+            // The bottom MLP does not depend on the embeddings: one thread runs it (compute
+            // bound) while the others pool (memory bound), then joins the pooling. On the
+            // development machine the two "cores" share one core's FMA units, so splitting the
+            // GEMM over both gains little, and overlapping it with the gathers gains more.
+            let (pooled_res, (x, tb)) = rayon::join(
+                || embed.pool(pooled),
+                || {
+                    let t1 = Instant::now();
+                    let x = run_bottom(self.m, self.dense_p, (dense, batch), bottom, 1);
+                    (x, t1.elapsed())
+                },
+            );
+            pooled_res?;
+            t.embedding = t0.elapsed();
+            t.bottom_mlp = tb;
+            t.bottom_overlapped = true;
+            Ok(x)
+        } else {
+            embed.pool(pooled)?;
+            t.embedding = t0.elapsed();
+            let t1 = Instant::now();
+            let x = run_bottom(self.m, self.dense_p, (dense, batch), bottom, self.threads);
+            t.bottom_mlp = t1.elapsed();
+            Ok(x)
+        }
+    }
+
+    /// The interaction (or the cross net) of the bottom MLP's output `x` and the `pooled` rows,
+    /// then the top MLP, writing one logit per sample; times both in `t`.
+    fn head(
+        self,
+        x: &[f32],
+        pooled: &[f32],
+        batch: usize,
+        s: &mut HeadScratch,
+        logits: &mut [f32],
+        t: &mut StageTimes,
+    ) {
+        let (m, threads) = (self.m, self.threads);
+        let par = if threads > 1 {
+            Par::rayon(threads)
+        } else {
+            Par::Seq
+        };
+        let t2 = Instant::now();
+        let top_in = m.config().top_in();
+        s.inter_out.resize(batch * top_in, 0.0);
+        let Some(k) = self.dense_p.kernels else {
+            m.interaction()
+                .forward(x, pooled, batch, &mut s.inter_out, &mut s.inter, par);
+            t.interaction = t2.elapsed();
+            let t3 = Instant::now();
+            let y = m.top_mlp().forward(&s.inter_out, batch, &mut s.top, par);
+            logits.copy_from_slice(y);
+            t.top_mlp = t3.elapsed();
+            return;
+        };
+        let dtype = self.dense_p.dtype;
+        let input = match m.interaction() {
+            Interaction::Dcn { layers } if batch > 0 => {
+                concat(x, pooled, batch, &mut s.inter_out);
+                s.xl.resize(s.inter_out.len(), 0.0);
+                net::cross(
+                    &k,
+                    dtype,
+                    layers,
+                    &s.inter_out,
+                    &mut s.xl,
+                    batch,
+                    &mut s.low,
+                    threads,
+                );
+                match dtype {
+                    DenseDType::Bf16 if !layers.is_empty() => net::Input::Bf16Ready,
+                    _ => net::Input::F32(&s.xl, top_in),
+                }
+            }
+            other => {
+                other.forward(x, pooled, batch, &mut s.inter_out, &mut s.inter, par);
+                net::Input::F32(&s.inter_out, top_in)
+            }
+        };
+        t.interaction = t2.elapsed();
+        let t3 = Instant::now();
+        net::mlp(
+            &k,
+            dtype,
+            m.top_mlp().layers(),
+            input,
+            batch,
+            logits,
+            &mut s.low,
+            threads,
+        );
+        t.top_mlp = t3.elapsed();
+    }
+}
+
+/// The bottom MLP on `th` threads, in the dense precision; its output lives in `s.f32`'s
+/// buffers (f32) or `s.out` (bf16 / int8).
 fn run_bottom<'s>(
     m: &Model,
     dense_p: Dense,
     (dense, batch): (&'s [f32], usize),
-    (bottom, low_bottom, bottom_out): (&'s mut MlpScratch, &mut LowpScratch, &'s mut Vec<f32>),
+    s: &'s mut BottomScratch,
     th: usize,
 ) -> &'s [f32] {
     let Some(k) = dense_p.kernels else {
         let par = if th > 1 { Par::rayon(th) } else { Par::Seq };
-        return m.bottom_mlp().forward(dense, batch, bottom, par);
+        return m.bottom_mlp().forward(dense, batch, &mut s.f32, par);
     };
     let layers = m.bottom_mlp().layers();
     let Some(last) = layers.last() else {
         return dense;
     };
-    bottom_out.resize(batch * last.out_dim(), 0.0);
+    s.out.resize(batch * last.out_dim(), 0.0);
     let input = net::Input::F32(dense, m.config().dense_in);
     net::mlp(
         &k,
@@ -457,11 +507,11 @@ fn run_bottom<'s>(
         layers,
         input,
         batch,
-        bottom_out,
-        low_bottom,
+        &mut s.out,
+        &mut s.low,
         th,
     );
-    bottom_out
+    &s.out
 }
 
 /// The dense precision `dtype` for `model`: its kernels chosen, its weights packed (int8's
@@ -508,17 +558,25 @@ fn check_out(logits: &[f32], batch: usize) -> Result<()> {
     Ok(())
 }
 
-fn pool_batch(
-    pooler: &Pooler,
-    sharded: Option<&ShardedEmbeddings>,
-    coll: &EmbeddingCollection,
-    batch: ValidatedBatch<'_>,
-    staged: Option<&StagedBatch>,
-    out: &mut [f32],
-) -> ember_embed::Result<ember_embed::PoolStats> {
-    match (sharded, staged) {
-        (Some(s), _) => s.run(batch, out),
-        (None, Some(s)) => pooler.run_staged(coll, batch, s, out),
-        (None, None) => pooler.run(coll, batch, out),
+/// One batch's embedding stage: the pooler (or the sharded stage, or the staged rows) that
+/// pools its checked ids.
+#[derive(Clone, Copy)]
+struct Embed<'a> {
+    pooler: &'a Pooler,
+    sharded: Option<&'a ShardedEmbeddings>,
+    coll: &'a EmbeddingCollection,
+    valid: CheckedView<'a>,
+    staged: Option<&'a StagedBatch>,
+}
+
+impl Embed<'_> {
+    /// Pools the batch's rows into `out`: on the sharded stage when a plan was given, else
+    /// from the staged rows when the batch was staged, else from the tables in memory.
+    fn pool(self, out: &mut [f32]) -> ember_embed::Result<ember_embed::PoolStats> {
+        match (self.sharded, self.staged) {
+            (Some(s), _) => s.run(self.valid, out),
+            (None, Some(s)) => self.pooler.run_staged(self.coll, self.valid, s, out),
+            (None, None) => self.pooler.run(self.coll, self.valid, out),
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use ember_embed::{DType, EmbeddingTable, Placement};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use crate::config::{InteractionConfig, ModelConfig};
+use crate::config::{InteractionConfig, ModelConfig, TableConfig};
 use crate::error::{ModelError, Result};
 use crate::interaction::CrossLayer;
 use crate::mlp::{Linear, Mlp};
@@ -93,24 +93,10 @@ pub fn read_weights(
     table_dtype: Option<DType>,
     pace: Pace,
 ) -> Result<Weights> {
-    let file = ember_embed::files::open_regular(path, "weights file").map_err(|source| {
-        ModelError::Io {
-            path: path.into(),
-            source,
-        }
-    })?;
-    // SAFETY: the mapping is read-only and lives only while the weights are copied out of it
-    // (every tensor is copied; the map is dropped before this function returns), so a 4 GB table
-    // is not read into a second buffer first. Another process truncating or rewriting the file
-    // during those seconds would be undefined behaviour (SIGBUS or torn values); model files are
-    // not modified in place while a server loads them (export a new directory instead).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
+    let map = map_weights(path)?;
+    let st = SafeTensors::deserialize(&map).map_err(|source| ModelError::SafetensorsFormat {
         path: path.into(),
         source,
-    })?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| ModelError::Safetensors {
-        path: path.into(),
-        reason: e.to_string(),
     })?;
     let mut r = Reader {
         path: path.into(),
@@ -119,98 +105,169 @@ pub fn read_weights(
     };
     let bottom = r.mlp("bottom_mlp", cfg.dense_in, &cfg.bottom_mlp, true)?;
     let top = r.mlp("top_mlp", cfg.top_in(), &cfg.top_mlp, false)?;
-    let mut cross = Vec::new();
-    if let InteractionConfig::Dcn { layers, low_rank } = cfg.interaction {
-        let n = cfg.top_in();
-        for l in 0..layers {
-            let v = r.f32s(&format!("crossnet.{l}.V"), &[low_rank, n])?;
-            let w = r.f32s(&format!("crossnet.{l}.W"), &[n, low_rank])?;
-            let b = r.f32s(&format!("crossnet.{l}.bias"), &[n])?;
-            cross.push(CrossLayer {
-                v: Linear::new(n, low_rank, v, vec![0.0; low_rank], false),
-                w: Linear::new(low_rank, n, w, b, false),
-            });
-        }
-    }
+    let cross = r.cross(cfg)?;
     let mut tables = Vec::with_capacity(cfg.tables.len());
     for t in &cfg.tables {
-        let name = format!("tables.{}", t.name);
-        if t.placement == Placement::Remote {
-            // Rows come from the cluster; a copy in the safetensors file is allowed and unused.
-            if r.st.names().iter().any(|n| **n == name) {
-                r.used.insert(name);
-            }
-            if table_dtype.is_some_and(|d| d != t.dtype) {
-                return Err(ModelError::BadOption {
-                    option: "table_dtype",
-                    reason: format!(
-                        "table '{}' is placed remote and cannot be re-encoded at load: push it \
-                         in the dtype to serve (ember store push --table-dtype)",
-                        t.name
-                    ),
-                });
-            }
-            if cfg.remote.as_ref().is_some_and(|r| r.fallback_local) {
-                let copy = open_row_file(path, t, table_dtype)?;
-                tables.push(EmbeddingTable::remote_with_copy(copy)?);
-            } else {
-                tables.push(EmbeddingTable::remote(&t.name, t.rows, t.dim, t.dtype)?);
-            }
-            continue;
-        }
-        if t.placement != Placement::Dram {
-            // Rows come from the row file; a copy in the safetensors file is allowed and unused.
-            if r.st.names().iter().any(|n| **n == name) {
-                r.used.insert(name);
-            }
-            tables.push(open_row_file(path, t, table_dtype)?);
-            continue;
-        }
-        let (st_dtype, cols) = match t.dtype {
-            DType::F32 => (StDtype::F32, t.dim),
-            DType::F16 => (StDtype::F16, t.dim),
-            DType::BF16 => (StDtype::BF16, t.dim),
-            DType::Int8 | DType::Int4 => (StDtype::U8, t.dtype.row_bytes(t.dim)),
+        let table = match t.placement {
+            Placement::Remote => r.remote_table(cfg, t, table_dtype)?,
+            Placement::Dram => r.dram_table(&map, t, table_dtype, pace)?,
+            _ => r.file_table(t, table_dtype)?,
         };
-        let bytes = r.raw(&name, st_dtype, &[t.rows, cols])?;
-        let span = (bytes.as_ptr() as usize - map.as_ptr() as usize, bytes.len());
-        let table = copy_table(t, bytes, pace)?;
-        // The table is copied: its pages of the file leave this process's memory now, not when
-        // the map is dropped, so that a load holds the copies and one table of the file (a new
-        // version loading beside the served one costs its own size, not twice that).
-        // SAFETY: the map is a read-only private file mapping; MADV_DONTNEED only drops its
-        // resident pages, and a later read of them (none is made) would fault them back in from
-        // the file unchanged.
-        let _ = unsafe {
-            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, span.0, span.1)
-        };
-        tables.push(match table_dtype {
-            Some(d) if d != t.dtype => recode(&table, d)?,
-            _ => table,
-        });
+        tables.push(table);
     }
-    let extra: Vec<String> =
-        r.st.names()
-            .into_iter()
-            .filter(|n| !r.used.contains(*n))
-            .map(|s| s.to_string())
-            .collect();
-    if let Some(first) = extra.first() {
-        return Err(r.err(
-            first,
-            format!(
-                "not part of the model described by config.json ({} unexpected tensor(s); a \
-                 mismatched export?)",
-                extra.len()
-            ),
-        ));
-    }
+    r.check_all_used()?;
     Ok(Weights {
         bottom,
         top,
         cross,
         tables,
     })
+}
+
+/// Opens `path` (a regular file) and maps it read-only.
+fn map_weights(path: &Path) -> Result<memmap2::Mmap> {
+    let file = ember_embed::files::open_regular(path, "weights file").map_err(|source| {
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
+    })?;
+    // SAFETY: the mapping is read-only and lives only while the weights are copied out of it
+    // (every tensor is copied; `read_weights` drops the map before it returns), so a 4 GB table
+    // is not read into a second buffer first. Another process truncating or rewriting the file
+    // during those seconds would be undefined behaviour (SIGBUS or torn values); model files are
+    // not modified in place while a server loads them (export a new directory instead).
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ModelError::Io {
+        path: path.into(),
+        source,
+    })
+}
+
+impl Reader<'_> {
+    /// The DCN cross layers of `cfg` (none for other interactions).
+    fn cross(&mut self, cfg: &ModelConfig) -> Result<Vec<CrossLayer>> {
+        let mut cross = Vec::new();
+        if let InteractionConfig::Dcn { layers, low_rank } = cfg.interaction {
+            let n = cfg.top_in();
+            for l in 0..layers {
+                let v = self.f32s(&format!("crossnet.{l}.V"), &[low_rank, n])?;
+                let w = self.f32s(&format!("crossnet.{l}.W"), &[n, low_rank])?;
+                let b = self.f32s(&format!("crossnet.{l}.bias"), &[n])?;
+                cross.push(CrossLayer {
+                    v: Linear::new(n, low_rank, v, vec![0.0; low_rank], false),
+                    w: Linear::new(low_rank, n, w, b, false),
+                });
+            }
+        }
+        Ok(cross)
+    }
+
+    /// Marks the file's copy of table `name` used, if it has one (allowed, and not read, for a
+    /// table whose rows live elsewhere).
+    fn allow_unused_copy(&mut self, name: String) {
+        if self.st.names().iter().any(|n| **n == name) {
+            self.used.insert(name);
+        }
+    }
+
+    /// A table placed remote: its rows come from the cluster (or, with `fallback_local`, from
+    /// its row file beside the weights while the cluster is away).
+    fn remote_table(
+        &mut self,
+        cfg: &ModelConfig,
+        t: &TableConfig,
+        table_dtype: Option<DType>,
+    ) -> Result<EmbeddingTable> {
+        self.allow_unused_copy(format!("tables.{}", t.name));
+        if table_dtype.is_some_and(|d| d != t.dtype) {
+            return Err(ModelError::BadOption {
+                option: "table_dtype",
+                reason: format!(
+                    "table '{}' is placed remote and cannot be re-encoded at load: push it \
+                     in the dtype to serve (ember registry push --table-dtype)",
+                    t.name
+                ),
+            });
+        }
+        if cfg.remote.as_ref().is_some_and(|r| r.fallback_local) {
+            let copy = open_row_file(&self.path, t, table_dtype)?;
+            Ok(EmbeddingTable::remote_with_copy(copy)?)
+        } else {
+            Ok(EmbeddingTable::remote(&t.name, t.rows, t.dim, t.dtype)?)
+        }
+    }
+
+    /// A table on the SSD tier: its rows come from its row file beside the weights.
+    fn file_table(
+        &mut self,
+        t: &TableConfig,
+        table_dtype: Option<DType>,
+    ) -> Result<EmbeddingTable> {
+        self.allow_unused_copy(format!("tables.{}", t.name));
+        open_row_file(&self.path, t, table_dtype)
+    }
+
+    /// A table in DRAM: copied out of `map` (the mapping `self.st` reads), its pages of the
+    /// file then dropped, and re-encoded to `table_dtype` where that differs.
+    fn dram_table(
+        &mut self,
+        map: &memmap2::Mmap,
+        t: &TableConfig,
+        table_dtype: Option<DType>,
+        pace: Pace,
+    ) -> Result<EmbeddingTable> {
+        let (st_dtype, cols) = match t.dtype {
+            DType::F32 => (StDtype::F32, t.dim),
+            DType::F16 => (StDtype::F16, t.dim),
+            DType::BF16 => (StDtype::BF16, t.dim),
+            DType::Int8 | DType::Int4 => (StDtype::U8, t.dtype.row_bytes(t.dim)),
+        };
+        let bytes = self.raw(&format!("tables.{}", t.name), st_dtype, &[t.rows, cols])?;
+        let span = (bytes.as_ptr() as usize - map.as_ptr() as usize, bytes.len());
+        // The advice below is unchecked: the span must lie in `map` (it does when `map` is the
+        // mapping `self.st` reads, as the caller passes; checked once per table).
+        assert!(
+            (bytes.as_ptr() as usize) >= (map.as_ptr() as usize) && span.0 + span.1 <= map.len(),
+            "table '{}' is not in the mapping passed",
+            t.name
+        );
+        let table = copy_table(t, bytes, pace)?;
+        // The table is copied: its pages of the file leave this process's memory now, not when
+        // the map is dropped, so that a load holds the copies and one table of the file (a new
+        // version loading beside the served one costs its own size, not twice that).
+        // SAFETY: the span lies in `map` (asserted above), a read-only private file mapping;
+        // MADV_DONTNEED only drops its resident pages, and a later read of them (none is made) would fault them back in from
+        // the file unchanged.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, span.0, span.1)
+        };
+        match table_dtype {
+            Some(d) if d != t.dtype => recode(&table, d),
+            _ => Ok(table),
+        }
+    }
+
+    /// Fails on the first tensor of the file that no part of the model read.
+    fn check_all_used(&self) -> Result<()> {
+        let extra: Vec<String> = self
+            .st
+            .names()
+            .into_iter()
+            .filter(|n| !self.used.contains(*n))
+            .map(|s| s.to_string())
+            .collect();
+        if let Some(first) = extra.first() {
+            return Err(self.err(
+                first,
+                format!(
+                    "not part of the model described by config.json ({} unexpected tensor(s); a \
+                     mismatched export?)",
+                    extra.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How a load copies DRAM tables beside a serving version.

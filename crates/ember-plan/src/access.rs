@@ -41,10 +41,10 @@ impl Locality {
 /// Reads every dataset of a locality statistics file.
 pub fn read_locality(path: &Path) -> Result<Vec<Locality>> {
     let limit = ember_embed::files::TEXT_LIMIT;
-    let text = ember_embed::files::read_text(path, "locality stats", limit).map_err(|e| {
-        PlanError::Spec {
+    let text = ember_embed::files::read_text(path, "locality stats", limit).map_err(|source| {
+        PlanError::SpecIo {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            source,
         }
     })?;
     parse_locality(&text).map_err(|reason| PlanError::Spec {

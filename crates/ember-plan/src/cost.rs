@@ -317,9 +317,17 @@ impl CostModel {
             path: path.display().to_string(),
             reason,
         };
-        let text = files::read_text(path, "cost profile", files::TEXT_LIMIT)
-            .map_err(|e| bad(e.to_string()))?;
-        let m: CostModel = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let text = files::read_text(path, "cost model", files::TEXT_LIMIT).map_err(|source| {
+            PlanError::ProfileIo {
+                path: path.display().to_string(),
+                source,
+            }
+        })?;
+        let m: CostModel =
+            serde_json::from_str(&text).map_err(|source| PlanError::ProfileJson {
+                path: path.display().to_string(),
+                source,
+            })?;
         if m.coef.iter().any(|c| !c.is_finite() || *c < 0.0) || m.llc_bytes <= 0.0 {
             return Err(bad("coefficients must be finite and non-negative".into()));
         }
@@ -329,9 +337,9 @@ impl CostModel {
     /// Writes a profile file.
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("a cost model serializes");
-        std::fs::write(path, text).map_err(|e| PlanError::Profile {
+        std::fs::write(path, text).map_err(|source| PlanError::ProfileIo {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            source,
         })
     }
 }

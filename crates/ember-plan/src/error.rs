@@ -3,21 +3,92 @@ use thiserror::Error;
 /// Errors of the planner.
 #[derive(Debug, Error)]
 pub enum PlanError {
-    /// A table or device file could not be read or parsed (the message names the line).
+    /// A table, device or plan file that breaks a rule of its format (the message names the
+    /// line).
     #[error("{path}: {reason}")]
     Spec { path: String, reason: String },
+    /// A table, device, plan or locality file could not be read or written.
+    #[error("{path}: {source}")]
+    SpecIo {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A table or plan file is not JSON of its kind.
+    #[error("{path}: {source}")]
+    SpecJson {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A plan breaks a rule (coverage, memory, ranges).
     #[error("invalid plan: {0}")]
     Invalid(String),
     /// Running a measurement failed.
     #[error("measurement failed: {0}")]
     Measure(String),
-    /// A cost profile that cannot be used.
-    #[error("cost profile {path}: {reason}")]
+    /// A cost model that cannot be used (its coefficients out of range).
+    #[error("cost model {path}: {reason}")]
     Profile { path: String, reason: String },
+    /// A cost model could not be read or written.
+    #[error("cost model {path}: {source}")]
+    ProfileIo {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A cost model is not JSON of a cost model.
+    #[error("cost model {path}: {source}")]
+    ProfileJson {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// No placement satisfies the memory caps.
     #[error("does not fit: {0}")]
     NoFit(String),
 }
 
 pub type Result<T, E = PlanError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+    use std::path::Path;
+
+    #[test]
+    fn a_missing_table_file_keeps_its_io_error_as_the_source() {
+        let path = Path::new("/nonexistent/ember/tables.csv");
+        let e = crate::spec::read_tables(path).unwrap_err();
+        assert!(matches!(e, PlanError::SpecIo { .. }), "{e:?}");
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|io| io.kind()),
+            Some(std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        // The message is the one the text variant printed.
+        let os = std::fs::metadata(path).unwrap_err();
+        assert_eq!(e.to_string(), format!("{}: {os}", path.display()));
+    }
+
+    #[test]
+    fn a_profile_that_is_not_json_keeps_serde_json_error_as_the_source() {
+        let path = std::env::temp_dir().join(format!("ember-{}-profile.json", std::process::id()));
+        std::fs::write(&path, "{ \"coef\": [1, 2,").unwrap();
+        let e = crate::cost::CostModel::load(&path).unwrap_err();
+        std::fs::remove_file(&path).ok();
+        assert!(matches!(e, PlanError::ProfileJson { .. }), "{e:?}");
+        let json = e
+            .source()
+            .and_then(|s| s.downcast_ref::<serde_json::Error>());
+        assert!(json.is_some_and(|j| j.is_eof()), "{e:?}");
+        let parse =
+            serde_json::from_str::<crate::cost::CostModel>("{ \"coef\": [1, 2,").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cost model {}: {parse}", path.display())
+        );
+    }
+}

@@ -145,8 +145,14 @@ impl PlanFile {
             reason,
         };
         let text = ember_embed::files::read_text(path, "plan", ember_embed::files::TEXT_LIMIT)
-            .map_err(|e| bad(e.to_string()))?;
-        let f: PlanFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+            .map_err(|source| PlanError::SpecIo {
+                path: path.display().to_string(),
+                source,
+            })?;
+        let f: PlanFile = serde_json::from_str(&text).map_err(|source| PlanError::SpecJson {
+            path: path.display().to_string(),
+            source,
+        })?;
         crate::spec::check_tables(&f.tables).map_err(bad)?;
         Plan {
             shards: f.shards.clone(),
@@ -162,9 +168,9 @@ impl PlanFile {
             path,
             serde_json::to_string_pretty(self).expect("a plan serializes"),
         )
-        .map_err(|e| PlanError::Spec {
+        .map_err(|source| PlanError::SpecIo {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            source,
         })
     }
 

@@ -326,19 +326,14 @@ impl<'a> Search<'a> {
     }
 }
 
+/// A candidate of the search: each unit's split count, the items they make, and their
+/// placement.
+type Candidate = (Vec<u32>, Vec<Item>, Placed);
+
 /// Plans `p` with `model` (see the module docs).
 pub fn plan(p: Problem<'_>, model: &CostModel, opts: &SearchOptions) -> Result<Outcome> {
     let t0 = Instant::now();
-    if p.tables.len() != p.reuse.len() {
-        return Err(PlanError::Invalid(format!(
-            "{} tables but {} reuse profiles",
-            p.tables.len(),
-            p.reuse.len()
-        )));
-    }
-    if p.devices.count == 0 {
-        return Err(PlanError::Invalid("no devices".into()));
-    }
+    check_problem(&p)?;
     let split = opts
         .split_bytes
         .unwrap_or_else(|| default_split_bytes(&p.devices));
@@ -350,39 +345,112 @@ pub fn plan(p: Problem<'_>, model: &CostModel, opts: &SearchOptions) -> Result<O
         candidates: 0,
     };
     let start = vec![1u32; s.units.len()];
-    let Some(first) = s.place(&start) else {
-        let total: u64 = p.tables.iter().map(TableSpec::bytes).sum();
-        return Err(PlanError::NoFit(format!(
-            "{total} bytes of tables do not fit {} devices of {} bytes",
-            p.devices.count, p.devices.memory_bytes
+    let mut best = s.seed(&start, split)?;
+    s.beam_search(start, &mut best);
+    let (_, items, pl) = best;
+    Ok(Outcome {
+        plan: Plan {
+            shards: s.shards(&items, &pl.device),
+        },
+        predicted: pl.cost,
+        candidates: s.candidates,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Refuses a problem with a reuse profile missing (or extra) or no device.
+fn check_problem(p: &Problem<'_>) -> Result<()> {
+    if p.tables.len() != p.reuse.len() {
+        return Err(PlanError::Invalid(format!(
+            "{} tables but {} reuse profiles",
+            p.tables.len(),
+            p.reuse.len()
         )));
-    };
-    let mut best = (start.clone(), first.0, first.1);
-    // The baselines' placements, improved, are candidates too: the search never settles for
-    // less than what a heuristic finds under the same model.
-    for b in Baseline::GREEDY {
-        if let Ok(bp) = b.plan(p.tables, &p.devices, split)
-            && let Some(mut pl) = s.adopt(&best.1, &bp)
-        {
-            s.improve(&best.1, &mut pl);
-            if pl.max() < best.2.max() {
-                best.2 = pl;
+    }
+    if p.devices.count == 0 {
+        return Err(PlanError::Invalid("no devices".into()));
+    }
+    Ok(())
+}
+
+impl Search<'_> {
+    /// The first candidate: the units unsplit (`start`), placed and improved, or the
+    /// baselines' placements of them (with rows cut at `split` bytes), improved, where one is
+    /// better: the search never settles for less than what a heuristic finds under the same
+    /// model.
+    fn seed(&mut self, start: &[u32], split: u64) -> Result<Candidate> {
+        let p = self.p;
+        let Some(first) = self.place(start) else {
+            let total: u64 = p.tables.iter().map(TableSpec::bytes).sum();
+            return Err(PlanError::NoFit(format!(
+                "{total} bytes of tables do not fit {} devices of {} bytes",
+                p.devices.count, p.devices.memory_bytes
+            )));
+        };
+        let mut best = (start.to_vec(), first.0, first.1);
+        for b in Baseline::GREEDY {
+            if let Ok(bp) = b.plan(p.tables, &p.devices, split)
+                && let Some(mut pl) = self.adopt(&best.1, &bp)
+            {
+                self.improve(&best.1, &mut pl);
+                if pl.max() < best.2.max() {
+                    best.2 = pl;
+                }
             }
         }
+        Ok(best)
     }
-    let mut beam = vec![(start.clone(), best.1.clone(), best.2.clone())];
-    let mut seen: HashSet<Vec<u32>> = HashSet::from([start]);
-    let mut stall = 0;
-    for _ in 0..opts.max_steps {
+
+    /// A beam search over split counts from `start` (whose placement is `best`'s): each step
+    /// places the children of the beam and keeps the `beam` best; it stops when no child is
+    /// left, after `max_steps`, or after `patience` steps without a better one. `best` ends as
+    /// the best candidate seen.
+    fn beam_search(&mut self, start: Vec<u32>, best: &mut Candidate) {
+        let opts = self.opts;
+        let mut beam = vec![(start.clone(), best.1.clone(), best.2.clone())];
+        let mut seen: HashSet<Vec<u32>> = HashSet::from([start]);
+        let mut stall = 0;
+        for _ in 0..opts.max_steps {
+            let children = self.children(&beam, &mut seen);
+            if children.is_empty() {
+                break;
+            }
+            let mut scored: Vec<Candidate> = children
+                .into_iter()
+                .filter_map(|c| self.place(&c).map(|(it, pl)| (c, it, pl)))
+                .collect();
+            scored.sort_by(|a, b| a.2.max().total_cmp(&b.2.max()));
+            scored.truncate(opts.beam.max(1));
+            if let Some(top) = scored.first() {
+                if top.2.max() < best.2.max() * (1.0 - 1e-6) {
+                    *best = top.clone();
+                    stall = 0;
+                } else {
+                    stall += 1;
+                }
+            }
+            if stall >= opts.patience || scored.is_empty() {
+                break;
+            }
+            beam = scored;
+        }
+    }
+
+    /// The split counts to try next: for each candidate of `beam`, the items on its slowest
+    /// device, costliest first, each with its unit split twice as many ways (where the table
+    /// allows and there are devices for it), at most `branch` new ones per candidate; `seen`
+    /// records every split tried.
+    fn children(&self, beam: &[Candidate], seen: &mut HashSet<Vec<u32>>) -> Vec<Vec<u32>> {
+        let (p, opts) = (self.p, self.opts);
         let mut children = Vec::new();
-        for (splits, items, pl) in &beam {
+        for (splits, items, pl) in beam {
             let slow = pl.argmax();
             let mut mine: Vec<usize> = (0..items.len()).filter(|&i| pl.device[i] == slow).collect();
             mine.sort_by(|&a, &b| items[b].cost.total_cmp(&items[a].cost));
             let mut tried = 0;
             for i in mine {
                 let u = items[i].unit;
-                let t = &p.tables[s.units[u].table];
+                let t = &p.tables[self.units[u].table];
                 let k = splits[u] * 2;
                 if !can_split(t.dim, t.dtype, k) || k as usize > p.devices.count {
                     continue;
@@ -398,48 +466,25 @@ pub fn plan(p: Problem<'_>, model: &CostModel, opts: &SearchOptions) -> Result<O
                 }
             }
         }
-        if children.is_empty() {
-            break;
-        }
-        let mut scored: Vec<(Vec<u32>, Vec<Item>, Placed)> = children
-            .into_iter()
-            .filter_map(|c| s.place(&c).map(|(it, pl)| (c, it, pl)))
-            .collect();
-        scored.sort_by(|a, b| a.2.max().total_cmp(&b.2.max()));
-        scored.truncate(opts.beam.max(1));
-        if let Some(top) = scored.first() {
-            if top.2.max() < best.2.max() * (1.0 - 1e-6) {
-                best = top.clone();
-                stall = 0;
-            } else {
-                stall += 1;
-            }
-        }
-        if stall >= opts.patience || scored.is_empty() {
-            break;
-        }
-        beam = scored;
+        children
     }
-    let (_, items, pl) = best;
-    let shards = items
-        .iter()
-        .zip(&pl.device)
-        .map(|(it, &d)| {
-            let u = &s.units[it.unit];
-            Shard {
-                table: u.table,
-                rows: u.rows,
-                cols: it.cols,
-                device: d,
-            }
-        })
-        .collect();
-    Ok(Outcome {
-        plan: Plan { shards },
-        predicted: pl.cost,
-        candidates: s.candidates,
-        seconds: t0.elapsed().as_secs_f64(),
-    })
+
+    /// The plan's shards: each item on its `device`.
+    fn shards(&self, items: &[Item], device: &[usize]) -> Vec<Shard> {
+        items
+            .iter()
+            .zip(device)
+            .map(|(it, &d)| {
+                let u = &self.units[it.unit];
+                Shard {
+                    table: u.table,
+                    rows: u.rows,
+                    cols: it.cols,
+                    device: d,
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -88,9 +88,15 @@ pub fn read_tables(path: &Path) -> Result<Vec<TableSpec>> {
         reason,
     };
     let text = ember_embed::files::read_text(path, "table spec", ember_embed::files::TEXT_LIMIT)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|source| PlanError::SpecIo {
+            path: path.display().to_string(),
+            source,
+        })?;
     let tables = if text.trim_start().starts_with('[') {
-        serde_json::from_str::<Vec<TableSpec>>(&text).map_err(|e| err(e.to_string()))?
+        serde_json::from_str::<Vec<TableSpec>>(&text).map_err(|source| PlanError::SpecJson {
+            path: path.display().to_string(),
+            source,
+        })?
     } else {
         parse_csv(&text).map_err(err)?
     };

@@ -6,6 +6,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use ember_model::Samples;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -321,7 +322,7 @@ async fn infer_on(
 
 /// What a KServe request asks, decoded from its body.
 struct Decoded {
-    samples: ember_model::Samples,
+    samples: Samples,
     timeout: Option<u64>,
     id: Option<String>,
     binary_out: bool,
@@ -398,19 +399,47 @@ async fn score_on(
     let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
     let body = admit_unread(app, served, body, timeout).await?;
     let bytes = read_body(body, app.max_body_bytes).await?;
-    if bytes.trim_ascii().is_empty() {
-        return Err(ServeError::bad(
-            "the request body is empty: send Criteo TSV lines (text/tab-separated-values), or \
-             JSON {\"instances\": [...]} with Content-Type: application/json",
-        ));
-    }
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let samples = if json {
-        v1::decode_json(&served.spec, &bytes)?
-    } else if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
+    let labels = q.labels.unwrap_or(true);
+    let samples = decode_score(&served.spec, headers, &bytes, json, labels)?;
+    drop(bytes);
+    let scored = served.batcher.submit(samples, timeout).await?;
+    let access = crate::access::Access {
+        model: served.spec.name.clone(),
+        samples: scored.scores.len(),
+    };
+    let mut resp = score_response(&scored.scores, json);
+    resp.extensions_mut().insert(access);
+    Ok(resp)
+}
+
+/// The answer to an empty `/v1/score` body.
+const EMPTY_SCORE_BODY: &str = concat!(
+    "the request body is empty: send Criteo TSV lines (text/tab-separated-values), or ",
+    r#"JSON samples ({"dense": [...], "sparse": {...}} or an array of them) with "#,
+    "Content-Type: application/json"
+);
+
+/// Decodes a `/v1/score` body: JSON samples when it came as `json`, else Criteo TSV lines
+/// (`labels`: whether they start with the label column). A body that looks like JSON but did
+/// not come as JSON is refused, naming its Content-Type.
+fn decode_score(
+    spec: &ModelSpec,
+    headers: &HeaderMap,
+    bytes: &[u8],
+    json: bool,
+    labels: bool,
+) -> Result<Samples> {
+    if bytes.trim_ascii().is_empty() {
+        return Err(ServeError::bad(EMPTY_SCORE_BODY));
+    }
+    if json {
+        return v1::decode_json(spec, bytes);
+    }
+    if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
         // Criteo TSV lines start with a label or a number, never a bracket.
         let ctype = headers
             .get(header::CONTENT_TYPE)
@@ -421,27 +450,21 @@ async fn score_on(
             "the body looks like JSON, but it came with {ctype}, so it would be read as \
              Criteo TSV: send it with the header Content-Type: application/json"
         )));
-    } else {
-        v1::decode_tsv(&served.spec, &bytes, q.labels.unwrap_or(true))?
-    };
-    drop(bytes);
-    let scored = served.batcher.submit(samples, timeout).await?;
-    let access = crate::access::Access {
-        model: served.spec.name.clone(),
-        samples: scored.scores.len(),
-    };
-    let mut resp = if json {
-        axum::Json(json!({ "scores": scored.scores })).into_response()
-    } else {
-        let mut text = String::with_capacity(scored.scores.len() * 12);
-        for s in &scored.scores {
-            text.push_str(&s.to_string());
-            text.push('\n');
-        }
-        ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
-    };
-    resp.extensions_mut().insert(access);
-    Ok(resp)
+    }
+    v1::decode_tsv(spec, bytes, labels)
+}
+
+/// `/v1/score`'s answer: `{"scores": [...]}` to a JSON request, else one score per line.
+fn score_response(scores: &[f32], json: bool) -> Response {
+    if json {
+        return axum::Json(json!({ "scores": scores })).into_response();
+    }
+    let mut text = String::with_capacity(scores.len() * 12);
+    for s in scores {
+        text.push_str(&s.to_string());
+        text.push('\n');
+    }
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
 async fn metrics_page(State(app): State<App>) -> Response {
@@ -450,10 +473,10 @@ async fn metrics_page(State(app): State<App>) -> Response {
         .repo
         .served()
         .into_iter()
-        .filter(|s| s.spec.model().stager().has_remote())
+        .filter(|s| s.spec.model().tier().has_remote())
         .collect();
     if !remote.is_empty() {
-        // Off the async workers: it may wait for a batch's fetch to release the stager.
+        // Off the async workers: it may wait for a batch's fetch to release the tier.
         let _ = tokio::task::spawn_blocking(move || {
             for s in remote {
                 m::record_store(s.name(), s.spec.model());

@@ -8,7 +8,7 @@
 //! | `http.rs` | the HTTP routes (KServe v2, `/v1/score`, `/metrics`) |
 //! | `grpc.rs` | KServe v2 / Triton's `GRPCInferenceService` |
 //! | `kserve/` | the protocol core (`mod.rs`), its JSON form (`json.rs`) and fast path (`fastjson.rs`) |
-//! | `v1.rs` | `/v1/score`'s TSV and JSON decoders |
+//! | `v1/` | `/v1/score`'s TSV and JSON decoders |
 //! | `spec.rs` | what a request must match, and its one check against the model |
 //! | `batcher.rs` | the queue and the batching loop: form -> prepare -> run -> answer |
 //! | `repo/` | the served models and versions: load, warm, swap, retire; the repository API and poller |
@@ -17,7 +17,11 @@
 //! | `metrics.rs` | Prometheus names and the request tracker |
 //!
 //! It sees the model only through `ember-model`'s seam: [`ember_model::Model::check_samples`],
-//! [`ember_model::Model::merge`], [`ember_model::Model::prepare`] and [`ember_model::Engine`].
+//! [`ember_model::Model::merge`], [`ember_model::Model::prepare`] and [`ember_model::Engine`]
+//! for requests, [`ember_model::Model::inputs`] for what they must match, and
+//! [`ember_model::Model::tier`] for the tier's counters and its remote store's health. Of the
+//! embedding stage's types it names only the seam's input columns, [`ember_model::Ids`] and
+//! [`ember_model::Lengths`] (`crates/ember-cli/tests/architecture.rs` checks it).
 //!
 //! ```no_run
 //! # async fn run(model: std::sync::Arc<ember_model::Model>) -> std::io::Result<()> {
@@ -56,7 +60,9 @@ pub use batcher::{BatchConfig, Batcher, Reply};
 pub use conn::{ConnConfig, OverBudget, SlowBody};
 pub use error::ServeError;
 pub use profile::ProfileConfig;
-pub use repo::{DiskLoader, IndexEntry, Loader, Repository, RepositoryConfig, Served, StoreFollow};
+pub use repo::{
+    DiskLoader, IndexEntry, Loader, RegistryFollow, Repository, RepositoryConfig, Served,
+};
 pub use spec::ModelSpec;
 pub use state::App;
 
@@ -121,8 +127,9 @@ fn spawn_store_probe(repo: std::sync::Weak<Repository>, ready: Arc<AtomicBool>) 
                 let Some(repo) = repo.upgrade() else { return };
                 for s in repo.served() {
                     let model = s.spec.model();
-                    if model.stager().has_remote() {
-                        let _ = model.stager().probe_stores();
+                    let tier = model.tier();
+                    if tier.has_remote() {
+                        let _ = tier.probe_store();
                         metrics::record_store(s.name(), model);
                     }
                 }
@@ -180,7 +187,7 @@ impl Server {
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
         let poll = source.poll;
-        let follows_store = source.store.is_some();
+        let follows_registry = source.registry.is_some();
         metrics::handle(); // before any model registers its counters (see start_engines)
         let repo = Arc::new(Repository::open(source, cfg.batch));
         let r = repo.clone();
@@ -188,8 +195,8 @@ impl Server {
             .await
             .map_err(|e| std::io::Error::other(format!("loading the repository: {e}")))?
             .map_err(|e| std::io::Error::other(e.to_string()))?;
-        match (poll, follows_store) {
-            (Some(every), true) => repo::spawn_store_follower(&repo, every),
+        match (poll, follows_registry) {
+            (Some(every), true) => repo::spawn_registry_follower(&repo, every),
             (Some(every), false) => repo::spawn_poller(&repo, every),
             (None, _) => {}
         }

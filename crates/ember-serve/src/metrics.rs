@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Requests answered, by `protocol` (`http` or `grpc`) and `status` (`ok`, the error's label, or
@@ -48,9 +49,16 @@ pub const TIER_HITS: &str = "ember_tier_cache_hits_total";
 pub const TIER_LOOKUPS: &str = "ember_tier_cache_lookups_total";
 /// SSD tier: hits / lookups since the start.
 pub const TIER_HIT_RATIO: &str = "ember_tier_cache_hit_ratio";
-/// SSD tier: bytes read from row files, and read requests.
-pub const TIER_BYTES: &str = "ember_tier_ssd_read_bytes_total";
-pub const TIER_READS: &str = "ember_tier_ssd_reads_total";
+/// Tier: bytes the tier read from its stores (SSD blocks of row files, or rows from Redis).
+pub const TIER_BYTES: &str = "ember_tier_store_read_bytes_total";
+/// Tier: requests the tier sent to its stores (SSD block reads, or Redis round trips).
+pub const TIER_READS: &str = "ember_tier_store_reads_total";
+/// Deprecated alias of [`TIER_BYTES`], published with the same value; removed in the next
+/// release.
+pub const TIER_BYTES_DEPRECATED: &str = "ember_tier_ssd_read_bytes_total";
+/// Deprecated alias of [`TIER_READS`], published with the same value; removed in the next
+/// release.
+pub const TIER_READS_DEPRECATED: &str = "ember_tier_ssd_reads_total";
 /// SSD tier: seconds batches waited for their rows since the start (a cumulative gauge). Counted
 /// when rows are read inline (`prefetch_depth` 0); with a forward thread, waiting for rows and
 /// waiting for requests look alike, and are not counted.
@@ -125,47 +133,17 @@ fn spawn_upkeep(handle: PrometheusHandle, every: std::time::Duration) {
     }
 }
 
+/// Describes every metric (its help line, and its unit where it has one), family by family.
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_histogram!(
-        REMOTE_FETCH_SECONDS,
-        Unit::Seconds,
-        "Remote tier: one batch's fetch of missing rows, retries included"
-    );
-    describe_counter!(REMOTE_ROWS, "Remote tier: rows fetched, by node");
-    describe_counter!(
-        REMOTE_BYTES,
-        Unit::Bytes,
-        "Remote tier: bytes of rows fetched, by node"
-    );
-    describe_counter!(REMOTE_ROUND_TRIPS, "Remote tier: pipelines sent, by node");
-    describe_counter!(REMOTE_ERRORS, "Remote tier: failures, by node and kind");
-    describe_gauge!(REMOTE_UP, "Remote tier: 1 while the store answers, else 0");
-    describe_counter!(
-        "ember_update_rows_total",
-        "Row updates read from the stream, by outcome (applied: the row was cached; absent: not)"
-    );
-    describe_histogram!(
-        "ember_update_lag_seconds",
-        Unit::Seconds,
-        "Row updates: from publish (the publisher's clock) to applied in this server's cache"
-    );
-    describe_counter!(
-        "ember_update_resets_total",
-        "Update streams trimmed past this server's position (the table's cache was dropped)"
-    );
-    describe_counter!(
-        "ember_update_bad_entries_total",
-        "Update stream entries that were not well-formed updates (skipped)"
-    );
-    describe_counter!(
-        "ember_update_poll_errors_total",
-        "Failed reads of the update streams (retried)"
-    );
-    describe_gauge!(
-        "ember_update_position_ms",
-        "Position in each table's update stream: its last entry's milliseconds"
-    );
+    describe_requests();
+    describe_tier();
+    describe_remote();
+    describe_updates();
+    describe_models();
+}
+
+/// Requests, connections, the queue and the batches' stages.
+fn describe_requests() {
     describe_counter!(REQUESTS, "Requests answered, by protocol and status");
     describe_gauge!(IN_FLIGHT, "Requests being handled now");
     describe_gauge!(QUEUE_DEPTH, "Requests waiting for a batch now");
@@ -204,6 +182,10 @@ fn describe() {
     describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
     describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Samples per batch");
+}
+
+/// The SSD tier: its row cache, its reads, the batches' waits.
+fn describe_tier() {
     describe_counter!(
         TIER_HITS,
         "SSD tier: distinct lookups served by the row cache"
@@ -219,14 +201,82 @@ fn describe() {
     describe_counter!(
         TIER_BYTES,
         Unit::Bytes,
-        "SSD tier: bytes read from row files"
+        "Tier: bytes the tier read from its stores: SSD blocks or Redis rows"
     );
-    describe_counter!(TIER_READS, "SSD tier: read requests to row files");
+    describe_counter!(
+        TIER_READS,
+        "Tier: requests the tier read from its stores: SSD blocks or Redis round trips"
+    );
+    describe_counter!(
+        TIER_BYTES_DEPRECATED,
+        Unit::Bytes,
+        "Deprecated: use ember_tier_store_read_bytes_total; removed in the next release"
+    );
+    describe_counter!(
+        TIER_READS_DEPRECATED,
+        "Deprecated: use ember_tier_store_reads_total; removed in the next release"
+    );
     describe_gauge!(
         TIER_STALL,
         Unit::Seconds,
         "SSD tier: seconds batches waited for rows, since start"
     );
+    describe_gauge!(
+        TIER_CACHE_BYTES,
+        Unit::Bytes,
+        "SSD tier: bytes of rows cached"
+    );
+}
+
+/// The remote tier: its fetches and its nodes.
+fn describe_remote() {
+    describe_histogram!(
+        REMOTE_FETCH_SECONDS,
+        Unit::Seconds,
+        "Remote tier: one batch's fetch of missing rows, retries included"
+    );
+    describe_counter!(REMOTE_ROWS, "Remote tier: rows fetched, by node");
+    describe_counter!(
+        REMOTE_BYTES,
+        Unit::Bytes,
+        "Remote tier: bytes of rows fetched, by node"
+    );
+    describe_counter!(REMOTE_ROUND_TRIPS, "Remote tier: pipelines sent, by node");
+    describe_counter!(REMOTE_ERRORS, "Remote tier: failures, by node and kind");
+    describe_gauge!(REMOTE_UP, "Remote tier: 1 while the store answers, else 0");
+}
+
+/// Row updates read from the remote tables' streams (recorded by the embedding stage).
+fn describe_updates() {
+    describe_counter!(
+        "ember_update_rows_total",
+        "Row updates read from the stream, by outcome (applied: the row was cached; absent: not)"
+    );
+    describe_histogram!(
+        "ember_update_lag_seconds",
+        Unit::Seconds,
+        "Row updates: from publish (the publisher's clock) to applied in this server's cache"
+    );
+    describe_counter!(
+        "ember_update_resets_total",
+        "Update streams trimmed past this server's position (the table's cache was dropped)"
+    );
+    describe_counter!(
+        "ember_update_bad_entries_total",
+        "Update stream entries that were not well-formed updates (skipped)"
+    );
+    describe_counter!(
+        "ember_update_poll_errors_total",
+        "Failed reads of the update streams (retried)"
+    );
+    describe_gauge!(
+        "ember_update_position_ms",
+        "Position in each table's update stream: its last entry's milliseconds"
+    );
+}
+
+/// The served models: requests per version, readiness, loads.
+fn describe_models() {
     describe_counter!(
         MODEL_REQUESTS,
         "Inference requests by model, the version that answered, and status"
@@ -238,44 +288,41 @@ fn describe() {
         Unit::Seconds,
         "Time the last successful load of a model version took (read, build, warm)"
     );
-    describe_gauge!(
-        TIER_CACHE_BYTES,
-        Unit::Bytes,
-        "SSD tier: bytes of rows cached"
-    );
 }
 
 /// Publishes the SSD tier's counters of the model served as `name` (nothing when no table is
 /// on the tier).
 pub fn record_tier(name: &str, model: &ember_model::Model) {
-    let stager = model.stager();
-    if !stager.is_active() {
+    let tier = model.tier();
+    if !tier.is_active() {
         return;
     }
-    let s = stager.stats();
+    let s = tier.counters();
     let l = || [("model", name.to_string())];
     metrics::counter!(TIER_HITS, &l()).absolute(s.hits);
-    metrics::counter!(TIER_LOOKUPS, &l()).absolute(s.cache_lookups);
-    metrics::gauge!(TIER_HIT_RATIO, &l()).set(s.hit_rate());
-    metrics::counter!(TIER_BYTES, &l()).absolute(s.ssd_bytes_read);
-    metrics::counter!(TIER_READS, &l()).absolute(s.ssd_reads);
+    metrics::counter!(TIER_LOOKUPS, &l()).absolute(s.lookups);
+    metrics::gauge!(TIER_HIT_RATIO, &l()).set(s.hit_ratio);
+    metrics::counter!(TIER_BYTES, &l()).absolute(s.bytes_read);
+    metrics::counter!(TIER_READS, &l()).absolute(s.reads);
+    metrics::counter!(TIER_BYTES_DEPRECATED, &l()).absolute(s.bytes_read);
+    metrics::counter!(TIER_READS_DEPRECATED, &l()).absolute(s.reads);
     metrics::gauge!(TIER_STALL, &l()).set(s.stall.as_secs_f64());
-    metrics::gauge!(TIER_CACHE_BYTES, &l()).set(stager.cache_usage().0 as f64);
+    metrics::gauge!(TIER_CACHE_BYTES, &l()).set(s.cache_bytes as f64);
 }
 
 /// Publishes the remote store's counters per node and whether it answers, for the model served
 /// as `name` (nothing without one). Called by the store probe every second and at each scrape,
-/// not per batch: it takes the stager's lock, which the next batch's fetch holds.
+/// not per batch: it takes the tier's lock, which the next batch's fetch holds.
 pub fn record_store(name: &str, model: &ember_model::Model) {
-    let stager = model.stager();
-    if !stager.has_remote() {
+    let tier = model.tier();
+    if !tier.has_remote() {
         return;
     }
     let m = || name.to_string();
-    metrics::gauge!(REMOTE_UP, "model" => m()).set(if stager.store_healthy() { 1.0 } else { 0.0 });
-    for n in stager.remote_nodes() {
+    metrics::gauge!(REMOTE_UP, "model" => m()).set(if tier.store_healthy() { 1.0 } else { 0.0 });
+    for n in tier.store_nodes() {
         let node = || n.node.clone();
-        metrics::counter!(REMOTE_ROWS, "model" => m(), "node" => node()).absolute(n.commands);
+        metrics::counter!(REMOTE_ROWS, "model" => m(), "node" => node()).absolute(n.rows);
         metrics::counter!(REMOTE_BYTES, "model" => m(), "node" => node()).absolute(n.bytes);
         metrics::counter!(REMOTE_ROUND_TRIPS, "model" => m(), "node" => node())
             .absolute(n.round_trips);

@@ -82,6 +82,6 @@ impl ModelSpec {
     /// An empty id list with room for `capacity`, as the checked samples keep them (32-bit when
     /// every table fits): decoders that build it need no conversion.
     pub fn new_ids(&self, capacity: usize) -> Ids {
-        Ids::with_capacity(self.model.embeddings().narrow_ids(), capacity)
+        Ids::with_capacity(self.inputs.narrow_ids, capacity)
     }
 }

@@ -65,7 +65,7 @@ fn source(root: &Path, poll: Option<Duration>) -> RepositoryConfig {
         poll,
         warm_batches: 2,
         pace_bytes_per_s: Some(200 << 20),
-        store: None,
+        registry: None,
     }
 }
 

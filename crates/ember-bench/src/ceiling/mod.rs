@@ -11,9 +11,7 @@
 //! ceiling and flatters the kernels, which is what happened before this loop: Ember ran at 100%
 //! of a ceiling that a 30-line C loop beat by 25%).
 
-use ember_embed::{
-    EmbedError, EmbeddingCollection, Ids, Isa, PrefetchLevel, Result, ValidatedBatch,
-};
+use ember_embed::{CheckedView, EmbedError, EmbeddingCollection, Ids, Isa, PrefetchLevel, Result};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -87,7 +85,7 @@ impl Ceiling {
                     .build()
                     .map_err(|e| EmbedError::ThreadPool {
                         threads,
-                        reason: e.to_string(),
+                        cause: ember_embed::Cause::new(e),
                     })?,
             )
         } else {
@@ -117,7 +115,7 @@ impl Ceiling {
     pub fn tune(
         &mut self,
         coll: &EmbeddingCollection,
-        batches: &[ValidatedBatch<'_>],
+        batches: &[CheckedView<'_>],
         rounds: usize,
     ) -> usize {
         let mut best = (f64::INFINITY, self.prefetch, self.level);
@@ -155,7 +153,7 @@ impl Ceiling {
     /// Sums every bag of `batch` (each feature over its table) and returns a checksum of the
     /// sums, so the work cannot be optimised away. Tables on the SSD tier (no resident rows)
     /// are skipped.
-    pub fn run(&self, coll: &EmbeddingCollection, batch: ValidatedBatch<'_>) -> u64 {
+    pub fn run(&self, coll: &EmbeddingCollection, batch: CheckedView<'_>) -> u64 {
         assert_eq!(
             batch.collection(),
             coll.id(),
@@ -347,7 +345,7 @@ mod tests {
                     for pf in [0, 3, 16] {
                         let got = Ceiling::new(threads, pf, isa)
                             .unwrap()
-                            .run(&coll, coll.validate(&kj).unwrap());
+                            .run(&coll, coll.check_view(&kj).unwrap());
                         assert_eq!(got, want, "{dt} dim {dim} {isa} threads {threads} pf {pf}");
                     }
                 }
@@ -395,9 +393,9 @@ mod tests {
             let (ca, ka) = one("a", 16, &lengths_a, &ids_a);
             let (cb, kb) = one("b", 37, &lengths_b, &ids_b);
             let alone = c
-                .run(&ca, ca.validate(&ka).unwrap())
-                .wrapping_add(c.run(&cb, cb.validate(&kb).unwrap()));
-            assert_eq!(c.run(&both, both.validate(&kj).unwrap()), alone, "{isa}");
+                .run(&ca, ca.check_view(&ka).unwrap())
+                .wrapping_add(c.run(&cb, cb.check_view(&kb).unwrap()));
+            assert_eq!(c.run(&both, both.check_view(&kj).unwrap()), alone, "{isa}");
         }
     }
 
@@ -410,11 +408,11 @@ mod tests {
         let kj =
             KeyedJagged::from_lengths(vec!["t".into()], 8, &[80; 8], Ids::U32(ids), None).unwrap();
         let mut c = Ceiling::new(1, 16, Isa::best()).unwrap();
-        let before = c.run(&coll, coll.validate(&kj).unwrap());
-        let d = c.tune(&coll, &[coll.validate(&kj).unwrap()], 2);
+        let before = c.run(&coll, coll.check_view(&kj).unwrap());
+        let d = c.tune(&coll, &[coll.check_view(&kj).unwrap()], 2);
         assert!(TUNED_DISTANCES.contains(&d));
         assert_eq!(c.prefetch(), d);
         // The distance changes the speed, never the sums.
-        assert_eq!(c.run(&coll, coll.validate(&kj).unwrap()), before);
+        assert_eq!(c.run(&coll, coll.check_view(&kj).unwrap()), before);
     }
 }

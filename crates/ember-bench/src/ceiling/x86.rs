@@ -168,26 +168,10 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
     let base = j.rows.as_ptr();
     let (n, stride, pf) = (j.ids.len(), j.stride, j.prefetch);
     let unaligned = !(base as usize).is_multiple_of(64) || TAIL;
-    // The last line when partial: a full 32-byte half if it reaches that far, then whole words
-    // by a masked load (no fault on masked-off words), then 1-3 bytes by hand.
-    let t = stride % 64;
-    let (t_half, t_rest) = if t >= 32 { (true, t - 32) } else { (false, t) };
-    let t_words = (t_rest / 4) as i32;
-    let t_mask = _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(t_words),
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-    );
-    let t_bytes = t_rest % 4;
-    // Rows of 64 bytes or more: the 64 bytes ending the row, two plain loads, with the bytes
-    // before the partial line zeroed (as in the AVX-512 loop).
+    let tail = Avx2Tail::new(stride);
+    // Rows of 64 bytes or more read their partial last line as the 64 bytes ending the row
+    // (`Avx2Tail::keep_lo`, `keep_hi`).
     let overlap = TAIL && stride >= 64;
-    let first_kept = _mm256_set1_epi8((63 - t) as i8);
-    let idx = _mm256_setr_epi8(
-        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
-        25, 26, 27, 28, 29, 30, 31,
-    );
-    let keep_lo = _mm256_cmpgt_epi8(idx, first_kept);
-    let keep_hi = _mm256_cmpgt_epi8(_mm256_add_epi8(idx, _mm256_set1_epi8(32)), first_kept);
     let full = if TAIL { L - 1 } else { L };
     // As in the AVX-512 loop: a bag is cut where prefetching ends, and the alignment of rows is
     // dispatched once, so that no id pays a test for either.
@@ -226,27 +210,27 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
                         )
                     };
                     let a = &mut acc[L - 1];
-                    *a = _mm256_add_epi32(*a, _mm256_and_si256(lo, keep_lo));
-                    *a = _mm256_add_epi32(*a, _mm256_and_si256(hi, keep_hi));
+                    *a = _mm256_add_epi32(*a, _mm256_and_si256(lo, tail.keep_lo));
+                    *a = _mm256_add_epi32(*a, _mm256_and_si256(hi, tail.keep_hi));
                 } else if TAIL {
                     let mut p = r.wrapping_add(64 * (L - 1));
                     let a = &mut acc[L - 1];
-                    if t_half {
+                    if tail.half {
                         // SAFETY: the row has 32 more bytes at `p`.
                         *a = _mm256_add_epi32(*a, unsafe { _mm256_loadu_si256(p.cast()) });
                         p = p.wrapping_add(32);
                     }
-                    // SAFETY: the mask selects the `t_words` whole words left in the row.
-                    let w = unsafe { _mm256_maskload_epi32(p.cast(), t_mask) };
+                    // SAFETY: the mask selects the `tail.words` whole words left in the row.
+                    let w = unsafe { _mm256_maskload_epi32(p.cast(), tail.mask) };
                     *a = _mm256_add_epi32(*a, w);
-                    if t_bytes > 0 {
+                    if tail.bytes > 0 {
                         let mut last = [0u8; 4];
-                        // SAFETY: the row's last `t_bytes` bytes.
+                        // SAFETY: the row's last `tail.bytes` bytes.
                         unsafe {
                             std::ptr::copy_nonoverlapping(
-                                p.add(4 * t_words as usize),
+                                p.add(4 * tail.words as usize),
                                 last.as_mut_ptr(),
-                                t_bytes,
+                                tail.bytes,
                             )
                         };
                         odd = odd.wrapping_add(u32::from_le_bytes(last));
@@ -255,15 +239,69 @@ unsafe fn bags_avx2<I: RowIndex, const L: usize, const TAIL: bool>(j: &Job<'_, I
             }};
         }
         walk_bag!(add_row, j, span, split, L, (base, stride, pf, unaligned));
-        let mut s = acc[0];
-        for a in acc[1..].iter().chain(&acc_hi) {
-            s = _mm256_add_epi32(s, *a);
-        }
-        let h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
-        let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
-        let bag = (_mm_cvtsi128_si32(h) as u32).wrapping_add(odd);
+        let bag = lane_sum_avx2(&acc, &acc_hi).wrapping_add(odd);
         total = total.wrapping_add(u64::from(bag));
     }
     total
+}
+
+/// How the AVX2 loop reads the partial last line of rows of `stride` bytes (`stride % 64`
+/// bytes, when not 0), set up once per call: a full 32-byte half if it reaches that far, then
+/// whole words by a masked load (no fault on masked-off words), then 1-3 bytes by hand; rows
+/// of 64 bytes or more instead load the 64 bytes ending the row, two plain loads, with the
+/// bytes before the partial line zeroed (as in the AVX-512 loop).
+#[derive(Clone, Copy)]
+struct Avx2Tail {
+    /// The partial line starts with a full 32-byte half.
+    half: bool,
+    /// Whole 4-byte words after that half, and the mask that selects them.
+    words: i32,
+    mask: __m256i,
+    /// Bytes after those words (0 to 3).
+    bytes: usize,
+    /// Of the 64 bytes ending a row (low and high halves), the bytes of its partial line.
+    keep_lo: __m256i,
+    keep_hi: __m256i,
+}
+
+impl Avx2Tail {
+    /// The tail of rows of `stride` bytes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn new(stride: usize) -> Avx2Tail {
+        let t = stride % 64;
+        let (half, rest) = if t >= 32 { (true, t - 32) } else { (false, t) };
+        let words = (rest / 4) as i32;
+        let mask = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(words),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let first_kept = _mm256_set1_epi8((63 - t) as i8);
+        let idx = _mm256_setr_epi8(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30, 31,
+        );
+        Avx2Tail {
+            half,
+            words,
+            mask,
+            bytes: rest % 4,
+            keep_lo: _mm256_cmpgt_epi8(idx, first_kept),
+            keep_hi: _mm256_cmpgt_epi8(_mm256_add_epi8(idx, _mm256_set1_epi8(32)), first_kept),
+        }
+    }
+}
+
+/// The wrapping sum of the 32-bit lanes of a bag's accumulators, `acc` and `acc_hi`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lane_sum_avx2<const L: usize>(acc: &[__m256i; L], acc_hi: &[__m256i; L]) -> u32 {
+    let mut s = acc[0];
+    for a in acc[1..].iter().chain(acc_hi) {
+        s = _mm256_add_epi32(s, *a);
+    }
+    let h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+    let h = _mm_add_epi32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+    _mm_cvtsi128_si32(h) as u32
 }

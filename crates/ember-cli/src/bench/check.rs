@@ -4,7 +4,7 @@
 
 use anyhow::{Result, ensure};
 use ember_embed::pool::reference;
-use ember_embed::{DType, EmbeddingCollection, Pooler, Pooling, ValidatedBatch};
+use ember_embed::{CheckedView, DType, EmbeddingCollection, Pooler, Pooling};
 use ember_model::random::seeded_row;
 
 /// Checks the kernel against the reference on one batch; for quantized dtypes also returns the
@@ -12,7 +12,7 @@ use ember_model::random::seeded_row;
 pub(super) fn check(
     coll: &EmbeddingCollection,
     pooler: &Pooler,
-    vb: ValidatedBatch<'_>,
+    vb: CheckedView<'_>,
     mode: Pooling,
     seed: u64,
     out: &mut [f32],

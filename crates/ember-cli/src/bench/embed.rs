@@ -11,7 +11,7 @@ use crate::units::human_bytes;
 use anyhow::Result;
 use ember_bench::ceiling::Ceiling;
 use ember_bench::stats::median;
-use ember_embed::{EmbeddingCollection, Isa, PoolStats, Prefetch, PrefetchLevel, ValidatedBatch};
+use ember_embed::{CheckedView, EmbeddingCollection, Isa, PoolStats, Prefetch, PrefetchLevel};
 use serde_json::json;
 use std::time::Instant;
 
@@ -52,9 +52,9 @@ pub fn run(a: EmbedArgs) -> Result<()> {
     };
     let mut batches = setup::batches(&a, s, &source, gpu_profile + a.batches)?;
     let profile: Vec<_> = batches.drain(..gpu_profile).collect();
-    let validated: Vec<ValidatedBatch<'_>> = batches
+    let validated: Vec<CheckedView<'_>> = batches
         .iter()
-        .map(|b| coll.validate(b))
+        .map(|b| coll.check_view(b))
         .collect::<Result<_, _>>()?;
     let uniq = setup::uniq(&batches);
     if let Some(path) = &a.save_ids {
@@ -143,7 +143,7 @@ fn measure(
     s: Shape,
     isa: Isa,
     coll: &EmbeddingCollection,
-    validated: &[ValidatedBatch<'_>],
+    validated: &[CheckedView<'_>],
 ) -> Result<Report> {
     let pooler = a.pooler(isa)?;
     let start_distance = match (a.ceiling_prefetch, a.prefetch) {

@@ -207,7 +207,7 @@ mod cuda {
                         let mut w = vec![0f32; out.len()];
                         reference::pooled_lookup(
                             coll,
-                            coll.validate(&batches[0])?,
+                            coll.check_view(&batches[0])?,
                             a.mode,
                             &mut w,
                         )?;

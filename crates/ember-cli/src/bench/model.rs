@@ -10,7 +10,7 @@
 
 use super::load::{BatchSizes, Load};
 use super::model_gpu::{GpuInputs, GpuLoop, measure_gpu};
-use super::model_report::{Inputs, Report};
+use super::model_report::{HostTimes, Inputs, Report};
 use crate::units::{human_bytes, mem_available};
 use anyhow::{Result, bail};
 use clap::Args;
@@ -338,21 +338,54 @@ fn measure_cpu(
 
 /// Prints the report as text, and as JSON with `--json`.
 fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
-    let samples_per_s = r.samples as f64 / r.total;
+    let f = figures(r);
+    print_setup(a, p, load);
+    print_times(r, &f);
+    if let Some(acc) = &r.accuracy {
+        print_accuracy(acc);
+    }
+    if let Some(h) = &r.host {
+        print_gpu_stages(&r.stages, h, a.iters);
+    }
+    if a.json {
+        println!("{}", to_json(r, a, p, load, &f));
+    }
+}
+
+/// What the text and the JSON both give of a report.
+struct Figures {
+    samples_per_s: f64,
+    /// Batch latency quantiles, ms.
+    p50: f64,
+    p99: f64,
+    /// Each stage's share of the forward pass's wall time; with threads > 1 the bottom MLP ran
+    /// beside the embedding stage (inside its share), so the four add up to more than 100%.
+    parts: [(&'static str, f64); 4],
+}
+
+/// The report's throughput, latency quantiles and stage shares.
+fn figures(r: &Report) -> Figures {
     let mut sorted = r.lat_ms.clone();
     sorted.sort_by(f64::total_cmp);
-    let (p50, p99) = (quantile(&sorted, 0.5), quantile(&sorted, 0.99));
-    // Shares of the forward pass's wall time; with threads > 1 the bottom MLP ran beside the
-    // embedding stage (inside its share), so the four add up to more than 100%.
     let stages = &r.stages;
     let st = stages.total().as_secs_f64();
     let share = |d: std::time::Duration| d.as_secs_f64() / st;
-    let parts = [
-        ("embedding", share(stages.embedding)),
-        ("bottom_mlp", share(stages.bottom_mlp)),
-        ("interaction", share(stages.interaction)),
-        ("top_mlp", share(stages.top_mlp)),
-    ];
+    Figures {
+        samples_per_s: r.samples as f64 / r.total,
+        p50: quantile(&sorted, 0.5),
+        p99: quantile(&sorted, 0.99),
+        parts: [
+            ("embedding", share(stages.embedding)),
+            ("bottom_mlp", share(stages.bottom_mlp)),
+            ("interaction", share(stages.interaction)),
+            ("top_mlp", share(stages.top_mlp)),
+        ],
+    }
+}
+
+/// The lines that say what ran: the preset, its batches and device, the model's tables and
+/// dense work, the dense precision and its kernels.
+fn print_setup(a: &ModelArgs, p: &Preset, load: &Load) {
     let on = match a.gpu.is_cuda() {
         true => format!(
             "cuda:{} {}, {} dense, {} inputs, {} batches in flight",
@@ -375,7 +408,6 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
         a.dtype,
         a.iters
     );
-    let macs = dense_macs(&p.config);
     println!(
         "  model       {} tables, {} rows{} ({}); dense layers {:.2} M multiply-adds a sample",
         p.config.tables.len(),
@@ -383,7 +415,7 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
         p.max_rows
             .map_or_else(String::new, |cap| format!(", at most {cap} per table")),
         human_bytes(table_bytes(p)),
-        macs as f64 / 1e6
+        dense_macs(&p.config) as f64 / 1e6
     );
     let dense_isa = ember_model::DenseIsa::selected(a.dense_dtype).ok();
     println!(
@@ -391,20 +423,26 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
         a.dense_dtype,
         dense_isa.map_or("?", |i| i.describe(a.dense_dtype))
     );
-    println!("  samples/s   {samples_per_s:.0}");
+}
+
+/// Throughput, batch latencies, where the time goes, and the dense layers' times.
+fn print_times(r: &Report, f: &Figures) {
+    println!("  samples/s   {:.0}", f.samples_per_s);
     println!(
-        "  batch ms    p50 {p50:.3}  p99 {p99:.3}  median {:.3}",
+        "  batch ms    p50 {:.3}  p99 {:.3}  median {:.3}",
+        f.p50,
+        f.p99,
         median(&r.lat_ms)
     );
     println!(
         "  where the time goes (share of the forward pass){}:",
-        if stages.bottom_overlapped {
+        if r.stages.bottom_overlapped {
             "; the bottom MLP ran on one thread beside the embedding stage, inside its share"
         } else {
             ""
         }
     );
-    for (name, s) in parts {
+    for (name, s) in f.parts {
         println!(
             "    {name:<12} {:5.1}%  {}",
             s * 100.0,
@@ -414,98 +452,106 @@ fn print(r: &Report, a: &ModelArgs, p: &Preset, load: &Load) {
     if let Some(l) = &r.layers {
         l.print();
     }
-    if let Some(acc) = &r.accuracy {
-        println!(
-            "  accuracy    {} keeps {:.4}% of f32's AUC ({:.5} against {:.5}; labels drawn from f32's \
-             probabilities, {} samples): {}; |score error| max {:.2e}, mean {:.2e}",
-            acc.dtype,
-            100.0 * acc.ratio(),
-            acc.auc,
-            acc.auc_f32,
-            acc.samples,
-            if acc.meets(0.999) {
-                "meets MLPerf's 99.9% target"
-            } else if acc.meets(0.99) {
-                "meets the 99% target only"
-            } else {
-                "MISSES MLPerf's targets"
-            },
-            acc.max_abs,
-            acc.mean_abs
-        );
-    }
+}
+
+/// `--accuracy`: the dense dtype's AUC against f32's, and the score errors.
+fn print_accuracy(acc: &ember_model::accuracy::DenseAccuracy) {
+    println!(
+        "  accuracy    {} keeps {:.4}% of f32's AUC ({:.5} against {:.5}; labels drawn from f32's \
+         probabilities, {} samples): {}; |score error| max {:.2e}, mean {:.2e}",
+        acc.dtype,
+        100.0 * acc.ratio(),
+        acc.auc,
+        acc.auc_f32,
+        acc.samples,
+        if acc.meets(0.999) {
+            "meets MLPerf's 99.9% target"
+        } else if acc.meets(0.99) {
+            "meets the 99% target only"
+        } else {
+            "MISSES MLPerf's targets"
+        },
+        acc.max_abs,
+        acc.mean_abs
+    );
+}
+
+/// On a GPU: each stage's time per batch over `iters` batches, and the host's.
+fn print_gpu_stages(stages: &StageTimes, h: &HostTimes, iters: usize) {
+    let per_batch = |d: Duration| d.as_secs_f64() * 1e3 / iters as f64;
+    println!(
+        "  per batch, ms: GPU copy in {:.3}, embedding {:.3}, bottom MLP {:.3}, interaction \
+         {:.3}, top MLP {:.3}, copy out {:.3}; host check + stage + enqueue {:.3}, \
+         wait {:.3}",
+        per_batch(stages.copy_in),
+        per_batch(stages.embedding),
+        per_batch(stages.bottom_mlp),
+        per_batch(stages.interaction),
+        per_batch(stages.top_mlp),
+        per_batch(stages.copy_out),
+        per_batch(h.submit),
+        per_batch(h.wait)
+    );
+}
+
+/// The `--json` object of the report.
+fn to_json(r: &Report, a: &ModelArgs, p: &Preset, load: &Load, f: &Figures) -> serde_json::Value {
+    let stages = &r.stages;
     let per_batch = |d: Duration| d.as_secs_f64() * 1e3 / a.iters as f64;
-    if let Some(h) = &r.host {
-        println!(
-            "  per batch, ms: GPU copy in {:.3}, embedding {:.3}, bottom MLP {:.3}, interaction \
-             {:.3}, top MLP {:.3}, copy out {:.3}; host check + stage + enqueue {:.3}, \
-             wait {:.3}",
-            per_batch(stages.copy_in),
-            per_batch(stages.embedding),
-            per_batch(stages.bottom_mlp),
-            per_batch(stages.interaction),
-            per_batch(stages.top_mlp),
-            per_batch(stages.copy_out),
-            per_batch(h.submit),
-            per_batch(h.wait)
-        );
-    }
-    if a.json {
-        println!(
-            "{}",
-            json!({
-                "preset": p.name,
-                "batch": (load.sizes.len() == 1).then_some(load.sizes[0]),
-                "batch_sizes": &load.sizes,
-                "samples": r.samples,
-                "threads": a.threads,
-                "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
-                "gpu_variant": a.gpu.is_cuda().then_some(&a.gpu.gpu_variant),
-                "iters": a.iters,
-                "pooling": load
-                    .uniform_pooling()
-                    .map_or_else(|| json!(load.pooling), |n| json!(n)),
-                "ids_per_sample": load.pooling.iter().sum::<usize>(),
-                "rows_scale": a.rows_scale,
-                "max_rows": p.max_rows,
-                "table_rows": table_rows(p),
-                "dense_macs_per_sample": macs,
-                "dtype": a.dtype.name(),
-                "dense_dtype": a.dense_dtype.name(),
-                "dense_isa": dense_isa.map(|i| i.name()),
-                "dense_layers": r.layers.as_ref().map(|l| l.json()),
-                "accuracy": r.accuracy.as_ref().map(|acc| json!({
-                    "samples": acc.samples,
-                    "auc_f32": acc.auc_f32,
-                    "auc": acc.auc,
-                    "ratio": acc.ratio(),
-                    "max_abs_error": acc.max_abs,
-                    "mean_abs_error": acc.mean_abs,
-                })),
-                "samples_per_s": samples_per_s,
-                "p50_ms": p50,
-                "p99_ms": p99,
-                "mean_ms": r.lat_ms.iter().sum::<f64>() / r.lat_ms.len() as f64,
-                "bottom_mlp_overlapped": stages.bottom_overlapped,
-                "breakdown": {
-                    "embedding": parts[0].1,
-                    "bottom_mlp": parts[1].1,
-                    "interaction": parts[2].1,
-                    "top_mlp": parts[3].1,
-                },
-                "table_bytes": table_bytes(p),
-                "ms_per_batch": r.host.as_ref().map(|h| json!({
-                    "gpu_copy_in": per_batch(stages.copy_in),
-                    "gpu_embedding": per_batch(stages.embedding),
-                    "gpu_bottom_mlp": per_batch(stages.bottom_mlp),
-                    "gpu_interaction": per_batch(stages.interaction),
-                    "gpu_top_mlp": per_batch(stages.top_mlp),
-                    "gpu_forward": per_batch(stages.wall),
-                    "gpu_copy_out": per_batch(stages.copy_out),
-                    "host_submit": per_batch(h.submit),
-                    "host_wait": per_batch(h.wait),
-                })),
-            })
-        );
-    }
+    let (parts, samples_per_s, p50, p99) = (f.parts, f.samples_per_s, f.p50, f.p99);
+    let macs = dense_macs(&p.config);
+    let dense_isa = ember_model::DenseIsa::selected(a.dense_dtype).ok();
+    json!({
+        "preset": p.name,
+        "batch": (load.sizes.len() == 1).then_some(load.sizes[0]),
+        "batch_sizes": &load.sizes,
+        "samples": r.samples,
+        "threads": a.threads,
+        "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
+        "gpu_variant": a.gpu.is_cuda().then_some(&a.gpu.gpu_variant),
+        "iters": a.iters,
+        "pooling": load
+            .uniform_pooling()
+            .map_or_else(|| json!(load.pooling), |n| json!(n)),
+        "ids_per_sample": load.pooling.iter().sum::<usize>(),
+        "rows_scale": a.rows_scale,
+        "max_rows": p.max_rows,
+        "table_rows": table_rows(p),
+        "dense_macs_per_sample": macs,
+        "dtype": a.dtype.name(),
+        "dense_dtype": a.dense_dtype.name(),
+        "dense_isa": dense_isa.map(|i| i.name()),
+        "dense_layers": r.layers.as_ref().map(|l| l.json()),
+        "accuracy": r.accuracy.as_ref().map(|acc| json!({
+            "samples": acc.samples,
+            "auc_f32": acc.auc_f32,
+            "auc": acc.auc,
+            "ratio": acc.ratio(),
+            "max_abs_error": acc.max_abs,
+            "mean_abs_error": acc.mean_abs,
+        })),
+        "samples_per_s": samples_per_s,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "mean_ms": r.lat_ms.iter().sum::<f64>() / r.lat_ms.len() as f64,
+        "bottom_mlp_overlapped": stages.bottom_overlapped,
+        "breakdown": {
+            "embedding": parts[0].1,
+            "bottom_mlp": parts[1].1,
+            "interaction": parts[2].1,
+            "top_mlp": parts[3].1,
+        },
+        "table_bytes": table_bytes(p),
+        "ms_per_batch": r.host.as_ref().map(|h| json!({
+            "gpu_copy_in": per_batch(stages.copy_in),
+            "gpu_embedding": per_batch(stages.embedding),
+            "gpu_bottom_mlp": per_batch(stages.bottom_mlp),
+            "gpu_interaction": per_batch(stages.interaction),
+            "gpu_top_mlp": per_batch(stages.top_mlp),
+            "gpu_forward": per_batch(stages.wall),
+            "gpu_copy_out": per_batch(stages.copy_out),
+            "host_submit": per_batch(h.submit),
+            "host_wait": per_batch(h.wait),
+        })),
+    })
 }

@@ -19,20 +19,18 @@
 
 mod h2grpc;
 mod http1;
+mod measure;
 mod report;
 mod requests;
 mod target;
 
-use target::{Outcome, Target, grpc_target, http_target};
+use measure::run_at;
+use target::{Target, grpc_target, http_target};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::Args;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 #[derive(Debug, Args)]
@@ -196,14 +194,6 @@ struct Bucket {
     max_ms: f64,
 }
 
-/// The `p` quantile of sorted values (NaN when there are none).
-fn quantile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
-}
-
 pub fn run(a: LoadgenArgs) -> anyhow::Result<()> {
     if a.qps <= 0.0 || a.duration <= 0.0 || a.samples_per_request == 0 || a.threads == 0 {
         bail!("--qps, --duration, --samples-per-request and --threads must be positive");
@@ -215,6 +205,8 @@ pub fn run(a: LoadgenArgs) -> anyhow::Result<()> {
     rt.block_on(main(a))
 }
 
+/// Connects to the target (recording its answers with `--verify`), then measures once, or
+/// searches with `--find-max`.
 async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
     let mut target = match a.protocol.as_str() {
         "http" => http_target(&a).await?,
@@ -225,55 +217,53 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         target.record_answers().await?;
     }
     let target = Arc::new(target);
-    let go = |rate: f64| run_at(&target, vec![(rate, a.duration)], &a);
     if !a.find_max {
-        let phases = match &a.phases {
-            Some(p) => parse_phases(p)?,
-            None => vec![(a.qps, a.duration)],
-        };
-        let r = run_at(&target, phases, &a).await?;
-        print_run(&r);
-        print_timeline(&r);
-        if a.json {
-            println!("{}", serde_json::to_string(&r)?);
-        }
-        if let Some(path) = &a.report {
-            report::page(&a, std::slice::from_ref(&r), None).write(path)?;
-        }
-        if r.wrong > 0 {
-            bail!(
-                "{} of {} answers had scores other than the same request got before",
-                r.wrong,
-                r.sent
-            );
-        }
-        return Ok(());
+        return measure_once(&target, &a).await;
     }
-    // Double until the objective fails, then bisect between the last pass and the first failure.
-    let slo = a.slo_p99_ms;
-    let passes =
-        |r: &Run| r.p99_ms <= slo && r.wrong == 0 && (r.errors + r.refused) * 100 <= r.sent;
-    let mut steps = Vec::new();
-    // Runs `rate` up to --tries times, until one passes; whether one did.
-    let attempt = async |rate: f64, steps: &mut Vec<Run>| -> anyhow::Result<bool> {
-        for k in 0..a.tries {
-            if k > 0 {
-                println!("    (failed: once more, as a shared machine's noise can fail one run)");
-            }
-            let r = go(rate).await?;
-            print_run(&r);
-            let ok = passes(&r);
-            steps.push(r);
-            if ok {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+    let steps = find_max(&target, &a).await?;
+    report_max(&a, &steps)
+}
+
+/// One measurement at `--qps` (or of `--phases`), printed (`--json`, `--report` too); an
+/// error when an answer was wrong.
+async fn measure_once(target: &Arc<Target>, a: &LoadgenArgs) -> anyhow::Result<()> {
+    let phases = match &a.phases {
+        Some(p) => parse_phases(p)?,
+        None => vec![(a.qps, a.duration)],
     };
+    let r = run_at(target, phases, a).await?;
+    print_run(&r);
+    print_timeline(&r);
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    }
+    if let Some(path) = &a.report {
+        report::page(a, std::slice::from_ref(&r), None).write(path)?;
+    }
+    if r.wrong > 0 {
+        bail!(
+            "{} of {} answers had scores other than the same request got before",
+            r.wrong,
+            r.sent
+        );
+    }
+    Ok(())
+}
+
+/// Whether a run meets `--find-max`'s objective: p99 within `slo` ms, no wrong answer, and at
+/// most 1% of the requests refused or failed.
+fn passes(r: &Run, slo: f64) -> bool {
+    r.p99_ms <= slo && r.wrong == 0 && (r.errors + r.refused) * 100 <= r.sent
+}
+
+/// `--find-max`: doubles the rate from `--qps` until the objective fails, then bisects between
+/// the last pass and the first failure; returns every run.
+async fn find_max(target: &Arc<Target>, a: &LoadgenArgs) -> anyhow::Result<Vec<Run>> {
+    let mut steps = Vec::new();
     let (mut lo, mut hi) = (0.0f64, None::<f64>);
     let mut rate = a.qps;
     for _ in 0..12 {
-        if attempt(rate, &mut steps).await? {
+        if attempt(target, a, rate, &mut steps).await? {
             lo = rate;
             rate *= 2.0;
         } else {
@@ -287,16 +277,46 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
             if lo > 0.0 && (h - lo) / lo < 0.05 {
                 break;
             }
-            if attempt(mid, &mut steps).await? {
+            if attempt(target, a, mid, &mut steps).await? {
                 lo = mid;
             } else {
                 h = mid;
             }
         }
     }
+    Ok(steps)
+}
+
+/// Runs `rate` up to `--tries` times, until one passes, each run printed and added to
+/// `steps`; whether one passed.
+async fn attempt(
+    target: &Arc<Target>,
+    a: &LoadgenArgs,
+    rate: f64,
+    steps: &mut Vec<Run>,
+) -> anyhow::Result<bool> {
+    for k in 0..a.tries {
+        if k > 0 {
+            println!("    (failed: once more, as a shared machine's noise can fail one run)");
+        }
+        let r = run_at(target, vec![(rate, a.duration)], a).await?;
+        print_run(&r);
+        let ok = passes(&r, a.slo_p99_ms);
+        steps.push(r);
+        if ok {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Prints the highest rate of a `--find-max` search that met the objective (`--report` and
+/// `--json` too); an error when an answer was wrong.
+fn report_max(a: &LoadgenArgs, steps: &[Run]) -> anyhow::Result<()> {
+    let slo = a.slo_p99_ms;
     let best = steps
         .iter()
-        .filter(|r| passes(r))
+        .filter(|r| passes(r, slo))
         .max_by(|x, y| x.achieved_qps.total_cmp(&y.achieved_qps))
         .cloned();
     match &best {
@@ -308,7 +328,7 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
     }
     let wrong: usize = steps.iter().map(|r| r.wrong).sum();
     if let Some(path) = &a.report {
-        report::page(&a, &steps, Some(best.as_ref())).write(path)?;
+        report::page(a, steps, Some(best.as_ref())).write(path)?;
     }
     if a.json {
         println!(
@@ -376,215 +396,4 @@ fn print_timeline(r: &Run) {
             b.t, b.sent, b.ok, b.refused, b.errors, b.wrong, b.p50_ms, b.p99_ms, b.max_ms
         );
     }
-}
-
-async fn run_at(
-    target: &Arc<Target>,
-    phases: Vec<(f64, f64)>,
-    a: &LoadgenArgs,
-) -> anyhow::Result<Run> {
-    /// What each request reports: its outcome, and its scheduled time into the measurement
-    /// with its latency (none for warm-up requests).
-    type Report = (Outcome, Option<(Duration, Duration)>);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Report>();
-    let outstanding = Arc::new(AtomicUsize::new(0));
-    let handle = tokio::runtime::Handle::current();
-    let target = target.clone();
-    let (seed, warmup, max_out) = (a.seed, a.warmup, a.max_outstanding);
-    let secs: f64 = phases.iter().map(|p| p.1).sum();
-    let phase_list = phases.clone();
-    let sent_total = phases.iter().map(|p| p.0 * p.1).sum::<f64>();
-    let first_rate = phases[0].0;
-    // The arrival clock: its own thread, sleeping to each arrival (or sending at once when late).
-    let warm = Duration::from_secs_f64(warmup);
-    let start_unix_ms = (std::time::SystemTime::now() + warm)
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let clock = std::thread::spawn(move || {
-        let mut rng = StdRng::seed_from_u64(seed ^ first_rate.to_bits());
-        let start = Instant::now();
-        // Where each phase ends, from the start of the measurement.
-        let mut ends = Vec::with_capacity(phases.len());
-        let mut at = warm;
-        for &(rate, d) in &phases {
-            at += Duration::from_secs_f64(d);
-            ends.push((at, rate));
-        }
-        let end = at;
-        let (mut next, mut sent, mut refused, mut k) = (Duration::ZERO, 0usize, 0usize, 0usize);
-        while next < end {
-            let due = start + next;
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            let counted = next >= warm;
-            if outstanding.load(Ordering::Relaxed) >= max_out {
-                refused += usize::from(counted);
-            } else {
-                outstanding.fetch_add(1, Ordering::Relaxed);
-                sent += usize::from(counted);
-                let (target, tx, out) = (target.clone(), tx.clone(), outstanding.clone());
-                let at = next.saturating_sub(warm);
-                handle.spawn(async move {
-                    // A request unanswered for 10 s counts as an error.
-                    let r = tokio::time::timeout(Duration::from_secs(10), target.send(k)).await;
-                    let outcome = r.unwrap_or(Outcome::Error);
-                    out.fetch_sub(1, Ordering::Relaxed);
-                    let _ = tx.send((outcome, counted.then(|| (at, due.elapsed()))));
-                });
-            }
-            k += 1;
-            // Exponential inter-arrival times: a Poisson process of the phase's rate, ramped up
-            // from a tenth of the first over the warm-up (uncounted) so that a cold server is
-            // not hit by the full rate while its connections are still being set up.
-            let rate = ends
-                .iter()
-                .find(|(e, _)| next < *e)
-                .map_or(first_rate, |&(_, r)| r);
-            let ramp = if next < warm {
-                0.1 + 0.9 * next.as_secs_f64() / warm.as_secs_f64()
-            } else {
-                1.0
-            };
-            let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
-            next += Duration::from_secs_f64(-u.ln() / (rate * ramp));
-        }
-        (sent, refused)
-    });
-    let (sent, dropped) = tokio::task::spawn_blocking(move || clock.join())
-        .await?
-        .map_err(|_| anyhow::anyhow!("the arrival clock thread panicked"))?;
-
-    let width = a.timeline.filter(|w| *w > 0.0);
-    let nb = width.map_or(0, |w| (secs / w).ceil() as usize);
-    let mut buckets: Vec<(Bucket, Vec<f64>)> = (0..nb)
-        .map(|i| {
-            let b = Bucket {
-                t: i as f64 * width.unwrap_or(0.0),
-                sent: 0,
-                ok: 0,
-                refused: 0,
-                errors: 0,
-                wrong: 0,
-                p50_ms: f64::NAN,
-                p99_ms: f64::NAN,
-                max_ms: f64::NAN,
-            };
-            (b, Vec::new())
-        })
-        .collect();
-    let (mut lat, mut refused_lat) = (Vec::with_capacity(sent), Vec::new());
-    let mut errors = dropped;
-    let mut wrong = 0;
-    // Per phase: answered latencies, refused latencies, errors.
-    let mut by_phase: Vec<(Vec<f64>, Vec<f64>, usize)> =
-        phase_list.iter().map(|_| Default::default()).collect();
-    let phase_end: Vec<f64> = phase_list
-        .iter()
-        .scan(0.0, |t, p| {
-            *t += p.1;
-            Some(*t)
-        })
-        .collect();
-    while let Some((outcome, when)) = rx.recv().await {
-        let Some((at, d)) = when else { continue };
-        let ms = d.as_secs_f64() * 1e3;
-        let k = phase_end
-            .iter()
-            .position(|&e| at.as_secs_f64() < e)
-            .unwrap_or(phase_end.len() - 1);
-        match outcome {
-            Outcome::Ok => by_phase[k].0.push(ms),
-            Outcome::Refused => by_phase[k].1.push(ms),
-            Outcome::Error | Outcome::Wrong => by_phase[k].2 += 1,
-        }
-        let bucket = width
-            .map(|w| ((at.as_secs_f64() / w) as usize).min(nb.saturating_sub(1)))
-            .and_then(|i| buckets.get_mut(i));
-        let (b, blat) = match bucket {
-            Some((b, l)) => (Some(b), Some(l)),
-            None => (None, None),
-        };
-        if let Some(b) = b {
-            b.sent += 1;
-            match outcome {
-                Outcome::Ok => b.ok += 1,
-                Outcome::Refused => b.refused += 1,
-                Outcome::Error => b.errors += 1,
-                Outcome::Wrong => b.wrong += 1,
-            }
-        }
-        match outcome {
-            Outcome::Ok => {
-                lat.push(ms);
-                if let Some(l) = blat {
-                    l.push(ms);
-                }
-            }
-            Outcome::Refused => refused_lat.push(ms),
-            Outcome::Error => errors += 1,
-            Outcome::Wrong => wrong += 1,
-        }
-    }
-    lat.sort_by(f64::total_cmp);
-    refused_lat.sort_by(f64::total_cmp);
-    let timeline = width.map(|_| {
-        buckets
-            .into_iter()
-            .map(|(mut b, mut l)| {
-                l.sort_by(f64::total_cmp);
-                b.p50_ms = quantile(&l, 0.5);
-                b.p99_ms = quantile(&l, 0.99);
-                b.max_ms = l.last().copied().unwrap_or(f64::NAN);
-                b
-            })
-            .collect()
-    });
-    let phases = match phase_list.len() {
-        1 => Vec::new(),
-        _ => phase_list
-            .iter()
-            .zip(by_phase)
-            .map(|(&(rate, secs), (mut l, mut r, errors))| {
-                l.sort_by(f64::total_cmp);
-                r.sort_by(f64::total_cmp);
-                Phase {
-                    offered_qps: rate,
-                    secs,
-                    sent: l.len() + r.len() + errors,
-                    ok: l.len(),
-                    refused: r.len(),
-                    errors,
-                    p50_ms: quantile(&l, 0.5),
-                    p99_ms: quantile(&l, 0.99),
-                    max_ms: l.last().copied().unwrap_or(f64::NAN),
-                    refused_p50_ms: quantile(&r, 0.5),
-                    refused_p99_ms: quantile(&r, 0.99),
-                }
-            })
-            .collect(),
-    };
-    let ok = lat.len();
-    Ok(Run {
-        offered_qps: sent_total / secs,
-        achieved_qps: ok as f64 / secs,
-        samples_per_s: (ok * a.samples_per_request) as f64 / secs,
-        sent: sent + dropped,
-        ok,
-        refused: refused_lat.len(),
-        errors,
-        wrong,
-        start_unix_ms,
-        p50_ms: quantile(&lat, 0.5),
-        p90_ms: quantile(&lat, 0.9),
-        p99_ms: quantile(&lat, 0.99),
-        p999_ms: quantile(&lat, 0.999),
-        max_ms: lat.last().copied().unwrap_or(f64::NAN),
-        refused_p99_ms: quantile(&refused_lat, 0.99),
-        refused_max_ms: refused_lat.last().copied().unwrap_or(f64::NAN),
-        latency_histogram_ms: crate::report::log_buckets(&lat),
-        timeline,
-        phases,
-    })
 }

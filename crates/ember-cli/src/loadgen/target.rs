@@ -30,7 +30,7 @@ pub(super) enum Target {
     /// `ModelInfer` requests over a few HTTP/2 connections, by tonic's client
     /// (`--grpc-client tonic`).
     Grpc {
-        clients: Vec<GrpcClient<tonic::transport::Channel>>,
+        clients: Vec<Client>,
         requests: Vec<pb::ModelInferRequest>,
     },
     /// `ModelInfer` requests framed once, over h2 (`--grpc-client lean`, `h2grpc.rs`); call k
@@ -266,7 +266,29 @@ async fn http_server(
     Ok((pool, requests))
 }
 
+/// A tonic client of `ModelInfer` calls over one connection.
+type Client = GrpcClient<tonic::transport::Channel>;
+
+/// The gRPC target of `a`: its requests built from the model's metadata, sent by tonic's
+/// client or framed once for the lean one (`--grpc-client`).
 pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
+    check_grpc_args(a)?;
+    let endpoints = grpc_endpoints(a)?;
+    let clients = grpc_connect(a, &endpoints).await?;
+    let shape = grpc_shape(a, &clients[0], &endpoints[0].0).await?;
+    let requests = grpc_requests(a, &shape);
+    if a.grpc_client == "tonic" {
+        return Ok(Target::Grpc { clients, requests });
+    }
+    drop(clients);
+    let servers = lean_servers(a, &endpoints).await?;
+    let bodies = requests.iter().map(h2grpc::frame).collect();
+    Ok(Target::GrpcLean { servers, bodies })
+}
+
+/// Refuses the options gRPC does not take: an HTTP `--format`, no connection, an unknown
+/// `--grpc-client`.
+fn check_grpc_args(a: &LoadgenArgs) -> anyhow::Result<()> {
     if a.format != "kserve" {
         bail!(
             "--format {} is for HTTP; gRPC sends KServe v2 ModelInfer calls",
@@ -279,7 +301,11 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
     if !matches!(a.grpc_client.as_str(), "lean" | "tonic") {
         bail!("unknown --grpc-client '{}' (lean or tonic)", a.grpc_client);
     }
-    // Connections spread over the servers of --url in turn.
+    Ok(())
+}
+
+/// The servers of `--url` (`grpc://` read as `http://`), each with its endpoint; at least one.
+fn grpc_endpoints(a: &LoadgenArgs) -> anyhow::Result<Vec<(String, tonic::transport::Endpoint)>> {
     let mut endpoints = Vec::new();
     for url in urls(a, "http://127.0.0.1:8081") {
         let url = match url.strip_prefix("grpc://") {
@@ -294,7 +320,15 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
     if endpoints.is_empty() {
         bail!("--url names no server");
     }
-    let url = endpoints[0].0.clone();
+    Ok(endpoints)
+}
+
+/// `--grpc-connections` connections (at least one per server), spread over the `endpoints`
+/// in turn.
+async fn grpc_connect(
+    a: &LoadgenArgs,
+    endpoints: &[(String, tonic::transport::Endpoint)],
+) -> anyhow::Result<Vec<Client>> {
     let mut clients = Vec::with_capacity(a.grpc_connections.max(endpoints.len()));
     for k in 0..a.grpc_connections.max(endpoints.len()) {
         let (url, endpoint) = &endpoints[k % endpoints.len()];
@@ -304,7 +338,13 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
             .with_context(|| format!("asking {url} for model '{}': connecting", a.model))?;
         clients.push(GrpcClient::new(ch).max_decoding_message_size(usize::MAX));
     }
-    let meta = clients[0]
+    Ok(clients)
+}
+
+/// The model's inputs, from its metadata asked of the server at `url` by `client`: the dense
+/// width and each feature's table rows (`parameters.rows` of `<feature>_ids`).
+async fn grpc_shape(a: &LoadgenArgs, client: &Client, url: &str) -> anyhow::Result<Shape> {
+    let meta = client
         .clone()
         .model_metadata(pb::ModelMetadataRequest {
             name: a.model.clone(),
@@ -332,7 +372,12 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
             }
         })
         .collect();
-    let shape = Shape { dense_in, features };
+    Ok(Shape { dense_in, features })
+}
+
+/// The `ModelInfer` requests of random inputs for `shape`, their tensors in
+/// `raw_input_contents`.
+fn grpc_requests(a: &LoadgenArgs, shape: &Shape) -> Vec<pb::ModelInferRequest> {
     let n = a.samples_per_request;
     let lengths = raw_bytes(&vec![a.pooling as i64; n], i64::to_le_bytes);
     let tensor = |name: String, datatype: &str, shape: Vec<i64>| InferInputTensor {
@@ -341,7 +386,7 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
         shape,
         ..Default::default()
     };
-    let requests = draws(&shape, a)
+    draws(shape, a)
         .into_iter()
         .map(|d| {
             let mut inputs = vec![tensor(
@@ -363,14 +408,18 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
                 ..Default::default()
             }
         })
-        .collect::<Vec<_>>();
-    if a.grpc_client == "tonic" {
-        return Ok(Target::Grpc { clients, requests });
-    }
-    drop(clients);
+        .collect()
+}
+
+/// The lean client's connections: `--grpc-connections` spread over the servers of
+/// `endpoints`, each server's address resolved once.
+async fn lean_servers(
+    a: &LoadgenArgs,
+    endpoints: &[(String, tonic::transport::Endpoint)],
+) -> anyhow::Result<Vec<Lean>> {
     let per_server = a.grpc_connections.div_ceil(endpoints.len());
     let mut servers = Vec::with_capacity(endpoints.len());
-    for (url, _) in &endpoints {
+    for (url, _) in endpoints {
         let hostport = url
             .split_once("://")
             .map_or(url.as_str(), |(_, rest)| rest)
@@ -384,8 +433,7 @@ pub(super) async fn grpc_target(a: &LoadgenArgs) -> anyhow::Result<Target> {
             .with_context(|| format!("{hostport} resolves to no address"))?;
         servers.push(Lean::connect(addr, hostport, per_server).await?);
     }
-    let bodies = requests.iter().map(h2grpc::frame).collect();
-    Ok(Target::GrpcLean { servers, bodies })
+    Ok(servers)
 }
 
 #[cfg(test)]

@@ -71,10 +71,34 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores")
 }
 
+/// `plan eval`: Ember's plans against the baselines on generated tasks, a line per task as it
+/// is measured, then the summary (and `--json-out`).
 pub(super) fn run(a: EvalArgs) -> Result<()> {
     let opts = a.task.options()?;
     let stats = a.task.stats()?;
-    let model = model_from(a.profile.as_deref())?;
+    let model = model_from(a.cost_model.as_deref())?;
+    print_header(&opts, &model);
+    let results = eval::eval(&stats, &model, &opts, print_task)?;
+    let (mean, median) = eval::summary(&results);
+    println!();
+    print_gains(&results, mean, median);
+    print_balance_and_times(&results);
+    if let Some(p) = &a.json_out {
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&json!({
+                "mean_improvement": mean,
+                "median_improvement": median,
+                "tasks": results,
+            }))?,
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// What the tasks are, and the table's column heads.
+fn print_header(opts: &RunOptions, model: &CostModel) {
     println!(
         "{} tasks ({}-{} tables, {} devices, memory {:.0}% of the tables each), batch {}, cost model {}",
         opts.tasks,
@@ -83,7 +107,7 @@ pub(super) fn run(a: EvalArgs) -> Result<()> {
         opts.task.devices,
         100.0 * opts.task.memory_share,
         opts.measure.batch,
-        model_name(&model)
+        model_name(model)
     );
     println!(
         "{:>4} {:>6} {:>9} {:>10} {:>10} {:>10} {:>19} {:>8} {:>9}",
@@ -97,38 +121,35 @@ pub(super) fn run(a: EvalArgs) -> Result<()> {
         "gain",
         "plan ms"
     );
-    let results = eval::eval(&stats, &model, &opts, |r: &TaskResult| {
-        let (name, best) = r
-            .best_baseline()
-            .map_or(("none", f64::NAN), |(b, c)| (b.name.as_str(), c));
-        println!(
-            "{:>4} {:>6} {:>9} {:>10.0} {:>10.0} {:>10.0} {:>19} {:>7.1}% {:>9.1}",
-            r.index,
-            r.tables,
-            human_bytes(r.table_bytes as usize),
-            r.ember(),
-            r.ember_predicted,
-            best,
-            name,
-            100.0 * r.improvement().unwrap_or(f64::NAN),
-            1e3 * r.plan_seconds
-        );
-    })?;
-    let (mean, median) = eval::summary(&results);
+}
+
+/// One task's line: its tables, Ember's measured and predicted slowest device, the best
+/// baseline's, the gain and the planning time.
+fn print_task(r: &TaskResult) {
+    let (name, best) = r
+        .best_baseline()
+        .map_or(("none", f64::NAN), |(b, c)| (b.name.as_str(), c));
+    println!(
+        "{:>4} {:>6} {:>9} {:>10.0} {:>10.0} {:>10.0} {:>19} {:>7.1}% {:>9.1}",
+        r.index,
+        r.tables,
+        human_bytes(r.table_bytes as usize),
+        r.ember(),
+        r.ember_predicted,
+        best,
+        name,
+        100.0 * r.improvement().unwrap_or(f64::NAN),
+        1e3 * r.plan_seconds
+    );
+}
+
+/// The improvement over the best baseline (`mean`, `median`), the tasks Ember won, and the
+/// mean improvement over each baseline.
+fn print_gains(results: &[TaskResult], mean: f64, median: f64) {
     let wins = results
         .iter()
         .filter(|r| r.improvement().is_some_and(|g| g > 0.0))
         .count();
-    let worst_plan = results.iter().map(|r| r.plan_seconds).fold(0.0, f64::max);
-    let big: Vec<f64> = results
-        .iter()
-        .filter(|r| r.tables >= 55)
-        .map(|r| r.plan_seconds)
-        .collect();
-    let pred_err: Vec<f64> = results
-        .iter()
-        .map(|r| (r.ember_predicted - r.ember()).abs() / r.ember().max(1e-9))
-        .collect();
     let names = results.first().map_or(vec![], |r| {
         r.baselines.iter().map(|b| b.name.clone()).collect()
     });
@@ -143,7 +164,6 @@ pub(super) fn run(a: EvalArgs) -> Result<()> {
             (name, mean_of(&g))
         })
         .collect();
-    println!();
     println!(
         "improvement over the best baseline (measured slowest device): mean {:.1}%, median {:.1}%, Ember faster in {wins} of {} tasks",
         100.0 * mean,
@@ -153,6 +173,21 @@ pub(super) fn run(a: EvalArgs) -> Result<()> {
     for (n, g) in &per_base {
         println!("  vs {n:<19} mean {:.1}%", 100.0 * g);
     }
+}
+
+/// The headroom a balanced plan would have, the planning times, and the cost model's error on
+/// Ember's plans.
+fn print_balance_and_times(results: &[TaskResult]) {
+    let worst_plan = results.iter().map(|r| r.plan_seconds).fold(0.0, f64::max);
+    let big: Vec<f64> = results
+        .iter()
+        .filter(|r| r.tables >= 55)
+        .map(|r| r.plan_seconds)
+        .collect();
+    let pred_err: Vec<f64> = results
+        .iter()
+        .map(|r| (r.ember_predicted - r.ember()).abs() / r.ember().max(1e-9))
+        .collect();
     // How much any plan could gain without cutting total work: the best baseline's slowest
     // device against its mean device (a perfectly balanced plan of the same work).
     let headroom: Vec<f64> = results
@@ -181,18 +216,6 @@ pub(super) fn run(a: EvalArgs) -> Result<()> {
         "cost model on Ember's plans: mean error {:.1}% (prediction vs measurement of the slowest device)",
         100.0 * mean_of(&pred_err)
     );
-    if let Some(p) = &a.json_out {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&json!({
-                "mean_improvement": mean,
-                "median_improvement": median,
-                "tasks": results,
-            }))?,
-        )
-        .with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(())
 }
 
 /// The mean (0 for none).

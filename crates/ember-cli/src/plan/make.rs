@@ -3,12 +3,43 @@
 
 use super::*;
 
+/// `plan make`: plans the tables over the devices, prints the plan, and writes what was asked
+/// (`--out`, `--torchrec`, `--json`).
 pub(super) fn run(a: MakeArgs) -> Result<()> {
     if a.devices == 0 || a.batch == 0 {
         bail!("--devices and --batch must be at least 1");
     }
-    let tables = match (&a.tables, &a.model) {
-        (Some(p), _) => read_tables(p)?,
+    let tables = tables_of(&a)?;
+    let devices = DeviceSpec {
+        count: a.devices,
+        memory_bytes: parse_bytes(&a.memory)?,
+        bandwidth_gbps: a.bandwidth,
+    };
+    let reuse = reuse_of(&a, &tables)?;
+    let model = model_from(a.cost_model.as_deref())?;
+    let problem = Problem {
+        tables: &tables,
+        reuse: &reuse,
+        devices,
+        batch: a.batch,
+    };
+    let out = search::plan(problem, &model, &SearchOptions::default())?;
+    out.plan.check(&tables, &devices)?;
+    print_plan(&tables, &reuse, &devices, a.batch, &out.plan, &model);
+    println!(
+        "planned in {:.3} s ({} placements evaluated), cost model {}",
+        out.seconds,
+        out.candidates,
+        model_name(&model)
+    );
+    write_outputs(&a, &tables, devices, &out, &model)
+}
+
+/// The tables to plan: `--tables`' spec file, or the tables of `--model`'s config (each with
+/// `--pooling`).
+fn tables_of(a: &MakeArgs) -> Result<Vec<TableSpec>> {
+    match (&a.tables, &a.model) {
+        (Some(p), _) => Ok(read_tables(p)?),
         (None, Some(dir)) => {
             let cfg = ember_model::ModelConfig::read(&dir.join("config.json"))
                 .with_context(|| format!("reading the model in {}", dir.display()))?;
@@ -24,16 +55,16 @@ pub(super) fn run(a: MakeArgs) -> Result<()> {
                 })
                 .collect();
             ember_plan::spec::check_tables(&t).map_err(anyhow::Error::msg)?;
-            t
+            Ok(t)
         }
         (None, None) => bail!("give --tables or --model"),
-    };
-    let devices = DeviceSpec {
-        count: a.devices,
-        memory_bytes: parse_bytes(&a.memory)?,
-        bandwidth_gbps: a.bandwidth,
-    };
-    let reuse = match &a.locality {
+    }
+}
+
+/// Each table's reuse: `--locality`'s dataset (the first, or `--locality-dataset`) for every
+/// table, or none; then each `--trace NAME=PATH` for its table.
+fn reuse_of(a: &MakeArgs, tables: &[TableSpec]) -> Result<Vec<Reuse>> {
+    let mut reuse = match &a.locality {
         Some(p) => {
             let stats = read_locality(p)?;
             let ds = match &a.locality_dataset {
@@ -54,7 +85,6 @@ pub(super) fn run(a: MakeArgs) -> Result<()> {
         }
         None => vec![Reuse::none(); tables.len()],
     };
-    let mut reuse = reuse;
     for spec in &a.trace {
         let Some((name, path)) = spec.split_once('=') else {
             bail!("--trace {spec}: expected NAME=PATH");
@@ -71,29 +101,25 @@ pub(super) fn run(a: MakeArgs) -> Result<()> {
             reuse[i].mean_col_size()
         );
     }
-    let model = model_from(a.profile.as_deref())?;
-    let problem = Problem {
-        tables: &tables,
-        reuse: &reuse,
-        devices,
-        batch: a.batch,
-    };
-    let out = search::plan(problem, &model, &SearchOptions::default())?;
-    out.plan.check(&tables, &devices)?;
-    print_plan(&tables, &reuse, &devices, a.batch, &out.plan, &model);
-    println!(
-        "planned in {:.3} s ({} placements evaluated), cost model {}",
-        out.seconds,
-        out.candidates,
-        model_name(&model)
-    );
+    Ok(reuse)
+}
+
+/// Writes the plan file (`--out`) and TorchRec's fields (`--torchrec`), and prints the plan as
+/// JSON with `--json`.
+fn write_outputs(
+    a: &MakeArgs,
+    tables: &[TableSpec],
+    devices: DeviceSpec,
+    out: &search::Outcome,
+    model: &CostModel,
+) -> Result<()> {
     let file = PlanFile {
-        tables: tables.clone(),
+        tables: tables.to_vec(),
         devices,
         batch: a.batch,
         shards: out.plan.shards.clone(),
         predicted_us: out.predicted.clone(),
-        cost_model: model_name(&model),
+        cost_model: model_name(model),
     };
     if let Some(p) = &a.out {
         file.write(p)?;
@@ -102,7 +128,7 @@ pub(super) fn run(a: MakeArgs) -> Result<()> {
     if let Some(p) = &a.torchrec {
         std::fs::write(
             p,
-            serde_json::to_string_pretty(&out.plan.to_torchrec(&tables))?,
+            serde_json::to_string_pretty(&out.plan.to_torchrec(tables))?,
         )
         .with_context(|| format!("writing {}", p.display()))?;
         println!("TorchRec      {}", p.display());
@@ -115,10 +141,10 @@ pub(super) fn run(a: MakeArgs) -> Result<()> {
                 "memory_bytes": devices.memory_bytes,
                 "batch": a.batch,
                 "predicted_us": out.predicted,
-                "device_bytes": out.plan.device_bytes(&tables, devices.count),
+                "device_bytes": out.plan.device_bytes(tables, devices.count),
                 "shards": out.plan.shards.len(),
                 "seconds": out.seconds,
-                "cost_model": model_name(&model),
+                "cost_model": model_name(model),
             })
         );
     }

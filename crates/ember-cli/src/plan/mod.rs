@@ -57,9 +57,10 @@ pub struct MakeArgs {
     /// Samples per batch.
     #[arg(long, default_value_t = 512)]
     batch: usize,
-    /// Cost profile from `ember plan calibrate` [default: the built-in, uncalibrated model].
-    #[arg(long)]
-    profile: Option<PathBuf>,
+    /// Cost model from `ember plan calibrate` [default: the built-in, uncalibrated model]
+    /// (`--profile`: the old name, for one release).
+    #[arg(long, visible_alias = "profile")]
+    cost_model: Option<PathBuf>,
     /// Reuse of every table: Meta's locality statistics file (its first dataset, or
     /// --locality-dataset) [default: no reuse, every id a distinct row].
     #[arg(long)]
@@ -162,8 +163,8 @@ impl TaskArgs {
 
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
-    /// Write the profile here.
-    #[arg(long, default_value = "ember-cost-profile.json")]
+    /// Write the calibrated cost model here.
+    #[arg(long, default_value = "ember-cost-model.json")]
     out: PathBuf,
     /// Also write the measured device sets (load and microseconds) as JSON here.
     #[arg(long)]
@@ -174,9 +175,10 @@ pub struct CalibrateArgs {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Cost profile from `ember plan calibrate` [default: the built-in model].
-    #[arg(long)]
-    profile: Option<PathBuf>,
+    /// Cost model from `ember plan calibrate` [default: the built-in model] (`--profile`: the
+    /// old name, for one release).
+    #[arg(long, visible_alias = "profile")]
+    cost_model: Option<PathBuf>,
     /// Also write every task's result as JSON here.
     #[arg(long)]
     json_out: Option<PathBuf>,

@@ -55,6 +55,9 @@ pub struct Trickle {
     pub conns: Vec<TcpStream>,
     trickle: Vec<u8>,
     at: usize,
+    /// What each connection received so far, and whether the server closed it (kept, as
+    /// reading a socket consumes what it received: [`Trickle::closed`] may be polled).
+    received: Vec<(Vec<u8>, bool)>,
 }
 
 impl Trickle {
@@ -64,6 +67,7 @@ impl Trickle {
             let _ = c.write_all(prefix);
         }
         Trickle {
+            received: vec![(Vec::new(), false); conns.len()],
             conns,
             trickle: trickle.to_vec(),
             at: 0,
@@ -79,17 +83,26 @@ impl Trickle {
         }
     }
 
-    /// How many the server closed, and what each sent first.
+    /// How many the server closed so far, and what each of those sent before closing.
     pub fn closed(&mut self) -> (usize, Vec<Vec<u8>>) {
-        let mut n = 0;
-        let mut sent = Vec::new();
-        for c in &self.conns {
-            if let Seen::Closed(b) = seen(c) {
-                n += 1;
-                sent.push(b);
+        for (c, (got, ended)) in self.conns.iter().zip(&mut self.received) {
+            if *ended {
+                continue;
+            }
+            match seen(c) {
+                Seen::Open => {}
+                Seen::Data(b) => got.extend_from_slice(&b),
+                Seen::Closed(b) => {
+                    got.extend_from_slice(&b);
+                    *ended = true;
+                }
             }
         }
-        (n, sent)
+        let sent: Vec<Vec<u8>> = (self.received.iter())
+            .filter(|(_, ended)| *ended)
+            .map(|(got, _)| got.clone())
+            .collect();
+        (sent.len(), sent)
     }
 }
 

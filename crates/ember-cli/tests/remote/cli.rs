@@ -1,4 +1,4 @@
-//! `ember store` and `ember bench remote` as a user runs them.
+//! `ember registry` and `ember bench remote` as a user runs them.
 
 fn ember(args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
@@ -17,13 +17,13 @@ fn ember(args: &[&str]) -> (bool, String, String) {
     not(ember_redis),
     ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
 )]
-fn store_push_ls_verify_rm() {
+fn registry_push_ls_verify_rm() {
     let Some(c) = super::cluster(0) else { return };
     let url = c.url();
     let model = super::default_model();
     let model = model.to_str().unwrap();
     let (ok, out, err) = ember(&[
-        "store",
+        "registry",
         "push",
         "--redis",
         &url,
@@ -45,7 +45,7 @@ fn store_push_ls_verify_rm() {
     );
     assert!(j["bytes"].as_u64().unwrap() > 1 << 20);
     let (ok, out, err) = ember(&[
-        "store",
+        "registry",
         "push",
         "--redis",
         &url,
@@ -60,13 +60,13 @@ fn store_push_ls_verify_rm() {
         ok && out.contains("other version 1 is ready") && out.contains("verified"),
         "{out}{err}"
     );
-    let (ok, out, _) = ember(&["store", "ls", "--redis", &url]);
+    let (ok, out, _) = ember(&["registry", "ls", "--redis", &url]);
     assert!(ok);
     let rows: Vec<&str> = out.lines().filter(|l| l.contains(" ready ")).collect();
     assert_eq!(rows.len(), 2, "{out}");
     assert!(out.contains("default") && out.contains("other"), "{out}");
     let (ok, out, err) = ember(&[
-        "store",
+        "registry",
         "verify",
         "--redis",
         &url,
@@ -77,7 +77,7 @@ fn store_push_ls_verify_rm() {
     ]);
     assert!(ok && out.contains("verified"), "{out}{err}");
     let (ok, out, err) = ember(&[
-        "store",
+        "registry",
         "rm",
         "--redis",
         &url,
@@ -88,7 +88,7 @@ fn store_push_ls_verify_rm() {
     ]);
     assert!(ok && out.contains("removed"), "{out}{err}");
     let (ok, _, err) = ember(&[
-        "store",
+        "registry",
         "rm",
         "--redis",
         &url,
@@ -98,13 +98,16 @@ fn store_push_ls_verify_rm() {
         "1",
     ]);
     assert!(!ok && err.contains("no such version"), "{err}");
-    let (_, out, _) = ember(&["store", "ls", "--redis", &url]);
+    let (_, out, _) = ember(&["registry", "ls", "--redis", &url]);
     assert!(!out.contains("other"), "{out}");
+    // The old name, kept for one release, runs the same command.
+    let (ok, old, err) = ember(&["store", "ls", "--redis", &url]);
+    assert!(ok && old == out, "{old}{err}");
     // Bad input is named.
-    let (ok, _, err) = ember(&["store", "ls", "--redis", "redis://127.0.0.1:notaport"]);
+    let (ok, _, err) = ember(&["registry", "ls", "--redis", "redis://127.0.0.1:notaport"]);
     assert!(!ok && err.contains("not host:port"), "{err}");
     let (ok, _, err) = ember(&[
-        "store", "push", "--redis", &url, "--model", model, "--name", "a:b",
+        "registry", "push", "--redis", &url, "--model", model, "--name", "a:b",
     ]);
     assert!(!ok && err.contains("cannot name a key"), "{err}");
 }
@@ -118,7 +121,7 @@ fn nothing_listening_is_a_clear_error_not_a_hang() {
         .unwrap()
         .port();
     let (ok, _, err) = ember(&[
-        "store",
+        "registry",
         "ls",
         "--redis",
         &format!("redis://127.0.0.1:{port}"),

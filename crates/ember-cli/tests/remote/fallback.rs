@@ -64,7 +64,7 @@ fn the_local_copy_answers_updated_rows_and_refuses_rows_it_cannot_know() {
     update_file(&file, &ids, &rows, 16);
     let f = file.to_str().unwrap();
     super::ok(&[
-        "store", "update", "--redis", &url, "--model", "default", "--table", "t3", "--rows", f,
+        "registry", "update", "--redis", &url, "--model", "default", "--table", "t3", "--rows", f,
     ]);
     let want = scores(&super::serve::remote_server(&url, &[]), &bodies);
     assert!(

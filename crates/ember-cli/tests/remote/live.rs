@@ -5,11 +5,12 @@
 
 use crate::server::PATIENCE;
 use crate::updates::{admin, encode, overrun, values};
-use ember_embed::storage::remote::{self, ClusterOptions, PushOptions, RemoteSource, updates};
+use ember_embed::storage::remote::{self, ClusterOptions, RemoteSource, updates};
 use ember_embed::tier::{Stager, TierOptions};
 use ember_embed::{
     CachePolicy, DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
 };
+use ember_registry::PushOptions;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -65,10 +66,10 @@ fn both(
     d: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
     let n = kj.batch_size();
-    let staged = stager.stage(coll, coll.validate(kj).unwrap()).unwrap();
+    let staged = stager.stage(coll, coll.check_view(kj).unwrap()).unwrap();
     let mut got = vec![0f32; n * 2 * DIM];
     pooler
-        .run_staged(coll, coll.validate(kj).unwrap(), &staged, &mut got)
+        .run_staged(coll, coll.check_view(kj).unwrap(), &staged, &mut got)
         .unwrap();
     let mem = EmbeddingCollection::one_feature_per_table(vec![
         EmbeddingTable::from_f32("r", ROWS, DIM, DType::F32, r).unwrap(),
@@ -77,7 +78,7 @@ fn both(
     .unwrap();
     let mut want = vec![0f32; n * 2 * DIM];
     pooler
-        .run(&mem, mem.validate(kj).unwrap(), &mut want)
+        .run(&mem, mem.check_view(kj).unwrap(), &mut want)
         .unwrap();
     (got, want)
 }
@@ -87,7 +88,7 @@ fn push(url: &str, model: &str, r: &[f32], d: &[f32]) -> (remote::Cluster, u64) 
     let tr = EmbeddingTable::from_f32("r", ROWS, DIM, DType::F32, r).unwrap();
     let td = EmbeddingTable::from_f32("d", ROWS, DIM, DType::F32, d).unwrap();
     let mut cl = admin(url);
-    let rep = remote::push(
+    let rep = ember_registry::push(
         &mut cl,
         model,
         &[&tr, &td],
@@ -143,10 +144,10 @@ fn updates_rewrite_in_memory_tables_whole_rows_only() {
                 None,
             )
             .unwrap();
-            let staged = stager.stage(coll, coll.validate(&kj).unwrap()).unwrap();
+            let staged = stager.stage(coll, coll.check_view(&kj).unwrap()).unwrap();
             let mut out = vec![0f32; ROWS * 2 * DIM];
             pooler
-                .run_staged(coll, coll.validate(&kj).unwrap(), &staged, &mut out)
+                .run_staged(coll, coll.check_view(&kj).unwrap(), &staged, &mut out)
                 .unwrap();
             for (b, &id) in ids.iter().enumerate() {
                 let row = &out[b * 2 * DIM + DIM..(b + 1) * 2 * DIM];
@@ -185,7 +186,7 @@ fn updates_rewrite_in_memory_tables_whole_rows_only() {
     });
     // `verify` holds the rewritten blocks to their length, not to the push's CRCs.
     let manifest = remote::read_manifest(&mut cl, "live", 1).unwrap();
-    let v = remote::verify(&mut cl, "live", 1, Duration::from_secs(10)).unwrap();
+    let v = ember_registry::verify(&mut cl, "live", 1, Duration::from_secs(10)).unwrap();
     assert!(v.bad.is_empty(), "{:?}", v.bad);
     let d_blocks = manifest.table("d").unwrap().blocks();
     assert_eq!(v.updated.len(), d_blocks, "{:?}", v.updated);
@@ -239,7 +240,7 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
         }
     });
     // Rows written without publishing (no record of an update): verify calls them damaged.
-    let v = remote::verify(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
+    let v = ember_registry::verify(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
     let bad: Vec<usize> = (100..110).map(|i| i / rpb).collect();
     assert!(!v.bad.is_empty() && v.updated.is_empty(), "{v:?}");
     assert!(
@@ -261,7 +262,7 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
     assert_eq!(got, want);
     drop(srv);
     // Removing the version removes its update streams too.
-    remote::remove(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
+    ember_registry::remove(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
     let key = updates::updates_key("livetrim", version, "d");
     let mut ops = remote::Ops::default();
     ops.push(key.as_bytes(), redis::cmd("EXISTS").arg(&key));
@@ -276,7 +277,7 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
 }
 
 /// `ember serve` of a model whose table `t3` is held in memory and the others read from the
-/// store: `ember store update` of `t3` changes the scores of a running replica to exactly those
+/// store: `ember registry update` of `t3` changes the scores of a running replica to exactly those
 /// of a replica started after the update (which reads `t3` from the store before it serves, not
 /// from its files), and the counters say the rows were applied.
 #[test]
@@ -305,7 +306,7 @@ fn a_served_model_applies_updates_to_its_in_memory_table() {
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
     let ember = crate::ok;
     let (url, m) = (c.url(), model.to_str().unwrap());
-    ember(&["store", "push", "--redis", &url, "--model", m]);
+    ember(&["registry", "push", "--redis", &url, "--model", m]);
     let serve = || Server::start(&["--grpc", "off", "--model", m, "--redis", &url]);
     let a = serve();
     let bodies: Vec<Vec<u8>> = (0..4u64).map(|s| tsv_rows(16, 500 + s)).collect();
@@ -329,7 +330,7 @@ fn a_served_model_applies_updates_to_its_in_memory_table() {
     crate::updates::update_file(&file, &ids, &rows, 16);
     let f = file.to_str().unwrap();
     let said = ember(&[
-        "store", "update", "--redis", &url, "--model", "mixed", "--table", "t3", "--rows", f,
+        "registry", "update", "--redis", &url, "--model", "mixed", "--table", "t3", "--rows", f,
     ]);
     assert!(said.contains("updated 2048 rows of mixed/v1/t3"), "{said}");
     let fresh = serve();

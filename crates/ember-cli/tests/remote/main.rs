@@ -64,16 +64,16 @@ pub fn default_model() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default")
 }
 
-/// `ember store push` of the shipped model into `c` (name `default`); panics on failure.
+/// `ember registry push` of the shipped model into `c` (name `default`); panics on failure.
 pub fn push_default(c: &LocalCluster) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["store", "push", "--redis", &c.url(), "--model"])
+        .args(["registry", "push", "--redis", &c.url(), "--model"])
         .arg(default_model())
         .output()
-        .expect("running ember store push");
+        .expect("running ember registry push");
     assert!(
         out.status.success(),
-        "ember store push: {}",
+        "ember registry push: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     // The fault tests kill nodes next: every replica must hold what was pushed first.

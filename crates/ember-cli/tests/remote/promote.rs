@@ -1,7 +1,7 @@
-//! Servers built from the store alone (`ember serve --from-store`) and `ember store promote`:
-//! two replicas with no model directory score exactly as the model directory pushed; a pushed
-//! version is not served until promoted once one was promoted; a promotion is swapped in on
-//! every replica under concurrent requests with none failed and every answer from exactly one
+//! Servers built from the registry alone (`ember serve --from-registry`) and `ember registry
+//! promote`: two replicas with no model directory score exactly as the model directory pushed;
+//! a pushed version is not served until promoted once one was promoted; a promotion is swapped
+//! in on every replica under concurrent requests with none failed and every answer from exactly one
 //! version; a rollback; the promoted version cannot be removed; a version that cannot be loaded
 //! leaves the served one alone and is reported; and promote's refusals.
 
@@ -55,12 +55,12 @@ fn model_dir(root: &std::path::Path, scale: f32) -> std::path::PathBuf {
     dir
 }
 
-/// `ember store CMD --redis URL --model MODEL --version V`: whether it succeeded, and what it
+/// `ember registry CMD --redis URL --model MODEL --version V`: whether it succeeded, and what it
 /// printed.
 fn version_cmd(cmd: &str, url: &str, model: &str, version: u64) -> (bool, String) {
     let v = version.to_string();
     ember(&[
-        "store",
+        "registry",
         cmd,
         "--redis",
         url,
@@ -71,7 +71,7 @@ fn version_cmd(cmd: &str, url: &str, model: &str, version: u64) -> (bool, String
     ])
 }
 
-/// `ember store promote` of version `v` of `fresh`, which must succeed; what it printed.
+/// `ember registry promote` of version `v` of `fresh`, which must succeed; what it printed.
 fn promote(url: &str, v: u64) -> String {
     let (done, said) = version_cmd("promote", url, "fresh", v);
     assert!(done, "{said}");
@@ -114,7 +114,7 @@ fn served_version(s: &Server) -> Vec<(String, String)> {
     not(ember_redis),
     ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
 )]
-fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
+fn replicas_from_the_registry_follow_promotions_without_a_failed_request() {
     let Some(c) = super::cluster(1) else { return };
     let tmp = std::env::temp_dir().join(format!("ember-promote-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -122,7 +122,7 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
     let url = c.url();
     let push = |d: &std::path::Path| {
         ok(&[
-            "store",
+            "registry",
             "push",
             "--redis",
             &url,
@@ -155,13 +155,14 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
     let (done, said) = version_cmd("promote", &url, "fresh", 9);
     assert!(!done && said.contains("no such version"), "{said}");
     promote(&url, 1);
-    let replica = |cache: Option<&std::path::Path>| {
+    // `from`: the flag, its new name or its old one (kept for one release).
+    let replica = |cache: Option<&std::path::Path>, from: &str| {
         let mut args = vec![
             "--grpc",
             "off",
             "--redis",
             &url,
-            "--from-store",
+            from,
             "fresh",
             "--poll-secs",
             "0.2",
@@ -169,15 +170,15 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
         let dir;
         if let Some(d) = cache {
             dir = d.to_str().unwrap().to_string();
-            args.extend(["--store-cache", &dir]);
+            args.extend(["--registry-cache", &dir]);
         }
         Server::start(&args)
     };
     let cache = tmp.join("cache-a");
-    let a = replica(Some(&cache));
-    let b = replica(None);
+    let a = replica(Some(&cache), "--from-registry");
+    let b = replica(None, "--from-store");
     for s in [&a, &b] {
-        assert_eq!(scores(s, &bodies), want[0], "a replica from the store");
+        assert_eq!(scores(s, &bodies), want[0], "a replica from the registry");
     }
     // Only the served version is fetched, the tables in memory with it (t3: 2048 x 16 f32).
     let fetched: Vec<String> = std::fs::read_dir(cache.join("fresh"))
@@ -190,7 +191,7 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
 
     // A new version is pushed: the promoted one stays served.
     push(&d2);
-    let listed = ok(&["store", "ls", "--redis", &url]);
+    let listed = ok(&["registry", "ls", "--redis", &url]);
     assert!(
         listed
             .lines()
@@ -311,7 +312,7 @@ fn replicas_from_the_store_follow_promotions_without_a_failed_request() {
 }
 
 /// A version pushed without its config and dense weights (by an older ember, or the library's
-/// `push` without them) cannot be promoted, and a replica from the store says why it cannot
+/// `push` without them) cannot be promoted, and a replica from the registry says why it cannot
 /// start.
 #[test]
 #[cfg_attr(
@@ -323,11 +324,11 @@ fn a_version_without_its_dense_weights_is_refused() {
     let mut cl = crate::updates::admin(&c.url());
     let t = ember_embed::EmbeddingTable::from_f32("t", 64, 4, ember_embed::DType::F32, &[0.5; 256])
         .unwrap();
-    remote::push(
+    ember_registry::push(
         &mut cl,
         "bare",
         &[&t],
-        &remote::PushOptions::default(),
+        &ember_registry::PushOptions::default(),
         &mut |_, _| {},
     )
     .unwrap();
@@ -345,7 +346,7 @@ fn a_version_without_its_dense_weights_is_refused() {
         "127.0.0.1:0",
         "--redis",
         &url,
-        "--from-store",
+        "--from-registry",
         "bare",
     ]);
     assert!(

@@ -84,7 +84,7 @@ fn a_model_missing_from_the_store_is_refused_at_start_with_its_name() {
             "--placement",
             "remote",
         ])
-        .args(["--redis", &c.url(), "--store-model", "nope"])
+        .args(["--redis", &c.url(), "--registry-model", "nope"])
         .output()
         .unwrap();
     assert!(!out.status.success());

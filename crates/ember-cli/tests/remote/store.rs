@@ -1,11 +1,11 @@
 //! The store's operations through the library: push, read back, verify, list, remove.
 
 use ember_embed::storage::remote::{
-    self, Cluster, ClusterOptions, PushOptions, RedisStore, RemoteSource, RemoteTableSpec,
-    VersionState,
+    self, Cluster, ClusterOptions, RedisStore, RemoteSource, RemoteTableSpec, VersionState,
 };
 use ember_embed::storage::{RowRequest, RowStore};
 use ember_embed::{DType, EmbeddingTable};
+use ember_registry::PushOptions;
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 
@@ -99,7 +99,7 @@ fn push_then_rows_read_back_bit_for_bit_for_every_dtype() {
     let refs: Vec<&EmbeddingTable> = tables.iter().collect();
     let mut cl = admin(&c.url());
     let mut calls = 0;
-    let rep = remote::push(
+    let rep = ember_registry::push(
         &mut cl,
         "m1",
         &refs,
@@ -116,7 +116,7 @@ fn push_then_rows_read_back_bit_for_bit_for_every_dtype() {
     assert_eq!(rep.bytes_written, rep.bytes);
     assert_eq!(rep.unreplicated_rounds, 0, "every round reached a replica");
     assert!(calls > 1, "progress was reported");
-    let v = remote::verify(&mut cl, "m1", 1, Duration::from_secs(10)).unwrap();
+    let v = ember_registry::verify(&mut cl, "m1", 1, Duration::from_secs(10)).unwrap();
     assert!(v.bad.is_empty(), "{:?}", v.bad);
     assert_eq!(v.bytes, rep.bytes);
 
@@ -157,7 +157,7 @@ fn versions_list_resume_and_remove() {
     // An interrupted push: its progress callback panics after a few rounds.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut n = 0;
-        remote::push(&mut admin(&c.url()), "m", &[&t], &o, &mut |_, _| {
+        ember_registry::push(&mut admin(&c.url()), "m", &[&t], &o, &mut |_, _| {
             n += 1;
             if n == 3 {
                 panic!("interrupted");
@@ -199,7 +199,7 @@ fn versions_list_resume_and_remove() {
         std::time::Instant::now() + Duration::from_secs(5),
     )
     .unwrap();
-    let e = remote::push(&mut cl, "m", &[&t], &o, &mut |_, _| {})
+    let e = ember_registry::push(&mut cl, "m", &[&t], &o, &mut |_, _| {})
         .unwrap_err()
         .to_string();
     assert!(
@@ -212,7 +212,7 @@ fn versions_list_resume_and_remove() {
         [(1, VersionState::Pushing)]
     );
     // Pushing again resumes it, skipping what landed.
-    let rep = remote::push(&mut cl, "m", &[&t], &o, &mut |_, _| {}).unwrap();
+    let rep = ember_registry::push(&mut cl, "m", &[&t], &o, &mut |_, _| {}).unwrap();
     assert_eq!(rep.version, 1);
     assert!(rep.resumed);
     assert!(
@@ -220,7 +220,7 @@ fn versions_list_resume_and_remove() {
         "{rep:?}"
     );
     assert!(
-        remote::verify(&mut cl, "m", 1, Duration::from_secs(10))
+        ember_registry::verify(&mut cl, "m", 1, Duration::from_secs(10))
             .unwrap()
             .bad
             .is_empty()
@@ -228,7 +228,7 @@ fn versions_list_resume_and_remove() {
     // A second version of other rows; the newest ready one is served.
     let t2 = table("emb", 3000, 16, DType::F32, 2);
     assert_eq!(
-        remote::push(&mut cl, "m", &[&t2], &o, &mut |_, _| {})
+        ember_registry::push(&mut cl, "m", &[&t2], &o, &mut |_, _| {})
             .unwrap()
             .version,
         2
@@ -246,7 +246,7 @@ fn versions_list_resume_and_remove() {
     .unwrap();
     read_back(&mut store1, std::slice::from_ref(&t), &[0, 1, 2999]);
     // Pushing a ready version again is refused.
-    let e = remote::push(
+    let e = ember_registry::push(
         &mut cl,
         "m",
         &[&t],
@@ -266,7 +266,7 @@ fn versions_list_resume_and_remove() {
     let e = RedisStore::open(&src, &[wrong]).unwrap_err().to_string();
     assert!(e.contains("'emb'") && e.contains("3000 x 16 f32"), "{e}");
 
-    let listed = remote::list(&mut cl).unwrap();
+    let listed = ember_registry::list(&mut cl).unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].0, "m");
     assert_eq!(
@@ -283,7 +283,7 @@ fn versions_list_resume_and_remove() {
 
     let blocks = remote::read_manifest(&mut cl, "m", 1).unwrap().tables[0].blocks();
     assert_eq!(
-        remote::remove(&mut cl, "m", 1, Duration::from_secs(10)).unwrap(),
+        ember_registry::remove(&mut cl, "m", 1, Duration::from_secs(10)).unwrap(),
         blocks
     );
     assert_eq!(
@@ -291,10 +291,10 @@ fn versions_list_resume_and_remove() {
         [(2, VersionState::Ready)]
     );
     // Removing again names the missing version; the other version still reads.
-    assert!(remote::remove(&mut cl, "m", 1, Duration::from_secs(10)).is_err());
+    assert!(ember_registry::remove(&mut cl, "m", 1, Duration::from_secs(10)).is_err());
     read_back(&mut store, std::slice::from_ref(&t2), &[5, 6]);
-    remote::remove(&mut cl, "m", 2, Duration::from_secs(10)).unwrap();
-    assert!(remote::list(&mut cl).unwrap().is_empty());
+    ember_registry::remove(&mut cl, "m", 2, Duration::from_secs(10)).unwrap();
+    assert!(ember_registry::list(&mut cl).unwrap().is_empty());
     // Nothing of the model is left in any node.
     for n in &c.nodes {
         let v = ember_bench::redis_cluster::query(n.port, &redis_scan()).unwrap();
@@ -326,7 +326,7 @@ fn a_missing_or_short_row_is_an_error_naming_it_never_zeros() {
     let Some(c) = super::cluster(0) else { return };
     let t = table("emb", 2000, 8, DType::F32, 3);
     let mut cl = admin(&c.url());
-    remote::push(
+    ember_registry::push(
         &mut cl,
         "m",
         &[&t],
@@ -356,7 +356,7 @@ fn a_missing_or_short_row_is_an_error_naming_it_never_zeros() {
     .unwrap();
     let p2 = port_of(&key2);
     ember_bench::redis_cluster::query(p2, redis::cmd("UNLINK").arg(&key2)).unwrap();
-    let bad = remote::verify(&mut cl, "m", 1, Duration::from_secs(10))
+    let bad = ember_registry::verify(&mut cl, "m", 1, Duration::from_secs(10))
         .unwrap()
         .bad;
     assert_eq!(bad.len(), 2, "{bad:?}");

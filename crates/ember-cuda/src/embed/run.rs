@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use ember_embed::{EmbeddingCollection, Ids, KeyedJagged, Pooling, ValidatedBatch};
+use ember_embed::{CheckedView, EmbeddingCollection, Ids, KeyedJagged, Pooling};
 
 use super::{EmbedRun, GpuEmbeddings, KernelStats, PinInfo, Variant};
 use crate::device::{TIMED, dptr};
@@ -70,7 +70,7 @@ impl EmbedRun {
 
     /// Copies the offsets, ids and weights of a batch validated against the collection `emb`
     /// was uploaded from (checked once upstream, not again) to the device.
-    pub fn upload_valid(&mut self, emb: &GpuEmbeddings, batch: ValidatedBatch<'_>) -> Result<()> {
+    pub fn upload_valid(&mut self, emb: &GpuEmbeddings, batch: CheckedView<'_>) -> Result<()> {
         if batch.collection() != emb.source {
             return Err(CudaError::Input(
                 "the collection is not the one these tables were uploaded from".into(),
@@ -81,14 +81,14 @@ impl EmbedRun {
 
     /// Checks `kj` against `coll` (the collection `emb` was uploaded from) as it stages the
     /// batch: where ids travel as 32 bits, each id is read once, narrowed and checked in the
-    /// same pass ([`EmbeddingCollection::validate_narrowed`]), instead of once to check and
-    /// again to stage. Errors are [`EmbeddingCollection::validate`]'s.
+    /// same pass ([`EmbeddingCollection::check_view_narrowed`]), instead of once to check and
+    /// again to stage. Errors are [`EmbeddingCollection::check_view`]'s.
     pub fn upload_checked<'a>(
         &mut self,
         emb: &GpuEmbeddings,
         coll: &EmbeddingCollection,
         kj: &'a KeyedJagged,
-    ) -> Result<ValidatedBatch<'a>> {
+    ) -> Result<CheckedView<'a>> {
         if coll.id() != emb.source {
             return Err(CudaError::Input(
                 "the collection is not the one these tables were uploaded from".into(),
@@ -155,12 +155,12 @@ impl EmbedRun {
         emb: &GpuEmbeddings,
         kj: &'a KeyedJagged,
         check: Option<&EmbeddingCollection>,
-    ) -> Result<Option<ValidatedBatch<'a>>> {
+    ) -> Result<Option<CheckedView<'a>>> {
         // Until this upload completes, nothing may be launched over half-replaced buffers.
         self.uploaded = false;
         if kj.keys() != emb.names.as_slice() {
             if let Some(coll) = check {
-                coll.validate(kj)?; // names what differs
+                coll.check_view(kj)?; // names what differs
             }
             return Err(CudaError::Input(
                 "the collection is not the one these tables were uploaded from".into(),
@@ -188,7 +188,7 @@ impl EmbedRun {
         match kj.ids() {
             Ids::I64(v) if id64 => {
                 if let Some(coll) = check {
-                    valid = Some(coll.validate(kj)?);
+                    valid = Some(coll.check_view(kj)?);
                 }
                 let h = host.ids64.get(&ctx, n)?;
                 fill(h, v, |i| i);
@@ -200,7 +200,7 @@ impl EmbedRun {
             ids => {
                 let h = host.ids32.get(&ctx, n)?;
                 match (check, ids) {
-                    (Some(coll), _) => valid = Some(coll.validate_narrowed(kj, h)?),
+                    (Some(coll), _) => valid = Some(coll.check_view_narrowed(kj, h)?),
                     (None, Ids::I64(v)) => fill(h, v, |i| i as u32),
                     (None, Ids::U32(v)) => fill(h, v, |i| i),
                 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use ember_embed::{DType, EmbeddingCollection, Pooling};
+use ember_embed::{DType, EmbeddingCollection, EmbeddingTable, Pooling};
 
 use super::{ALIGN, Bufs, DevTable, EmbedRun, GpuEmbeddings, Group, Variant};
 use crate::device::{Gpu, dptr};
@@ -60,63 +60,17 @@ impl GpuEmbeddings {
         let planned = plan.is_some();
         let plan = plan.unwrap_or(&empty);
         plan.check(&rows)?;
-        for (i, t) in tables.iter().enumerate() {
-            if plan.hot_rows(i) > 0 && t.rows() > i32::MAX as usize {
-                return Err(CudaError::Input(format!(
-                    "table {} has {} rows; renumbering for L2 pinning keeps 32-bit row maps",
-                    t.name(),
-                    t.rows()
-                )));
-            }
-            if t.stride() > i32::MAX as usize || t.rows() >= 1 << 40 {
-                return Err(CudaError::Input(format!(
-                    "table {} is too large for the GPU kernels ({} rows of {} bytes)",
-                    t.name(),
-                    t.rows(),
-                    t.stride()
-                )));
-            }
-        }
+        check_table_sizes(tables, plan)?;
         let hot_bytes = plan.hot_bytes(&strides, ALIGN);
         let mut hot_host = vec![0u8; hot_bytes];
         let mut dev = Vec::with_capacity(tables.len());
         let mut device_bytes = hot_bytes;
         let mut hot_offset = 0;
         for (t, table) in tables.iter().enumerate() {
-            // A live table (row updates) is copied as it is now; later updates reach only the
-            // host copy.
-            let rows = table.rows_ref().ok_or_else(|| {
-                CudaError::Input(format!(
-                    "table {} is placed {}; --device cuda needs every table in memory \
-                     (placement dram or mmap)",
-                    table.name(),
-                    table.placement()
-                ))
-            })?;
-            let data: &[u8] = &rows;
-            let stride = table.stride();
-            let hot_rows = plan.hot_rows(t);
-            let (cold, remap) = if hot_rows == 0 {
-                (upload_bytes(gpu, data)?, None)
-            } else {
-                let (hot, cold) = plan.split(t, data, stride);
-                hot_host[hot_offset..hot_offset + hot.len()].copy_from_slice(&hot);
-                let remap = stream
-                    .clone_htod(&plan.remap(t, table.rows()))
-                    .ctx("uploading a row map")?;
-                device_bytes += table.rows() * 4;
-                (upload_bytes(gpu, &cold)?, Some(remap))
-            };
-            device_bytes += data.len() - hot_rows * stride;
-            dev.push(DevTable {
-                cold,
-                remap,
-                hot_offset,
-                hot_rows,
-                rows: table.rows(),
-                stride,
-            });
-            hot_offset += (hot_rows * stride).next_multiple_of(ALIGN);
+            let (uploaded, bytes) = upload_table(gpu, plan, t, table, &mut hot_host, hot_offset)?;
+            device_bytes += bytes;
+            hot_offset += (uploaded.hot_rows * uploaded.stride).next_multiple_of(ALIGN);
+            dev.push(uploaded);
         }
         let hot = if hot_bytes > 0 {
             Some(upload_bytes(gpu, &hot_host)?)
@@ -148,7 +102,16 @@ impl GpuEmbeddings {
             all_descs: stream.alloc_zeros::<u64>(1).ctx("allocating")?,
             device_bytes,
         };
-        // Groups: features of one dtype and load shape, in order of first appearance.
+        emb.upload_descriptors(coll)?;
+        stream.synchronize().ctx("uploading tables")?;
+        Ok(emb)
+    }
+
+    /// Uploads every feature's descriptor (`all_descs`), and groups the features for launches
+    /// (`groups`, each with its descriptors): features of one dtype and load shape, in order of
+    /// first appearance.
+    fn upload_descriptors(&mut self, coll: &EmbeddingCollection) -> Result<()> {
+        let nf = coll.features().len();
         let mut keys: Vec<(DType, Shape)> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
         for f in 0..nf {
@@ -162,22 +125,23 @@ impl GpuEmbeddings {
                 }
             }
         }
-        let all: Vec<u64> = (0..nf).flat_map(|f| emb.desc(f)).collect();
-        emb.all_descs = stream
+        let gpu = self.gpu.clone();
+        let stream = gpu.compute();
+        let all: Vec<u64> = (0..nf).flat_map(|f| self.desc(f)).collect();
+        self.all_descs = stream
             .clone_htod(&nonempty(all))
             .ctx("uploading descriptors")?;
         for ((dtype, shape), features) in keys.into_iter().zip(members) {
-            let words: Vec<u64> = features.iter().flat_map(|&f| emb.desc(f)).collect();
+            let words: Vec<u64> = features.iter().flat_map(|&f| self.desc(f)).collect();
             let descs = stream.clone_htod(&words).ctx("uploading descriptors")?;
-            emb.groups.push(Group {
+            self.groups.push(Group {
                 dtype,
                 shape,
                 features,
                 descs,
             });
         }
-        stream.synchronize().ctx("uploading tables")?;
-        Ok(emb)
+        Ok(())
     }
 
     /// Feature `f`'s descriptor over the uploaded tables.
@@ -265,6 +229,78 @@ impl GpuEmbeddings {
             narrow_ids: true,
         })
     }
+}
+
+/// Refuses tables the kernels cannot address: over 2^31 - 1 bytes a row or 2^40 rows, or
+/// over 2^31 - 1 rows with hot rows in `plan` (its row maps are 32-bit).
+fn check_table_sizes(tables: &[EmbeddingTable], plan: &HotPlan) -> Result<()> {
+    for (i, t) in tables.iter().enumerate() {
+        if plan.hot_rows(i) > 0 && t.rows() > i32::MAX as usize {
+            return Err(CudaError::Input(format!(
+                "table {} has {} rows; renumbering for L2 pinning keeps 32-bit row maps",
+                t.name(),
+                t.rows()
+            )));
+        }
+        if t.stride() > i32::MAX as usize || t.rows() >= 1 << 40 {
+            return Err(CudaError::Input(format!(
+                "table {} is too large for the GPU kernels ({} rows of {} bytes)",
+                t.name(),
+                t.rows(),
+                t.stride()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Uploads table `t` of `plan`: all its rows, or with hot rows its cold rows and its row map,
+/// its hot rows copied into the host's hot region (`hot_host` at `hot_offset`). Returns it and
+/// the device bytes it takes beside the hot region.
+fn upload_table(
+    gpu: &Arc<Gpu>,
+    plan: &HotPlan,
+    t: usize,
+    table: &EmbeddingTable,
+    hot_host: &mut [u8],
+    hot_offset: usize,
+) -> Result<(DevTable, usize)> {
+    // A live table (row updates) is copied as it is now; later updates reach only the host
+    // copy.
+    let rows = table.rows_ref().ok_or_else(|| {
+        CudaError::Input(format!(
+            "table {} is placed {}; --device cuda needs every table in memory \
+             (placement dram or mmap)",
+            table.name(),
+            table.placement()
+        ))
+    })?;
+    let data: &[u8] = &rows;
+    let stride = table.stride();
+    let hot_rows = plan.hot_rows(t);
+    let mut device_bytes = 0;
+    let (cold, remap) = if hot_rows == 0 {
+        (upload_bytes(gpu, data)?, None)
+    } else {
+        let (hot, cold) = plan.split(t, data, stride);
+        hot_host[hot_offset..hot_offset + hot.len()].copy_from_slice(&hot);
+        let remap = gpu
+            .compute()
+            .clone_htod(&plan.remap(t, table.rows()))
+            .ctx("uploading a row map")?;
+        device_bytes += table.rows() * 4;
+        (upload_bytes(gpu, &cold)?, Some(remap))
+    };
+    device_bytes += data.len() - hot_rows * stride;
+    let uploaded = DevTable {
+        cold,
+        remap,
+        hot_offset,
+        hot_rows,
+        rows: table.rows(),
+        stride,
+    };
+    Ok((uploaded, device_bytes))
 }
 
 pub(super) fn nonempty<T: Default>(mut v: Vec<T>) -> Vec<T> {

@@ -91,6 +91,125 @@ fn new_slot(m: &GpuModel, variant: Variant) -> Result<Slot> {
     })
 }
 
+impl Slot {
+    /// Grows the slot's device buffers for `input`, a batch of `batch` samples and `dense_len`
+    /// dense values, and synchronizes the compute stream (where they are allocated) when one
+    /// grew, before the copy stream touches it.
+    fn grow_for(
+        &mut self,
+        m: &GpuModel,
+        input: Input<'_>,
+        batch: usize,
+        dense_len: usize,
+    ) -> Result<()> {
+        let gpu = &m.gpu;
+        let cfg = m.model.config();
+        let (top_in, dense_in) = (cfg.top_in(), cfg.dense_in);
+        let mut grew = grow(gpu, &mut self.dense, dense_len.max(batch * dense_in))?.1;
+        let widest = m
+            .bottom
+            .iter()
+            .chain(&m.top)
+            .map(|l| l.n_out)
+            .chain([dense_in, top_in])
+            .max()
+            .unwrap_or(1);
+        for a in &mut self.act {
+            grew |= grow(gpu, a, batch * widest)?.1;
+        }
+        grew |= grow(gpu, &mut self.inter_out, batch * top_in)?.1;
+        if let DevInteraction::Dcn { layers } = &m.inter {
+            let low = layers.iter().map(|(v, _)| v.n_out).max().unwrap_or(1);
+            grew |= grow(gpu, &mut self.xl, batch * top_in)?.1;
+            grew |= grow(gpu, &mut self.low, batch * low)?.1;
+            grew |= grow(gpu, &mut self.wide, batch * top_in)?.1;
+        }
+        if m.dense == DenseDType::Bf16 {
+            for a in &mut self.act16 {
+                grew |= grow(gpu, a, batch * widest)?.1;
+            }
+            if let DevInteraction::Dcn { layers } = &m.inter {
+                let low = layers.iter().map(|(v, _)| v.n_out).max().unwrap_or(1);
+                grew |= grow(gpu, &mut self.xl16, batch * top_in)?.1;
+                grew |= grow(gpu, &mut self.low16, batch * low)?.1;
+            }
+        }
+        if let Input::Pinned(_) = input {
+            let nf = cfg.features().len();
+            grew |= grow(gpu, &mut self.starts, nf + 1)?.1;
+            grew |= grow(gpu, &mut self.bad, 2)?.1;
+        }
+        if grew {
+            gpu.compute().synchronize().ctx("allocating")?;
+        }
+        Ok(())
+    }
+
+    /// Stages the batch's `dense` values in the slot's page-locked buffer, checked as they are
+    /// staged when the batch is raw (dense values first: [`Model::batch`]'s order of checks);
+    /// a page-locked batch is copied as it is, from where it is.
+    fn stage_dense(&mut self, m: &GpuModel, input: Input<'_>, dense: &[f32]) -> Result<()> {
+        let ctx = m.gpu.context();
+        match input {
+            Input::Checked(_) => fill(self.host_dense.get(ctx, dense.len())?, dense, |v| v),
+            Input::Raw { sparse, .. } => {
+                let h = self.host_dense.get(ctx, dense.len())?;
+                m.model.check_dense_into(dense, sparse.batch_size(), h)?
+            }
+            Input::Pinned(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Copies the batch (its ids, a page-locked batch's feature starts, its `dense` values) to
+    /// the slot's device buffers on the copy stream, after the slot's last use (`done`),
+    /// between the copy marks; `ready` marks the end. The slot keeps a page-locked batch for
+    /// the device's check.
+    fn upload(
+        &mut self,
+        m: &GpuModel,
+        input: Input<'_>,
+        batch: usize,
+        dense: &[f32],
+    ) -> Result<()> {
+        let gpu = &m.gpu;
+        self.pinned = None;
+        let copy = gpu.copy();
+        copy.wait(&self.done)
+            .ctx("ordering the copy after the slot's last use")?;
+        self.copy_marks[0].record(copy).ctx("recording an event")?;
+        match input {
+            Input::Checked(b) => self.run.upload_valid(&m.emb, b.valid())?,
+            Input::Raw { sparse, .. } => {
+                self.run
+                    .upload_checked(&m.emb, m.model.embeddings(), sparse)?;
+            }
+            Input::Pinned(p) => {
+                let nf = m.model.config().features().len();
+                self.run
+                    .upload_pinned(&m.emb, batch, p.offsets()?, p.ids()?)?;
+                let st = self.starts.as_mut().expect("allocated above");
+                copy.memcpy_htod(p.starts()?, &mut st.slice_mut(..nf + 1))
+                    .ctx("uploading feature starts")?;
+                self.pinned = Some(p.clone());
+            }
+        }
+        if !dense.is_empty() {
+            let h: &[f32] = match input {
+                Input::Pinned(_) => dense,
+                _ => self.host_dense.get(gpu.context(), dense.len())?,
+            };
+            let d = self.dense.as_mut().expect("allocated above");
+            copy.memcpy_htod(h, &mut d.slice_mut(..dense.len()))
+                .ctx("uploading dense features")?;
+        }
+        self.copy_marks[1].record(copy).ctx("recording an event")?;
+        self.ready.record(copy).ctx("recording an event")?;
+        self.batch = batch;
+        Ok(())
+    }
+}
+
 impl GpuPredictor {
     /// A predictor pooling with `variant`; tuned variants tune on the first batch (choices
     /// recorded in `cache`).
@@ -160,7 +279,7 @@ impl GpuPredictor {
 
     /// Checks a batch (dense shape and values, ids in range) as it stages it in page-locked
     /// memory, each value read once ([`Model::check_dense_into`],
-    /// [`ember_embed::EmbeddingCollection::validate_narrowed`]), copies it to the device and
+    /// [`ember_embed::EmbeddingCollection::check_view_narrowed`]), copies it to the device and
     /// enqueues its forward pass. At most [`GpuPredictor::capacity`] batches are in flight: one
     /// more submit is refused until the oldest is collected. Errors are [`Model::batch`]'s.
     pub fn submit(&mut self, dense: &[f32], sparse: &KeyedJagged) -> Result<()> {
@@ -258,101 +377,17 @@ impl GpuPredictor {
             }
         };
         let m = self.m.clone();
-        let gpu = m.gpu.clone();
-        let cfg = m.model.config();
-        let top_in = cfg.top_in();
-        let dense_in = cfg.dense_in;
         let slot = &mut self.slots[si];
         // Buffers first (growing synchronizes), then the copy stream waits until the slot's
         // previous batch is done with them.
-        let mut grew = grow(&gpu, &mut slot.dense, dense.len().max(batch * dense_in))?.1;
-        let widest = m
-            .bottom
-            .iter()
-            .chain(&m.top)
-            .map(|l| l.n_out)
-            .chain([dense_in, top_in])
-            .max()
-            .unwrap_or(1);
-        for a in &mut slot.act {
-            grew |= grow(&gpu, a, batch * widest)?.1;
-        }
-        grew |= grow(&gpu, &mut slot.inter_out, batch * top_in)?.1;
-        if let DevInteraction::Dcn { layers } = &m.inter {
-            let low = layers.iter().map(|(v, _)| v.n_out).max().unwrap_or(1);
-            grew |= grow(&gpu, &mut slot.xl, batch * top_in)?.1;
-            grew |= grow(&gpu, &mut slot.low, batch * low)?.1;
-            grew |= grow(&gpu, &mut slot.wide, batch * top_in)?.1;
-        }
-        if m.dense == DenseDType::Bf16 {
-            for a in &mut slot.act16 {
-                grew |= grow(&gpu, a, batch * widest)?.1;
-            }
-            if let DevInteraction::Dcn { layers } = &m.inter {
-                let low = layers.iter().map(|(v, _)| v.n_out).max().unwrap_or(1);
-                grew |= grow(&gpu, &mut slot.xl16, batch * top_in)?.1;
-                grew |= grow(&gpu, &mut slot.low16, batch * low)?.1;
-            }
-        }
-        let nf = m.model.config().features().len();
-        if let Input::Pinned(_) = input {
-            grew |= grow(&gpu, &mut slot.starts, nf + 1)?.1;
-            grew |= grow(&gpu, &mut slot.bad, 2)?.1;
-        }
-        if grew {
-            gpu.compute().synchronize().ctx("allocating")?;
-        }
+        slot.grow_for(&m, input, batch, dense.len())?;
         // The slot's last upload read the page-locked dense buffer until `ready`.
         slot.ready
             .synchronize()
             .ctx("waiting for the last upload")?;
-        // Dense values first (Model::batch's order of checks), staged as they are checked.
-        // A page-locked batch is copied as it is.
-        match input {
-            Input::Checked(_) => fill(
-                slot.host_dense.get(gpu.context(), dense.len())?,
-                dense,
-                |v| v,
-            ),
-            Input::Raw { sparse, .. } => {
-                let h = slot.host_dense.get(gpu.context(), dense.len())?;
-                m.model.check_dense_into(dense, sparse.batch_size(), h)?
-            }
-            Input::Pinned(_) => {}
-        }
-        slot.pinned = None;
-        let copy = gpu.copy();
-        copy.wait(&slot.done)
-            .ctx("ordering the copy after the slot's last use")?;
-        slot.copy_marks[0].record(copy).ctx("recording an event")?;
-        match input {
-            Input::Checked(b) => slot.run.upload_valid(&m.emb, b.valid())?,
-            Input::Raw { sparse, .. } => {
-                slot.run
-                    .upload_checked(&m.emb, m.model.embeddings(), sparse)?;
-            }
-            Input::Pinned(p) => {
-                slot.run
-                    .upload_pinned(&m.emb, batch, p.offsets()?, p.ids()?)?;
-                let st = slot.starts.as_mut().expect("allocated above");
-                copy.memcpy_htod(p.starts()?, &mut st.slice_mut(..nf + 1))
-                    .ctx("uploading feature starts")?;
-                slot.pinned = Some(p.clone());
-            }
-        }
-        if !dense.is_empty() {
-            let h: &[f32] = match input {
-                Input::Pinned(_) => dense,
-                _ => slot.host_dense.get(gpu.context(), dense.len())?,
-            };
-            let d = slot.dense.as_mut().expect("allocated above");
-            copy.memcpy_htod(h, &mut d.slice_mut(..dense.len()))
-                .ctx("uploading dense features")?;
-        }
-        slot.copy_marks[1].record(copy).ctx("recording an event")?;
-        slot.ready.record(copy).ctx("recording an event")?;
-        slot.batch = batch;
-        let compute = gpu.compute();
+        slot.stage_dense(&m, input, dense)?;
+        slot.upload(&m, input, batch, dense)?;
+        let compute = m.gpu.compute();
         compute
             .wait(&slot.ready)
             .ctx("ordering compute after the copy")?;
@@ -360,7 +395,7 @@ impl GpuPredictor {
         // they choose alike ([`GpuPredictor::tune`] does it ahead, with a cache on disk).
         slot.run.tune(&m.emb, &mut self.cache)?;
         if slot.pinned.is_some() {
-            self.check_on_device(si, nf)?;
+            self.check_on_device(si, m.model.config().features().len())?;
         }
         match m.dense {
             DenseDType::Bf16 => self.forward_bf16(si),

@@ -25,11 +25,12 @@ mod avx512;
 #[cfg(all(test, unix))]
 mod bounds;
 mod distance;
+mod resident;
 mod scalar;
 mod segment;
 mod staged;
 
-use crate::collection::{EmbeddingCollection, ValidatedBatch};
+use crate::collection::{CheckedView, EmbeddingCollection};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
 use crate::isa::Isa;
@@ -40,6 +41,7 @@ use auto::AutoDedup;
 use distance::AutoPrefetch;
 pub use distance::{CANDIDATES as PREFETCH_CANDIDATES, Prefetch};
 use rayon::prelude::*;
+use resident::UnitChoice;
 use segment::OutPtr;
 pub(crate) use segment::{OutRows, Rows, Segment};
 use std::fmt;
@@ -228,7 +230,7 @@ impl Pooler {
                     .build()
                     .map_err(|e| EmbedError::ThreadPool {
                         threads: opts.threads,
-                        reason: e.to_string(),
+                        cause: crate::Cause::new(e),
                     })?,
             )
         } else {
@@ -292,7 +294,7 @@ impl Pooler {
     pub fn run(
         &self,
         coll: &EmbeddingCollection,
-        batch: ValidatedBatch<'_>,
+        batch: CheckedView<'_>,
         out: &mut [f32],
     ) -> Result<PoolStats> {
         self.run_inner(coll, batch, None, out)
@@ -303,7 +305,7 @@ impl Pooler {
     pub fn run_staged(
         &self,
         coll: &EmbeddingCollection,
-        batch: ValidatedBatch<'_>,
+        batch: CheckedView<'_>,
         staged: &StagedBatch,
         out: &mut [f32],
     ) -> Result<PoolStats> {
@@ -313,7 +315,7 @@ impl Pooler {
     fn run_inner(
         &self,
         coll: &EmbeddingCollection,
-        batch: ValidatedBatch<'_>,
+        batch: CheckedView<'_>,
         staged: Option<&StagedBatch>,
         out: &mut [f32],
     ) -> Result<PoolStats> {
@@ -398,16 +400,7 @@ impl Pooler {
         };
         // A live table's read lock is held while this unit pools (row updates wait for it).
         let resident = table.rows_ref();
-        // The distance, and with `auto` on a unit in memory worth a clock read, the candidate
-        // timed (units on the tier are not timed: they pool from staged rows).
-        let (candidate, distance) = match self.opts.prefetch {
-            Prefetch::Ids(n) => (None, n),
-            Prefetch::Auto if resident.is_some() && ids.len() >= distance::MIN_TIMED_IDS => {
-                let (i, d) = self.distance.choose(table.stride());
-                (Some(i), d)
-            }
-            Prefetch::Auto => (None, self.distance.untimed(table.stride())),
-        };
+        let (candidate, distance) = self.prefetch_choice(table.stride(), resident.is_some(), ids);
         let direct = Segment {
             rows: Rows::of(resident.as_deref().unwrap_or(&[])),
             stride: table.stride(),
@@ -421,7 +414,7 @@ impl Pooler {
             mean: self.opts.pooling == Pooling::Mean,
             prefetch: distance,
         };
-        if resident.is_none() {
+        let Some(rows) = resident.as_deref() else {
             // A table on the tier: run_inner checked that it was staged for this batch.
             if let Some(sf) = staged.and_then(|s| s.feature(u.feature)) {
                 let local = base - sf.start..end - sf.start;
@@ -429,42 +422,35 @@ impl Pooler {
                 self.run_staged_unit(&direct, sf, local, u.feature, whole, scratch, &mut stats);
             }
             return stats;
-        }
-        let dedupable = !ids.is_empty() && DedupScratch::supports(table.rows());
-        let (dedup, timed) = match self.opts.dedup {
-            Dedup::Off => (false, false),
-            Dedup::On => (dedupable, false),
-            Dedup::Auto if dedupable => self.auto.choose(u.feature, || scratch.shows_reuse(ids)),
-            Dedup::Auto => (false, false),
         };
-        let start = (timed || candidate.is_some()).then(std::time::Instant::now);
-        if dedup {
-            let n_unique = scratch.build(ids);
-            scratch.gather(
-                resident.as_deref().unwrap_or(&[]),
-                table.stride(),
-                direct.prefetch,
-            );
-            stats.deduped_units += 1;
-            stats.deduped_lookups += ids.len();
-            stats.unique_rows += n_unique;
-            // The compact rows are cache-resident: no prefetch.
-            self.kernel(&direct.over(Rows::of(&scratch.rows), &scratch.inverse, 0));
-        } else {
-            self.kernel(&direct);
-        }
-        if let Some(t) = start {
-            let ns = t.elapsed().as_nanos() as f64 / ids.len() as f64;
-            if timed {
-                self.auto.record(u.feature, dedup, ns);
-            }
-            // A deduplicated unit pools from a compact buffer: its time says little of the
-            // distance.
-            if let (Some(i), false) = (candidate, dedup) {
-                self.distance.record(table.stride(), i, ns);
-            }
-        }
+        let (dedup, timed) = self.dedup_choice(u.feature, ids, table.rows(), scratch);
+        let choice = UnitChoice {
+            dedup,
+            timed,
+            candidate,
+        };
+        self.pool_resident(&direct, rows, u.feature, choice, scratch, &mut stats);
         stats
+    }
+
+    /// The prefetch distance of a unit of `ids` over rows of `stride` bytes, and with `auto`
+    /// on a unit in memory (`resident`) worth a clock read, the candidate timed (units on the
+    /// tier are not timed: they pool from staged rows).
+    #[inline]
+    fn prefetch_choice<I>(
+        &self,
+        stride: usize,
+        resident: bool,
+        ids: &[I],
+    ) -> (Option<usize>, usize) {
+        match self.opts.prefetch {
+            Prefetch::Ids(n) => (None, n),
+            Prefetch::Auto if resident && ids.len() >= distance::MIN_TIMED_IDS => {
+                let (i, d) = self.distance.choose(stride);
+                (Some(i), d)
+            }
+            Prefetch::Auto => (None, self.distance.untimed(stride)),
+        }
     }
 
     fn kernel<I: RowIndex>(&self, seg: &Segment<'_, I>) {
@@ -544,7 +530,7 @@ fn plan_units(features: usize, batch: usize, threads: usize) -> Vec<Unit> {
 /// build a [`Pooler`] to reuse threads and buffers).
 pub fn pooled_lookup(
     coll: &EmbeddingCollection,
-    batch: ValidatedBatch<'_>,
+    batch: CheckedView<'_>,
     pooling: Pooling,
     out: &mut [f32],
 ) -> Result<PoolStats> {

@@ -9,13 +9,13 @@
 //! Rows are decoded to f32 with [`crate::DType::decode_row`] and accumulated in f64.
 
 use super::Pooling;
-use crate::collection::{EmbeddingCollection, ValidatedBatch};
+use crate::collection::{CheckedView, EmbeddingCollection};
 use crate::error::Result;
 
 /// Computes the pooled lookup of `batch` into `out` (`batch_size x total_dim` floats).
 pub fn pooled_lookup(
     coll: &EmbeddingCollection,
-    batch: ValidatedBatch<'_>,
+    batch: CheckedView<'_>,
     pooling: Pooling,
     out: &mut [f32],
 ) -> Result<()> {

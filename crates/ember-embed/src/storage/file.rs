@@ -127,10 +127,11 @@ impl RowStore for FileStore {
         let t = Instant::now();
         let buf = io.read(&fds, reads).map_err(|e| {
             let r = reads[e.index.min(reads.len() - 1)];
-            EmbedError::Io {
+            EmbedError::ReadAt {
                 path: files[r.file].path().display().to_string(),
-                op: "read",
-                reason: format!("{} bytes at offset {}: {}", r.len, r.offset, e.error),
+                len: r.len,
+                offset: r.offset,
+                cause: e.error.into(),
             }
         })?;
         let wait = t.elapsed();

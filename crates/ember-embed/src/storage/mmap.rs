@@ -37,7 +37,7 @@ impl MappedRows {
         let map = unsafe { memmap2::Mmap::map(file.file()) }.map_err(|e| EmbedError::Io {
             path: file.path().display().to_string(),
             op: "mmap",
-            reason: e.to_string(),
+            cause: e.into(),
         })?;
         let offset = file.header().data_offset as usize;
         let len = file.rows() * file.row_bytes();

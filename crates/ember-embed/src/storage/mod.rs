@@ -12,7 +12,14 @@
 //!   - [`MapStore`] (`mmap.rs`): a plain read-only mapping, rows copied out of the page cache.
 //!
 //!   A third reads rows from a Redis Cluster: [`remote::RedisStore`], for tables placed
-//!   `remote` ([`remote`] has the client, the key layout and `ember store`'s operations).
+//!   `remote` ([`remote`] has it, its key layout, its local-copy fallback and update streams).
+//!
+//!   `RowStore` is what every backend has: `engine`, `direct`, `row_bytes`, `read`. A backend
+//!   that reads over the network implements [`remote::RemoteRows`] too: whether it answers now,
+//!   its nodes' counters, and the row updates that a copy of its rows must follow. The tier
+//!   keeps its local and remote stores apart (its store factory, `tier/stores.rs`, makes both
+//!   from the tables' placements) and makes those calls on remote stores alone, so a local
+//!   backend implements `RowStore` and nothing else.
 //! - [`updates`]: row updates as the tier follows them, whatever carries them: the
 //!   [`updates::UpdateSource`] trait (a Redis Stream per table is one, in [`remote`]).
 //! - [`MappedRows`] (`mmap.rs`): the mapping that `mmap`-placed tables are read through in place
@@ -73,6 +80,8 @@ pub struct ReadStats {
 /// `row_bytes(request.table)` bytes that have passed the store's integrity check (a row file's
 /// block checksum); on an error it has landed nothing, so that a failed batch leaves the caller's
 /// buffers and cache untouched.
+///
+/// A store that reads over the network implements [`remote::RemoteRows`] too.
 pub trait RowStore: fmt::Debug + Send {
     /// The engine behind it, for reports and logs: `"io_uring"`, `"pread"`, `"mmap"`.
     fn engine(&self) -> &'static str;
@@ -86,24 +95,6 @@ pub trait RowStore: fmt::Debug + Send {
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
     ) -> Result<ReadStats>;
-    /// Whether the backend answers now (a remote store's nodes; local files always do).
-    fn probe(&mut self) -> Result<()> {
-        Ok(())
-    }
-    /// Whether it reads over the network (its failures are the store being unavailable).
-    fn remote(&self) -> bool {
-        false
-    }
-    /// Counters per node of a remote store.
-    fn node_stats(&self) -> Vec<remote::NodeStats> {
-        Vec::new()
-    }
-    /// Rows `ids` of `table` were updated in the store to `rows` (read from its update
-    /// stream). A store that also holds a copy of its rows keeps them; others ignore it.
-    fn updated(&mut self, _table: usize, _ids: &[u64], _rows: &[u8]) {}
-    /// Rows of `table` were updated in the store and this server cannot tell which (`why`):
-    /// a store that also holds a copy of its rows stops serving that table from it.
-    fn missed_updates(&mut self, _table: usize, _why: &str) {}
 }
 
 /// Opens the store that reads `files` (the row files of a collection's SSD-tier tables, in the

@@ -4,8 +4,8 @@
 //! it reads between batches.
 //!
 //! One source is [`crate::storage::remote::updates::UpdateReader`] (a Redis Stream per table);
-//! another (a Kafka topic, a file tailed) is one file implementing [`UpdateSource`], opened by
-//! the store's factory beside its store ([`OpenedSource`]).
+//! another (a Kafka topic, a file tailed) is one file implementing [`UpdateSource`], opened
+//! beside its store ([`OpenedSource`]) by the tier's store factory (`tier/stores.rs`).
 
 use crate::error::Result;
 use std::fmt;

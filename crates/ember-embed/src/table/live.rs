@@ -113,7 +113,7 @@ impl EmbeddingTable {
                         RowBuf::new(len, PagePolicy::Huge).map_err(|e| EmbedError::Alloc {
                             table: self.name().to_string(),
                             bytes: len,
-                            reason: e.to_string(),
+                            cause: e.into(),
                         })?;
                     own.as_mut_slice()
                         .copy_from_slice(&shared.as_slice()[offset..offset + len]);
@@ -247,7 +247,7 @@ mod tests {
                 let mut out = vec![0f32; ROWS * dim];
                 for _ in 0..300 {
                     pooler
-                        .run(&coll, coll.validate(&kj).unwrap(), &mut out)
+                        .run(&coll, coll.check_view(&kj).unwrap(), &mut out)
                         .unwrap();
                     for (b, row) in out.chunks_exact(dim).enumerate() {
                         let r = ROWS - 1 - b;

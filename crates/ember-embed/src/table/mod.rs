@@ -139,7 +139,7 @@ impl EmbeddingTable {
         let data = RowBuf::new(bytes, pages).map_err(|e| EmbedError::Alloc {
             table: name.into(),
             bytes,
-            reason: e.to_string(),
+            cause: e.into(),
         })?;
         Ok(EmbeddingTable {
             name: name.into(),
@@ -155,9 +155,10 @@ impl EmbeddingTable {
         })
     }
 
-    /// A table on the SSD tier: the row file at `path`, checked at open (see
-    /// [`crate::storage::rowfile`]). Lookups go through a [`crate::tier::Stager`].
-    pub fn open_ssd(path: &Path) -> Result<Self> {
+    /// A table on the tier read from the row file at `path`, checked at open (see
+    /// [`crate::storage::rowfile`]): an `ssd` table, or the local copy of a `remote` one (see
+    /// [`Self::remote_with_copy`]). Lookups go through a [`crate::tier::Stager`].
+    pub fn open_row_file(path: &Path) -> Result<Self> {
         let file = Arc::new(RowFile::open(path)?);
         Ok(Self::over_file(file.clone(), Storage::Disk(file)))
     }
@@ -220,7 +221,7 @@ impl EmbeddingTable {
     /// memory, checking every block).
     pub fn from_row_file(path: &Path, placement: Placement, pages: PagePolicy) -> Result<Self> {
         match placement {
-            Placement::Ssd | Placement::Remote => Self::open_ssd(path),
+            Placement::Ssd | Placement::Remote => Self::open_row_file(path),
             Placement::Mmap => Self::map_row_file(path),
             Placement::Dram => {
                 let f = RowFile::open_with(path, false)?;
@@ -563,38 +564,6 @@ impl EmbeddingTable {
             Storage::Live(l) => l.huge_page_bytes(),
             _ => None,
         }
-    }
-}
-
-/// A table's rows for `ember store push`.
-impl crate::storage::remote::RowSource for EmbeddingTable {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn dim(&self) -> usize {
-        self.dim
-    }
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-    fn row_bytes<'a>(
-        &'a self,
-        rows: std::ops::Range<usize>,
-        buf: &'a mut Vec<u8>,
-    ) -> Result<&'a [u8]> {
-        let s = self.stride;
-        if let Some(all) = self.resident() {
-            return Ok(&all[rows.start * s..rows.end * s]);
-        }
-        buf.clear();
-        buf.resize(rows.len() * s, 0);
-        for (i, r) in rows.enumerate() {
-            self.read_row(r, &mut buf[i * s..(i + 1) * s])?;
-        }
-        Ok(buf)
     }
 }
 

@@ -100,6 +100,7 @@ pub(super) struct Follower {
     thread: Option<JoinHandle<()>>,
 }
 
+/// `m` locked (a panic while it was held leaves it as it was).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -148,6 +149,7 @@ pub(super) struct Reload {
 }
 
 impl Reload {
+    /// Reads the live tables `of` names (per table followed) from `store`.
     pub(super) fn new(store: Box<dyn RowStore>, of: Vec<Option<(usize, usize, usize)>>) -> Self {
         Reload { store, of }
     }
@@ -355,6 +357,7 @@ impl Follower {
         );
     }
 
+    /// What following did so far.
     pub(super) fn stats(&self) -> UpdateStats {
         let f = &self.feed;
         UpdateStats {
@@ -373,6 +376,7 @@ impl Follower {
         }
     }
 
+    /// The publish-to-applied lags since the last call, seconds.
     pub(super) fn take_lags(&self) -> Vec<f32> {
         std::mem::take(&mut *lock(&self.feed.lags))
     }

@@ -1,17 +1,19 @@
-//! The stager's state behind its lock: the tier tables (store, cache), the stores, the scratch of
-//! one batch; and the steps it repeats: fetching a batch's missing rows from their stores,
-//! giving back the slots of dropped batches, publishing the caches' size.
+//! The stager's state behind its lock: the tier tables (store, cache), the stores (as
+//! `stores.rs` made them), the scratch of one batch; and the steps it repeats: applying row
+//! updates, fetching a batch's missing rows from their stores, giving back the slots of dropped
+//! batches, publishing the caches' size.
 
 use super::follow::{Follower, Target};
 use super::seen::SeenSlots;
 use super::staged::Recycler;
 use super::stats::Counters;
+use super::stores::TierStore;
 use crate::cache::{RowCache, Updated};
 use crate::collection::EmbeddingCollection;
 use crate::dedup::DedupScratch;
 use crate::error::Result;
+use crate::storage::RowRequest;
 use crate::storage::updates::Polled;
-use crate::storage::{RowRequest, RowStore};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -68,10 +70,11 @@ pub(super) struct Miss {
     pub(super) slot: usize,
 }
 
+/// What the stager's lock guards.
 #[derive(Debug)]
 pub(super) struct Inner {
     pub(super) tables: Vec<TierTable>,
-    pub(super) stores: Vec<Box<dyn RowStore>>,
+    pub(super) stores: Vec<TierStore>,
     pub(super) misses: Vec<Miss>,
     /// The requests of one store's call.
     pub(super) requests: Vec<RowRequest>,
@@ -135,7 +138,9 @@ impl Inner {
                         }
                     }
                     // A store's own copy of the rows (`--remote-fallback`) keeps them too.
-                    self.stores[t.store].updated(t.table, &ids, &rows);
+                    if let TierStore::Remote(s) = &mut self.stores[t.store] {
+                        s.updated(t.table, &ids, &rows);
+                    }
                     touched[d] = true;
                     f.applied(applied, absent, published_ms);
                 }
@@ -144,11 +149,13 @@ impl Inner {
                     if let Target::Cache(d) = f.targets[table] {
                         let t = &mut self.tables[d];
                         t.cache.drop_all();
-                        self.stores[t.store].missed_updates(
-                            t.table,
-                            "its update stream was trimmed past this server, so updates were \
-                             missed",
-                        );
+                        if let TierStore::Remote(s) = &mut self.stores[t.store] {
+                            s.missed_updates(
+                                t.table,
+                                "its update stream was trimmed past this server, so updates \
+                                 were missed",
+                            );
+                        }
                     }
                     f.reset(table, now_at);
                 }
@@ -209,12 +216,12 @@ impl Inner {
             if requests.is_empty() {
                 continue;
             }
-            let st = store.read(requests, &mut |r, row| {
+            let st = store.rows_mut().read(requests, &mut |r, row| {
                 let m = &misses[r.tag];
                 land(m, row, &mut tables[m.tier]);
             })?;
-            counters.ssd_reads.fetch_add(st.reads, Relaxed);
-            counters.ssd_bytes_read.fetch_add(st.bytes, Relaxed);
+            counters.store_reads.fetch_add(st.reads, Relaxed);
+            counters.store_bytes_read.fetch_add(st.bytes, Relaxed);
             waited += st.wait;
         }
         Ok(waited)

@@ -81,6 +81,6 @@ pub(super) fn follow(
     Follower::start(source, names, targets, reload).map_err(|e| EmbedError::Io {
         path: "ember-updates".into(),
         op: "start the update thread",
-        reason: e.to_string(),
+        cause: e.into(),
     })
 }

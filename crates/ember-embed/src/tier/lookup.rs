@@ -130,19 +130,38 @@ fn covered_pass<I: RowIndex>(
 /// Tier ids in a batch from which its tables are staged in parallel.
 pub(super) const PARALLEL_MIN_IDS: usize = 4096;
 
+/// What staging tier tables counted.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Counts {
+    /// Ids looked up.
+    pub(super) lookups: u64,
+    /// Distinct rows per feature, and those found in the cache.
+    pub(super) distinct: u64,
+    pub(super) hits: u64,
+    /// Ids whose row was found in the cache.
+    pub(super) lookup_hits: u64,
+}
+
+impl Counts {
+    /// Adds `other`'s counts to these.
+    pub(super) fn add(&mut self, other: &Counts) {
+        self.lookups += other.lookups;
+        self.distinct += other.distinct;
+        self.hits += other.hits;
+        self.lookup_hits += other.lookup_hits;
+    }
+}
+
 /// What staging one tier table's features produced.
 pub(super) struct TableStaged {
     pub(super) feats: Vec<(usize, StagedFeature)>,
     pub(super) misses: Vec<Miss>,
-    pub(super) lookups: u64,
-    pub(super) distinct: u64,
-    pub(super) hits: u64,
-    pub(super) lookup_hits: u64,
+    pub(super) counts: Counts,
 }
 
 /// Stages the features `features` of tier table `d` for batch `kj`, after giving back the slots
-/// of this table in `released` (see [`Stager::stage`]): each feature's resident rows held in
-/// place, its absent rows listed as misses to fetch.
+/// of this table in `released` (see [`super::Stager::stage`]): each feature's resident rows held
+/// in place, its absent rows listed as misses to fetch.
 pub(super) fn stage_table(
     d: usize,
     table: &mut TierTable,
@@ -154,10 +173,7 @@ pub(super) fn stage_table(
     let mut out = TableStaged {
         feats: Vec::with_capacity(features.len()),
         misses: Vec::new(),
-        lookups: 0,
-        distinct: 0,
-        hits: 0,
-        lookup_hits: 0,
+        counts: Counts::default(),
     };
     for (_, held) in released.iter().filter(|(t, _)| *t == d) {
         table.release_all(held);
@@ -173,65 +189,32 @@ pub(super) fn stage_table(
         // table is built for the hits. Each id's map entry is prefetched 32 ids ahead and its
         // record 16 ahead. Absent ids are set aside, deduplicated after.
         let mark = table.cache.next_mark();
-        let TableScratch {
-            dedup,
-            absent,
-            absent_ids,
-            seen,
-        } = &mut table.scratch;
-        absent.clear();
+        let scratch = &mut table.scratch;
+        scratch.absent.clear();
         let pass = PassOut {
             held: &mut held,
             inverse: &mut inverse,
             slots: &mut slots,
-            absent,
-            seen,
+            absent: &mut scratch.absent,
+            seen: &mut scratch.seen,
         };
         let (hits, lookup_hits, stable) = match kj.ids() {
             Ids::U32(v) => mark_pass(&mut table.cache, &v[range.clone()], mark, pass),
             Ids::I64(v) => mark_pass(&mut table.cache, &v[range.clone()], mark, pass),
         };
-        let stable_rows = seen.len();
-        seen.clear();
-        out.hits += hits + stable_rows as u64;
-        out.distinct += stable_rows as u64;
-        out.lookup_hits += lookup_hits;
-        // Pass 2, over the distinct hits: the holds (each slot's record 32 slots ahead and,
-        // under LRU, its list neighbours 16 ahead).
-        for i in 0..held.len() {
-            if let Some(&ahead) = held.get(i + 32) {
-                table.cache.prefetch_release(ahead);
-            }
-            if let Some(&ahead) = held.get(i + 16) {
-                table.cache.prefetch_neighbours(ahead);
-            }
-            table.cache.hold(held[i]);
-        }
-        // The absent ids: distinct ones after the hits, each fetched once.
-        if !absent.is_empty() {
-            // Tier tables have fewer than u32::MAX rows (checked in `Stager::new`).
-            absent_ids.clear();
-            absent_ids.extend(absent.iter().map(|&(_, id)| id as u32));
-            dedup.build(absent_ids);
-            let base = held.len();
-            for (&(at, _), &u) in absent.iter().zip(&dedup.inverse) {
-                inverse[at as usize] = (base + u as usize) as u32;
-            }
-            for (u, &id) in dedup.uniq.iter().enumerate() {
-                // Records the access of each distinct absent id once, as for the hits.
-                let _ = table.cache.find(id as u64);
-                held.push(u32::MAX);
-                out.misses.push(Miss {
-                    tier: d,
-                    id,
-                    feature: f,
-                    slot: base + u,
-                });
-            }
+        let stable_rows = scratch.seen.len();
+        scratch.seen.clear();
+        out.counts.hits += hits + stable_rows as u64;
+        out.counts.distinct += stable_rows as u64;
+        out.counts.lookup_hits += lookup_hits;
+        hold_all(&mut table.cache, &held);
+        let absent = !table.scratch.absent.is_empty();
+        if absent {
+            list_absent(d, f, table, &mut held, &mut inverse, &mut out.misses);
         }
         let n = held.len();
-        out.lookups += range.len() as u64;
-        out.distinct += n as u64;
+        out.counts.lookups += range.len() as u64;
+        out.counts.distinct += n as u64;
         out.feats.push((
             f,
             StagedFeature {
@@ -244,7 +227,7 @@ pub(super) fn stage_table(
                 },
                 inverse,
                 stable,
-                absent: !absent.is_empty(),
+                absent,
                 start: range.start,
                 n_rows: n,
                 stride: table.row_bytes,
@@ -255,32 +238,54 @@ pub(super) fn stage_table(
     out
 }
 
-/// For a feature whose rows are being copied out of the cache (a compact buffer, `rows`, holding
-/// its distinct evictable rows): appends its distinct stable rows (`slots` locates them) after
-/// those, and points the inverse of their ids at them. A rare path (the cache could not hold a
-/// batch's rows): the stable rows are deduplicated here with a hash map.
-pub(super) fn copy_stable(
-    sf: &mut StagedFeature,
-    slots: &[u32],
-    rows: &mut Vec<u8>,
-    cache: &RowCache,
-) {
-    if sf.stable == 0 {
-        return;
-    }
-    let rb = sf.stride;
-    let mut at: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
-    for (x, &slot) in sf.inverse.iter_mut().zip(slots) {
-        if *x != STABLE_ROW {
-            continue;
+/// Pass 2 of staging a feature, over its distinct hits `held`: the holds (each slot's record
+/// prefetched 32 slots ahead and, under LRU, its list neighbours 16 ahead).
+fn hold_all(cache: &mut RowCache, held: &[u32]) {
+    for (i, &slot) in held.iter().enumerate() {
+        if let Some(&ahead) = held.get(i + 32) {
+            cache.prefetch_release(ahead);
         }
-        *x = *at.entry(slot).or_insert_with(|| {
-            let i = sf.n_rows;
-            sf.n_rows += 1;
-            rows.extend_from_slice(cache.slot_row(slot));
-            i as u32
+        if let Some(&ahead) = held.get(i + 16) {
+            cache.prefetch_neighbours(ahead);
+        }
+        cache.hold(slot);
+    }
+}
+
+/// The ids of feature `f` of tier table `d` that pass 1 found absent (`table.scratch.absent`):
+/// the distinct ones placed after the distinct hits `held` (a placeholder slot each, the
+/// feature's `inverse` pointed at them), each listed once in `misses` to fetch and its access
+/// recorded once, as for the hits.
+fn list_absent(
+    d: usize,
+    f: usize,
+    table: &mut TierTable,
+    held: &mut Vec<u32>,
+    inverse: &mut [u32],
+    misses: &mut Vec<Miss>,
+) {
+    let TableScratch {
+        dedup,
+        absent,
+        absent_ids,
+        ..
+    } = &mut table.scratch;
+    // Tier tables have fewer than u32::MAX rows (checked by `tier_tables` in `stager.rs`).
+    absent_ids.clear();
+    absent_ids.extend(absent.iter().map(|&(_, id)| id as u32));
+    dedup.build(absent_ids);
+    let base = held.len();
+    for (&(at, _), &u) in absent.iter().zip(&dedup.inverse) {
+        inverse[at as usize] = (base + u as usize) as u32;
+    }
+    for (u, &id) in dedup.uniq.iter().enumerate() {
+        let _ = table.cache.find(id as u64);
+        held.push(u32::MAX);
+        misses.push(Miss {
+            tier: d,
+            id,
+            feature: f,
+            slot: base + u,
         });
     }
-    debug_assert_eq!(rows.len(), sf.n_rows * rb);
-    sf.stable = 0;
 }

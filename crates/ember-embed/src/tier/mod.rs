@@ -1,6 +1,7 @@
 //! The SSD tier: tables larger than memory, read from a [`crate::storage::RowStore`] (row files
-//! through io_uring, `pread` or a mapping) behind a DRAM row cache ([`crate::RowCache`]), with the
-//! next batch's rows read while the current one is pooled ([`pipeline`]).
+//! through io_uring, `pread` or a mapping; a remote store) behind a DRAM row cache
+//! ([`crate::RowCache`]), with the next batch's rows read while the current one is pooled
+//! ([`pipeline`]).
 //!
 //! Lookups on tier tables are staged: [`Stager::stage`] looks each id of each feature up in the
 //! table's cache (tables in parallel). A *stable* row (pinned, or resident in a cache whose
@@ -19,7 +20,10 @@
 //! | `options.rs` | [`TierOptions`]: budget, policy, I/O, pinning |
 //! | `stats.rs` | [`TierStats`] and the atomic counters behind them |
 //! | `staged.rs` | [`StagedBatch`] and the recycler of its buffers |
-//! | `stager.rs` | [`Stager`]: stores, fetching misses, landing rows, pinning |
+//! | `stager.rs` | [`Stager`]: the tier tables and their caches, staging a batch, pinning |
+//! | `stores.rs` | the stores, from the tables' placements (remote: its local copy, its updates) |
+//! | `inner.rs` | the state behind the stager's lock: updates applied, misses fetched from stores |
+//! | `land.rs` | fetched rows landed: in the cache's slots, or a feature's compact buffer |
 //! | `lookup.rs` | one tier table's part of a batch: releases, lookups that dedup, holds |
 //! | `seen.rs` | the distinct stable rows of a feature, noted without a branch |
 //! | `follow.rs` | following an update source (`crate::storage::updates`), applied between batches |
@@ -28,6 +32,7 @@
 
 mod follow;
 mod inner;
+mod land;
 mod live;
 mod lookup;
 mod options;
@@ -37,6 +42,7 @@ mod seen;
 mod staged;
 mod stager;
 mod stats;
+mod stores;
 
 pub use follow::UpdateStats;
 pub use options::TierOptions;

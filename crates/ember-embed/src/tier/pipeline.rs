@@ -112,7 +112,7 @@ where
 {
     let stage = |item: T| {
         let staged = coll
-            .validate(batch_of(&item))
+            .check_view(batch_of(&item))
             .and_then(|b| stager.stage(coll, b));
         (item, staged)
     };

@@ -6,31 +6,30 @@
 //! all hold (every slot held or pinned, the staging slots all lent) is copied into a buffer of
 //! its own instead: the same result, one copy more. The pinned
 //! policy's hot set is loaded here too (from a trace at start, from live counts every
-//! `refresh_batches` batches).
+//! `refresh_batches` batches). The stores themselves are made by `stores.rs`.
 
 use super::follow::{Follower, UpdateStats};
 use super::inner::{Inner, TableScratch, TierTable, staging_slots};
-use super::live::{follow, live_tables};
-use super::lookup::{PARALLEL_MIN_IDS, TableStaged, copy_stable, stage_table};
+use super::land::{Overflow, compact, fill_slots, land_row};
+use super::lookup::{Counts, PARALLEL_MIN_IDS, TableStaged, stage_table};
 use super::options::TierOptions;
 use super::pinning::hottest;
-use super::staged::{Recycler, StagedBatch, StagedFeature, StagedRows};
+use super::staged::{Recycler, StagedBatch, StagedRows};
 use super::stats::{Counters, TierStats};
+use super::stores::{Home, Stores, TierStore, open_stores};
 use crate::cache::{CachePolicy, RowCache};
-use crate::collection::{CollectionId, EmbeddingCollection, ValidatedBatch};
+use crate::collection::{CheckedView, CollectionId, EmbeddingCollection};
 use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
-use crate::storage::remote::{self, RedisStore, RemoteTableSpec, WithLocalCopy};
-use crate::storage::updates::FollowedTable;
-use crate::storage::{RowStore, open_row_files};
+use crate::jagged::KeyedJagged;
 use crate::table::Placement;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Stages lookups of a collection's `ssd` tables (see the module documentation). One per
-/// collection; it can be shared (`stage` takes `&self` and serializes on a lock).
+/// Stages lookups of a collection's `ssd` and `remote` tables (see the module documentation).
+/// One per collection; it can be shared (`stage` takes `&self` and serializes on a lock).
 #[derive(Debug)]
 pub struct Stager {
     inner: Mutex<Inner>,
@@ -59,172 +58,144 @@ pub struct Stager {
 /// Fetch times kept at most.
 const FETCH_SAMPLES: usize = 1 << 20;
 
+/// The share of each pinned cache that its hot set holds ([`TierOptions::pin_fraction`] or its
+/// default), checked to be in [0, 1].
+fn pin_fraction(opts: &TierOptions) -> Result<f64> {
+    let default = if opts.pin_trace.is_some() { 1.0 } else { 0.9 };
+    let pin_fraction = opts.pin_fraction.unwrap_or(default);
+    if !(0.0..=1.0).contains(&pin_fraction) {
+        return Err(EmbedError::BadOption {
+            option: "pin_fraction",
+            reason: format!("{pin_fraction} is not in [0, 1]"),
+        });
+    }
+    Ok(pin_fraction)
+}
+
+/// The tables of `coll` on the tier, in tier order: their indices in `coll` (those placed `ssd`,
+/// read through their row file, and those placed `remote`). Refuses a table of too many rows
+/// for the tier's deduplication.
+fn tier_tables(coll: &EmbeddingCollection) -> Result<Vec<usize>> {
+    let mut tier = Vec::new();
+    for (t, table) in coll.tables().iter().enumerate() {
+        let placement = table.placement();
+        if !matches!(placement, Placement::Ssd | Placement::Remote) {
+            continue;
+        }
+        if !DedupScratch::supports(table.rows()) {
+            return Err(EmbedError::BadTable {
+                table: table.name().into(),
+                reason: format!(
+                    "{} rows: the {placement} tier takes tables of fewer than 2^32 - 1 rows",
+                    table.rows()
+                ),
+            });
+        }
+        if placement == Placement::Remote || table.row_file().is_some() {
+            tier.push(t);
+        }
+    }
+    Ok(tier)
+}
+
+/// `opts` as the stager runs them: the pinned policy without a trace re-pins from live counts
+/// every 64 batches unless told how often.
+fn with_refresh(mut opts: TierOptions) -> TierOptions {
+    if opts.policy == CachePolicy::Pinned && opts.pin_trace.is_none() && opts.refresh_batches == 0 {
+        opts.refresh_batches = 64;
+    }
+    opts
+}
+
+/// The tier tables, their rows where `homes` says, each with its cache: the budget shared in
+/// proportion to the tables' sizes, `pin_fraction` of a pinned cache held by its hot set, and
+/// its staging slots.
+fn tier_caches(homes: &[Home], opts: &TierOptions, pin_fraction: f64) -> Vec<TierTable> {
+    let total: usize = homes.iter().map(|h| h.rows * h.row_bytes).sum();
+    let live = opts.policy == CachePolicy::Pinned && opts.refresh_batches > 0;
+    let mut tables = Vec::with_capacity(homes.len());
+    for &Home {
+        store,
+        table,
+        rows,
+        row_bytes,
+    } in homes
+    {
+        let share = if total == 0 {
+            0.0
+        } else {
+            (rows * row_bytes) as f64 / total as f64
+        };
+        let capacity = ((opts.cache_bytes as f64 * share) as usize / row_bytes).min(rows);
+        let pin_rows = match opts.policy {
+            CachePolicy::Pinned => (capacity as f64 * pin_fraction) as usize,
+            _ => 0,
+        };
+        let reserve = opts
+            .staging_rows
+            .unwrap_or_else(|| staging_slots(capacity, rows))
+            .min(rows);
+        // Ids were checked against the table's rows: the cache may index them directly.
+        let mut cache =
+            RowCache::with_reserve(opts.policy, capacity, reserve, row_bytes).with_id_bound(rows);
+        cache.set_track_hot(live);
+        tables.push(TierTable {
+            store,
+            table,
+            rows,
+            row_bytes,
+            cache,
+            pin_rows,
+            scratch: TableScratch::default(),
+        });
+    }
+    tables
+}
+
 impl Stager {
-    /// A stager for `coll`'s `ssd` tables (it may have none: staging is then free). The cache
-    /// budget is shared by the tables in proportion to their sizes; pinned rows are read now.
+    /// A stager for `coll`'s `ssd` and `remote` tables (it may have none: staging is then free),
+    /// their stores opened as `opts` asks (`stores.rs`). The cache budget is shared by the tables
+    /// in proportion to their sizes; pinned rows are read now.
     pub fn new(coll: &EmbeddingCollection, opts: TierOptions) -> Result<Self> {
-        let pin_fraction =
-            opts.pin_fraction
-                .unwrap_or(if opts.pin_trace.is_some() { 1.0 } else { 0.9 });
-        if !(0.0..=1.0).contains(&pin_fraction) {
-            return Err(EmbedError::BadOption {
-                option: "pin_fraction",
-                reason: format!("{pin_fraction} is not in [0, 1]"),
-            });
-        }
+        let pin_fraction = pin_fraction(&opts)?;
+        let tier = tier_tables(coll)?;
+        let Stores {
+            stores,
+            homes,
+            follower,
+        } = open_stores(coll, &tier, &opts)?;
+        let opts = with_refresh(opts);
+        let tables = tier_caches(&homes, &opts, pin_fraction);
+        let stager = Stager::assemble(coll, &tier, tables, stores, follower, opts);
+        stager.pin_from_trace()?;
+        Ok(stager)
+    }
+
+    /// The stager of `coll`'s tier tables `tier` (their indices in `coll`; `tables`, their
+    /// caches; `stores`, where their rows are), unpinned.
+    fn assemble(
+        coll: &EmbeddingCollection,
+        tier: &[usize],
+        tables: Vec<TierTable>,
+        stores: Vec<TierStore>,
+        follower: Option<Follower>,
+        opts: TierOptions,
+    ) -> Self {
         let mut by_table = vec![None; coll.tables().len()];
-        let mut files = Vec::new();
-        let mut remote = Vec::new();
-        // Local row-file copies of the remote tables (all of them or none).
-        let mut copies = Vec::new();
-        // The tier table of each remote table.
-        let mut remote_tier = Vec::new();
-        // (store, index in that store, rows, row bytes), in tier-table order.
-        let mut shapes: Vec<(usize, usize, usize, usize)> = Vec::new();
-        let file_store = 0;
-        let remote_store = usize::from(
-            coll.tables()
-                .iter()
-                .any(|t| t.placement() == Placement::Ssd),
-        );
-        for (t, table) in coll.tables().iter().enumerate() {
-            let placement = table.placement();
-            if !matches!(placement, Placement::Ssd | Placement::Remote) {
-                continue;
-            }
-            if !DedupScratch::supports(table.rows()) {
-                return Err(EmbedError::BadTable {
-                    table: table.name().into(),
-                    reason: format!(
-                        "{} rows: the {placement} tier takes tables of fewer than 2^32 - 1 rows",
-                        table.rows()
-                    ),
-                });
-            }
-            match placement {
-                Placement::Ssd => {
-                    let Some(file) = table.row_file() else {
-                        continue;
-                    };
-                    shapes.push((file_store, files.len(), file.rows(), file.row_bytes()));
-                    files.push(file.clone());
-                }
-                _ => {
-                    shapes.push((remote_store, remote.len(), table.rows(), table.stride()));
-                    remote_tier.push(shapes.len() - 1);
-                    if let Some(copy) = table.row_file() {
-                        copies.push(copy.clone());
-                    }
-                    remote.push(RemoteTableSpec {
-                        name: table.name().into(),
-                        rows: table.rows(),
-                        dim: table.dim(),
-                        dtype: table.dtype(),
-                    });
-                }
-            }
-            by_table[t] = Some(shapes.len() - 1);
+        for (d, &t) in tier.iter().enumerate() {
+            by_table[t] = Some(d);
         }
-        let total: usize = shapes.iter().map(|s| s.2 * s.3).sum();
-        let mut follower = None;
-        // No store (no ring, no thread pool, no connection) for what has no table.
-        let mut stores: Vec<Box<dyn RowStore>> = Vec::new();
-        if !files.is_empty() {
-            stores.push(open_row_files(files, opts.io, opts.queue_depth)?);
-        }
-        if !remote.is_empty() {
-            let Some(src) = &opts.remote else {
-                return Err(EmbedError::BadOption {
-                    option: "redis",
-                    reason: format!(
-                        "table '{}' is placed remote: give the cluster (--redis redis://host:port)",
-                        remote[0].name
-                    ),
-                });
-            };
-            let mut store = Box::new(RedisStore::open(src, &remote)?);
-            // Before any row is read (the pinned set below): no update published from here on
-            // is missed.
-            if opts.follow_updates {
-                let followed = remote
-                    .iter()
-                    .zip(&remote_tier)
-                    .map(|(t, &d)| FollowedTable {
-                        name: t.name.clone(),
-                        rows: t.rows,
-                        row_bytes: shapes[d].3,
-                    })
-                    .collect();
-                let (in_coll, live) = live_tables(coll);
-                let opened = remote::open_source(src, store.version(), followed, &live)?;
-                follower = Some(follow(coll, opened, &remote_tier, &in_coll)?);
-            }
-            match copies.len() {
-                0 => stores.push(store),
-                n if n == remote.len() => {
-                    let local = open_row_files(copies, opts.io, opts.queue_depth)?;
-                    let retry = src.cluster.down_for;
-                    // After the stream positions: an update is in these sets or followed.
-                    let updated = store.updated_blocks()?;
-                    let names = remote.iter().map(|t| t.name.clone()).collect();
-                    let copy = WithLocalCopy::new(store, local, retry);
-                    let copy = copy.with_updated_blocks(&src.model, names, updated);
-                    stores.push(Box::new(copy));
-                }
-                n => {
-                    return Err(EmbedError::BadOption {
-                        option: "fallback_local",
-                        reason: format!(
-                            "{n} of the {} remote tables have a local copy: all or none must",
-                            remote.len()
-                        ),
-                    });
-                }
+        let mut features_of = vec![Vec::new(); tier.len()];
+        for (f, feature) in coll.features().iter().enumerate() {
+            if let Some(d) = by_table[feature.table] {
+                features_of[d].push(f);
             }
         }
-        let mut opts = opts;
-        if opts.policy == CachePolicy::Pinned
-            && opts.pin_trace.is_none()
-            && opts.refresh_batches == 0
-        {
-            opts.refresh_batches = 64;
-        }
-        let live = opts.policy == CachePolicy::Pinned && opts.refresh_batches > 0;
-        let mut tables = Vec::with_capacity(shapes.len());
-        for (store, table, rows, row_bytes) in shapes {
-            let share = if total == 0 {
-                0.0
-            } else {
-                (rows * row_bytes) as f64 / total as f64
-            };
-            let capacity = ((opts.cache_bytes as f64 * share) as usize / row_bytes).min(rows);
-            let pin_rows = match opts.policy {
-                CachePolicy::Pinned => (capacity as f64 * pin_fraction) as usize,
-                _ => 0,
-            };
-            let reserve = opts
-                .staging_rows
-                .unwrap_or_else(|| staging_slots(capacity, rows))
-                .min(rows);
-            // Ids were checked against the table's rows: the cache may index them directly.
-            let mut cache = RowCache::with_reserve(opts.policy, capacity, reserve, row_bytes)
-                .with_id_bound(rows);
-            cache.set_track_hot(live);
-            tables.push(TierTable {
-                store,
-                table,
-                rows,
-                row_bytes,
-                cache,
-                pin_rows,
-                scratch: TableScratch::default(),
-            });
-        }
-        let stager = Stager {
+        Stager {
             recycler: Arc::default(),
-            engines: stores.iter().map(|s| s.engine()).collect(),
-            direct: stores.iter().all(|s| s.direct()),
-            remote: stores.iter().any(|s| s.remote()),
+            engines: stores.iter().map(|s| s.rows().engine()).collect(),
+            direct: stores.iter().all(|s| s.rows().direct()),
+            remote: stores.iter().any(|s| matches!(s, TierStore::Remote(_))),
             healthy: AtomicBool::new(true),
             fetch_samples: Mutex::default(),
             follower,
@@ -235,32 +206,32 @@ impl Stager {
                 requests: Vec::new(),
             }),
             collection: coll.id(),
-            features_of: {
-                let mut of = vec![Vec::new(); by_table.iter().flatten().count()];
-                for (f, feature) in coll.features().iter().enumerate() {
-                    if let Some(d) = by_table[feature.table] {
-                        of[d].push(f);
-                    }
-                }
-                of
-            },
+            features_of,
             by_table,
             counters: Counters::default(),
             opts,
-        };
-        if let Some(trace) = &stager.opts.pin_trace
-            && stager.opts.policy == CachePolicy::Pinned
-        {
-            let mut inner = stager.lock();
-            for d in 0..inner.tables.len() {
-                let hot = hottest(trace, inner.tables[d].rows, inner.tables[d].pin_rows);
-                inner.pin(d, &hot, &stager.counters)?;
-            }
-            inner.publish_usage(&stager.counters);
         }
-        Ok(stager)
     }
 
+    /// Pins each tier table's rows most frequent in the options' trace (the pinned policy with a
+    /// `pin_trace`; nothing otherwise).
+    fn pin_from_trace(&self) -> Result<()> {
+        let Some(trace) = &self.opts.pin_trace else {
+            return Ok(());
+        };
+        if self.opts.policy != CachePolicy::Pinned {
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        for d in 0..inner.tables.len() {
+            let hot = hottest(trace, inner.tables[d].rows, inner.tables[d].pin_rows);
+            inner.pin(d, &hot, &self.counters)?;
+        }
+        inner.publish_usage(&self.counters);
+        Ok(())
+    }
+
+    /// The state behind the lock (a panic while it was held leaves it as it was).
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -312,16 +283,10 @@ impl Stager {
     }
 
     /// Reads the rows of `batch`'s tier features (see the module documentation).
-    pub fn stage(
-        &self,
-        coll: &EmbeddingCollection,
-        batch: ValidatedBatch<'_>,
-    ) -> Result<StagedBatch> {
+    pub fn stage(&self, coll: &EmbeddingCollection, batch: CheckedView<'_>) -> Result<StagedBatch> {
         let t0 = Instant::now();
-        let kj = batch.get();
-        let nf = coll.features().len();
         let mut staged = StagedBatch {
-            feats: (0..nf).map(|_| None).collect(),
+            feats: (0..coll.features().len()).map(|_| None).collect(),
             recycle: Some(self.recycler.clone()),
         };
         if !self.is_active() {
@@ -338,132 +303,116 @@ impl Stager {
         if let Some(f) = &self.follower {
             inner.apply_updates(f, coll);
         }
+        let counts = self.look_up(inner, coll, batch.get(), &mut staged);
+        // Rows of features the cache could not hold entirely: (feature, its distinct rows).
+        let mut overflow = Overflow::new();
+        let io = self.fetch(inner, &mut staged, &mut overflow)?;
+        self.complete(inner, &mut staged, &mut overflow);
+        self.finish_batch(inner, counts, io)?;
+        Counters::add_time(&self.counters.stage_ns, t0.elapsed());
+        Ok(staged)
+    }
+
+    /// Looks the ids of batch `kj` up in every tier table's cache: fills `staged` with each tier
+    /// feature's rows found (held in place), lists the rows to fetch in `inner.misses`, and
+    /// returns what it counted.
+    fn look_up(
+        &self,
+        inner: &mut Inner,
+        coll: &EmbeddingCollection,
+        kj: &KeyedJagged,
+        staged: &mut StagedBatch,
+    ) -> Counts {
         inner.misses.clear();
-        // The tier tables are staged in parallel when the batch is large enough to pay for it
-        // (each table's cache is its own): the rows of a batch that misses nothing are ready
-        // sooner, and a pooler on many threads is not held back by one staging thread. The
-        // misses of every table are then fetched together, in one call per store.
         let released = self.recycler.take_released();
-        let tier_ids: usize = (0..nf)
-            .filter(|&f| self.by_table[coll.features()[f].table].is_some())
-            .map(|f| kj.feature_range(f).len())
-            .sum();
-        let stage_table = |(d, table): (usize, &mut TierTable)| {
-            stage_table(
-                d,
-                table,
-                &self.features_of[d],
-                &released,
-                kj,
-                &self.recycler,
-            )
-        };
-        let parallel = self.features_of.len() > 1
-            && tier_ids >= PARALLEL_MIN_IDS
-            && rayon::current_num_threads() > 1;
-        let outs: Vec<TableStaged> = if parallel {
-            use rayon::prelude::*;
-            inner
-                .tables
-                .par_iter_mut()
-                .enumerate()
-                .map(stage_table)
-                .collect()
-        } else {
-            inner
-                .tables
-                .iter_mut()
-                .enumerate()
-                .map(stage_table)
-                .collect()
-        };
+        let outs = self.stage_tables(inner, coll, kj, &released);
         for (_, held) in released {
             self.recycler.put_held(held);
         }
-        let (mut lookups, mut distinct, mut hits, mut lookup_hits) = (0u64, 0u64, 0u64, 0u64);
+        let mut counts = Counts::default();
         for out in outs {
-            lookups += out.lookups;
-            distinct += out.distinct;
-            hits += out.hits;
-            lookup_hits += out.lookup_hits;
+            counts.add(&out.counts);
             inner.misses.extend(out.misses);
             for (f, sf) in out.feats {
                 staged.feats[f] = Some(sf);
             }
         }
-        // Rows of features the cache could not hold entirely: (feature, its distinct rows).
-        let mut overflow: Vec<(usize, Vec<u8>)> = Vec::new();
+        counts
+    }
+
+    /// Stages each tier table's features for batch `kj` ([`stage_table`]), after giving back
+    /// its slots in `released`. The tables are staged in parallel when the batch is large
+    /// enough to pay for it (each table's cache is its own): the rows of a batch that misses
+    /// nothing are ready sooner, and a pooler on many threads is not held back by one staging
+    /// thread. The misses of every table are then fetched together, in one call per store.
+    fn stage_tables(
+        &self,
+        inner: &mut Inner,
+        coll: &EmbeddingCollection,
+        kj: &KeyedJagged,
+        released: &[(usize, Vec<u32>)],
+    ) -> Vec<TableStaged> {
+        let tier_ids: usize = (0..coll.features().len())
+            .filter(|&f| self.by_table[coll.features()[f].table].is_some())
+            .map(|f| kj.feature_range(f).len())
+            .sum();
+        let stage = |(d, table): (usize, &mut TierTable)| {
+            stage_table(d, table, &self.features_of[d], released, kj, &self.recycler)
+        };
+        let parallel = self.features_of.len() > 1
+            && tier_ids >= PARALLEL_MIN_IDS
+            && rayon::current_num_threads() > 1;
+        if parallel {
+            use rayon::prelude::*;
+            inner.tables.par_iter_mut().enumerate().map(stage).collect()
+        } else {
+            inner.tables.iter_mut().enumerate().map(stage).collect()
+        }
+    }
+
+    /// Fetches the batch's misses from their stores (one call per store), each row landed for
+    /// `staged` ([`land_row`]; rows that found no slot in `overflow`), and records whether the
+    /// remote store answered. Returns the time spent waiting for the stores.
+    fn fetch(
+        &self,
+        inner: &mut Inner,
+        staged: &mut StagedBatch,
+        overflow: &mut Overflow,
+    ) -> Result<Duration> {
+        let recycler = &*self.recycler;
         let io = inner.fetch_misses(&self.counters, |m, row, table| {
-            let Some(StagedFeature {
-                rows: StagedRows::Slab { held, .. },
-                ..
-            }) = staged.feats[m.feature].as_mut()
-            else {
-                return;
-            };
-            let slot = table
-                .cache
-                .insert_held(m.id as u64, row)
-                .or_else(|| table.cache.hold_staging(row));
-            match slot {
-                Some(slot) => held[m.slot] = slot,
-                None => {
-                    let rb = row.len();
-                    let k = match overflow.iter().position(|(f, _)| *f == m.feature) {
-                        Some(k) => k,
-                        None => {
-                            overflow.push((m.feature, self.recycler.take_rows(held.len() * rb)));
-                            overflow.len() - 1
-                        }
-                    };
-                    overflow[k].1[m.slot * rb..(m.slot + 1) * rb].copy_from_slice(row);
-                }
-            }
+            land_row(m, row, table, staged, overflow, recycler);
         });
         if self.remote {
             let down = matches!(io, Err(EmbedError::StoreUnavailable { .. }));
             self.healthy.store(!down, Relaxed);
         }
-        let io = io?;
+        io
+    }
+
+    /// Completes each tier feature of `staged` once its misses landed: every id pointed at its
+    /// row's slot, or, for a feature with rows in `overflow`, its rows copied into one buffer.
+    fn complete(&self, inner: &mut Inner, staged: &mut StagedBatch, overflow: &mut Overflow) {
         for (f, sf) in staged.feats.iter_mut().enumerate() {
             let Some(sf) = sf else { continue };
-            let StagedRows::Slab {
-                held, tier, slots, ..
-            } = &mut sf.rows
-            else {
+            let StagedRows::Slab { tier, .. } = sf.rows else {
                 continue;
             };
-            match overflow.iter().position(|(g, _)| *g == f) {
-                None if sf.absent => {
-                    // Every row has a slot now: the fetched rows' slots, for pooling straight
-                    // from the slab.
-                    for (s, &x) in slots.iter_mut().zip(&sf.inverse) {
-                        if *s == u32::MAX {
-                            *s = held[x as usize];
-                        }
-                    }
-                }
+            match overflow.iter_mut().find(|(g, _)| *g == f) {
+                None if sf.absent => fill_slots(sf),
                 None => {}
-                Some(k) => {
-                    // Copy the held rows beside the ones that found no slot, and let go of the
-                    // slots at once.
-                    let mut rows = std::mem::take(&mut overflow[k].1);
-                    let cache = &mut inner.tables[*tier].cache;
-                    let rb = sf.stride;
-                    for (i, &slot) in held.iter().enumerate() {
-                        if slot != u32::MAX {
-                            rows[i * rb..(i + 1) * rb].copy_from_slice(cache.slot_row(slot));
-                            cache.release(slot);
-                        }
-                    }
-                    self.recycler.put_held(std::mem::take(held));
-                    let slots = std::mem::take(slots);
-                    copy_stable(sf, &slots, &mut rows, cache);
-                    self.recycler.put(Vec::new(), slots);
-                    sf.rows = StagedRows::Compact(rows);
+                Some((_, rows)) => {
+                    let rows = std::mem::take(rows);
+                    compact(sf, rows, &mut inner.tables[tier].cache, &self.recycler);
                 }
             }
         }
+    }
+
+    /// Counts the batch (`counts`, and `io`, its wait for missing rows), re-pins the hottest
+    /// rows every `refresh_batches` batches under the pinned policy, and publishes the caches'
+    /// size.
+    fn finish_batch(&self, inner: &mut Inner, counts: Counts, io: Duration) -> Result<()> {
         if !inner.misses.is_empty() {
             let mut samples = self.fetch_samples.lock().unwrap_or_else(|p| p.into_inner());
             if samples.len() < FETCH_SAMPLES {
@@ -472,30 +421,35 @@ impl Stager {
         }
         let c = &self.counters;
         let batches = c.batches.fetch_add(1, Relaxed) + 1;
-        c.lookups.fetch_add(lookups, Relaxed);
-        c.cache_lookups.fetch_add(distinct, Relaxed);
-        c.hits.fetch_add(hits, Relaxed);
-        c.misses.fetch_add(distinct - hits, Relaxed);
-        c.lookup_hits.fetch_add(lookup_hits, Relaxed);
+        c.lookups.fetch_add(counts.lookups, Relaxed);
+        c.cache_lookups.fetch_add(counts.distinct, Relaxed);
+        c.hits.fetch_add(counts.hits, Relaxed);
+        c.misses.fetch_add(counts.distinct - counts.hits, Relaxed);
+        c.lookup_hits.fetch_add(counts.lookup_hits, Relaxed);
         Counters::add_time(&c.io_ns, io);
         if self.opts.policy == CachePolicy::Pinned
             && self.opts.refresh_batches > 0
             && batches.is_multiple_of(self.opts.refresh_batches as u64)
         {
-            for d in 0..inner.tables.len() {
-                let k = inner.tables[d].pin_rows;
-                let hot: Vec<usize> = inner.tables[d]
-                    .cache
-                    .take_hot(k)
-                    .into_iter()
-                    .map(|i| i as usize)
-                    .collect();
-                inner.pin(d, &hot, &self.counters)?;
-            }
+            self.refresh_pins(inner)?;
         }
         inner.publish_usage(c);
-        Counters::add_time(&c.stage_ns, t0.elapsed());
-        Ok(staged)
+        Ok(())
+    }
+
+    /// Pins each tier table's hottest rows by its live access counts.
+    fn refresh_pins(&self, inner: &mut Inner) -> Result<()> {
+        for d in 0..inner.tables.len() {
+            let k = inner.tables[d].pin_rows;
+            let hot: Vec<usize> = inner.tables[d]
+                .cache
+                .take_hot(k)
+                .into_iter()
+                .map(|i| i as usize)
+                .collect();
+            inner.pin(d, &hot, &self.counters)?;
+        }
+        Ok(())
     }
 
     /// Each batch's wait for its missing rows since the last call, seconds (batches that had
@@ -527,11 +481,14 @@ impl Stager {
         self.healthy.load(Relaxed)
     }
 
-    /// Asks every store whether it answers now (a remote store's nodes), and records the answer
-    /// for [`Stager::store_healthy`].
+    /// Asks every remote store whether it answers now (its nodes; local files always do), and
+    /// records the answer for [`Stager::store_healthy`].
     pub fn probe_stores(&self) -> Result<()> {
         let mut inner = self.lock();
-        let r = inner.stores.iter_mut().try_for_each(|s| s.probe());
+        let r = inner.stores.iter_mut().try_for_each(|s| match s {
+            TierStore::Remote(s) => s.probe(),
+            TierStore::Local(_) => Ok(()),
+        });
         if self.remote {
             self.healthy.store(r.is_ok(), Relaxed);
         }
@@ -543,7 +500,10 @@ impl Stager {
         self.lock()
             .stores
             .iter()
-            .flat_map(|s| s.node_stats())
+            .flat_map(|s| match s {
+                TierStore::Remote(s) => s.node_stats(),
+                TierStore::Local(_) => Vec::new(),
+            })
             .collect()
     }
 

@@ -14,8 +14,12 @@ pub fn load_trace(path: &Path) -> Result<Vec<u64>> {
         path: path.display().to_string(),
         reason,
     };
-    let text = crate::files::read_text(path, "trace", crate::files::TRACE_LIMIT)
-        .map_err(|e| err(e.to_string()))?;
+    let text = crate::files::read_text(path, "trace", crate::files::TRACE_LIMIT).map_err(|e| {
+        EmbedError::TraceIo {
+            path: path.display().to_string(),
+            cause: e.into(),
+        }
+    })?;
     let mut ids = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let t = line.trim();

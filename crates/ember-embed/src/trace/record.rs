@@ -7,7 +7,7 @@
 //! `every`, into a ring of the `ids_per_table` most recent ids of each table: memory is bounded
 //! (8 bytes per id) and the cost is a copy of the sampled batches' ids under a lock per table.
 
-use crate::collection::{EmbeddingCollection, ValidatedBatch};
+use crate::collection::{CheckedView, EmbeddingCollection};
 use crate::error::{EmbedError, Result};
 use crate::jagged::Ids;
 use std::io::Write;
@@ -102,7 +102,7 @@ impl AccessRecorder {
 
     /// Records `batch` (one of `coll`, the collection this recorder was made for) when it is
     /// the sampled one in `every`.
-    pub fn record(&self, coll: &EmbeddingCollection, batch: ValidatedBatch<'_>) {
+    pub fn record(&self, coll: &EmbeddingCollection, batch: CheckedView<'_>) {
         let n = self.batches.fetch_add(1, Ordering::Relaxed);
         if !n.is_multiple_of(self.opts.every) || batch.collection() != coll.id() {
             return;
@@ -137,9 +137,9 @@ impl AccessRecorder {
     /// through a temporary file and a rename, so a reader never sees half a file. Returns the
     /// files written. Tables whose names cannot be file names are refused by name.
     pub fn write_dir(&self, dir: &Path) -> Result<Vec<PathBuf>> {
-        let io = |path: &Path, e: std::io::Error| EmbedError::Trace {
+        let io = |path: &Path, e: std::io::Error| EmbedError::TraceIo {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            cause: e.into(),
         };
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let mut written = Vec::new();
@@ -223,7 +223,7 @@ mod tests {
             (&[8], &[0, 1]),
         ] {
             let kj = batch(a, b);
-            r.record(&c, c.validate(&kj).unwrap());
+            r.record(&c, c.check_view(&kj).unwrap());
         }
         assert_eq!(r.table(0), (vec![4, 5, 6, 7, 8], 8));
         assert_eq!(r.table(1), (vec![9, 0, 1], 3));
@@ -239,7 +239,7 @@ mod tests {
         let r = AccessRecorder::new(&c, opts).unwrap();
         for i in 0..7u32 {
             let kj = batch(&[i], &[]);
-            r.record(&c, c.validate(&kj).unwrap());
+            r.record(&c, c.check_view(&kj).unwrap());
         }
         assert_eq!(r.table(0).0, vec![0, 3, 6]);
         let zero = RecordOptions { every: 0, ..opts };
@@ -251,7 +251,7 @@ mod tests {
         let c = coll();
         let r = AccessRecorder::new(&c, RecordOptions::default()).unwrap();
         let kj = batch(&[42, 7, 42], &[]);
-        r.record(&c, c.validate(&kj).unwrap());
+        r.record(&c, c.check_view(&kj).unwrap());
         let dir = std::env::temp_dir().join(format!("ember-record-{}", std::process::id()));
         let written = r.write_dir(&dir).unwrap();
         // Table b saw no ids: no file.

@@ -28,6 +28,29 @@ struct Reading {
     answered: u64,
 }
 
+/// A group's commands being sent: the group's index, its commands' bytes (each after an
+/// `ASKING` where it needs one), and how many of those are sent.
+type Wire<'o> = (usize, Vec<&'o [u8]>, usize);
+
+/// One attempt's groups, deadline and per-command records, borrowed from the call.
+struct Attempt<'a> {
+    groups: &'a [Group],
+    ask: &'a mut [Option<usize>],
+    avoid: &'a mut [Option<usize>],
+    failed: &'a mut Vec<(usize, Outcome)>,
+    deadline: Instant,
+}
+
+impl Attempt<'_> {
+    /// Every command of a group fails with `f` (to be retried, avoiding `node`).
+    fn fail_all(&mut self, cmds: &[usize], f: &Failure, node: usize) {
+        for &c in cmds {
+            self.failed.push((c, Outcome::Retry(f.clone())));
+            self.avoid[c] = Some(node);
+        }
+    }
+}
+
 impl Cluster {
     /// Sends every group its commands and reads their replies (see the module documentation):
     /// each reply goes to `sink`, each command not answered goes to `failed` (with `avoid` set
@@ -43,40 +66,60 @@ impl Cluster {
         deadline: Instant,
         sink: &mut dyn FnMut(usize, Reply<'_>),
     ) {
-        // Connect, and lay out each group's commands: written straight from the packed buffer
-        // (vectored), no copy.
-        let mut wires: Vec<(usize, Vec<&[u8]>, usize)> = Vec::with_capacity(groups.len());
+        let mut at = Attempt {
+            groups,
+            ask,
+            avoid,
+            failed,
+            deadline,
+        };
+        let wires = self.lay_out(ops, &mut at);
+        let reading = self.send_all(wires, &mut at);
+        self.read_all(reading, &mut at, sink);
+    }
+
+    /// Connects each group's node and lays out its commands: written straight from the packed
+    /// buffer (vectored), no copy. A group whose node cannot be reached fails whole.
+    fn lay_out<'o>(&mut self, ops: &'o Ops, at: &mut Attempt<'_>) -> Vec<Wire<'o>> {
+        let groups = at.groups;
+        let mut wires: Vec<Wire<'o>> = Vec::with_capacity(groups.len());
         for (g, (node, replica, cmds)) in groups.iter().enumerate() {
-            if let Err(f) = self.ensure(*node, *replica, deadline) {
+            if let Err(f) = self.ensure(*node, *replica, at.deadline) {
                 self.node_failed(*node, f.kind);
-                fail_all(cmds, &f, *node, avoid, failed);
+                at.fail_all(cmds, &f, *node);
                 continue;
             }
             let mut parts = Vec::with_capacity(cmds.len());
             for &c in cmds {
-                if ask[c].is_some() {
+                if at.ask[c].is_some() {
                     parts.push(&b"*1\r\n$6\r\nASKING\r\n"[..]);
                 }
                 parts.push(ops.bytes(c));
             }
             wires.push((g, parts, 0));
         }
-        // Send, SEND_TURN bytes per node per turn.
+        wires
+    }
+
+    /// Sends the wires, SEND_TURN bytes per node per turn; returns the reading state of each
+    /// group sent whole. A group whose node fails a send fails whole.
+    fn send_all(&mut self, mut wires: Vec<Wire<'_>>, at: &mut Attempt<'_>) -> Vec<Reading> {
+        let groups = at.groups;
         let mut reading: Vec<Reading> = Vec::with_capacity(wires.len());
         while !wires.is_empty() {
             let mut i = 0;
             while i < wires.len() {
-                let (g, parts, at) = &mut wires[i];
+                let (g, parts, sent) = &mut wires[i];
                 let node = groups[*g].0;
-                let mut end = *at;
+                let mut end = *sent;
                 let mut bytes = 0;
-                while end < parts.len() && (end == *at || bytes + parts[end].len() <= SEND_TURN) {
+                while end < parts.len() && (end == *sent || bytes + parts[end].len() <= SEND_TURN) {
                     bytes += parts[end].len();
                     end += 1;
                 }
                 let nd = &mut self.nodes[node];
                 let conn = nd.conn.as_mut().expect("ensured");
-                match conn.send(&parts[*at..end], deadline) {
+                match conn.send(&parts[*sent..end], at.deadline) {
                     Ok(()) if end == parts.len() => {
                         reading.push(Reading {
                             group: *g,
@@ -88,101 +131,115 @@ impl Cluster {
                         wires.swap_remove(i);
                     }
                     Ok(()) => {
-                        *at = end;
+                        *sent = end;
                         i += 1;
                     }
                     Err((kind, detail)) => {
                         let f = Failure::new(kind, &nd.addr, detail);
                         let g = *g;
                         self.node_failed(node, kind);
-                        fail_all(&groups[g].2, &f, node, avoid, failed);
+                        at.fail_all(&groups[g].2, &f, node);
                         wires.swap_remove(i);
                     }
                 }
             }
         }
-        // Read, one reply per node per turn.
+        reading
+    }
+
+    /// Reads every group's replies, one reply per node per turn, then counts each node's
+    /// traffic as its group is done.
+    fn read_all(
+        &mut self,
+        mut reading: Vec<Reading>,
+        at: &mut Attempt<'_>,
+        sink: &mut dyn FnMut(usize, Reply<'_>),
+    ) {
         while !reading.is_empty() {
             let mut i = 0;
             while i < reading.len() {
                 let r = &mut reading[i];
-                let (node, _, cmds) = &groups[r.group];
-                let node = *node;
-                if r.next == cmds.len() {
-                    let (bytes, answered, broke) = (r.bytes, r.answered, r.broke.take());
-                    reading.swap_remove(i);
-                    let nd = &mut self.nodes[node];
-                    nd.stats.commands += answered;
-                    nd.stats.bytes += bytes;
-                    nd.stats.round_trips += 1;
-                    if let Some(f) = broke {
-                        // Replies may still be on their way: the connection's state is unknown.
-                        self.node_failed(node, f.kind);
-                    }
+                if r.next == at.groups[r.group].2.len() {
+                    let node = at.groups[r.group].0;
+                    let done = reading.swap_remove(i);
+                    self.finish_reading(done, node);
                     continue;
                 }
-                let c = cmds[r.next];
-                r.next += 1;
+                self.read_next(r, at, sink);
                 i += 1;
-                if let Some(f) = &r.broke {
-                    failed.push((c, Outcome::Retry(f.clone())));
-                    avoid[c] = Some(node);
-                    continue;
-                }
-                let nd = &mut self.nodes[node];
-                let conn = nd.conn.as_mut().expect("sent on it");
-                if ask[c].is_some() {
-                    // ASKING's own +OK.
-                    if let Err((kind, detail)) = conn.recv(deadline) {
-                        let f = Failure::new(kind, &nd.addr, detail);
-                        failed.push((c, Outcome::Retry(f.clone())));
-                        r.broke = Some(f);
-                        continue;
-                    }
-                }
-                let bytes = &mut r.bytes;
-                let got = conn.recv_with(deadline, |reply| match reply {
-                    Reply::Other(Value::ServerError(e)) => Err(e.clone()),
-                    reply => {
-                        if let Reply::Bulk(b) = reply {
-                            *bytes += b.len() as u64;
-                        }
-                        sink(c, reply);
-                        Ok(())
-                    }
-                });
-                match got {
-                    Ok(Err(e)) => {
-                        let text = e.to_string();
-                        let outcome = self.on_server_error(c, &e, &text, node, ask);
-                        failed.push((c, outcome));
-                    }
-                    Ok(Ok(())) => {
-                        r.answered += 1;
-                        ask[c] = None;
-                    }
-                    Err((kind, detail)) => {
-                        let f = Failure::new(kind, &nd.addr, detail);
-                        r.broke = Some(f.clone());
-                        failed.push((c, Outcome::Retry(f)));
-                        avoid[c] = Some(node);
-                    }
-                }
             }
         }
     }
-}
 
-/// Every command of a group fails with `f` (to be retried, avoiding `node`).
-fn fail_all(
-    cmds: &[usize],
-    f: &Failure,
-    node: usize,
-    avoid: &mut [Option<usize>],
-    failed: &mut Vec<(usize, Outcome)>,
-) {
-    for &c in cmds {
-        failed.push((c, Outcome::Retry(f.clone())));
-        avoid[c] = Some(node);
+    /// Counts the traffic of `node`'s finished group `r`; a connection that broke is failed
+    /// now, its replies all read or not.
+    fn finish_reading(&mut self, r: Reading, node: usize) {
+        let nd = &mut self.nodes[node];
+        nd.stats.commands += r.answered;
+        nd.stats.bytes += r.bytes;
+        nd.stats.round_trips += 1;
+        if let Some(f) = r.broke {
+            // Replies may still be on their way: the connection's state is unknown.
+            self.node_failed(node, f.kind);
+        }
+    }
+
+    /// Reads the reply to the next command of `r`'s group into `sink` (its `ASKING`'s `+OK`
+    /// first, where it was sent one); a command whose connection broke fails, to be retried.
+    #[inline]
+    fn read_next(
+        &mut self,
+        r: &mut Reading,
+        at: &mut Attempt<'_>,
+        sink: &mut dyn FnMut(usize, Reply<'_>),
+    ) {
+        let (node, _, cmds) = &at.groups[r.group];
+        let node = *node;
+        let c = cmds[r.next];
+        r.next += 1;
+        if let Some(f) = &r.broke {
+            at.failed.push((c, Outcome::Retry(f.clone())));
+            at.avoid[c] = Some(node);
+            return;
+        }
+        let nd = &mut self.nodes[node];
+        let conn = nd.conn.as_mut().expect("sent on it");
+        if at.ask[c].is_some() {
+            // ASKING's own +OK.
+            if let Err((kind, detail)) = conn.recv(at.deadline) {
+                let f = Failure::new(kind, &nd.addr, detail);
+                at.failed.push((c, Outcome::Retry(f.clone())));
+                r.broke = Some(f);
+                return;
+            }
+        }
+        let bytes = &mut r.bytes;
+        let got = conn.recv_with(at.deadline, |reply| match reply {
+            Reply::Other(Value::ServerError(e)) => Err(e.clone()),
+            reply => {
+                if let Reply::Bulk(b) = reply {
+                    *bytes += b.len() as u64;
+                }
+                sink(c, reply);
+                Ok(())
+            }
+        });
+        match got {
+            Ok(Err(e)) => {
+                let text = e.to_string();
+                let outcome = self.on_server_error(c, &e, &text, node, at.ask);
+                at.failed.push((c, outcome));
+            }
+            Ok(Ok(())) => {
+                r.answered += 1;
+                at.ask[c] = None;
+            }
+            Err((kind, detail)) => {
+                let f = Failure::new(kind, &nd.addr, detail);
+                r.broke = Some(f.clone());
+                at.failed.push((c, Outcome::Retry(f)));
+                at.avoid[c] = Some(node);
+            }
+        }
     }
 }

@@ -206,9 +206,20 @@ pub fn check_outputs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<()>
     }
 }
 
-/// Decodes the input tensors of a request (either protocol) into checked samples.
+/// Decodes the input tensors of a request (either protocol) into checked samples: each input
+/// to its slot, then the dense values, every feature's lengths (their sums size the ids), and
+/// the ids, each read once into its place.
 pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Samples> {
-    // Each input to its slot: 0 is dense, 1 + 2f feature f's lengths, 2 + 2f its ids.
+    let slots = input_slots(spec, inputs)?;
+    let (n, dense) = read_dense(spec, &slots)?;
+    let (lengths, totals) = read_lengths(spec, &slots, n)?;
+    let ids = read_ids(spec, &slots, &totals)?;
+    spec.check(n, dense, lengths, ids)
+}
+
+/// Each input to its slot: 0 is dense, `1 + 2f` feature f's lengths, `2 + 2f` its ids. An
+/// input the model does not take, or one given twice, is refused.
+fn input_slots<'t, T: Tensor>(spec: &ModelSpec, inputs: &'t [T]) -> Result<Vec<Option<&'t T>>> {
     let mut slots: Vec<Option<&T>> = vec![None; 1 + 2 * spec.features().len()];
     for i in inputs {
         let Some(&k) = spec.input_slots.get(i.name()) else {
@@ -226,10 +237,17 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
             )));
         }
     }
-    let find = |k: usize, name: &dyn Fn() -> String| -> Result<&T> {
-        slots[k].ok_or_else(|| ServeError::bad(format!("missing input '{}'", name())))
-    };
-    let dense_in = find(0, &|| "dense".into())?;
+    Ok(slots)
+}
+
+/// The input in slot `k`; `name` says which it is when it is missing.
+fn slot<'t, T>(slots: &[Option<&'t T>], k: usize, name: impl FnOnce() -> String) -> Result<&'t T> {
+    slots[k].ok_or_else(|| ServeError::bad(format!("missing input '{}'", name())))
+}
+
+/// The samples' count and their dense values: `dense` is FP32 `[N, dense_in]`.
+fn read_dense<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>]) -> Result<(usize, Vec<f32>)> {
+    let dense_in = slot(slots, 0, || "dense".into())?;
     expect_type(dense_in, &["FP32"])?;
     let shape = dims(dense_in)?;
     if shape.len() != 2 || shape[1] != spec.dense_in() {
@@ -249,11 +267,20 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
     // Sized by the tensor once its values are counted (a shape alone proves nothing).
     let mut dense = Vec::new();
     dense_in.read_floats(want, &mut dense)?;
-    // Every feature's lengths first: their sums size the ids, read once into their place.
+    Ok((n, dense))
+}
+
+/// Every feature's lengths (INT64 or INT32 `[n]`, each a count of ids), feature-major, and
+/// their sum per feature. Every tensor's shape is checked before any is read.
+fn read_lengths<T: Tensor>(
+    spec: &ModelSpec,
+    slots: &[Option<&T>],
+    n: usize,
+) -> Result<(Vec<u32>, Vec<u64>)> {
     let nf = spec.features().len();
     let mut length_tensors = Vec::with_capacity(nf);
     for (fi, f) in spec.features().iter().enumerate() {
-        let li = find(1 + 2 * fi, &|| format!("{f}_lengths"))?;
+        let li = slot(slots, 1 + 2 * fi, || format!("{f}_lengths"))?;
         expect_type(li, &["INT64", "INT32"])?;
         let ls = dims(li)?;
         if ls.len() != 1 || ls[0] != n {
@@ -286,11 +313,16 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
         }
         totals.push(total);
     }
-    drop(ls_raw);
-    let mut id_tensors = Vec::with_capacity(nf);
+    Ok((lengths, totals))
+}
+
+/// Every feature's ids (INT64 or INT32 `[total]`, `totals` from [`read_lengths`]) into one id
+/// column, sized once, 32-bit where the model's tables allow ([`ModelSpec::new_ids`]).
+fn read_ids<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>], totals: &[u64]) -> Result<Ids> {
+    let mut id_tensors = Vec::with_capacity(totals.len());
     for (fi, f) in spec.features().iter().enumerate() {
         let total = totals[fi];
-        let ii = find(2 + 2 * fi, &|| format!("{f}_ids"))?;
+        let ii = slot(slots, 2 + 2 * fi, || format!("{f}_ids"))?;
         expect_type(ii, &["INT64", "INT32"])?;
         let is = dims(ii)?;
         if is.len() != 1 || is[0] as u64 != total {
@@ -306,16 +338,17 @@ pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Sampl
     // really hold.
     let room: usize = id_tensors
         .iter()
-        .zip(&totals)
+        .zip(totals)
         .map(|(t, &total)| t.count().min(total as usize))
         .sum();
     let mut ids = spec.new_ids(room);
-    for (ii, &total) in id_tensors.iter().zip(&totals) {
+    for (ii, &total) in id_tensors.iter().zip(totals) {
         ii.read_ints(total as usize, &mut ids)?;
     }
-    spec.check(n, dense, lengths, ids)
+    Ok(ids)
 }
 
+/// Refuses an input whose datatype is none of `ok`.
 fn expect_type<T: Tensor>(i: &T, ok: &[&str]) -> Result<()> {
     if ok.contains(&i.datatype()) {
         Ok(())

@@ -69,9 +69,9 @@ pub struct RepositoryConfig {
     /// Bytes per second a version's tables are copied at while another version serves (`None`:
     /// unpaced). The first loads, before the server takes requests, are never paced.
     pub pace_bytes_per_s: Option<u64>,
-    /// Serve one model from the remote store alone, following the version it says to serve;
+    /// Serve one model from the registry alone, following the version it says to serve;
     /// `root` then holds the versions fetched (`None`: serve the models under `root`).
-    pub store: Option<super::StoreFollow>,
+    pub registry: Option<super::RegistryFollow>,
 }
 
 /// Whether `name` may name a model or version directory.
@@ -149,8 +149,8 @@ impl Repository {
     /// Loads the newest version of every model under the repository directory; errors name
     /// every model that failed.
     pub fn load_all(&self) -> Result<()> {
-        if self.store_follow().is_some() {
-            return self.sync_store().map(|_| ());
+        if self.registry_follow().is_some() {
+            return self.sync_registry().map(|_| ());
         }
         let root = self.source()?.root.clone();
         let mut failed = Vec::new();
@@ -169,15 +169,15 @@ impl Repository {
     /// it in for the version served. On failure the served version, if any, stays.
     pub fn load(&self, name: &str) -> Result<u64> {
         let src = self.source()?;
-        if let Some(f) = &src.store {
+        if let Some(f) = &src.registry {
             if name != f.name {
                 return Err(ServeError::NotFound(format!(
-                    "no model '{name}': this server serves '{}' from the store",
+                    "no model '{name}': this server serves '{}' from the registry",
                     f.name
                 )));
             }
             self.set_held(name, false);
-            return self.sync_store();
+            return self.sync_registry();
         }
         if !usable(name) {
             return Err(ServeError::NotFound(format!(

@@ -18,7 +18,7 @@
 
 pub mod load;
 mod poll;
-mod store;
+mod registry;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,8 +33,8 @@ use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
 pub use load::{DiskLoader, Loader, RepositoryConfig};
 pub(crate) use poll::spawn as spawn_poller;
-pub use store::StoreFollow;
-pub(crate) use store::spawn as spawn_store_follower;
+pub use registry::RegistryFollow;
+pub(crate) use registry::spawn as spawn_registry_follower;
 
 /// One version of a model, serving.
 #[derive(Debug)]
@@ -73,7 +73,7 @@ impl Served {
 
     /// Whether it takes requests: false while a store its model reads rows from does not answer.
     pub fn is_ready(&self) -> bool {
-        self.spec.model().stager().store_healthy()
+        self.spec.model().tier().store_healthy()
     }
 }
 
@@ -133,8 +133,8 @@ pub struct Repository {
     control: Mutex<()>,
     /// Set when the server stops: nothing is swapped in after.
     stopped: AtomicBool,
-    /// The store a model is followed in (`--from-store`), once connected.
-    store_conn: Mutex<Option<ember_model::store::StoreModel>>,
+    /// The registry a model is followed in (`--from-registry`), once connected.
+    registry_conn: Mutex<Option<ember_registry::RegistryModel>>,
 }
 
 impl Repository {
@@ -160,7 +160,7 @@ impl Repository {
             batch,
             control: Mutex::new(()),
             stopped: AtomicBool::new(false),
-            store_conn: Mutex::new(None),
+            registry_conn: Mutex::new(None),
         }
     }
 
@@ -173,7 +173,7 @@ impl Repository {
             batch,
             control: Mutex::new(()),
             stopped: AtomicBool::new(false),
-            store_conn: Mutex::new(None),
+            registry_conn: Mutex::new(None),
         }
     }
 

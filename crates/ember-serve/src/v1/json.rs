@@ -27,6 +27,9 @@ struct Columns<'s> {
     spans: Vec<(u32, u32)>,
 }
 
+/// What a sample looks like, for the error of a body that is none.
+const SAMPLE_SHAPE: &str = r#"{"dense": [...], "sparse": {"<feature>": [ids]}}"#;
+
 /// Decodes a JSON body: one sample or an array of samples (see the module documentation of
 /// `v1`).
 pub fn decode(spec: &ModelSpec, body: &[u8]) -> Result<Samples> {
@@ -46,8 +49,7 @@ pub fn decode(spec: &ModelSpec, body: &[u8]) -> Result<Samples> {
     let read = Body(&mut cols).deserialize(&mut de).and_then(|()| de.end());
     if let Err(e) = read {
         return Err(ServeError::bad(format!(
-            "body is not a sample or an array of samples ({{\"dense\": [...], \"sparse\": \
-             {{\"<feature>\": [ids]}}}}): {e}"
+            "body is not a sample or an array of samples ({SAMPLE_SHAPE}): {e}"
         )));
     }
     cols.finish()

@@ -4,7 +4,7 @@
 //! routing, no retries), and with the layouts the field uses.
 //!
 //! Set up: the tables from the seed (DRAM); a local Redis Cluster of `--primaries` x (1 +
-//! `--replicas`) nodes started here (or `--redis`); the tables pushed (`ember store push`'s code),
+//! `--replicas`) nodes started here (or `--redis`); the tables pushed (`ember registry push`'s code),
 //! timed against `redis-benchmark`'s pipelined `SET` of as many new keys of the same size (and,
 //! for reference, its overwrite of 2,000 keys). Measure: the layout
 //! study (memory per row from `INFO memory`, fetch rate); DRAM; for each cache size and policy,
@@ -15,23 +15,23 @@ use crate::units::human_bytes;
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
-use ember_bench::stats::{median, quantile};
-use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions, RemoteSource};
-use ember_embed::{
-    CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged, Stager, TierOptions, TierStats,
-};
+use ember_bench::stats::median;
+use ember_embed::storage::remote::{self, Cluster, ClusterOptions, RemoteSource};
+use ember_embed::{CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged};
+use ember_registry::PushOptions;
 use serde_json::{Value as Json, json};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::setup::{self, EmbedArgs};
-use super::tiered::{WarmPairs, batches_before, run_tier};
 
 mod ceiling;
 mod layouts;
+mod tier;
 
 use ceiling::ceiling_loop;
 use layouts::layout_study;
+use tier::TierBench;
 
 #[derive(Debug, Args)]
 pub struct RemoteArgs {
@@ -69,6 +69,9 @@ pub struct RemoteArgs {
     timeout_ms: u64,
 }
 
+/// Runs `bench remote`: the tables pushed to a Redis Cluster (started here unless `--redis`),
+/// the layout study, DRAM, the remote tier at each cache size and policy, the cluster's own
+/// rate; one JSON object with `--json`.
 pub fn run(r: RemoteArgs) -> Result<()> {
     let a = &r.embed;
     let setup::Setup {
@@ -82,26 +85,8 @@ pub fn run(r: RemoteArgs) -> Result<()> {
     );
     let total = s.table_bytes(a.dtype)?;
     let (dram, _) = setup::build_tables(a, s, total)?;
-    let local = match &r.redis {
-        Some(_) => None,
-        None => {
-            redis_cluster::available().map_err(anyhow::Error::msg)?;
-            eprint!(
-                "starting a local Redis Cluster ({} primaries x {} replicas)... ",
-                r.primaries, r.replicas
-            );
-            let c = LocalCluster::start(r.primaries, r.replicas, 2000)?;
-            eprintln!("{}", c.url());
-            Some(c)
-        }
-    };
-    let url = r
-        .redis
-        .clone()
-        .unwrap_or_else(|| local.as_ref().expect("started").url());
-    let mut admin_opts = ClusterOptions::parse(&url)?;
-    admin_opts.timeout = Duration::from_secs(60);
-    let mut admin = Cluster::connect(admin_opts.clone())?;
+    let (local, url) = cluster(&r)?;
+    let mut admin = connect(&url, Duration::from_secs(60))?;
     let primaries = admin.primaries();
 
     let layouts = match r.layout_rows {
@@ -114,24 +99,164 @@ pub fn run(r: RemoteArgs) -> Result<()> {
         "bench-{}x{}x{}-{}-{}",
         s.tables, s.rows, s.dim, a.dtype, a.seed
     );
-    if let Ok(vs) = remote::versions(&mut admin, &model) {
+    let pushed = push_tables(&mut admin, &primaries, &model, &dram, total)?;
+
+    // DRAM.
+    let (warmup, timed) = batches(&r, s, &source)?;
+    let runs: Vec<&[KeyedJagged]> = timed.chunks(a.batches).collect();
+    let lookups_per_run: usize = runs[0].iter().map(|b| b.num_ids()).sum();
+    let pooler = a.pooler(isa)?;
+    let mut out = vec![0f32; s.batch * s.tables * s.dim];
+    let (want, dram_lps) = dram_runs(&dram, &pooler, &runs, lookups_per_run, &mut out)?;
+    let dram_m = median(&dram_lps);
+    eprintln!("dram: {:.2} M lookups/s", dram_m / 1e6);
+
+    // The remote tier.
+    let version = pushed.rep.version;
+    let tier = TierBench {
+        r: &r,
+        coll: remote_tables(&dram)?,
+        src: remote_source(&r, &url, &model, version)?,
+        pin_trace: match &source {
+            ember_bench::workload::IdSource::Trace { ids, .. } => Some(ids.clone()),
+            _ => None,
+        },
+        dram: &dram,
+        pooler: &pooler,
+        warmup: &warmup,
+        runs: &runs,
+        lookups_per_run,
+        want: &want,
+        total,
+    };
+    let (mut results, smallest_misses) = tier.measure_all(&mut out)?;
+    let ceiling = measure_ceiling(&r, &url, &model, &pushed, smallest_misses, &mut results)?;
+    let report = json!({
+        "bench": "remote",
+        "tables": s.tables, "rows": s.rows, "dim": s.dim, "dtype": a.dtype.name(),
+        "batch": s.batch, "pooling": s.pooling, "ids": source.describe(),
+        "cluster": url, "primaries": primaries.len(),
+        "dram_lookups_per_s": dram_m, "run_dram_lookups_per_s": dram_lps,
+        "push": pushed.json(total),
+        "policies": results,
+        "ceiling": ceiling,
+        "layouts": layouts,
+    });
+    ember_registry::remove(&mut admin, &model, version, Duration::from_secs(60))?;
+    if a.json {
+        println!("{report}");
+    }
+    drop(local);
+    Ok(())
+}
+
+/// A connection to the cluster at `url` whose calls wait at most `timeout`.
+fn connect(url: &str, timeout: Duration) -> Result<Cluster> {
+    let mut opts = ClusterOptions::parse(url)?;
+    opts.timeout = timeout;
+    Ok(Cluster::connect(opts)?)
+}
+
+/// The warm-up batches (`--warmup-batches`, default `--batches` x `--runs`), then the timed
+/// ones (`--runs` runs of `--batches`).
+fn batches(
+    r: &RemoteArgs,
+    s: setup::Shape,
+    source: &ember_bench::workload::IdSource,
+) -> Result<(Vec<KeyedJagged>, Vec<KeyedJagged>)> {
+    let a = &r.embed;
+    let warm = r.warmup_batches.unwrap_or(a.batches * a.runs);
+    let mut all = setup::batches(a, s, source, warm + a.batches * a.runs)?;
+    let timed = all.split_off(warm);
+    Ok((all, timed))
+}
+
+/// Where the remote tier's rows are: `model`'s `version` in the cluster at `url`, a batch's
+/// fetch waiting at most `--timeout-ms`.
+fn remote_source(r: &RemoteArgs, url: &str, model: &str, version: u64) -> Result<RemoteSource> {
+    let mut cluster = ClusterOptions::parse(url)?;
+    cluster.timeout = Duration::from_millis(r.timeout_ms);
+    Ok(RemoteSource {
+        cluster,
+        model: model.to_string(),
+        version: Some(version),
+    })
+}
+
+/// The cluster to run on, by its URL: `--redis`, or a local Redis Cluster of `--primaries` x
+/// (1 + `--replicas`) nodes started here (returned too: it stops when dropped).
+fn cluster(r: &RemoteArgs) -> Result<(Option<LocalCluster>, String)> {
+    if let Some(url) = &r.redis {
+        return Ok((None, url.clone()));
+    }
+    redis_cluster::available().map_err(anyhow::Error::msg)?;
+    eprint!(
+        "starting a local Redis Cluster ({} primaries x {} replicas)... ",
+        r.primaries, r.replicas
+    );
+    let c = LocalCluster::start(r.primaries, r.replicas, 2000)?;
+    let url = c.url();
+    eprintln!("{url}");
+    Ok((Some(c), url))
+}
+
+/// What the push did and what it is held against: its report, seconds and the memory its rows
+/// took on the primaries, its version's manifest and block size, and redis-benchmark's rates
+/// for the same value size (`None` where the tool is missing).
+struct Pushed {
+    rep: ember_registry::PushReport,
+    push_s: f64,
+    stored: u64,
+    manifest: remote::Manifest,
+    block_bytes: usize,
+    bench_set: Option<f64>,
+    bench_overwrite: Option<f64>,
+}
+
+impl Pushed {
+    /// The push's figures in the report (`total`: bytes of the tables).
+    fn json(&self, total: usize) -> Json {
+        let push_rate = total as f64 / self.push_s;
+        json!({
+            "seconds": self.push_s, "verify_seconds": self.rep.verify_seconds,
+            "bytes_per_s": push_rate, "rows_per_s": self.rep.rows as f64 / self.push_s,
+            "blocks": self.rep.blocks, "block_bytes": self.block_bytes,
+            "redis_benchmark_set_bytes_per_s": self.bench_set,
+            "vs_redis_benchmark": self.bench_set.map(|b| push_rate / b),
+            "redis_benchmark_overwrite_bytes_per_s": self.bench_overwrite,
+            "vs_redis_benchmark_overwrite": self.bench_overwrite.map(|b| push_rate / b),
+            "memory_vs_raw": self.stored as f64 / total as f64,
+        })
+    }
+}
+
+/// Pushes `dram`'s tables (`total` bytes) as `model`, its earlier versions removed first;
+/// timed, with the memory it took on the `primaries`, and held against redis-benchmark.
+fn push_tables(
+    admin: &mut Cluster,
+    primaries: &[String],
+    model: &str,
+    dram: &EmbeddingCollection,
+    total: usize,
+) -> Result<Pushed> {
+    if let Ok(vs) = remote::versions(admin, model) {
         for (v, _) in vs {
-            remote::remove(&mut admin, &model, v, Duration::from_secs(60))?;
+            ember_registry::remove(admin, model, v, Duration::from_secs(60))?;
         }
     }
     let tables: Vec<&EmbeddingTable> = dram.tables().iter().collect();
-    let mem0 = used_memory(&primaries)?;
+    let mem0 = used_memory(primaries)?;
     let t0 = Instant::now();
-    let rep = remote::push(
-        &mut admin,
-        &model,
+    let rep = ember_registry::push(
+        admin,
+        model,
         &tables,
         &PushOptions::default(),
         &mut |_, _| {},
     )?;
     let push_s = t0.elapsed().as_secs_f64();
-    let stored = used_memory(&primaries)?.saturating_sub(mem0);
-    let manifest = remote::read_manifest(&mut admin, &model, rep.version)?;
+    let stored = used_memory(primaries)?.saturating_sub(mem0);
+    let manifest = remote::read_manifest(admin, model, rep.version)?;
     let block_bytes = manifest.tables[0].rows_per_block * manifest.tables[0].row_bytes;
     eprintln!(
         "push: {} in {push_s:.2} s, {:.0} MB/s ({} blocks of {}; reading back {:.2} s of it), {:.3} x the raw bytes in INFO memory",
@@ -142,235 +267,119 @@ pub fn run(r: RemoteArgs) -> Result<()> {
         rep.verify_seconds,
         stored as f64 / total as f64
     );
-    // The peer: as many new keys of the same size as the push wrote (a push stores new data:
-    // the nodes allocate and fault in fresh memory). Also, for reference, the overwrite rate
-    // (2,000 keys written 4 times: memory recycled, no new pages): a different workload.
     let push_rate = total as f64 / push_s;
-    let bench_set = redis_benchmark_set(&primaries[0], block_bytes, rep.blocks, 1_000_000_000)?;
-    let k = rep.blocks.min(2000);
-    let bench_overwrite = redis_benchmark_set(&primaries[0], block_bytes, 4 * k, k)?;
+    let (bench_set, bench_overwrite) =
+        redis_benchmark_peers(&primaries[0], block_bytes, rep.blocks, push_rate)?;
+    Ok(Pushed {
+        rep,
+        push_s,
+        stored,
+        manifest,
+        block_bytes,
+        bench_set,
+        bench_overwrite,
+    })
+}
+
+/// redis-benchmark's `SET` rates (bytes/s) of values of `block_bytes` on `node`'s cluster,
+/// printed beside the push's `push_rate`. The peer: as many new keys as the push wrote
+/// (`blocks`; a push stores new data: the nodes allocate and fault in fresh memory). Also, for
+/// reference, the overwrite rate (2,000 keys written 4 times: memory recycled, no new pages):
+/// a different workload.
+fn redis_benchmark_peers(
+    node: &str,
+    block_bytes: usize,
+    blocks: usize,
+    push_rate: f64,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let bench_set = redis_benchmark_set(node, block_bytes, blocks, 1_000_000_000)?;
+    let k = blocks.min(2000);
+    let bench_overwrite = redis_benchmark_set(node, block_bytes, 4 * k, k)?;
     if let (Some(b), Some(o)) = (bench_set, bench_overwrite) {
         eprintln!(
-            "redis-benchmark SET -d {block_bytes} -P 16: {} new keys {:.0} MB/s, push at {:.2}x; \
-             {k} keys overwritten 4 times {:.0} MB/s, push at {:.2}x",
-            rep.blocks,
+            "redis-benchmark SET -d {block_bytes} -P 16: {blocks} new keys {:.0} MB/s, push at \
+             {:.2}x; {k} keys overwritten 4 times {:.0} MB/s, push at {:.2}x",
             b / 1e6,
             push_rate / b,
             o / 1e6,
             push_rate / o
         );
     }
+    Ok((bench_set, bench_overwrite))
+}
 
-    // DRAM.
-    let warm = r.warmup_batches.unwrap_or(a.batches * a.runs);
-    let mut all = setup::batches(a, s, &source, warm + a.batches * a.runs)?;
-    let timed = all.split_off(warm);
-    let warmup = all;
-    let runs: Vec<&[KeyedJagged]> = timed.chunks(a.batches).collect();
-    let lookups_per_run: usize = runs[0].iter().map(|b| b.num_ids()).sum();
-    let pooler = a.pooler(isa)?;
-    let out_len = s.batch * s.tables * s.dim;
-    let mut out = vec![0f32; out_len];
+/// DRAM's runs of `runs` (after one untimed run of the first): what the tier must give on the
+/// last batch of the first run, bit for bit, and lookups/s of each run.
+fn dram_runs(
+    dram: &EmbeddingCollection,
+    pooler: &ember_embed::Pooler,
+    runs: &[&[KeyedJagged]],
+    lookups_per_run: usize,
+    out: &mut [f32],
+) -> Result<(Vec<f32>, Vec<f64>)> {
     for kj in runs[0] {
-        pooler.run(&dram, dram.validate(kj)?, &mut out)?;
+        pooler.run(dram, dram.check_view(kj)?, out)?;
     }
-    // What the tier must give on the last batch of the first run, bit for bit.
-    let want = out.clone();
+    let want = out.to_vec();
     let mut dram_lps = Vec::new();
-    for batches in &runs {
+    for batches in runs {
         let t0 = Instant::now();
         for kj in *batches {
-            pooler.run(&dram, dram.validate(kj)?, &mut out)?;
+            pooler.run(dram, dram.check_view(kj)?, out)?;
         }
         dram_lps.push(lookups_per_run as f64 / t0.elapsed().as_secs_f64());
     }
-    let dram_m = median(&dram_lps);
-    eprintln!("dram: {:.2} M lookups/s", dram_m / 1e6);
+    Ok((want, dram_lps))
+}
 
-    // The remote tier.
-    let coll = EmbeddingCollection::one_feature_per_table(
+/// `dram`'s tables as remote tables of the same names and shapes, one feature each.
+fn remote_tables(dram: &EmbeddingCollection) -> Result<EmbeddingCollection> {
+    Ok(EmbeddingCollection::one_feature_per_table(
         dram.tables()
             .iter()
             .map(|t| EmbeddingTable::remote(t.name(), t.rows(), t.dim(), t.dtype()))
             .collect::<Result<_, _>>()?,
+    )?)
+}
+
+/// The cluster's own rate for fetches of the smallest cache's size (`misses` rows per batch,
+/// when at least one): a plain pipelined `GETRANGE` loop over the pushed version; each result
+/// at that cache size gets its fetch rate against it (`fetch_vs_ceiling`).
+fn measure_ceiling(
+    r: &RemoteArgs,
+    url: &str,
+    model: &str,
+    pushed: &Pushed,
+    misses: Option<f64>,
+    results: &mut [Json],
+) -> Result<Json> {
+    let Some(m) = misses.filter(|&m| m >= 1.0) else {
+        return Ok(Json::Null);
+    };
+    let c = ceiling_loop(
+        url,
+        model,
+        pushed.rep.version,
+        &pushed.manifest,
+        m.round() as usize,
+        r.loop_secs,
+        r.embed.seed,
     )?;
-    let mut src_opts = ClusterOptions::parse(&url)?;
-    src_opts.timeout = Duration::from_millis(r.timeout_ms);
-    let src = RemoteSource {
-        cluster: src_opts,
-        model: model.clone(),
-        version: Some(rep.version),
-    };
-    let pin_trace = match &source {
-        ember_bench::workload::IdSource::Trace { ids, .. } => Some(ids.clone()),
-        _ => None,
-    };
-    let mut results = Vec::new();
-    let mut smallest_misses = None;
-    for &fraction in &r.cache_fractions {
-        ensure!(fraction >= 0.0, "cache fractions must not be negative");
-        let cache_bytes = (total as f64 * fraction) as usize;
-        for &policy in &r.policies {
-            let opts = TierOptions {
-                cache_bytes,
-                policy,
-                pin_trace: pin_trace.clone(),
-                remote: Some(src.clone()),
-                ..TierOptions::default()
-            };
-            let stager = Stager::new(&coll, opts)?;
-            run_tier(
-                &stager,
-                &coll,
-                &pooler,
-                &warmup,
-                r.prefetch_depth,
-                &mut out,
-                &mut None,
-            )?;
-            stager.reset_stats();
-            stager.take_fetch_samples();
-            let mut lps = Vec::new();
-            let mut dram_secs = 0.0;
-            // Each timed tier run against a DRAM run of the same batches (see `WarmPairs`: as
-            // this machine's speed drifts between runs, DRAM measured once moved 2.6x); the
-            // tier's counters and fetch samples cover the timed runs only.
-            let mut ratios = Vec::new();
-            let mut timed = TierStats::default();
-            let mut samples = Vec::new();
-            let pairs = WarmPairs {
-                stager: &stager,
-                coll: &coll,
-                dram: Some(&dram),
-                pooler: &pooler,
-                depth: r.prefetch_depth,
-                lookups_per_run,
-            };
-            for (k, batches) in runs.iter().enumerate() {
-                let before = batches_before(&warmup, &runs, k);
-                let pair = pairs.run(before, batches, &mut out, &mut None)?;
-                let dram_run = pair.dram.expect("paired with DRAM");
-                dram_secs += lookups_per_run as f64 / dram_run;
-                timed = timed.plus(&pair.stats);
-                samples.extend(stager.take_fetch_samples());
-                lps.push(pair.tier);
-                ratios.push(pair.tier / dram_run);
-                if k == 0 {
-                    ensure!(
-                        out.iter()
-                            .zip(&want)
-                            .all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "the remote tier's pooled output ({policy}) differs from DRAM's"
-                    );
-                }
-            }
-            let st = timed;
-            let mut fetch: Vec<f64> = samples.iter().map(|&x| x as f64).collect();
-            fetch.sort_by(f64::total_cmp);
-            let batches_timed = (runs.len() * a.batches) as f64;
-            let misses_per_batch = st.misses as f64 / batches_timed;
-            let fetch_rate = st.misses as f64 / st.io.as_secs_f64().max(1e-9);
-            let m = median(&lps);
-            let vs_dram = median(&ratios);
-            // Where a batch's time goes: the staging thread's work beside the DRAM pooling of
-            // the same batches (staging runs beside the tier's own pooling).
-            let stage_us = st.stage.as_secs_f64() * 1e6 / batches_timed;
-            let dram_us = dram_secs * 1e6 / batches_timed;
-            eprintln!(
-                "cache {:.0}% {policy}: {:.2} M lookups/s ({:.2}x DRAM, median of run pairs), staging {stage_us:.0} us/batch (DRAM pooling {dram_us:.0} us/batch), hit rate {:.3}, {:.0} rows fetched per batch at {:.0} rows/s, fetch p50 {:.2} ms p99 {:.2} ms",
-                fraction * 100.0,
-                m / 1e6,
-                vs_dram,
-                st.hit_rate(),
-                misses_per_batch,
-                fetch_rate,
-                quantile(&fetch, 0.5) * 1e3,
-                quantile(&fetch, 0.99) * 1e3,
-            );
-            if fraction == r.cache_fractions.iter().copied().fold(f64::MAX, f64::min) {
-                smallest_misses = Some(
-                    smallest_misses.map_or(misses_per_batch, |x: f64| x.max(misses_per_batch)),
-                );
-            }
-            results.push(json!({
-                "cache_fraction": fraction,
-                "cache_bytes": cache_bytes,
-                "policy": policy.name(),
-                "lookups_per_s": m,
-                "run_lookups_per_s": lps,
-                "vs_dram": vs_dram,
-                "run_vs_dram": ratios,
-                "hit_rate": st.hit_rate(),
-                "lookup_hit_rate": st.lookup_hit_rate(),
-                "rows_fetched_per_batch": misses_per_batch,
-                "fetch_rows_per_s": fetch_rate,
-                "fetch_p50_s": quantile(&fetch, 0.5),
-                "fetch_p99_s": quantile(&fetch, 0.99),
-                "round_trips": st.ssd_reads,
-                "bytes_fetched": st.ssd_bytes_read,
-                "stall_s": st.stall.as_secs_f64(),
-                "stage_us_per_batch": stage_us,
-                "dram_us_per_batch": dram_us,
-                "distinct_per_batch": st.cache_lookups as f64 / batches_timed,
-                "checked_against_dram": true,
-            }));
+    eprintln!(
+        "ceiling: plain pipelined GETRANGE loop, {} rows per batch: {:.0} rows/s, p99 {:.2} ms per batch",
+        m.round(),
+        c.0,
+        c.1 * 1e3
+    );
+    for res in results.iter_mut() {
+        if res["cache_fraction"].as_f64()
+            == Some(r.cache_fractions.iter().copied().fold(f64::MAX, f64::min))
+        {
+            let rate = res["fetch_rows_per_s"].as_f64().unwrap_or(0.0);
+            res["fetch_vs_ceiling"] = json!(rate / c.0);
         }
     }
-    // The cluster's own rate for fetches of that size.
-    let ceiling = match smallest_misses {
-        Some(m) if m >= 1.0 => {
-            let c = ceiling_loop(
-                &url,
-                &model,
-                rep.version,
-                &manifest,
-                m.round() as usize,
-                r.loop_secs,
-                a.seed,
-            )?;
-            eprintln!(
-                "ceiling: plain pipelined GETRANGE loop, {} rows per batch: {:.0} rows/s, p99 {:.2} ms per batch",
-                m.round(),
-                c.0,
-                c.1 * 1e3
-            );
-            for res in results.iter_mut() {
-                if res["cache_fraction"].as_f64()
-                    == Some(r.cache_fractions.iter().copied().fold(f64::MAX, f64::min))
-                {
-                    let rate = res["fetch_rows_per_s"].as_f64().unwrap_or(0.0);
-                    res["fetch_vs_ceiling"] = json!(rate / c.0);
-                }
-            }
-            json!({"rows_per_batch": m.round(), "rows_per_s": c.0, "batch_p99_s": c.1})
-        }
-        _ => Json::Null,
-    };
-    let report = json!({
-        "bench": "remote",
-        "tables": s.tables, "rows": s.rows, "dim": s.dim, "dtype": a.dtype.name(),
-        "batch": s.batch, "pooling": s.pooling, "ids": source.describe(),
-        "cluster": url, "primaries": primaries.len(),
-        "dram_lookups_per_s": dram_m, "run_dram_lookups_per_s": dram_lps,
-        "push": {
-            "seconds": push_s, "verify_seconds": rep.verify_seconds, "bytes_per_s": total as f64 / push_s,
-            "rows_per_s": rep.rows as f64 / push_s, "blocks": rep.blocks, "block_bytes": block_bytes,
-            "redis_benchmark_set_bytes_per_s": bench_set,
-            "vs_redis_benchmark": bench_set.map(|b| push_rate / b),
-            "redis_benchmark_overwrite_bytes_per_s": bench_overwrite,
-            "vs_redis_benchmark_overwrite": bench_overwrite.map(|b| push_rate / b),
-            "memory_vs_raw": stored as f64 / total as f64,
-        },
-        "policies": results,
-        "ceiling": ceiling,
-        "layouts": layouts,
-    });
-    remote::remove(&mut admin, &model, rep.version, Duration::from_secs(60))?;
-    if a.json {
-        println!("{report}");
-    }
-    drop(local);
-    Ok(())
+    Ok(json!({"rows_per_batch": m.round(), "rows_per_s": c.0, "batch_p99_s": c.1}))
 }
 
 /// Sum over `nodes` (`host:port`) of the memory holding data: `used_memory` less client

@@ -37,7 +37,7 @@ pub(super) fn cold_mmap_runs(
         let t0 = Instant::now();
         let (mut done, mut n) = (0usize, 0usize);
         for kj in batches.iter() {
-            pooler.run(&coll, coll.validate(kj)?, &mut out)?;
+            pooler.run(&coll, coll.check_view(kj)?, &mut out)?;
             done += kj.num_ids();
             n += 1;
             if t0.elapsed().as_secs_f64() > max_secs {

@@ -13,6 +13,7 @@ mod files;
 mod layout;
 mod mmap;
 mod pairs;
+mod policies;
 mod report;
 
 use crate::units::{human_bytes, mem_available};
@@ -24,10 +25,7 @@ use ember_bench::workload::IdSource;
 use ember_embed::storage::io::IoEngine;
 use ember_embed::storage::{BLOCK, RowFile};
 use ember_embed::trace::load_trace;
-use ember_embed::{
-    CachePolicy, EmbeddingCollection, EmbeddingTable, IoMode, KeyedJagged, Pooler, Stager,
-    TierOptions, TierStats,
-};
+use ember_embed::{CachePolicy, EmbeddingCollection, IoMode, KeyedJagged, Pooler};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,6 +34,7 @@ use std::time::Instant;
 use super::setup::{self, EmbedArgs, OnOff, Shape};
 use pairs::run_dram;
 pub(crate) use pairs::{WarmPairs, batches_before, run_tier};
+use policies::{Files, Peers, measure_policies};
 use report::{Disk, Report};
 
 #[derive(Debug, Args)]
@@ -123,6 +122,8 @@ impl Batches {
     }
 }
 
+/// Runs `bench tiered`: sets up the files and batches, measures the disk, the tier under each
+/// policy, DRAM and mmap, then prints the report (and writes `--report`).
 pub fn run(t: TieredArgs) -> Result<()> {
     let a = &t.embed;
     let setup::Setup {
@@ -136,11 +137,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
     );
     let paths = row_files(&t, s, None)?;
     let work = batches(&t, s, &source)?;
-    let pin_trace: Option<Arc<Vec<u64>>> = match (&t.pin_trace, &source) {
-        (Some(p), _) => Some(Arc::new(load_trace(p)?)),
-        (None, IdSource::Trace { ids, .. }) => Some(ids.clone()),
-        _ => None,
-    };
+    let pin_trace = pin_trace(&t, &source)?;
     let pooler = a.pooler(isa)?;
     let runs = work.runs(a.batches);
     let shape = (s.batch * s.tables * s.dim, work.lookups_per_run);
@@ -148,7 +145,6 @@ pub fn run(t: TieredArgs) -> Result<()> {
         return mmap_child(&t, cg, &paths, &pooler, &runs, shape);
     }
     let disk = measure_disk(&t, &paths)?;
-    let cache_bytes = t.cache_mb << 20;
     // The DRAM tables first: each tier run is paired with a DRAM run of the same batches.
     let laid = layout::laid_out_files(&t, s, &source)?;
     let dram_coll = dram_tables(&t, s)?;
@@ -156,25 +152,13 @@ pub fn run(t: TieredArgs) -> Result<()> {
         disk_iops: disk.iops,
         dram: dram_coll.as_ref(),
     };
-    let (mut policies, mut outs) = measure_policies(
-        &t,
-        s,
-        (&paths, &t.policies, None),
-        &pooler,
-        &work,
-        pin_trace.clone(),
-        &peers,
-    )?;
+    let mut sets: Vec<Files<'_>> = vec![(&paths, &t.policies, None)];
     if let Some(l) = &laid {
-        let (p, o) = measure_policies(
-            &t,
-            s,
-            (&l.paths, &t.layout_policies, Some(l)),
-            &pooler,
-            &work,
-            pin_trace,
-            &peers,
-        )?;
+        sets.push((&l.paths, &t.layout_policies, Some(l)));
+    }
+    let (mut policies, mut outs) = (Vec::new(), Vec::new());
+    for files in sets {
+        let (p, o) = measure_policies(&t, s, files, &pooler, &work, pin_trace.clone(), &peers)?;
         policies.extend(p);
         outs.extend(o);
     }
@@ -187,32 +171,7 @@ pub fn run(t: TieredArgs) -> Result<()> {
         &outs,
     )?;
     drop(dram_coll);
-    let mut mmap = None;
-    let mut mmap_budget = None;
-    if !t.no_mmap && t.mmap_runs > 0 {
-        mmap = Some(mmap::cold_mmap_runs(
-            &paths,
-            &pooler,
-            &runs,
-            t.mmap_runs,
-            shape,
-            t.mmap_max_secs,
-            "mmap (cold)",
-            false,
-        )?);
-        if t.mmap_budget == OnOff::On {
-            let batch_lookups = work.lookups_per_run / a.batches;
-            match mmap::budgeted_mmap(
-                cache_bytes + (32 << 20),
-                t.mmap_max_secs,
-                t.mmap_runs,
-                batch_lookups,
-            ) {
-                Ok(v) => mmap_budget = Some(v),
-                Err(e) => eprintln!("mmap with the cache budget: skipped ({e:#})"),
-            }
-        }
-    }
+    let (mmap, mmap_budget) = measure_mmap(&t, &paths, &pooler, &runs, shape)?;
     let report = Report {
         policies,
         dram,
@@ -225,13 +184,66 @@ pub fn run(t: TieredArgs) -> Result<()> {
         uniq: setup::uniq(&work.timed),
         isa,
         total_bytes: s.tables * s.rows * a.dtype.row_bytes(s.dim),
-        cache_bytes,
+        cache_bytes: t.cache_mb << 20,
     };
     report.print(&t, s);
     if let Some(path) = &t.embed.report {
         report.page(&t, s).write(path)?;
     }
     Ok(())
+}
+
+/// The pinned policy's profile: `--pin-trace`, else the `--ids` trace when it is one (`None`:
+/// the pinned set is refreshed from live counts).
+fn pin_trace(t: &TieredArgs, source: &IdSource) -> Result<Option<Arc<Vec<u64>>>> {
+    Ok(match (&t.pin_trace, source) {
+        (Some(p), _) => Some(Arc::new(load_trace(p)?)),
+        (None, IdSource::Trace { ids, .. }) => Some(ids.clone()),
+        _ => None,
+    })
+}
+
+/// The cold mmap's runs: lookups/s of each, and the resident fraction before each.
+type MmapRuns = (Vec<f64>, Vec<f64>);
+
+/// The mmap baselines (none with `--no-mmap`): the cold mmap's runs (lookups/s and the
+/// resident fraction before each), and with `--mmap-budget on` the budgeted mmap child's JSON
+/// (skipped, saying why, where it cannot run). `shape`: (floats of a batch's output, lookups
+/// of a run).
+fn measure_mmap(
+    t: &TieredArgs,
+    paths: &[PathBuf],
+    pooler: &Pooler,
+    runs: &[&[KeyedJagged]],
+    shape: (usize, usize),
+) -> Result<(Option<MmapRuns>, Option<Value>)> {
+    if t.no_mmap || t.mmap_runs == 0 {
+        return Ok((None, None));
+    }
+    let mmap = mmap::cold_mmap_runs(
+        paths,
+        pooler,
+        runs,
+        t.mmap_runs,
+        shape,
+        t.mmap_max_secs,
+        "mmap (cold)",
+        false,
+    )?;
+    let mut mmap_budget = None;
+    if t.mmap_budget == OnOff::On {
+        let batch_lookups = shape.1 / t.embed.batches;
+        match mmap::budgeted_mmap(
+            (t.cache_mb << 20) + (32 << 20),
+            t.mmap_max_secs,
+            t.mmap_runs,
+            batch_lookups,
+        ) {
+            Ok(v) => mmap_budget = Some(v),
+            Err(e) => eprintln!("mmap with the cache budget: skipped ({e:#})"),
+        }
+    }
+    Ok((Some(mmap), mmap_budget))
 }
 
 /// The row files, written where missing: in id order, or placed by a layout (whose tag ends
@@ -337,157 +349,6 @@ fn measure_disk(t: &TieredArgs, paths: &[PathBuf]) -> Result<Disk> {
     })
 }
 
-/// Each policy's pooled output on the last batch of its first run, with the policy's name.
-type Outputs = Vec<(String, Vec<f32>)>;
-
-/// The row files a set of policies runs on: their paths, the policies, and the layout that
-/// placed their rows (`None`: id order).
-type Files<'a> = (&'a [PathBuf], &'a [CachePolicy], Option<&'a layout::Laid>);
-
-/// The tier once per policy: a JSON object of figures each, and each policy's output on the
-/// last batch of its first run (checked against DRAM's later).
-fn measure_policies(
-    t: &TieredArgs,
-    s: Shape,
-    (paths, policies, laid): Files<'_>,
-    pooler: &Pooler,
-    work: &Batches,
-    pin_trace: Option<Arc<Vec<u64>>>,
-    peers: &Peers<'_>,
-) -> Result<(Vec<Value>, Outputs)> {
-    let &Peers { disk_iops, dram } = peers;
-    let a = &t.embed;
-    let cache_bytes = t.cache_mb << 20;
-    let coll = EmbeddingCollection::one_feature_per_table(
-        paths
-            .iter()
-            .map(|p| EmbeddingTable::open_ssd(p))
-            .collect::<Result<_, _>>()?,
-    )?;
-    let runs = work.runs(a.batches);
-    let lookups_per_run = work.lookups_per_run;
-    let mut results = Vec::new();
-    let mut outs = Vec::new();
-    for &policy in policies {
-        let label = match laid {
-            Some(_) => format!("{policy}, laid out"),
-            None => policy.name().to_string(),
-        };
-        let opts = TierOptions {
-            cache_bytes,
-            policy,
-            io: t.io,
-            queue_depth: t.queue_depth,
-            pin_trace: pin_trace.clone(),
-            pin_fraction: t.pin_fraction,
-            ..TierOptions::default()
-        };
-        let t0 = Instant::now();
-        let stager = Stager::new(&coll, opts)?;
-        let setup_s = t0.elapsed().as_secs_f64();
-        let mut out = vec![0f32; s.batch * s.tables * s.dim];
-        let t0 = Instant::now();
-        run_tier(
-            &stager,
-            &coll,
-            pooler,
-            &work.warmup,
-            t.prefetch_depth,
-            &mut out,
-            &mut None,
-        )?;
-        eprintln!(
-            "{label}: setup {setup_s:.1} s, warm-up {} batches {:.1} s, hit rate {:.3}",
-            work.warmup.len(),
-            t0.elapsed().as_secs_f64(),
-            stager.stats().hit_rate()
-        );
-        stager.reset_stats();
-        let mut lps = Vec::new();
-        // Each timed tier run against a DRAM run of the same batches (see `WarmPairs`).
-        let mut ratios = Vec::new();
-        let mut timed = TierStats::default();
-        let pairs = WarmPairs {
-            stager: &stager,
-            coll: &coll,
-            dram,
-            pooler,
-            depth: t.prefetch_depth,
-            lookups_per_run,
-        };
-        for (r, batches) in runs.iter().enumerate() {
-            let before = batches_before(&work.warmup, &runs, r);
-            let mut keep = (r == 0).then(Vec::new);
-            let pair = pairs.run(before, batches, &mut out, &mut keep)?;
-            lps.push(pair.tier);
-            timed = timed.plus(&pair.stats);
-            if let Some(d) = pair.dram {
-                ratios.push(pair.tier / d);
-            }
-            if let Some(k) = keep {
-                outs.push((label.clone(), k));
-            }
-        }
-        stager.check_invariants(cache_bytes);
-        let st = timed;
-        let secs: f64 = lps.iter().map(|l| lookups_per_run as f64 / l).sum();
-        let (cached_bytes, _) = stager.cache_usage();
-        let vs_dram = (!ratios.is_empty()).then(|| median(&ratios));
-        let row_bytes = a.dtype.row_bytes(s.dim) as f64;
-        let useful = st.misses as f64 * row_bytes / (st.ssd_bytes_read as f64).max(1.0);
-        eprintln!(
-            "{label}: {:.2} M lookups/s (median of {}){}, hit rate {:.3} (per lookup {:.3}), {} read, {:.3} of it rows used",
-            median(&lps) / 1e6,
-            lps.len(),
-            vs_dram.map_or(String::new(), |r| format!(
-                " = {r:.3}x DRAM (median of run pairs)"
-            )),
-            st.hit_rate(),
-            st.lookup_hit_rate(),
-            human_bytes(st.ssd_bytes_read as usize),
-            useful
-        );
-        results.push(json!({
-            "policy": policy.name(),
-            "label": label,
-            "layout": laid.map(|l| json!({
-                "profile": l.profile,
-                "hot_rows": l.hot_rows,
-                "hot": l.summary.hot,
-                "warm": l.summary.warm,
-                "cold": l.summary.cold,
-            })),
-            "rows_read": st.misses,
-            "useful_bytes_per_byte_read": useful,
-            "lookups_per_s": median(&lps),
-            "run_lookups_per_s": lps,
-            "vs_dram_paired": vs_dram,
-            "batches_staged": st.batches,
-            "run_vs_dram": ratios,
-            "hit_rate": st.hit_rate(),
-            "lookup_hit_rate": st.lookup_hit_rate(),
-            "ssd_bytes_read": st.ssd_bytes_read,
-            "ssd_reads": st.ssd_reads,
-            "ssd_reads_per_s": st.ssd_reads as f64 / secs,
-            "fraction_of_disk_ceiling": st.ssd_reads as f64 / secs / disk_iops,
-            "overlap": st.overlap(),
-            "stall_s": st.stall.as_secs_f64(),
-            "stage_s": st.stage.as_secs_f64(),
-            "io_wait_s": st.io.as_secs_f64(),
-            "cache_bytes_used": cached_bytes,
-            "setup_s": setup_s,
-        }));
-    }
-    Ok((results, outs))
-}
-
-/// What the tier's runs are held against: the disk's random-read rate, and the tables in DRAM
-/// (each tier run is paired with a DRAM run of the same batches).
-struct Peers<'a> {
-    disk_iops: f64,
-    dram: Option<&'a EmbeddingCollection>,
-}
-
 /// The same tables built in memory from the seed (`None`, saying why, when `--no-dram` or when
 /// they do not fit the memory available; the cache is allowed for).
 fn dram_tables(t: &TieredArgs, s: Shape) -> Result<Option<EmbeddingCollection>> {
@@ -545,7 +406,7 @@ fn measure_dram(
     if !outs.is_empty() {
         // Each policy's output on the last batch of its first run, against DRAM's.
         let last = runs[0].last().context("no batches")?;
-        pooler.run(coll, coll.validate(last)?, &mut out)?;
+        pooler.run(coll, coll.check_view(last)?, &mut out)?;
         for (policy, tier_out) in outs {
             let same = tier_out.len() == out.len()
                 && tier_out

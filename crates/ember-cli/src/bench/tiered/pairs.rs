@@ -25,7 +25,7 @@ pub(crate) fn run_tier(
         |b| *b,
         |kj, staged| -> Result<()> {
             let staged = staged?;
-            pooler.run_staged(coll, coll.validate(kj)?, &staged, out)?;
+            pooler.run_staged(coll, coll.check_view(kj)?, &staged, out)?;
             Ok(())
         },
     )?;
@@ -42,7 +42,7 @@ pub(super) fn run_dram(
     out: &mut [f32],
 ) -> Result<()> {
     for kj in batches {
-        pooler.run(coll, coll.validate(kj)?, out)?;
+        pooler.run(coll, coll.check_view(kj)?, out)?;
     }
     Ok(())
 }

@@ -106,9 +106,20 @@ impl Report {
         p
     }
 
+    /// Prints the run: its setup, a line per policy beside DRAM and mmap, the ratios, and
+    /// with `--json` one JSON object.
     pub(super) fn print(&self, t: &TieredArgs, s: Shape) {
-        let a = &t.embed;
-        let row_bytes = a.dtype.row_bytes(s.dim);
+        let sm = self.summary();
+        self.print_setup(t, s);
+        self.print_table(&sm);
+        self.print_ratios(&sm);
+        if t.embed.json {
+            println!("{}", self.json(t, s, &sm));
+        }
+    }
+
+    /// The best policies and the baselines' medians.
+    fn summary(&self) -> Summary {
         let best = best_of(self.policies.iter());
         // Today's row-ordered files against the laid-out ones, each at its best policy.
         let best_rows = best_of(self.policies.iter().filter(|p| p["layout"].is_null()));
@@ -121,8 +132,6 @@ impl Report {
             _ => None,
         };
         let best_lps = best["lookups_per_s"].as_f64().unwrap_or(0.0);
-        let dram_lps = self.dram.as_ref().map(|v| median(v));
-        let mmap_lps = self.mmap.as_ref().map(|(v, _)| median(v));
         let budget_lps: Option<f64> = self.mmap_budget.as_ref().and_then(|j: &Value| {
             let v: Vec<f64> = j["run_lookups_per_s"]
                 .as_array()?
@@ -131,10 +140,26 @@ impl Report {
                 .collect();
             (!v.is_empty()).then(|| median(&v))
         });
-        let budget_bound: Option<f64> = self
-            .mmap_budget
-            .as_ref()
-            .and_then(|j| j["upper_bound_lookups_per_s"].as_f64());
+        Summary {
+            best,
+            best_rows,
+            best_laid,
+            layout_ratio,
+            best_lps,
+            dram_lps: self.dram.as_ref().map(|v| median(v)),
+            mmap_lps: self.mmap.as_ref().map(|(v, _)| median(v)),
+            budget_lps,
+            budget_bound: self
+                .mmap_budget
+                .as_ref()
+                .and_then(|j| j["upper_bound_lookups_per_s"].as_f64()),
+        }
+    }
+
+    /// The lines that say what ran: tables, ids, threads and I/O, the disk's ceiling, and
+    /// what the columns mean.
+    fn print_setup(&self, t: &TieredArgs, s: Shape) {
+        let a = &t.embed;
         println!(
             "ember bench tiered: {} tables x {} rows x dim {} {} ({} on {}), cache {} MiB, pooling {}, batch {}, mode {}",
             s.tables,
@@ -178,6 +203,10 @@ impl Report {
             self.warmup, a.runs, a.batches
         );
         println!("  used: bytes of the rows the cache lacked, per byte read from the disk");
+    }
+
+    /// A line per policy, then DRAM's and mmap's.
+    fn print_table(&self, sm: &Summary) {
         println!(
             "  {:<24} {:>12} {:>9} {:>9} {:>10} {:>12} {:>10} {:>6} {:>8}",
             "",
@@ -204,111 +233,137 @@ impl Report {
                 p["overlap"].as_f64().unwrap_or(0.0)
             );
         }
-        if let Some(d) = dram_lps {
+        if let Some(d) = sm.dram_lps {
             println!("  {:<24} {:>10.3} M", "dram", d / 1e6);
         }
-        if let Some(m) = mmap_lps {
+        if let Some(m) = sm.mmap_lps {
             println!("  {:<24} {:>10.3} M", "mmap (cold)", m / 1e6);
         }
-        if let Some(m) = budget_lps {
+        if let Some(m) = sm.budget_lps {
             println!(
                 "  {:<24} {:>10.3} M   (cold, page cache limited to the cache budget)",
                 "mmap (budget)",
                 m / 1e6
             );
         }
-        if let Some(m) = budget_bound {
+        if let Some(m) = sm.budget_bound {
             println!(
                 "  {:<24} < {:>8.4} M   (cold, page cache limited to the cache budget; stopped before its runs finished)",
                 "mmap (budget)",
                 m / 1e6
             );
         }
-        if let Some(r) = layout_ratio {
+    }
+
+    /// The best policies against each other and against DRAM and mmap, and the check.
+    fn print_ratios(&self, sm: &Summary) {
+        if let Some(r) = sm.layout_ratio {
             println!(
                 "  best laid out ({}) / best in id order ({}): {r:.2}x; rows used per byte read {:.3} against {:.3}",
-                best_laid["label"].as_str().unwrap_or("?"),
-                best_rows["label"].as_str().unwrap_or("?"),
-                best_laid["useful_bytes_per_byte_read"]
+                sm.best_laid["label"].as_str().unwrap_or("?"),
+                sm.best_rows["label"].as_str().unwrap_or("?"),
+                sm.best_laid["useful_bytes_per_byte_read"]
                     .as_f64()
                     .unwrap_or(0.0),
-                best_rows["useful_bytes_per_byte_read"]
+                sm.best_rows["useful_bytes_per_byte_read"]
                     .as_f64()
                     .unwrap_or(0.0),
             );
         }
-        if let Some(d) = dram_lps {
+        if let Some(d) = sm.dram_lps {
             println!(
                 "  best tier ({}) / dram: {:.3}x",
-                best["label"].as_str().unwrap_or("?"),
-                best_lps / d
+                sm.best["label"].as_str().unwrap_or("?"),
+                sm.best_lps / d
             );
         }
-        if let Some(r) = best["vs_dram_paired"].as_f64() {
+        if let Some(r) = sm.best["vs_dram_paired"].as_f64() {
             println!(
                 "  best tier / dram, each tier run against a DRAM run of the same batches just before it: {r:.3}x (median of pairs)"
             );
         }
-        if let Some(m) = mmap_lps {
-            println!("  best tier / cold mmap: {:.2}x", best_lps / m);
+        if let Some(m) = sm.mmap_lps {
+            println!("  best tier / cold mmap: {:.2}x", sm.best_lps / m);
         }
-        if let Some(m) = budget_lps {
+        if let Some(m) = sm.budget_lps {
             println!(
                 "  best tier / mmap with the same memory: {:.2}x",
-                best_lps / m
+                sm.best_lps / m
             );
         }
-        if let Some(m) = budget_bound {
+        if let Some(m) = sm.budget_bound {
             println!(
                 "  best tier / mmap with the same memory: more than {:.0}x",
-                best_lps / m
+                sm.best_lps / m
             );
         }
         if self.checked == Some(true) {
             println!("  check: every policy's pooled output equals the DRAM tables' bit for bit");
         }
-        if a.json {
-            let mut j = json!({
-                "lookups_per_s": best_lps,
-                "gb_per_s": best_lps * row_bytes as f64 / 1e9,
-                "ns_per_lookup": 1e9 / best_lps.max(1e-9),
-                "policy": best["policy"],
-                "label": best["label"],
-                "best_id_order": best_rows["label"],
-                "best_laid_out": best_laid["label"],
-                "ratio_layout_to_id_order": layout_ratio,
-                "hit_rate": best["hit_rate"],
-                "lookup_hit_rate": best["lookup_hit_rate"],
-                "ssd_bytes_read": best["ssd_bytes_read"],
-                "overlap": best["overlap"],
-                "policies": self.policies,
-                "dram_lookups_per_s": dram_lps,
-                "dram_run_lookups_per_s": self.dram,
-                "mmap_cold_lookups_per_s": mmap_lps,
-                "mmap_cold_run_lookups_per_s": self.mmap.as_ref().map(|(v, _)| v.clone()),
-                "mmap_resident_fraction_before": self.mmap.as_ref().map(|(_, r)| r.clone()),
-                "ratio_to_dram": dram_lps.map(|d| best_lps / d),
-                "ratio_to_dram_paired": best["vs_dram_paired"],
-                "ratio_to_mmap_cold": mmap_lps.map(|m| best_lps / m),
-                "mmap_budget_lookups_per_s": budget_lps,
-                "mmap_budget_run_lookups_per_s": self.mmap_budget.as_ref().map(|j| j["run_lookups_per_s"].clone()),
-                "ratio_to_mmap_budget": budget_lps.map(|m| best_lps / m),
-                "mmap_budget_upper_bound_lookups_per_s": budget_bound,
-                "ratio_to_mmap_budget_at_least": budget_bound.map(|m| best_lps / m),
-                "disk_reads_per_s": self.disk.iops,
-                "disk_bytes_per_s": self.disk.bytes_per_s,
-                "direct_io": self.disk.direct,
-                "io": t.io.name(),
-                "queue_depth": t.queue_depth,
-                "prefetch_depth": t.prefetch_depth,
-                "cache_bytes": self.cache_bytes,
-                "warmup_batches": self.warmup,
-                "checked_against_dram": self.checked,
-            });
-            setup::add_workload(&mut j, a, s, &self.ids, self.isa.name(), self.uniq);
-            println!("{j}");
-        }
     }
+
+    /// The `--json` object: the best policy's figures, every policy's, the baselines', the
+    /// ratios and the workload.
+    fn json(&self, t: &TieredArgs, s: Shape, sm: &Summary) -> Value {
+        let a = &t.embed;
+        let row_bytes = a.dtype.row_bytes(s.dim);
+        let best_lps = sm.best_lps;
+        let mut j = json!({
+            "lookups_per_s": best_lps,
+            "gb_per_s": best_lps * row_bytes as f64 / 1e9,
+            "ns_per_lookup": 1e9 / best_lps.max(1e-9),
+            "policy": sm.best["policy"],
+            "label": sm.best["label"],
+            "best_id_order": sm.best_rows["label"],
+            "best_laid_out": sm.best_laid["label"],
+            "ratio_layout_to_id_order": sm.layout_ratio,
+            "hit_rate": sm.best["hit_rate"],
+            "lookup_hit_rate": sm.best["lookup_hit_rate"],
+            "ssd_bytes_read": sm.best["ssd_bytes_read"],
+            "overlap": sm.best["overlap"],
+            "policies": self.policies,
+            "dram_lookups_per_s": sm.dram_lps,
+            "dram_run_lookups_per_s": self.dram,
+            "mmap_cold_lookups_per_s": sm.mmap_lps,
+            "mmap_cold_run_lookups_per_s": self.mmap.as_ref().map(|(v, _)| v.clone()),
+            "mmap_resident_fraction_before": self.mmap.as_ref().map(|(_, r)| r.clone()),
+            "ratio_to_dram": sm.dram_lps.map(|d| best_lps / d),
+            "ratio_to_dram_paired": sm.best["vs_dram_paired"],
+            "ratio_to_mmap_cold": sm.mmap_lps.map(|m| best_lps / m),
+            "mmap_budget_lookups_per_s": sm.budget_lps,
+            "mmap_budget_run_lookups_per_s": self.mmap_budget.as_ref().map(|j| j["run_lookups_per_s"].clone()),
+            "ratio_to_mmap_budget": sm.budget_lps.map(|m| best_lps / m),
+            "mmap_budget_upper_bound_lookups_per_s": sm.budget_bound,
+            "ratio_to_mmap_budget_at_least": sm.budget_bound.map(|m| best_lps / m),
+            "disk_reads_per_s": self.disk.iops,
+            "disk_bytes_per_s": self.disk.bytes_per_s,
+            "direct_io": self.disk.direct,
+            "io": t.io.name(),
+            "queue_depth": t.queue_depth,
+            "prefetch_depth": t.prefetch_depth,
+            "cache_bytes": self.cache_bytes,
+            "warmup_batches": self.warmup,
+            "checked_against_dram": self.checked,
+        });
+        setup::add_workload(&mut j, a, s, &self.ids, self.isa.name(), self.uniq);
+        j
+    }
+}
+
+/// What the printed lines and the JSON compare: the best policy (and the best on files in id
+/// order and laid out), and the baselines' medians.
+struct Summary {
+    best: Value,
+    best_rows: Value,
+    best_laid: Value,
+    /// Best laid out / best in id order, lookups/s.
+    layout_ratio: Option<f64>,
+    best_lps: f64,
+    dram_lps: Option<f64>,
+    mmap_lps: Option<f64>,
+    /// The budgeted mmap's median, or the bound it stayed under when stopped early.
+    budget_lps: Option<f64>,
+    budget_bound: Option<f64>,
 }
 
 /// The policy entry with the most lookups/s (`Null` when there is none).

@@ -18,6 +18,7 @@
 //! [`RedisStore::read`](super::RedisStore) lands no row before every reply is checked, so a
 //! failed read landed nothing and all of it is read again from the copy.
 
+use super::store::RemoteRows;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
 use ember_redis::NodeStats;
@@ -60,7 +61,7 @@ impl CopyState {
 /// A remote store with a local copy of every one of its tables (same table order).
 #[derive(Debug)]
 pub struct WithLocalCopy {
-    remote: Box<dyn RowStore>,
+    remote: Box<dyn RemoteRows>,
     local: Box<dyn RowStore>,
     retry_after: Duration,
     /// Until then, reads go to the copy without trying the cluster (`None`: the cluster
@@ -79,7 +80,11 @@ pub struct WithLocalCopy {
 impl WithLocalCopy {
     /// `remote` backed by `local` (the same tables, in the same order); after a failed read
     /// the cluster is left alone for `retry_after`.
-    pub fn new(remote: Box<dyn RowStore>, local: Box<dyn RowStore>, retry_after: Duration) -> Self {
+    pub fn new(
+        remote: Box<dyn RemoteRows>,
+        local: Box<dyn RowStore>,
+        retry_after: Duration,
+    ) -> Self {
         WithLocalCopy {
             remote,
             local,
@@ -244,14 +249,12 @@ impl RowStore for WithLocalCopy {
         stats.wait = t0.elapsed();
         Ok(stats)
     }
+}
 
-    /// Ready while the copy can be read, whatever the cluster's state.
+impl RemoteRows for WithLocalCopy {
+    /// Ready whatever the cluster's state: the copy (local row files) can always be read.
     fn probe(&mut self) -> Result<()> {
-        self.local.probe()
-    }
-
-    fn remote(&self) -> bool {
-        true
+        Ok(())
     }
 
     fn node_stats(&self) -> Vec<NodeStats> {
@@ -297,6 +300,25 @@ mod tests {
     #[derive(Debug)]
     struct Down;
 
+    /// What every call of [`Down`] answers.
+    fn down() -> EmbedError {
+        EmbedError::StoreUnavailable {
+            store: "test".into(),
+            kind: "down",
+            node: String::new(),
+            detail: "paused".into(),
+        }
+    }
+
+    impl RemoteRows for Down {
+        fn probe(&mut self) -> Result<()> {
+            Err(down())
+        }
+        fn node_stats(&self) -> Vec<NodeStats> {
+            Vec::new()
+        }
+    }
+
     impl RowStore for Down {
         fn engine(&self) -> &'static str {
             "down"
@@ -312,12 +334,7 @@ mod tests {
             _reqs: &mut [RowRequest],
             _land: &mut dyn FnMut(&RowRequest, &[u8]),
         ) -> Result<ReadStats> {
-            Err(EmbedError::StoreUnavailable {
-                store: "test".into(),
-                kind: "down",
-                node: String::new(),
-                detail: "paused".into(),
-            })
+            Err(down())
         }
     }
 

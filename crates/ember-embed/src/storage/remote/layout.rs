@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `ember:models` | set | the names of the models pushed |
 //! | `ember:<model>:versions` | hash | version number -> `pushing`, `ready` or `deleting` |
-//! | `ember:<model>:served` | string | the version `ember store promote` chose to serve (absent: the newest ready one) |
+//! | `ember:<model>:served` | string | the version `ember registry promote` chose to serve (absent: the newest ready one) |
 //! | `ember:<model>:v<N>:manifest` | string | the version's [`super::Manifest`] (JSON) |
 //! | `ember:<model>:v<N>:config` | string | the model's `config.json`, as pushed |
 //! | `ember:<model>:v<N>:dense` | string | its dense weights: a safetensors file of every tensor but the tables |
@@ -89,7 +89,7 @@ pub fn done_key(model: &str, version: u64) -> String {
     format!("ember:{model}:v{version}:done")
 }
 
-/// The set of a table's blocks that updates rewrote since the push (`ember store verify` does
+/// The set of a table's blocks that updates rewrote since the push (`ember registry verify` does
 /// not hold them to the push's CRCs).
 pub fn updated_key(model: &str, version: u64, table: &str) -> String {
     format!("ember:{model}:v{version}:{table}:updated")

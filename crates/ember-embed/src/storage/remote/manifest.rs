@@ -1,6 +1,6 @@
 //! A version's manifest: what was pushed (tables, shapes, encodings, block layout) and a CRC-32
 //! of every block, stored as JSON at `ember:<model>:v<N>:manifest`. Servers check their tables
-//! against it before serving; `ember store push` verifies what landed against its CRCs.
+//! against it before serving; `ember registry push` verifies what landed against its CRCs.
 
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};

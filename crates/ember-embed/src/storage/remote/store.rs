@@ -1,6 +1,10 @@
 //! [`RedisStore`]: the [`RowStore`] of tables placed `remote`. A batch's missing rows become one
 //! `GETRANGE` each, sent as one pipeline per node (all nodes in parallel, [`Cluster::run`]);
 //! every reply is checked for its length before any row lands.
+//!
+//! [`RemoteRows`]: what the tier asks of a store that reads over the network, on top of
+//! [`RowStore`] (whether it answers, its nodes' counters, the row updates it is told of).
+//! `RedisStore` and its local-copy fallback ([`super::WithLocalCopy`]) implement it.
 
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
@@ -9,10 +13,28 @@ use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
 use ember_redis::ops::{self, Ops};
 use ember_redis::slot::key_slot;
-use ember_redis::{Cluster, ClusterOptions, Replies, Reply, call, hash_entries};
+use ember_redis::{Cluster, ClusterOptions, NodeStats, Replies, Reply, call, hash_entries};
 use redis::Value;
 use std::collections::BTreeSet;
 use std::time::Instant;
+
+/// A [`RowStore`] that reads over the network: its failed reads are the store being unavailable
+/// (`EmbedError::StoreUnavailable`), which the tier reports as its health, and it may hold a copy
+/// of its rows that the row updates it follows must keep honest. The tier makes these calls on
+/// its remote stores only; a local backend implements [`RowStore`] alone.
+pub trait RemoteRows: RowStore {
+    /// Whether the store answers now (its nodes, within the read deadline).
+    fn probe(&mut self) -> Result<()>;
+    /// Counters per node.
+    fn node_stats(&self) -> Vec<NodeStats>;
+    /// Rows `ids` of `table` were updated in the store to `rows` (read from its update
+    /// stream). A store that also holds a copy of its rows keeps them; others ignore it.
+    fn updated(&mut self, _table: usize, _ids: &[u64], _rows: &[u8]) {}
+    /// Rows of `table` were updated in the store and this server cannot tell which (`why`):
+    /// a store that also holds a copy of its rows stops serving that table from it; others
+    /// ignore it.
+    fn missed_updates(&mut self, _table: usize, _why: &str) {}
+}
 
 /// Where a model's remote tables are: the cluster, the model's name in it, and the version
 /// (`None`: the newest `ready` one at start).
@@ -174,12 +196,13 @@ impl RedisStore {
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
     }
+}
 
-    /// Whether the cluster answers: a `PING` to every primary within the deadline.
-    pub fn probe(&mut self) -> Result<()> {
+impl RemoteRows for RedisStore {
+    /// Whether the cluster answers: an empty read of one block per table, within the deadline,
+    /// which touches the nodes the rows live on.
+    fn probe(&mut self) -> Result<()> {
         let mut ops = Ops::default();
-        // One key per primary is not known without slots; a tiny read of the manifest's key
-        // and one block per table touches the nodes the rows live on.
         for t in self.tables.iter().filter(|t| !t.slots.is_empty()) {
             let (head, slot) = t.head(0);
             ops.getrange_with_head(head, slot, 0, 0);
@@ -187,6 +210,10 @@ impl RedisStore {
         let deadline = Instant::now() + self.cluster.options().timeout;
         self.cluster.run(&ops, true, deadline)?;
         Ok(())
+    }
+
+    fn node_stats(&self) -> Vec<NodeStats> {
+        self.cluster.node_stats()
     }
 }
 
@@ -201,18 +228,6 @@ impl RowStore for RedisStore {
 
     fn row_bytes(&self, table: usize) -> usize {
         self.tables[table].row_bytes
-    }
-
-    fn probe(&mut self) -> Result<()> {
-        RedisStore::probe(self)
-    }
-
-    fn remote(&self) -> bool {
-        true
-    }
-
-    fn node_stats(&self) -> Vec<ember_redis::NodeStats> {
-        self.cluster.node_stats()
     }
 
     fn read(
@@ -308,44 +323,6 @@ impl RedisStore {
     }
 }
 
-/// An error about `version` of `model` in the store.
-pub(crate) fn store_err(model: &str, version: u64, reason: impl Into<String>) -> EmbedError {
-    EmbedError::RemoteStore {
-        model: model.into(),
-        version,
-        reason: reason.into(),
-    }
-}
-
-/// Writes `manifest` to its key.
-pub(crate) fn write_manifest(cluster: &mut Cluster, manifest: &Manifest) -> Result<()> {
-    let key = layout::manifest_key(&manifest.model, manifest.version);
-    call(
-        cluster,
-        &key,
-        redis::cmd("SET").arg(&key).arg(manifest.to_json()),
-        false,
-    )?;
-    Ok(())
-}
-
-/// Records `version` of `model` as `state` in the model's `versions` hash.
-pub(crate) fn set_state(
-    cluster: &mut Cluster,
-    model: &str,
-    version: u64,
-    state: VersionState,
-) -> Result<()> {
-    let key = layout::versions_key(model);
-    call(
-        cluster,
-        &key,
-        redis::cmd("HSET").arg(&key).arg(version).arg(state.name()),
-        false,
-    )?;
-    Ok(())
-}
-
 /// A model's versions and their states, oldest first.
 pub fn versions(cluster: &mut Cluster, model: &str) -> Result<Vec<(u64, VersionState)>> {
     let mut v: Vec<(u64, VersionState)> = hash_entries(cluster, &layout::versions_key(model))?
@@ -356,7 +333,7 @@ pub fn versions(cluster: &mut Cluster, model: &str) -> Result<Vec<(u64, VersionS
     Ok(v)
 }
 
-/// The version promoted to be served (`ember store promote`), if any.
+/// The version promoted to be served (`ember registry promote`), if any.
 pub fn served_version(cluster: &mut Cluster, model: &str) -> Result<Option<u64>> {
     let key = layout::served_key(model);
     match call(cluster, &key, redis::cmd("GET").arg(&key), false)? {
@@ -365,7 +342,7 @@ pub fn served_version(cluster: &mut Cluster, model: &str) -> Result<Option<u64>>
             .and_then(|s| s.parse().ok())
             .map(Some)
             .ok_or_else(|| {
-                store_err(
+                EmbedError::remote_store(
                     model,
                     0,
                     format!(
@@ -378,7 +355,7 @@ pub fn served_version(cluster: &mut Cluster, model: &str) -> Result<Option<u64>>
     }
 }
 
-/// `version` if it is ready; else the promoted version (`ember store promote`), or the newest
+/// `version` if it is ready; else the promoted version (`ember registry promote`), or the newest
 /// ready one when none was promoted.
 pub fn resolve_version(cluster: &mut Cluster, model: &str, version: Option<u64>) -> Result<u64> {
     let all = versions(cluster, model)?;
@@ -414,7 +391,7 @@ pub fn resolve_version(cluster: &mut Cluster, model: &str, version: Option<u64>)
                 err(
                     0,
                     format!(
-                        "no ready version in {} (push one with `ember store push`)",
+                        "no ready version in {} (push one with `ember registry push`)",
                         cluster.name()
                     ),
                 )
@@ -447,8 +424,9 @@ impl From<&ManifestTable> for RemoteTableSpec {
     }
 }
 
-/// The blocks of `table` that row updates rewrote since the push.
-pub(super) fn updated_set(
+/// The blocks of `table` that row updates rewrote since the push (`ember registry verify` holds
+/// them to their length only, a local copy does not serve their rows).
+pub fn updated_set(
     cluster: &mut Cluster,
     model: &str,
     version: u64,

@@ -18,8 +18,8 @@
 
 use super::layout::{self, block_prefix};
 use super::manifest::ManifestTable;
-use super::store::{read_manifest, resolve_version, store_err};
-use crate::error::Result;
+use super::store::{read_manifest, resolve_version};
+use crate::error::{EmbedError, Result};
 pub use crate::storage::updates::{EntryId, FollowedTable, Polled};
 use ember_redis::{Cluster, ClusterOptions, Ops};
 use redis::Value;
@@ -93,7 +93,7 @@ impl Publisher {
         let version = resolve_version(cluster, model, version)?;
         let manifest = read_manifest(cluster, model, version)?;
         let Some(t) = manifest.table(table) else {
-            return Err(store_err(
+            return Err(EmbedError::remote_store(
                 model,
                 version,
                 format!("table '{table}': not in this version"),
@@ -130,7 +130,7 @@ impl Publisher {
     ) -> Result<PublishReport> {
         let t = &self.table;
         let bad = |reason: String| {
-            store_err(
+            EmbedError::remote_store(
                 &self.model,
                 self.version,
                 format!("table '{}': {reason}", t.name),
@@ -268,7 +268,7 @@ impl UpdateReader {
             for (&i, v) in existing.iter().zip(r.run(&ops)?) {
                 let t = &mut r.tables[i];
                 let info = StreamInfo::of(&v).ok_or_else(|| {
-                    store_err(
+                    EmbedError::remote_store(
                         model,
                         version,
                         format!("{}: XINFO STREAM answered {v:?}", t.key),
@@ -330,7 +330,7 @@ impl UpdateReader {
         for (&i, pair) in live.iter().zip(replies.chunks(2)) {
             let t = &mut self.tables[i];
             let Some(info) = StreamInfo::of(&pair[0]) else {
-                return Err(store_err(
+                return Err(EmbedError::remote_store(
                     &self.model,
                     self.version,
                     format!("{}: XINFO STREAM answered {:?}", t.key, pair[0]),

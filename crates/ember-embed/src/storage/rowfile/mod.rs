@@ -271,6 +271,6 @@ pub(crate) fn io_err(path: &Path, op: &'static str, e: std::io::Error) -> EmbedE
     EmbedError::Io {
         path: path.display().to_string(),
         op,
-        reason: e.to_string(),
+        cause: e.into(),
     }
 }

@@ -1,26 +1,30 @@
-//! `ember store`: a model's tables in a Redis Cluster (see `docs/remote-tier.md`).
+//! `ember registry` (alias `ember store`, kept for one release): a model's versions in the
+//! registry, a Redis Cluster (see `docs/remote-tier.md`), through `ember-registry`.
 //!
 //! - `push`: uploads a model directory's tables as a new version (pipelined, parallel across the
 //!   nodes, resumable, verified), with a progress bar;
 //! - `ls`: models and versions with their sizes and states;
 //! - `verify`: reads a version back and checks every block's CRC;
 //! - `rm`: removes a version in bounded steps (never the promoted one);
-//! - `promote`: the version every server built from the store serves (`ember serve --from-store`);
-//! - `update`: new rows of a table, published to every server (`store/update.rs`).
+//! - `promote`: the version every server built from the registry serves (`ember serve
+//!   --from-registry`);
+//! - `update`: new rows of a table, published to every server (`registry/update.rs`).
 
 mod update;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ember_embed::DType;
-use ember_embed::storage::remote::{self, Cluster, ClusterOptions, PushOptions};
+use ember_embed::storage::remote::{self, Cluster, ClusterOptions};
 use ember_model::{LoadOptions, Model};
+use ember_registry::{PushOptions, PushReport};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The subcommands of `ember registry`.
 #[derive(Debug, Subcommand)]
-pub enum StoreCmd {
+pub enum RegistryCmd {
     /// Upload a model directory's tables as a version (resumes an interrupted push of the same
     /// tables).
     #[command(disable_version_flag = true)]
@@ -36,7 +40,7 @@ pub enum StoreCmd {
     /// Write new rows of a table and publish them to every server following the version.
     #[command(disable_version_flag = true)]
     Update(update::UpdateArgs),
-    /// Serve this version: every server started with --from-store loads it, warms it and swaps
+    /// Serve this version: every server started with --from-registry loads it, warms it and swaps
     /// it in without a pause; servers started later serve it.
     #[command(disable_version_flag = true)]
     Promote(VersionArgs),
@@ -71,7 +75,7 @@ pub struct PushArgs {
     /// The model directory (config.json and model.safetensors, or row files of `ember convert`).
     #[arg(long)]
     model: PathBuf,
-    /// The model's name in the store [default: the directory's name].
+    /// The model's name in the registry [default: the directory's name].
     #[arg(long)]
     name: Option<String>,
     /// The version to push [default: resume an interrupted push of the same tables, else the
@@ -96,7 +100,7 @@ pub struct PushArgs {
 pub struct VersionArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
-    /// The model's name in the store.
+    /// The model's name in the registry.
     #[arg(long)]
     model: String,
     /// The version.
@@ -104,14 +108,14 @@ pub struct VersionArgs {
     version: u64,
 }
 
-pub fn run(cmd: StoreCmd) -> Result<()> {
+pub fn run(cmd: RegistryCmd) -> Result<()> {
     match cmd {
-        StoreCmd::Push(a) => push(a),
-        StoreCmd::Ls(a) => ls(a),
-        StoreCmd::Verify(a) => verify(a),
-        StoreCmd::Rm(a) => rm(a),
-        StoreCmd::Update(a) => update::run(a),
-        StoreCmd::Promote(a) => promote(a),
+        RegistryCmd::Push(a) => push(a),
+        RegistryCmd::Ls(a) => ls(a),
+        RegistryCmd::Verify(a) => verify(a),
+        RegistryCmd::Rm(a) => rm(a),
+        RegistryCmd::Update(a) => update::run(a),
+        RegistryCmd::Promote(a) => promote(a),
     }
 }
 
@@ -152,8 +156,8 @@ fn push(a: PushArgs) -> Result<()> {
     );
     bar.set_message(format!("pushing {name}"));
     // The config and dense weights go with the tables: a server can build the version from
-    // the store alone (`ember serve --from-store`).
-    let files = ember_model::store::files_of(&a.model)
+    // the registry alone (`ember serve --from-registry`).
+    let files = ember_registry::files_of(&a.model)
         .with_context(|| format!("reading the dense weights of {}", a.model.display()))?;
     let opts = PushOptions {
         version: a.version,
@@ -162,12 +166,18 @@ fn push(a: PushArgs) -> Result<()> {
         replicas: a.replicas,
         files: Some(files),
     };
-    let rep = remote::push(&mut cluster, &name, &tables, &opts, &mut |done, _| {
+    let rep = ember_registry::push(&mut cluster, &name, &tables, &opts, &mut |done, _| {
         bar.set_position(done)
     })
     .with_context(|| format!("pushing {name} to {}", a.cluster.redis))?;
     bar.finish_and_clear();
-    if a.json {
+    print_push(&name, &rep, a.json, a.replicas);
+    Ok(())
+}
+
+/// Prints what `push` did: a line (and a warning when rounds went unreplicated), or JSON.
+fn print_push(name: &str, rep: &PushReport, json: bool, replicas: u32) {
+    if json {
         println!(
             "{}",
             serde_json::json!({
@@ -211,17 +221,16 @@ fn push(a: PushArgs) -> Result<()> {
             eprintln!(
                 "warning: {} rounds were not acknowledged by {} replica(s) in time: a failover \
                  now could lose rows (they would be refused, never served as zeros; `ember \
-                 store verify` checks)",
-                rep.unreplicated_rounds, a.replicas
+                 registry verify` checks)",
+                rep.unreplicated_rounds, replicas
             );
         }
     }
-    Ok(())
 }
 
 fn ls(a: ClusterArgs) -> Result<()> {
     let mut cluster = a.connect()?;
-    let all = remote::list(&mut cluster)?;
+    let all = ember_registry::list(&mut cluster)?;
     if all.is_empty() {
         println!("no models in {}", cluster.name());
         return Ok(());
@@ -256,7 +265,7 @@ fn ls(a: ClusterArgs) -> Result<()> {
 fn verify(a: VersionArgs) -> Result<()> {
     let mut cluster = a.cluster.connect()?;
     let timeout = Duration::from_secs_f64(a.cluster.timeout_s);
-    let rep = remote::verify(&mut cluster, &a.model, a.version, timeout)?;
+    let rep = ember_registry::verify(&mut cluster, &a.model, a.version, timeout)?;
     if rep.bad.is_empty() {
         println!(
             "{} version {}: {} blocks, {} verified",
@@ -267,7 +276,7 @@ fn verify(a: VersionArgs) -> Result<()> {
         );
         if !rep.updated.is_empty() {
             println!(
-                "{} of them rewritten by row updates since the push (ember store update): their \
+                "{} of them rewritten by row updates since the push (ember registry update): their \
                  length checked, not the push's CRC",
                 rep.updated.len()
             );
@@ -292,23 +301,23 @@ fn verify(a: VersionArgs) -> Result<()> {
 fn rm(a: VersionArgs) -> Result<()> {
     let mut cluster = a.cluster.connect()?;
     let timeout = Duration::from_secs_f64(a.cluster.timeout_s);
-    let n = remote::remove(&mut cluster, &a.model, a.version, timeout)?;
+    let n = ember_registry::remove(&mut cluster, &a.model, a.version, timeout)?;
     println!("{} version {} removed ({n} blocks)", a.model, a.version);
     Ok(())
 }
 
 fn promote(a: VersionArgs) -> Result<()> {
     let mut cluster = a.cluster.connect()?;
-    let before = remote::promote(&mut cluster, &a.model, a.version)?;
+    let before = ember_registry::promote(&mut cluster, &a.model, a.version)?;
     match before {
         Some(b) if b == a.version => println!("{} version {} was already promoted", a.model, b),
         Some(b) => println!(
-            "{} version {} promoted (was version {b}): servers started with --from-store swap \
-             it in",
+            "{} version {} promoted (was version {b}): servers started with --from-registry \
+             swap it in",
             a.model, a.version
         ),
         None => println!(
-            "{} version {} promoted: servers started with --from-store swap it in",
+            "{} version {} promoted: servers started with --from-registry swap it in",
             a.model, a.version
         ),
     }

@@ -1,23 +1,25 @@
-//! What `ember store promote` changes and what a server built from the store alone reads:
+//! What `ember registry promote` changes and what a server built from the registry alone reads:
 //!
 //! - the served version, `ember:<model>:served` ([`promote`]; read by
-//!   [`super::resolve_version`]);
+//!   [`ember_embed::storage::remote::resolve_version`]);
 //! - a version's tables read back whole, block by block and checked ([`read_tables`]), for the
 //!   tables a server holds in memory.
 
-use super::admin::{check_blocks, updated_blocks};
-use super::files::read_files;
-use super::layout;
-use super::manifest::Manifest;
-use super::store::{read_manifest, resolve_version, served_version, store_err};
-use crate::error::Result;
-use ember_redis::{Cluster, call};
 use std::time::Duration;
 
+use ember_embed::storage::remote::{
+    Manifest, layout, read_manifest, resolve_version, served_version,
+};
+use ember_embed::{EmbedError, Result};
+use ember_redis::{Cluster, call};
+
+use crate::admin::{check_blocks, updated_blocks};
+use crate::files::read_files;
+
 /// Makes `version` the one `model`'s servers serve: it must be ready and hold its config and
-/// dense weights (checked here). Servers built from the store (`ember serve --from-store`) load
-/// it and swap it in; servers started later serve it. Returns the version served before, if one
-/// was promoted.
+/// dense weights (checked here). Servers built from the registry (`ember serve
+/// --from-registry`) load it and swap it in; servers started later serve it. Returns the version
+/// served before, if one was promoted.
 pub fn promote(cluster: &mut Cluster, model: &str, version: u64) -> Result<Option<u64>> {
     layout::check_name("model", model)?;
     // Ready, or the reason it cannot be served.
@@ -58,12 +60,12 @@ pub fn read_tables(
     )?;
     match report.bad.first() {
         None => Ok(()),
-        Some((t, b, what)) => Err(store_err(
+        Some((t, b, what)) => Err(EmbedError::remote_store(
             &manifest.model,
             manifest.version,
             format!(
                 "{} blocks cannot be read as pushed, the first table {t} block {b}: {what} (run \
-                 `ember store verify`)",
+                 `ember registry verify`)",
                 report.bad.len()
             ),
         )),

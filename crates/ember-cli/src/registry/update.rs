@@ -1,9 +1,10 @@
-//! `ember store update`: new rows of a served table, written to the store and published on the
-//! table's update stream, which every server follows (see `docs/remote-tier.md#row-updates`).
+//! `ember registry update`: new rows of a served table, written to the registry and published
+//! on the table's update stream, which every server follows (see
+//! `docs/remote-tier.md#row-updates`).
 //!
 //! The rows come from a safetensors file holding `ids` (a 1-D tensor of u64 / i64 / u32 / i32
 //! row ids) and `rows` (a 2-D f32 tensor, one row of the table's dim per id), encoded to the
-//! table's dtype in the store, and published in entries of at most `--chunk-rows` rows.
+//! table's dtype in the registry, and published in entries of at most `--chunk-rows` rows.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 pub struct UpdateArgs {
     #[command(flatten)]
     cluster: super::ClusterArgs,
-    /// The model's name in the store.
+    /// The model's name in the registry.
     #[arg(long)]
     model: String,
     /// The version to update [default: the newest ready one].
@@ -135,7 +136,7 @@ pub fn run(a: UpdateArgs) -> Result<()> {
             t.dim
         );
     }
-    // Encoded in the table's own encoding, as the store holds it.
+    // Encoded in the table's own encoding, as the registry holds it.
     let encoded = EmbeddingTable::from_f32(&a.table, ids.len(), dim, t.dtype, &vals)?;
     let bytes = encoded.resident().expect("built in memory");
     let rb = t.row_bytes;

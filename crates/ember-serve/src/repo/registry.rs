@@ -1,18 +1,18 @@
-//! `ember serve --from-store NAME`: one model served from the remote store alone, following the
-//! version the store says to serve (`ember store promote`, else the newest ready one).
+//! `ember serve --from-registry NAME`: one model served from the registry alone, following the
+//! version the registry says to serve (`ember registry promote`, else the newest ready one).
 //!
-//! The store holds each version whole (tables, `config.json`, dense weights). A version to serve
-//! is fetched into the repository directory as `ROOT/<name>/<version>/` (the tables held in
-//! memory read block by block and checked; the others stay in the store, read through the row
-//! cache), then loaded, warmed and swapped in as any repository version is; the directory of the
-//! version it replaced is removed. A version that fails to fetch or load leaves the served one
-//! untouched, shows as `UNAVAILABLE` with the reason, and is tried again after [`RETRY`] (or at
-//! once when another version is promoted).
+//! The registry holds each version whole (tables, `config.json`, dense weights). A version to
+//! serve is fetched into the repository directory as `ROOT/<name>/<version>/` (the tables held
+//! in memory read block by block and checked; the others stay in the registry's cluster, read
+//! through the row cache), then loaded, warmed and swapped in as any repository version is;
+//! the directory of the version it replaced is removed. A version that fails to fetch or load
+//! leaves the served one untouched, shows as `UNAVAILABLE` with the reason, and is tried again
+//! after [`RETRY`] (or at once when another version is promoted).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ember_model::store::StoreModel;
+use ember_registry::RegistryModel;
 
 use super::{Repository, State};
 use crate::error::{Result, ServeError};
@@ -20,28 +20,28 @@ use crate::error::{Result, ServeError};
 /// How long a version that failed is left alone before it is tried again.
 pub const RETRY: Duration = Duration::from_secs(30);
 
-/// The model a server follows in the store.
+/// The model a server follows in the registry.
 #[derive(Debug, Clone)]
-pub struct StoreFollow {
+pub struct RegistryFollow {
     /// `redis://host:port[,...]`.
     pub redis: String,
-    /// Its name in the store.
+    /// Its name in the registry.
     pub model: String,
     /// The name clients address it by.
     pub name: String,
 }
 
 impl Repository {
-    /// The followed model, when this server serves one from the store.
-    pub(super) fn store_follow(&self) -> Option<&StoreFollow> {
-        self.source.as_ref().and_then(|s| s.store.as_ref())
+    /// The followed model, when this server serves one from the registry.
+    pub(super) fn registry_follow(&self) -> Option<&RegistryFollow> {
+        self.source.as_ref().and_then(|s| s.registry.as_ref())
     }
 
-    /// The version the store says to serve (connecting first if needed).
-    fn store_target(&self, f: &StoreFollow) -> Result<u64> {
-        let mut conn = self.store_conn.lock().unwrap_or_else(|e| e.into_inner());
+    /// The version the registry says to serve (connecting first if needed).
+    fn registry_target(&self, f: &RegistryFollow) -> Result<u64> {
+        let mut conn = self.registry_conn.lock().unwrap_or_else(|e| e.into_inner());
         if conn.is_none() {
-            *conn = Some(StoreModel::connect(&f.redis, &f.model).map_err(unavailable)?);
+            *conn = Some(RegistryModel::connect(&f.redis, &f.model).map_err(unavailable)?);
         }
         let got = conn.as_mut().map(|c| c.target());
         match got {
@@ -51,25 +51,27 @@ impl Repository {
                 *conn = None;
                 Err(unavailable(e))
             }
-            None => Err(ServeError::Internal("no store connection".into())),
+            None => Err(ServeError::Internal("no registry connection".into())),
         }
     }
 
-    /// Serves the store's version of the followed model if it is not served yet; returns it.
-    pub(super) fn sync_store(&self) -> Result<u64> {
+    /// Serves the registry's version of the followed model if it is not served yet; returns it.
+    pub(super) fn sync_registry(&self) -> Result<u64> {
         let src = self.source()?;
-        let Some(f) = self.store_follow() else {
-            return Err(ServeError::Internal("no model followed in a store".into()));
+        let Some(f) = self.registry_follow() else {
+            return Err(ServeError::Internal(
+                "no model followed in a registry".into(),
+            ));
         };
         let _one = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        let target = self.store_target(f)?;
+        let target = self.registry_target(f)?;
         if self.served_version(&f.name) == Some(target) {
             return Ok(target);
         }
         let dir = src.root.join(&f.name).join(target.to_string());
         self.set_status(&f.name, target, State::Loading, String::new());
         tracing::info!(
-            "fetching model '{}' version {target} from the store {}",
+            "fetching model '{}' version {target} from the registry {}",
             f.model,
             f.redis
         );
@@ -78,11 +80,11 @@ impl Repository {
                 .name("ember-fetch".into())
                 .spawn_scoped(s, || {
                     super::lower_priority();
-                    let mut conn = self.store_conn.lock().unwrap_or_else(|e| e.into_inner());
-                    let c = conn.as_mut().ok_or("no store connection")?;
+                    let mut conn = self.registry_conn.lock().unwrap_or_else(|e| e.into_inner());
+                    let c = conn.as_mut().ok_or("no registry connection")?;
                     c.fetch(target, &dir).map_err(|e| {
                         *conn = None;
-                        format!("fetching it from the store: {e}")
+                        format!("fetching it from the registry: {e}")
                     })
                 })
                 .map_err(|e| format!("starting the fetching thread: {e}"))?
@@ -132,10 +134,10 @@ impl Repository {
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ServeError {
-    ServeError::Unavailable(format!("the model store: {e}"))
+    ServeError::Unavailable(format!("the model registry: {e}"))
 }
 
-/// Starts the thread that follows the store every `every`; it ends when the repository is
+/// Starts the thread that follows the registry every `every`; it ends when the repository is
 /// dropped or stopped.
 pub(crate) fn spawn(repo: &Arc<Repository>, every: Duration) {
     // The version that failed last, and when: not fetched again before `RETRY`.
@@ -143,20 +145,22 @@ pub(crate) fn spawn(repo: &Arc<Repository>, every: Duration) {
     let mut said = String::new();
     super::spawn_watcher(
         repo,
-        "ember-store-poll",
+        "ember-registry-poll",
         every,
         "promoted versions load only on request",
         move |repo| follow_once(repo, &mut failed, &mut said),
     );
 }
 
-/// One look at the store: swaps in the version to serve if it changed.
+/// One look at the registry: swaps in the version to serve if it changed.
 fn follow_once(repo: &Repository, failed: &mut Option<(u64, Instant)>, said: &mut String) {
-    let Some(f) = repo.store_follow() else { return };
+    let Some(f) = repo.registry_follow() else {
+        return;
+    };
     if repo.is_held(&f.name) {
         return;
     }
-    let target = match repo.store_target(f) {
+    let target = match repo.registry_target(f) {
         Ok(v) => v,
         Err(e) => {
             // Said once per distinct failure; the served version goes on serving.
@@ -174,7 +178,7 @@ fn follow_once(repo: &Repository, failed: &mut Option<(u64, Instant)>, said: &mu
     {
         return;
     }
-    *failed = match repo.sync_store() {
+    *failed = match repo.sync_registry() {
         Ok(_) => None,
         Err(_) => Some((target, Instant::now())),
     };

@@ -1,21 +1,29 @@
-//! Managing versions in the store: [`verify`], [`list`] and [`remove`] (in bounded steps, with
-//! `UNLINK`, never `KEYS` or a big `DEL`). [`super::push`] writes them. The key layout is in
-//! [`super::layout`].
+//! Managing versions in the registry: [`verify`], [`list`] and [`remove`] (in bounded steps, with
+//! `UNLINK`, never `KEYS` or a big `DEL`), and [`check_blocks`], the read-back both a push and
+//! `verify` end with. [`crate::push`] writes the versions. The key layout is in
+//! [`ember_embed::storage::remote::layout`].
 
-use super::layout::{self, VersionState, block_prefix, check_name};
-use super::manifest::Manifest;
-use super::store::{read_manifest, served_version, set_state, store_err, updated_set, versions};
-use super::updates::{updated_key, updates_key};
-use crate::error::Result;
-use ember_redis::{Cluster, Ops, Reply, call};
-use redis::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+
+use ember_embed::storage::remote::layout::{self, VersionState, block_prefix, check_name};
+use ember_embed::storage::remote::updates::{updated_key, updates_key};
+use ember_embed::storage::remote::{
+    Manifest, ManifestTable, read_manifest, served_version, updated_set, versions,
+};
+use ember_embed::{EmbedError, Result};
+use ember_redis::{Cluster, Ops, Reply, call};
+use redis::Value;
+
+use crate::files::read_files;
+use crate::version::set_state;
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerifyReport {
+    /// Blocks read back.
     pub blocks: usize,
+    /// Bytes of rows in them.
     pub bytes: usize,
     /// Blocks missing, of the wrong length or failing their CRC: `(table, block, what)`.
     pub bad: Vec<(String, usize, String)>,
@@ -35,7 +43,7 @@ pub fn verify(
     let updated = updated_blocks(cluster, &manifest)?;
     let mut report = check_blocks(cluster, &manifest, true, timeout, &updated, None, None)?;
     if manifest.files.is_some()
-        && let Err(e) = super::files::read_files(cluster, &manifest)
+        && let Err(e) = read_files(cluster, &manifest)
     {
         report
             .bad
@@ -45,7 +53,7 @@ pub fn verify(
 }
 
 /// The blocks of each table of `manifest` that row updates rewrote since the push.
-pub(super) fn updated_blocks(
+pub(crate) fn updated_blocks(
     cluster: &mut Cluster,
     manifest: &Manifest,
 ) -> Result<Vec<BTreeSet<usize>>> {
@@ -57,7 +65,7 @@ pub(super) fn updated_blocks(
 }
 
 /// Where [`check_blocks`] hands each good block: `(table, block, bytes)`.
-pub(super) type BlockSink<'a> = dyn FnMut(usize, usize, &[u8]) + 'a;
+pub(crate) type BlockSink<'a> = dyn FnMut(usize, usize, &[u8]) + 'a;
 
 /// Bytes of blocks read back per call in [`check_blocks`]: with 16 MB calls reading back a
 /// pushed version ran at 2.4-2.8 GB/s on a 3-primary loopback cluster, with 256 MB calls at
@@ -69,7 +77,7 @@ const CHECK_WINDOW: usize = 16 << 20;
 /// CRC against the manifest's, each reply as it is read (no copy); a block in `updated` (per
 /// table) is held to its length only. Each block that passes goes to `sink` as `(table, block,
 /// bytes)`.
-pub(super) fn check_blocks(
+pub(crate) fn check_blocks(
     cluster: &mut Cluster,
     manifest: &Manifest,
     read: bool,
@@ -91,20 +99,8 @@ pub(super) fn check_blocks(
             let mut what: Vec<Option<String>> = vec![Some("missing".into()); pending.len()];
             cluster.run_each(ops, read, Instant::now() + timeout, |i, v| {
                 let (t, b) = pending[i];
-                let mt = &manifest.tables[t];
-                let want = mt.block_rows(b).len() * mt.row_bytes;
-                what[i] = match v {
-                    Reply::Bulk(got) if got.len() != want => {
-                        Some(format!("{} bytes, expected {want}", got.len()))
-                    }
-                    Reply::Bulk(_) if updated.get(t).is_some_and(|u| u.contains(&b)) => None,
-                    Reply::Bulk(got) => match mt.block_crcs.get(b) {
-                        Some(&c) if crc32fast::hash(got) != c => Some("CRC-32 differs".into()),
-                        None => Some("no CRC in the manifest (push not finished)".into()),
-                        _ => None,
-                    },
-                    Reply::Other(_) => Some("missing".into()),
-                };
+                let rewritten = updated.get(t).is_some_and(|u| u.contains(&b));
+                what[i] = fault(&manifest.tables[t], b, v, rewritten);
                 if let (None, Reply::Bulk(got), Some(sink)) = (&what[i], v, sink.as_mut()) {
                     sink(t, b, got);
                 }
@@ -148,14 +144,38 @@ pub(super) fn check_blocks(
     Ok(report)
 }
 
+/// What is wrong with block `b` of `mt` as read back (`reply`), if anything: its length, and
+/// its CRC-32 against the manifest's unless row updates `rewrote` it.
+fn fault(mt: &ManifestTable, b: usize, reply: Reply<'_>, rewrote: bool) -> Option<String> {
+    let want = mt.block_rows(b).len() * mt.row_bytes;
+    match reply {
+        Reply::Bulk(got) if got.len() != want => {
+            Some(format!("{} bytes, expected {want}", got.len()))
+        }
+        Reply::Bulk(_) if rewrote => None,
+        Reply::Bulk(got) => match mt.block_crcs.get(b) {
+            Some(&c) if crc32fast::hash(got) != c => Some("CRC-32 differs".into()),
+            None => Some("no CRC in the manifest (push not finished)".into()),
+            _ => None,
+        },
+        Reply::Other(_) => Some("missing".into()),
+    }
+}
+
 /// One version in [`list`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct VersionListing {
+    /// The version's number.
     pub version: u64,
+    /// Its state in the model's `versions` hash.
     pub state: VersionState,
+    /// Seconds since the Unix epoch when its push started (0: its manifest cannot be read).
     pub created_unix: u64,
+    /// Tables in its manifest.
     pub tables: usize,
+    /// Rows over all its tables.
     pub rows: usize,
+    /// Bytes of rows over all its tables.
     pub bytes: usize,
 }
 
@@ -230,50 +250,22 @@ pub fn remove(
     check_name("model", model)?;
     let known = versions(cluster, model)?;
     if !known.iter().any(|e| e.0 == version) {
-        return Err(store_err(model, version, "no such version"));
+        return Err(EmbedError::remote_store(model, version, "no such version"));
     }
     if served_version(cluster, model)? == Some(version) {
-        return Err(store_err(
+        return Err(EmbedError::remote_store(
             model,
             version,
-            "it is the served version (promoted): promote another one first with `ember store \
+            "it is the served version (promoted): promote another one first with `ember registry \
              promote`",
         ));
     }
     set_state(cluster, model, version, VersionState::Deleting)?;
     let vk = layout::versions_key(model);
-    let mut unlinked = 0usize;
-    if let Ok(manifest) = read_manifest(cluster, model, version) {
-        let mut ops = Ops::default();
-        for mt in &manifest.tables {
-            let prefix = block_prefix(model, version, &mt.name);
-            for b in 0..mt.blocks() {
-                let key = format!("{prefix}{b}");
-                ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
-                if ops.len() >= 512 {
-                    unlinked +=
-                        count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
-                    ops.clear();
-                }
-            }
-        }
-        if !ops.is_empty() {
-            unlinked += count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
-        }
-        // Each table's update stream and its set of updated blocks (not counted: not blocks).
-        let mut ops = Ops::default();
-        for mt in &manifest.tables {
-            for key in [
-                updates_key(model, version, &mt.name),
-                updated_key(model, version, &mt.name),
-            ] {
-                ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
-            }
-        }
-        if !ops.is_empty() {
-            cluster.run(&ops, false, Instant::now() + timeout)?;
-        }
-    }
+    let unlinked = match read_manifest(cluster, model, version) {
+        Ok(manifest) => unlink_tables(cluster, &manifest, timeout)?,
+        Err(_) => 0,
+    };
     for key in [
         layout::done_key(model, version),
         layout::file_key(model, version, "config"),
@@ -296,6 +288,43 @@ pub fn remove(
     Ok(unlinked)
 }
 
+/// Unlinks every block of `manifest`'s version, 512 keys per call, then each table's update
+/// stream and its set of updated blocks. Returns the blocks unlinked.
+fn unlink_tables(cluster: &mut Cluster, manifest: &Manifest, timeout: Duration) -> Result<usize> {
+    let (model, version) = (manifest.model.as_str(), manifest.version);
+    let mut unlinked = 0usize;
+    let mut ops = Ops::default();
+    for mt in &manifest.tables {
+        let prefix = block_prefix(model, version, &mt.name);
+        for b in 0..mt.blocks() {
+            let key = format!("{prefix}{b}");
+            ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
+            if ops.len() >= 512 {
+                unlinked += count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
+                ops.clear();
+            }
+        }
+    }
+    if !ops.is_empty() {
+        unlinked += count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
+    }
+    // Each table's update stream and its set of updated blocks (not counted: not blocks).
+    let mut ops = Ops::default();
+    for mt in &manifest.tables {
+        for key in [
+            updates_key(model, version, &mt.name),
+            updated_key(model, version, &mt.name),
+        ] {
+            ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
+        }
+    }
+    if !ops.is_empty() {
+        cluster.run(&ops, false, Instant::now() + timeout)?;
+    }
+    Ok(unlinked)
+}
+
+/// The keys `UNLINK` replies say were removed.
 fn count_unlinked(replies: &[Value]) -> usize {
     replies
         .iter()
