@@ -425,7 +425,7 @@ fn run_repository(
             threads: a.threads,
         }),
         poll: (!poll.is_zero()).then_some(poll),
-        warm_batches: 4,
+        warm_batches: ember_serve::repo::WARM_BATCHES,
         pace_bytes_per_s: (a.load_mb_per_s > 0.0).then_some((a.load_mb_per_s * 1e6) as u64),
         registry,
     };

@@ -335,6 +335,16 @@ impl Batcher {
             .unwrap_or_else(|_| Err(ServeError::Internal("the batcher stopped".into())))
     }
 
+    /// Starts the admission model from batches the engine ran before serving (`(samples,
+    /// time)` each, from warming it): without them, the first batches of a fresh server, slow
+    /// while caches and pages fill, would be all the model knows, and the first burst of
+    /// requests would be refused for an expected wait that never comes.
+    pub fn prime(&self, batches: &[(usize, Duration)]) {
+        for &(n, t) in batches {
+            self.load.observe(n, t);
+        }
+    }
+
     /// Requests waiting now.
     pub fn queued(&self) -> usize {
         self.queued.load(Ordering::Relaxed)

@@ -174,7 +174,24 @@ impl Server {
         // The recorder first: a served model registers its counters when it is made, and a
         // counter registered before the recorder counts nothing.
         metrics::handle();
+        // Warmed before it serves, as a repository's versions are: the first requests meet a
+        // model whose pages are in and an admission model that knows its speed.
+        let n = cfg.batch.max_batch.min(128);
+        let (engines, took) = tokio::task::spawn_blocking(move || {
+            let mut engines = engines;
+            let mut took = Vec::new();
+            for e in engines.iter_mut() {
+                took.extend(repo::warm(e.as_mut(), n, repo::WARM_BATCHES)?);
+            }
+            Ok::<_, ember_model::ModelError>((engines, took))
+        })
+        .await
+        .map_err(|e| std::io::Error::other(format!("warming the model: {e}")))?
+        .map_err(|e| std::io::Error::other(format!("warming the model: {e}")))?;
         let repo = Repository::single(&cfg.model_name, engines, cfg.batch);
+        for s in repo.served() {
+            s.batcher.prime(&took);
+        }
         Self::serve(Arc::new(repo), cfg).await
     }
 

@@ -23,6 +23,14 @@ impl Server {
         Self::start_with(Command::new(env!("CARGO_BIN_EXE_ember")), args)
     }
 
+    /// [`Server::start`] pinned to `cpus` (a `taskset -c` list), so that a load generator on
+    /// other CPUs cannot take the server's.
+    pub fn start_on(cpus: &str, args: &[&str]) -> Server {
+        let mut c = Command::new("taskset");
+        c.args(["-c", cpus, env!("CARGO_BIN_EXE_ember")]);
+        Self::start_with(c, args)
+    }
+
     /// [`Server::start`] under `sh -c 'ulimit -n N; exec ember serve ...'`: a process with
     /// only `n` file descriptors.
     pub fn start_with_fd_limit(n: u64, args: &[&str]) -> Server {

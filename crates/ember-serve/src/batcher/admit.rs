@@ -154,6 +154,32 @@ impl Fit {
 mod tests {
     use super::*;
 
+    /// What a fresh server met: its first batch (1 sample, 40 ms while pages and caches fill)
+    /// alone makes 40 ms per sample, and two samples ahead already pass a 50 ms bound. Warm
+    /// batches before it (128 samples in 2 ms) keep the model near the engine's real speed, so
+    /// that the burst after the slow batch is admitted.
+    #[test]
+    fn warm_batches_keep_one_cold_batch_from_refusing_a_burst() {
+        let bound = Duration::from_millis(50);
+        let cold = Load::new(256, 1);
+        cold.observe(1, Duration::from_millis(40));
+        cold.add(2);
+        assert!(cold.expected_wait() > bound, "{:?}", cold.expected_wait());
+
+        let primed = Load::new(256, 1);
+        for _ in 0..3 {
+            primed.observe(128, Duration::from_millis(2));
+        }
+        primed.observe(1, Duration::from_millis(40));
+        for k in 0..64 {
+            assert!(
+                primed.try_add(1, bound).is_ok(),
+                "sample {k} of the burst refused: wait {:?}",
+                primed.expected_wait()
+            );
+        }
+    }
+
     #[test]
     fn the_fit_recovers_a_line_and_stays_sound() {
         let mut f = Fit::default();

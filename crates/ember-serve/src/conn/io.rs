@@ -15,6 +15,47 @@ use tokio::net::TcpStream;
 use super::state::ConnState;
 use crate::metrics as m;
 
+/// A look at a connection's socket for bytes the client sent that nobody has read yet (hyper
+/// reads a socket only when its task runs; a stopping connection asks the kernel).
+#[derive(Debug)]
+pub(crate) struct Unread {
+    #[cfg(unix)]
+    fd: std::os::fd::RawFd,
+}
+
+impl Unread {
+    /// The look for `tcp`; valid while the stream is open (the connection that owns it).
+    pub(crate) fn of(tcp: &TcpStream) -> Unread {
+        Unread {
+            #[cfg(unix)]
+            fd: std::os::fd::AsRawFd::as_raw_fd(tcp),
+        }
+    }
+
+    /// Whether bytes wait unread in the socket (none are taken; never blocks).
+    pub(crate) fn has_bytes(&self) -> bool {
+        #[cfg(unix)]
+        {
+            let mut byte = 0u8;
+            // SAFETY: `fd` is the socket of a stream the caller's connection still owns (a
+            // connection's watchdog asks only while it holds the connection), so it is open and
+            // is this socket; recv with MSG_PEEK | MSG_DONTWAIT writes at most one byte into the
+            // local `byte`, takes nothing off the socket and does not block.
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n > 0
+        }
+        #[cfg(not(unix))]
+        false
+    }
+}
+
 /// The client preface every HTTP/2 connection starts with.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -231,5 +272,45 @@ mod tests {
         let long = vec![b'a'; 101];
         assert_eq!(scan(100, &[&long]), (true, 101, false));
         assert_eq!(scan(100, &[&long[..60], &long[60..]]), (true, 101, false));
+    }
+
+    /// `Unread::has_bytes` agrees with the safe `peek` of the standard library (on a second
+    /// descriptor of the same socket, what the server avoids: it would double the descriptors
+    /// a connection costs) before any byte, while bytes wait, and once they are read.
+    #[tokio::test]
+    async fn unread_bytes_are_seen_without_being_taken() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let unread = Unread::of(&server);
+        // The reference: a second, non-blocking descriptor of the server's socket.
+        let reference = {
+            use std::os::fd::AsFd;
+            let fd = server.as_fd().try_clone_to_owned().unwrap();
+            let r = std::net::TcpStream::from(fd);
+            r.set_nonblocking(true).unwrap();
+            r
+        };
+        let safe = |r: &std::net::TcpStream| {
+            let mut b = [0u8; 1];
+            matches!(r.peek(&mut b), Ok(n) if n > 0)
+        };
+        assert!(!unread.has_bytes() && !safe(&reference));
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        // Loopback delivery is not promised to be done when the write returns: wait for it.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !safe(&reference) {
+            assert!(std::time::Instant::now() < end, "the bytes never arrived");
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..3 {
+            assert!(unread.has_bytes(), "bytes wait, and a look takes none");
+        }
+        let mut buf = [0u8; 18];
+        server.read_exact(&mut buf).await.unwrap();
+        assert!(!unread.has_bytes() && !safe(&reference));
     }
 }

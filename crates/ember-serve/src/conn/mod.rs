@@ -14,9 +14,12 @@
 //! - **Refusals before work**: on the HTTP listener, a `Content-Length` over the body limit is
 //!   refused from the header (400, the body is never read), and request heads over
 //!   `max_header_bytes` get 431 with a JSON body.
-//! - **Stopping** ([`Registry::stop_all`]): connections with nothing in flight close at once,
-//!   those still receiving a request (head or body) are dropped, the others finish their
-//!   requests; the server waits for them up to its grace period, then drops what is left.
+//! - **Stopping** ([`Registry::stop_all`]): nothing a client sent before the stop is lost.
+//!   Connections with nothing in flight and nothing unread in their socket close at once; a
+//!   request already in the socket, or with its head or body being read, is read and answered
+//!   (heads and bodies still held to their timeouts); every answer from then on says
+//!   `Connection: close` (HTTP/2: GOAWAY) and the connection closes after it. The server waits
+//!   for them up to its grace period, then drops what is left.
 //!
 //! Every refusal and close is counted in `/metrics` (`ember_connections_*`).
 
@@ -310,12 +313,19 @@ async fn serve_connection(
     service: ConnService,
     cfg: &ConnConfig,
 ) -> &'static str {
+    let socket = io::Unread::of(&tcp);
     let io = TokioIo::new(WatchedStream::new(tcp, state.clone(), cfg.max_header_bytes));
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let why = loop {
         let deadline = match state.check(cfg) {
             Ok(d) => d,
+            // A request that has reached the server (in its socket, its head or its body being
+            // read) is served before the connection closes; the grace period bounds it.
+            Err(Close::Shutdown) if arriving(&state, &socket) => match state.deadline(cfg) {
+                Ok(d) => d,
+                Err(why) => break why,
+            },
             Err(why) => break why,
         };
         let sleep = async {
@@ -330,16 +340,11 @@ async fn serve_connection(
             _ = state.changed.notified() => {}
         }
     };
-    let graceful = match why {
-        Close::Header => false,
-        // A request not fully received when the server stops is dropped, not waited for.
-        Close::Shutdown => !state.receiving() && !state.head_in_progress(),
-        Close::Idle | Close::Evicted => true,
-    };
-    if graceful {
+    if why != Close::Header {
+        // Idle HTTP/1 connections close now; one with a request in flight answers it with
+        // `Connection: close` and then closes (HTTP/2: GOAWAY, the streams begun are answered).
         conn.as_mut().graceful_shutdown();
-        // Idle connections close at once; requests in flight finish (the server's grace period
-        // bounds them when it stops).
+        // The server's grace period bounds what is in flight when it stops.
         let limit = match why {
             Close::Shutdown => Duration::MAX,
             _ => Duration::from_secs(1),
@@ -347,6 +352,15 @@ async fn serve_connection(
         let _ = tokio::time::timeout(limit, conn).await;
     }
     why.label()
+}
+
+/// Whether a request is on its way into a stopping connection: its head or body being read,
+/// or (HTTP/1, nothing in flight) bytes waiting unread in the socket, which hyper would drop
+/// if the connection closed now. HTTP/2's own graceful stop answers the streams already sent.
+fn arriving(state: &ConnState, socket: &io::Unread) -> bool {
+    state.receiving()
+        || state.head_in_progress()
+        || (!state.busy() && !state.is_http2() && socket.has_bytes())
 }
 
 /// The service of one connection: marks requests in flight, refuses oversize bodies and heads

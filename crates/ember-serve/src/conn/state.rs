@@ -179,6 +179,12 @@ impl ConnState {
         if self.evict.load(Relaxed) {
             return Err(Close::Evicted);
         }
+        self.deadline(cfg)
+    }
+
+    /// The deadline the connection's own state gives (idle or slow head), the server's stop and
+    /// evictions aside.
+    pub(crate) fn deadline(&self, cfg: &ConnConfig) -> Result<Option<Instant>, Close> {
         if self.in_flight.load(Relaxed) > 0 {
             return Ok(None);
         }

@@ -311,22 +311,23 @@ impl Repository {
         }
         let model = Arc::new(model);
         let mut engines = Vec::with_capacity(self.batch.instances.max(1));
+        let mut took = Vec::new();
         for _ in 0..self.batch.instances.max(1) {
             let mut engine = src.loader.engine(model.clone())?;
-            warm(
-                engine.as_mut(),
-                self.batch.max_batch.min(128),
-                src.warm_batches,
-            )
-            .map_err(|e| format!("warming it up: {e}"))?;
+            took.extend(
+                warm(
+                    engine.as_mut(),
+                    self.batch.max_batch.min(128),
+                    src.warm_batches,
+                )
+                .map_err(|e| format!("warming it up: {e}"))?,
+            );
             engines.push(engine);
         }
         let spec = ModelSpec::of(model, name);
-        Ok(Served::new(
-            spec,
-            version,
-            Batcher::start_pool(engines, self.batch, name),
-        ))
+        let batcher = Batcher::start_pool(engines, self.batch, name);
+        batcher.prime(&took);
+        Ok(Served::new(spec, version, batcher))
     }
 
     /// Waits (up to `RETIRE_GRACE`) until no request holds `old`, stops its batcher and frees it,
@@ -379,27 +380,42 @@ fn free_quietly(model: Arc<Model>, wait: Duration) {
     }
 }
 
-/// Runs `batches` batches of `n` random samples (8 ids per bag) through `engine`. A batch whose
-/// rows a store could not give in time (a busy host, a slow node) does not fail the load: the
-/// version serves as any version does when its store is slow (503s naming it, readiness off),
-/// and stderr says so; any other failure does.
-fn warm(engine: &mut dyn Engine, n: usize, batches: usize) -> ember_model::Result<()> {
+/// Batches of random samples a model runs before it serves (`ember serve` and each version a
+/// repository loads).
+pub const WARM_BATCHES: usize = 4;
+
+/// Runs `batches` batches of `n` random samples (8 ids per bag) through `engine`; returns how
+/// long each batch after the first (the first faults in what the model touches) took, for
+/// the admission model to start from ([`Batcher::prime`]). A batch whose rows a store could
+/// not give in time (a busy host, a slow node) does not fail the load: the version serves as
+/// any version does when its store is slow (503s naming it, readiness off), and stderr says
+/// so; any other failure does.
+pub(crate) fn warm(
+    engine: &mut dyn Engine,
+    n: usize,
+    batches: usize,
+) -> ember_model::Result<Vec<(usize, Duration)>> {
     let config = engine.model().config().clone();
     let mut scores = vec![0f32; n];
     let mut slow = None;
+    let mut took = Vec::with_capacity(batches);
     for b in 0..batches {
         let (dense, sparse) = ember_model::presets::random_batch(&config, n, 8, 0x5eed + b as u64);
+        let start = Instant::now();
         match engine.score(&dense, &sparse, &mut scores) {
             Err(e) if e.kind() == ember_model::ErrorKind::Unavailable => slow = Some(e),
             r => {
                 r?;
+                if b > 0 {
+                    took.push((n, start.elapsed()));
+                }
             }
         }
     }
     if let Some(e) = slow {
         tracing::warn!("warming a version, a store did not answer in time ({e}); loading on");
     }
-    Ok(())
+    Ok(took)
 }
 
 #[cfg(test)]
