@@ -9,6 +9,8 @@
 # that a drifting machine hits both alike; medians of the rounds and new/old ratios are printed.
 #
 #   bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]     (from the repository root)
+#   PARTS="remote serve" bench/compare_binaries.sh ...          (only those of embed, model,
+#                                                                tiered, remote, serve)
 #
 # Each round builds RM1's 4 GB of tables twice (about 30 s), runs the tiers' benchmarks (about a
 # minute each) and two find-max searches of about 90 s each: 3 rounds take about 20 minutes on a
@@ -20,9 +22,12 @@ NEW=${2:?usage: bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]}
 ROUNDS=${3:-3}
 PORT=${PORT:-18080}
 RATE=${RATE:-5000}
+PARTS=${PARTS:-embed model tiered remote serve}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"; [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null || true' EXIT
 
+# Whether PART is to be measured.
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 # The number after "NAME": in a JSON line.
 field() { grep -o "\"$1\":[0-9.e+-]*" | head -1 | cut -d: -f2; }
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
@@ -30,16 +35,19 @@ median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2 ? a[(NR + 1) / 2] :
 run_one() { # which binary
   local which=$1 bin
   bin=$([ "$which" = old ] && echo "$OLD" || echo "$NEW")
-  "$bin" bench embed --preset rm1 --json 2>/dev/null | tail -1 > "$OUT/embed.json"
-  field lookups_per_s < "$OUT/embed.json" >> "$OUT/$which.embed"
-  field fraction_of_ceiling < "$OUT/embed.json" >> "$OUT/$which.ceiling"
-  "$bin" bench model --preset rm1 --json 2>/dev/null | tail -1 | field samples_per_s >> "$OUT/$which.model"
-  "$bin" bench tiered --tables 8 --rows 500000 --runs 3 --json 2>/dev/null | tail -1 \
+  if want embed; then
+    "$bin" bench embed --preset rm1 --json 2>/dev/null | tail -1 > "$OUT/embed.json"
+    field lookups_per_s < "$OUT/embed.json" >> "$OUT/$which.embed"
+    field fraction_of_ceiling < "$OUT/embed.json" >> "$OUT/$which.ceiling"
+  fi
+  want model && "$bin" bench model --preset rm1 --json 2>/dev/null | tail -1 | field samples_per_s >> "$OUT/$which.model"
+  want tiered && "$bin" bench tiered --tables 8 --rows 500000 --runs 3 --json 2>/dev/null | tail -1 \
     | field lookups_per_s >> "$OUT/$which.tiered"
-  "$bin" bench remote --tables 4 --rows 200000 --runs 3 --cache-fractions 0.1 --layout-rows 0 \
+  want remote && "$bin" bench remote --tables 4 --rows 200000 --runs 3 --cache-fractions 0.1 --layout-rows 0 \
     --json 2>/dev/null | tail -1 | python3 -c 'import json, sys
 print(next(p["lookups_per_s"] for p in json.load(sys.stdin)["policies"] if p["policy"] == "lfu"))' \
     >> "$OUT/$which.remote"
+  want serve || return 0
   "$bin" serve --http "127.0.0.1:$PORT" --grpc off 2>/dev/null &
   SERVER=$!
   for _ in $(seq 100); do
@@ -71,6 +79,7 @@ for m in "embed:bench embed rm1, lookups/s" "ceiling:bench embed rm1, fraction o
          "remote:bench remote 4x200K lfu 10%, lookups/s" "serve:serve /v1/score find-max, samples/s" \
          "p50:serve /v1/score at $RATE/s, p50 ms" "p99:serve /v1/score at $RATE/s, p99 ms"; do
   key=${m%%:*}
+  [ -s "$OUT/old.$key" ] || continue
   o=$(median < "$OUT/old.$key")
   n=$(median < "$OUT/new.$key")
   printf '%-44s %14.4g %14.4g %9.3f\n' "${m#*:}" "$o" "$n" "$(awk -v a="$n" -v b="$o" 'BEGIN { print a / b }')"

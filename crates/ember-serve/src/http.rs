@@ -114,29 +114,14 @@ async fn read_body(mut body: Body, limit: usize) -> Result<axum::body::Bytes> {
 }
 
 /// Admits a request before its body is read: a server already past its queue bound refuses
-/// it (503) without buffering the body, which is read and dropped chunk by chunk so that the
-/// connection stays usable (closing with unread bytes would reset it, and the client could lose
-/// the answer). The batcher decides again, exactly, when the decoded request is submitted.
-async fn admit_unread(
-    app: &App,
-    served: &Served,
-    body: Body,
-    timeout_us: Option<u64>,
-) -> Result<Body> {
-    use http_body_util::BodyExt;
-    let Err(refused) = served.batcher.admit(timeout_us) else {
-        return Ok(body);
-    };
-    let mut body = body;
-    let mut left = app.max_body_bytes;
-    while let Some(Ok(frame)) = body.frame().await {
-        let n = frame.data_ref().map_or(0, |d| d.len());
-        if n > left {
-            break;
-        }
-        left -= n;
-    }
-    Err(refused)
+/// it (503) at once, without reading the body. The connection layer then closes the connection
+/// after the answer (`Connection: close`; the unread body goes with it), so that a refusal costs
+/// the server the request's head, not its body: reading refused bodies to keep connections open
+/// was what an overload spent the server's core on (docs/serving.md, the overload figures). The
+/// batcher decides again, exactly, when the decoded request is submitted.
+fn admit_unread(served: &Served, body: Body, timeout_us: Option<u64>) -> Result<Body> {
+    served.batcher.admit(timeout_us)?;
+    Ok(body)
 }
 
 /// Why a body could not be read: too slow (408), past the in-flight budget (503), or broken.
@@ -276,7 +261,7 @@ async fn infer_on(
     body: Body,
 ) -> Result<(usize, Response)> {
     // Refused before reading when the server is already past its queue bound.
-    let body = admit_unread(app, served, body, None).await?;
+    let body = admit_unread(served, body, None)?;
     let bytes = read_body(body, app.max_body_bytes).await?;
     let t0 = std::time::Instant::now();
     let d = decode_infer(&served.spec, headers, &bytes)?;
@@ -397,7 +382,7 @@ async fn score_on(
     body: Body,
 ) -> Result<Response> {
     let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
-    let body = admit_unread(app, served, body, timeout).await?;
+    let body = admit_unread(served, body, timeout)?;
     let bytes = read_body(body, app.max_body_bytes).await?;
     let json = headers
         .get(header::CONTENT_TYPE)

@@ -55,8 +55,15 @@ fn overload_is_refused_at_once_and_the_accepted_wait_about_the_bound() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
+    let head_only = refused_on_its_head(s.addr, Duration::from_secs(10));
+    // The load's length, not a wait for a state.
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
     stop.store(true, Ordering::Relaxed);
+    assert!(
+        head_only,
+        "no request whose body never came was refused on its head (503, Connection: close)"
+    );
     let (mut ok, mut refused) = (Vec::new(), Vec::new());
     for c in clients {
         let (o, r) = c.join().unwrap();
@@ -85,6 +92,46 @@ fn overload_is_refused_at_once_and_the_accepted_wait_about_the_bound() {
         "{within} of {count} queue waits within 25 ms"
     );
     assert!(metric_in(&page, "ember_requests_refused_total{reason=\"overloaded\"}") >= 1.0);
+}
+
+/// Sends request heads declaring a 1 MB body that never comes, one connection each, until one
+/// is refused on its head: answered 503 with `Connection: close` without the server waiting for
+/// its body (a head it admits waits for the body: given up after 300 ms). False if none is by
+/// `limit`.
+fn refused_on_its_head(addr: std::net::SocketAddr, limit: Duration) -> bool {
+    use std::io::{Read, Write};
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let Ok(mut c) = std::net::TcpStream::connect(addr) else {
+            continue;
+        };
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let head = format!(
+            "POST /v1/score HTTP/1.1\r\nHost: {addr}\r\nContent-Type: text/plain\r\n\
+             Content-Length: 1000000\r\n\r\n"
+        );
+        if c.write_all(head.as_bytes()).is_err() {
+            continue;
+        }
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match c.read(&mut buf) {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+        if text.starts_with("http/1.1 503") {
+            assert!(
+                text.contains("connection: close"),
+                "a refusal before the body keeps the connection: {text}"
+            );
+            return true;
+        }
+    }
+    false
 }
 
 #[test]

@@ -39,7 +39,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -391,12 +391,31 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let limits = (l.cfg.body_timeout, l.cfg.min_body_rate);
         let (state, body_share) = (self.state.clone(), share.clone());
         let grpc = l.grpc;
-        let req = req.map(|b| Body::new(MinRateBody::new(b, state, limits, body_share, grpc)));
+        let ended = Arc::new(AtomicBool::new(false));
+        let body_ended = ended.clone();
+        let req = req.map(|b| {
+            Body::new(MinRateBody::new(
+                b, state, limits, body_share, grpc, body_ended,
+            ))
+        });
         let router = l.router.clone();
+        let http1 = !self.state.is_http2();
         Box::pin(async move {
-            let r = router.oneshot(req).await;
+            let mut r = router.oneshot(req).await;
             // The request's bytes count until its answer is made.
             drop((guard, share));
+            // A refusal sent before its body was read (admission): the connection closes after
+            // it, and says so, rather than reading a body only to drop it.
+            if let Ok(resp) = &mut r
+                && http1
+                && resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                && !ended.load(Relaxed)
+            {
+                resp.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
             r
         })
     }
