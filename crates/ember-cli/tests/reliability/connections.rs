@@ -238,3 +238,33 @@ fn http2_connections_that_stop_answering_pings_are_closed() {
         || silent.iter().all(clients::closed),
     );
 }
+
+#[test]
+fn an_answer_given_before_its_body_closes_the_connection_and_the_body_is_never_a_head() {
+    // A model that is not served is answered 404 before the body is read. The body (100 KB, no
+    // blank line in it) must not be read as the next request's head: that once gave a second,
+    // bogus 431 answer on the connection and counted a refusal that never was.
+    let s = Server::start(&["--grpc", "off"]);
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.set_read_timeout(Some(PATIENCE)).unwrap();
+    let body = vec![b'x'; 100_000];
+    let head = format!(
+        "POST /v2/models/nope/infer HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        s.addr,
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    // The server may close before taking all of it: what matters is what it answers.
+    let _ = c.write_all(&body);
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut c, &mut got);
+    let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 404"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert_eq!(text.matches("http/1.1 ").count(), 1, "{text}");
+    assert_eq!(
+        s.metric("ember_requests_refused_total{reason=\"header_too_large\"}"),
+        0.0
+    );
+}

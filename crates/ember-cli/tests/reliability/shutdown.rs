@@ -161,13 +161,14 @@ struct Sent {
     answer: Answer,
 }
 
-/// Reads one HTTP/1.1 response (with a `Content-Length`) off a keep-alive connection.
-fn read_answer(r: &mut BufReader<TcpStream>, rows: usize) -> Answer {
+/// Reads one HTTP/1.1 response (with a `Content-Length`) off a keep-alive connection: how it
+/// ended, and whether it said `Connection: close`.
+fn read_answer(r: &mut BufReader<TcpStream>, rows: usize) -> (Answer, bool) {
     let mut head = String::new();
     loop {
         let mut line = String::new();
         match r.read_line(&mut line) {
-            Ok(0) | Err(_) => return Answer::Dropped,
+            Ok(0) | Err(_) => return (Answer::Dropped, true),
             Ok(_) if line == "\r\n" => break,
             Ok(_) => head.push_str(&line.to_ascii_lowercase()),
         }
@@ -180,21 +181,23 @@ fn read_answer(r: &mut BufReader<TcpStream>, rows: usize) -> Answer {
         .unwrap_or(0);
     let mut body = vec![0; len];
     if r.read_exact(&mut body).is_err() {
-        return Answer::Dropped;
+        return (Answer::Dropped, true);
     }
     let close = head.lines().any(|l| l.trim() == "connection: close");
     let scores = String::from_utf8_lossy(&body)
         .lines()
         .filter(|l| l.trim().parse::<f32>().is_ok())
         .count();
-    match code {
+    let answer = match code {
         200 if scores == rows => Answer::Scores,
         code => Answer::Status { code, close },
-    }
+    };
+    (answer, close)
 }
 
 /// A client on one keep-alive connection: sends `/v1/score` requests one after another until
-/// the server closes the connection or says it will; counts answers into `answered`.
+/// the server closes the connection or says it will (also after a 200); counts answers into
+/// `answered`.
 fn stream(addr: SocketAddr, seed: u64, answered: Arc<AtomicUsize>) -> Vec<Sent> {
     let conn = TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -217,10 +220,11 @@ fn stream(addr: SocketAddr, seed: u64, answered: Arc<AtomicUsize>) -> Vec<Sent> 
             break;
         }
         let at = Instant::now();
-        let answer = read_answer(&mut r, rows);
+        let (answer, close) = read_answer(&mut r, rows);
         sent.push(Sent { at, answer });
         answered.fetch_add(1, Ordering::Relaxed);
-        if !matches!(answer, Answer::Scores) {
+        // As an HTTP/1.1 client does: nothing more on a connection said to close.
+        if close {
             break;
         }
     }

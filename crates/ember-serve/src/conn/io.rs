@@ -136,7 +136,7 @@ impl WatchedStream {
     /// Follows HTTP/1 request heads read while no request is in flight; true when one is over
     /// the limit.
     fn head_too_large(&mut self, bytes: &[u8]) -> bool {
-        if self.state.is_http2() || self.state.busy() {
+        if self.state.is_http2() || self.state.busy() || self.state.is_closing() {
             return false;
         }
         let head = &mut self.head;

@@ -400,21 +400,23 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         });
         let router = l.router.clone();
         let http1 = !self.state.is_http2();
+        let state = self.state.clone();
         Box::pin(async move {
             let mut r = router.oneshot(req).await;
             // The request's bytes count until its answer is made.
             drop((guard, share));
-            // A refusal sent before its body was read (admission): the connection closes after
-            // it, and says so, rather than reading a body only to drop it.
+            // Answered before its body was read (a refusal on the head, a model not found): the
+            // connection closes after the answer, and says so, rather than reading a body only
+            // to drop it; what it still reads is that body, not a request head.
             if let Ok(resp) = &mut r
                 && http1
-                && resp.status() == StatusCode::SERVICE_UNAVAILABLE
                 && !ended.load(Relaxed)
             {
                 resp.headers_mut().insert(
                     header::CONNECTION,
                     header::HeaderValue::from_static("close"),
                 );
+                state.closing();
             }
             r
         })

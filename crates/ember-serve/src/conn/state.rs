@@ -59,6 +59,9 @@ pub(crate) struct ConnState {
     http2: AtomicBool,
     evict: AtomicBool,
     stop: AtomicBool,
+    /// The connection closes after the answer being sent (its request's body was not read):
+    /// what it reads from now on is that body, never a request head.
+    closing: AtomicBool,
     /// Wakes the watchdog when its deadline may have changed.
     pub(crate) changed: Notify,
 }
@@ -75,6 +78,7 @@ impl ConnState {
             http2: AtomicBool::new(false),
             evict: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             changed: Notify::new(),
         }
     }
@@ -163,6 +167,16 @@ impl ConnState {
     /// Whether it was asked to close to make room.
     pub(crate) fn evicted(&self) -> bool {
         self.evict.load(Relaxed)
+    }
+
+    /// The answer being sent closes the connection (see the field).
+    pub(crate) fn closing(&self) {
+        self.closing.store(true, Relaxed);
+    }
+
+    /// Whether the connection closes after the answer being sent.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Relaxed)
     }
 
     /// Asks the watchdog to stop the connection (the server is stopping).
