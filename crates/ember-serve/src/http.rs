@@ -113,17 +113,6 @@ async fn read_body(mut body: Body, limit: usize) -> Result<axum::body::Bytes> {
     Ok(buf.into())
 }
 
-/// Admits a request before its body is read: a server already past its queue bound refuses
-/// it (503) at once, without reading the body. The connection layer then closes the connection
-/// after the answer (`Connection: close`; the unread body goes with it), so that a refusal costs
-/// the server the request's head, not its body: reading refused bodies to keep connections open
-/// was what an overload spent the server's core on (docs/serving.md, the overload figures). The
-/// batcher decides again, exactly, when the decoded request is submitted.
-fn admit_unread(served: &Served, body: Body, timeout_us: Option<u64>) -> Result<Body> {
-    served.batcher.admit(timeout_us)?;
-    Ok(body)
-}
-
 /// Why a body could not be read: too slow (408), past the in-flight budget (503), or broken.
 fn body_error(e: &axum::Error) -> ServeError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -260,8 +249,12 @@ async fn infer_on(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(usize, Response)> {
-    // Refused before reading when the server is already past its queue bound.
-    let body = admit_unread(served, body, None)?;
+    // Admitted before its body is read: a server already past its queue bound refuses it
+    // (503) at once, and the connection layer closes the connection after the answer
+    // (`Connection: close`), so that a refusal costs the head, not the body (reading refused
+    // bodies was what an overload spent the server's core on: docs/serving.md). The batcher
+    // decides again, exactly, when the decoded request is submitted.
+    served.batcher.admit(None)?;
     let bytes = read_body(body, app.max_body_bytes).await?;
     let t0 = std::time::Instant::now();
     let d = decode_infer(&served.spec, headers, &bytes)?;
@@ -382,7 +375,8 @@ async fn score_on(
     body: Body,
 ) -> Result<Response> {
     let timeout = q.timeout_ms.map(|ms| ms.saturating_mul(1000));
-    let body = admit_unread(served, body, timeout)?;
+    // Admitted before its body is read, as in `infer_on`.
+    served.batcher.admit(timeout)?;
     let bytes = read_body(body, app.max_body_bytes).await?;
     let json = headers
         .get(header::CONTENT_TYPE)

@@ -176,13 +176,10 @@ impl Server {
         metrics::handle();
         // Warmed before it serves, as a repository's versions are: the first requests meet a
         // model whose pages are in and an admission model that knows its speed.
-        let n = cfg.batch.max_batch.min(128);
+        let batch = cfg.batch;
         let (engines, took) = tokio::task::spawn_blocking(move || {
             let mut engines = engines;
-            let mut took = Vec::new();
-            for e in engines.iter_mut() {
-                took.extend(repo::warm(e.as_mut(), n, repo::WARM_BATCHES)?);
-            }
+            let took = repo::warm_all(&mut engines, &batch, repo::WARM_BATCHES)?;
             Ok::<_, ember_model::ModelError>((engines, took))
         })
         .await

@@ -11,7 +11,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -77,8 +76,6 @@ pub(crate) struct MinRateBody {
     share: Arc<Share>,
     /// Fail with gRPC statuses (the gRPC listener).
     grpc: bool,
-    /// Set once the body has been read to its end (shared with the connection's service).
-    ended: Arc<AtomicBool>,
 }
 
 impl MinRateBody {
@@ -88,13 +85,12 @@ impl MinRateBody {
         (grace, rate): (Duration, u64),
         share: Arc<Share>,
         grpc: bool,
-        ended: Arc<AtomicBool>,
     ) -> Self {
         let done = inner.is_end_stream();
         if !done {
             state.body_started();
         }
-        ended.store(done, Ordering::Relaxed);
+        state.set_body_ended(done);
         MinRateBody {
             inner,
             state,
@@ -106,7 +102,6 @@ impl MinRateBody {
             done,
             share,
             grpc,
-            ended,
         }
     }
 
@@ -163,13 +158,13 @@ impl Body for MinRateBody {
                     }
                 }
                 if me.inner.is_end_stream() {
-                    me.ended.store(true, Ordering::Relaxed);
+                    me.state.set_body_ended(true);
                     me.finish();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(None) => {
-                me.ended.store(true, Ordering::Relaxed);
+                me.state.set_body_ended(true);
                 me.finish();
                 Poll::Ready(None)
             }

@@ -39,7 +39,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -391,13 +391,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let limits = (l.cfg.body_timeout, l.cfg.min_body_rate);
         let (state, body_share) = (self.state.clone(), share.clone());
         let grpc = l.grpc;
-        let ended = Arc::new(AtomicBool::new(false));
-        let body_ended = ended.clone();
-        let req = req.map(|b| {
-            Body::new(MinRateBody::new(
-                b, state, limits, body_share, grpc, body_ended,
-            ))
-        });
+        let req = req.map(|b| Body::new(MinRateBody::new(b, state, limits, body_share, grpc)));
         let router = l.router.clone();
         let http1 = !self.state.is_http2();
         let state = self.state.clone();
@@ -410,7 +404,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             // to drop it; what it still reads is that body, not a request head.
             if let Ok(resp) = &mut r
                 && http1
-                && !ended.load(Relaxed)
+                && !state.body_ended()
             {
                 resp.headers_mut().insert(
                     header::CONNECTION,

@@ -59,6 +59,9 @@ pub(crate) struct ConnState {
     http2: AtomicBool,
     evict: AtomicBool,
     stop: AtomicBool,
+    /// The body of the request in flight was read to its end (HTTP/1 runs one request at a
+    /// time; HTTP/2 does not use it).
+    body_ended: AtomicBool,
     /// The connection closes after the answer being sent (its request's body was not read):
     /// what it reads from now on is that body, never a request head.
     closing: AtomicBool,
@@ -78,6 +81,7 @@ impl ConnState {
             http2: AtomicBool::new(false),
             evict: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            body_ended: AtomicBool::new(true),
             closing: AtomicBool::new(false),
             changed: Notify::new(),
         }
@@ -167,6 +171,16 @@ impl ConnState {
     /// Whether it was asked to close to make room.
     pub(crate) fn evicted(&self) -> bool {
         self.evict.load(Relaxed)
+    }
+
+    /// The request body being read reached its end (`true`), or one starts (`false`).
+    pub(crate) fn set_body_ended(&self, ended: bool) {
+        self.body_ended.store(ended, Relaxed);
+    }
+
+    /// Whether the body of the request in flight was read to its end.
+    pub(crate) fn body_ended(&self) -> bool {
+        self.body_ended.load(Relaxed)
     }
 
     /// The answer being sent closes the connection (see the field).

@@ -311,19 +311,11 @@ impl Repository {
         }
         let model = Arc::new(model);
         let mut engines = Vec::with_capacity(self.batch.instances.max(1));
-        let mut took = Vec::new();
         for _ in 0..self.batch.instances.max(1) {
-            let mut engine = src.loader.engine(model.clone())?;
-            took.extend(
-                warm(
-                    engine.as_mut(),
-                    self.batch.max_batch.min(128),
-                    src.warm_batches,
-                )
-                .map_err(|e| format!("warming it up: {e}"))?,
-            );
-            engines.push(engine);
+            engines.push(src.loader.engine(model.clone())?);
         }
+        let took = warm_all(&mut engines, &self.batch, src.warm_batches)
+            .map_err(|e| format!("warming it up: {e}"))?;
         let spec = ModelSpec::of(model, name);
         let batcher = Batcher::start_pool(engines, self.batch, name);
         batcher.prime(&took);
@@ -384,13 +376,28 @@ fn free_quietly(model: Arc<Model>, wait: Duration) {
 /// repository loads).
 pub const WARM_BATCHES: usize = 4;
 
+/// [`warm`] for each of a model's engines, with batches of up to 128 samples (within
+/// `batch.max_batch`); every timing, for [`Batcher::prime`].
+pub(crate) fn warm_all(
+    engines: &mut [Box<dyn Engine>],
+    batch: &crate::batcher::BatchConfig,
+    batches: usize,
+) -> ember_model::Result<Vec<(usize, Duration)>> {
+    let n = batch.max_batch.min(128);
+    let mut took = Vec::new();
+    for e in engines {
+        took.extend(warm(e.as_mut(), n, batches)?);
+    }
+    Ok(took)
+}
+
 /// Runs `batches` batches of `n` random samples (8 ids per bag) through `engine`; returns how
 /// long each batch after the first (the first faults in what the model touches) took, for
 /// the admission model to start from ([`Batcher::prime`]). A batch whose rows a store could
 /// not give in time (a busy host, a slow node) does not fail the load: the version serves as
 /// any version does when its store is slow (503s naming it, readiness off), and stderr says
 /// so; any other failure does.
-pub(crate) fn warm(
+fn warm(
     engine: &mut dyn Engine,
     n: usize,
     batches: usize,

@@ -31,7 +31,7 @@ use serde::Serialize;
 use crate::batcher::{BatchConfig, Batcher};
 use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
-pub(crate) use load::warm;
+pub(crate) use load::warm_all;
 pub use load::{DiskLoader, Loader, RepositoryConfig, WARM_BATCHES};
 pub(crate) use poll::spawn as spawn_poller;
 pub use registry::RegistryFollow;
