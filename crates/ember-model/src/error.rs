@@ -83,8 +83,9 @@ pub enum ErrorKind {
     Input,
     /// The engine or its storage failed (a 500 / INTERNAL): a damaged row file, a device error.
     Internal,
-    /// A store the model reads from did not answer in time (a 503 / UNAVAILABLE naming it): the
-    /// request may succeed when retried.
+    /// A store the model reads from did not answer in time, or does not hold a row it should
+    /// (lost with a node, or a push not finished): a 503 / UNAVAILABLE naming the store or the
+    /// row. The request may succeed when retried, or once the version is pushed again.
     Unavailable,
 }
 
@@ -109,7 +110,9 @@ impl ModelError {
                 | E::MissingWeights
                 | E::UnexpectedWeights { .. },
             ) => ErrorKind::Input,
-            ModelError::Embed(E::StoreUnavailable { .. }) => ErrorKind::Unavailable,
+            ModelError::Embed(E::StoreUnavailable { .. } | E::RemoteRow { .. }) => {
+                ErrorKind::Unavailable
+            }
             _ => ErrorKind::Internal,
         }
     }
@@ -178,5 +181,36 @@ mod tests {
                 path.display()
             )
         );
+    }
+
+    #[test]
+    fn the_remote_stores_failures_are_unavailable_and_a_damaged_local_file_internal() {
+        use ember_embed::EmbedError as E;
+        let down = E::StoreUnavailable {
+            store: "redis cluster at x".into(),
+            kind: "timeout",
+            node: "x".into(),
+            detail: "no answer".into(),
+        };
+        let lost = E::RemoteRow {
+            model: "m".into(),
+            version: 1,
+            table: "t".into(),
+            row: 7,
+            reason: "missing in the store".into(),
+        };
+        let damaged = E::RowFile {
+            path: "t.rows".into(),
+            reason: "truncated".into(),
+        };
+        assert_eq!(ModelError::Embed(down).kind(), ErrorKind::Unavailable);
+        let lost = ModelError::Embed(lost);
+        assert_eq!(lost.kind(), ErrorKind::Unavailable);
+        assert!(
+            lost.message().contains("table 't', row 7: missing"),
+            "{}",
+            lost.message()
+        );
+        assert_eq!(ModelError::Embed(damaged).kind(), ErrorKind::Internal);
     }
 }

@@ -111,6 +111,14 @@ pub struct LoadgenArgs {
     /// differs from that is counted `wrong`, and loadgen then exits with an error. HTTP only.
     #[arg(long)]
     verify: bool,
+    /// Check every answer against reference servers instead (comma-separated URLs): each
+    /// request is first sent once to each reference and every answer kept; during the
+    /// measurement an answer is `wrong` when one of its numbers (a sample's score) matches that
+    /// number of no reference's answer. For rows that change while measured (row updates): give
+    /// a reference per state a row may be in (DRAM servers of the rows before and after), with
+    /// at most one changing row per sample. Implies --verify; HTTP only.
+    #[arg(long, value_name = "URLS")]
+    verify_against: Option<String>,
 }
 
 /// `--phases`: (requests per second, seconds) pairs.
@@ -213,7 +221,9 @@ async fn main(a: LoadgenArgs) -> anyhow::Result<()> {
         "grpc" => grpc_target(&a).await?,
         p => bail!("unknown --protocol '{p}' (http or grpc)"),
     };
-    if a.verify {
+    if let Some(refs) = &a.verify_against {
+        target.record_references(&a, refs).await?;
+    } else if a.verify {
         target.record_answers().await?;
     }
     let target = Arc::new(target);

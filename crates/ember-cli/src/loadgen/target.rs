@@ -23,9 +23,10 @@ pub(super) enum Target {
     /// (`--url A,B,...`: request k goes to server k mod n).
     Http {
         servers: Vec<(http1::Pool, Vec<Arc<[u8]>>)>,
-        /// With `--verify`: the numbers of the answer each request got before the measurement
-        /// (the same from every server).
-        expect: Option<Vec<Vec<f64>>>,
+        /// With `--verify`: per request, the numbers of the answers it may get: the one it got
+        /// before the measurement (the same from every server), or with `--verify-against` the
+        /// one each reference gave.
+        expect: Option<Vec<Vec<Vec<f64>>>>,
     },
     /// `ModelInfer` requests over a few HTTP/2 connections, by tonic's client
     /// (`--grpc-client tonic`).
@@ -65,7 +66,7 @@ impl Target {
                 let keep = expect.as_ref().map(|_| &mut body);
                 match pool.send(&requests[j], keep).await {
                     Ok(200) => match expect {
-                        Some(e) if !same_scores(&e[j], &numbers(&body)) => Outcome::Wrong,
+                        Some(e) if !any_scores(&e[j], &numbers(&body)) => Outcome::Wrong,
                         _ => Outcome::Ok,
                     },
                     Ok(503) => Outcome::Refused,
@@ -126,11 +127,68 @@ impl Target {
                     Some(_) => {}
                 }
             }
-            want.push(first.expect("at least one server"));
+            want.push(vec![first.expect("at least one server")]);
         }
         *expect = Some(want);
         Ok(())
     }
+
+    /// `--verify-against`: sends every request once to each reference server (`refs`,
+    /// comma-separated URLs) and keeps every answer; fails unless all are 200 and the references
+    /// serve a model of the same inputs (so that they get the same requests).
+    pub(super) async fn record_references(
+        &mut self,
+        a: &LoadgenArgs,
+        refs: &str,
+    ) -> anyhow::Result<()> {
+        let Target::Http { servers, expect } = self else {
+            bail!("--verify-against needs --protocol http");
+        };
+        let mut want: Vec<Vec<Vec<f64>>> = vec![Vec::new(); servers[0].1.len()];
+        let mut body = Vec::new();
+        for url in split_urls(refs) {
+            let (pool, requests) = http_server(a, url.clone())
+                .await
+                .with_context(|| format!("--verify-against {url}"))?;
+            let same = requests.len() == servers[0].1.len()
+                && requests
+                    .iter()
+                    .zip(&servers[0].1)
+                    .all(|(r, t)| body_of(r) == body_of(t));
+            if !same {
+                bail!(
+                    "--verify-against {url}: its model's inputs differ from the served one's \
+                     (the dense width, the features or their tables' rows)"
+                );
+            }
+            for (j, r) in requests.iter().enumerate() {
+                let status = pool
+                    .send(r, Some(&mut body))
+                    .await
+                    .with_context(|| format!("--verify-against {url}: request {j}"))?;
+                if status != 200 {
+                    bail!(
+                        "--verify-against {url}: request {j} answered {status}: {}",
+                        String::from_utf8_lossy(&body)
+                    );
+                }
+                want[j].push(numbers(&body));
+            }
+        }
+        if want.first().is_none_or(Vec::is_empty) {
+            bail!("--verify-against names no server");
+        }
+        *expect = Some(want);
+        Ok(())
+    }
+}
+
+/// The body of a pre-built HTTP/1.1 request (what follows its head).
+fn body_of(request: &[u8]) -> &[u8] {
+    request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(request, |p| &request[p + 4..])
 }
 
 /// The outcome of a call that ended with gRPC status `code` (None: it failed, or had none): OK,
@@ -161,12 +219,29 @@ fn same_scores(want: &[f64], got: &[f64]) -> bool {
             .all(|(a, b)| (a - b).abs() <= 1e-5 * a.abs().max(b.abs()) + 1e-7)
 }
 
+/// Whether an answer carries, number by number, a number of one of the answers in `want` (each
+/// sample's score as one of the references gave it; the shape's numbers as all of them do).
+fn any_scores(want: &[Vec<f64>], got: &[f64]) -> bool {
+    match want {
+        [one] => same_scores(one, got),
+        _ => {
+            want.iter().all(|w| w.len() == got.len())
+                && got.iter().enumerate().all(|(i, &g)| {
+                    want.iter()
+                        .any(|w| same_scores(std::slice::from_ref(&w[i]), &[g]))
+                })
+        }
+    }
+}
+
 /// The servers of `--url` (comma-separated), or `default`.
 fn urls(a: &LoadgenArgs, default: &str) -> Vec<String> {
-    a.url
-        .as_deref()
-        .unwrap_or(default)
-        .split(',')
+    split_urls(a.url.as_deref().unwrap_or(default))
+}
+
+/// Comma-separated URLs, each without its trailing `/`.
+fn split_urls(list: &str) -> Vec<String> {
+    list.split(',')
         .map(|u| u.trim().trim_end_matches('/').to_string())
         .filter(|u| !u.is_empty())
         .collect()
@@ -438,7 +513,7 @@ async fn lean_servers(
 
 #[cfg(test)]
 mod tests {
-    use super::{Outcome, grpc_outcome, numbers, same_scores};
+    use super::{Outcome, any_scores, body_of, grpc_outcome, numbers, same_scores};
 
     #[test]
     fn grpc_statuses_map_to_outcomes() {
@@ -463,5 +538,38 @@ mod tests {
         assert!(!same_scores(&want, &want[..4]));
         let shape = numbers(br#""FP32","shape":[1,2],"data":[0.25,0.001]"#);
         assert!(!same_scores(&want, &shape));
+    }
+
+    #[test]
+    fn each_sample_may_match_any_reference() {
+        // Three samples; two references disagree on samples 0 and 2 (a row between two states).
+        let a = numbers(b"0.5\n0.25\n0.125\n");
+        let b = numbers(b"0.75\n0.25\n0.375\n");
+        let refs = vec![a.clone(), b.clone()];
+        for got in [
+            &a,
+            &b,
+            &numbers(b"0.5\n0.25\n0.375\n"),
+            &numbers(b"0.75\n0.25\n0.125\n"),
+        ] {
+            assert!(any_scores(&refs, got), "{got:?}");
+        }
+        // A score neither reference gave, one missing, and one too many are wrong.
+        assert!(!any_scores(&refs, &numbers(b"0.5\n0.3\n0.125\n")));
+        assert!(!any_scores(&refs, &numbers(b"0.5\n0.25\n")));
+        assert!(!any_scores(&refs, &numbers(b"0.5\n0.25\n0.125\n0.1\n")));
+        // One reference: the answer as a whole, as --verify compares it.
+        assert!(any_scores(std::slice::from_ref(&a), &a));
+        assert!(!any_scores(std::slice::from_ref(&a), &b));
+        assert!(!any_scores(&[], &a));
+    }
+
+    #[test]
+    fn a_request_body_is_what_follows_its_head() {
+        assert_eq!(
+            body_of(b"POST / HTTP/1.1\r\nHost: a\r\n\r\n{\"x\":1}"),
+            b"{\"x\":1}"
+        );
+        assert_eq!(body_of(b"POST / HTTP/1.1\r\nHost: a\r\n\r\n"), b"");
     }
 }

@@ -7,47 +7,21 @@
 //! missed or a request fails. The serving p99 ratio is reported, not asserted: on a 2-core
 //! machine the publisher, the probe and the cluster share the servers' cores.
 
+use crate::faults::rows_body;
+use crate::load;
 use crate::server::{PATIENCE, request, wait_until};
 use ember_embed::DType;
 use ember_embed::EmbeddingTable;
 use ember_embed::storage::remote::{Cluster, ClusterOptions, updates};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 fn loadgen(urls: &str, args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["loadgen", "--url", urls, "--json"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .expect("running ember loadgen");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or("null");
-    serde_json::from_str(line).unwrap()
-}
-
-/// One request line whose table-5 feature is row 0 (categorical values are hex, taken modulo
-/// the table's 2048 rows), the rest fixed.
-fn probe_body() -> Vec<u8> {
-    let mut line = String::from("0");
-    for d in 0..13 {
-        line.push_str(&format!("\t{}", d * 3));
-    }
-    for f in 0..26u32 {
-        let v = if f == 5 { 0 } else { 1 + f * 37 };
-        line.push_str(&format!("\t{v:08x}"));
-    }
-    line.push('\n');
-    line.into_bytes()
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    load::last_json(load::loadgen(urls, &args).wait_with_output().unwrap())
 }
 
 fn encode(vals: &[f32]) -> Vec<u8> {
@@ -186,7 +160,7 @@ fn with_updates<R>(
         std::thread::spawn(move || {
             let mut cl = Cluster::connect(opts).unwrap();
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 100);
-            let body = probe_body();
+            let body = rows_body([0]);
             let score = |addr: &std::net::SocketAddr| {
                 let r = request(
                     *addr,

@@ -7,9 +7,10 @@
 
 mod cli;
 mod fallback;
-mod figures;
+mod faults;
 mod freshness;
 mod live;
+mod load;
 mod promote;
 mod serve;
 #[allow(dead_code)]

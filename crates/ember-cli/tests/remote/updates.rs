@@ -565,3 +565,197 @@ pub fn xadd(ops: &mut remote::Ops, key: &str, max_len: Option<usize>, ids: &[u8]
     cmd.arg("*").arg("ids").arg(ids).arg("rows").arg(rows);
     ops.push(key.as_bytes(), &cmd);
 }
+
+/// `cmd` run once through `cl` on the node of `key`, with a 5 s deadline.
+fn one(cl: &mut Cluster, key: &str, cmd: &redis::Cmd) -> Result<redis::Value, String> {
+    let mut ops = remote::Ops::default();
+    ops.push(key.as_bytes(), cmd);
+    cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
+        .map(|mut v| v.pop().unwrap())
+        .map_err(|e| e.to_string())
+}
+
+/// A block the store lost (a node restarted without its data: here its key deleted, as that
+/// node would answer) is never recreated by an update as zeros around the updated row: the
+/// update is refused naming the block, nothing of it is written (not the rows of the blocks
+/// that are there either), and a read of the block's other rows still fails as missing. The
+/// same holds for a block cut short, and for the write script run by itself.
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
+    let Some(c) = super::cluster(1) else { return };
+    let url = c.url();
+    let vals = values(45);
+    let (mut cl, version) = pushed(&url, "lost", &vals);
+    let rb = DIM * 4;
+    let rpb = ember_embed::storage::remote::layout::rows_per_block(ROWS, rb);
+    let prefix = ember_embed::storage::remote::layout::block_prefix("lost", version, "t");
+    let (gone, kept) = (3usize, 5usize);
+    let gone_key = format!("{prefix}{gone}");
+    let kept_key = format!("{prefix}{kept}");
+    one(&mut cl, &gone_key, redis::cmd("DEL").arg(&gone_key)).unwrap();
+    // The last row of the lost block with a row of a block that is there.
+    let ids = [(gone * rpb + rpb - 1) as u64, (kept * rpb) as u64];
+    let new = values(46);
+    let rows = encode(&new, &ids, DType::F32);
+    let e = updates::publish(&mut cl, "lost", None, "t", &ids, &rows, 1000)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("block {gone} is missing"))
+            && e.contains("nothing of this update was written"),
+        "{e}"
+    );
+    let strlen = |cl: &mut Cluster, key: &str| match one(cl, key, redis::cmd("STRLEN").arg(key)) {
+        Ok(redis::Value::Int(n)) => n as usize,
+        other => panic!("STRLEN {key}: {other:?}"),
+    };
+    assert_eq!(
+        strlen(&mut cl, &gone_key),
+        0,
+        "the lost block was recreated"
+    );
+    let kept_row = match one(
+        &mut cl,
+        &kept_key,
+        redis::cmd("GETRANGE").arg(&kept_key).arg(0).arg(rb - 1),
+    ) {
+        Ok(redis::Value::BulkString(b)) => b,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        kept_row,
+        encode(&vals, &[ids[1]], DType::F32),
+        "a row was written"
+    );
+    // A server's read of another row of the lost block: missing, never zeros.
+    let coll = remote_coll();
+    let st = follower(&coll, &url, "lost", 0, CachePolicy::Lru);
+    let first = (gone * rpb) as u32;
+    let kj =
+        KeyedJagged::from_lengths(vec!["t".into()], 1, &[1], Ids::U32(vec![first]), None).unwrap();
+    let e = match st.stage(&coll, coll.check_view(&kj).unwrap()) {
+        Ok(_) => panic!("row {first} of a lost block was read"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains(&format!("row {first}: missing in the store")),
+        "{e}"
+    );
+    // A block cut short: refused the same way, left as it was.
+    one(
+        &mut cl,
+        &kept_key,
+        redis::cmd("SET").arg(&kept_key).arg(&kept_row[..]),
+    )
+    .unwrap();
+    let e = updates::publish(&mut cl, "lost", None, "t", &ids[1..], &rows[rb..], 1000)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("block {kept} holds {rb} bytes, not {}", rpb * rb)),
+        "{e}"
+    );
+    assert_eq!(strlen(&mut cl, &kept_key), rb);
+    // The write script by itself (what a producer in another language runs): refuses a missing
+    // or short block with EMBERBLOCK, writes into a whole one.
+    let script = |key: &str, len: usize| {
+        redis::cmd("EVAL")
+            .arg(updates::WRITE_ROWS)
+            .arg(1)
+            .arg(key)
+            .arg(len)
+            .arg(rb)
+            .arg(&rows[rb..])
+            .clone()
+    };
+    let e = one(&mut cl, &gone_key, &script(&gone_key, rpb * rb)).unwrap_err();
+    assert!(e.contains("EMBERBLOCK"), "{e}");
+    assert_eq!(strlen(&mut cl, &gone_key), 0);
+    let e = one(&mut cl, &kept_key, &script(&kept_key, rpb * rb)).unwrap_err();
+    assert!(e.contains("EMBERBLOCK"), "{e}");
+    let whole = format!("{prefix}{}", kept + 1);
+    one(&mut cl, &whole, &script(&whole, rpb * rb)).unwrap();
+    match one(
+        &mut cl,
+        &whole,
+        redis::cmd("GETRANGE").arg(&whole).arg(rb).arg(2 * rb - 1),
+    ) {
+        Ok(redis::Value::BulkString(b)) => assert_eq!(b, &rows[rb..]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(strlen(&mut cl, &whole), rpb * rb);
+}
+
+/// A stream that goes away (lost with a node that restarted without its data) or goes back
+/// (recreated with fewer entries than the reader read: a failover to a replica that had not
+/// copied the last ones) resets the reader, which then follows the new stream from its start:
+/// the rows this server applied may be newer than the store's, so its cache must go.
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn a_stream_that_vanishes_or_goes_back_resets_the_reader() {
+    let Some(c) = super::cluster(1) else { return };
+    let url = c.url();
+    let vals = values(47);
+    let (mut cl, version) = pushed(&url, "gone", &vals);
+    let mut reader = UpdateReader::open(
+        ClusterOptions::parse(&url).unwrap(),
+        "gone",
+        version,
+        vec![FollowedTable {
+            name: "t".into(),
+            rows: ROWS,
+            row_bytes: DIM * 4,
+        }],
+    )
+    .unwrap();
+    let key = updates::updates_key("gone", version, "t");
+    let publish = |cl: &mut Cluster, id: u64| {
+        let rows = encode(&vals, &[id], DType::F32);
+        updates::publish(cl, "gone", None, "t", &[id], &rows, 1000).unwrap();
+    };
+    let rows_of = |polled: &[Polled]| -> Vec<u64> {
+        polled
+            .iter()
+            .flat_map(|p| match p {
+                Polled::Rows { ids, .. } => ids.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    for id in [1, 2, 3] {
+        publish(&mut cl, id);
+    }
+    assert_eq!(rows_of(&reader.poll().unwrap()), [1, 2, 3]);
+    // Gone.
+    one(&mut cl, &key, redis::cmd("DEL").arg(&key)).unwrap();
+    let polled = reader.poll().unwrap();
+    assert!(
+        matches!(polled[..], [Polled::Reset { table: 0, .. }]),
+        "{polled:?}"
+    );
+    assert!(
+        reader.poll().unwrap().is_empty(),
+        "nothing while it is gone"
+    );
+    // Created again: followed from its first entry.
+    publish(&mut cl, 4);
+    publish(&mut cl, 5);
+    assert_eq!(rows_of(&reader.poll().unwrap()), [4, 5]);
+    // Back to fewer entries than were read (deleted and recreated between two polls).
+    one(&mut cl, &key, redis::cmd("DEL").arg(&key)).unwrap();
+    publish(&mut cl, 6);
+    let polled = reader.poll().unwrap();
+    assert!(
+        matches!(polled[..], [Polled::Reset { table: 0, .. }]),
+        "{polled:?}"
+    );
+    publish(&mut cl, 7);
+    assert_eq!(rows_of(&reader.poll().unwrap()), [7]);
+}

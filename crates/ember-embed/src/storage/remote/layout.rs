@@ -95,6 +95,11 @@ pub fn updated_key(model: &str, version: u64, table: &str) -> String {
     format!("ember:{model}:v{version}:{table}:updated")
 }
 
+/// The stream of a table's updates.
+pub fn updates_key(model: &str, version: u64, table: &str) -> String {
+    format!("ember:{model}:v{version}:{table}:updates")
+}
+
 /// The prefix of a table's block keys (append the block number).
 pub fn block_prefix(model: &str, version: u64, table: &str) -> String {
     format!("ember:{model}:v{version}:{table}:")

@@ -9,7 +9,8 @@
 //! | `manifest.rs` | [`Manifest`]: a version's tables, shapes and block CRCs |
 //! | `store.rs` | [`RedisStore`]: the [`crate::storage::RowStore`] of `remote` tables; [`RemoteRows`], what the tier asks of a remote store alone |
 //! | `fallback.rs` | [`WithLocalCopy`]: a local row-file copy read while the cluster cannot answer |
-//! | `updates.rs` | [`updates::publish`] and [`updates::UpdateReader`]: streaming row updates |
+//! | `updates.rs` | [`updates::UpdateReader`]: streaming row updates, their format and how servers follow them |
+//! | `publish.rs` | [`updates::Publisher`]: writes updated rows (never recreating a lost block) and publishes them |
 //! | `source.rs` | [`open_source`]: the reader as the tier's [`crate::storage::updates::UpdateSource`] |
 //!
 //! The tier opens these through its store factory (`tier/stores.rs`: the store, its local copy,
@@ -25,6 +26,7 @@
 mod fallback;
 pub mod layout;
 pub mod manifest;
+mod publish;
 mod source;
 mod store;
 pub mod updates;

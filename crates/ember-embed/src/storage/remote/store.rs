@@ -300,9 +300,9 @@ impl RedisStore {
             };
             if got != t.row_bytes {
                 let reason = match got {
-                    0 => "missing in the store (a partial push?)".to_string(),
+                    0 => "missing in the store (lost with a node, or a partial push?)".to_string(),
                     n => format!(
-                        "{n} bytes in the store, expected {} (a partial push?)",
+                        "{n} bytes in the store, expected {} (lost with a node, or a partial push?)",
                         t.row_bytes
                     ),
                 };

@@ -4,7 +4,7 @@
 //!
 //! | what | where |
 //! |---|---|
-//! | the rows | written into their blocks (`SETRANGE`) **before** the entry is published, so a server that misses a row after reading the entry fetches the new bytes |
+//! | the rows | written into their blocks **before** the entry is published, so a server that misses a row after reading the entry fetches the new bytes; only into blocks that are there at their full length ([`WRITE_ROWS`]: a block a node lost is never recreated as zeros around the row) |
 //! | the entry | `XADD ember:<model>:v<N>:<table>:updates MAXLEN ~ <max> * ids <bytes> rows <bytes> ts <ms>` |
 //! | `ids` | the rows' ids, unsigned 64-bit little-endian, back to back |
 //! | `rows` | the rows in the table's own encoding ([`crate::DType`]: f32 / f16 / bf16 little-endian, int8 / int4 with their scale and bias), `row_bytes` each, in the order of `ids` |
@@ -16,195 +16,17 @@
 //! position was trimmed away (it fell behind) cannot tell which rows it missed, and drops its
 //! cache of that table ([`Polled::Reset`]).
 
-use super::layout::{self, block_prefix};
-use super::manifest::ManifestTable;
-use super::store::{read_manifest, resolve_version};
+pub use super::publish::{MAX_ENTRY_ROWS, PublishReport, Publisher, WRITE_ROWS, publish};
 use crate::error::{EmbedError, Result};
 pub use crate::storage::updates::{EntryId, FollowedTable, Polled};
 use ember_redis::{Cluster, ClusterOptions, Ops};
 use redis::Value;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-
-/// Rows one entry carries at most (a producer splits larger updates).
-pub const MAX_ENTRY_ROWS: usize = 1 << 16;
+use std::time::Instant;
 
 /// Entries a stream keeps about (`XADD ... MAXLEN ~`), by default.
 pub const DEFAULT_MAX_LEN: usize = 100_000;
 
-/// The stream of a table's updates.
-pub fn updates_key(model: &str, version: u64, table: &str) -> String {
-    format!("ember:{model}:v{version}:{table}:updates")
-}
-
-pub use super::layout::updated_key;
-
-/// What [`publish`] did.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PublishReport {
-    pub version: u64,
-    pub rows: usize,
-    /// The stream entry's id.
-    pub entry: String,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Writes `rows` (`ids.len()` rows in the table's encoding) of `table` into version `version`
-/// of `model` (`None`: the newest ready one), then publishes them as one stream entry (see the
-/// module documentation). At most [`MAX_ENTRY_ROWS`] rows. To publish many entries, open a
-/// [`Publisher`] once instead (this reads the version and its manifest on every call).
-pub fn publish(
-    cluster: &mut Cluster,
-    model: &str,
-    version: Option<u64>,
-    table: &str,
-    ids: &[u64],
-    rows: &[u8],
-    max_len: usize,
-) -> Result<PublishReport> {
-    Publisher::open(cluster, model, version, table)?.publish(cluster, ids, rows, max_len)
-}
-
-/// Publishes updates of one table of one version (see the module documentation).
-#[derive(Debug, Clone)]
-pub struct Publisher {
-    model: String,
-    version: u64,
-    table: ManifestTable,
-    /// The table's block keys' prefix, and its stream.
-    prefix: String,
-    key: String,
-}
-
-impl Publisher {
-    /// Resolves `version` of `model` (`None`: the newest ready one) and reads `table`'s shape
-    /// from its manifest.
-    pub fn open(
-        cluster: &mut Cluster,
-        model: &str,
-        version: Option<u64>,
-        table: &str,
-    ) -> Result<Self> {
-        layout::check_name("model", model)?;
-        let version = resolve_version(cluster, model, version)?;
-        let manifest = read_manifest(cluster, model, version)?;
-        let Some(t) = manifest.table(table) else {
-            return Err(EmbedError::remote_store(
-                model,
-                version,
-                format!("table '{table}': not in this version"),
-            ));
-        };
-        Ok(Publisher::new(model, version, t))
-    }
-
-    /// For table `table` (from version `version`'s manifest) of `model`.
-    pub fn new(model: &str, version: u64, table: &ManifestTable) -> Self {
-        Publisher {
-            model: model.into(),
-            version,
-            prefix: block_prefix(model, version, &table.name),
-            key: updates_key(model, version, &table.name),
-            table: table.clone(),
-        }
-    }
-
-    /// The table's shape.
-    pub fn table(&self) -> &ManifestTable {
-        &self.table
-    }
-
-    /// Writes `rows` (`ids.len()` rows in the table's encoding) to their blocks, then publishes
-    /// them as one entry, the stream trimmed to about `max_len` entries. At most
-    /// [`MAX_ENTRY_ROWS`] rows.
-    pub fn publish(
-        &self,
-        cluster: &mut Cluster,
-        ids: &[u64],
-        rows: &[u8],
-        max_len: usize,
-    ) -> Result<PublishReport> {
-        let t = &self.table;
-        let bad = |reason: String| {
-            EmbedError::remote_store(
-                &self.model,
-                self.version,
-                format!("table '{}': {reason}", t.name),
-            )
-        };
-        if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
-            return Err(bad(format!(
-                "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
-                ids.len()
-            )));
-        }
-        if rows.len() != ids.len() * t.row_bytes {
-            return Err(bad(format!(
-                "{} bytes of rows for {} ids of {} bytes each",
-                rows.len(),
-                ids.len(),
-                t.row_bytes
-            )));
-        }
-        if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
-            return Err(bad(format!("row {id} is past its {} rows", t.rows)));
-        }
-        let mut ops = Ops::default();
-        let mut blocks: Vec<usize> = ids
-            .iter()
-            .map(|&id| id as usize / t.rows_per_block)
-            .collect();
-        blocks.sort_unstable();
-        blocks.dedup();
-        let updated = updated_key(&self.model, self.version, &t.name);
-        ops.push(
-            updated.as_bytes(),
-            redis::cmd("SADD").arg(&updated).arg(&blocks),
-        );
-        for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
-            let id = id as usize;
-            let key = format!("{}{}", self.prefix, id / t.rows_per_block);
-            let offset = (id % t.rows_per_block) * t.row_bytes;
-            ops.push(
-                key.as_bytes(),
-                redis::cmd("SETRANGE").arg(&key).arg(offset).arg(row),
-            );
-        }
-        let deadline = Instant::now() + cluster.options().timeout;
-        cluster.run(&ops, false, deadline)?;
-        let id_bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-        let mut ops = Ops::default();
-        ops.push(
-            self.key.as_bytes(),
-            redis::cmd("XADD")
-                .arg(&self.key)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(max_len.max(1))
-                .arg("*")
-                .arg("ids")
-                .arg(id_bytes)
-                .arg("rows")
-                .arg(rows)
-                .arg("ts")
-                .arg(now_ms()),
-        );
-        let deadline = Instant::now() + cluster.options().timeout;
-        let entry = match cluster.run(&ops, false, deadline)?.pop() {
-            Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-            other => return Err(bad(format!("XADD answered {other:?}"))),
-        };
-        Ok(PublishReport {
-            version: self.version,
-            rows: ids.len(),
-            entry,
-        })
-    }
-}
+pub use super::layout::{updated_key, updates_key};
 
 #[derive(Debug)]
 struct Followed {
@@ -325,7 +147,16 @@ impl UpdateReader {
                     .arg(t.last.to_string()),
             );
         }
-        let replies = self.run(&ops)?;
+        let replies = match self.run(&ops) {
+            Ok(r) => r,
+            // XINFO fails on a stream that is gone (lost with a node that restarted without
+            // its data): each such table is reset, and followed again once it is recreated.
+            Err(e) => {
+                return self
+                    .vanished()
+                    .map(|v| if v.is_empty() { Err(e) } else { Ok(v) })?;
+            }
+        };
         let mut out = Vec::new();
         for (&i, pair) in live.iter().zip(replies.chunks(2)) {
             let t = &mut self.tables[i];
@@ -338,7 +169,12 @@ impl UpdateReader {
             };
             // Entries published after this reader's position, and those the stream still holds:
             // more of the first than of the second, and some were trimmed before it read them.
-            if info.added.saturating_sub(t.seen) > info.length {
+            // Or the stream went back (fewer entries ever added, or an older newest entry than
+            // this reader read): it lost entries with a node (a failover to a replica that had
+            // not copied them, a node restarted empty), and its rows may be older than those
+            // this server applied.
+            let trimmed = info.added.saturating_sub(t.seen) > info.length;
+            if trimmed || info.added < t.seen || info.newest < t.last {
                 t.last = info.newest;
                 t.seen = info.added;
                 out.push(Polled::Reset {
@@ -354,6 +190,33 @@ impl UpdateReader {
                 t.last = entry;
                 t.seen += 1;
                 out.push(parse_entry(i, &t.table, entry, &fields));
+            }
+        }
+        Ok(out)
+    }
+
+    /// After a failed poll: the tables whose stream existed and is gone now, each reset and
+    /// followed from the start of the stream when it is created again.
+    fn vanished(&mut self) -> Result<Vec<Polled>> {
+        let gone: Vec<usize> = (0..self.tables.len())
+            .filter(|&i| self.tables[i].exists)
+            .collect();
+        let mut ops = Ops::default();
+        for &i in &gone {
+            let key = &self.tables[i].key;
+            ops.push(key.as_bytes(), redis::cmd("EXISTS").arg(key));
+        }
+        let mut out = Vec::new();
+        for (&i, v) in gone.iter().zip(self.run(&ops)?) {
+            if matches!(v, Value::Int(0)) {
+                let t = &mut self.tables[i];
+                t.exists = false;
+                t.last = EntryId::default();
+                t.seen = 0;
+                out.push(Polled::Reset {
+                    table: i,
+                    now_at: t.last,
+                });
             }
         }
         Ok(out)

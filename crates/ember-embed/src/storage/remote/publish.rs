@@ -1,0 +1,255 @@
+//! The producer's side of streaming row updates ([`super::updates`] has the format and the
+//! reader): [`Publisher`] writes a table's new rows into their blocks, only blocks that are there
+//! at their full length ([`WRITE_ROWS`]), then publishes them as one stream entry.
+
+use super::layout::{self, block_prefix, updated_key, updates_key};
+use super::manifest::ManifestTable;
+use super::store::{read_manifest, resolve_version};
+use crate::error::{EmbedError, Result};
+use ember_redis::{Cluster, Ops};
+use redis::Value;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Rows one entry carries at most (a producer splits larger updates).
+pub const MAX_ENTRY_ROWS: usize = 1 << 16;
+
+/// The Lua script that writes rows into one block (`EVAL WRITE_ROWS 1 <block key> <block bytes>
+/// <offset> <row> [<offset> <row> ...]`), only if the block is there at its full length; else
+/// it answers an error starting `EMBERBLOCK` and writes nothing. A plain `SETRANGE` on a block
+/// that a node lost (restarted without its data) would recreate it as zeros around the row, and
+/// those zeros would be served as rows: a producer in another language runs this script too.
+pub const WRITE_ROWS: &str = "local n = redis.call('STRLEN', KEYS[1]) \
+    if n ~= tonumber(ARGV[1]) then \
+        return redis.error_reply('EMBERBLOCK ' .. KEYS[1] .. ' holds ' .. n .. ' bytes, not ' .. ARGV[1]) \
+    end \
+    for i = 2, #ARGV, 2 do redis.call('SETRANGE', KEYS[1], ARGV[i], ARGV[i + 1]) end \
+    return (#ARGV - 1) / 2";
+
+/// What [`publish`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishReport {
+    pub version: u64,
+    pub rows: usize,
+    /// The stream entry's id.
+    pub entry: String,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Writes `rows` (`ids.len()` rows in the table's encoding) of `table` into version `version`
+/// of `model` (`None`: the newest ready one), then publishes them as one stream entry (see the
+/// module documentation). At most [`MAX_ENTRY_ROWS`] rows. To publish many entries, open a
+/// [`Publisher`] once instead (this reads the version and its manifest on every call).
+pub fn publish(
+    cluster: &mut Cluster,
+    model: &str,
+    version: Option<u64>,
+    table: &str,
+    ids: &[u64],
+    rows: &[u8],
+    max_len: usize,
+) -> Result<PublishReport> {
+    Publisher::open(cluster, model, version, table)?.publish(cluster, ids, rows, max_len)
+}
+
+/// One block's rows of an update: the block, and each row's byte offset in it with its bytes.
+type BlockRows<'a> = (usize, Vec<(usize, &'a [u8])>);
+
+/// Publishes updates of one table of one version (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    model: String,
+    version: u64,
+    table: ManifestTable,
+    /// The table's block keys' prefix, and its stream.
+    prefix: String,
+    key: String,
+}
+
+impl Publisher {
+    /// Resolves `version` of `model` (`None`: the newest ready one) and reads `table`'s shape
+    /// from its manifest.
+    pub fn open(
+        cluster: &mut Cluster,
+        model: &str,
+        version: Option<u64>,
+        table: &str,
+    ) -> Result<Self> {
+        layout::check_name("model", model)?;
+        let version = resolve_version(cluster, model, version)?;
+        let manifest = read_manifest(cluster, model, version)?;
+        let Some(t) = manifest.table(table) else {
+            return Err(EmbedError::remote_store(
+                model,
+                version,
+                format!("table '{table}': not in this version"),
+            ));
+        };
+        Ok(Publisher::new(model, version, t))
+    }
+
+    /// For table `table` (from version `version`'s manifest) of `model`.
+    pub fn new(model: &str, version: u64, table: &ManifestTable) -> Self {
+        Publisher {
+            model: model.into(),
+            version,
+            prefix: block_prefix(model, version, &table.name),
+            key: updates_key(model, version, &table.name),
+            table: table.clone(),
+        }
+    }
+
+    /// The table's shape.
+    pub fn table(&self) -> &ManifestTable {
+        &self.table
+    }
+
+    /// Writes `rows` (`ids.len()` rows in the table's encoding) to their blocks, then publishes
+    /// them as one entry, the stream trimmed to about `max_len` entries. At most
+    /// [`MAX_ENTRY_ROWS`] rows.
+    pub fn publish(
+        &self,
+        cluster: &mut Cluster,
+        ids: &[u64],
+        rows: &[u8],
+        max_len: usize,
+    ) -> Result<PublishReport> {
+        let t = &self.table;
+        let bad = |reason: String| {
+            EmbedError::remote_store(
+                &self.model,
+                self.version,
+                format!("table '{}': {reason}", t.name),
+            )
+        };
+        if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
+            return Err(bad(format!(
+                "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
+                ids.len()
+            )));
+        }
+        if rows.len() != ids.len() * t.row_bytes {
+            return Err(bad(format!(
+                "{} bytes of rows for {} ids of {} bytes each",
+                rows.len(),
+                ids.len(),
+                t.row_bytes
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
+            return Err(bad(format!("row {id} is past its {} rows", t.rows)));
+        }
+        // The rows by block, in the order given (a row given twice: its last bytes win).
+        let mut by_block: Vec<BlockRows<'_>> = Vec::new();
+        for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
+            let (block, offset) = (
+                id as usize / t.rows_per_block,
+                id as usize % t.rows_per_block,
+            );
+            match by_block.iter_mut().find(|(b, _)| *b == block) {
+                Some((_, rows)) => rows.push((offset * t.row_bytes, row)),
+                None => by_block.push((block, vec![(offset * t.row_bytes, row)])),
+            }
+        }
+        by_block.sort_by_key(|(b, _)| *b);
+        self.check_blocks(cluster, &by_block)?;
+        let mut ops = Ops::default();
+        let blocks: Vec<usize> = by_block.iter().map(|(b, _)| *b).collect();
+        let updated = updated_key(&self.model, self.version, &t.name);
+        ops.push(
+            updated.as_bytes(),
+            redis::cmd("SADD").arg(&updated).arg(&blocks),
+        );
+        for (block, rows) in &by_block {
+            let key = format!("{}{block}", self.prefix);
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(WRITE_ROWS)
+                .arg(1)
+                .arg(&key)
+                .arg(self.block_bytes(*block));
+            for (offset, row) in rows {
+                cmd.arg(*offset).arg(*row);
+            }
+            ops.push(key.as_bytes(), &cmd);
+        }
+        let deadline = Instant::now() + cluster.options().timeout;
+        cluster.run(&ops, false, deadline)?;
+        let id_bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        let mut ops = Ops::default();
+        ops.push(
+            self.key.as_bytes(),
+            redis::cmd("XADD")
+                .arg(&self.key)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(max_len.max(1))
+                .arg("*")
+                .arg("ids")
+                .arg(id_bytes)
+                .arg("rows")
+                .arg(rows)
+                .arg("ts")
+                .arg(now_ms()),
+        );
+        let deadline = Instant::now() + cluster.options().timeout;
+        let entry = match cluster.run(&ops, false, deadline)?.pop() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            other => return Err(bad(format!("XADD answered {other:?}"))),
+        };
+        Ok(PublishReport {
+            version: self.version,
+            rows: ids.len(),
+            entry,
+        })
+    }
+
+    /// Bytes of block `b` as pushed.
+    fn block_bytes(&self, b: usize) -> usize {
+        self.table.block_rows(b).len() * self.table.row_bytes
+    }
+
+    /// Checks, before anything is written, that every block of `by_block` is in the store at
+    /// its full length (on the primaries): a block a node lost (restarted without its data)
+    /// must not be recreated by the write as zeros around the updated rows.
+    fn check_blocks(&self, cluster: &mut Cluster, by_block: &[BlockRows<'_>]) -> Result<()> {
+        let mut ops = Ops::default();
+        for (block, _) in by_block {
+            let key = format!("{}{block}", self.prefix);
+            ops.push(key.as_bytes(), redis::cmd("STRLEN").arg(&key));
+        }
+        let deadline = Instant::now() + cluster.options().timeout;
+        let lens = cluster.run(&ops, false, deadline)?;
+        let (mut missing, mut short) = (Vec::new(), Vec::new());
+        for ((b, _), len) in by_block.iter().zip(&lens) {
+            let want = self.block_bytes(*b);
+            match len {
+                Value::Int(n) if *n as usize == want => {}
+                Value::Int(0) => missing.push(b.to_string()),
+                Value::Int(n) => short.push(format!("block {b} holds {n} bytes, not {want}")),
+                other => short.push(format!("block {b}: STRLEN answered {other:?}")),
+            }
+        }
+        match missing.len() {
+            0 => {}
+            1 => short.insert(0, format!("block {} is missing", missing[0])),
+            _ => short.insert(0, format!("blocks {} are missing", missing.join(", "))),
+        }
+        if short.is_empty() {
+            return Ok(());
+        }
+        Err(EmbedError::remote_store(
+            &self.model,
+            self.version,
+            format!(
+                "table '{}': {} in the store (a node lost its data, or the push did not \
+                 finish); nothing of this update was written: push the version again",
+                self.table.name,
+                short.join("; ")
+            ),
+        ))
+    }
+}
