@@ -2,14 +2,14 @@
 //! shipped default model on 127.0.0.1:8080.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use ember_embed::DType;
-use ember_model::{Engine, Model};
+use ember_model::{Engine, Model, Pace};
 use ember_serve::{BatchConfig, ServeConfig, Server};
 
 use crate::gpu_args::GpuArgs;
@@ -251,18 +251,16 @@ struct CliLoader {
 }
 
 impl ember_serve::Loader for CliLoader {
-    fn load(&self, dir: &std::path::Path, pace: ember_model::Pace) -> Result<Model, String> {
-        let opts = ember_model::LoadOptions {
-            pace,
-            ..self.tier.load_options(self.dtype, self.dense_dtype)
-        };
-        let mut model = Model::load(dir, opts).map_err(|e| format!("{e}"))?;
+    fn load(&self, name: &str, dir: &Path, pace: Pace) -> Result<Model, String> {
+        let mut opts = self.tier.load_options(self.dtype, self.dense_dtype);
+        (opts.pace, opts.name) = (pace, Some(name.into()));
+        let mut model = Model::load(dir, opts).map_err(|e| e.to_string())?;
         self.tier
             .apply(&mut model, dir)
             .map_err(|e| format!("{e:#}"))?;
         // The check's predictors are dropped before it returns: the model is ours alone again.
         let model = Arc::new(model);
-        crate::dense::check_accuracy(&model, &ember_model::dir_name(dir), self.threads);
+        crate::dense::check_accuracy(&model, name, self.threads);
         Arc::into_inner(model).ok_or_else(|| "the accuracy check kept the model".to_string())
     }
 

@@ -86,6 +86,7 @@ impl TierArgs {
                 fallback_local: self.remote_fallback.then_some(true),
             },
             pace: Default::default(),
+            name: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct LoadOptions {
     pub pace: Pace,
     /// Run the dense layers in this precision (overriding config.json's `dense_dtype`).
     pub dense_dtype: Option<DenseDType>,
+    /// The model's name where its directory's name is not (a version directory `<name>/<n>/` of
+    /// a repository): the default name of its `remote` tables' model in the store (config.json's
+    /// `remote.model` and `RemoteOverride::model` win over it).
+    pub name: Option<String>,
 }
 
 /// What a command line overrides in config.json's `remote` object; `redis` is needed where the
@@ -135,6 +139,9 @@ impl Model {
             config.tables.iter_mut().for_each(|t| t.placement = p);
         }
         config.remote = opts.remote.apply(config.remote.take());
+        if let (Some(r), Some(name)) = (config.remote.as_mut(), &opts.name) {
+            r.model.get_or_insert_with(|| name.clone());
+        }
         if let Some(d) = opts.dense_dtype {
             config.dense_dtype = d;
         }

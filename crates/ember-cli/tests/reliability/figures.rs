@@ -3,13 +3,12 @@
 //! asserts the figure.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::clients;
+use crate::sampler::{Sampler, mib, minutes, rss_slope};
 use crate::server::{Server, metric_in, raise_fd_limit, request, tsv_rows};
 
 /// The CPUs (`taskset -c` lists) of the server and of the load generator in the load figures:
@@ -68,49 +67,6 @@ fn loadgen(s: &Server, args: &[&str]) -> Value {
     serde_json::from_str(text.lines().last().unwrap()).unwrap()
 }
 
-/// Samples the server's resident memory every `every` until stopped: (seconds, bytes).
-struct RssLog {
-    stop: Arc<AtomicBool>,
-    log: Arc<Mutex<Vec<(f64, u64)>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl RssLog {
-    fn start(pid: u32, every: Duration) -> RssLog {
-        let stop = Arc::new(AtomicBool::new(false));
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (st, lg) = (stop.clone(), log.clone());
-        let thread = std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while !st.load(Ordering::Relaxed) {
-                let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-                if let Some(kb) = s
-                    .lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse::<u64>().ok())
-                {
-                    lg.lock()
-                        .unwrap()
-                        .push((t0.elapsed().as_secs_f64(), kb * 1024));
-                }
-                std::thread::sleep(every);
-            }
-        });
-        RssLog {
-            stop,
-            log,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> Vec<(f64, u64)> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap();
-        self.log.lock().unwrap().clone()
-    }
-}
-
 /// The requests of the overload and soak figures: binary KServe, 256 samples each.
 const LOAD: [&str; 6] = [
     "--format",
@@ -148,10 +104,6 @@ fn highest_rate(s: &Server, common: &[&str]) -> f64 {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-fn mib(b: f64) -> f64 {
-    b / 1048576.0
 }
 
 #[test]
@@ -232,21 +184,21 @@ fn figure_overload_5x() {
     let max = highest_rate(&s, &common);
     let rate = format!("{max:.0}");
     // Steady: the sustainable rate for 20 s.
-    let rss = RssLog::start(s.pid(), Duration::from_millis(250));
+    let rss = Sampler::start(s.pid(), Duration::from_millis(250));
     let steady = loadgen(
         &s,
         &[&common[..], &["--qps", &rate, "--duration", "20"]].concat(),
     );
-    let steady_rss = median(rss.finish().iter().map(|x| x.1 as f64).collect());
+    let steady_rss = median(rss.finish().iter().map(|x| x.rss as f64).collect());
     // 5x for 60 s, then the sustainable rate for 10 s.
     let phases = format!("{:.0}:60,{max:.0}:10", 5.0 * max);
-    let rss = RssLog::start(s.pid(), Duration::from_millis(250));
+    let rss = Sampler::start(s.pid(), Duration::from_millis(250));
     let over = loadgen(
         &s,
         &[&common[..], &["--phases", &phases, "--timeline", "1"]].concat(),
     );
     let log = rss.finish();
-    let peak_rss = log.iter().map(|x| x.1).max().unwrap() as f64;
+    let peak_rss = log.iter().map(|x| x.rss).max().unwrap() as f64;
     let (_, page) = s.request("GET", "/metrics", "", b"").unwrap();
     let refusals = metric_in(&page, "ember_refusal_seconds_count");
     let under_1ms = metric_in(&page, "ember_refusal_seconds_bucket{le=\"0.001\"}");
@@ -316,7 +268,7 @@ fn soak_at_80_percent_of_the_highest_rate() {
     );
     let common = LOAD;
     let rate = 0.8 * highest_rate(&s, &common);
-    let rss = RssLog::start(s.pid(), Duration::from_secs(5));
+    let rss = Sampler::start(s.pid(), Duration::from_secs(5));
     let run = loadgen(
         &s,
         &[
@@ -334,26 +286,20 @@ fn soak_at_80_percent_of_the_highest_rate() {
     );
     let log = rss.finish();
     // RSS slope after a warm-up of a twelfth of the run (5 min of an hour), least squares.
-    let warm = secs as f64 / 12.0;
-    let pts: Vec<(f64, f64)> = log
-        .iter()
-        .filter(|x| x.0 >= warm)
-        .map(|x| (x.0, x.1 as f64))
-        .collect();
-    let n = pts.len() as f64;
-    let (mx, my) = (
-        pts.iter().map(|p| p.0).sum::<f64>() / n,
-        pts.iter().map(|p| p.1).sum::<f64>() / n,
-    );
-    let slope = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>()
-        / pts.iter().map(|p| (p.0 - mx).powi(2)).sum::<f64>();
-    let per_10min = mib(slope * 600.0);
-    let minutes: Vec<f64> = run["timeline"]
+    let per_10min = rss_slope(&log, secs as f64 / 12.0);
+    let p99s: Vec<f64> = run["timeline"]
         .as_array()
         .unwrap()
         .iter()
         .map(|b| b["p99_ms"].as_f64().unwrap_or(f64::NAN))
         .collect();
+    // Each minute's p99 beside the server's RSS and the machine's steal time (the load starts
+    // with the sampler, after loadgen's 1 s warm-up).
+    eprintln!("  minute   p99 ms   RSS MiB   steal %");
+    for (m, (rss, steal)) in minutes(&log, p99s.len(), 1.0).into_iter().enumerate() {
+        eprintln!("  {m:>6} {:>8.2} {rss:>9.1} {steal:>9.1}", p99s[m]);
+    }
+    let minutes = p99s;
     let first = minutes[0];
     let worst = minutes.iter().copied().fold(0.0, f64::max);
     eprintln!(
@@ -366,8 +312,8 @@ fn soak_at_80_percent_of_the_highest_rate() {
         run["refused"],
         run["errors"],
         worst / first,
-        mib(log[0].1 as f64),
-        mib(log[log.len() - 1].1 as f64),
+        mib(log[0].rss as f64),
+        mib(log[log.len() - 1].rss as f64),
     );
     assert_eq!(run["errors"].as_u64(), Some(0));
     assert!(

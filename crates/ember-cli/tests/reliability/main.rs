@@ -14,5 +14,6 @@ mod figures;
 mod memory;
 mod overload;
 mod reads;
+mod sampler;
 mod server;
 mod shutdown;

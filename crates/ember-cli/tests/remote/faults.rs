@@ -136,12 +136,39 @@ pub fn rows_body(rows: impl IntoIterator<Item = usize>) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// The scores `/v1/score` of `addr` gives `body`, or what it answered instead.
-fn scores(addr: SocketAddr, body: &[u8]) -> Result<Vec<f64>, String> {
+/// A model as the tests ask for its scores: its name (in the store, on the servers) and the
+/// `/v1/score` path that scores it on the servers under test.
+#[derive(Debug, Clone)]
+pub struct Named {
+    pub name: String,
+    pub path: String,
+}
+
+impl Named {
+    /// The model of a server of one model.
+    pub fn only(name: &str) -> Named {
+        Named {
+            name: name.into(),
+            path: "/v1/score".into(),
+        }
+    }
+
+    /// Model `name` of a server of several.
+    pub fn among_others(name: &str) -> Named {
+        Named {
+            name: name.into(),
+            path: format!("/v1/score?model={name}"),
+        }
+    }
+}
+
+/// The scores `path` (`/v1/score`, with its query) of `addr` gives `body`, or what it answered
+/// instead.
+fn scores(addr: SocketAddr, path: &str, body: &[u8]) -> Result<Vec<f64>, String> {
     match request(
         addr,
         "POST",
-        "/v1/score",
+        path,
         "text/plain",
         body,
         Duration::from_secs(5),
@@ -169,13 +196,16 @@ pub struct Refs {
 }
 
 impl Refs {
-    pub fn start(states: &States) -> Refs {
+    /// The two references, serving the model as `name`.
+    pub fn start(states: &States, name: &str) -> Refs {
         let dir = states.model_b();
         let model_a = super::default_model().to_string_lossy().to_string();
         let model_b = dir.to_string_lossy().to_string();
-        let servers = [&model_a, &model_b].map(|m| Server::start(&["--grpc", "off", "--model", m]));
-        let probe = [0, 1].map(|k| scores(servers[k].addr, &rows_body([0])).unwrap()[0]);
-        let sweep = [0, 1].map(|k| scores(servers[k].addr, &rows_body(0..ROWS)).unwrap());
+        let servers = [&model_a, &model_b]
+            .map(|m| Server::start(&["--grpc", "off", "--model", m, "--name", name]));
+        let score = |k: usize, body: &[u8]| scores(servers[k].addr, "/v1/score", body).unwrap();
+        let probe = [0, 1].map(|k| score(k, &rows_body([0]))[0]);
+        let sweep = [0, 1].map(|k| score(k, &rows_body(0..ROWS)));
         assert_eq!(sweep[0].len(), ROWS);
         let differ = (0..ROWS)
             .filter(|&r| !close(sweep[0][r], sweep[1][r]))
@@ -305,18 +335,30 @@ fn publish(
 }
 
 impl Updates {
-    pub fn start(url: &str, states: Arc<States>, refs: &Refs, replicas: &[&Server]) -> Updates {
+    /// Starts publishing `rows_per_s` rows a second of `model` in the cluster at `url`, and the
+    /// probe of `replicas`; returns once a first probe was seen by every replica.
+    pub fn start(
+        url: &str,
+        (model, rows_per_s): (&Named, u64),
+        states: Arc<States>,
+        refs: &Refs,
+        replicas: &[&Server],
+    ) -> Updates {
         let stop = Arc::new(AtomicBool::new(false));
         let probed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let publisher = {
             let (stop, states, url) = (stop.clone(), states.clone(), url.to_string());
-            std::thread::spawn(move || flip_rows(&url, &states, &stop))
+            let name = model.name.clone();
+            std::thread::spawn(move || flip_rows(&url, &name, rows_per_s, &states, &stop))
         };
         let prober = {
             let (stop, probed, url) = (stop.clone(), probed.clone(), url.to_string());
             let want = refs.probe;
             let addrs: Vec<SocketAddr> = replicas.iter().map(|s| s.addr).collect();
-            std::thread::spawn(move || probe_row0(&url, &states, want, &addrs, &stop, &probed))
+            let model = model.clone();
+            std::thread::spawn(move || {
+                probe_row0(&url, &model, &states, want, &addrs, (&stop, &probed))
+            })
         };
         let u = Updates {
             stop,
@@ -340,10 +382,17 @@ impl Updates {
     }
 }
 
-/// The publisher's loop: 100 random rows of 1.. flipped every 10 ms.
-fn flip_rows(url: &str, states: &States, stop: &AtomicBool) -> Published {
+/// The publisher's loop: 100 random rows of 1.. of `model` flipped at a time, `rows_per_s`
+/// rows a second.
+fn flip_rows(
+    url: &str,
+    model: &str,
+    rows_per_s: u64,
+    states: &States,
+    stop: &AtomicBool,
+) -> Published {
     let mut cl = connect(url);
-    let p = Publisher::open(&mut cl, "default", None, TABLE).unwrap();
+    let p = Publisher::open(&mut cl, model, None, TABLE).unwrap();
     let mut rng = StdRng::seed_from_u64(rand::random());
     let mut out = Published {
         last: vec![Last::A; ROWS],
@@ -390,10 +439,10 @@ fn flip_rows(url: &str, states: &States, stop: &AtomicBool) -> Published {
         out.refused += u64::from(went == Went::Refused);
         out.rows += ids.len() as u64 * u64::from(went == Went::Through);
         tried += ids.len() as u64;
-        // The publisher's pace (10,000 rows/s), not a wait; after a stall it catches up on at
+        // The publisher's pace (`rows_per_s`), not a wait; after a stall it catches up on at
         // most one second of updates, as a producer with a bounded queue would.
         let (from, base) = paced_from;
-        let due = from + Duration::from_micros((tried - base) * 100);
+        let due = from + Duration::from_micros((tried - base) * 1_000_000 / rows_per_s);
         let now = Instant::now();
         if now > due + Duration::from_secs(1) {
             paced_from = (now - Duration::from_secs(1), tried);
@@ -408,14 +457,14 @@ fn flip_rows(url: &str, states: &States, stop: &AtomicBool) -> Published {
 /// The probe's loop: row 0 flipped, then each replica asked until it scores the new state.
 fn probe_row0(
     url: &str,
+    model: &Named,
     states: &States,
     want: [f64; 2],
     addrs: &[SocketAddr],
-    stop: &AtomicBool,
-    probed: &std::sync::atomic::AtomicUsize,
+    (stop, probed): (&AtomicBool, &std::sync::atomic::AtomicUsize),
 ) -> (Vec<Probe>, Last) {
     let mut cl = connect(url);
-    let p = Publisher::open(&mut cl, "default", None, TABLE).unwrap();
+    let p = Publisher::open(&mut cl, &model.name, None, TABLE).unwrap();
     let body = rows_body([0]);
     let (mut failed, mut err) = (0, None);
     let mut probes = Vec::new();
@@ -443,7 +492,7 @@ fn probe_row0(
             .iter()
             .map(|&a| {
                 loop {
-                    if scores(a, &body)
+                    if scores(a, &model.path, &body)
                         .is_ok_and(|s| s.len() == 1 && close(s[0], want[to as usize]))
                     {
                         return Some(t.elapsed().as_secs_f64());
@@ -468,7 +517,7 @@ fn probe_row0(
 /// state; how long that took, or what still differed. With `lost` (the store lost rows and
 /// the replicas have no copy) a replica's 503 naming a row missing in the store ends the wait.
 pub fn settle(
-    replicas: &[&Server],
+    (replicas, model): (&[&Server], &Named),
     refs: &Refs,
     last: &[Last],
     lost: bool,
@@ -478,7 +527,7 @@ pub fn settle(
     loop {
         let mut seen = Vec::new();
         for (k, s) in replicas.iter().enumerate() {
-            match scores(s.addr, &body) {
+            match scores(s.addr, &model.path, &body) {
                 Ok(got) if got.len() == ROWS => {
                     let bad: Vec<usize> = (0..ROWS)
                         .filter(|&r| {
@@ -588,7 +637,8 @@ pub fn run_fault(
     secs: f64,
     (fault, lost): (impl FnOnce(&mut Held), bool),
 ) -> Run {
-    let updates = Updates::start(&c.url(), states.clone(), refs, replicas);
+    let model = Named::only("default");
+    let updates = Updates::start(&c.url(), (&model, 10_000), states.clone(), refs, replicas);
     let mut at = 0;
     let mut window = 0.0;
     let seen = load::under_load(replicas, rate, secs, &refs.verify_args(), || {
@@ -598,7 +648,7 @@ pub fn run_fault(
         window = t.elapsed().as_secs_f64();
     });
     let (published, probes) = updates.stop();
-    let settled = settle(replicas, refs, &published.last, lost);
+    let settled = settle((replicas, &model), refs, &published.last, lost);
     let probes = probes
         .into_iter()
         .map(|p| ((p.at_ms as f64 - at as f64) / 1e3, p.lag))
@@ -865,7 +915,7 @@ fn run_all(
     pick: impl Fn(&str) -> bool,
 ) -> Vec<(Run, bool)> {
     let states = Arc::new(States::load());
-    let refs = Refs::start(&states);
+    let refs = Refs::start(&states, "default");
     let copy = super::serve::model_with_row_files();
     let mut rate = rate;
     let mut runs = Vec::new();
@@ -879,7 +929,14 @@ fn run_all(
         super::push_default(&c);
         let [r0, r1] = replicas(&c, f.fallback.then_some(copy.as_path()));
         let rate = *rate.get_or_insert_with(|| {
-            let updates = Updates::start(&c.url(), states.clone(), &refs, &[&r0, &r1]);
+            let model = Named::only("default");
+            let updates = Updates::start(
+                &c.url(),
+                (&model, 10_000),
+                states.clone(),
+                &refs,
+                &[&r0, &r1],
+            );
             let urls = format!("http://{},http://{}", r0.addr, r1.addr);
             let max = load::find_max(&urls, 200.0);
             drop(updates.stop());

@@ -12,10 +12,13 @@ mod freshness;
 mod live;
 mod load;
 mod promote;
+#[path = "../reliability/sampler.rs"]
+mod sampler;
 mod serve;
 #[allow(dead_code)]
 #[path = "../reliability/server.rs"]
 mod server;
+mod soak;
 mod store;
 mod updates;
 

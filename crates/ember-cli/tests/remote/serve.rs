@@ -95,6 +95,63 @@ fn a_model_missing_from_the_store_is_refused_at_start_with_its_name() {
     );
 }
 
+/// A model repository of remote models (Triton's layout, `<root>/<name>/<version>/`) reads
+/// each model from the store under its own name, not its version directory's: two models pushed
+/// under their names score exactly as DRAM, and each one's rows are read from the cluster.
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn a_repository_serves_each_remote_model_under_its_own_name() {
+    let Some(c) = super::cluster(0) else { return };
+    let root = std::env::temp_dir().join(format!(
+        "ember-repo-remote-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    for name in ["left", "right"] {
+        let dir = root.join(name).join("1");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["config.json", "model.safetensors"] {
+            std::fs::copy(super::default_model().join(f), dir.join(f)).unwrap();
+        }
+        let dir = dir.to_string_lossy().to_string();
+        let args = ["registry", "push", "--redis", &c.url(), "--model", &dir];
+        super::ok(&[&args[..], &["--name", name, "--replicas", "0"]].concat());
+    }
+    let (bodies, want) = references(2);
+    let repo = root.to_string_lossy().to_string();
+    let s = Server::start(&[
+        "--grpc",
+        "off",
+        "--model-repository",
+        &repo,
+        "--placement",
+        "remote",
+        "--redis",
+        &c.url(),
+        "--cache-mb",
+        "0",
+    ]);
+    for name in ["left", "right"] {
+        for (body, want) in bodies.iter().zip(&want) {
+            let path = format!("/v1/score?model={name}");
+            let got = s.request("POST", &path, "text/plain", body).unwrap();
+            assert_eq!((got.0, &got.1), (200, want), "model {name}");
+        }
+    }
+    let metrics = s.request("GET", "/metrics", "text/plain", b"").unwrap().1;
+    for name in ["left", "right"] {
+        let rows = format!("ember_remote_rows_total{{model=\"{name}\"");
+        assert!(
+            metrics.contains(&rows),
+            "no rows read for {name}: {metrics}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// What a load of sequential requests saw: `(sent at, took, status, scores matched)`.
 type Log = Arc<Mutex<Vec<(Duration, Duration, u16, bool)>>>;
 

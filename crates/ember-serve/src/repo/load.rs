@@ -25,9 +25,11 @@ use crate::spec::ModelSpec;
 
 /// Reads a model version and builds what runs it. The server calls it off the request path.
 pub trait Loader: Send + Sync + std::fmt::Debug {
-    /// Reads the model in `dir` (the slow part, run at lower priority), copying its tables as
-    /// `pace` says (paced and breathing while other versions serve). Errors name the file.
-    fn load(&self, dir: &Path, pace: Pace) -> std::result::Result<Model, String>;
+    /// Reads model `name` from `dir` (the slow part, run at lower priority), copying its tables
+    /// as `pace` says (paced and breathing while other versions serve). `name` is the model's
+    /// name in the repository (`dir` is one of its versions), the default name of its remote
+    /// tables' model in the store. Errors name the file.
+    fn load(&self, name: &str, dir: &Path, pace: Pace) -> std::result::Result<Model, String>;
     /// The engine that runs `model` (its threads serve, so this runs at normal priority).
     fn engine(&self, model: Arc<Model>) -> std::result::Result<Box<dyn Engine>, String>;
 }
@@ -40,9 +42,10 @@ pub struct DiskLoader {
 }
 
 impl Loader for DiskLoader {
-    fn load(&self, dir: &Path, pace: Pace) -> std::result::Result<Model, String> {
+    fn load(&self, name: &str, dir: &Path, pace: Pace) -> std::result::Result<Model, String> {
         let opts = LoadOptions {
             pace,
+            name: Some(name.into()),
             ..self.options.clone()
         };
         Model::load(dir, opts).map_err(|e| e.to_string())
@@ -300,7 +303,7 @@ impl Repository {
                 .name("ember-load".into())
                 .spawn_scoped(s, move || {
                     super::lower_priority();
-                    loader.load(&dir2, pace)
+                    loader.load(name, &dir2, pace)
                 })
                 .map_err(|e| format!("starting the loading thread: {e}"))?
                 .join()
@@ -376,8 +379,22 @@ fn free_quietly(model: Arc<Model>, wait: Duration) {
 /// repository loads).
 pub const WARM_BATCHES: usize = 4;
 
+/// Ids a warm batch looks up at most: a model of a million features (a config the server
+/// takes) warmed with full batches of 8 ids per bag looked up 4 billion ids, 150 s before it
+/// served.
+const WARM_IDS: usize = 1 << 20;
+
+/// The samples and ids per bag of a warm batch of a model of `features` sparse features: up to
+/// `n` samples of 8 ids per bag, fewer where that passes [`WARM_IDS`] (at least one sample of
+/// one id per bag).
+fn warm_shape(n: usize, features: usize) -> (usize, usize) {
+    let per_bag = if features * 8 <= WARM_IDS { 8 } else { 1 };
+    let samples = (WARM_IDS / (features * per_bag).max(1)).clamp(1, n.max(1));
+    (samples, per_bag)
+}
+
 /// [`warm`] for each of a model's engines, with batches of up to 128 samples (within
-/// `batch.max_batch`); every timing, for [`Batcher::prime`].
+/// `batch.max_batch` and [`WARM_IDS`]); every timing, for [`Batcher::prime`].
 pub(crate) fn warm_all(
     engines: &mut [Box<dyn Engine>],
     batch: &crate::batcher::BatchConfig,
@@ -391,7 +408,8 @@ pub(crate) fn warm_all(
     Ok(took)
 }
 
-/// Runs `batches` batches of `n` random samples (8 ids per bag) through `engine`; returns how
+/// Runs `batches` batches of `n` random samples (8 ids per bag; fewer of both for a model of
+/// very many features, [`warm_shape`]) through `engine`; returns how
 /// long each batch after the first (the first faults in what the model touches) took, for
 /// the admission model to start from ([`Batcher::prime`]). A batch whose rows a store could
 /// not give in time (a busy host, a slow node) does not fail the load: the version serves as
@@ -403,11 +421,13 @@ fn warm(
     batches: usize,
 ) -> ember_model::Result<Vec<(usize, Duration)>> {
     let config = engine.model().config().clone();
+    let (n, per_bag) = warm_shape(n, config.features().len());
     let mut scores = vec![0f32; n];
     let mut slow = None;
     let mut took = Vec::with_capacity(batches);
     for b in 0..batches {
-        let (dense, sparse) = ember_model::presets::random_batch(&config, n, 8, 0x5eed + b as u64);
+        let seed = 0x5eed + b as u64;
+        let (dense, sparse) = ember_model::presets::random_batch(&config, n, per_bag, seed);
         let start = Instant::now();
         match engine.score(&dense, &sparse, &mut scores) {
             Err(e) if e.kind() == ember_model::ErrorKind::Unavailable => slow = Some(e),
@@ -428,6 +448,27 @@ fn warm(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_warm_batch_looks_up_a_bounded_number_of_ids() {
+        // The shipped model: 128 samples of 8 ids per bag.
+        assert_eq!(warm_shape(128, 26), (128, 8));
+        assert_eq!(warm_shape(16, 26), (16, 8));
+        for features in [
+            0, 1, 26, 1000, 100_000, 131_072, 131_073, 1_000_000, 5_000_000,
+        ] {
+            let (samples, per_bag) = warm_shape(128, features);
+            assert!((1..=128).contains(&samples), "{features}: {samples}");
+            assert!(per_bag == 1 || per_bag == 8, "{features}: {per_bag}");
+            // Within the bound, or one sample of one id per bag where even that passes it.
+            assert!(
+                samples * features * per_bag <= WARM_IDS || (samples, per_bag) == (1, 1),
+                "{features}: {samples} x {per_bag}"
+            );
+        }
+        assert_eq!(warm_shape(128, 1_000_000), (1, 1));
+        assert_eq!(warm_shape(0, 26), (1, 8));
+    }
 
     #[test]
     fn names_and_versions_follow_the_layout() {
