@@ -111,6 +111,12 @@ impl Publisher {
     /// Writes `rows` (`ids.len()` rows in the table's encoding) to their blocks, then publishes
     /// them as one entry, the stream trimmed to about `max_len` entries. At most
     /// [`MAX_ENTRY_ROWS`] rows.
+    ///
+    /// Every block is checked first: an update touching a block the store lost (or holds short)
+    /// is refused whole, naming the blocks, and this call writes nothing. An update that fails
+    /// otherwise (a node down, the deadline) may have written some of its rows and not published
+    /// them: publish it again (the same rows) until it goes through, so that the servers learn
+    /// of them; the store and the servers agree once it has.
     pub fn publish(
         &self,
         cluster: &mut Cluster,
@@ -118,48 +124,11 @@ impl Publisher {
         rows: &[u8],
         max_len: usize,
     ) -> Result<PublishReport> {
-        let t = &self.table;
-        let bad = |reason: String| {
-            EmbedError::remote_store(
-                &self.model,
-                self.version,
-                format!("table '{}': {reason}", t.name),
-            )
-        };
-        if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
-            return Err(bad(format!(
-                "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
-                ids.len()
-            )));
-        }
-        if rows.len() != ids.len() * t.row_bytes {
-            return Err(bad(format!(
-                "{} bytes of rows for {} ids of {} bytes each",
-                rows.len(),
-                ids.len(),
-                t.row_bytes
-            )));
-        }
-        if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
-            return Err(bad(format!("row {id} is past its {} rows", t.rows)));
-        }
-        // The rows by block, in the order given (a row given twice: its last bytes win).
-        let mut by_block: Vec<BlockRows<'_>> = Vec::new();
-        for (&id, row) in ids.iter().zip(rows.chunks_exact(t.row_bytes)) {
-            let (block, offset) = (
-                id as usize / t.rows_per_block,
-                id as usize % t.rows_per_block,
-            );
-            match by_block.iter_mut().find(|(b, _)| *b == block) {
-                Some((_, rows)) => rows.push((offset * t.row_bytes, row)),
-                None => by_block.push((block, vec![(offset * t.row_bytes, row)])),
-            }
-        }
-        by_block.sort_by_key(|(b, _)| *b);
+        let by_block = self.by_block(ids, rows)?;
         self.check_blocks(cluster, &by_block)?;
         let mut ops = Ops::default();
         let blocks: Vec<usize> = by_block.iter().map(|(b, _)| *b).collect();
-        let updated = updated_key(&self.model, self.version, &t.name);
+        let updated = updated_key(&self.model, self.version, &self.table.name);
         ops.push(
             updated.as_bytes(),
             redis::cmd("SADD").arg(&updated).arg(&blocks),
@@ -198,13 +167,69 @@ impl Publisher {
         let deadline = Instant::now() + cluster.options().timeout;
         let entry = match cluster.run(&ops, false, deadline)?.pop() {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-            other => return Err(bad(format!("XADD answered {other:?}"))),
+            other => return Err(self.refuse(format!("XADD answered {other:?}"))),
         };
         Ok(PublishReport {
             version: self.version,
             rows: ids.len(),
             entry,
         })
+    }
+
+    /// Checks an update's shape and groups its rows by block: blocks in order, each block's
+    /// rows in the order given (a row given twice: its last bytes win).
+    fn by_block<'r>(&self, ids: &[u64], rows: &'r [u8]) -> Result<Vec<BlockRows<'r>>> {
+        let t = &self.table;
+        let bad = |reason: String| self.refuse(reason);
+        if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
+            return Err(bad(format!(
+                "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
+                ids.len()
+            )));
+        }
+        if rows.len() != ids.len() * t.row_bytes {
+            return Err(bad(format!(
+                "{} bytes of rows for {} ids of {} bytes each",
+                rows.len(),
+                ids.len(),
+                t.row_bytes
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
+            return Err(bad(format!("row {id} is past its {} rows", t.rows)));
+        }
+        if t.rows_per_block == 0 {
+            return Err(bad("its manifest gives 0 rows per block".into()));
+        }
+        let mut rows_at: Vec<(usize, usize, &[u8])> = ids
+            .iter()
+            .zip(rows.chunks_exact(t.row_bytes))
+            .map(|(&id, row)| {
+                let (block, in_block) = (
+                    id as usize / t.rows_per_block,
+                    id as usize % t.rows_per_block,
+                );
+                (block, in_block * t.row_bytes, row)
+            })
+            .collect();
+        rows_at.sort_by_key(|r| r.0);
+        let mut by_block: Vec<BlockRows<'_>> = Vec::new();
+        for (block, offset, row) in rows_at {
+            match by_block.last_mut() {
+                Some((b, rows)) if *b == block => rows.push((offset, row)),
+                _ => by_block.push((block, vec![(offset, row)])),
+            }
+        }
+        Ok(by_block)
+    }
+
+    /// An error naming this table.
+    fn refuse(&self, reason: String) -> EmbedError {
+        EmbedError::remote_store(
+            &self.model,
+            self.version,
+            format!("table '{}': {reason}", self.table.name),
+        )
     }
 
     /// Bytes of block `b` as pushed.
@@ -246,7 +271,7 @@ impl Publisher {
             self.version,
             format!(
                 "table '{}': {} in the store (a node lost its data, or the push did not \
-                 finish); nothing of this update was written: push the version again",
+                 finish); nothing of this update was written by this call: push the version again",
                 self.table.name,
                 short.join("; ")
             ),

@@ -104,9 +104,12 @@ impl UpdateReader {
         Ok(r)
     }
 
+    /// Runs `ops` on the primaries: a table's `XINFO` and `XREAD` read one copy of its stream,
+    /// the one its entries are written to first, so that a replica's lag never looks like a
+    /// stream that went back (a reset).
     fn run(&mut self, ops: &Ops) -> Result<Vec<Value>> {
         let deadline = Instant::now() + self.cluster.options().timeout;
-        Ok(self.cluster.run(ops, true, deadline)?)
+        Ok(self.cluster.run(ops, false, deadline)?)
     }
 
     /// Whether any update was ever published for table `i` (before this reader opened, or
@@ -152,9 +155,10 @@ impl UpdateReader {
             // XINFO fails on a stream that is gone (lost with a node that restarted without
             // its data): each such table is reset, and followed again once it is recreated.
             Err(e) => {
-                return self
-                    .vanished()
-                    .map(|v| if v.is_empty() { Err(e) } else { Ok(v) })?;
+                return match self.vanished() {
+                    Ok(v) if !v.is_empty() => Ok(v),
+                    _ => Err(e),
+                };
             }
         };
         let mut out = Vec::new();
