@@ -328,7 +328,8 @@ fn publish(
         .flat_map(|(&id, &b)| states.row(id as usize, b).to_vec())
         .collect();
     let t = Instant::now();
-    for tries in 0.. {
+    let mut first_try = true;
+    loop {
         match p.publish(cl, ids, &bytes, 100_000) {
             Ok(_) => return Went::Through,
             Err(e) => {
@@ -338,7 +339,7 @@ fn publish(
                 *last_error = Some(e);
                 // Refused with nothing written, unless a try before failed after writing some.
                 if refused {
-                    return if tries == 0 {
+                    return if first_try {
                         Went::Refused
                     } else {
                         Went::GivenUp
@@ -349,10 +350,10 @@ fn publish(
                 }
                 // A retry's pause (a failover takes about the node timeout).
                 std::thread::sleep(Duration::from_millis(20));
+                first_try = false;
             }
         }
     }
-    unreachable!("the tries end by returning")
 }
 
 impl Updates {

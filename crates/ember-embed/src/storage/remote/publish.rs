@@ -180,15 +180,14 @@ impl Publisher {
     /// rows in the order given (a row given twice: its last bytes win).
     fn by_block<'r>(&self, ids: &[u64], rows: &'r [u8]) -> Result<Vec<BlockRows<'r>>> {
         let t = &self.table;
-        let bad = |reason: String| self.refuse(reason);
         if ids.is_empty() || ids.len() > MAX_ENTRY_ROWS {
-            return Err(bad(format!(
+            return Err(self.refuse(format!(
                 "{} rows in one update: give 1 to {MAX_ENTRY_ROWS}",
                 ids.len()
             )));
         }
         if rows.len() != ids.len() * t.row_bytes {
-            return Err(bad(format!(
+            return Err(self.refuse(format!(
                 "{} bytes of rows for {} ids of {} bytes each",
                 rows.len(),
                 ids.len(),
@@ -196,10 +195,10 @@ impl Publisher {
             )));
         }
         if let Some(&id) = ids.iter().find(|&&id| id >= t.rows as u64) {
-            return Err(bad(format!("row {id} is past its {} rows", t.rows)));
+            return Err(self.refuse(format!("row {id} is past its {} rows", t.rows)));
         }
         if t.rows_per_block == 0 {
-            return Err(bad("its manifest gives 0 rows per block".into()));
+            return Err(self.refuse("its manifest gives 0 rows per block".into()));
         }
         let mut rows_at: Vec<(usize, usize, &[u8])> = ids
             .iter()
