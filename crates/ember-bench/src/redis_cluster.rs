@@ -57,6 +57,9 @@ pub struct LocalCluster {
     dir: PathBuf,
     pub nodes: Vec<LocalNode>,
     pub node_timeout_ms: u64,
+    /// A module every node loads (`--loadmodule`) but those in `without_module` (node indices).
+    module: Option<PathBuf>,
+    without_module: Vec<usize>,
 }
 
 /// Free loopback ports `p` with `p + 10000` (the cluster bus) free too.
@@ -114,6 +117,19 @@ impl LocalCluster {
     /// Starts `primaries` primaries with `replicas` replicas each and waits until the cluster
     /// is `ok` everywhere and every replica is in sync (within `timeout`).
     pub fn start(primaries: usize, replicas: usize, node_timeout_ms: u64) -> Result<Self> {
+        Self::start_with_module(primaries, replicas, node_timeout_ms, None, &[])
+    }
+
+    /// [`LocalCluster::start`] with `module` loaded into every node but those in
+    /// `without_module` (indices in start order: the first `primaries` become primaries), as in
+    /// the middle of a rolling upgrade.
+    pub fn start_with_module(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+        module: Option<&std::path::Path>,
+        without_module: &[usize],
+    ) -> Result<Self> {
         available().map_err(anyhow::Error::msg)?;
         let dir = std::env::temp_dir().join(format!(
             "ember-redis-{}-{}",
@@ -126,6 +142,8 @@ impl LocalCluster {
             dir,
             nodes: Vec::new(),
             node_timeout_ms,
+            module: module.map(std::path::Path::to_path_buf),
+            without_module: without_module.to_vec(),
         };
         for _ in 0..n {
             let taken: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
@@ -164,7 +182,7 @@ impl LocalCluster {
                 .into_iter()
                 .find(|p| !taken.contains(p))
                 .context("no free loopback port")?;
-            let mut child = self.spawn(port)?;
+            let mut child = self.spawn(port, self.nodes.len())?;
             let t0 = Instant::now();
             loop {
                 if matches!(
@@ -192,10 +210,18 @@ impl LocalCluster {
         bail!("redis-server exited at start on ports {lost:?} (taken before it could bind?)")
     }
 
-    fn spawn(&self, port: u16) -> Result<Child> {
+    /// Starts node `i`'s `redis-server` on `port`.
+    fn spawn(&self, port: u16, i: usize) -> Result<Child> {
         let log = self.dir.join(format!("{port}.log"));
-        Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = Command::new("redis-server");
+        if let Some(m) = self
+            .module
+            .as_ref()
+            .filter(|_| !self.without_module.contains(&i))
+        {
+            cmd.arg("--loadmodule").arg(m);
+        }
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes"])
             .args([
                 "--cluster-config-file",
@@ -219,6 +245,11 @@ impl LocalCluster {
             .stderr(Stdio::null())
             .spawn()
             .context("starting redis-server")
+    }
+
+    /// Whether node `i` loaded the module.
+    pub fn has_module(&self, i: usize) -> bool {
+        self.module.is_some() && !self.without_module.contains(&i)
     }
 
     /// `redis://127.0.0.1:p1,...` naming every node.
@@ -355,7 +386,7 @@ impl LocalCluster {
     pub fn restart(&mut self, i: usize) -> Result<()> {
         ensure!(self.nodes[i].child.is_none(), "node {i} is running");
         let port = self.nodes[i].port;
-        self.nodes[i].child = Some(self.spawn(port)?);
+        self.nodes[i].child = Some(self.spawn(port, i)?);
         wait_for(Duration::from_secs(10), || {
             Ok(query(port, &redis::cmd("PING")).is_ok())
         })
@@ -393,6 +424,55 @@ fn signal(pid: u32, sig: i32) {
     unsafe {
         libc::kill(pid as i32, sig);
     }
+}
+
+/// The Ember Redis module (`crates/ember-redis-module`), built by the workspace as
+/// `libember_redis_module.so` beside the running program's profile directory (a test's
+/// `target/debug/deps/..`, a binary's `target/release`), else built once now with `cargo build
+/// --release -p ember-redis-module` into its own target directory (`target/module`), so that a
+/// run of one test binary, whose `cargo` holds the main target directory, has it too.
+pub fn pool_module() -> Result<PathBuf> {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.as_ref() {
+        return Ok(p.clone());
+    }
+    const NAME: &str = "libember_redis_module.so";
+    let exe = std::env::current_exe()?;
+    let near = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(NAME))
+        .find(|p| p.is_file());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let path = match near {
+        Some(p) => p,
+        None => {
+            let dir = root.join("target/module");
+            let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "--release",
+                    "-p",
+                    "ember-redis-module",
+                    "--target-dir",
+                ])
+                .arg(&dir)
+                .output()
+                .context("running cargo build -p ember-redis-module")?;
+            ensure!(
+                out.status.success(),
+                "building the Redis module failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            dir.join("release").join(NAME)
+        }
+    };
+    ensure!(path.is_file(), "no Redis module at {}", path.display());
+    *built = Some(path.clone());
+    Ok(path)
 }
 
 /// Polls `f` every 50 ms until it says yes or `timeout` passes.

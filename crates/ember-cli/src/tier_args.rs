@@ -58,6 +58,11 @@ pub struct TierArgs {
     /// whole-cluster outage.
     #[arg(long)]
     remote_fallback: bool,
+    /// Pool each batch's missing rows on the cluster's nodes (the EMBER.POOL module): auto
+    /// (where the nodes have it), on (refuse to start when a primary lacks it) or off (rows read
+    /// whole) [default: config.json's remote.pool_remote, else auto].
+    #[arg(long, value_name = "MODE")]
+    pool_remote: Option<ember_embed::storage::remote::PoolRemote>,
 }
 
 impl TierArgs {
@@ -84,6 +89,7 @@ impl TierArgs {
                 retries: self.redis_retries,
                 read_from_replicas: self.read_from_replicas.then_some(true),
                 fallback_local: self.remote_fallback.then_some(true),
+                pool_remote: self.pool_remote,
             },
             pace: Default::default(),
             name: None,

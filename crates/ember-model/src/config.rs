@@ -75,6 +75,15 @@ pub struct RemoteConfig {
     /// failure or a whole-cluster outage, and back to the cluster once it answers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fallback_local: bool,
+    /// Pool a batch's missing rows on the nodes that hold them (`EMBER.POOL`, the Redis module
+    /// `crates/ember-redis-module`): `auto` where the nodes have the module, `on` (a server
+    /// refuses to start when a primary lacks it), `off` (rows read whole).
+    #[serde(default = "default_pool_remote")]
+    pub pool_remote: String,
+}
+
+fn default_pool_remote() -> String {
+    "auto".into()
 }
 
 fn default_remote_timeout_ms() -> u64 {
@@ -95,6 +104,7 @@ impl RemoteConfig {
             retries: default_remote_retries(),
             read_from_replicas: false,
             fallback_local: false,
+            pool_remote: default_pool_remote(),
         }
     }
 

@@ -52,6 +52,7 @@ pub struct RemoteOverride {
     pub retries: Option<u32>,
     pub read_from_replicas: Option<bool>,
     pub fallback_local: Option<bool>,
+    pub pool_remote: Option<ember_embed::storage::remote::PoolRemote>,
 }
 
 impl RemoteOverride {
@@ -83,6 +84,9 @@ impl RemoteOverride {
         }
         if let Some(v) = self.fallback_local {
             c.fallback_local = v;
+        }
+        if let Some(v) = self.pool_remote {
+            c.pool_remote = v.name().into();
         }
         Some(c)
     }
@@ -405,6 +409,10 @@ fn tier_options(
     }
     if let Some(r) = remote {
         opts.remote = Some(r.source(&dir_name(dir)).map_err(config_error)?);
+        opts.pool_remote = r
+            .pool_remote
+            .parse()
+            .map_err(|e| config_error(format!("remote.pool_remote: {e}")))?;
     }
     Ok(opts)
 }

@@ -475,6 +475,33 @@ impl Cluster {
         self.stale = true;
     }
 
+    /// Whether a server error is one the call retries (a redirect, a node down or loading).
+    pub(super) fn retried(e: &redis::ServerError) -> bool {
+        use redis::ServerErrorKind as K;
+        matches!(
+            e.kind(),
+            Some(K::Moved | K::Ask | K::TryAgain | K::ClusterDown | K::BusyLoading | K::MasterDown)
+        )
+    }
+
+    /// The node serving `slot` as its primary, by the map known now (an index into
+    /// [`Cluster::node_stats`]; `None`: no node serves it): to group commands by node.
+    pub fn primary_of(&self, slot: u16) -> Option<usize> {
+        let r = self.slot_range[slot as usize];
+        (r != u16::MAX).then(|| self.ranges[r as usize].copies[0])
+    }
+
+    /// Node `i`'s address.
+    pub fn node_addr(&self, i: usize) -> &str {
+        &self.nodes[i].addr
+    }
+
+    /// Re-reads the slot map before the next call (a node answered that it does not hold keys
+    /// the map says it does).
+    pub fn mark_stale(&mut self) {
+        self.stale = true;
+    }
+
     fn on_server_error(
         &mut self,
         c: usize,

@@ -10,12 +10,42 @@ use crate::slot::key_slot;
 pub struct Ops {
     buf: Vec<u8>,
     ops: Vec<(u16, u32, u32)>,
+    /// Whether a server error the cluster cannot fix by retrying (not a redirect, not a node
+    /// down) is the command's reply rather than the call's failure ([`Ops::errors_as_replies`]).
+    pass_errors: bool,
 }
 
 impl Ops {
     pub fn clear(&mut self) {
         self.buf.clear();
         self.ops.clear();
+        self.pass_errors = false;
+    }
+
+    /// Makes each command's own server error (one the cluster cannot fix by retrying: not a
+    /// redirect, not a node down or loading) its reply, handed over as `Reply::Other` with a
+    /// `Value::ServerError`, instead of failing the whole call: for commands a caller can
+    /// answer another way (a module's command that a node does not have).
+    pub fn errors_as_replies(&mut self) {
+        self.pass_errors = true;
+    }
+
+    pub(super) fn passes_errors(&self) -> bool {
+        self.pass_errors
+    }
+
+    /// Adds a command of any arguments, binary-safe, routed by `slot` (for a command that
+    /// declares no key: it goes to the node serving `slot`).
+    pub fn command(&mut self, slot: u16, args: &[&[u8]]) {
+        let s0 = self.buf.len() as u32;
+        self.buf.push(b'*');
+        self.buf
+            .extend_from_slice(fmt_usize(&mut itoa_buf(), args.len()));
+        self.buf.extend_from_slice(b"\r\n");
+        for a in args {
+            bulk(&mut self.buf, a);
+        }
+        self.ops.push((slot, s0, self.buf.len() as u32));
     }
 
     pub fn len(&self) -> usize {
@@ -145,5 +175,16 @@ mod tests {
         assert_eq!(again.bytes(0), ops.bytes(1));
         assert_eq!(ops.ops[0].0, key_slot(b"ember:m:v1:t:17"));
         assert_eq!(ops.len(), 3);
+        // Any command, binary-safe, routed by the slot given.
+        let mut any = Ops::default();
+        any.command(77, &[b"EMBER.POOL", b"p:", b"\x00\r\n\xff", b""]);
+        let mut want = Vec::new();
+        redis::cmd("EMBER.POOL")
+            .arg("p:")
+            .arg(b"\x00\r\n\xff")
+            .arg(b"")
+            .write_packed_command(&mut want);
+        assert_eq!(any.bytes(0), want.as_slice());
+        assert_eq!(any.slot(0), 77);
     }
 }

@@ -11,6 +11,7 @@ mod faults;
 mod freshness;
 mod live;
 mod load;
+mod pool;
 mod promote;
 #[path = "../reliability/sampler.rs"]
 mod sampler;
@@ -47,6 +48,16 @@ impl std::ops::DerefMut for Held {
 
 /// A started cluster, or `None` (with the reason printed) where Redis is not installed.
 pub fn cluster(replicas: usize) -> Option<Held> {
+    let turn = cluster_turn()?;
+    Some(Held {
+        cluster: LocalCluster::start(3, replicas, 1000).expect("starting a local Redis Cluster"),
+        _turn: turn,
+    })
+}
+
+/// This test's turn with a cluster, or `None` (with the reason printed) where Redis is not
+/// installed.
+fn cluster_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
     static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     if let Err(why) = redis_cluster::available() {
         // Built where they were (build.rs), so not marked ignored: their absence now is a fault.
@@ -56,10 +67,19 @@ pub fn cluster(replicas: usize) -> Option<Held> {
         eprintln!("skipped: {why}");
         return None;
     }
-    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    Some(TURN.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// A started cluster of 3 primaries with `replicas` each whose nodes load the Ember module
+/// (`EMBER.POOL`) but those in `without` (indices in start order: 0-2 are the primaries), or
+/// `None` where Redis is not installed.
+pub fn cluster_with_module(replicas: usize, without: &[usize]) -> Option<Held> {
+    let held = cluster_turn()?;
+    let module = redis_cluster::pool_module().expect("the Ember Redis module");
     Some(Held {
-        cluster: LocalCluster::start(3, replicas, 1000).expect("starting a local Redis Cluster"),
-        _turn: turn,
+        cluster: LocalCluster::start_with_module(3, replicas, 1000, Some(&module), without)
+            .expect("starting a local Redis Cluster with the module"),
+        _turn: held,
     })
 }
 

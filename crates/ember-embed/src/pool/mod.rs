@@ -330,7 +330,24 @@ impl Pooler {
             }
             let range = kj.feature_range(f);
             match staged.and_then(|s| s.feature(f)) {
-                Some(sf) if sf.fits(range.start, kj.ids(), range.clone(), table.stride()) => {}
+                Some(sf) if sf.fits(range.start, kj.ids(), range.clone(), table.stride()) => {
+                    // Sums pooled remotely were weighted as this pooling weighs.
+                    let weighs =
+                        self.opts.pooling == Pooling::WeightedSum && kj.weights().is_some();
+                    if let Some(r) = &sf.remote
+                        && (r.weighted != weighs || r.sums.len() != kj.batch_size() * table.dim())
+                    {
+                        return Err(EmbedError::BadOption {
+                            option: "pooling",
+                            reason: format!(
+                                "table '{}' was pooled on its store {} weights, this pooling is {:?}",
+                                table.name(),
+                                if r.weighted { "with" } else { "without" },
+                                self.opts.pooling
+                            ),
+                        });
+                    }
+                }
                 _ => {
                     return Err(EmbedError::NotStaged {
                         table: table.name().into(),
@@ -360,7 +377,44 @@ impl Pooler {
                     .reduce(PoolStats::default, PoolStats::plus)
             }),
         };
+        if let Some(s) = staged {
+            self.add_remote_sums(coll, kj, s, out);
+        }
         Ok(total)
+    }
+
+    /// Adds the sums of rows pooled on a remote store's nodes (`crate::tier` staged them, with
+    /// zeros in their place for the kernel) to each bag of their features, divided by the bag's
+    /// length under mean pooling.
+    fn add_remote_sums(
+        &self,
+        coll: &EmbeddingCollection,
+        kj: &KeyedJagged,
+        staged: &StagedBatch,
+        out: OutPtr,
+    ) {
+        let (bsz, width) = (kj.batch_size(), coll.total_dim());
+        for f in 0..coll.features().len() {
+            let Some(r) = staged.feature(f).and_then(|sf| sf.remote.as_ref()) else {
+                continue;
+            };
+            let (dim, col) = (coll.table_of(f).dim(), coll.col_offset(f));
+            for b in 0..bsz {
+                let n = kj.bag(f, b).len();
+                let scale = if self.opts.pooling == Pooling::Mean && n > 0 {
+                    1.0 / n as f32
+                } else {
+                    1.0
+                };
+                // SAFETY: `check_call` checked `out` holds bsz x width floats, and every unit
+                // (which wrote through the same pointer) has finished.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(out.0.add(b * width + col), dim) };
+                for (d, &x) in dst.iter_mut().zip(&r.sums[b * dim..(b + 1) * dim]) {
+                    *d += x * scale;
+                }
+            }
+        }
     }
 
     /// Pools one unit and returns what it did.

@@ -232,6 +232,7 @@ pub(super) fn stage_table(
                 n_rows: n,
                 stride: table.row_bytes,
                 ids_hash: ids_hash(kj.ids(), range.clone()),
+                remote: None,
             },
         ));
     }

@@ -15,6 +15,11 @@
 //! pooling kernels then run on those rows in place ([`crate::Pooler::run_staged`]) exactly as on
 //! an in-memory unit, so tier lookups give bit-identical results to in-memory ones.
 //!
+//! A remote store that pools on its nodes (`pool_remote`, the `EMBER.POOL` module) changes one
+//! step: a pooled table's missing rows are summed per bag on the nodes that hold them instead of
+//! fetched (`pooling.rs`), and the pooler adds those sums after its kernel. Results then equal
+//! in-memory ones within the rounding of a sum in another order, not bit for bit.
+//!
 //! | file | what |
 //! |---|---|
 //! | `options.rs` | [`TierOptions`]: budget, policy, I/O, pinning |
@@ -24,6 +29,7 @@
 //! | `stores.rs` | the stores, from the tables' placements (remote: its local copy, its updates) |
 //! | `inner.rs` | the state behind the stager's lock: updates applied, misses fetched from stores |
 //! | `land.rs` | fetched rows landed: in the cache's slots, or a feature's compact buffer |
+//! | `pooling.rs` | a batch's misses of tables whose remote store pools: summed on the nodes |
 //! | `lookup.rs` | one tier table's part of a batch: releases, lookups that dedup, holds |
 //! | `seen.rs` | the distinct stable rows of a feature, noted without a branch |
 //! | `follow.rs` | following an update source (`crate::storage::updates`), applied between batches |
@@ -38,6 +44,7 @@ mod lookup;
 mod options;
 mod pinning;
 mod pipeline;
+mod pooling;
 mod seen;
 mod staged;
 mod stager;

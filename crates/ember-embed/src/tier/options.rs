@@ -4,7 +4,7 @@ use crate::cache::CachePolicy;
 use crate::collection::EmbeddingCollection;
 use crate::error::Result;
 use crate::storage::IoMode;
-use crate::storage::remote::RemoteSource;
+use crate::storage::remote::{PoolRemote, RemoteSource};
 use crate::table::Placement;
 use std::sync::Arc;
 
@@ -38,6 +38,10 @@ pub struct TierOptions {
     /// With remote tables: follow their update streams and apply each update to the cache
     /// (`crate::storage::remote::updates`; on by default).
     pub follow_updates: bool,
+    /// With remote tables: pool a batch's misses on the nodes that hold them (the `EMBER.POOL`
+    /// module) where the nodes have it (`auto`, the default), requiring it (`on`), or never
+    /// (`off`: rows read whole). See `crate::storage::remote::pooled`.
+    pub pool_remote: PoolRemote,
 }
 
 impl Default for TierOptions {
@@ -53,6 +57,7 @@ impl Default for TierOptions {
             remote: None,
             staging_rows: None,
             follow_updates: true,
+            pool_remote: PoolRemote::Auto,
         }
     }
 }

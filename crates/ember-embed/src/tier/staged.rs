@@ -47,6 +47,18 @@ pub(crate) struct StagedFeature {
     pub(crate) stride: usize,
     /// [`ids_hash`] of the feature's ids: pooling checks the batch is the one staged.
     pub(crate) ids_hash: u64,
+    /// The sums of the rows missing from the cache, pooled on the remote store's nodes, per
+    /// bag (`pooling.rs`): their rows in `rows` are zeros, and the pooler adds these after the
+    /// kernel.
+    pub(crate) remote: Option<RemoteSums>,
+}
+
+/// A feature's missing rows pooled remotely: per bag of the batch, `dim` floats; `weighted`:
+/// summed with the batch's weights.
+#[derive(Debug)]
+pub(crate) struct RemoteSums {
+    pub(crate) weighted: bool,
+    pub(crate) sums: Vec<f32>,
 }
 
 impl StagedFeature {

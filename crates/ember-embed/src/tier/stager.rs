@@ -14,6 +14,7 @@ use super::land::{Overflow, compact, fill_slots, land_row};
 use super::lookup::{Counts, PARALLEL_MIN_IDS, TableStaged, stage_table};
 use super::options::TierOptions;
 use super::pinning::hottest;
+use super::pooling::{pool_misses, pooled_tables};
 use super::staged::{Recycler, StagedBatch, StagedRows};
 use super::stats::{Counters, TierStats};
 use super::stores::{Home, Stores, TierStore, open_stores};
@@ -306,7 +307,24 @@ impl Stager {
         let counts = self.look_up(inner, coll, batch.get(), &mut staged);
         // Rows of features the cache could not hold entirely: (feature, its distinct rows).
         let mut overflow = Overflow::new();
-        let io = self.fetch(inner, &mut staged, &mut overflow)?;
+        let pooled = pooled_tables(inner);
+        let mut io = Duration::ZERO;
+        if pooled.contains(&true) {
+            let got = pool_misses(
+                inner,
+                &pooled,
+                coll,
+                batch.get(),
+                &mut staged,
+                &mut overflow,
+                &self.recycler,
+                &self.counters,
+            );
+            let down = matches!(got, Err(EmbedError::StoreUnavailable { .. }));
+            self.healthy.store(!down, Relaxed);
+            io += got?;
+        }
+        io += self.fetch(inner, &mut staged, &mut overflow)?;
         self.complete(inner, &mut staged, &mut overflow);
         self.finish_batch(inner, counts, io)?;
         Counters::add_time(&self.counters.stage_ns, t0.elapsed());

@@ -20,8 +20,13 @@ pub struct TierStats {
     /// Read requests issued to the tier's stores: SSD block reads of row files, or round trips
     /// to a Redis Cluster.
     pub store_reads: u64,
-    /// Bytes those requests moved (whole blocks for row files).
+    /// Bytes those requests moved (whole blocks for row files; for a remote store that pools,
+    /// partial sums and rows read whole).
     pub store_bytes_read: u64,
+    /// Missing rows pooled on the remote store's nodes (`EMBER.POOL`), and missing rows of
+    /// pooled tables read whole instead (a node without the module, a block moved).
+    pub pooled_rows: u64,
+    pub pool_plain_rows: u64,
     /// Time staging took (cache lookups, reads, checks, copies).
     pub stage: Duration,
     /// Of which waiting for reads.
@@ -72,6 +77,8 @@ impl TierStats {
             lookup_hits: self.lookup_hits - earlier.lookup_hits,
             store_reads: self.store_reads - earlier.store_reads,
             store_bytes_read: self.store_bytes_read - earlier.store_bytes_read,
+            pooled_rows: self.pooled_rows - earlier.pooled_rows,
+            pool_plain_rows: self.pool_plain_rows - earlier.pool_plain_rows,
             stage: self.stage.saturating_sub(earlier.stage),
             io: self.io.saturating_sub(earlier.io),
             stall: self.stall.saturating_sub(earlier.stall),
@@ -89,6 +96,8 @@ impl TierStats {
             lookup_hits: self.lookup_hits + o.lookup_hits,
             store_reads: self.store_reads + o.store_reads,
             store_bytes_read: self.store_bytes_read + o.store_bytes_read,
+            pooled_rows: self.pooled_rows + o.pooled_rows,
+            pool_plain_rows: self.pool_plain_rows + o.pool_plain_rows,
             stage: self.stage + o.stage,
             io: self.io + o.io,
             stall: self.stall + o.stall,
@@ -106,6 +115,8 @@ pub(crate) struct Counters {
     pub(crate) lookup_hits: AtomicU64,
     pub(crate) store_reads: AtomicU64,
     pub(crate) store_bytes_read: AtomicU64,
+    pub(crate) pooled_rows: AtomicU64,
+    pub(crate) pool_plain_rows: AtomicU64,
     pub(crate) stage_ns: AtomicU64,
     pub(crate) io_ns: AtomicU64,
     pub(crate) stall_ns: AtomicU64,
@@ -128,6 +139,8 @@ impl Counters {
             lookup_hits: self.lookup_hits.load(Relaxed),
             store_reads: self.store_reads.load(Relaxed),
             store_bytes_read: self.store_bytes_read.load(Relaxed),
+            pooled_rows: self.pooled_rows.load(Relaxed),
+            pool_plain_rows: self.pool_plain_rows.load(Relaxed),
             stage: ns(&self.stage_ns),
             io: ns(&self.io_ns),
             stall: ns(&self.stall_ns),
@@ -145,6 +158,8 @@ impl Counters {
             &self.lookup_hits,
             &self.store_reads,
             &self.store_bytes_read,
+            &self.pooled_rows,
+            &self.pool_plain_rows,
             &self.stage_ns,
             &self.io_ns,
             &self.stall_ns,

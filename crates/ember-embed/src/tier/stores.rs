@@ -158,6 +158,7 @@ fn open_remote(
         })
         .collect();
     let mut store = RedisStore::open(src, &specs)?;
+    store.set_pooling(opts.pool_remote)?;
     let follower = match opts.follow_updates {
         true => Some(follow_store(
             coll,

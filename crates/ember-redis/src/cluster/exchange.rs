@@ -39,6 +39,8 @@ struct Attempt<'a> {
     avoid: &'a mut [Option<usize>],
     failed: &'a mut Vec<(usize, Outcome)>,
     deadline: Instant,
+    /// The call's own server errors are replies ([`Ops::errors_as_replies`]).
+    pass_errors: bool,
 }
 
 impl Attempt<'_> {
@@ -72,6 +74,7 @@ impl Cluster {
             avoid,
             failed,
             deadline,
+            pass_errors: ops.passes_errors(),
         };
         let wires = self.lay_out(ops, &mut at);
         let reading = self.send_all(wires, &mut at);
@@ -214,8 +217,11 @@ impl Cluster {
             }
         }
         let bytes = &mut r.bytes;
+        let pass_errors = at.pass_errors;
         let got = conn.recv_with(at.deadline, |reply| match reply {
-            Reply::Other(Value::ServerError(e)) => Err(e.clone()),
+            Reply::Other(Value::ServerError(e)) if !pass_errors || Cluster::retried(e) => {
+                Err(e.clone())
+            }
             reply => {
                 if let Reply::Bulk(b) = reply {
                     *bytes += b.len() as u64;

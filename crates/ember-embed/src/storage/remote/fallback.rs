@@ -18,6 +18,7 @@
 //! [`RedisStore::read`](super::RedisStore) lands no row before every reply is checked, so a
 //! failed read landed nothing and all of it is read again from the copy.
 
+use super::pooling::{PoolJob, PoolStats, pool_by_reads};
 use super::store::RemoteRows;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -285,6 +286,39 @@ impl RemoteRows for WithLocalCopy {
 
     fn missed_updates(&mut self, table: usize, why: &str) {
         self.set_unusable(table, why.to_string());
+    }
+
+    fn pools(&self) -> bool {
+        self.remote.pools()
+    }
+
+    /// Pooled on the cluster's nodes while it answers; else (a failed call, or within
+    /// `retry_after` of one) summed here from rows read from the copy, as a read would be.
+    fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
+        let t0 = Instant::now();
+        if self.local_until.is_none_or(|t| t0 >= t) {
+            match self.remote.pool(jobs, sums) {
+                Ok(stats) => {
+                    self.set_local_until(None);
+                    return Ok(stats);
+                }
+                Err(e) => {
+                    let kind = match e {
+                        EmbedError::StoreUnavailable { .. } => "unavailable",
+                        EmbedError::RemoteRow { .. } => "row",
+                        _ => "other",
+                    };
+                    let model = self.model.clone();
+                    metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
+                        .increment(1);
+                    self.set_local_until(Some(Instant::now() + self.retry_after));
+                }
+            }
+        }
+        // `read` now goes to the copy (the cluster is left alone until `local_until`).
+        let mut stats = pool_by_reads(self, jobs, sums)?;
+        stats.io.wait = t0.elapsed();
+        Ok(stats)
     }
 }
 

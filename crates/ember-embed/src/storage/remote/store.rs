@@ -8,6 +8,7 @@
 
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
+use super::pooling::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -34,6 +35,16 @@ pub trait RemoteRows: RowStore {
     /// a store that also holds a copy of its rows stops serving that table from it; others
     /// ignore it.
     fn missed_updates(&mut self, _table: usize, _why: &str) {}
+    /// Whether the tier should pool its misses with [`RemoteRows::pool`] (`pool_remote` is not
+    /// off).
+    fn pools(&self) -> bool {
+        false
+    }
+    /// The sums of `jobs`' bags (`sums[j]`: job `j`'s bags x dim, overwritten), pooled where the
+    /// rows are where the store can (`pooling.rs`); by default from rows read whole.
+    fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
+        pool_by_reads(self, jobs, sums)
+    }
 }
 
 /// Where a model's remote tables are: the cluster, the model's name in it, and the version
@@ -55,10 +66,12 @@ pub struct RemoteTableSpec {
 }
 
 #[derive(Debug)]
-struct StoreTable {
+pub(super) struct StoreTable {
     name: String,
+    /// Its blocks' key prefix (append the block number).
+    prefix: Vec<u8>,
     row_bytes: usize,
-    rows_per_block: usize,
+    pub(super) rows_per_block: usize,
     /// Per block: the packed head of its `GETRANGE` (`heads[ends[b - 1]..ends[b]]`) and its
     /// key's slot, computed once (the key's CRC-16 was a seventh of a fetch's CPU time).
     heads: Vec<u8>,
@@ -76,6 +89,7 @@ impl StoreTable {
     ) -> Self {
         let mut t = StoreTable {
             name: name.into(),
+            prefix: prefix.clone().into_bytes(),
             row_bytes,
             rows_per_block,
             heads: Vec::new(),
@@ -99,6 +113,15 @@ impl StoreTable {
         let start = if b == 0 { 0 } else { self.ends[b - 1] };
         (&self.heads[start..self.ends[b]], self.slots[b])
     }
+
+    /// Block `b`'s key slot.
+    pub(super) fn slot(&self, b: usize) -> u16 {
+        self.slots[b]
+    }
+
+    pub(super) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
 }
 
 /// Reads rows of one version of one model from a Redis Cluster (see the module documentation).
@@ -111,6 +134,11 @@ pub struct RedisStore {
     ops: Ops,
     /// The last fetch's replies (rows in one arena, reused from batch to batch).
     replies: Replies,
+    /// Whether batches' misses are pooled on the nodes (`pooling.rs`).
+    pooling: PoolRemote,
+    /// Per node (the cluster's index): until when it is read whole, having answered that it
+    /// has no `EMBER.POOL`.
+    no_module: Vec<Option<Instant>>,
 }
 
 impl RedisStore {
@@ -167,7 +195,100 @@ impl RedisStore {
             tables: out,
             ops: Ops::default(),
             replies: Replies::default(),
+            pooling: PoolRemote::Off,
+            no_module: Vec::new(),
         })
+    }
+
+    /// Pools batches' misses on the nodes as `mode` says (off until called). With
+    /// [`PoolRemote::On`], fails unless every primary has the module's command.
+    pub fn set_pooling(&mut self, mode: PoolRemote) -> Result<()> {
+        if mode == PoolRemote::On {
+            let lacking = self.primaries_without_module()?;
+            if !lacking.is_empty() {
+                return Err(EmbedError::RemoteStore {
+                    model: self.model.clone(),
+                    version: self.version,
+                    reason: format!(
+                        "pool_remote is \"on\" but {} of the cluster's primaries have no {} ({}): load the module (redis-server --loadmodule libember_redis_module.so) or set pool_remote to \"auto\"",
+                        lacking.len(),
+                        super::pooled::COMMAND,
+                        lacking.join(", ")
+                    ),
+                });
+            }
+        }
+        self.pooling = mode;
+        Ok(())
+    }
+
+    /// The primaries that do not know `EMBER.POOL` (`COMMAND INFO`).
+    pub fn primaries_without_module(&mut self) -> Result<Vec<String>> {
+        let mut lacking = Vec::new();
+        let cmd = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(super::pooled::COMMAND)
+            .get_packed_command();
+        let o = self.cluster.options().clone();
+        let auth = o.password.as_deref().map(|p| (o.username.as_deref(), p));
+        for addr in self.cluster.primaries() {
+            let deadline = Instant::now() + ember_redis::SETUP_TIMEOUT;
+            let mut conn =
+                ember_redis::Conn::connect(&addr, ember_redis::SETUP_TIMEOUT, auth, deadline)
+                    .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
+                        store: self.cluster.name().to_string(),
+                        kind: kind.name(),
+                        node: addr.clone(),
+                        detail,
+                    })?;
+            let reply = conn
+                .send(&[&cmd], deadline)
+                .and_then(|()| conn.recv(deadline))
+                .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
+                    store: self.cluster.name().to_string(),
+                    kind: kind.name(),
+                    node: addr.clone(),
+                    detail,
+                })?;
+            let has =
+                matches!(&reply, Value::Array(v) if v.first().is_some_and(|x| *x != Value::Nil));
+            if !has {
+                lacking.push(addr);
+            }
+        }
+        Ok(lacking)
+    }
+
+    /// Whether batches' misses are pooled on the nodes.
+    pub fn pooling(&self) -> PoolRemote {
+        self.pooling
+    }
+
+    pub(super) fn table(&self, t: usize) -> &StoreTable {
+        &self.tables[t]
+    }
+
+    pub(super) fn model(&self) -> &str {
+        &self.model
+    }
+
+    pub(super) fn cluster_mut(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+
+    pub(super) fn no_module_until(&mut self, node: usize, until: Instant) {
+        if self.no_module.len() <= node {
+            self.no_module.resize(node + 1, None);
+        }
+        self.no_module[node] = Some(until);
+    }
+
+    pub(super) fn lacks_module(&self, node: usize, now: Instant) -> bool {
+        self.no_module
+            .get(node)
+            .copied()
+            .flatten()
+            .is_some_and(|t| t > now)
     }
 
     /// Per table: its rows per block and the blocks row updates rewrote since the push (for a
@@ -214,6 +335,14 @@ impl RemoteRows for RedisStore {
 
     fn node_stats(&self) -> Vec<NodeStats> {
         self.cluster.node_stats()
+    }
+
+    fn pools(&self) -> bool {
+        self.pooling != PoolRemote::Off
+    }
+
+    fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
+        RedisStore::pool(self, jobs, sums)
     }
 }
 

@@ -1,0 +1,128 @@
+//! Pooling a batch's misses where the rows are: for the tier tables whose store pools on its
+//! nodes (a remote store with `pool_remote` not off, [`RemoteRows::pool`]), the rows missing from
+//! the cache are not fetched; each feature's bags are summed over them on the nodes (one call per
+//! node and table), and the feature is staged as its cached rows with zeros where the missing
+//! ones were, plus the remote sums per bag, which the pooler adds after its kernel. A step of
+//! [`super::Stager::stage`], between the lookups and the fetch of the other misses.
+//!
+//! Missing rows of pooled tables are not admitted to the cache by the batch: the cache of such
+//! a table holds its pinned rows (a trace, or live counts under the pinned policy) and the rows
+//! a plain read of another path admitted.
+
+use super::inner::Inner;
+use super::land::Overflow;
+use super::staged::{Recycler, RemoteSums, STABLE_ROW, StagedBatch, StagedRows};
+use super::stats::Counters;
+use super::stores::TierStore;
+use crate::collection::EmbeddingCollection;
+use crate::error::Result;
+use crate::jagged::KeyedJagged;
+use crate::storage::remote::PoolJob;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// Per tier table of `inner`: whether its store pools on its nodes.
+pub(super) fn pooled_tables(inner: &Inner) -> Vec<bool> {
+    inner
+        .tables
+        .iter()
+        .map(|t| matches!(&inner.stores[t.store], TierStore::Remote(s) if s.pools()))
+        .collect()
+}
+
+/// Pools the misses of `inner.misses` that belong to pooled tables (`pooled`, per tier table)
+/// on their stores, stages their features as described in the module documentation (a zeroed
+/// buffer for each in `overflow`, the sums in the feature's `remote`), and takes them out of
+/// `inner.misses`. Returns the time spent waiting for the stores.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn pool_misses(
+    inner: &mut Inner,
+    pooled: &[bool],
+    coll: &EmbeddingCollection,
+    kj: &KeyedJagged,
+    staged: &mut StagedBatch,
+    overflow: &mut Overflow,
+    recycler: &Recycler,
+    counters: &Counters,
+) -> Result<Duration> {
+    let mut waited = Duration::ZERO;
+    if !inner.misses.iter().any(|m| pooled[m.tier]) {
+        return Ok(waited);
+    }
+    // The features with pooled misses, in order (each listed once).
+    let mut feats: Vec<(usize, usize)> = Vec::new();
+    for m in inner.misses.iter().filter(|m| pooled[m.tier]) {
+        if !feats.iter().any(|&(f, _)| f == m.feature) {
+            feats.push((m.feature, m.tier));
+        }
+    }
+    inner.misses.retain(|m| !pooled[m.tier]);
+    let bsz = kj.batch_size();
+    let weights = kj.weights();
+    for s in 0..inner.stores.len() {
+        let mine: Vec<(usize, usize)> = feats
+            .iter()
+            .copied()
+            .filter(|&(_, d)| inner.tables[d].store == s)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut jobs = Vec::with_capacity(mine.len());
+        for &(f, d) in &mine {
+            let table = coll.table_of(f);
+            let sf = staged.feats[f]
+                .as_ref()
+                .expect("a feature with misses was staged");
+            let StagedRows::Slab { held, .. } = &sf.rows else {
+                unreachable!("features are staged in a slab before their misses land")
+            };
+            let mut job = PoolJob {
+                table: inner.tables[d].table,
+                dtype: table.dtype(),
+                dim: table.dim(),
+                weighted: weights.is_some(),
+                bags: Vec::with_capacity(bsz),
+                ids: Vec::new(),
+                weights: Vec::new(),
+            };
+            let start = kj.feature_range(f).start;
+            for b in 0..bsz {
+                let mut n = 0u32;
+                for p in kj.bag(f, b) {
+                    let x = sf.inverse[p - start];
+                    if x != STABLE_ROW && held[x as usize] == u32::MAX {
+                        // Tier tables have fewer than u32::MAX rows (`tier_tables`).
+                        job.ids.push(kj.ids().get(p) as u32);
+                        if let Some(w) = weights {
+                            job.weights.push(w[p]);
+                        }
+                        n += 1;
+                    }
+                }
+                job.bags.push(n);
+            }
+            jobs.push(job);
+        }
+        let mut sums: Vec<Vec<f32>> = (0..jobs.len()).map(|_| Vec::new()).collect();
+        let TierStore::Remote(store) = &mut inner.stores[s] else {
+            unreachable!("only remote stores pool")
+        };
+        let st = store.pool(&jobs, &mut sums)?;
+        counters.store_reads.fetch_add(st.io.reads, Relaxed);
+        counters.store_bytes_read.fetch_add(st.io.bytes, Relaxed);
+        counters.pooled_rows.fetch_add(st.pooled_rows, Relaxed);
+        counters.pool_plain_rows.fetch_add(st.plain_rows, Relaxed);
+        waited += st.io.wait;
+        for (&(f, _), sums) in mine.iter().zip(sums) {
+            let sf = staged.feats[f].as_mut().expect("staged above");
+            // Zeros where the missing rows are: `complete` copies the cached ones beside them.
+            overflow.push((f, recycler.take_rows(sf.n_rows * sf.stride)));
+            sf.remote = Some(RemoteSums {
+                weighted: weights.is_some(),
+                sums,
+            });
+        }
+    }
+    Ok(waited)
+}
