@@ -340,8 +340,10 @@ fn a_node_failing_mid_batch_fails_the_batch_or_answers_right() {
 }
 
 /// Updates flowing: every row of table `f32` flips between two states (all elements 1, all 2)
-/// while bags of one id repeated 8 times are pooled. A bag's sum is 8 or 16 in every element,
-/// never a mix of the two versions.
+/// while bags of one id repeated 8 times are pooled, by a server that follows the updates with
+/// an LRU cache of a third of the rows filled in the background. A bag's sum is 8 or 16 in every
+/// element, never a mix of the two versions; once the updates stop, every row reads as last
+/// written (the fill never left an older row in the cache).
 #[test]
 #[cfg_attr(
     not(ember_redis),
@@ -361,16 +363,15 @@ fn a_bag_never_mixes_two_versions_of_a_row() {
     ])
     .unwrap();
     let opts = TierOptions {
-        cache_bytes: 64 * dim * 4,
-        policy: CachePolicy::Pinned,
-        pin_fraction: Some(1.0),
-        pin_trace: Some(std::sync::Arc::new(Vec::new())),
+        cache_bytes: rows / 3 * dim * 4,
+        policy: CachePolicy::Lru,
+        staging_rows: Some(64),
         remote: Some(RemoteSource {
             cluster: ClusterOptions::parse(&url).unwrap(),
             model: "v".into(),
             version: None,
         }),
-        follow_updates: false,
+        follow_updates: true,
         pool_remote: PoolRemote::On,
         ..TierOptions::default()
     };
@@ -419,6 +420,46 @@ fn a_bag_never_mixes_two_versions_of_a_row() {
         assert!(flips >= 4, "the rows flipped {flips} times only");
         eprintln!("{ones} bags at version 1, {twos} at version 2, {flips} flips");
         assert!(ones > 0 && twos > 0, "both versions seen: {ones}, {twos}");
+        // The last write: flips - 1 (even: 2, odd: 1). Every row reads so once the server has
+        // applied the updates (bounded wait: each round stages every row once).
+        let last = if (flips - 1).is_multiple_of(2) {
+            16.0
+        } else {
+            8.0
+        };
+        let all: Vec<u32> = (0..rows as u32)
+            .flat_map(|i| std::iter::repeat_n(i, 8))
+            .collect();
+        let kj = KeyedJagged::from_lengths(
+            vec!["f32".into()],
+            rows,
+            &vec![8; rows],
+            Ids::U32(all),
+            None,
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        loop {
+            let got = staged(&p, &tier, &kj).unwrap();
+            let stale = got.chunks_exact(dim).filter(|b| b[0] != last).count();
+            if stale == 0 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{stale} rows still read an older version 30 s after the last update"
+            );
+            std::thread::yield_now();
+        }
+        let st = tier.1.stats();
+        assert!(
+            st.fill_rows > 0,
+            "the cache was filled in the background: {st:?}"
+        );
+        eprintln!(
+            "fill: {} rows landed, {} dropped",
+            st.fill_rows, st.fill_dropped
+        );
     });
 }
 

@@ -236,6 +236,30 @@ impl RowCache {
         self.slots[s].holds += 1;
     }
 
+    /// Whether [`RowCache::insert`] of the absent `id` would admit it now (a free slot, or a
+    /// victim the policy would drop for it), without changing anything but the sampling: for
+    /// a caller that reads the row only if it would be kept (the remote tier's background fill).
+    pub fn would_admit(&mut self, id: u64) -> bool {
+        if self.map.contains_key(&id) {
+            return false;
+        }
+        if self.covers {
+            return u32::try_from(id).is_ok_and(|s| {
+                (s as usize) < self.slots.len() && self.slots[s as usize].state == SlotState::Free
+            });
+        }
+        if !self.free.is_empty() {
+            return true;
+        }
+        let Some(victim) = self.victim() else {
+            return false;
+        };
+        match &self.sketch {
+            Some(sketch) => sketch.estimate(id) > sketch.estimate(self.slots[victim as usize].id),
+            None => true,
+        }
+    }
+
     /// Offers `row`, read from disk after a miss of `id`; the policy decides whether to admit it
     /// and what to evict. Returns whether `id` is now resident.
     ///

@@ -78,6 +78,9 @@ pub(super) struct Inner {
     pub(super) misses: Vec<Miss>,
     /// The requests of one store's call.
     pub(super) requests: Vec<RowRequest>,
+    /// Bumped whenever row updates are applied to the caches (`fill.rs` drops rows read
+    /// across one).
+    pub(super) update_gen: u64,
 }
 
 /// Staging slots of a tier table's cache: rows of batches in flight that the policy did not keep
@@ -106,6 +109,7 @@ impl Inner {
         if polled.is_empty() {
             return;
         }
+        self.update_gen += 1;
         let mut touched = vec![false; self.tables.len()];
         for p in polled {
             match p {

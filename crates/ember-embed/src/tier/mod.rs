@@ -30,12 +30,14 @@
 //! | `inner.rs` | the state behind the stager's lock: updates applied, misses fetched from stores |
 //! | `land.rs` | fetched rows landed: in the cache's slots, or a feature's compact buffer |
 //! | `pooling.rs` | a batch's misses of tables whose remote store pools: summed on the nodes |
+//! | `fill.rs` | the background fill of those tables' caches: rows the policy admits, read whole |
 //! | `lookup.rs` | one tier table's part of a batch: releases, lookups that dedup, holds |
 //! | `seen.rs` | the distinct stable rows of a feature, noted without a branch |
 //! | `follow.rs` | following an update source (`crate::storage::updates`), applied between batches |
 //! | `live.rs` | what a model served from a store follows, in-memory tables included |
 //! | `pipeline.rs` | [`run_ahead`] and [`pipeline`]: prefetch of the next batch |
 
+mod fill;
 mod follow;
 mod inner;
 mod land;

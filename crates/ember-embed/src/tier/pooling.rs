@@ -5,10 +5,11 @@
 //! ones were, plus the remote sums per bag, which the pooler adds after its kernel. A step of
 //! [`super::Stager::stage`], between the lookups and the fetch of the other misses.
 //!
-//! Missing rows of pooled tables are not admitted to the cache by the batch: the cache of such
-//! a table holds its pinned rows (a trace, or live counts under the pinned policy) and the rows
-//! a plain read of another path admitted.
+//! Missing rows of pooled tables are not admitted to the cache by the batch, which does not wait
+//! for them: those the cache's policy would admit now are read whole in the background and
+//! offered to it (`fill.rs`).
 
+use super::fill::Filler;
 use super::inner::Inner;
 use super::land::Overflow;
 use super::staged::{Recycler, RemoteSums, STABLE_ROW, StagedBatch, StagedRows};
@@ -44,6 +45,7 @@ pub(super) fn pool_misses(
     overflow: &mut Overflow,
     recycler: &Recycler,
     counters: &Counters,
+    filler: Option<&Filler>,
 ) -> Result<Duration> {
     let mut waited = Duration::ZERO;
     if !inner.misses.iter().any(|m| pooled[m.tier]) {
@@ -55,6 +57,16 @@ pub(super) fn pool_misses(
         if !feats.iter().any(|&(f, _)| f == m.feature) {
             feats.push((m.feature, m.tier));
         }
+    }
+    // The rows the caches would admit now are read whole in the background (`fill.rs`).
+    if let Some(filler) = filler {
+        let mut admit = Vec::new();
+        for m in inner.misses.iter().filter(|m| pooled[m.tier]) {
+            if inner.tables[m.tier].cache.would_admit(m.id as u64) {
+                admit.push((m.tier, m.id as u64));
+            }
+        }
+        filler.offer(&admit, counters);
     }
     inner.misses.retain(|m| !pooled[m.tier]);
     let bsz = kj.batch_size();

@@ -8,6 +8,7 @@
 //! policy's hot set is loaded here too (from a trace at start, from live counts every
 //! `refresh_batches` batches). The stores themselves are made by `stores.rs`.
 
+use super::fill::Filler;
 use super::follow::{Follower, UpdateStats};
 use super::inner::{Inner, TableScratch, TierTable, staging_slots};
 use super::land::{Overflow, compact, fill_slots, land_row};
@@ -33,7 +34,7 @@ use std::time::{Duration, Instant};
 /// One per collection; it can be shared (`stage` takes `&self` and serializes on a lock).
 #[derive(Debug)]
 pub struct Stager {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
     recycler: Arc<Recycler>,
     /// The collection it stages for.
     collection: CollectionId,
@@ -41,7 +42,7 @@ pub struct Stager {
     by_table: Vec<Option<usize>>,
     /// For each tier table, the collection's features that look it up.
     features_of: Vec<Vec<usize>>,
-    counters: Counters,
+    counters: Arc<Counters>,
     opts: TierOptions,
     /// Engines of the stores, and whether all bypass the page cache (fixed at start).
     engines: Vec<&'static str>,
@@ -52,6 +53,8 @@ pub struct Stager {
     /// Each batch's wait for its missing rows, seconds (batches with misses; the newest
     /// [`FETCH_SAMPLES`] at most), for percentiles.
     fetch_samples: Mutex<Vec<f32>>,
+    /// The background fill of pooled tables' caches (`fill.rs`).
+    filler: Option<Filler>,
     /// The remote tables' update streams, followed (declared last: its thread stops first).
     follower: Option<Follower>,
 }
@@ -164,10 +167,19 @@ impl Stager {
             stores,
             homes,
             follower,
+            fill,
         } = open_stores(coll, &tier, &opts)?;
         let opts = with_refresh(opts);
         let tables = tier_caches(&homes, &opts, pin_fraction);
-        let stager = Stager::assemble(coll, &tier, tables, stores, follower, opts);
+        let mut stager = Stager::assemble(coll, &tier, tables, stores, follower, opts);
+        if let Some((store, index)) = fill {
+            let f = Filler::start(store, index, stager.inner.clone(), stager.counters.clone())
+                .map_err(|e| EmbedError::BadOption {
+                    option: "pool_remote",
+                    reason: format!("starting the cache's fill thread: {e}"),
+                })?;
+            stager.filler = Some(f);
+        }
         stager.pin_from_trace()?;
         Ok(stager)
     }
@@ -199,17 +211,19 @@ impl Stager {
             remote: stores.iter().any(|s| matches!(s, TierStore::Remote(_))),
             healthy: AtomicBool::new(true),
             fetch_samples: Mutex::default(),
+            filler: None,
             follower,
-            inner: Mutex::new(Inner {
+            inner: Arc::new(Mutex::new(Inner {
                 tables,
                 stores,
                 misses: Vec::new(),
                 requests: Vec::new(),
-            }),
+                update_gen: 0,
+            })),
             collection: coll.id(),
             features_of,
             by_table,
-            counters: Counters::default(),
+            counters: Arc::default(),
             opts,
         }
     }
@@ -319,6 +333,7 @@ impl Stager {
                 &mut overflow,
                 &self.recycler,
                 &self.counters,
+                self.filler.as_ref(),
             );
             let down = matches!(got, Err(EmbedError::StoreUnavailable { .. }));
             self.healthy.store(!down, Relaxed);

@@ -27,6 +27,10 @@ pub struct TierStats {
     /// pooled tables read whole instead (a node without the module, a block moved).
     pub pooled_rows: u64,
     pub pool_plain_rows: u64,
+    /// Rows of pooled tables read whole in the background and admitted to the cache, and ids
+    /// the fill dropped (its queue full, a failed read, an update applied meanwhile).
+    pub fill_rows: u64,
+    pub fill_dropped: u64,
     /// Time staging took (cache lookups, reads, checks, copies).
     pub stage: Duration,
     /// Of which waiting for reads.
@@ -79,6 +83,8 @@ impl TierStats {
             store_bytes_read: self.store_bytes_read - earlier.store_bytes_read,
             pooled_rows: self.pooled_rows - earlier.pooled_rows,
             pool_plain_rows: self.pool_plain_rows - earlier.pool_plain_rows,
+            fill_rows: self.fill_rows - earlier.fill_rows,
+            fill_dropped: self.fill_dropped - earlier.fill_dropped,
             stage: self.stage.saturating_sub(earlier.stage),
             io: self.io.saturating_sub(earlier.io),
             stall: self.stall.saturating_sub(earlier.stall),
@@ -98,6 +104,8 @@ impl TierStats {
             store_bytes_read: self.store_bytes_read + o.store_bytes_read,
             pooled_rows: self.pooled_rows + o.pooled_rows,
             pool_plain_rows: self.pool_plain_rows + o.pool_plain_rows,
+            fill_rows: self.fill_rows + o.fill_rows,
+            fill_dropped: self.fill_dropped + o.fill_dropped,
             stage: self.stage + o.stage,
             io: self.io + o.io,
             stall: self.stall + o.stall,
@@ -117,6 +125,8 @@ pub(crate) struct Counters {
     pub(crate) store_bytes_read: AtomicU64,
     pub(crate) pooled_rows: AtomicU64,
     pub(crate) pool_plain_rows: AtomicU64,
+    pub(crate) fill_rows: AtomicU64,
+    pub(crate) fill_dropped: AtomicU64,
     pub(crate) stage_ns: AtomicU64,
     pub(crate) io_ns: AtomicU64,
     pub(crate) stall_ns: AtomicU64,
@@ -141,6 +151,8 @@ impl Counters {
             store_bytes_read: self.store_bytes_read.load(Relaxed),
             pooled_rows: self.pooled_rows.load(Relaxed),
             pool_plain_rows: self.pool_plain_rows.load(Relaxed),
+            fill_rows: self.fill_rows.load(Relaxed),
+            fill_dropped: self.fill_dropped.load(Relaxed),
             stage: ns(&self.stage_ns),
             io: ns(&self.io_ns),
             stall: ns(&self.stall_ns),
@@ -160,6 +172,8 @@ impl Counters {
             &self.store_bytes_read,
             &self.pooled_rows,
             &self.pool_plain_rows,
+            &self.fill_rows,
+            &self.fill_dropped,
             &self.stage_ns,
             &self.io_ns,
             &self.stall_ns,

@@ -69,6 +69,9 @@ pub(super) struct Stores {
     pub(super) homes: Vec<Home>,
     /// The remote tables' update source, followed (`None`: no remote table, or not following).
     pub(super) follower: Option<Follower>,
+    /// For a remote store that pools on its nodes: a second connection to it, for the
+    /// background fill of the caches (`fill.rs`), and the store's index.
+    pub(super) fill: Option<(Box<dyn RowStore>, usize)>,
 }
 
 /// Opens the stores of `coll`'s tier tables `tier` (their indices in `coll`, in tier order; each
@@ -113,13 +116,15 @@ pub(super) fn open_stores(
         stores: Vec::new(),
         homes,
         follower: None,
+        fill: None,
     };
     if !files.is_empty() {
         let store = open_row_files(files, opts.io, opts.queue_depth)?;
         out.stores.push(TierStore::Local(store));
     }
     if !remote.is_empty() {
-        let (store, follower) = open_remote(coll, tier, &remote, &out.homes, opts)?;
+        let (store, follower, fill) = open_remote(coll, tier, &remote, &out.homes, opts)?;
+        out.fill = fill.map(|f| (f, out.stores.len()));
         out.stores.push(TierStore::Remote(store));
         out.follower = follower;
     }
@@ -136,7 +141,7 @@ fn open_remote(
     remote: &[usize],
     homes: &[Home],
     opts: &TierOptions,
-) -> Result<(Box<dyn RemoteRows>, Option<Follower>)> {
+) -> Result<RemoteOpened> {
     let tables: Vec<_> = remote.iter().map(|&d| &coll.tables()[tier[d]]).collect();
     let Some(src) = &opts.remote else {
         return Err(EmbedError::BadOption {
@@ -159,6 +164,11 @@ fn open_remote(
         .collect();
     let mut store = RedisStore::open(src, &specs)?;
     store.set_pooling(opts.pool_remote)?;
+    // The background fill's own connection (plain reads only).
+    let fill: Option<Box<dyn RowStore>> = match store.pooling() {
+        remote::PoolRemote::Off => None,
+        _ => Some(Box::new(RedisStore::open(src, &specs)?)),
+    };
     let follower = match opts.follow_updates {
         true => Some(follow_store(
             coll,
@@ -171,7 +181,7 @@ fn open_remote(
         false => None,
     };
     if copies.is_empty() {
-        return Ok((Box::new(store), follower));
+        return Ok((Box::new(store), follower, fill));
     }
     let local = open_row_files(copies, opts.io, opts.queue_depth)?;
     // After the stream positions: an update is in these sets or followed.
@@ -179,8 +189,15 @@ fn open_remote(
     let names = specs.iter().map(|t| t.name.clone()).collect();
     let copy = WithLocalCopy::new(Box::new(store), local, src.cluster.down_for);
     let copy = copy.with_updated_blocks(&src.model, names, updated);
-    Ok((Box::new(copy), follower))
+    Ok((Box::new(copy), follower, fill))
 }
+
+/// What `open_remote` opened: the store, its update source followed, the fill's connection.
+type RemoteOpened = (
+    Box<dyn RemoteRows>,
+    Option<Follower>,
+    Option<Box<dyn RowStore>>,
+);
 
 /// The row files of the local copies of the remote tables `tables`: all of them, or none.
 fn local_copies(tables: &[&EmbeddingTable]) -> Result<Vec<Arc<RowFile>>> {

@@ -201,8 +201,22 @@ impl RedisStore {
     }
 
     /// Pools batches' misses on the nodes as `mode` says (off until called). With
-    /// [`PoolRemote::On`], fails unless every primary has the module's command.
+    /// [`PoolRemote::On`], fails unless every primary has the module's command. With
+    /// [`PoolRemote::Auto`], pooling stays off when no primary has it now (rows read whole and
+    /// admitted to the cache, as before the module; a server restarted after the module is
+    /// loaded pools), and is on when some have it (the others' rows read whole).
     pub fn set_pooling(&mut self, mode: PoolRemote) -> Result<()> {
+        if mode == PoolRemote::Auto {
+            let primaries = self.cluster.primaries().len();
+            // A node that cannot be asked now is asked by the batches themselves.
+            let none = matches!(self.primaries_without_module(), Ok(l) if l.len() == primaries);
+            self.pooling = if none {
+                PoolRemote::Off
+            } else {
+                PoolRemote::Auto
+            };
+            return Ok(());
+        }
         if mode == PoolRemote::On {
             let lacking = self.primaries_without_module()?;
             if !lacking.is_empty() {
@@ -259,7 +273,8 @@ impl RedisStore {
         Ok(lacking)
     }
 
-    /// Whether batches' misses are pooled on the nodes.
+    /// Whether batches' misses are pooled on the nodes (`Off` when `auto` found no node with
+    /// the module).
     pub fn pooling(&self) -> PoolRemote {
         self.pooling
     }
