@@ -10,6 +10,7 @@
 //! | `gpu.rs` | `bench embed --device cuda`: every GPU variant against the copy bandwidth |
 //! | `tiered/` | `bench tiered`: the SSD tier against DRAM, mmap and the disk |
 //! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
+//! | `remote_pool.rs` | `bench remote-pool`: pooling on the cluster's nodes (`EMBER.POOL`) against row fetches |
 //! | `model.rs` (+ `model_gpu.rs`, `model_report.rs`, `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass (`model_gpu.rs` the GPU loop); bf16 / int8 layers against the dense ceiling |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
@@ -23,6 +24,7 @@ mod model_gpu;
 mod model_report;
 mod npy;
 mod remote;
+mod remote_pool;
 mod setup;
 mod tiered;
 
@@ -41,6 +43,9 @@ pub enum Bench {
     /// The embedding stage with tables in a Redis Cluster (started here) behind the row cache,
     /// against DRAM, the cluster's own fetch rate, and the field's key layouts.
     Remote(remote::RemoteArgs),
+    /// Pooling next to the rows (the EMBER.POOL Redis module) against row fetches: bytes per
+    /// batch, lookups/s and the nodes' CPU, on a local cluster started with the module.
+    RemotePool(remote_pool::RemotePoolArgs),
 }
 
 pub fn run(cmd: Bench) -> Result<()> {
@@ -49,5 +54,6 @@ pub fn run(cmd: Bench) -> Result<()> {
         Bench::Model(a) => model::run(a),
         Bench::Tiered(a) => tiered::run(a),
         Bench::Remote(a) => remote::run(a),
+        Bench::RemotePool(a) => remote_pool::run(a),
     }
 }

@@ -69,7 +69,6 @@ pub(super) fn pool_misses(
         filler.offer(&admit, counters);
     }
     inner.misses.retain(|m| !pooled[m.tier]);
-    let bsz = kj.batch_size();
     let weights = kj.weights();
     for s in 0..inner.stores.len() {
         let mine: Vec<(usize, usize)> = feats
@@ -80,42 +79,10 @@ pub(super) fn pool_misses(
         if mine.is_empty() {
             continue;
         }
-        let mut jobs = Vec::with_capacity(mine.len());
-        for &(f, d) in &mine {
-            let table = coll.table_of(f);
-            let sf = staged.feats[f]
-                .as_ref()
-                .expect("a feature with misses was staged");
-            let StagedRows::Slab { held, .. } = &sf.rows else {
-                unreachable!("features are staged in a slab before their misses land")
-            };
-            let mut job = PoolJob {
-                table: inner.tables[d].table,
-                dtype: table.dtype(),
-                dim: table.dim(),
-                weighted: weights.is_some(),
-                bags: Vec::with_capacity(bsz),
-                ids: Vec::new(),
-                weights: Vec::new(),
-            };
-            let start = kj.feature_range(f).start;
-            for b in 0..bsz {
-                let mut n = 0u32;
-                for p in kj.bag(f, b) {
-                    let x = sf.inverse[p - start];
-                    if x != STABLE_ROW && held[x as usize] == u32::MAX {
-                        // Tier tables have fewer than u32::MAX rows (`tier_tables`).
-                        job.ids.push(kj.ids().get(p) as u32);
-                        if let Some(w) = weights {
-                            job.weights.push(w[p]);
-                        }
-                        n += 1;
-                    }
-                }
-                job.bags.push(n);
-            }
-            jobs.push(job);
-        }
+        let jobs: Vec<PoolJob> = mine
+            .iter()
+            .map(|&(f, d)| job_of(inner, coll, kj, staged, f, d))
+            .collect();
         let mut sums: Vec<Vec<f32>> = (0..jobs.len()).map(|_| Vec::new()).collect();
         let TierStore::Remote(store) = &mut inner.stores[s] else {
             unreachable!("only remote stores pool")
@@ -137,4 +104,50 @@ pub(super) fn pool_misses(
         }
     }
     Ok(waited)
+}
+
+/// Feature `f`'s (of tier table `d`) rows missing from the cache, per bag of the batch `kj`, in
+/// bag order: the ids whose staged row is a placeholder (not a slot held, not a stable row).
+fn job_of(
+    inner: &Inner,
+    coll: &EmbeddingCollection,
+    kj: &KeyedJagged,
+    staged: &StagedBatch,
+    f: usize,
+    d: usize,
+) -> PoolJob {
+    let table = coll.table_of(f);
+    let sf = staged.feats[f]
+        .as_ref()
+        .expect("a feature with misses was staged");
+    let StagedRows::Slab { held, .. } = &sf.rows else {
+        unreachable!("features are staged in a slab before their misses land")
+    };
+    let (bsz, weights) = (kj.batch_size(), kj.weights());
+    let mut job = PoolJob {
+        table: inner.tables[d].table,
+        dtype: table.dtype(),
+        dim: table.dim(),
+        weighted: weights.is_some(),
+        bags: Vec::with_capacity(bsz),
+        ids: Vec::new(),
+        weights: Vec::new(),
+    };
+    let start = kj.feature_range(f).start;
+    for b in 0..bsz {
+        let mut n = 0u32;
+        for p in kj.bag(f, b) {
+            let x = sf.inverse[p - start];
+            if x != STABLE_ROW && held[x as usize] == u32::MAX {
+                // Tier tables have fewer than u32::MAX rows (`tier_tables`).
+                job.ids.push(kj.ids().get(p) as u32);
+                if let Some(w) = weights {
+                    job.weights.push(w[p]);
+                }
+                n += 1;
+            }
+        }
+        job.bags.push(n);
+    }
+    job
 }

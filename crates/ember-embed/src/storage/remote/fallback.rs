@@ -18,7 +18,7 @@
 //! [`RedisStore::read`](super::RedisStore) lands no row before every reply is checked, so a
 //! failed read landed nothing and all of it is read again from the copy.
 
-use super::pooling::{PoolJob, PoolStats, pool_by_reads};
+use super::pooled::{PoolJob, PoolStats, pool_by_reads};
 use super::store::RemoteRows;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};

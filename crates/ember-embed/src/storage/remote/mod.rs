@@ -8,8 +8,8 @@
 //! | `layout.rs` | every key, and how rows are packed into blocks (the measured choice) |
 //! | `manifest.rs` | [`Manifest`]: a version's tables, shapes and block CRCs |
 //! | `store.rs` | [`RedisStore`]: the [`crate::storage::RowStore`] of `remote` tables; [`RemoteRows`], what the tier asks of a remote store alone |
-//! | `pooled.rs` | `EMBER.POOL`, the command of the Redis module (`crates/ember-redis-module`): its wire format, its bounds, the sums (shared by module and client) |
-//! | `pooling.rs` | [`RedisStore::pool`]: a batch's misses pooled on their nodes, partial sums added in a fixed order; [`pool_by_reads`], the same from rows read whole |
+//! | `pooled.rs` | `EMBER.POOL`, the command of the Redis module (`crates/ember-redis-module`): its wire format, its bounds, the sums (shared by module and client); what a pooling call is ([`PoolJob`], [`PoolRemote`]) and [`pool_by_reads`], the sums from rows read whole |
+//! | `pooling.rs` | [`RedisStore::pool`]: a batch's misses pooled on their nodes, partial sums added in a fixed order |
 //! | `fallback.rs` | [`WithLocalCopy`]: a local row-file copy read while the cluster cannot answer |
 //! | `updates.rs` | [`updates::UpdateReader`]: streaming row updates, their format and how servers follow them |
 //! | `publish.rs` | [`updates::Publisher`]: writes updated rows (never recreating a lost block) and publishes them |
@@ -42,7 +42,7 @@ pub use ember_redis::{
 pub use fallback::WithLocalCopy;
 pub use layout::VersionState;
 pub use manifest::{Manifest, ManifestTable, ModelFiles};
-pub use pooling::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
+pub use pooled::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
 pub use source::open_source;
 pub use store::{
     RedisStore, RemoteRows, RemoteSource, RemoteTableSpec, read_manifest, resolve_version,

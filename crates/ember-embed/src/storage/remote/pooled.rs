@@ -32,6 +32,10 @@
 //! `WRONGTYPE` for a key that is not a string.
 
 use crate::dtype::DType;
+use crate::error::Result;
+use crate::storage::{ReadStats, RowRequest, RowStore};
+use std::str::FromStr;
+use std::time::Duration;
 
 /// The command's name.
 pub const COMMAND: &str = "EMBER.POOL";
@@ -291,6 +295,150 @@ pub fn sum_bags(
         }
     }
     Ok(())
+}
+
+/// Whether a remote store pools a batch's misses on the nodes (`"pool_remote"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoolRemote {
+    /// Where the nodes have the module (`EMBER.POOL`); rows of the others are read whole.
+    #[default]
+    Auto,
+    /// Like `auto`, and a server refuses to start when a primary lacks the module.
+    On,
+    /// Never: every missing row is read whole (Ember before the module).
+    Off,
+}
+
+impl PoolRemote {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolRemote::Auto => "auto",
+            PoolRemote::On => "on",
+            PoolRemote::Off => "off",
+        }
+    }
+}
+
+impl FromStr for PoolRemote {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(PoolRemote::Auto),
+            "on" | "true" => Ok(PoolRemote::On),
+            "off" | "false" => Ok(PoolRemote::Off),
+            _ => Err(format!("'{s}' is not auto, on or off")),
+        }
+    }
+}
+
+impl std::fmt::Display for PoolRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One table's rows of a batch to pool: the bags, each a run of `ids` (and `weights`, one per
+/// id, when `weighted`), in the caller's order.
+#[derive(Debug, Clone)]
+pub struct PoolJob {
+    /// The table, as an index into the tables the store was opened with.
+    pub table: usize,
+    pub dtype: DType,
+    pub dim: usize,
+    pub weighted: bool,
+    /// Ids per bag.
+    pub bags: Vec<u32>,
+    pub ids: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+impl PoolJob {
+    pub fn clear(&mut self) {
+        self.bags.clear();
+        self.ids.clear();
+        self.weights.clear();
+    }
+}
+
+/// What a pooling call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PoolStats {
+    /// Round trips and bytes received (partial sums, and rows read whole), and the wait.
+    pub io: ReadStats,
+    /// Rows summed on the nodes, and rows read whole instead (no module, a moved block).
+    pub pooled_rows: u64,
+    pub plain_rows: u64,
+}
+
+/// How long a node that answered it has no `EMBER.POOL` is read with plain reads before it is
+/// asked again (a rolling upgrade loads the module node by node).
+pub const NO_MODULE_RETRY: Duration = Duration::from_secs(10);
+
+/// The sums of `jobs`' bags (`sums[j]`: job `j`'s bags x dim, overwritten) from rows read whole
+/// through `store` and summed in bag order by the module's own code: the path of a store
+/// without the module (or a local copy).
+pub fn pool_by_reads<S: RowStore + ?Sized>(
+    store: &mut S,
+    jobs: &[PoolJob],
+    sums: &mut [Vec<f32>],
+) -> Result<PoolStats> {
+    let mut reqs = Vec::new();
+    let mut at = Vec::with_capacity(jobs.len());
+    let mut bytes = 0usize;
+    for (j, job) in jobs.iter().enumerate() {
+        at.push(bytes);
+        let rb = job.dtype.row_bytes(job.dim);
+        for (k, &id) in job.ids.iter().enumerate() {
+            reqs.push(RowRequest {
+                table: job.table,
+                row: id as usize,
+                tag: bytes + k * rb,
+            });
+        }
+        bytes += job.ids.len() * rb;
+        let _ = j;
+    }
+    let mut rows = vec![0u8; bytes];
+    let io = store.read(&mut reqs, &mut |r, row| {
+        rows[r.tag..r.tag + row.len()].copy_from_slice(row);
+    })?;
+    let mut scratch = Vec::new();
+    for (j, job) in jobs.iter().enumerate() {
+        let rb = job.dtype.row_bytes(job.dim);
+        let base = at[j];
+        sum_rows(job, sums, j, &mut scratch, |k| {
+            &rows[base + k * rb..base + (k + 1) * rb]
+        });
+    }
+    Ok(PoolStats {
+        io,
+        pooled_rows: 0,
+        plain_rows: reqs.len() as u64,
+    })
+}
+
+/// `sums[j]` = each bag of `job` summed in order over `row(k)` (its `k`-th id's row).
+pub(super) fn sum_rows<'r>(
+    job: &PoolJob,
+    sums: &mut [Vec<f32>],
+    j: usize,
+    scratch: &mut Vec<f32>,
+    row: impl Fn(usize) -> &'r [u8],
+) {
+    let dim = job.dim;
+    let out = &mut sums[j];
+    out.clear();
+    out.resize(job.bags.len() * dim, 0.0);
+    scratch.resize(dim, 0.0);
+    let mut k = 0;
+    for (b, &n) in job.bags.iter().enumerate() {
+        let acc = &mut out[b * dim..(b + 1) * dim];
+        for _ in 0..n {
+            let w = if job.weighted { job.weights[k] } else { 1.0 };
+            add_row(job.dtype, row(k), w, acc, scratch);
+            k += 1;
+        }
+    }
 }
 
 /// A call being built by the client: one table's rows on one node.

@@ -8,7 +8,7 @@
 
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
-use super::pooling::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
+use super::pooled::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
