@@ -339,10 +339,11 @@ fn a_node_failing_mid_batch_fails_the_batch_or_answers_right() {
 }
 
 /// Updates flowing: every row of table `f32` flips between two states (all elements 1, all 2)
-/// while bags of one id repeated 8 times are pooled, by a server that follows the updates with
-/// an LRU cache of a third of the rows filled in the background. A bag's sum is 8 or 16 in every
-/// element, never a mix of the two versions; once the updates stop, every row reads as last
-/// written (the fill never left an older row in the cache).
+/// while bags holding one row four times (weights 1, 10, 100, 1000) are pooled on the nodes, by
+/// a server that follows the updates with an LRU cache of a third of the rows filled in the
+/// background. A bag's sum is 1111 or 2222 in every element, never a mix of the row's two
+/// versions; once the updates stop, every row reads as last written (the fill never left an
+/// older row in the cache).
 #[test]
 #[cfg_attr(
     not(ember_redis),
@@ -394,26 +395,43 @@ fn a_bag_never_mixes_two_versions_of_a_row() {
             flips
         });
         let mut rng = StdRng::seed_from_u64(1);
-        let (mut ones, mut twos) = (0, 0);
+        let (mut ones, mut twos, mut pooled) = (0, 0, 0);
+        let weighted = pooler(Pooling::WeightedSum);
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(3) {
+            // Each bag: row x four times, weights 1, 10, 100, 1000 (a consistent x sums to 1111
+            // or 2222 times one version), then four other rows of weight 0 (so that partial
+            // sums cost fewer bytes than the rows and the bag is pooled on the nodes).
             let n = 32;
-            let ids: Vec<u32> = (0..n)
-                .flat_map(|_| std::iter::repeat_n(rng.random_range(0..rows as u32), 8))
-                .collect();
-            let kj =
-                KeyedJagged::from_lengths(vec!["f32".into()], n, &vec![8; n], Ids::U32(ids), None)
-                    .unwrap();
-            let got = staged(&p, &tier, &kj).unwrap();
+            let (mut ids, mut w) = (Vec::new(), Vec::new());
+            for _ in 0..n {
+                let x = rng.random_range(0..rows as u32);
+                ids.extend([x; 4]);
+                w.extend([1.0, 10.0, 100.0, 1000.0]);
+                ids.extend((0..4).map(|_| rng.random_range(0..rows as u32)));
+                w.extend([0.0; 4]);
+            }
+            let kj = KeyedJagged::from_lengths(
+                vec!["f32".into()],
+                n,
+                &vec![8; n],
+                Ids::U32(ids),
+                Some(w),
+            )
+            .unwrap();
+            let before = tier.1.stats().pooled_rows;
+            let got = staged(&weighted, &tier, &kj).unwrap();
+            pooled += tier.1.stats().pooled_rows - before;
             for bag in got.chunks_exact(dim) {
                 match bag[0] {
-                    8.0 => ones += 1,
-                    16.0 => twos += 1,
-                    x => panic!("a bag of one row repeated 8 times summed to {x}: versions mixed"),
+                    1111.0 => ones += 1,
+                    2222.0 => twos += 1,
+                    x => panic!("a bag of one row repeated 4 times summed to {x}: versions mixed"),
                 }
                 assert!(bag.iter().all(|&x| x == bag[0]), "a torn row: {bag:?}");
             }
         }
+        assert!(pooled > 0, "the bags were pooled on the nodes");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let flips = writer.join().unwrap();
         assert!(flips >= 4, "the rows flipped {flips} times only");

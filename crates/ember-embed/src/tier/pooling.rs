@@ -1,6 +1,8 @@
 //! Pooling a batch's misses where the rows are: for the tier tables whose store pools on its
 //! nodes (a remote store with `pool_remote` not off, [`RemoteRows::pool`]), the rows missing from
-//! the cache are not fetched; each feature's bags are summed over them on the nodes (one call per
+//! the cache of each feature whose partial sums cost fewer bytes than its rows (about one sum per
+//! bag and node against one row per distinct miss; bags of one row, or a batch that repeats its
+//! misses, are fetched as before) are not fetched; each feature's bags are summed over them on the nodes (one call per
 //! node and table), and the feature is staged as its cached rows with zeros where the missing
 //! ones were, plus the remote sums per bag, which the pooler adds after its kernel. A step of
 //! [`super::Stager::stage`], between the lookups and the fetch of the other misses.
@@ -51,38 +53,54 @@ pub(super) fn pool_misses(
     if !inner.misses.iter().any(|m| pooled[m.tier]) {
         return Ok(waited);
     }
-    // The features with pooled misses, in order (each listed once).
-    let mut feats: Vec<(usize, usize)> = Vec::new();
+    // The features with pooled misses, in order (each listed once), with their distinct misses.
+    let mut feats: Vec<(usize, usize, usize)> = Vec::new();
     for m in inner.misses.iter().filter(|m| pooled[m.tier]) {
-        if !feats.iter().any(|&(f, _)| f == m.feature) {
-            feats.push((m.feature, m.tier));
+        match feats.iter_mut().find(|(f, _, _)| *f == m.feature) {
+            Some(e) => e.2 += 1,
+            None => feats.push((m.feature, m.tier, 1)),
         }
     }
+    // Those whose partial sums would cost fewer bytes than their rows (else they are fetched
+    // as before: rows in place in the cache, admitted by its policy).
+    let mut chosen: Vec<(usize, usize, PoolJob)> = Vec::new();
+    for (f, d, distinct) in feats {
+        let job = job_of(inner, coll, kj, staged, f, d);
+        let nodes = match &inner.stores[inner.tables[d].store] {
+            TierStore::Remote(s) => s.pool_nodes().max(1),
+            TierStore::Local(_) => 1,
+        };
+        let sums: usize = job.bags.iter().map(|&n| (n as usize).min(nodes)).sum();
+        if sums * job.dim * 4 < distinct * job.dtype.row_bytes(job.dim) {
+            chosen.push((f, d, job));
+        }
+    }
+    if chosen.is_empty() {
+        return Ok(waited);
+    }
+    let is_chosen = |f: usize| chosen.iter().any(|c| c.0 == f);
     // The rows the caches would admit now are read whole in the background (`fill.rs`).
     if let Some(filler) = filler {
         let mut admit = Vec::new();
-        for m in inner.misses.iter().filter(|m| pooled[m.tier]) {
+        for m in inner.misses.iter().filter(|m| is_chosen(m.feature)) {
             if inner.tables[m.tier].cache.would_admit(m.id as u64) {
                 admit.push((m.tier, m.id as u64));
             }
         }
         filler.offer(&admit, counters);
     }
-    inner.misses.retain(|m| !pooled[m.tier]);
+    inner.misses.retain(|m| !is_chosen(m.feature));
     let weights = kj.weights();
     for s in 0..inner.stores.len() {
-        let mine: Vec<(usize, usize)> = feats
-            .iter()
-            .copied()
-            .filter(|&(_, d)| inner.tables[d].store == s)
-            .collect();
+        let (here, rest): (Vec<_>, Vec<_>) = chosen
+            .into_iter()
+            .partition(|c| inner.tables[c.1].store == s);
+        chosen = rest;
+        let (mine, jobs): (Vec<(usize, usize)>, Vec<PoolJob>) =
+            here.into_iter().map(|(f, d, j)| ((f, d), j)).unzip();
         if mine.is_empty() {
             continue;
         }
-        let jobs: Vec<PoolJob> = mine
-            .iter()
-            .map(|&(f, d)| job_of(inner, coll, kj, staged, f, d))
-            .collect();
         let mut sums: Vec<Vec<f32>> = (0..jobs.len()).map(|_| Vec::new()).collect();
         let TierStore::Remote(store) = &mut inner.stores[s] else {
             unreachable!("only remote stores pool")

@@ -292,6 +292,10 @@ impl RemoteRows for WithLocalCopy {
         self.remote.pools()
     }
 
+    fn pool_nodes(&self) -> usize {
+        self.remote.pool_nodes()
+    }
+
     /// Pooled on the cluster's nodes while it answers; else (a failed call, or within
     /// `retry_after` of one) summed here from rows read from the copy, as a read would be.
     fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {

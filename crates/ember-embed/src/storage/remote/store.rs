@@ -40,6 +40,11 @@ pub trait RemoteRows: RowStore {
     fn pools(&self) -> bool {
         false
     }
+    /// The nodes a table's rows spread over (the primaries): a bag's partial sums are at most
+    /// this many.
+    fn pool_nodes(&self) -> usize {
+        1
+    }
     /// The sums of `jobs`' bags (`sums[j]`: job `j`'s bags x dim, overwritten), pooled where the
     /// rows are where the store can (`pooling.rs`); by default from rows read whole.
     fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
@@ -139,6 +144,8 @@ pub struct RedisStore {
     /// Per node (the cluster's index): until when it is read whole, having answered that it
     /// has no `EMBER.POOL`.
     no_module: Vec<Option<Instant>>,
+    /// The primaries when pooling was set.
+    primaries: usize,
 }
 
 impl RedisStore {
@@ -197,6 +204,7 @@ impl RedisStore {
             replies: Replies::default(),
             pooling: PoolRemote::Off,
             no_module: Vec::new(),
+            primaries: 1,
         })
     }
 
@@ -206,6 +214,7 @@ impl RedisStore {
     /// admitted to the cache, as before the module; a server restarted after the module is
     /// loaded pools), and is on when some have it (the others' rows read whole).
     pub fn set_pooling(&mut self, mode: PoolRemote) -> Result<()> {
+        self.primaries = self.cluster.primaries().len().max(1);
         if mode == PoolRemote::Auto {
             let primaries = self.cluster.primaries().len();
             // A node that cannot be asked now is asked by the batches themselves.
@@ -354,6 +363,10 @@ impl RemoteRows for RedisStore {
 
     fn pools(&self) -> bool {
         self.pooling != PoolRemote::Off
+    }
+
+    fn pool_nodes(&self) -> usize {
+        self.primaries
     }
 
     fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
