@@ -4,8 +4,10 @@
 //! bag and node against one row per distinct miss; bags of one row, or a batch that repeats its
 //! misses, are fetched as before) are not fetched; each feature's bags are summed over them on the nodes (one call per
 //! node and table), and the feature is staged as its cached rows with zeros where the missing
-//! ones were, plus the remote sums per bag, which the pooler adds after its kernel. A step of
-//! [`super::Stager::stage`], between the lookups and the fetch of the other misses.
+//! ones were, plus the remote sums per bag, which the pooler adds after its kernel. The store's
+//! other misses are fetched in the same call (one round trip per node for both), landed as the
+//! fetch lands them. A step of [`super::Stager::stage`], between the lookups and the fetch of
+//! the misses of other stores.
 //!
 //! Missing rows of pooled tables are not admitted to the cache by the batch, which does not wait
 //! for them: those the cache's policy would admit now are read whole in the background and
@@ -13,13 +15,14 @@
 
 use super::fill::Filler;
 use super::inner::Inner;
-use super::land::Overflow;
+use super::land::{Overflow, land_row};
 use super::staged::{Recycler, RemoteSums, STABLE_ROW, StagedBatch, StagedRows};
 use super::stats::Counters;
 use super::stores::TierStore;
 use crate::collection::EmbeddingCollection;
 use crate::error::Result;
 use crate::jagged::KeyedJagged;
+use crate::storage::RowRequest;
 use crate::storage::remote::PoolJob;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -53,28 +56,7 @@ pub(super) fn pool_misses(
     if !inner.misses.iter().any(|m| pooled[m.tier]) {
         return Ok(waited);
     }
-    // The features with pooled misses, in order (each listed once), with their distinct misses.
-    let mut feats: Vec<(usize, usize, usize)> = Vec::new();
-    for m in inner.misses.iter().filter(|m| pooled[m.tier]) {
-        match feats.iter_mut().find(|(f, _, _)| *f == m.feature) {
-            Some(e) => e.2 += 1,
-            None => feats.push((m.feature, m.tier, 1)),
-        }
-    }
-    // Those whose partial sums would cost fewer bytes than their rows (else they are fetched
-    // as before: rows in place in the cache, admitted by its policy).
-    let mut chosen: Vec<(usize, usize, PoolJob)> = Vec::new();
-    for (f, d, distinct) in feats {
-        let job = job_of(inner, coll, kj, staged, f, d);
-        let nodes = match &inner.stores[inner.tables[d].store] {
-            TierStore::Remote(s) => s.pool_nodes().max(1),
-            TierStore::Local(_) => 1,
-        };
-        let sums: usize = job.bags.iter().map(|&n| (n as usize).min(nodes)).sum();
-        if sums * job.dim * 4 < distinct * job.dtype.row_bytes(job.dim) {
-            chosen.push((f, d, job));
-        }
-    }
+    let mut chosen = choose(inner, pooled, coll, kj, staged);
     if chosen.is_empty() {
         return Ok(waited);
     }
@@ -102,10 +84,32 @@ pub(super) fn pool_misses(
             continue;
         }
         let mut sums: Vec<Vec<f32>> = (0..jobs.len()).map(|_| Vec::new()).collect();
-        let TierStore::Remote(store) = &mut inner.stores[s] else {
+        // This store's other misses are fetched in the same call (one round trip per node),
+        // each landed as the fetch lands it, and so taken out of the misses left to fetch.
+        let Inner {
+            tables,
+            stores,
+            misses,
+            ..
+        } = &mut *inner;
+        let mut reqs: Vec<RowRequest> = misses
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| tables[m.tier].store == s)
+            .map(|(i, m)| RowRequest {
+                table: tables[m.tier].table,
+                row: m.id,
+                tag: i,
+            })
+            .collect();
+        let TierStore::Remote(store) = &mut stores[s] else {
             unreachable!("only remote stores pool")
         };
-        let st = store.pool(&jobs, &mut sums)?;
+        let st = store.pool(&jobs, &mut sums, &mut reqs, &mut |r, row| {
+            let m = &misses[r.tag];
+            land_row(m, row, &mut tables[m.tier], staged, overflow, recycler);
+        })?;
+        misses.retain(|m| tables[m.tier].store != s);
         counters.store_reads.fetch_add(st.io.reads, Relaxed);
         counters.store_bytes_read.fetch_add(st.io.bytes, Relaxed);
         counters.pooled_rows.fetch_add(st.pooled_rows, Relaxed);
@@ -122,6 +126,40 @@ pub(super) fn pool_misses(
         }
     }
     Ok(waited)
+}
+
+/// The features with misses in pooled tables (`pooled`) whose partial sums would cost fewer
+/// bytes than their rows, in order, each with its tier table and its misses per bag.
+fn choose(
+    inner: &Inner,
+    pooled: &[bool],
+    coll: &EmbeddingCollection,
+    kj: &KeyedJagged,
+    staged: &StagedBatch,
+) -> Vec<(usize, usize, PoolJob)> {
+    // The features with pooled misses, in order (each listed once), with their distinct misses.
+    let mut feats: Vec<(usize, usize, usize)> = Vec::new();
+    for m in inner.misses.iter().filter(|m| pooled[m.tier]) {
+        match feats.iter_mut().find(|(f, _, _)| *f == m.feature) {
+            Some(e) => e.2 += 1,
+            None => feats.push((m.feature, m.tier, 1)),
+        }
+    }
+    // Those whose partial sums would cost fewer bytes than their rows (else they are fetched
+    // as before: rows in place in the cache, admitted by its policy).
+    let mut chosen: Vec<(usize, usize, PoolJob)> = Vec::new();
+    for (f, d, distinct) in feats {
+        let job = job_of(inner, coll, kj, staged, f, d);
+        let nodes = match &inner.stores[inner.tables[d].store] {
+            TierStore::Remote(s) => s.pool_nodes().max(1),
+            TierStore::Local(_) => 1,
+        };
+        let sums: usize = job.bags.iter().map(|&n| (n as usize).min(nodes)).sum();
+        if sums * job.dim * 4 < distinct * job.dtype.row_bytes(job.dim) {
+            chosen.push((f, d, job));
+        }
+    }
+    chosen
 }
 
 /// Feature `f`'s (of tier table `d`) rows missing from the cache, per bag of the batch `kj`, in

@@ -446,7 +446,7 @@ impl Stager {
     /// rows every `refresh_batches` batches under the pinned policy, and publishes the caches'
     /// size.
     fn finish_batch(&self, inner: &mut Inner, counts: Counts, io: Duration) -> Result<()> {
-        if !inner.misses.is_empty() {
+        if !io.is_zero() {
             let mut samples = self.fetch_samples.lock().unwrap_or_else(|p| p.into_inner());
             if samples.len() < FETCH_SAMPLES {
                 samples.push(io.as_secs_f32());

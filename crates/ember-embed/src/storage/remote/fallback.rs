@@ -297,11 +297,18 @@ impl RemoteRows for WithLocalCopy {
     }
 
     /// Pooled on the cluster's nodes while it answers; else (a failed call, or within
-    /// `retry_after` of one) summed here from rows read from the copy, as a read would be.
-    fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
+    /// `retry_after` of one) summed here from rows read from the copy, as a read would be. The
+    /// remote call lands no row unless it succeeds whole, so nothing lands twice.
+    fn pool(
+        &mut self,
+        jobs: &[PoolJob],
+        sums: &mut [Vec<f32>],
+        reqs: &mut [RowRequest],
+        land: &mut dyn FnMut(&RowRequest, &[u8]),
+    ) -> Result<PoolStats> {
         let t0 = Instant::now();
         if self.local_until.is_none_or(|t| t0 >= t) {
-            match self.remote.pool(jobs, sums) {
+            match self.remote.pool(jobs, sums, reqs, land) {
                 Ok(stats) => {
                     self.set_local_until(None);
                     return Ok(stats);
@@ -321,6 +328,9 @@ impl RemoteRows for WithLocalCopy {
         }
         // `read` now goes to the copy (the cluster is left alone until `local_until`).
         let mut stats = pool_by_reads(self, jobs, sums)?;
+        let io = self.read(reqs, land)?;
+        stats.io.reads += io.reads;
+        stats.io.bytes += io.bytes;
         stats.io.wait = t0.elapsed();
         Ok(stats)
     }
@@ -476,6 +486,59 @@ mod tests {
                 .unwrap_err()
                 .contains("more rows were updated than")
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Pooling while the cluster is down: the copy's rows summed in bag order (weighted, empty
+    /// bags, repeats), an updated row's new value kept, a row the copy cannot know refused.
+    #[test]
+    fn pooling_with_the_cluster_down_sums_the_copy() {
+        let dir = std::env::temp_dir().join(format!("ember-copy-pool-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = copy(&dir).with_updated_blocks(
+            "m",
+            vec!["t".into()],
+            vec![(10, [3usize].into_iter().collect())],
+        );
+        s.updated(0, &[64], &row(2000.0));
+        let job = PoolJob {
+            table: 0,
+            dtype: DType::F32,
+            dim: 2,
+            weighted: true,
+            bags: vec![3, 0, 2],
+            ids: vec![5, 64, 5, 99, 0],
+            weights: vec![1.0, 0.5, 2.0, -1.0, 3.0],
+        };
+        let mut sums = vec![Vec::new()];
+        // Beside the sums, rows read whole in the same call: from the copy too.
+        let mut reqs = vec![RowRequest {
+            table: 0,
+            row: 7,
+            tag: 0,
+        }];
+        let mut landed = Vec::new();
+        s.pool(
+            std::slice::from_ref(&job),
+            &mut sums,
+            &mut reqs,
+            &mut |_, b| landed.push(b.to_vec()),
+        )
+        .unwrap();
+        assert_eq!(landed, vec![row(7.0)]);
+        // Bag 0: 5 + 0.5 x 2000 + 2 x 5; bag 1 empty; bag 2: -99 + 3 x 0.
+        assert_eq!(sums[0], vec![1015.0, -1015.0, 0.0, 0.0, -99.0, 99.0]);
+        let bad = PoolJob {
+            bags: vec![1],
+            ids: vec![35],
+            weights: vec![1.0],
+            ..job
+        };
+        let e = s
+            .pool(&[bad], &mut sums, &mut [], &mut |_, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row 35 (block 3) was updated"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

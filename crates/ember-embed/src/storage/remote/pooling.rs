@@ -17,7 +17,7 @@
 //! and a cached row (the tier's) is never also read from the node within the same bag (the tier
 //! pools a row either from its cache or remotely for the whole batch).
 
-use super::pooled::{self, CallBuilder, NO_MODULE_RETRY, PoolJob, PoolStats, sum_rows};
+use super::pooled::{self, CallBuilder, NO_MODULE_RETRY, PoolJob, PoolRemote, PoolStats, sum_rows};
 use super::store::RedisStore;
 use crate::error::{EmbedError, Result};
 use crate::storage::{RowRequest, RowStore};
@@ -55,22 +55,154 @@ struct Plain {
     index: Vec<Vec<u32>>,
     /// Each distinct row's byte offset.
     at: Vec<usize>,
+    /// (table, row) -> its index among the distinct rows.
+    seen: std::collections::HashMap<(usize, u32), u32>,
+}
+
+impl Plain {
+    /// Adds the rows of the calls `which` picks (each distinct row once, over every call added
+    /// so far) and returns the requests of the rows new to it, tagged with their byte offsets.
+    fn add_calls(
+        &mut self,
+        jobs: &[PoolJob],
+        calls: &[NodeCall],
+        which: impl Fn(usize) -> bool,
+    ) -> Vec<RowRequest> {
+        self.index.resize(calls.len(), Vec::new());
+        let mut reqs = Vec::new();
+        for (c, nc) in calls.iter().enumerate().filter(|&(c, _)| which(c)) {
+            let job = &jobs[nc.job];
+            let rb = job.dtype.row_bytes(job.dim);
+            for &id in &nc.ids {
+                let next = self.at.len() as u32;
+                let u = *self.seen.entry((job.table, id)).or_insert(next);
+                if u == next {
+                    let at = self.rows.len();
+                    self.at.push(at);
+                    self.rows.resize(at + rb, 0);
+                    reqs.push(RowRequest {
+                        table: job.table,
+                        row: id as usize,
+                        tag: at,
+                    });
+                }
+                self.index[c].push(u);
+            }
+        }
+        reqs
+    }
 }
 
 impl RedisStore {
+    /// Pools batches' misses on the nodes as `mode` says (off until called). With
+    /// [`PoolRemote::On`], fails unless every primary has the module's command. With
+    /// [`PoolRemote::Auto`], pooling stays off when no primary has it now (rows read whole and
+    /// admitted to the cache, as before the module; a server restarted after the module is
+    /// loaded pools), and is on when some have it (the others' rows read whole).
+    pub fn set_pooling(&mut self, mode: PoolRemote) -> Result<()> {
+        self.primaries = self.cluster.primaries().len().max(1);
+        if mode == PoolRemote::Auto {
+            let primaries = self.cluster.primaries().len();
+            // A node that cannot be asked now is asked by the batches themselves.
+            let none = matches!(self.primaries_without_module(), Ok(l) if l.len() == primaries);
+            self.pooling = if none {
+                PoolRemote::Off
+            } else {
+                PoolRemote::Auto
+            };
+            return Ok(());
+        }
+        if mode == PoolRemote::On {
+            let lacking = self.primaries_without_module()?;
+            if !lacking.is_empty() {
+                return Err(EmbedError::RemoteStore {
+                    model: self.model.clone(),
+                    version: self.version,
+                    reason: format!(
+                        "pool_remote is \"on\" but {} of the cluster's primaries have no {} ({}): load the module (redis-server --loadmodule libember_redis_module.so) or set pool_remote to \"auto\"",
+                        lacking.len(),
+                        super::pooled::COMMAND,
+                        lacking.join(", ")
+                    ),
+                });
+            }
+        }
+        self.pooling = mode;
+        Ok(())
+    }
+
+    /// The primaries that do not know `EMBER.POOL` (`COMMAND INFO`).
+    pub fn primaries_without_module(&mut self) -> Result<Vec<String>> {
+        let mut lacking = Vec::new();
+        let cmd = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(super::pooled::COMMAND)
+            .get_packed_command();
+        let o = self.cluster.options().clone();
+        let auth = o.password.as_deref().map(|p| (o.username.as_deref(), p));
+        for addr in self.cluster.primaries() {
+            let deadline = Instant::now() + ember_redis::SETUP_TIMEOUT;
+            let mut conn =
+                ember_redis::Conn::connect(&addr, ember_redis::SETUP_TIMEOUT, auth, deadline)
+                    .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
+                        store: self.cluster.name().to_string(),
+                        kind: kind.name(),
+                        node: addr.clone(),
+                        detail,
+                    })?;
+            let reply = conn
+                .send(&[&cmd], deadline)
+                .and_then(|()| conn.recv(deadline))
+                .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
+                    store: self.cluster.name().to_string(),
+                    kind: kind.name(),
+                    node: addr.clone(),
+                    detail,
+                })?;
+            let has =
+                matches!(&reply, Value::Array(v) if v.first().is_some_and(|x| *x != Value::Nil));
+            if !has {
+                lacking.push(addr);
+            }
+        }
+        Ok(lacking)
+    }
+
     /// The sums of `jobs`' bags (`sums[j]`: job `j`'s bags x dim, overwritten): each node sums
     /// its rows of each bag (`EMBER.POOL`), and the partial sums are added in a fixed order (see
     /// the module documentation). A node without the module, that no longer holds a block, or
     /// whose share costs fewer bytes as rows (bags of one row, a batch that repeats rows) has
     /// its rows read whole (each once) and summed here; a failure of the cluster (a deadline
     /// passed, a node down past its retries) fails the call, as a read would.
-    pub fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
+    pub fn pool(
+        &mut self,
+        jobs: &[PoolJob],
+        sums: &mut [Vec<f32>],
+        reqs: &mut [RowRequest],
+        land: &mut dyn FnMut(&RowRequest, &[u8]),
+    ) -> Result<PoolStats> {
         let t0 = Instant::now();
         let mut calls = self.plan_calls(jobs, t0);
         let mut stats = PoolStats::default();
         let mut arena = Vec::new();
-        let shares = self.send_calls(jobs, &mut calls, t0, &mut arena, &mut stats)?;
-        let plain = self.read_plain(jobs, &calls, &mut stats)?;
+        // The rows read whole that are known now (shares planned so, and the caller's) go in
+        // the same pipelines as the module's calls: one round trip per node.
+        let mut plain = Plain::default();
+        let planned: Vec<bool> = calls.iter().map(|nc| nc.plain).collect();
+        let mut own = plain.add_calls(jobs, &calls, |c| planned[c]);
+        let shares = self.send_calls(
+            jobs,
+            &mut calls,
+            t0,
+            &mut arena,
+            &mut stats,
+            (&mut own, &mut plain.rows),
+            reqs,
+            land,
+        )?;
+        // Shares the nodes refused: read now.
+        let mut late = plain.add_calls(jobs, &calls, |c| calls[c].plain && !planned[c]);
+        self.read_rows(&mut late, &mut plain.rows, &mut stats)?;
         add_shares(jobs, &calls, &shares, &arena, &plain, sums);
         stats.io.wait = t0.elapsed();
         metrics::histogram!("ember_remote_fetch_seconds", "model" => self.model().to_string())
@@ -78,9 +210,32 @@ impl RedisStore {
         Ok(stats)
     }
 
-    /// Sends the calls not marked plain, one pipeline per node, within the deadline from `t0`;
-    /// each answer's sums appended to `arena`. A call the node refused (no module, a block not
-    /// there) is marked plain; an answer of any other kind fails the whole call.
+    /// Reads `reqs` (tagged with their byte offsets in `rows`) into `rows`.
+    fn read_rows(
+        &mut self,
+        reqs: &mut [RowRequest],
+        rows: &mut [u8],
+        stats: &mut PoolStats,
+    ) -> Result<()> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let io = self.read(reqs, &mut |r, row| {
+            rows[r.tag..r.tag + row.len()].copy_from_slice(row);
+        })?;
+        stats.io.reads += io.reads;
+        stats.io.bytes += io.bytes;
+        stats.plain_rows += reqs.len() as u64;
+        Ok(())
+    }
+
+    /// Sends, one pipeline per node within the deadline from `t0`: the calls not marked plain
+    /// (each answer's sums appended to `arena`), the `GETRANGE`s of `own` (rows of shares read
+    /// whole, into `plain`) and of `reqs` (the caller's rows, handed to `land` once every reply
+    /// is checked). A call the node refused (no module, a block not there) is marked plain; an
+    /// answer of any other kind fails the whole call. Rows whose replies are not rows of their
+    /// length are read again through `read` (its own checks and errors).
+    #[allow(clippy::too_many_arguments)]
     fn send_calls(
         &mut self,
         jobs: &[PoolJob],
@@ -88,6 +243,9 @@ impl RedisStore {
         t0: Instant,
         arena: &mut Vec<u8>,
         stats: &mut PoolStats,
+        (own, plain): (&mut [RowRequest], &mut [u8]),
+        reqs: &mut [RowRequest],
+        land: &mut dyn FnMut(&RowRequest, &[u8]),
     ) -> Result<Shares> {
         let mut ops = ember_redis::Ops::default();
         ops.errors_as_replies();
@@ -105,8 +263,11 @@ impl RedisStore {
             ops.command(nc.first_slot, &args);
             sent.push(c);
         }
+        for r in own.iter().chain(reqs.iter()) {
+            self.push_getrange(&mut ops, r);
+        }
         let mut shares: Shares = vec![None; calls.len()];
-        if sent.is_empty() {
+        if ops.is_empty() {
             return Ok(shares);
         }
         let deadline = t0 + self.cluster().options().timeout;
@@ -116,88 +277,90 @@ impl RedisStore {
             .run_into(&ops, true, deadline, &mut replies)?;
         stats.io.reads += self.cluster().round_trips() - before;
         for (i, &c) in sent.iter().enumerate() {
-            let nc = &mut calls[c];
-            let want = nc.bags.len() * jobs[nc.job].dim * 4;
-            match replies.get(i) {
-                Reply::Bulk(b) if b.len() == want => {
-                    shares[c] = Some((arena.len(), b.len()));
-                    arena.extend_from_slice(b);
+            self.take_share(
+                jobs,
+                &mut calls[c],
+                c,
+                replies.get(i),
+                arena,
+                &mut shares,
+                stats,
+            )?;
+        }
+        // The rows: every reply a row of its length, else all read again through `read`.
+        let at = sent.len();
+        let whole = |k: usize, r: &RowRequest| matches!(replies.get(at + k), Reply::Bulk(b) if b.len() == self.row_bytes(r.table));
+        let all = own.iter().chain(reqs.iter());
+        if all.enumerate().all(|(k, r)| whole(k, r)) {
+            for (k, r) in own.iter().enumerate() {
+                if let Reply::Bulk(b) = replies.get(at + k) {
+                    plain[r.tag..r.tag + b.len()].copy_from_slice(b);
                     stats.io.bytes += b.len() as u64;
-                    stats.pooled_rows += nc.ids.len() as u64;
-                }
-                Reply::Other(Value::ServerError(e)) => {
-                    let no_module = e.to_string().contains("unknown command");
-                    if no_module {
-                        self.no_module_until(nc.node, Instant::now() + NO_MODULE_RETRY);
-                    } else {
-                        // A block not where the map says: re-read the map for the next call.
-                        self.cluster_mut().mark_stale();
-                    }
-                    let why = if no_module { "no_module" } else { "refused" };
-                    metrics::counter!("ember_remote_pool_plain_total", "model" => self.model().to_string(), "why" => why)
-                        .increment(1);
-                    nc.plain = true;
-                }
-                other => {
-                    return Err(EmbedError::StoreUnavailable {
-                        store: self.cluster().name().to_string(),
-                        kind: "server",
-                        node: self.cluster().node_addr(nc.node).to_string(),
-                        detail: format!(
-                            "answered {other:?} to {}, expected {want} bytes of sums",
-                            pooled::COMMAND
-                        ),
-                    });
                 }
             }
+            for (k, r) in reqs.iter().enumerate() {
+                if let Reply::Bulk(b) = replies.get(at + own.len() + k) {
+                    land(r, b);
+                    stats.io.bytes += b.len() as u64;
+                }
+            }
+            stats.plain_rows += own.len() as u64;
+        } else {
+            self.read_rows(own, plain, stats)?;
+            let io = self.read(reqs, land)?;
+            stats.io.reads += io.reads;
+            stats.io.bytes += io.bytes;
         }
         Ok(shares)
     }
 
-    /// Reads the rows of the calls marked plain, each distinct (table, row) once, through the
-    /// store's own read (`GETRANGE`, redirects and retries as for any read).
-    fn read_plain(
+    /// Call `c`'s answer `reply`: its sums into `arena` (and `shares`), or the call marked plain
+    /// where the node refused it, or the error of an answer of any other kind.
+    #[allow(clippy::too_many_arguments)]
+    fn take_share(
         &mut self,
         jobs: &[PoolJob],
-        calls: &[NodeCall],
+        nc: &mut NodeCall,
+        c: usize,
+        reply: Reply<'_>,
+        arena: &mut Vec<u8>,
+        shares: &mut Shares,
         stats: &mut PoolStats,
-    ) -> Result<Plain> {
-        let mut p = Plain {
-            index: vec![Vec::new(); calls.len()],
-            ..Plain::default()
-        };
-        let mut seen: std::collections::HashMap<(usize, u32), u32> = Default::default();
-        let mut reqs = Vec::new();
-        for (c, nc) in calls.iter().enumerate().filter(|(_, nc)| nc.plain) {
-            let job = &jobs[nc.job];
-            let rb = job.dtype.row_bytes(job.dim);
-            for &id in &nc.ids {
-                let next = p.at.len() as u32;
-                let u = *seen.entry((job.table, id)).or_insert(next);
-                if u == next {
-                    let at = p.rows.len();
-                    p.at.push(at);
-                    p.rows.resize(at + rb, 0);
-                    reqs.push(RowRequest {
-                        table: job.table,
-                        row: id as usize,
-                        tag: at,
-                    });
+    ) -> Result<()> {
+        let want = nc.bags.len() * jobs[nc.job].dim * 4;
+        match reply {
+            Reply::Bulk(b) if b.len() == want => {
+                shares[c] = Some((arena.len(), b.len()));
+                arena.extend_from_slice(b);
+                stats.io.bytes += b.len() as u64;
+                stats.pooled_rows += nc.ids.len() as u64;
+            }
+            Reply::Other(Value::ServerError(e)) => {
+                let no_module = e.to_string().contains("unknown command");
+                if no_module {
+                    self.no_module_until(nc.node, Instant::now() + NO_MODULE_RETRY);
+                } else {
+                    // A block not where the map says: re-read the map for the next call.
+                    self.cluster_mut().mark_stale();
                 }
-                p.index[c].push(u);
+                let why = if no_module { "no_module" } else { "refused" };
+                metrics::counter!("ember_remote_pool_plain_total", "model" => self.model().to_string(), "why" => why)
+                    .increment(1);
+                nc.plain = true;
+            }
+            other => {
+                return Err(EmbedError::StoreUnavailable {
+                    store: self.cluster().name().to_string(),
+                    kind: "server",
+                    node: self.cluster().node_addr(nc.node).to_string(),
+                    detail: format!(
+                        "answered {other:?} to {}, expected {want} bytes of sums",
+                        pooled::COMMAND
+                    ),
+                });
             }
         }
-        if reqs.is_empty() {
-            return Ok(p);
-        }
-        let rows = &mut p.rows;
-        let io = self.read(&mut reqs, &mut |r, row| {
-            rows[r.tag..r.tag + row.len()].copy_from_slice(row);
-        })?;
-        stats.io.reads += io.reads;
-        stats.io.bytes += io.bytes;
-        stats.plain_rows += reqs.len() as u64;
-        Ok(p)
+        Ok(())
     }
 
     /// Splits `jobs` into calls, one per (job, node), in the order their sums are added (job,

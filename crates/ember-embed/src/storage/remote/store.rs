@@ -46,9 +46,22 @@ pub trait RemoteRows: RowStore {
         1
     }
     /// The sums of `jobs`' bags (`sums[j]`: job `j`'s bags x dim, overwritten), pooled where the
-    /// rows are where the store can (`pooling.rs`); by default from rows read whole.
-    fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
-        pool_by_reads(self, jobs, sums)
+    /// rows are where the store can (`pooling.rs`); and the rows `reqs` read whole and handed to
+    /// `land` (a batch's other misses, in the same round trip where the store can). By default
+    /// both from rows read whole.
+    fn pool(
+        &mut self,
+        jobs: &[PoolJob],
+        sums: &mut [Vec<f32>],
+        reqs: &mut [RowRequest],
+        land: &mut dyn FnMut(&RowRequest, &[u8]),
+    ) -> Result<PoolStats> {
+        let mut st = pool_by_reads(self, jobs, sums)?;
+        let io = self.read(reqs, land)?;
+        st.io.reads += io.reads;
+        st.io.bytes += io.bytes;
+        st.io.wait += io.wait;
+        Ok(st)
     }
 }
 
@@ -132,20 +145,20 @@ impl StoreTable {
 /// Reads rows of one version of one model from a Redis Cluster (see the module documentation).
 #[derive(Debug)]
 pub struct RedisStore {
-    cluster: Cluster,
-    model: String,
-    version: u64,
+    pub(super) cluster: Cluster,
+    pub(super) model: String,
+    pub(super) version: u64,
     tables: Vec<StoreTable>,
     ops: Ops,
     /// The last fetch's replies (rows in one arena, reused from batch to batch).
     replies: Replies,
     /// Whether batches' misses are pooled on the nodes (`pooling.rs`).
-    pooling: PoolRemote,
+    pub(super) pooling: PoolRemote,
     /// Per node (the cluster's index): until when it is read whole, having answered that it
     /// has no `EMBER.POOL`.
     no_module: Vec<Option<Instant>>,
     /// The primaries when pooling was set.
-    primaries: usize,
+    pub(super) primaries: usize,
 }
 
 impl RedisStore {
@@ -208,84 +221,19 @@ impl RedisStore {
         })
     }
 
-    /// Pools batches' misses on the nodes as `mode` says (off until called). With
-    /// [`PoolRemote::On`], fails unless every primary has the module's command. With
-    /// [`PoolRemote::Auto`], pooling stays off when no primary has it now (rows read whole and
-    /// admitted to the cache, as before the module; a server restarted after the module is
-    /// loaded pools), and is on when some have it (the others' rows read whole).
-    pub fn set_pooling(&mut self, mode: PoolRemote) -> Result<()> {
-        self.primaries = self.cluster.primaries().len().max(1);
-        if mode == PoolRemote::Auto {
-            let primaries = self.cluster.primaries().len();
-            // A node that cannot be asked now is asked by the batches themselves.
-            let none = matches!(self.primaries_without_module(), Ok(l) if l.len() == primaries);
-            self.pooling = if none {
-                PoolRemote::Off
-            } else {
-                PoolRemote::Auto
-            };
-            return Ok(());
-        }
-        if mode == PoolRemote::On {
-            let lacking = self.primaries_without_module()?;
-            if !lacking.is_empty() {
-                return Err(EmbedError::RemoteStore {
-                    model: self.model.clone(),
-                    version: self.version,
-                    reason: format!(
-                        "pool_remote is \"on\" but {} of the cluster's primaries have no {} ({}): load the module (redis-server --loadmodule libember_redis_module.so) or set pool_remote to \"auto\"",
-                        lacking.len(),
-                        super::pooled::COMMAND,
-                        lacking.join(", ")
-                    ),
-                });
-            }
-        }
-        self.pooling = mode;
-        Ok(())
-    }
-
-    /// The primaries that do not know `EMBER.POOL` (`COMMAND INFO`).
-    pub fn primaries_without_module(&mut self) -> Result<Vec<String>> {
-        let mut lacking = Vec::new();
-        let cmd = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg(super::pooled::COMMAND)
-            .get_packed_command();
-        let o = self.cluster.options().clone();
-        let auth = o.password.as_deref().map(|p| (o.username.as_deref(), p));
-        for addr in self.cluster.primaries() {
-            let deadline = Instant::now() + ember_redis::SETUP_TIMEOUT;
-            let mut conn =
-                ember_redis::Conn::connect(&addr, ember_redis::SETUP_TIMEOUT, auth, deadline)
-                    .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
-                        store: self.cluster.name().to_string(),
-                        kind: kind.name(),
-                        node: addr.clone(),
-                        detail,
-                    })?;
-            let reply = conn
-                .send(&[&cmd], deadline)
-                .and_then(|()| conn.recv(deadline))
-                .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
-                    store: self.cluster.name().to_string(),
-                    kind: kind.name(),
-                    node: addr.clone(),
-                    detail,
-                })?;
-            let has =
-                matches!(&reply, Value::Array(v) if v.first().is_some_and(|x| *x != Value::Nil));
-            if !has {
-                lacking.push(addr);
-            }
-        }
-        Ok(lacking)
-    }
-
     /// Whether batches' misses are pooled on the nodes (`Off` when `auto` found no node with
     /// the module).
     pub fn pooling(&self) -> PoolRemote {
         self.pooling
+    }
+
+    /// Adds `GETRANGE` of request `r`'s row to `ops`.
+    pub(super) fn push_getrange(&self, ops: &mut Ops, r: &RowRequest) {
+        let t = &self.tables[r.table];
+        let (block, in_block) = (r.row / t.rows_per_block, r.row % t.rows_per_block);
+        let (head, slot) = t.head(block);
+        let start = in_block * t.row_bytes;
+        ops.getrange_with_head(head, slot, start, start + t.row_bytes - 1);
     }
 
     pub(super) fn table(&self, t: usize) -> &StoreTable {
@@ -369,8 +317,14 @@ impl RemoteRows for RedisStore {
         self.primaries
     }
 
-    fn pool(&mut self, jobs: &[PoolJob], sums: &mut [Vec<f32>]) -> Result<PoolStats> {
-        RedisStore::pool(self, jobs, sums)
+    fn pool(
+        &mut self,
+        jobs: &[PoolJob],
+        sums: &mut [Vec<f32>],
+        reqs: &mut [RowRequest],
+        land: &mut dyn FnMut(&RowRequest, &[u8]),
+    ) -> Result<PoolStats> {
+        RedisStore::pool(self, jobs, sums, reqs, land)
     }
 }
 
