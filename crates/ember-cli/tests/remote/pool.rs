@@ -2,8 +2,9 @@
 //! `redis-server`s): the tier's pooled results against DRAM pooling for every dtype, weighted
 //! and not, mean, empty bags and batches, batch 1, ids over every node; the same bits from run
 //! to run; a cluster where one primary lacks the module (a rolling upgrade), and `pool_remote:
-//! on` refusing it; a node killed while batches run; bags that never mix two versions of a row
-//! while updates flow; malformed calls refused by a live node that keeps serving.
+//! on` refusing it; a node killed while batches run; the whole cluster paused with a local copy;
+//! bags that never mix two versions of a row while updates flow; malformed calls refused by a
+//! live node that keeps serving.
 
 use crate::updates::admin;
 use ember_bench::redis_cluster::{self, LocalCluster};
@@ -478,6 +479,84 @@ fn a_bag_never_mixes_two_versions_of_a_row() {
             st.fill_rows, st.fill_dropped
         );
     });
+}
+
+/// The whole cluster paused with a local copy of every table (`--remote-fallback`): batches
+/// that would pool on the nodes are summed from the copy's rows instead, DRAM's results within
+/// rounding, and pool on the nodes again once the cluster answers.
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn with_a_local_copy_the_cluster_paused_pools_from_the_copy() {
+    let Some(mut c) = crate::cluster_with_module(0, &[]) else {
+        return;
+    };
+    let url = c.url();
+    let tables = dram_tables();
+    push(&url, "c", &tables);
+    let dir = std::env::temp_dir().join(format!("ember-pool-copy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let remote_tables: Vec<EmbeddingTable> = tables
+        .iter()
+        .map(|t| {
+            let path = dir.join(format!("{}.rows", t.name()));
+            ember_embed::storage::write_row_file(
+                &path,
+                t.name(),
+                t.rows(),
+                t.dim(),
+                t.dtype(),
+                t.resident().unwrap(),
+            )
+            .unwrap();
+            EmbeddingTable::remote_with_copy(EmbeddingTable::open_row_file(&path).unwrap()).unwrap()
+        })
+        .collect();
+    let mem = EmbeddingCollection::one_feature_per_table(tables).unwrap();
+    let coll = EmbeddingCollection::one_feature_per_table(remote_tables).unwrap();
+    let mut cluster = ClusterOptions::parse(&url).unwrap();
+    cluster.timeout = Duration::from_millis(200);
+    let opts = TierOptions {
+        cache_bytes: 1 << 20,
+        policy: CachePolicy::Lru,
+        remote: Some(RemoteSource {
+            cluster,
+            model: "c".into(),
+            version: None,
+        }),
+        follow_updates: false,
+        pool_remote: PoolRemote::On,
+        ..TierOptions::default()
+    };
+    let stager = Stager::new(&coll, opts).unwrap();
+    let tier = (coll, stager);
+    let p = pooler(Pooling::Sum);
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut check = |what: &str| {
+        let kj = batch(&mut rng, 16, 40, Pooling::Sum);
+        let got = staged(&p, &tier, &kj).unwrap();
+        assert_close(&got, &dram(&p, &mem, &kj), what);
+    };
+    check("cluster whole");
+    let pooled = tier.1.stats().pooled_rows;
+    assert!(pooled > 0, "pooled on the nodes first");
+    for i in 0..c.nodes.len() {
+        c.pause(i);
+    }
+    for _ in 0..3 {
+        check("cluster paused, from the copy");
+    }
+    for i in 0..c.nodes.len() {
+        c.resume(i);
+    }
+    assert_eq!(
+        tier.1.stats().pooled_rows,
+        pooled,
+        "nothing was pooled on paused nodes"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Malformed calls to a live node are refused, each naming what is wrong, and the node keeps
