@@ -70,6 +70,24 @@ pub(super) struct Miss {
     pub(super) slot: usize,
 }
 
+/// The requests of the misses whose table's store is `store`, each tagged with its index in
+/// `misses`.
+pub(super) fn miss_requests<'a>(
+    tables: &'a [TierTable],
+    misses: &'a [Miss],
+    store: usize,
+) -> impl Iterator<Item = RowRequest> + 'a {
+    misses
+        .iter()
+        .enumerate()
+        .filter(move |(_, m)| tables[m.tier].store == store)
+        .map(|(i, m)| RowRequest {
+            table: tables[m.tier].table,
+            row: m.id,
+            tag: i,
+        })
+}
+
 /// What the stager's lock guards.
 #[derive(Debug)]
 pub(super) struct Inner {
@@ -206,17 +224,7 @@ impl Inner {
         } = self;
         for (s, store) in stores.iter_mut().enumerate() {
             requests.clear();
-            requests.extend(
-                misses
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, m)| tables[m.tier].store == s)
-                    .map(|(i, m)| RowRequest {
-                        table: tables[m.tier].table,
-                        row: m.id,
-                        tag: i,
-                    }),
-            );
+            requests.extend(miss_requests(tables, misses, s));
             if requests.is_empty() {
                 continue;
             }

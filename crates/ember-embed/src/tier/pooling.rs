@@ -14,7 +14,7 @@
 //! offered to it (`fill.rs`).
 
 use super::fill::Filler;
-use super::inner::Inner;
+use super::inner::{Inner, TierTable, miss_requests};
 use super::land::{Overflow, land_row};
 use super::staged::{Recycler, RemoteSums, STABLE_ROW, StagedBatch, StagedRows};
 use super::stats::Counters;
@@ -27,12 +27,11 @@ use crate::storage::remote::PoolJob;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-/// Per tier table of `inner`: whether its store pools on its nodes.
-pub(super) fn pooled_tables(inner: &Inner) -> Vec<bool> {
-    inner
-        .tables
+/// Per tier table (`tables`, their stores `stores`): whether its store pools on its nodes.
+pub(super) fn pooled_tables(tables: &[TierTable], stores: &[TierStore]) -> Vec<bool> {
+    tables
         .iter()
-        .map(|t| matches!(&inner.stores[t.store], TierStore::Remote(s) if s.pools()))
+        .map(|t| matches!(&stores[t.store], TierStore::Remote(s) if s.pools()))
         .collect()
 }
 
@@ -92,16 +91,7 @@ pub(super) fn pool_misses(
             misses,
             ..
         } = &mut *inner;
-        let mut reqs: Vec<RowRequest> = misses
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| tables[m.tier].store == s)
-            .map(|(i, m)| RowRequest {
-                table: tables[m.tier].table,
-                row: m.id,
-                tag: i,
-            })
-            .collect();
+        let mut reqs: Vec<RowRequest> = miss_requests(tables, misses, s).collect();
         let TierStore::Remote(store) = &mut stores[s] else {
             unreachable!("only remote stores pool")
         };

@@ -53,6 +53,8 @@ pub struct Stager {
     /// Each batch's wait for its missing rows, seconds (batches with misses; the newest
     /// [`FETCH_SAMPLES`] at most), for percentiles.
     fetch_samples: Mutex<Vec<f32>>,
+    /// Per tier table: whether its store pools misses on its nodes (fixed at start).
+    pooled: Vec<bool>,
     /// The background fill of pooled tables' caches (`fill.rs`).
     filler: Option<Filler>,
     /// The remote tables' update streams, followed (declared last: its thread stops first).
@@ -211,6 +213,7 @@ impl Stager {
             remote: stores.iter().any(|s| matches!(s, TierStore::Remote(_))),
             healthy: AtomicBool::new(true),
             fetch_samples: Mutex::default(),
+            pooled: pooled_tables(&tables, &stores),
             filler: None,
             follower,
             inner: Arc::new(Mutex::new(Inner {
@@ -321,12 +324,11 @@ impl Stager {
         let counts = self.look_up(inner, coll, batch.get(), &mut staged);
         // Rows of features the cache could not hold entirely: (feature, its distinct rows).
         let mut overflow = Overflow::new();
-        let pooled = pooled_tables(inner);
         let mut io = Duration::ZERO;
-        if pooled.contains(&true) {
+        if self.pooled.contains(&true) {
             let got = pool_misses(
                 inner,
-                &pooled,
+                &self.pooled,
                 coll,
                 batch.get(),
                 &mut staged,

@@ -18,7 +18,7 @@
 //! [`RedisStore::read`](super::RedisStore) lands no row before every reply is checked, so a
 //! failed read landed nothing and all of it is read again from the copy.
 
-use super::pooled::{PoolJob, PoolStats, pool_by_reads};
+use super::pooled::{PoolJob, PoolStats, pool_then_read};
 use super::store::RemoteRows;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -187,6 +187,19 @@ impl WithLocalCopy {
     }
 
     /// Reads go to the copy until `until` (`None`: back to the cluster); the gauge follows.
+    /// The cluster failed a call (`e`): counted, and left alone for `retry_after`.
+    fn cluster_failed(&mut self, e: &EmbedError) {
+        let kind = match e {
+            EmbedError::StoreUnavailable { .. } => "unavailable",
+            EmbedError::RemoteRow { .. } => "row",
+            _ => "other",
+        };
+        let model = self.model.clone();
+        metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
+            .increment(1);
+        self.set_local_until(Some(Instant::now() + self.retry_after));
+    }
+
     fn set_local_until(&mut self, until: Option<Instant>) {
         if self.local_until.is_some() != until.is_some() {
             let on = f64::from(u8::from(until.is_some()));
@@ -227,15 +240,7 @@ impl RowStore for WithLocalCopy {
                     return Ok(stats);
                 }
                 Err(e) => {
-                    let kind = match e {
-                        EmbedError::StoreUnavailable { .. } => "unavailable",
-                        EmbedError::RemoteRow { .. } => "row",
-                        _ => "other",
-                    };
-                    let model = self.model.clone();
-                    metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
-                        .increment(1);
-                    self.set_local_until(Some(Instant::now() + self.retry_after));
+                    self.cluster_failed(&e);
                     failed = Some(e.to_string());
                 }
             }
@@ -313,24 +318,11 @@ impl RemoteRows for WithLocalCopy {
                     self.set_local_until(None);
                     return Ok(stats);
                 }
-                Err(e) => {
-                    let kind = match e {
-                        EmbedError::StoreUnavailable { .. } => "unavailable",
-                        EmbedError::RemoteRow { .. } => "row",
-                        _ => "other",
-                    };
-                    let model = self.model.clone();
-                    metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
-                        .increment(1);
-                    self.set_local_until(Some(Instant::now() + self.retry_after));
-                }
+                Err(e) => self.cluster_failed(&e),
             }
         }
         // `read` now goes to the copy (the cluster is left alone until `local_until`).
-        let mut stats = pool_by_reads(self, jobs, sums)?;
-        let io = self.read(reqs, land)?;
-        stats.io.reads += io.reads;
-        stats.io.bytes += io.bytes;
+        let mut stats = pool_then_read(self, jobs, sums, reqs, land)?;
         stats.io.wait = t0.elapsed();
         Ok(stats)
     }

@@ -42,7 +42,7 @@ pub use ember_redis::{
 pub use fallback::WithLocalCopy;
 pub use layout::VersionState;
 pub use manifest::{Manifest, ManifestTable, ModelFiles};
-pub use pooled::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
+pub use pooled::{PoolJob, PoolRemote, PoolStats, pool_by_reads, pool_then_read};
 pub use source::open_source;
 pub use store::{
     RedisStore, RemoteRows, RemoteSource, RemoteTableSpec, read_manifest, resolve_version,

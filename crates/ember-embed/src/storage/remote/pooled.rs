@@ -3,7 +3,7 @@
 //! a bag of 80 ids over three nodes costs three partial sums on the wire instead of 80 rows.
 //!
 //! This file is the command's one definition, shared by both sides: the client
-//! ([`super::RedisStore::pool`]) encodes calls with [`PoolCall::encode`], the Redis module
+//! ([`super::RedisStore::pool`]) builds calls with [`CallBuilder`], the Redis module
 //! (`crates/ember-redis-module`, loaded with `redis-server --loadmodule`) parses them with
 //! [`PoolCall::parse`] and sums with [`sum_bags`], and the client's own fallback for a node
 //! without the module sums rows read with `GETRANGE` through the same [`add_row`]. So a node's
@@ -182,10 +182,6 @@ impl<'a> PoolCall<'a> {
         self.bags.len() / 4
     }
 
-    pub fn n_rows(&self) -> usize {
-        self.rows.len() / 8
-    }
-
     /// Block `i`'s number.
     pub fn block(&self, i: usize) -> u32 {
         u32_at(self.blocks, i)
@@ -352,14 +348,6 @@ pub struct PoolJob {
     pub weights: Vec<f32>,
 }
 
-impl PoolJob {
-    pub fn clear(&mut self) {
-        self.bags.clear();
-        self.ids.clear();
-        self.weights.clear();
-    }
-}
-
 /// What a pooling call did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PoolStats {
@@ -385,7 +373,7 @@ pub fn pool_by_reads<S: RowStore + ?Sized>(
     let mut reqs = Vec::new();
     let mut at = Vec::with_capacity(jobs.len());
     let mut bytes = 0usize;
-    for (j, job) in jobs.iter().enumerate() {
+    for job in jobs {
         at.push(bytes);
         let rb = job.dtype.row_bytes(job.dim);
         for (k, &id) in job.ids.iter().enumerate() {
@@ -396,19 +384,24 @@ pub fn pool_by_reads<S: RowStore + ?Sized>(
             });
         }
         bytes += job.ids.len() * rb;
-        let _ = j;
     }
     let mut rows = vec![0u8; bytes];
     let io = store.read(&mut reqs, &mut |r, row| {
         rows[r.tag..r.tag + row.len()].copy_from_slice(row);
     })?;
     let mut scratch = Vec::new();
-    for (j, job) in jobs.iter().enumerate() {
+    for ((job, &base), out) in jobs.iter().zip(&at).zip(sums.iter_mut()) {
         let rb = job.dtype.row_bytes(job.dim);
-        let base = at[j];
-        sum_rows(job, sums, j, &mut scratch, |k| {
-            &rows[base + k * rb..base + (k + 1) * rb]
-        });
+        let weights = job.weighted.then_some(&job.weights[..]);
+        sum_rows(
+            job.dtype,
+            job.dim,
+            &job.bags,
+            weights,
+            out,
+            &mut scratch,
+            |k| &rows[base + k * rb..base + (k + 1) * rb],
+        );
     }
     Ok(PoolStats {
         io,
@@ -417,25 +410,42 @@ pub fn pool_by_reads<S: RowStore + ?Sized>(
     })
 }
 
-/// `sums[j]` = each bag of `job` summed in order over `row(k)` (its `k`-th id's row).
-pub(super) fn sum_rows<'r>(
-    job: &PoolJob,
+/// [`pool_by_reads`], then `reqs` read and handed to `land`: a pooling call of a store that
+/// cannot do both in one round trip.
+pub fn pool_then_read<S: RowStore + ?Sized>(
+    store: &mut S,
+    jobs: &[PoolJob],
     sums: &mut [Vec<f32>],
-    j: usize,
+    reqs: &mut [RowRequest],
+    land: &mut dyn FnMut(&RowRequest, &[u8]),
+) -> Result<PoolStats> {
+    let mut st = pool_by_reads(store, jobs, sums)?;
+    let io = store.read(reqs, land)?;
+    st.io.reads += io.reads;
+    st.io.bytes += io.bytes;
+    st.io.wait += io.wait;
+    Ok(st)
+}
+
+/// `out` = each bag (`bags[b]` rows) summed in order over `row(k)` (the `k`-th row, weighted by
+/// `weights[k]` when given), `dtype` rows of `dim` elements.
+pub(super) fn sum_rows<'r>(
+    dtype: DType,
+    dim: usize,
+    bags: &[u32],
+    weights: Option<&[f32]>,
+    out: &mut Vec<f32>,
     scratch: &mut Vec<f32>,
     row: impl Fn(usize) -> &'r [u8],
 ) {
-    let dim = job.dim;
-    let out = &mut sums[j];
     out.clear();
-    out.resize(job.bags.len() * dim, 0.0);
+    out.resize(bags.len() * dim, 0.0);
     scratch.resize(dim, 0.0);
     let mut k = 0;
-    for (b, &n) in job.bags.iter().enumerate() {
-        let acc = &mut out[b * dim..(b + 1) * dim];
+    for (acc, &n) in out.chunks_exact_mut(dim).zip(bags) {
         for _ in 0..n {
-            let w = if job.weighted { job.weights[k] } else { 1.0 };
-            add_row(job.dtype, row(k), w, acc, scratch);
+            let w = weights.map_or(1.0, |w| w[k]);
+            add_row(dtype, row(k), w, acc, scratch);
             k += 1;
         }
     }
@@ -452,20 +462,9 @@ pub struct CallBuilder {
     index: std::collections::HashMap<u32, u32>,
     /// The open bag's count (the last entry of `bags` once closed).
     open: u32,
-    n_rows: usize,
 }
 
 impl CallBuilder {
-    pub fn clear(&mut self) {
-        self.blocks.clear();
-        self.bags.clear();
-        self.rows.clear();
-        self.weights.clear();
-        self.index.clear();
-        self.open = 0;
-        self.n_rows = 0;
-    }
-
     /// Adds row `in_block` of block `block` (weight `w`) to the open bag.
     pub fn row(&mut self, block: u32, in_block: u32, w: Option<f32>) {
         let next = self.index.len() as u32;
@@ -479,7 +478,6 @@ impl CallBuilder {
             self.weights.extend_from_slice(&w.to_le_bytes());
         }
         self.open += 1;
-        self.n_rows += 1;
     }
 
     /// Closes the open bag (an empty one too).
@@ -495,14 +493,6 @@ impl CallBuilder {
     /// Rows per closed bag.
     pub fn bag_counts(&self) -> Vec<u32> {
         (0..self.n_bags()).map(|b| u32_at(&self.bags, b)).collect()
-    }
-
-    pub fn n_rows(&self) -> usize {
-        self.n_rows
-    }
-
-    pub fn n_blocks(&self) -> usize {
-        self.index.len()
     }
 
     /// The call's arguments after the command's name (`weighted`: send the weights).

@@ -21,7 +21,7 @@ use super::pooled::{self, CallBuilder, NO_MODULE_RETRY, PoolJob, PoolRemote, Poo
 use super::store::RedisStore;
 use crate::error::{EmbedError, Result};
 use crate::storage::{RowRequest, RowStore};
-use ember_redis::Reply;
+use ember_redis::{Ops, Reply};
 use redis::Value;
 use std::time::Instant;
 
@@ -100,11 +100,17 @@ impl RedisStore {
     /// admitted to the cache, as before the module; a server restarted after the module is
     /// loaded pools), and is on when some have it (the others' rows read whole).
     pub fn set_pooling(&mut self, mode: PoolRemote) -> Result<()> {
-        self.primaries = self.cluster.primaries().len().max(1);
+        if mode == PoolRemote::Off {
+            self.pooling = mode;
+            return Ok(());
+        }
+        let asked = self.primaries_without_module();
+        if let Ok((n, _)) = &asked {
+            self.primaries = (*n).max(1);
+        }
         if mode == PoolRemote::Auto {
-            let primaries = self.cluster.primaries().len();
             // A node that cannot be asked now is asked by the batches themselves.
-            let none = matches!(self.primaries_without_module(), Ok(l) if l.len() == primaries);
+            let none = matches!(&asked, Ok((n, l)) if l.len() == *n);
             self.pooling = if none {
                 PoolRemote::Off
             } else {
@@ -112,60 +118,49 @@ impl RedisStore {
             };
             return Ok(());
         }
-        if mode == PoolRemote::On {
-            let lacking = self.primaries_without_module()?;
-            if !lacking.is_empty() {
-                return Err(EmbedError::RemoteStore {
-                    model: self.model.clone(),
-                    version: self.version,
-                    reason: format!(
-                        "pool_remote is \"on\" but {} of the cluster's primaries have no {} ({}): load the module (redis-server --loadmodule libember_redis_module.so) or set pool_remote to \"auto\"",
-                        lacking.len(),
-                        super::pooled::COMMAND,
-                        lacking.join(", ")
-                    ),
-                });
-            }
+        let (_, lacking) = asked?;
+        if !lacking.is_empty() {
+            return Err(EmbedError::RemoteStore {
+                model: self.model.clone(),
+                version: self.version,
+                reason: format!(
+                    "pool_remote is \"on\" but {} of the cluster's primaries have no {} ({}): load the module (redis-server --loadmodule libember_redis_module.so) or set pool_remote to \"auto\"",
+                    lacking.len(),
+                    super::pooled::COMMAND,
+                    lacking.join(", ")
+                ),
+            });
         }
         self.pooling = mode;
         Ok(())
     }
 
-    /// The primaries that do not know `EMBER.POOL` (`COMMAND INFO`).
-    pub fn primaries_without_module(&mut self) -> Result<Vec<String>> {
-        let mut lacking = Vec::new();
-        let cmd = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg(super::pooled::COMMAND)
-            .get_packed_command();
-        let o = self.cluster.options().clone();
-        let auth = o.password.as_deref().map(|p| (o.username.as_deref(), p));
-        for addr in self.cluster.primaries() {
-            let deadline = Instant::now() + ember_redis::SETUP_TIMEOUT;
-            let mut conn =
-                ember_redis::Conn::connect(&addr, ember_redis::SETUP_TIMEOUT, auth, deadline)
-                    .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
-                        store: self.cluster.name().to_string(),
-                        kind: kind.name(),
-                        node: addr.clone(),
-                        detail,
-                    })?;
-            let reply = conn
-                .send(&[&cmd], deadline)
-                .and_then(|()| conn.recv(deadline))
-                .map_err(|(kind, detail)| EmbedError::StoreUnavailable {
-                    store: self.cluster.name().to_string(),
-                    kind: kind.name(),
-                    node: addr.clone(),
-                    detail,
-                })?;
-            let has =
-                matches!(&reply, Value::Array(v) if v.first().is_some_and(|x| *x != Value::Nil));
-            if !has {
-                lacking.push(addr);
+    /// The primaries holding the tables' blocks, asked `COMMAND INFO EMBER.POOL` through the
+    /// cluster's own calls (one per primary, routed by a slot it serves): how many were asked,
+    /// and the addresses of those that do not know the command.
+    pub fn primaries_without_module(&mut self) -> Result<(usize, Vec<String>)> {
+        let mut ops = Ops::default();
+        let mut nodes = Vec::new();
+        let args: [&[u8]; 3] = [b"COMMAND", b"INFO", super::pooled::COMMAND.as_bytes()];
+        for slot in self.block_slots() {
+            if let Some(n) = self.cluster.primary_of(slot)
+                && !nodes.contains(&n)
+            {
+                nodes.push(n);
+                ops.command(slot, &args);
             }
         }
-        Ok(lacking)
+        let deadline = Instant::now() + ember_redis::SETUP_TIMEOUT;
+        let replies = self.cluster.run(&ops, false, deadline)?;
+        let lacking = nodes
+            .iter()
+            .zip(&replies)
+            .filter(|(_, v)| {
+                !matches!(v, Value::Array(a) if a.first().is_some_and(|x| *x != Value::Nil))
+            })
+            .map(|(&n, _)| self.cluster.node_addr(n).to_string())
+            .collect();
+        Ok((nodes.len(), lacking))
     }
 
     /// The sums of `jobs`' bags (`sums[j]`: job `j`'s bags x dim, overwritten): each node sums
@@ -459,22 +454,21 @@ fn add_shares(
             }
             None => {
                 let rb = job.dtype.row_bytes(dim);
-                let sub = PoolJob {
-                    table: job.table,
-                    dtype: job.dtype,
-                    dim,
-                    weighted: job.weighted,
-                    bags: nc.call.bag_counts(),
-                    ids: Vec::new(),
-                    weights: nc.weights.clone(),
-                };
                 let index = &plain.index[c];
-                let mut one = [std::mem::take(&mut share)];
-                sum_rows(&sub, &mut one, 0, &mut scratch, |k| {
-                    let at = plain.at[index[k] as usize];
-                    &plain.rows[at..at + rb]
-                });
-                share = std::mem::take(&mut one[0]);
+                let weights = job.weighted.then_some(&nc.weights[..]);
+                let bags = nc.call.bag_counts();
+                sum_rows(
+                    job.dtype,
+                    dim,
+                    &bags,
+                    weights,
+                    &mut share,
+                    &mut scratch,
+                    |k| {
+                        let at = plain.at[index[k] as usize];
+                        &plain.rows[at..at + rb]
+                    },
+                );
             }
         }
         let out = &mut sums[nc.job];

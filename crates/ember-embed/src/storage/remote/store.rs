@@ -8,7 +8,7 @@
 
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
-use super::pooled::{PoolJob, PoolRemote, PoolStats, pool_by_reads};
+use super::pooled::{PoolJob, PoolRemote, PoolStats, pool_then_read};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -56,12 +56,7 @@ pub trait RemoteRows: RowStore {
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
     ) -> Result<PoolStats> {
-        let mut st = pool_by_reads(self, jobs, sums)?;
-        let io = self.read(reqs, land)?;
-        st.io.reads += io.reads;
-        st.io.bytes += io.bytes;
-        st.io.wait += io.wait;
-        Ok(st)
+        pool_then_read(self, jobs, sums, reqs, land)
     }
 }
 
@@ -234,6 +229,14 @@ impl RedisStore {
         let (head, slot) = t.head(block);
         let start = in_block * t.row_bytes;
         ops.getrange_with_head(head, slot, start, start + t.row_bytes - 1);
+    }
+
+    /// Every block's key slot, table after table.
+    pub(super) fn block_slots(&self) -> Vec<u16> {
+        self.tables
+            .iter()
+            .flat_map(|t| t.slots.iter().copied())
+            .collect()
     }
 
     pub(super) fn table(&self, t: usize) -> &StoreTable {
