@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod hstu;
 mod tensors;
 
 #[derive(Debug, Args)]
@@ -63,6 +64,11 @@ pub struct PredictArgs {
     gpu: GpuArgs,
     #[command(flatten)]
     plan: crate::plan::PlanArgs,
+    /// HSTU models: what attention is divided by, `alone` (each user's own length: scores do
+    /// not depend on batch-mates) or `batch_max` (the reference's: the batch's longest)
+    /// [default: config.json's `attention_norm`, else alone].
+    #[arg(long, value_name = "RULE")]
+    attention_norm: Option<String>,
     /// Print a JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -109,6 +115,9 @@ pub fn run(a: PredictArgs) -> Result<()> {
     }
     let model_dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
     let data = a.data.clone().unwrap_or_else(|| shipped(DEFAULT_DATA));
+    if ember_model::hstu::HstuModel::is_hstu_dir(&model_dir) {
+        return hstu::run(&a, &model_dir, &data);
+    }
     let format = a.format.of(&data);
     let (model, mut engine) = set_up(&a, &model_dir, format)?;
     let depth = match model.stager().is_active() {

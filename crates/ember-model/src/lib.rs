@@ -19,6 +19,7 @@ mod error;
 pub mod eval;
 #[cfg(target_arch = "x86_64")]
 mod gemm;
+pub mod hstu;
 mod inputs;
 pub mod interaction;
 pub mod lowp;

@@ -396,7 +396,7 @@ impl Model {
 }
 
 /// The stager options of `tier` (defaults when absent), reading the pin trace relative to `dir`.
-fn tier_options(
+pub(crate) fn tier_options(
     dir: &Path,
     tier: Option<&TierConfig>,
     remote: Option<&RemoteConfig>,

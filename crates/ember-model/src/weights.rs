@@ -21,14 +21,32 @@ pub struct Weights {
     pub tables: Vec<EmbeddingTable>,
 }
 
-struct Reader<'a> {
+/// Reads a mapped `model.safetensors`, remembering which tensors were read so that
+/// [`Reader::check_all_used`] can refuse what no part of the model read. Both families (DLRM's
+/// [`read_weights`] and the HSTU reader) read through it.
+pub(crate) struct Reader<'a> {
     path: PathBuf,
     st: SafeTensors<'a>,
     used: BTreeSet<String>,
 }
 
+impl<'a> Reader<'a> {
+    /// A reader of `map`, the mapping of the file at `path`.
+    pub(crate) fn new(path: &Path, map: &'a memmap2::Mmap) -> Result<Reader<'a>> {
+        let st = SafeTensors::deserialize(map).map_err(|source| ModelError::SafetensorsFormat {
+            path: path.into(),
+            source,
+        })?;
+        Ok(Reader {
+            path: path.into(),
+            st,
+            used: BTreeSet::new(),
+        })
+    }
+}
+
 impl Reader<'_> {
-    fn err(&self, tensor: &str, reason: impl Into<String>) -> ModelError {
+    pub(crate) fn err(&self, tensor: &str, reason: impl Into<String>) -> ModelError {
         ModelError::Weights {
             path: self.path.clone(),
             tensor: tensor.into(),
@@ -57,7 +75,8 @@ impl Reader<'_> {
         Ok(t.data())
     }
 
-    fn f32s(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    /// The f32 tensor `name` of exactly `shape` (subnormals read as zero).
+    pub(crate) fn f32s(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let data = self.raw(name, StDtype::F32, shape)?;
         Ok(data
             .chunks_exact(4)
@@ -94,27 +113,11 @@ pub fn read_weights(
     pace: Pace,
 ) -> Result<Weights> {
     let map = map_weights(path)?;
-    let st = SafeTensors::deserialize(&map).map_err(|source| ModelError::SafetensorsFormat {
-        path: path.into(),
-        source,
-    })?;
-    let mut r = Reader {
-        path: path.into(),
-        st,
-        used: BTreeSet::new(),
-    };
+    let mut r = Reader::new(path, &map)?;
     let bottom = r.mlp("bottom_mlp", cfg.dense_in, &cfg.bottom_mlp, true)?;
     let top = r.mlp("top_mlp", cfg.top_in(), &cfg.top_mlp, false)?;
     let cross = r.cross(cfg)?;
-    let mut tables = Vec::with_capacity(cfg.tables.len());
-    for t in &cfg.tables {
-        let table = match t.placement {
-            Placement::Remote => r.remote_table(cfg, t, table_dtype)?,
-            Placement::Dram => r.dram_table(&map, t, table_dtype, pace)?,
-            _ => r.file_table(t, table_dtype)?,
-        };
-        tables.push(table);
-    }
+    let tables = r.tables(&map, &cfg.tables, cfg.remote.as_ref(), table_dtype, pace)?;
     r.check_all_used()?;
     Ok(Weights {
         bottom,
@@ -125,7 +128,7 @@ pub fn read_weights(
 }
 
 /// Opens `path` (a regular file) and maps it read-only.
-fn map_weights(path: &Path) -> Result<memmap2::Mmap> {
+pub(crate) fn map_weights(path: &Path) -> Result<memmap2::Mmap> {
     let file = ember_embed::files::open_regular(path, "weights file").map_err(|source| {
         ModelError::Io {
             path: path.into(),
@@ -144,6 +147,28 @@ fn map_weights(path: &Path) -> Result<memmap2::Mmap> {
 }
 
 impl Reader<'_> {
+    /// The tables `tables` as their placements say: copied out of `map` (the mapping this
+    /// reader reads) for DRAM, opened from their row files or the remote store otherwise.
+    pub(crate) fn tables(
+        &mut self,
+        map: &memmap2::Mmap,
+        tables: &[TableConfig],
+        remote: Option<&crate::config::RemoteConfig>,
+        table_dtype: Option<DType>,
+        pace: Pace,
+    ) -> Result<Vec<EmbeddingTable>> {
+        let mut out = Vec::with_capacity(tables.len());
+        for t in tables {
+            let table = match t.placement {
+                Placement::Remote => self.remote_table(remote, t, table_dtype)?,
+                Placement::Dram => self.dram_table(map, t, table_dtype, pace)?,
+                _ => self.file_table(t, table_dtype)?,
+            };
+            out.push(table);
+        }
+        Ok(out)
+    }
+
     /// The DCN cross layers of `cfg` (none for other interactions).
     fn cross(&mut self, cfg: &ModelConfig) -> Result<Vec<CrossLayer>> {
         let mut cross = Vec::new();
@@ -162,6 +187,16 @@ impl Reader<'_> {
         Ok(cross)
     }
 
+    /// Marks every tensor whose name starts with `prefix` used (parts the reference always
+    /// writes that the model does not run, such as a layer with no inputs).
+    pub(crate) fn allow_unused_prefix(&mut self, prefix: &str) {
+        for n in self.st.names() {
+            if n.starts_with(prefix) {
+                self.used.insert(n.to_string());
+            }
+        }
+    }
+
     /// Marks the file's copy of table `name` used, if it has one (allowed, and not read, for a
     /// table whose rows live elsewhere).
     fn allow_unused_copy(&mut self, name: String) {
@@ -174,7 +209,7 @@ impl Reader<'_> {
     /// its row file beside the weights while the cluster is away).
     fn remote_table(
         &mut self,
-        cfg: &ModelConfig,
+        remote: Option<&crate::config::RemoteConfig>,
         t: &TableConfig,
         table_dtype: Option<DType>,
     ) -> Result<EmbeddingTable> {
@@ -189,7 +224,7 @@ impl Reader<'_> {
                 ),
             });
         }
-        if cfg.remote.as_ref().is_some_and(|r| r.fallback_local) {
+        if remote.is_some_and(|r| r.fallback_local) {
             let copy = open_row_file(&self.path, t, table_dtype)?;
             Ok(EmbeddingTable::remote_with_copy(copy)?)
         } else {
@@ -248,7 +283,7 @@ impl Reader<'_> {
     }
 
     /// Fails on the first tensor of the file that no part of the model read.
-    fn check_all_used(&self) -> Result<()> {
+    pub(crate) fn check_all_used(&self) -> Result<()> {
         let extra: Vec<String> = self
             .st
             .names()

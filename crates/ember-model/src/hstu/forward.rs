@@ -1,0 +1,482 @@
+//! The HSTU forward pass on the CPU, jagged throughout: a batch is its users' tokens one after
+//! another (`[contextual | history | candidates]` per user), every layer runs over all of them
+//! at once, and only attention looks at where one user ends.
+//!
+//! The steps and the reference's modules they follow (meta-recsys/generative-recommenders):
+//!
+//! 1. lookups: every token's rows through the embedding stage (`request.rs`);
+//! 2. inputs (`ContextualPreprocessor`): the content MLP of the post id's row, plus the
+//!    additional MLP of the other merged features' rows, plus the action MLP of the action
+//!    embeddings (the history's action bits, the candidates' one target embedding); the
+//!    contextual slots get `bias[s] + row @ W[s]` instead (zeroed for users shorter than the
+//!    feature's minimum);
+//! 3. encodings (`HSTUPositionalEncoder`): `x * sqrt(D) + (time[bucket] + position[p])`;
+//! 4. STU layers: `u, v, q, k = split(layer_norm(x) @ W_uvqk + b)`, `u = silu(u)`, the
+//!    attention of [`super::attention`], then `x += [u | a | u * norm(a)] @ W_out`;
+//! 5. the candidates' rows, the postprocessor (time of day and week, linear, layer norm), times
+//!    the item MLP of the candidates' item rows, into the head; a sigmoid per binary task
+//!    ([`super::head`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ember_embed::{Dedup, PoolOptions, Pooler, Pooling, StagedBatch};
+
+use super::HstuModel;
+use super::attention::{self, Seq, Shape};
+use super::config::{AttentionNorm, TimeBucketClamp};
+pub use super::head::HstuScores;
+use super::head::{HeadScratch, head};
+use super::layers::{DenseCtx, moments, silu};
+use super::request::HstuBatch;
+use crate::dense::{DenseDType, DenseIsa};
+use crate::error::{ModelError, Result};
+
+/// Where a forward pass spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HstuTimes {
+    /// The embedding lookups (staging from a tier included when it ran inline).
+    pub lookups: Duration,
+    /// The input MLPs, the contextual slots and the encodings.
+    pub preprocess: Duration,
+    /// The STU layers' two projections.
+    pub projections: Duration,
+    pub attention: Duration,
+    /// The STU layers' norms and elementwise work.
+    pub pointwise: Duration,
+    /// Postprocessor, item MLP and head.
+    pub head: Duration,
+    pub wall: Duration,
+}
+
+impl HstuTimes {
+    pub fn plus(self, o: HstuTimes) -> HstuTimes {
+        HstuTimes {
+            lookups: self.lookups + o.lookups,
+            preprocess: self.preprocess + o.preprocess,
+            projections: self.projections + o.projections,
+            attention: self.attention + o.attention,
+            pointwise: self.pointwise + o.pointwise,
+            head: self.head + o.head,
+            wall: self.wall + o.wall,
+        }
+    }
+}
+
+/// Buffers reused across batches.
+#[derive(Debug, Default)]
+struct Scratch {
+    emb: Vec<f32>,
+    input: Vec<f32>,
+    x: Vec<f32>,
+    tmp: Vec<f32>,
+    xn: Vec<f32>,
+    uvqk: Vec<f32>,
+    attn: Vec<f32>,
+    y: Vec<f32>,
+    head: HeadScratch,
+}
+
+/// Runs an [`HstuModel`] on the CPU.
+#[derive(Debug)]
+pub struct HstuPredictor {
+    model: Arc<HstuModel>,
+    pooler: Pooler,
+    dense: DenseCtx,
+    norm: AttentionNorm,
+    s: Scratch,
+}
+
+impl HstuPredictor {
+    /// A predictor on `threads` threads, in the model's dense precision and attention norm.
+    pub fn new(model: Arc<HstuModel>, threads: usize) -> Result<HstuPredictor> {
+        if threads == 0 {
+            return Err(ModelError::BadOption {
+                option: "threads",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let pooler = Pooler::new(PoolOptions {
+            pooling: Pooling::Sum,
+            dedup: Dedup::Auto,
+            threads,
+            ..PoolOptions::default()
+        })?;
+        let dtype = model.config().dense_dtype;
+        let norm = model.config().attention_norm;
+        Ok(HstuPredictor {
+            dense: DenseCtx::new(dtype, threads)?,
+            model,
+            pooler,
+            norm,
+            s: Scratch::default(),
+        })
+    }
+
+    /// Runs the dense layers in `dtype` from now on (f32 or bf16).
+    pub fn set_dense_dtype(&mut self, dtype: DenseDType) -> Result<()> {
+        if dtype == DenseDType::Int8 {
+            return Err(ModelError::BadOption {
+                option: "dense_dtype",
+                reason: "int8 is not supported for hstu models (f32 or bf16)".into(),
+            });
+        }
+        DenseIsa::selected(dtype)?;
+        self.model.prepare_dense(dtype);
+        self.dense = DenseCtx::new(dtype, self.dense.threads())?;
+        Ok(())
+    }
+
+    pub fn dense_dtype(&self) -> DenseDType {
+        self.dense.dtype
+    }
+
+    /// What attention is divided by from now on.
+    pub fn set_attention_norm(&mut self, norm: AttentionNorm) {
+        self.norm = norm;
+    }
+
+    pub fn model(&self) -> &Arc<HstuModel> {
+        &self.model
+    }
+
+    pub fn threads(&self) -> usize {
+        self.dense.threads()
+    }
+
+    /// Stages `batch`'s tier rows (nothing when every table is in memory).
+    pub fn stage(&self, batch: &HstuBatch) -> Result<Option<StagedBatch>> {
+        let m = &self.model;
+        Ok(match m.stager().is_active() {
+            true => Some(m.stager().stage(m.embeddings(), batch.lookups.view())?),
+            false => None,
+        })
+    }
+
+    /// Scores `batch`, staging its tier rows first (their time is in `lookups`).
+    pub fn run(&mut self, batch: &HstuBatch) -> Result<(HstuScores, HstuTimes)> {
+        let t0 = Instant::now();
+        let staged = self.stage(batch)?;
+        let (scores, mut times) = self.run_staged(batch, staged.as_ref())?;
+        let st = t0.elapsed().saturating_sub(times.wall);
+        times.lookups += st;
+        times.wall += st;
+        Ok((scores, times))
+    }
+
+    /// Scores `batch` whose tier rows were staged (`staged` from [`HstuPredictor::stage`]).
+    pub fn run_staged(
+        &mut self,
+        batch: &HstuBatch,
+        staged: Option<&StagedBatch>,
+    ) -> Result<(HstuScores, HstuTimes)> {
+        let HstuPredictor {
+            model,
+            pooler,
+            dense,
+            norm,
+            s,
+        } = self;
+        let norm = *norm;
+        let pooler_ref: &Pooler = pooler;
+        pooler.install(|| forward(model, pooler_ref, dense, s, batch, staged, norm))
+    }
+}
+
+/// The whole pass; see the module's doc for the steps.
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    model: &HstuModel,
+    pooler: &Pooler,
+    dense: &mut DenseCtx,
+    s: &mut Scratch,
+    batch: &HstuBatch,
+    staged: Option<&StagedBatch>,
+    norm: AttentionNorm,
+) -> Result<(HstuScores, HstuTimes)> {
+    let start = Instant::now();
+    let mut times = HstuTimes::default();
+    let coll = model.embeddings();
+    let tokens = batch.tokens();
+    s.emb.clear();
+    s.emb.resize(tokens * coll.total_dim(), 0.0);
+    let view = batch.lookups.view();
+    match staged {
+        Some(st) => pooler.run_staged(coll, view, st, &mut s.emb)?,
+        None => pooler.run(coll, view, &mut s.emb)?,
+    };
+    times.lookups = start.elapsed();
+    let t = Instant::now();
+    inputs(model, dense, s, batch);
+    contextual(model, s, batch);
+    encodings(model, s, batch);
+    times.preprocess = t.elapsed();
+    let seqs = sequences(model, batch, norm);
+    for l in 0..model.weights.layers.len() {
+        stu_layer(model, l, dense, s, &seqs, &mut times);
+    }
+    let t = Instant::now();
+    let scores = head(model, dense, &s.x, &s.emb, batch, &mut s.head);
+    times.head = t.elapsed();
+    times.wall = start.elapsed();
+    Ok((scores, times))
+}
+
+/// Step 2 for every token: `x = content(post) + additional(merged) + action(bits)` (the
+/// contextual slots' rows are overwritten by [`contextual`]).
+fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &HstuBatch) {
+    let (roles, w) = (&model.roles, &model.weights);
+    let tokens = batch.tokens();
+    let td = model.config.hstu.hstu_embedding_table_dim;
+    let total = model.embeddings().total_dim();
+    let d = model.config.dim();
+    // The merged post id: the history's row at history tokens, the candidate's at candidates
+    // (the other is an empty bag, zeros).
+    let merged = |s: &mut Scratch, pairs: &[(usize, usize)]| {
+        s.input.clear();
+        s.input.resize(tokens * td * pairs.len(), 0.0);
+        for (row, out) in s
+            .emb
+            .chunks_exact(total)
+            .zip(s.input.chunks_exact_mut(td * pairs.len()))
+        {
+            for (k, &(a, b)) in pairs.iter().enumerate() {
+                let (ca, cb) = (model.cols(a), model.cols(b));
+                for ((o, x), y) in out[k * td..(k + 1) * td]
+                    .iter_mut()
+                    .zip(&row[ca])
+                    .zip(&row[cb])
+                {
+                    *o = x + y;
+                }
+            }
+        }
+    };
+    merged(s, &[(roles.post, roles.candidate_post)]);
+    s.x.resize(tokens * d, 0.0);
+    w.content.forward(dense, &s.input, td, tokens, &mut s.x);
+    if let Some(mlp) = &w.additional {
+        merged(s, &roles.additional);
+        s.tmp.resize(tokens * d, 0.0);
+        mlp.forward(dense, &s.input, mlp.in_dim(), tokens, &mut s.tmp);
+        s.x.iter_mut().zip(&s.tmp).for_each(|(x, a)| *x += a);
+    }
+    if let Some(a) = &w.action {
+        let width = a.mlp.in_dim();
+        s.input.clear();
+        s.input.resize(tokens * width, 0.0);
+        for u in batch.users() {
+            let h0 = u.start + batch.slots();
+            for t in h0..h0 + u.history {
+                let row = &mut s.input[t * width..(t + 1) * width];
+                for (k, &bit) in a.weights.iter().enumerate() {
+                    if batch.actions[t] & bit > 0 {
+                        let e = &a.table[k * super::ACTION_DIM..(k + 1) * super::ACTION_DIM];
+                        row[k * super::ACTION_DIM..(k + 1) * super::ACTION_DIM].copy_from_slice(e);
+                    }
+                }
+            }
+            let c0 = h0 + u.history;
+            for t in c0..c0 + u.candidates {
+                s.input[t * width..(t + 1) * width].copy_from_slice(&a.target);
+            }
+        }
+        s.tmp.resize(tokens * d, 0.0);
+        a.mlp.forward(dense, &s.input, width, tokens, &mut s.tmp);
+        s.x.iter_mut().zip(&s.tmp).for_each(|(x, a)| *x += a);
+    }
+}
+
+/// Step 2 for the contextual slots: `bias[s] + row @ W[s]`, the row zeroed for a user shorter
+/// than the feature's minimum (or without the value).
+fn contextual(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
+    let (roles, w) = (&model.roles, &model.weights);
+    let td = model.config.hstu.hstu_embedding_table_dim;
+    let total = model.embeddings().total_dim();
+    let d = model.config.dim();
+    let nc = roles.contextual.len();
+    for (ui, u) in batch.users().iter().enumerate() {
+        for (ci, c) in roles.contextual.iter().enumerate() {
+            let on = batch.contextual_on[ui * nc + ci];
+            for k in 0..c.slots {
+                let slot = c.first_slot + k;
+                let t = u.start + slot;
+                let out = &mut s.x[t * d..(t + 1) * d];
+                out.copy_from_slice(&w.contextual_b[slot * d..(slot + 1) * d]);
+                if !on {
+                    continue;
+                }
+                let row = &s.emb[t * total..(t + 1) * total][model.cols(c.feature)];
+                let wm = &w.contextual_w[slot * td * d..(slot + 1) * td * d];
+                for (i, &xi) in row.iter().enumerate() {
+                    for (o, &wij) in out.iter_mut().zip(&wm[i * d..(i + 1) * d]) {
+                        *o += xi * wij;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Step 3: `x = x * sqrt(D) + (time[bucket] + position[p])` for every token.
+fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
+    let h = &model.config.hstu;
+    let w = &model.weights;
+    let d = model.config.dim();
+    let alpha = (d as f64).sqrt() as f32;
+    let clamp = match h.time_bucket_clamp {
+        TimeBucketClamp::Triton => h.num_time_buckets,
+        TimeBucketClamp::Pytorch => d - 1,
+    } as i64;
+    let slots = batch.slots();
+    let last_pos = h.num_position_buckets - 1;
+    for u in batch.users() {
+        let len = batch.len_of(u);
+        let high = slots + u.history;
+        let query = batch.times[u.start + len - 1];
+        for i in 0..len {
+            let t = u.start + i;
+            let p = if i < slots {
+                i
+            } else {
+                (high - i.min(high) + slots).min(last_pos)
+            };
+            let b = time_bucket(query, batch.times[t]).clamp(0, clamp) as usize;
+            let x = &mut s.x[t * d..(t + 1) * d];
+            let pe = &w.positions[p * d..(p + 1) * d];
+            let te = &w.times[b * d..(b + 1) * d];
+            for ((x, &pv), &tv) in x.iter_mut().zip(pe).zip(te) {
+                *x = *x * alpha + (tv + pv);
+            }
+        }
+    }
+}
+
+/// The reference's time bucket of an event at `ts` for a query at `query`: `sqrt(max(query -
+/// ts, 1e-6) / 60)` in f32, truncated (clamped by the caller).
+pub fn time_bucket(query: i64, ts: i64) -> i64 {
+    let delta = query.wrapping_sub(ts) as f32;
+    let b = (delta.max(1e-6) / 60.0).sqrt();
+    b.max(0.0) as i64
+}
+
+/// The batch's users as attention sees them, each with what its sums are divided by.
+fn sequences(model: &HstuModel, batch: &HstuBatch, norm: AttentionNorm) -> Vec<Seq> {
+    let _ = model;
+    // The reference's `max_seq_len`: contextual slots + the longest history + the most
+    // candidates (not the longest sequence).
+    let longest = batch.slots()
+        + batch.users().iter().map(|u| u.history).max().unwrap_or(0)
+        + batch
+            .users()
+            .iter()
+            .map(|u| u.candidates)
+            .max()
+            .unwrap_or(0);
+    batch
+        .users()
+        .iter()
+        .map(|u| {
+            let len = batch.len_of(u);
+            Seq {
+                start: u.start,
+                len,
+                candidates: u.candidates,
+                norm: match norm {
+                    AttentionNorm::Alone => len as f32,
+                    AttentionNorm::BatchMax => longest as f32,
+                },
+            }
+        })
+        .collect()
+}
+
+/// Step 4, layer `l`.
+fn stu_layer(
+    model: &HstuModel,
+    l: usize,
+    dense: &mut DenseCtx,
+    s: &mut Scratch,
+    seqs: &[Seq],
+    times: &mut HstuTimes,
+) {
+    let h = &model.config.hstu;
+    let layer = &model.weights.layers[l];
+    let d = model.config.dim();
+    let tokens = s.x.len() / d;
+    let shape = Shape {
+        heads: h.hstu_num_heads,
+        hid: h.hstu_attn_linear_dim,
+        qk: h.hstu_attn_qk_dim,
+    };
+    let (w, n) = (shape.row(), shape.out_row());
+    let t = Instant::now();
+    s.xn.resize(tokens * d, 0.0);
+    for (x, y) in s.x.chunks_exact(d).zip(s.xn.chunks_exact_mut(d)) {
+        layer.input_norm.row(x, y);
+    }
+    times.pointwise += t.elapsed();
+    let t = Instant::now();
+    s.uvqk.resize(tokens * w, 0.0);
+    dense.linear(&layer.uvqk, &s.xn, d, tokens, &mut s.uvqk);
+    times.projections += t.elapsed();
+    let t = Instant::now();
+    for row in s.uvqk.chunks_exact_mut(w) {
+        row[..n].iter_mut().for_each(|v| *v = silu(*v));
+    }
+    times.pointwise += t.elapsed();
+    let t = Instant::now();
+    s.attn.resize(tokens * n, 0.0);
+    let alpha = (1.0 / (shape.qk as f64).sqrt()) as f32;
+    attention::attention(shape, &s.uvqk, seqs, alpha, &mut s.attn);
+    times.attention += t.elapsed();
+    let t = Instant::now();
+    s.y.resize(tokens * 3 * n, 0.0);
+    let group = h.hstu_group_norm;
+    for ((y, a), uv) in
+        s.y.chunks_exact_mut(3 * n)
+            .zip(s.attn.chunks_exact(n))
+            .zip(s.uvqk.chunks_exact(w))
+    {
+        let u = &uv[..n];
+        y[..n].copy_from_slice(u);
+        y[n..2 * n].copy_from_slice(a);
+        let z = &mut y[2 * n..];
+        if group {
+            let hid = shape.hid;
+            for hd in 0..shape.heads {
+                let r = hd * hid..(hd + 1) * hid;
+                let (mean, rstd) = moments(&a[r.clone()], layer.output_norm.eps);
+                let (gw, gb) = (layer.output_norm.weight[hd], layer.output_norm.bias[hd]);
+                for ((z, &a), &u) in z[r.clone()].iter_mut().zip(&a[r.clone()]).zip(&u[r]) {
+                    *z = u * ((a - mean) * rstd * gw + gb);
+                }
+            }
+        } else {
+            layer.output_norm.row(a, z);
+            z.iter_mut().zip(u).for_each(|(z, &u)| *z *= u);
+        }
+    }
+    times.pointwise += t.elapsed();
+    let t = Instant::now();
+    s.tmp.resize(tokens * d, 0.0);
+    dense.linear(&layer.output, &s.y, 3 * n, tokens, &mut s.tmp);
+    times.projections += t.elapsed();
+    s.x.iter_mut().zip(&s.tmp).for_each(|(x, y)| *x += y);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_buckets_follow_the_reference_formula() {
+        // sqrt(seconds / 60), truncated: 0 for the query itself, 1 at a minute, 60 at an hour.
+        assert_eq!(time_bucket(1000, 1000), 0);
+        assert_eq!(time_bucket(1060, 1000), 1);
+        assert_eq!(time_bucket(3600, 0), 7);
+        assert_eq!(time_bucket(216_000, 0), 60);
+        // An event after the query is clamped at 1e-6 seconds.
+        assert_eq!(time_bucket(0, 5000), 0);
+    }
+}

@@ -1,0 +1,232 @@
+//! The small layers of the HSTU model: layer norms (plain and "swish"), the reference's
+//! recurring `Linear -> SwishLayerNorm -> Linear [-> LayerNorm]` block, and the one call that
+//! runs a linear layer in the dense precision in use (f32 on faer / Ember's GEMM, bf16 on the
+//! AMX / AVX-512 / emulated kernels of [`crate::dense`]).
+
+use faer::Par;
+
+use crate::dense::DenseDType;
+use crate::dense::driver::Kernels;
+use crate::lowp::{self, Input, LowpScratch};
+use crate::mlp::Linear;
+
+/// `torch.nn.functional.layer_norm` over the last dim, with weight and bias.
+#[derive(Debug, Clone)]
+pub struct Norm {
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub eps: f32,
+}
+
+impl Norm {
+    pub fn dim(&self) -> usize {
+        self.weight.len()
+    }
+
+    /// Normalises `x` (one row) into `y`.
+    #[inline]
+    pub fn row(&self, x: &[f32], y: &mut [f32]) {
+        let (mean, rstd) = moments(x, self.eps);
+        for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(&self.weight).zip(&self.bias) {
+            *y = (x - mean) * rstd * w + b;
+        }
+    }
+
+    /// Normalises every row of `x` (`[m, dim]`) in place.
+    pub fn rows_in_place(&self, x: &mut [f32]) {
+        let d = self.dim();
+        for r in x.chunks_exact_mut(d) {
+            let (mean, rstd) = moments(r, self.eps);
+            for ((v, &w), &b) in r.iter_mut().zip(&self.weight).zip(&self.bias) {
+                *v = (*v - mean) * rstd * w + b;
+            }
+        }
+    }
+
+    /// `x * sigmoid(layer_norm(x))` on every row of `x` in place (the reference's
+    /// `SwishLayerNorm`).
+    pub fn swish_rows_in_place(&self, x: &mut [f32]) {
+        let d = self.dim();
+        for r in x.chunks_exact_mut(d) {
+            let (mean, rstd) = moments(r, self.eps);
+            for ((v, &w), &b) in r.iter_mut().zip(&self.weight).zip(&self.bias) {
+                let n = (*v - mean) * rstd * w + b;
+                *v *= sigmoid(n);
+            }
+        }
+    }
+}
+
+/// Mean and `1 / sqrt(var + eps)` of `x` (biased variance, as PyTorch), summed in f64.
+#[inline]
+pub fn moments(x: &[f32], eps: f32) -> (f32, f32) {
+    let n = x.len().max(1) as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    (mean as f32, (1.0 / (var + eps as f64).sqrt()) as f32)
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `Linear -> SwishLayerNorm -> Linear [-> LayerNorm]`: the reference's content, action,
+/// additional and item MLPs (with the last norm) and its prediction head (without).
+#[derive(Debug)]
+pub struct SwishMlp {
+    pub first: Linear,
+    pub swish: Norm,
+    pub second: Linear,
+    pub norm: Option<Norm>,
+}
+
+impl SwishMlp {
+    pub fn in_dim(&self) -> usize {
+        self.first.in_dim()
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.second.out_dim()
+    }
+
+    /// Multiply-adds per row.
+    pub fn macs(&self) -> usize {
+        self.first.weight().len() + self.second.weight().len()
+    }
+
+    /// Runs `m` rows of `x` (at stride `ldx`) into `y` (`[m, out]`).
+    pub fn forward(&self, d: &mut DenseCtx, x: &[f32], ldx: usize, m: usize, y: &mut [f32]) {
+        let mut h = std::mem::take(&mut d.hidden);
+        h.resize(m * self.first.out_dim(), 0.0);
+        d.linear(&self.first, x, ldx, m, &mut h);
+        self.swish.swish_rows_in_place(&mut h);
+        d.linear(&self.second, &h, self.first.out_dim(), m, y);
+        if let Some(n) = &self.norm {
+            n.rows_in_place(&mut y[..m * self.second.out_dim()]);
+        }
+        d.hidden = h;
+    }
+
+    pub(crate) fn prepare(&self, dtype: DenseDType) {
+        self.first.prepare(dtype);
+        self.second.prepare(dtype);
+    }
+}
+
+/// What a linear layer runs with: the precision, its kernels, buffers and threads.
+#[derive(Debug)]
+pub struct DenseCtx {
+    pub dtype: DenseDType,
+    kernels: Option<Kernels>,
+    lowp: LowpScratch,
+    threads: usize,
+    /// A contiguous copy of a strided f32 input.
+    gather: Vec<f32>,
+    /// A [`SwishMlp`]'s hidden rows.
+    hidden: Vec<f32>,
+}
+
+impl DenseCtx {
+    pub fn new(dtype: DenseDType, threads: usize) -> crate::Result<DenseCtx> {
+        let kernels = match dtype {
+            DenseDType::F32 => None,
+            d => Some(Kernels::selected(d)?),
+        };
+        Ok(DenseCtx {
+            dtype,
+            kernels,
+            lowp: LowpScratch::default(),
+            threads,
+            gather: Vec::new(),
+            hidden: Vec::new(),
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub fn par(&self) -> Par {
+        if self.threads > 1 {
+            Par::rayon(self.threads)
+        } else {
+            Par::Seq
+        }
+    }
+
+    /// `y = x W^T + b` for `m` rows of `x` at stride `ldx` (`y` is `[m, out]`, dense).
+    pub fn linear(&mut self, l: &Linear, x: &[f32], ldx: usize, m: usize, y: &mut [f32]) {
+        let (k, n) = (l.in_dim(), l.out_dim());
+        debug_assert!(ldx >= k && y.len() >= m * n);
+        if m == 0 {
+            return;
+        }
+        debug_assert!(x.len() >= (m - 1) * ldx + k);
+        match (self.dtype, &self.kernels) {
+            (DenseDType::F32, _) | (_, None) => {
+                let par = self.par();
+                if ldx == k {
+                    l.forward(&x[..m * k], m, &mut y[..m * n], par);
+                } else {
+                    self.gather.clear();
+                    for r in 0..m {
+                        self.gather.extend_from_slice(&x[r * ldx..r * ldx + k]);
+                    }
+                    l.forward(&self.gather, m, &mut y[..m * n], par);
+                }
+            }
+            (_, Some(kern)) => {
+                let kern = *kern;
+                lowp::mlp(
+                    &kern,
+                    DenseDType::Bf16,
+                    std::slice::from_ref(l),
+                    Input::F32(x, ldx),
+                    m,
+                    y,
+                    &mut self.lowp,
+                    self.threads,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_norm_matches_its_definition_in_f64() {
+        let x: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 101) as f32 * 0.13 - 5.0)
+            .collect();
+        let w: Vec<f32> = (0..37).map(|i| 0.5 + i as f32 * 0.01).collect();
+        let b: Vec<f32> = (0..37).map(|i| i as f32 * -0.02).collect();
+        let n = Norm {
+            weight: w.clone(),
+            bias: b.clone(),
+            eps: 1e-5,
+        };
+        let mut y = vec![0.0; 37];
+        n.row(&x, &mut y);
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / 37.0;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / 37.0;
+        for i in 0..37 {
+            let want = (x[i] as f64 - mean) / (var + 1e-5).sqrt() * w[i] as f64 + b[i] as f64;
+            assert!((y[i] as f64 - want).abs() < 1e-5, "{i}: {} vs {want}", y[i]);
+        }
+        let mut s = x.clone();
+        n.swish_rows_in_place(&mut s);
+        for i in 0..37 {
+            let want = x[i] * sigmoid(y[i]);
+            assert!((s[i] - want).abs() < 1e-5 * want.abs().max(1.0));
+        }
+    }
+}
