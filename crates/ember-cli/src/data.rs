@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use ember_embed::storage::RowFileWriter;
 use ember_embed::{DType, Placement};
+use ember_model::config::TableConfig;
 use ember_model::presets::RowsOptions;
 use ember_model::{DenseDType, ModelConfig};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -23,7 +24,9 @@ pub enum DataCmd {
 
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// The shape: rm1, small or dlrm-v2 (MLPerf DLRM-v2: 26 tables, 204M rows at full size).
+    /// The shape: rm1, small or dlrm-v2 (MLPerf DLRM-v2: 26 tables, 204M rows at full size), or
+    /// an HSTU ranking model: dlrm-v3 (MLPerf DLRMv3: tables of 1e9 / 10M / 128 rows of 512 at
+    /// full size) or hstu-small.
     #[arg(long)]
     preset: String,
     /// Output directory (config.json, model.safetensors and, for tables on the SSD tier,
@@ -95,22 +98,18 @@ enum Source {
 }
 
 /// Bytes of each table's rows.
-fn table_bytes(cfg: &ModelConfig) -> Vec<u64> {
-    cfg.tables
+fn table_bytes(tables: &[TableConfig]) -> Vec<u64> {
+    tables
         .iter()
         .map(|t| (t.rows * t.dtype.row_bytes(t.dim)) as u64)
         .collect()
 }
 
 /// Which tables go to the SSD tier (`bytes`: each table's, [`table_bytes`]).
-fn place(a: &ModelArgs, cfg: &ModelConfig, bytes: &[u64]) -> Result<Vec<bool>> {
+fn place(a: &ModelArgs, tables: &[TableConfig], bytes: &[u64]) -> Result<Vec<bool>> {
     match a.placement.as_str() {
         "dram" => Ok(vec![false; bytes.len()]),
-        "ssd" => Ok(cfg
-            .tables
-            .iter()
-            .map(|t| t.rows >= a.ssd_min_rows)
-            .collect()),
+        "ssd" => Ok(tables.iter().map(|t| t.rows >= a.ssd_min_rows).collect()),
         "auto" => {
             let budget = match a.memory_budget_gb {
                 Some(gb) => (gb * 1e9) as u64,
@@ -189,14 +188,28 @@ fn table_tensor(rows: usize, dim: usize, dtype: DType) -> (&'static str, Vec<usi
 /// `data model`: a preset's model directory of random weights: `model.safetensors` (the dense
 /// weights and the DRAM tables), the SSD tier's row files, and `config.json`.
 fn model(a: ModelArgs) -> Result<()> {
-    let (cfg, bytes, ssd) = placed_config(&a)?;
+    let (tables, dense, config, bytes, ssd) =
+        match ember_model::hstu::presets::PRESETS.contains(&a.preset.as_str()) {
+            true => placed_hstu_config(&a)?,
+            false => {
+                let (cfg, bytes, ssd) = placed_config(&a)?;
+                let dense = ember_model::random_dense_tensors(&cfg, a.seed)?;
+                (
+                    cfg.tables.clone(),
+                    dense,
+                    serde_json::to_vec_pretty(&cfg)?,
+                    bytes,
+                    ssd,
+                )
+            }
+        };
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.max(1))
         .build()?;
     // model.safetensors: the dense weights, then the DRAM tables, streamed.
-    let list = tensor_list(&cfg, &ssd, a.seed)?;
+    let list = tensor_list(dense, &tables, &ssd);
     let header = safetensors_header(&list, &bytes)?;
     let total: u64 = bytes.iter().sum();
     let bar = ProgressBar::new(total);
@@ -213,12 +226,11 @@ fn model(a: ModelArgs) -> Result<()> {
         seed: a.seed,
         bar: &bar,
     };
-    write_safetensors(&a.out, &cfg, &list, &header, &rows_from)?;
-    write_row_files(&a.out, &cfg, &ssd, &rows_from)?;
+    write_safetensors(&a.out, &tables, &list, &header, &rows_from)?;
+    write_row_files(&a.out, &tables, &ssd, &rows_from)?;
     bar.finish_and_clear();
-    let config = serde_json::to_vec_pretty(&cfg)?;
     std::fs::write(a.out.join("config.json"), config)?;
-    print_written(&a, &cfg, (&bytes, &ssd), t0);
+    print_written(&a, &tables, (&bytes, &ssd), t0);
     Ok(())
 }
 
@@ -231,8 +243,8 @@ fn placed_config(a: &ModelArgs) -> Result<(ModelConfig, Vec<u64>, Vec<bool>)> {
     };
     let mut cfg = ember_model::presets::preset_with(&a.preset, a.dtype, rows)?.config;
     cfg.dense_dtype = a.dense_dtype;
-    let bytes = table_bytes(&cfg);
-    let ssd = place(a, &cfg, &bytes)?;
+    let bytes = table_bytes(&cfg.tables);
+    let ssd = place(a, &cfg.tables, &bytes)?;
     for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
         if *on_ssd {
             t.placement = Placement::Ssd;
@@ -245,23 +257,67 @@ fn placed_config(a: &ModelArgs) -> Result<(ModelConfig, Vec<u64>, Vec<bool>)> {
     Ok((cfg, bytes, ssd))
 }
 
+/// An HSTU preset's (`dlrm-v3`, `hstu-small`) tables, dense tensors and config.json, each
+/// table's bytes, and which tables are placed on the SSD tier.
+#[allow(clippy::type_complexity)]
+fn placed_hstu_config(
+    a: &ModelArgs,
+) -> Result<(
+    Vec<TableConfig>,
+    Vec<ember_model::NamedTensor>,
+    Vec<u8>,
+    Vec<u64>,
+    Vec<bool>,
+)> {
+    let mut cfg = ember_model::hstu::presets::preset(&a.preset, a.rows_scale, a.dtype)
+        .expect("a preset of the list");
+    if a.max_rows > 0 {
+        cfg.tables
+            .iter_mut()
+            .for_each(|t| t.rows = t.rows.min(a.max_rows));
+    }
+    cfg.dense_dtype = a.dense_dtype;
+    let bytes = table_bytes(&cfg.tables);
+    let ssd = place(a, &cfg.tables, &bytes)?;
+    for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
+        if *on_ssd {
+            t.placement = Placement::Ssd;
+        }
+    }
+    if ssd.iter().any(|&s| s) {
+        cfg.tier.get_or_insert_with(Default::default).cache_mb = a.cache_mb;
+    }
+    let dense = ember_model::hstu::random_dense_tensors(&cfg, a.seed)?;
+    Ok((
+        cfg.tables.clone(),
+        dense,
+        serde_json::to_vec_pretty(&cfg)?,
+        bytes,
+        ssd,
+    ))
+}
+
 /// A tensor of `model.safetensors`: its name, dtype, shape, and where its bytes come from.
 type Tensor = (String, &'static str, Vec<usize>, Source);
 
 /// The tensors of `model.safetensors` in the order they are written: the dense weights of
 /// `seed`, then the tables not on the SSD tier (`ssd`).
-fn tensor_list(cfg: &ModelConfig, ssd: &[bool], seed: u64) -> Result<Vec<Tensor>> {
-    let mut list: Vec<Tensor> = ember_model::random_dense_tensors(cfg, seed)?
+fn tensor_list(
+    dense: Vec<ember_model::NamedTensor>,
+    tables: &[TableConfig],
+    ssd: &[bool],
+) -> Vec<Tensor> {
+    let mut list: Vec<Tensor> = dense
         .into_iter()
         .map(|(n, shape, v)| (n, "F32", shape, Source::Dense(v)))
         .collect();
-    for (i, t) in cfg.tables.iter().enumerate() {
+    for (i, t) in tables.iter().enumerate() {
         if !ssd[i] {
             let (dt, shape) = table_tensor(t.rows, t.dim, t.dtype);
             list.push((format!("tables.{}", t.name), dt, shape, Source::Table(i)));
         }
     }
-    Ok(list)
+    list
 }
 
 /// The safetensors header of `list` (each table `bytes[i]` long), as JSON padded with spaces
@@ -299,7 +355,7 @@ struct RowMaker<'a> {
 /// synced): the header `h`, then the tensors of `list`.
 fn write_safetensors(
     dir: &std::path::Path,
-    cfg: &ModelConfig,
+    tables: &[TableConfig],
     list: &[Tensor],
     h: &[u8],
     rows_from: &RowMaker<'_>,
@@ -319,7 +375,7 @@ fn write_safetensors(
                     w.write_all(&le)?;
                 }
                 Source::Table(i) => {
-                    let t = &cfg.tables[*i];
+                    let t = &tables[*i];
                     let (pool, bar) = (rows_from.pool, rows_from.bar);
                     stream_table(pool, (rows_from.seed, *i), t, bar, |b| Ok(w.write_all(b)?))?;
                 }
@@ -337,14 +393,14 @@ fn write_safetensors(
 /// Writes the row file (`dir/rows/NAME.rows`) of each table on the SSD tier (`ssd`).
 fn write_row_files(
     dir: &std::path::Path,
-    cfg: &ModelConfig,
+    tables: &[TableConfig],
     ssd: &[bool],
     rows_from: &RowMaker<'_>,
 ) -> Result<()> {
     if ssd.iter().any(|&s| s) {
         std::fs::create_dir_all(dir.join("rows"))?;
     }
-    for (i, t) in cfg.tables.iter().enumerate().filter(|(i, _)| ssd[*i]) {
+    for (i, t) in tables.iter().enumerate().filter(|(i, _)| ssd[*i]) {
         let file = dir.join("rows").join(format!("{}.rows", t.name));
         let mut rw = RowFileWriter::create(&file, &t.name, t.rows, t.dim, t.dtype)?;
         stream_table(rows_from.pool, (rows_from.seed, i), t, rows_from.bar, |b| {
@@ -357,10 +413,14 @@ fn write_row_files(
 
 /// The line saying what was written: tables, bytes in DRAM and on the SSD tier (`bytes`,
 /// `ssd`), the dense precision, the seed, and the seconds since `t0`.
-fn print_written(a: &ModelArgs, cfg: &ModelConfig, (bytes, ssd): (&[u64], &[bool]), t0: Instant) {
+fn print_written(
+    a: &ModelArgs,
+    tables: &[TableConfig],
+    (bytes, ssd): (&[u64], &[bool]),
+    t0: Instant,
+) {
     let total: u64 = bytes.iter().sum();
-    let on_ssd: Vec<&str> = cfg
-        .tables
+    let on_ssd: Vec<&str> = tables
         .iter()
         .zip(ssd)
         .filter(|(_, s)| **s)
@@ -376,8 +436,8 @@ fn print_written(a: &ModelArgs, cfg: &ModelConfig, (bytes, ssd): (&[u64], &[bool
         "wrote {} ({}, {} tables, {} rows of {}; {:.2} GB of tables: {:.2} GB in DRAM, {:.2} GB on the SSD tier{}; dense {}; seed {}) in {:.1}s",
         a.out.display(),
         a.preset,
-        cfg.tables.len(),
-        cfg.tables.iter().map(|t| t.rows).sum::<usize>(),
+        tables.len(),
+        tables.iter().map(|t| t.rows).sum::<usize>(),
         a.dtype,
         total as f64 / 1e9,
         (total - ssd_bytes) as f64 / 1e9,

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod hstu;
+pub use hstu::{breakdown as hstu_breakdown, stage_json as hstu_stage_json};
 mod tensors;
 
 #[derive(Debug, Args)]

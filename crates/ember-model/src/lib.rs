@@ -53,7 +53,8 @@ pub use error::{ErrorKind, ModelError, Result};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
 pub use model::{
-    LoadOptions, Model, Pace, RecordOptions, RemoteOverride, dir_name, random_dense_tensors,
+    LoadOptions, Model, NamedTensor, Pace, RecordOptions, RemoteOverride, dir_name,
+    random_dense_tensors,
 };
 pub use predictor::{LayerTime, Predictor};
 pub use tier::{StoreNode, Tier, TierCounters};

@@ -256,3 +256,42 @@ fn weights_that_do_not_fit_the_config_are_refused_naming_the_tensor() {
     );
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+#[test]
+fn tables_on_the_ssd_tier_score_exactly_as_in_memory() {
+    let src = dir("hstu_small");
+    let tmp = std::env::temp_dir().join(format!("ember-hstu-ssd-{}", std::process::id()));
+    std::fs::create_dir_all(tmp.join("rows")).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), tmp.join(f)).unwrap();
+    }
+    let dram = load("hstu_small", None);
+    for t in dram.embeddings().tables() {
+        let rb = t.dtype().row_bytes(t.dim());
+        let mut bytes = vec![0u8; t.rows() * rb];
+        for (r, row) in bytes.chunks_exact_mut(rb).enumerate() {
+            t.read_row(r, row).unwrap();
+        }
+        let path = tmp.join("rows").join(format!("{}.rows", t.name()));
+        ember_embed::storage::write_row_file(&path, t.name(), t.rows(), t.dim(), t.dtype(), &bytes)
+            .unwrap();
+    }
+    let opts = LoadOptions {
+        placement: Some(ember_embed::Placement::Ssd),
+        ..LoadOptions::default()
+    };
+    let ssd = Arc::new(HstuModel::load(&tmp, opts).unwrap());
+    assert!(ssd.stager().is_active());
+    let us = users("hstu_small");
+    let mut a = HstuPredictor::new(dram.clone(), 2).unwrap();
+    let mut b = HstuPredictor::new(ssd.clone(), 2).unwrap();
+    // Twice: rows read from the files, then from the tier's cache.
+    for round in 0..2 {
+        let want = a.run(&dram.check_users(&us, 0).unwrap()).unwrap().0;
+        let got = b.run(&ssd.check_users(&us, 0).unwrap()).unwrap().0;
+        assert_eq!(got, want, "round {round}");
+    }
+    let stats = ssd.stager().stats();
+    assert!(stats.store_reads > 0, "{stats:?}");
+    std::fs::remove_dir_all(&tmp).ok();
+}

@@ -18,6 +18,7 @@ mod check;
 mod dense_layers;
 mod embed;
 mod gpu;
+mod hstu;
 mod load;
 mod model;
 mod model_gpu;
@@ -56,4 +57,17 @@ pub fn run(cmd: Bench) -> Result<()> {
         Bench::Remote(a) => remote::run(a),
         Bench::RemotePool(a) => remote_pool::run(a),
     }
+}
+
+/// This machine's CPU model, from /proc/cpuinfo.
+pub(crate) fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|x| x.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
 }

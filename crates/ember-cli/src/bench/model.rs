@@ -27,9 +27,27 @@ pub struct ModelArgs {
     /// Model shape: rm1 (dense 2048 -> 256-64, 32 tables x 500K x 64, pooling 80, dot, top
     /// 768-384-1), small (the same with 8 tables x 10K rows) or dlrm-v2 (MLPerf DLRM-v2,
     /// TorchRec's DLRM_DCN: dense 13 -> 512-256-128, 26 tables x dim 128 with MLPerf's rows
-    /// and multi-hot sizes, a 3-layer rank-512 cross net, top 1024-1024-512-256-1).
+    /// and multi-hot sizes, a 3-layer rank-512 cross net, top 1024-1024-512-256-1); or an HSTU
+    /// ranking model: dlrm-v3 (MLPerf DLRMv3: 5 STU layers, 4 heads x 128, dim 512, tables 1e9 /
+    /// 10M / 128 rows of 512, scaled by --rows-scale) or hstu-small (dims 64, 2 layers).
     #[arg(long, default_value = "rm1")]
-    preset: String,
+    pub(crate) preset: String,
+    /// An HSTU model directory to time instead of a preset (its tables in their own dtype).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) model: Option<std::path::PathBuf>,
+    /// HSTU: the users to score, one JSON user a line (as `ember predict` reads them)
+    /// [default: 8 synthetic streaming users of --history items and --candidates candidates].
+    #[arg(long, value_name = "FILE")]
+    pub(crate) users: Option<std::path::PathBuf>,
+    /// HSTU: history items of each synthetic user.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) history: usize,
+    /// HSTU: candidates of each synthetic user.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) candidates: usize,
+    /// HSTU: what attention is divided by, alone or batch_max [default: the model's].
+    #[arg(long, value_name = "RULE")]
+    pub(crate) attention_norm: Option<String>,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
@@ -39,42 +57,42 @@ pub struct ModelArgs {
     batch_sizes: Option<BatchSizes>,
     /// Worker threads.
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Timed batches.
     #[arg(long, default_value_t = 300)]
-    iters: usize,
+    pub(crate) iters: usize,
     /// Untimed batches first.
     #[arg(long, default_value_t = 30)]
-    warmup: usize,
+    pub(crate) warmup: usize,
     /// Ids per bag of every feature [default: the preset's: 80 for rm1 and small, MLPerf's
     /// multi-hot size of each feature (1 to 100, 214 a sample) for dlrm-v2].
     #[arg(long)]
     pooling: Option<usize>,
     /// Multiplies every table's rows by F (rounded up), before --max-rows.
     #[arg(long, value_name = "F", default_value_t = 1.0)]
-    rows_scale: f64,
+    pub(crate) rows_scale: f64,
     /// Caps each table's rows, 0 for no cap [default: 200000 for dlrm-v2, whose five 40M-row
     /// tables would be 102 GB; none for rm1 and small].
     #[arg(long, value_name = "N")]
     max_rows: Option<usize>,
     /// Table dtype: f32, f16, bf16, int8, int4.
     #[arg(long, default_value = "f32")]
-    dtype: DType,
+    pub(crate) dtype: DType,
     /// Dense layers' precision: f32, bf16 or int8 (on AMX tiles, AVX-512 BF16 / VNNI or an
     /// emulation, whichever the CPU has; `EMBER_DENSE_ISA` picks one).
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
-    dense_dtype: ember_model::DenseDType,
+    pub(crate) dense_dtype: ember_model::DenseDType,
     /// After timing, score this many more random samples with the dense layers in f32 and in
     /// --dense-dtype, draw each sample's label from its f32 probability, and report the AUC
     /// --dense-dtype keeps (MLPerf's targets: 99% / 99.9% of f32's) and the scores' errors.
     #[arg(long, value_name = "SAMPLES", default_value_t = 0)]
-    accuracy: usize,
+    pub(crate) accuracy: usize,
     /// Seed of weights and inputs.
     #[arg(long, default_value_t = 7)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Print a JSON object as the last line.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Write an HTML page of plots (where the time goes, the batch latency histogram).
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
@@ -110,6 +128,9 @@ impl ModelArgs {
 }
 
 pub fn run(a: ModelArgs) -> Result<()> {
+    if super::hstu::wants(&a) {
+        return super::hstu::run(&a);
+    }
     if a.batch == 0 || a.iters == 0 {
         bail!("--batch and --iters must be at least 1");
     }

@@ -414,19 +414,6 @@ fn dram_tables(s: &Shape, seed: u64) -> Result<EmbeddingCollection> {
     )?)
 }
 
-/// This machine's CPU model, from /proc/cpuinfo.
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|x| x.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
 /// Shape `name` pushed to the cluster at `url`, each id distribution and cache size measured:
 /// the report's entries.
 fn measure_shape(a: &RemotePoolArgs, url: &str, ports: &[u16], name: &str) -> Result<Vec<Json>> {
@@ -499,7 +486,7 @@ pub fn run(a: RemotePoolArgs) -> Result<()> {
     let url = c.url();
     eprintln!("{url}");
     let ports = c.primaries()?;
-    let cpu = cpu_name();
+    let cpu = super::cpu_name();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!("cpu: {cpu}, {cores} cores");
     let mut report = Vec::new();

@@ -15,9 +15,9 @@
 //! `_get_valid_attn_mask(causal=True, num_targets, contextual_seq_len=0, max_attn_len=0)`.
 //!
 //! [`reference`] is the spec in f64, the test oracle. [`attention`] is the kernel: per user,
-//! blocks of [`BQ`] query rows against blocks of [`BK`] keys (which stay in cache while the
-//! block's rows read them): a row's scores against a key block (silu, scale, mask) in a buffer of
-//! `BK` values, then their sum of the keys' values. No `L x L` matrix exists, keys past the
+//! blocks of [`BQ`] query rows against blocks of [`BK`] keys (transposed once, then in cache
+//! while the block's rows read them): the rows' scores against the key block (silu, scale, mask)
+//! in a `BQ x BK` buffer, then their sums of the keys' values. No `L x L` matrix exists, keys past the
 //! causal diagonal are never read, and the candidates' rows read only the history's keys plus
 //! their own. Work is split over (user, query block) units, which own disjoint rows of the
 //! output. (faer's GEMM on strided blocks was tried first: its rank-1 path wrote past a strided
@@ -29,7 +29,7 @@ use super::layers::silu;
 
 /// Query rows per block.
 pub const BQ: usize = 64;
-/// Keys per block.
+/// Keys per block (a multiple of 32).
 pub const BK: usize = 256;
 
 /// Where a batch's projections are and how they are laid out: `uvqk` holds `T` rows of
@@ -168,7 +168,7 @@ fn block(
             _ => {}
         }
     }
-    block_portable(shape, uvqk, s, i0, alpha, out, scratch)
+    block_portable::<false, false>(shape, uvqk, s, i0, alpha, out, scratch)
 }
 
 /// [`block_portable`] compiled for AVX-512.
@@ -186,7 +186,7 @@ unsafe fn block_avx512(
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
-    block_portable(shape, uvqk, s, i0, alpha, out, scratch)
+    block_portable::<true, true>(shape, uvqk, s, i0, alpha, out, scratch)
 }
 
 /// [`block_portable`] compiled for AVX2 and FMA.
@@ -204,13 +204,17 @@ unsafe fn block_avx2(
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
-    block_portable(shape, uvqk, s, i0, alpha, out, scratch)
+    block_portable::<true, false>(shape, uvqk, s, i0, alpha, out, scratch)
 }
 
-/// The block, in portable code: for each head and key block, each query row's scores against
-/// the block's keys (silu, scale, mask), then their sum of the keys' values.
+/// The block, in portable code (vectorised by the compiler for the caller's target, with fused
+/// multiply-adds where `FMA`): for each head, the block's queries transposed once (`qk` rows of
+/// [`BQ`]); then for each key block, 4 keys at a time against all the block's rows (an outer
+/// product per qk dim into 16 register accumulators), silu, scale and mask applied as the scores
+/// are stored key-major; then for 2 rows at a time their scores times the keys' values, 64
+/// output columns at a time.
 #[inline(always)]
-fn block_portable(
+fn block_portable<const FMA: bool, const AVX512: bool>(
     shape: Shape,
     uvqk: &[f32],
     s: Seq,
@@ -227,71 +231,394 @@ fn block_portable(
     // history for candidate rows (their own key is added after).
     let key_end = i1.min(m);
     out.fill(0.0);
-    scratch.resize(BK, 0.0);
+    let (qk, hid) = (shape.qk, shape.hid);
+    // Scores key-major (BK keys of BQ rows), the queries transposed (qk dims of BQ rows).
+    scratch.resize(BK * BQ + qk * BQ + BK * hid, 0.0);
+    let (st, rest) = scratch.split_at_mut(BK * BQ);
+    let (qt, vb) = rest.split_at_mut(qk * BQ);
     let inv = 1.0 / s.norm;
     let seq = &uvqk[s.start * w..(s.start + s.len) * w];
+    // A row's keys: `j <= i` in the history, every key for a candidate.
+    let lim = |i: usize, j0: usize, cols: usize| {
+        if i < m {
+            (i + 1).saturating_sub(j0).min(cols)
+        } else {
+            cols
+        }
+    };
     for h in 0..shape.heads {
         let (qc, kc, vc) = (shape.q_col(h), shape.k_col(h), shape.v_col(h));
+        for r in 0..BQ {
+            let i = i0 + r.min(rows - 1);
+            for a in 0..qk {
+                qt[a * BQ + r] = seq[i * w + qc + a];
+            }
+        }
         for j0 in (0..key_end).step_by(BK) {
             let cols = BK.min(key_end - j0);
-            for r in 0..rows {
-                let i = i0 + r;
-                // A history row sees keys `j <= i`; a candidate row every history key.
-                let lim = if i < m {
-                    (i + 1).saturating_sub(j0).min(cols)
-                } else {
-                    cols
+            for jg in (0..cols).step_by(4) {
+                let k: [&[f32]; 4] = std::array::from_fn(|x| {
+                    let j = j0 + (jg + x).min(cols - 1);
+                    &seq[j * w + kc..][..qk]
+                });
+                let acc = match AVX512 {
+                    // SAFETY: `AVX512` is set only by `block_avx512`, which runs where the CPU
+                    // has AVX-512 F.
+                    #[cfg(target_arch = "x86_64")]
+                    true => unsafe { zmm::scores_4x64(&k, qt, qk) },
+                    _ => scores_4x64::<FMA>(&k, qt, qk),
                 };
-                if lim == 0 {
-                    continue;
+                for (x, accx) in acc.iter().enumerate() {
+                    let j = jg + x;
+                    if j >= cols {
+                        break;
+                    }
+                    let dst: &mut [f32; BQ] =
+                        (&mut st[j * BQ..(j + 1) * BQ]).try_into().expect("BQ rows");
+                    for r in 0..BQ {
+                        dst[r] = silu_fast(alpha * accx[r]) * inv;
+                    }
+                    // History rows before this key do not see it.
+                    let hidden = (j0 + j)
+                        .saturating_sub(i0)
+                        .min(m.saturating_sub(i0))
+                        .min(BQ);
+                    dst[..hidden].fill(0.0);
                 }
-                let qi = &seq[i * w + qc..][..shape.qk];
-                let p = &mut scratch[..lim];
-                for (j, pj) in p.iter_mut().enumerate() {
-                    let kj = &seq[(j0 + j) * w + kc..][..shape.qk];
-                    *pj = silu(alpha * dot(qi, kj)) * inv;
-                }
-                let oi = &mut out[r * o + h * shape.hid..][..shape.hid];
-                for (j, &pj) in p.iter().enumerate() {
-                    axpy(pj, &seq[(j0 + j) * w + vc..][..shape.hid], oi);
+            }
+            // The block's values, contiguous.
+            for j in 0..cols {
+                vb[j * hid..(j + 1) * hid].copy_from_slice(&seq[(j0 + j) * w + vc..][..hid]);
+            }
+            for r0 in (0..rows).step_by(4) {
+                let n = 4.min(rows - r0);
+                let hi = (r0..r0 + n)
+                    .map(|r| lim(i0 + r, j0, cols))
+                    .max()
+                    .unwrap_or(0);
+                for e0 in (0..hid).step_by(64) {
+                    let width = 64.min(hid - e0);
+                    let acc = if width == 64 && AVX512 {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: as above.
+                        let acc = unsafe { zmm::values_4x64(st, r0, &vb[e0..], hid, hi) };
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let acc = values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi);
+                        acc
+                    } else if width == 64 {
+                        values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi)
+                    } else {
+                        values_4xn(st, r0, n, &vb[e0..], hid, hi, width)
+                    };
+                    for (x, accx) in acc.iter().enumerate().take(n) {
+                        let dst = &mut out[(r0 + x) * o + h * hid + e0..][..width];
+                        dst.iter_mut().zip(accx).for_each(|(d, a)| *d += a);
+                    }
                 }
             }
         }
         // Candidates see themselves.
         for i in i0.max(m)..i1 {
-            let qi = &seq[i * w + qc..][..shape.qk];
-            let ki = &seq[i * w + kc..][..shape.qk];
+            let qi = &seq[i * w + qc..][..qk];
+            let ki = &seq[i * w + kc..][..qk];
             let p = silu(alpha * dot(qi, ki)) * inv;
-            let oi = &mut out[(i - i0) * o + h * shape.hid..][..shape.hid];
-            axpy(p, &seq[i * w + vc..][..shape.hid], oi);
+            let oi = &mut out[(i - i0) * o + h * hid..][..hid];
+            axpy(p, &seq[i * w + vc..][..hid], oi);
         }
     }
 }
 
-/// `<a, b>` in 16 lanes (vectorised by the compiler for the caller's target).
+/// `a * b + c`, fused where the caller's target has FMA (`FMA`), else two roundings.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// Scores of 4 keys `k` against the block's [`BQ`] transposed queries `qt` (`qk` rows of
+/// [`BQ`]): an outer product per qk dim into 4 x 64 sums.
+#[inline(always)]
+fn scores_4x64<const FMA: bool>(k: &[&[f32]; 4], qt: &[f32], qk: usize) -> [[f32; BQ]; 4] {
+    let mut acc = [[0f32; BQ]; 4];
+    for a in 0..qk {
+        let q: &[f32; BQ] = qt[a * BQ..(a + 1) * BQ].try_into().expect("BQ rows");
+        for x in 0..4 {
+            let kv = k[x][a];
+            for r in 0..BQ {
+                acc[x][r] = madd::<FMA>(kv, q[r], acc[x][r]);
+            }
         }
     }
-    let mut tail = 0.0;
-    for (x, y) in ar.iter().zip(br) {
-        tail += x * y;
+    acc
+}
+
+/// Rows `r0 .. r0 + 4` of the scores `st` (key-major, [`BQ`] rows a key) times the
+/// values of `hi` keys, 64 of them at `v[j * stride ..]`: 16 accumulators in registers. (Rows
+/// past the block's last read the padding rows' scores, which are finite; the caller drops
+/// them.)
+#[inline(always)]
+fn values_4x64<const FMA: bool>(
+    st: &[f32],
+    r0: usize,
+    v: &[f32],
+    stride: usize,
+    hi: usize,
+) -> [[f32; 64]; 4] {
+    let mut acc = [[0f32; 64]; 4];
+    for j in 0..hi {
+        let vj: &[f32; 64] = v[j * stride..j * stride + 64]
+            .try_into()
+            .expect("64 values");
+        let p: &[f32; 4] = st[j * BQ + r0..j * BQ + r0 + 4].try_into().expect("4 rows");
+        for x in 0..4 {
+            for e in 0..64 {
+                acc[x][e] = madd::<FMA>(p[x], vj[e], acc[x][e]);
+            }
+        }
     }
-    acc.iter().sum::<f32>() + tail
+    acc
+}
+
+/// [`values_4x64`] for a last piece of `width < 64` values.
+#[inline(always)]
+fn values_4xn(
+    st: &[f32],
+    r0: usize,
+    n: usize,
+    v: &[f32],
+    stride: usize,
+    hi: usize,
+    width: usize,
+) -> [[f32; 64]; 4] {
+    let mut acc = [[0f32; 64]; 4];
+    for j in 0..hi {
+        let vj = &v[j * stride..j * stride + width];
+        for (x, accx) in acc.iter_mut().enumerate().take(n) {
+            let p = st[j * BQ + r0 + x];
+            for (a, &ve) in accx.iter_mut().zip(vj) {
+                *a += p * ve;
+            }
+        }
+    }
+    acc
+}
+
+/// The two inner loops in AVX-512 intrinsics: the compiler kept the portable versions'
+/// accumulators in registers but stored them to the stack on every step (measured: 20 GFLOP/s
+/// for the whole kernel against 40+ with these).
+#[cfg(target_arch = "x86_64")]
+mod zmm {
+    use std::arch::x86_64::*;
+
+    use super::BQ;
+
+    /// [`super::scores_4x64`] on zmm registers, its 16 sums in named registers (an array of them was kept on the stack).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores_4x64(k: &[&[f32]; 4], qt: &[f32], qk: usize) -> [[f32; 64]; 4] {
+        assert!(qt.len() >= qk * BQ && k.iter().all(|k| k.len() >= qk));
+        let n = qk;
+        let kp = k.map(|k| k.as_ptr());
+        let mut c00 = _mm512_setzero_ps();
+        let mut c01 = _mm512_setzero_ps();
+        let mut c02 = _mm512_setzero_ps();
+        let mut c03 = _mm512_setzero_ps();
+        let mut c10 = _mm512_setzero_ps();
+        let mut c11 = _mm512_setzero_ps();
+        let mut c12 = _mm512_setzero_ps();
+        let mut c13 = _mm512_setzero_ps();
+        let mut c20 = _mm512_setzero_ps();
+        let mut c21 = _mm512_setzero_ps();
+        let mut c22 = _mm512_setzero_ps();
+        let mut c23 = _mm512_setzero_ps();
+        let mut c30 = _mm512_setzero_ps();
+        let mut c31 = _mm512_setzero_ps();
+        let mut c32 = _mm512_setzero_ps();
+        let mut c33 = _mm512_setzero_ps();
+        for i in 0..n {
+            // SAFETY: `i < n`: the row of 64 values at `p` and the 4 broadcast values are in
+            // bounds (asserted above).
+            unsafe {
+                let p = qt.as_ptr().add(i * BQ);
+                let l0 = _mm512_loadu_ps(p.add(0));
+                let l1 = _mm512_loadu_ps(p.add(16));
+                let l2 = _mm512_loadu_ps(p.add(32));
+                let l3 = _mm512_loadu_ps(p.add(48));
+                let b0 = _mm512_set1_ps(*kp[0].add(i));
+                c00 = _mm512_fmadd_ps(b0, l0, c00);
+                c01 = _mm512_fmadd_ps(b0, l1, c01);
+                c02 = _mm512_fmadd_ps(b0, l2, c02);
+                c03 = _mm512_fmadd_ps(b0, l3, c03);
+                let b1 = _mm512_set1_ps(*kp[1].add(i));
+                c10 = _mm512_fmadd_ps(b1, l0, c10);
+                c11 = _mm512_fmadd_ps(b1, l1, c11);
+                c12 = _mm512_fmadd_ps(b1, l2, c12);
+                c13 = _mm512_fmadd_ps(b1, l3, c13);
+                let b2 = _mm512_set1_ps(*kp[2].add(i));
+                c20 = _mm512_fmadd_ps(b2, l0, c20);
+                c21 = _mm512_fmadd_ps(b2, l1, c21);
+                c22 = _mm512_fmadd_ps(b2, l2, c22);
+                c23 = _mm512_fmadd_ps(b2, l3, c23);
+                let b3 = _mm512_set1_ps(*kp[3].add(i));
+                c30 = _mm512_fmadd_ps(b3, l0, c30);
+                c31 = _mm512_fmadd_ps(b3, l1, c31);
+                c32 = _mm512_fmadd_ps(b3, l2, c32);
+                c33 = _mm512_fmadd_ps(b3, l3, c33);
+            }
+        }
+        let mut out = [[0f32; 64]; 4];
+        // SAFETY: each `out[x]` holds 64 values.
+        unsafe {
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(0), c00);
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(16), c01);
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(32), c02);
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(48), c03);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(0), c10);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(16), c11);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(32), c12);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(48), c13);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(0), c20);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(16), c21);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(32), c22);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(48), c23);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(0), c30);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(16), c31);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(32), c32);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(48), c33);
+        }
+        out
+    }
+
+    /// [`super::values_4x64`] on zmm registers, as [`scores_4x64`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn values_4x64(
+        st: &[f32],
+        r0: usize,
+        v: &[f32],
+        stride: usize,
+        hi: usize,
+    ) -> [[f32; 64]; 4] {
+        assert!(
+            hi == 0 || ((hi - 1) * stride + 64 <= v.len() && (hi - 1) * BQ + r0 + 4 <= st.len())
+        );
+        let n = hi;
+        let mut c00 = _mm512_setzero_ps();
+        let mut c01 = _mm512_setzero_ps();
+        let mut c02 = _mm512_setzero_ps();
+        let mut c03 = _mm512_setzero_ps();
+        let mut c10 = _mm512_setzero_ps();
+        let mut c11 = _mm512_setzero_ps();
+        let mut c12 = _mm512_setzero_ps();
+        let mut c13 = _mm512_setzero_ps();
+        let mut c20 = _mm512_setzero_ps();
+        let mut c21 = _mm512_setzero_ps();
+        let mut c22 = _mm512_setzero_ps();
+        let mut c23 = _mm512_setzero_ps();
+        let mut c30 = _mm512_setzero_ps();
+        let mut c31 = _mm512_setzero_ps();
+        let mut c32 = _mm512_setzero_ps();
+        let mut c33 = _mm512_setzero_ps();
+        for i in 0..n {
+            // SAFETY: `i < n`: the row of 64 values at `p` and the 4 broadcast values are in
+            // bounds (asserted above).
+            unsafe {
+                let p = v.as_ptr().add(i * stride);
+                let l0 = _mm512_loadu_ps(p.add(0));
+                let l1 = _mm512_loadu_ps(p.add(16));
+                let l2 = _mm512_loadu_ps(p.add(32));
+                let l3 = _mm512_loadu_ps(p.add(48));
+                let b0 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0));
+                c00 = _mm512_fmadd_ps(b0, l0, c00);
+                c01 = _mm512_fmadd_ps(b0, l1, c01);
+                c02 = _mm512_fmadd_ps(b0, l2, c02);
+                c03 = _mm512_fmadd_ps(b0, l3, c03);
+                let b1 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0 + 1));
+                c10 = _mm512_fmadd_ps(b1, l0, c10);
+                c11 = _mm512_fmadd_ps(b1, l1, c11);
+                c12 = _mm512_fmadd_ps(b1, l2, c12);
+                c13 = _mm512_fmadd_ps(b1, l3, c13);
+                let b2 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0 + 2));
+                c20 = _mm512_fmadd_ps(b2, l0, c20);
+                c21 = _mm512_fmadd_ps(b2, l1, c21);
+                c22 = _mm512_fmadd_ps(b2, l2, c22);
+                c23 = _mm512_fmadd_ps(b2, l3, c23);
+                let b3 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0 + 3));
+                c30 = _mm512_fmadd_ps(b3, l0, c30);
+                c31 = _mm512_fmadd_ps(b3, l1, c31);
+                c32 = _mm512_fmadd_ps(b3, l2, c32);
+                c33 = _mm512_fmadd_ps(b3, l3, c33);
+            }
+        }
+        let mut out = [[0f32; 64]; 4];
+        // SAFETY: each `out[x]` holds 64 values.
+        unsafe {
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(0), c00);
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(16), c01);
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(32), c02);
+            _mm512_storeu_ps(out[0].as_mut_ptr().add(48), c03);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(0), c10);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(16), c11);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(32), c12);
+            _mm512_storeu_ps(out[1].as_mut_ptr().add(48), c13);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(0), c20);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(16), c21);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(32), c22);
+            _mm512_storeu_ps(out[2].as_mut_ptr().add(48), c23);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(0), c30);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(16), c31);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(32), c32);
+            _mm512_storeu_ps(out[3].as_mut_ptr().add(48), c33);
+        }
+        out
+    }
+}
+
+/// `<a, b>`.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// `y += a * x`.
 #[inline(always)]
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
+}
+
+/// `x * sigmoid(x)` with [`exp_fast`]: the kernel's silu, vectorised with its loop.
+#[inline(always)]
+pub fn silu_fast(x: f32) -> f32 {
+    x / (1.0 + exp_fast(-x))
+}
+
+/// `e^x` in f32 within 2 ulp (Cephes' `expf`: `x = n ln 2 + r`, a degree-6 polynomial in `r`,
+/// times `2^n` built in the exponent bits), branch-free and free of float-to-int conversions so
+/// that it vectorises: `n` is rounded by adding 1.5 x 2^23, which leaves it in the low mantissa
+/// bits. Clamped to the finite range (`e^-87.3` to `e^88.3`).
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const SHIFTER: f32 = 12_582_912.0; // 1.5 * 2^23
+    let x = x.clamp(-87.3, 88.3);
+    let t = x * std::f32::consts::LOG2_E + SHIFTER;
+    let n = t - SHIFTER;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    let bits = t
+        .to_bits()
+        .wrapping_sub(SHIFTER.to_bits())
+        .wrapping_add(127)
+        << 23;
+    y * f32::from_bits(bits)
 }
 
 #[cfg(test)]
@@ -363,6 +690,19 @@ mod tests {
             );
             check(shape, &[(BK * 2 + 1, 5), (3, 2)], false, 40 + k as u64);
         }
+    }
+
+    #[test]
+    fn exp_fast_is_within_2_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in -87_000..88_000 {
+            let x = i as f32 * 1e-3 + 1.7e-4;
+            let (got, want) = (exp_fast(x) as f64, (x as f64).exp());
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 2.5e-7, "{worst}");
+        assert!(exp_fast(-1e4) >= 0.0 && exp_fast(1e4).is_finite());
+        assert!((silu_fast(-100.0)).abs() < 1e-30 && (silu_fast(30.0) - 30.0).abs() < 1e-5);
     }
 
     #[test]

@@ -326,6 +326,27 @@ impl HstuModelConfig {
     }
 }
 
+/// The dense tensors of [`HstuModel::random`]`(cfg, seed)` as `model.safetensors` names them
+/// (the reference's names): name, shape, f32 values. `ember data model` writes them beside
+/// tables of [`seeded_row`]'s rows, so that the directory loads as the same model.
+pub fn random_dense_tensors(
+    cfg: &HstuModelConfig,
+    seed: u64,
+) -> Result<Vec<crate::model::NamedTensor>> {
+    cfg.check().map_err(|reason| ModelError::Config {
+        path: "config".into(),
+        reason,
+    })?;
+    let mut out = Vec::new();
+    let mut src = random_source(seed);
+    read_dense(cfg, &mut |name: &str, shape: &[usize]| {
+        let v = src(name, shape)?;
+        out.push((name.to_string(), shape.to_vec(), v.clone()));
+        Ok(v)
+    })?;
+    Ok(out)
+}
+
 /// Normal values from a seed, for [`HstuModel::random`]: norms' weights near 1, biases near 0,
 /// embeddings N(0, 0.1), linear weights N(0, 1/in).
 fn random_source(seed: u64) -> impl FnMut(&str, &[usize]) -> Result<Vec<f32>> {
