@@ -295,3 +295,14 @@ fn tables_on_the_ssd_tier_score_exactly_as_in_memory() {
     assert!(stats.store_reads > 0, "{stats:?}");
     std::fs::remove_dir_all(&tmp).ok();
 }
+
+#[test]
+fn an_empty_batch_scores_nothing() {
+    let model = load("hstu_small", None);
+    let batch = model.check_users(&[], 0).unwrap();
+    assert!(batch.is_empty() && batch.tokens() == 0);
+    let (s, _) = HstuPredictor::new(model.clone(), 2).unwrap().run(&batch).unwrap();
+    assert_eq!(s.tasks.len(), 4);
+    assert!(s.scores.iter().all(|t| t.is_empty()));
+    assert_eq!(s.offsets, vec![0]);
+}

@@ -119,8 +119,15 @@ pub fn reference(shape: Shape, uvqk: &[f32], seqs: &[Seq], alpha: f32, out: &mut
 }
 
 /// The blocked kernel: `out` (`[T, H x hid]`, every row of every sequence written) for `uvqk`,
-/// on `threads` threads of the calling pool.
-pub fn attention(shape: Shape, uvqk: &[f32], seqs: &[Seq], alpha: f32, out: &mut [f32]) {
+/// on the calling thread (`threads` 1) or the calling rayon pool.
+pub fn attention(
+    shape: Shape,
+    uvqk: &[f32],
+    seqs: &[Seq],
+    alpha: f32,
+    out: &mut [f32],
+    threads: usize,
+) {
     let o = shape.out_row();
     // Units: (sequence, query block), each owning its rows of `out`. Sequences are in row order
     // and contiguous from row 0 (the batch's layout), so the output splits in that order.
@@ -139,11 +146,17 @@ pub fn attention(shape: Shape, uvqk: &[f32], seqs: &[Seq], alpha: f32, out: &mut
     }
     // Longest units first: the last query blocks of long histories have the most keys.
     units.sort_by_key(|(s, i0, _)| std::cmp::Reverse((i0 + BQ).min(s.history())));
-    units
-        .into_par_iter()
-        .for_each_init(Vec::new, |scratch: &mut Vec<f32>, (s, i0, out)| {
-            block(shape, uvqk, s, i0, alpha, out, scratch)
-        });
+    let run = |scratch: &mut Vec<f32>, (s, i0, out): (Seq, usize, &mut [f32])| {
+        block(shape, uvqk, s, i0, alpha, out, scratch)
+    };
+    match threads {
+        // One thread: not rayon's global pool, which a one-thread predictor has no pool instead of.
+        0 | 1 => {
+            let mut scratch = Vec::new();
+            units.into_iter().for_each(|u| run(&mut scratch, u));
+        }
+        _ => units.into_par_iter().for_each_init(Vec::new, run),
+    }
 }
 
 /// Query rows `i0 ..` (`out.len() / out_row` of them) of sequence `s`, all heads: on the widest
@@ -648,7 +661,7 @@ mod tests {
         let mut want = vec![f32::NAN; total * shape.out_row()];
         reference(shape, &uvqk, &seqs, alpha, &mut want);
         let mut got = vec![f32::NAN; total * shape.out_row()];
-        attention(shape, &uvqk, &seqs, alpha, &mut got);
+        attention(shape, &uvqk, &seqs, alpha, &mut got, 1 + seed as usize % 2);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-5 * w.abs().max(0.05),
@@ -713,7 +726,7 @@ mod tests {
             qk: 3,
         };
         let mut out: Vec<f32> = Vec::new();
-        attention(shape, &[], &[], 0.5, &mut out);
+        attention(shape, &[], &[], 0.5, &mut out, 2);
         assert!(out.is_empty());
     }
 }

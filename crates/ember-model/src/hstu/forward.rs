@@ -27,7 +27,7 @@ use super::attention::{self, Seq, Shape};
 use super::config::{AttentionNorm, TimeBucketClamp};
 pub use super::head::HstuScores;
 use super::head::{HeadScratch, head};
-use super::layers::{DenseCtx, moments, silu};
+use super::layers::{DenseCtx, for_rows, moments, silu};
 use super::request::HstuBatch;
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
@@ -410,35 +410,34 @@ fn stu_layer(
         qk: h.hstu_attn_qk_dim,
     };
     let (w, n) = (shape.row(), shape.out_row());
+    let th = dense.threads();
     let t = Instant::now();
     s.xn.resize(tokens * d, 0.0);
-    for (x, y) in s.x.chunks_exact(d).zip(s.xn.chunks_exact_mut(d)) {
-        layer.input_norm.row(x, y);
-    }
+    let x = &s.x;
+    for_rows(th, &mut s.xn, d, |i, y| {
+        layer.input_norm.row(&x[i * d..(i + 1) * d], y)
+    });
     times.pointwise += t.elapsed();
     let t = Instant::now();
     s.uvqk.resize(tokens * w, 0.0);
     dense.linear(&layer.uvqk, &s.xn, d, tokens, &mut s.uvqk);
     times.projections += t.elapsed();
     let t = Instant::now();
-    for row in s.uvqk.chunks_exact_mut(w) {
-        row[..n].iter_mut().for_each(|v| *v = silu(*v));
-    }
+    for_rows(th, &mut s.uvqk, w, |_, row| {
+        row[..n].iter_mut().for_each(|v| *v = silu(*v))
+    });
     times.pointwise += t.elapsed();
     let t = Instant::now();
     s.attn.resize(tokens * n, 0.0);
     let alpha = (1.0 / (shape.qk as f64).sqrt()) as f32;
-    attention::attention(shape, &s.uvqk, seqs, alpha, &mut s.attn);
+    attention::attention(shape, &s.uvqk, seqs, alpha, &mut s.attn, th);
     times.attention += t.elapsed();
     let t = Instant::now();
     s.y.resize(tokens * 3 * n, 0.0);
     let group = h.hstu_group_norm;
-    for ((y, a), uv) in
-        s.y.chunks_exact_mut(3 * n)
-            .zip(s.attn.chunks_exact(n))
-            .zip(s.uvqk.chunks_exact(w))
-    {
-        let u = &uv[..n];
+    let (attn, uvqk) = (&s.attn, &s.uvqk);
+    for_rows(th, &mut s.y, 3 * n, |i, y| {
+        let (a, u) = (&attn[i * n..(i + 1) * n], &uvqk[i * w..i * w + n]);
         y[..n].copy_from_slice(u);
         y[n..2 * n].copy_from_slice(a);
         let z = &mut y[2 * n..];
@@ -456,13 +455,18 @@ fn stu_layer(
             layer.output_norm.row(a, z);
             z.iter_mut().zip(u).for_each(|(z, &u)| *z *= u);
         }
-    }
+    });
     times.pointwise += t.elapsed();
     let t = Instant::now();
     s.tmp.resize(tokens * d, 0.0);
     dense.linear(&layer.output, &s.y, 3 * n, tokens, &mut s.tmp);
     times.projections += t.elapsed();
-    s.x.iter_mut().zip(&s.tmp).for_each(|(x, y)| *x += y);
+    let tmp = &s.tmp;
+    for_rows(th, &mut s.x, d, |i, x| {
+        x.iter_mut()
+            .zip(&tmp[i * d..(i + 1) * d])
+            .for_each(|(x, y)| *x += y)
+    });
 }
 
 #[cfg(test)]

@@ -57,6 +57,35 @@ impl Norm {
     }
 }
 
+/// Runs `f(row index, row)` on every row of `x` (rows of `width` values): on the calling rayon
+/// pool in pieces of 64 rows when `threads > 1` and there are 256 rows or more, else in order
+/// on this thread (a one-thread predictor has no pool of its own).
+pub fn for_rows(
+    threads: usize,
+    x: &mut [f32],
+    width: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    if width == 0 {
+        return;
+    }
+    let rows = x.len() / width;
+    if threads > 1 && rows >= 256 {
+        x.par_chunks_mut(64 * width)
+            .enumerate()
+            .for_each(|(c, piece)| {
+                for (i, r) in piece.chunks_exact_mut(width).enumerate() {
+                    f(c * 64 + i, r);
+                }
+            });
+    } else {
+        for (i, r) in x.chunks_exact_mut(width).enumerate() {
+            f(i, r);
+        }
+    }
+}
+
 /// Mean and `1 / sqrt(var + eps)` of `x` (biased variance, as PyTorch), summed in f64.
 #[inline]
 pub fn moments(x: &[f32], eps: f32) -> (f32, f32) {
@@ -105,10 +134,13 @@ impl SwishMlp {
         let mut h = std::mem::take(&mut d.hidden);
         h.resize(m * self.first.out_dim(), 0.0);
         d.linear(&self.first, x, ldx, m, &mut h);
-        self.swish.swish_rows_in_place(&mut h);
-        d.linear(&self.second, &h, self.first.out_dim(), m, y);
+        let (hid, out) = (self.first.out_dim(), self.second.out_dim());
+        for_rows(d.threads, &mut h, hid, |_, r| {
+            self.swish.swish_rows_in_place(r)
+        });
+        d.linear(&self.second, &h, hid, m, y);
         if let Some(n) = &self.norm {
-            n.rows_in_place(&mut y[..m * self.second.out_dim()]);
+            for_rows(d.threads, &mut y[..m * out], out, |_, r| n.rows_in_place(r));
         }
         d.hidden = h;
     }
