@@ -10,7 +10,9 @@ use common::{ember, json_of};
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../ember-model/tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../ember-model/tests/fixtures")
+        .join(name)
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -25,7 +27,18 @@ fn predict_scores_users_as_the_reference_and_names_a_bad_one() {
     let dir = tmp("predict");
     let out = dir.join("scores.jsonl");
     let (model, users) = (fx.to_str().unwrap(), fx.join("users.jsonl"));
-    let args = ["predict", "--model", model, "--data", users.to_str().unwrap(), "--out", out.to_str().unwrap(), "--batch", "3", "--json"];
+    let args = [
+        "predict",
+        "--model",
+        model,
+        "--data",
+        users.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--batch",
+        "3",
+        "--json",
+    ];
     let (ok, stdout, stderr) = ember(&args);
     assert!(ok, "{stderr}");
     assert_eq!(json_of(&stdout)["users"], 8, "{stdout}");
@@ -38,12 +51,23 @@ fn predict_scores_users_as_the_reference_and_names_a_bad_one() {
         .collect();
     assert_eq!(lines.len(), 8);
     for (u, line) in lines.iter().enumerate() {
-        let (got, exp) = (line["scores"].as_object().unwrap(), want["alone"][u].as_object().unwrap());
+        let (got, exp) = (
+            line["scores"].as_object().unwrap(),
+            want["alone"][u].as_object().unwrap(),
+        );
         assert_eq!(got.len(), exp.len());
         for (task, e) in exp {
-            for (g, e) in got[task].as_array().unwrap().iter().zip(e.as_array().unwrap()) {
+            for (g, e) in got[task]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(e.as_array().unwrap())
+            {
                 let (g, e) = (g.as_f64().unwrap(), e.as_f64().unwrap());
-                assert!((g - e).abs() <= 1e-5 * e.abs().max(1.0), "user {u} {task}: {g} vs {e}");
+                assert!(
+                    (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                    "user {u} {task}: {g} vs {e}"
+                );
             }
         }
     }
@@ -51,13 +75,25 @@ fn predict_scores_users_as_the_reference_and_names_a_bad_one() {
     let text = std::fs::read_to_string(&users).unwrap();
     let mut bad: Vec<String> = text.lines().map(String::from).collect();
     let mut u: serde_json::Value = serde_json::from_str(&bad[2]).unwrap();
-    u["uih"]["item_rating"].as_array_mut().unwrap().push(3.into());
+    u["uih"]["item_rating"]
+        .as_array_mut()
+        .unwrap()
+        .push(3.into());
     bad[2] = u.to_string();
     let bad_path = dir.join("bad.jsonl");
     std::fs::write(&bad_path, bad.join("\n")).unwrap();
-    let (ok, _, stderr) = ember(&["predict", "--model", model, "--data", bad_path.to_str().unwrap()]);
+    let (ok, _, stderr) = ember(&[
+        "predict",
+        "--model",
+        model,
+        "--data",
+        bad_path.to_str().unwrap(),
+    ]);
     assert!(!ok);
-    assert!(stderr.contains("user 3") && stderr.contains("item_rating"), "{stderr}");
+    assert!(
+        stderr.contains("user 3") && stderr.contains("item_rating"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -66,10 +102,37 @@ fn data_model_writes_an_hstu_directory_that_bench_and_predict_read() {
     let dir = tmp("data");
     let model = dir.join("m");
     let m = model.to_str().unwrap();
-    let (ok, _, stderr) = ember(&["data", "model", "--preset", "hstu-small", "--rows-scale", "0.01", "--out", m, "--placement", "ssd", "--ssd-min-rows", "500"]);
+    let (ok, _, stderr) = ember(&[
+        "data",
+        "model",
+        "--preset",
+        "hstu-small",
+        "--rows-scale",
+        "0.01",
+        "--out",
+        m,
+        "--placement",
+        "ssd",
+        "--ssd-min-rows",
+        "500",
+    ]);
     assert!(ok, "{stderr}");
     assert!(model.join("rows/item_id.rows").is_file());
-    let args = ["bench", "model", "--model", m, "--history", "30", "--candidates", "5", "--iters", "3", "--warmup", "1", "--json"];
+    let args = [
+        "bench",
+        "model",
+        "--model",
+        m,
+        "--history",
+        "30",
+        "--candidates",
+        "5",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+    ];
     let (ok, stdout, stderr) = ember(&args);
     assert!(ok, "{stderr}");
     let j = json_of(&stdout);

@@ -301,7 +301,10 @@ fn an_empty_batch_scores_nothing() {
     let model = load("hstu_small", None);
     let batch = model.check_users(&[], 0).unwrap();
     assert!(batch.is_empty() && batch.tokens() == 0);
-    let (s, _) = HstuPredictor::new(model.clone(), 2).unwrap().run(&batch).unwrap();
+    let (s, _) = HstuPredictor::new(model.clone(), 2)
+        .unwrap()
+        .run(&batch)
+        .unwrap();
     assert_eq!(s.tasks.len(), 4);
     assert!(s.scores.iter().all(|t| t.is_empty()));
     assert_eq!(s.offsets, vec![0]);
