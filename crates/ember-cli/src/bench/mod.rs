@@ -52,6 +52,7 @@ pub enum Bench {
 pub fn run(cmd: Bench) -> Result<()> {
     match cmd {
         Bench::Embed(a) => embed::run(a),
+        Bench::Model(a) if hstu::wants(&a) => hstu::run(&a),
         Bench::Model(a) => model::run(a),
         Bench::Tiered(a) => tiered::run(a),
         Bench::Remote(a) => remote::run(a),

@@ -128,9 +128,6 @@ impl ModelArgs {
 }
 
 pub fn run(a: ModelArgs) -> Result<()> {
-    if super::hstu::wants(&a) {
-        return super::hstu::run(&a);
-    }
     if a.batch == 0 || a.iters == 0 {
         bail!("--batch and --iters must be at least 1");
     }

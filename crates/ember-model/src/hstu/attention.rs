@@ -28,7 +28,7 @@ use rayon::prelude::*;
 use super::layers::silu;
 
 /// Query rows per block.
-pub const BQ: usize = 64;
+pub const BQ: usize = super::zmm::ROWS;
 /// Keys per block (a multiple of 32).
 pub const BK: usize = 256;
 
@@ -269,36 +269,22 @@ fn block_portable<const FMA: bool, const AVX512: bool>(
         }
         for j0 in (0..key_end).step_by(BK) {
             let cols = BK.min(key_end - j0);
-            for jg in (0..cols).step_by(4) {
-                let k: [&[f32]; 4] = std::array::from_fn(|x| {
-                    let j = j0 + (jg + x).min(cols - 1);
-                    &seq[j * w + kc..][..qk]
-                });
-                let acc = match AVX512 {
-                    // SAFETY: `AVX512` is set only by `block_avx512`, which runs where the CPU
-                    // has AVX-512 F.
-                    #[cfg(target_arch = "x86_64")]
-                    true => unsafe { zmm::scores_4x64(&k, qt, qk) },
-                    _ => scores_4x64::<FMA>(&k, qt, qk),
-                };
-                for (x, accx) in acc.iter().enumerate() {
-                    let j = jg + x;
-                    if j >= cols {
-                        break;
-                    }
-                    let dst: &mut [f32; BQ] =
-                        (&mut st[j * BQ..(j + 1) * BQ]).try_into().expect("BQ rows");
-                    for r in 0..BQ {
-                        dst[r] = silu_fast(alpha * accx[r]) * inv;
-                    }
-                    // History rows before this key do not see it.
-                    let hidden = (j0 + j)
-                        .saturating_sub(i0)
-                        .min(m.saturating_sub(i0))
-                        .min(BQ);
-                    dst[..hidden].fill(0.0);
-                }
-            }
+            key_scores::<FMA, AVX512>(
+                &Block {
+                    seq,
+                    w,
+                    i0,
+                    m,
+                    alpha,
+                    inv,
+                },
+                st,
+                qt,
+                kc,
+                qk,
+                j0,
+                cols,
+            );
             // The block's values, contiguous.
             for j in 0..cols {
                 vb[j * hid..(j + 1) * hid].copy_from_slice(&seq[(j0 + j) * w + vc..][..hid]);
@@ -314,7 +300,7 @@ fn block_portable<const FMA: bool, const AVX512: bool>(
                     let acc = if width == 64 && AVX512 {
                         #[cfg(target_arch = "x86_64")]
                         // SAFETY: as above.
-                        let acc = unsafe { zmm::values_4x64(st, r0, &vb[e0..], hid, hi) };
+                        let acc = unsafe { super::zmm::values_4x64(st, r0, &vb[e0..], hid, hi) };
                         #[cfg(not(target_arch = "x86_64"))]
                         let acc = values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi);
                         acc
@@ -337,6 +323,69 @@ fn block_portable<const FMA: bool, const AVX512: bool>(
             let p = silu(alpha * dot(qi, ki)) * inv;
             let oi = &mut out[(i - i0) * o + h * hid..][..hid];
             axpy(p, &seq[i * w + vc..][..hid], oi);
+        }
+    }
+}
+
+/// What a block's inner steps share: the user's rows of `uvqk` (`seq`, `w` values a row), the
+/// block's first row, the user's history length, the score scale and what sums are divided by.
+struct Block<'a> {
+    seq: &'a [f32],
+    w: usize,
+    i0: usize,
+    m: usize,
+    alpha: f32,
+    inv: f32,
+}
+
+/// Keys `j0 .. j0 + cols` (their qk values at column `kc`) against the block's transposed
+/// queries `qt`: their scores, key-major in `st`, after silu, scale and the causal mask.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn key_scores<const FMA: bool, const AVX512: bool>(
+    b: &Block<'_>,
+    st: &mut [f32],
+    qt: &[f32],
+    kc: usize,
+    qk: usize,
+    j0: usize,
+    cols: usize,
+) {
+    let Block {
+        seq,
+        w,
+        i0,
+        m,
+        alpha,
+        inv,
+    } = *b;
+    for jg in (0..cols).step_by(4) {
+        let k: [&[f32]; 4] = std::array::from_fn(|x| {
+            let j = j0 + (jg + x).min(cols - 1);
+            &seq[j * w + kc..][..qk]
+        });
+        let acc = match AVX512 {
+            // SAFETY: `AVX512` is set only by `block_avx512`, which runs where the CPU
+            // has AVX-512 F.
+            #[cfg(target_arch = "x86_64")]
+            true => unsafe { super::zmm::scores_4x64(&k, qt, qk) },
+            _ => scores_4x64::<FMA>(&k, qt, qk),
+        };
+        for (x, accx) in acc.iter().enumerate() {
+            let j = jg + x;
+            if j >= cols {
+                break;
+            }
+            let dst: &mut [f32; BQ] = (&mut st[j * BQ..(j + 1) * BQ]).try_into().expect("BQ rows");
+            for r in 0..BQ {
+                dst[r] = silu_fast(alpha * accx[r]) * inv;
+            }
+            // History rows before this key do not see it.
+            let hidden = (j0 + j)
+                .saturating_sub(i0)
+                .min(m.saturating_sub(i0))
+                .min(BQ);
+            dst[..hidden].fill(0.0);
         }
     }
 }
@@ -413,181 +462,6 @@ fn values_4xn(
         }
     }
     acc
-}
-
-/// The two inner loops in AVX-512 intrinsics: the compiler kept the portable versions'
-/// accumulators in registers but stored them to the stack on every step (measured: 20 GFLOP/s
-/// for the whole kernel against 40+ with these).
-#[cfg(target_arch = "x86_64")]
-mod zmm {
-    use std::arch::x86_64::*;
-
-    use super::BQ;
-
-    /// [`super::scores_4x64`] on zmm registers, its 16 sums in named registers (an array of them was kept on the stack).
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores_4x64(k: &[&[f32]; 4], qt: &[f32], qk: usize) -> [[f32; 64]; 4] {
-        assert!(qt.len() >= qk * BQ && k.iter().all(|k| k.len() >= qk));
-        let n = qk;
-        let kp = k.map(|k| k.as_ptr());
-        let mut c00 = _mm512_setzero_ps();
-        let mut c01 = _mm512_setzero_ps();
-        let mut c02 = _mm512_setzero_ps();
-        let mut c03 = _mm512_setzero_ps();
-        let mut c10 = _mm512_setzero_ps();
-        let mut c11 = _mm512_setzero_ps();
-        let mut c12 = _mm512_setzero_ps();
-        let mut c13 = _mm512_setzero_ps();
-        let mut c20 = _mm512_setzero_ps();
-        let mut c21 = _mm512_setzero_ps();
-        let mut c22 = _mm512_setzero_ps();
-        let mut c23 = _mm512_setzero_ps();
-        let mut c30 = _mm512_setzero_ps();
-        let mut c31 = _mm512_setzero_ps();
-        let mut c32 = _mm512_setzero_ps();
-        let mut c33 = _mm512_setzero_ps();
-        for i in 0..n {
-            // SAFETY: `i < n`: the row of 64 values at `p` and the 4 broadcast values are in
-            // bounds (asserted above).
-            unsafe {
-                let p = qt.as_ptr().add(i * BQ);
-                let l0 = _mm512_loadu_ps(p.add(0));
-                let l1 = _mm512_loadu_ps(p.add(16));
-                let l2 = _mm512_loadu_ps(p.add(32));
-                let l3 = _mm512_loadu_ps(p.add(48));
-                let b0 = _mm512_set1_ps(*kp[0].add(i));
-                c00 = _mm512_fmadd_ps(b0, l0, c00);
-                c01 = _mm512_fmadd_ps(b0, l1, c01);
-                c02 = _mm512_fmadd_ps(b0, l2, c02);
-                c03 = _mm512_fmadd_ps(b0, l3, c03);
-                let b1 = _mm512_set1_ps(*kp[1].add(i));
-                c10 = _mm512_fmadd_ps(b1, l0, c10);
-                c11 = _mm512_fmadd_ps(b1, l1, c11);
-                c12 = _mm512_fmadd_ps(b1, l2, c12);
-                c13 = _mm512_fmadd_ps(b1, l3, c13);
-                let b2 = _mm512_set1_ps(*kp[2].add(i));
-                c20 = _mm512_fmadd_ps(b2, l0, c20);
-                c21 = _mm512_fmadd_ps(b2, l1, c21);
-                c22 = _mm512_fmadd_ps(b2, l2, c22);
-                c23 = _mm512_fmadd_ps(b2, l3, c23);
-                let b3 = _mm512_set1_ps(*kp[3].add(i));
-                c30 = _mm512_fmadd_ps(b3, l0, c30);
-                c31 = _mm512_fmadd_ps(b3, l1, c31);
-                c32 = _mm512_fmadd_ps(b3, l2, c32);
-                c33 = _mm512_fmadd_ps(b3, l3, c33);
-            }
-        }
-        let mut out = [[0f32; 64]; 4];
-        // SAFETY: each `out[x]` holds 64 values.
-        unsafe {
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(0), c00);
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(16), c01);
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(32), c02);
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(48), c03);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(0), c10);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(16), c11);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(32), c12);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(48), c13);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(0), c20);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(16), c21);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(32), c22);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(48), c23);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(0), c30);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(16), c31);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(32), c32);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(48), c33);
-        }
-        out
-    }
-
-    /// [`super::values_4x64`] on zmm registers, as [`scores_4x64`].
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn values_4x64(
-        st: &[f32],
-        r0: usize,
-        v: &[f32],
-        stride: usize,
-        hi: usize,
-    ) -> [[f32; 64]; 4] {
-        assert!(
-            hi == 0 || ((hi - 1) * stride + 64 <= v.len() && (hi - 1) * BQ + r0 + 4 <= st.len())
-        );
-        let n = hi;
-        let mut c00 = _mm512_setzero_ps();
-        let mut c01 = _mm512_setzero_ps();
-        let mut c02 = _mm512_setzero_ps();
-        let mut c03 = _mm512_setzero_ps();
-        let mut c10 = _mm512_setzero_ps();
-        let mut c11 = _mm512_setzero_ps();
-        let mut c12 = _mm512_setzero_ps();
-        let mut c13 = _mm512_setzero_ps();
-        let mut c20 = _mm512_setzero_ps();
-        let mut c21 = _mm512_setzero_ps();
-        let mut c22 = _mm512_setzero_ps();
-        let mut c23 = _mm512_setzero_ps();
-        let mut c30 = _mm512_setzero_ps();
-        let mut c31 = _mm512_setzero_ps();
-        let mut c32 = _mm512_setzero_ps();
-        let mut c33 = _mm512_setzero_ps();
-        for i in 0..n {
-            // SAFETY: `i < n`: the row of 64 values at `p` and the 4 broadcast values are in
-            // bounds (asserted above).
-            unsafe {
-                let p = v.as_ptr().add(i * stride);
-                let l0 = _mm512_loadu_ps(p.add(0));
-                let l1 = _mm512_loadu_ps(p.add(16));
-                let l2 = _mm512_loadu_ps(p.add(32));
-                let l3 = _mm512_loadu_ps(p.add(48));
-                let b0 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0));
-                c00 = _mm512_fmadd_ps(b0, l0, c00);
-                c01 = _mm512_fmadd_ps(b0, l1, c01);
-                c02 = _mm512_fmadd_ps(b0, l2, c02);
-                c03 = _mm512_fmadd_ps(b0, l3, c03);
-                let b1 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0 + 1));
-                c10 = _mm512_fmadd_ps(b1, l0, c10);
-                c11 = _mm512_fmadd_ps(b1, l1, c11);
-                c12 = _mm512_fmadd_ps(b1, l2, c12);
-                c13 = _mm512_fmadd_ps(b1, l3, c13);
-                let b2 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0 + 2));
-                c20 = _mm512_fmadd_ps(b2, l0, c20);
-                c21 = _mm512_fmadd_ps(b2, l1, c21);
-                c22 = _mm512_fmadd_ps(b2, l2, c22);
-                c23 = _mm512_fmadd_ps(b2, l3, c23);
-                let b3 = _mm512_set1_ps(*st.get_unchecked(i * BQ + r0 + 3));
-                c30 = _mm512_fmadd_ps(b3, l0, c30);
-                c31 = _mm512_fmadd_ps(b3, l1, c31);
-                c32 = _mm512_fmadd_ps(b3, l2, c32);
-                c33 = _mm512_fmadd_ps(b3, l3, c33);
-            }
-        }
-        let mut out = [[0f32; 64]; 4];
-        // SAFETY: each `out[x]` holds 64 values.
-        unsafe {
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(0), c00);
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(16), c01);
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(32), c02);
-            _mm512_storeu_ps(out[0].as_mut_ptr().add(48), c03);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(0), c10);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(16), c11);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(32), c12);
-            _mm512_storeu_ps(out[1].as_mut_ptr().add(48), c13);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(0), c20);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(16), c21);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(32), c22);
-            _mm512_storeu_ps(out[2].as_mut_ptr().add(48), c23);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(0), c30);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(16), c31);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(32), c32);
-            _mm512_storeu_ps(out[3].as_mut_ptr().add(48), c33);
-        }
-        out
-    }
 }
 
 /// `<a, b>`.
