@@ -140,3 +140,46 @@ fn data_model_writes_an_hstu_directory_that_bench_and_predict_read() {
     assert!(j["p50_ms"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn data_model_writes_the_model_bench_model_builds_in_memory() {
+    use ember_model::hstu::presets::{preset, synthetic_users};
+    use ember_model::hstu::{HstuModel, HstuPredictor};
+    use std::sync::Arc;
+    let dir = tmp("same");
+    let model = dir.join("m");
+    let args = [
+        "data",
+        "model",
+        "--preset",
+        "hstu-small",
+        "--rows-scale",
+        "0.01",
+        "--seed",
+        "5",
+    ];
+    let (ok, _, stderr) = ember(
+        &[
+            &args[..],
+            &["--out", model.to_str().unwrap(), "--placement", "dram"],
+        ]
+        .concat(),
+    );
+    assert!(ok, "{stderr}");
+    let cfg = preset("hstu-small", 0.01, ember_embed::DType::F32).unwrap();
+    let built = Arc::new(HstuModel::random(cfg.clone(), 5, 2).unwrap());
+    let read = Arc::new(HstuModel::load(&model, Default::default()).unwrap());
+    let users = synthetic_users(&cfg, 4, 40, 6, 9);
+    let a = HstuPredictor::new(built.clone(), 1)
+        .unwrap()
+        .run(&built.check_users(&users, 0).unwrap())
+        .unwrap()
+        .0;
+    let b = HstuPredictor::new(read.clone(), 1)
+        .unwrap()
+        .run(&read.check_users(&users, 0).unwrap())
+        .unwrap()
+        .0;
+    assert_eq!(a, b);
+    std::fs::remove_dir_all(&dir).ok();
+}
