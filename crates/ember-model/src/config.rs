@@ -296,6 +296,19 @@ impl ModelConfig {
                 source,
             },
         )?;
+        #[derive(Deserialize)]
+        struct Family {
+            family: Option<String>,
+        }
+        if serde_json::from_str::<Family>(&text).is_ok_and(|f| f.family.as_deref() == Some("hstu"))
+        {
+            return Err(ModelError::Config {
+                path: path.into(),
+                reason: "an HSTU model (family hstu): `ember predict` and `ember bench model` run \
+                         it; `ember serve` and the registry do not serve HSTU models yet"
+                    .into(),
+            });
+        }
         let cfg: ModelConfig =
             serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
                 path: path.into(),

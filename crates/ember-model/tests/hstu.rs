@@ -309,3 +309,11 @@ fn an_empty_batch_scores_nothing() {
     assert!(s.scores.iter().all(|t| t.is_empty()));
     assert_eq!(s.offsets, vec![0]);
 }
+
+#[test]
+fn the_dlrm_loader_says_an_hstu_model_is_one() {
+    let e = ember_model::Model::load(&dir("hstu_small"), LoadOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("an HSTU model"), "{e}");
+    assert!(!HstuModel::is_hstu_dir(&dir("dlrm_dot")));
+    assert!(HstuModel::is_hstu_dir(&dir("hstu_ctx2")));
+}
