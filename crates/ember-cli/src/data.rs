@@ -243,18 +243,28 @@ fn placed_config(a: &ModelArgs) -> Result<(ModelConfig, Vec<u64>, Vec<bool>)> {
     };
     let mut cfg = ember_model::presets::preset_with(&a.preset, a.dtype, rows)?.config;
     cfg.dense_dtype = a.dense_dtype;
-    let bytes = table_bytes(&cfg.tables);
-    let ssd = place(a, &cfg.tables, &bytes)?;
-    for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
+    let (bytes, ssd) = place_tables(a, &mut cfg.tables, &mut cfg.tier)?;
+    Ok((cfg, bytes, ssd))
+}
+
+/// Places `tables` as `--placement` says (those on the SSD tier marked so, and `tier` given
+/// `--cache-mb` when any is): each table's bytes, and which are on the SSD tier.
+fn place_tables(
+    a: &ModelArgs,
+    tables: &mut [TableConfig],
+    tier: &mut Option<ember_model::config::TierConfig>,
+) -> Result<(Vec<u64>, Vec<bool>)> {
+    let bytes = table_bytes(tables);
+    let ssd = place(a, tables, &bytes)?;
+    for (t, on_ssd) in tables.iter_mut().zip(&ssd) {
         if *on_ssd {
             t.placement = Placement::Ssd;
         }
     }
     if ssd.iter().any(|&s| s) {
-        let tier = cfg.tier.get_or_insert_with(Default::default);
-        tier.cache_mb = a.cache_mb;
+        tier.get_or_insert_with(Default::default).cache_mb = a.cache_mb;
     }
-    Ok((cfg, bytes, ssd))
+    Ok((bytes, ssd))
 }
 
 /// An HSTU preset's (`dlrm-v3`, `hstu-small`) tables, dense tensors and config.json, each
@@ -277,16 +287,7 @@ fn placed_hstu_config(
             .for_each(|t| t.rows = t.rows.min(a.max_rows));
     }
     cfg.dense_dtype = a.dense_dtype;
-    let bytes = table_bytes(&cfg.tables);
-    let ssd = place(a, &cfg.tables, &bytes)?;
-    for (t, on_ssd) in cfg.tables.iter_mut().zip(&ssd) {
-        if *on_ssd {
-            t.placement = Placement::Ssd;
-        }
-    }
-    if ssd.iter().any(|&s| s) {
-        cfg.tier.get_or_insert_with(Default::default).cache_mb = a.cache_mb;
-    }
+    let (bytes, ssd) = place_tables(a, &mut cfg.tables, &mut cfg.tier)?;
     let dense = ember_model::hstu::random_dense_tensors(&cfg, a.seed)?;
     Ok((
         cfg.tables.clone(),

@@ -282,6 +282,16 @@ impl From<PoolingName> for Pooling {
     }
 }
 
+/// Whether a config.json's text says `"family": "hstu"` (an HSTU model, which
+/// [`crate::hstu::HstuModel`] reads).
+pub(crate) fn is_hstu_family(text: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Family {
+        family: Option<String>,
+    }
+    serde_json::from_str::<Family>(text).is_ok_and(|f| f.family.as_deref() == Some("hstu"))
+}
+
 /// Whether `name` can be used as a file name inside a directory (no separators, not `.`/`..`).
 pub fn safe_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
@@ -296,12 +306,7 @@ impl ModelConfig {
                 source,
             },
         )?;
-        #[derive(Deserialize)]
-        struct Family {
-            family: Option<String>,
-        }
-        if serde_json::from_str::<Family>(&text).is_ok_and(|f| f.family.as_deref() == Some("hstu"))
-        {
+        if is_hstu_family(&text) {
             return Err(ModelError::Config {
                 path: path.into(),
                 reason: "an HSTU model (family hstu): `ember predict` and `ember bench model` run \

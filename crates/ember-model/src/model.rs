@@ -41,6 +41,28 @@ pub struct LoadOptions {
     pub name: Option<String>,
 }
 
+impl LoadOptions {
+    /// Applies the options that override config.json (placement, the remote store, the dense
+    /// dtype) to a config's parts, for either family.
+    pub(crate) fn override_config(
+        &self,
+        tables: &mut [crate::config::TableConfig],
+        remote: &mut Option<RemoteConfig>,
+        dense_dtype: &mut DenseDType,
+    ) {
+        if let Some(p) = self.placement {
+            tables.iter_mut().for_each(|t| t.placement = p);
+        }
+        *remote = self.remote.apply(remote.take());
+        if let (Some(r), Some(name)) = (remote.as_mut(), &self.name) {
+            r.model.get_or_insert_with(|| name.clone());
+        }
+        if let Some(d) = self.dense_dtype {
+            *dense_dtype = d;
+        }
+    }
+}
+
 /// What a command line overrides in config.json's `remote` object; `redis` is needed where the
 /// config has none.
 #[derive(Debug, Clone, Default)]
@@ -139,16 +161,11 @@ impl Model {
             });
         }
         let mut config = ModelConfig::read(&dir.join("config.json"))?;
-        if let Some(p) = opts.placement {
-            config.tables.iter_mut().for_each(|t| t.placement = p);
-        }
-        config.remote = opts.remote.apply(config.remote.take());
-        if let (Some(r), Some(name)) = (config.remote.as_mut(), &opts.name) {
-            r.model.get_or_insert_with(|| name.clone());
-        }
-        if let Some(d) = opts.dense_dtype {
-            config.dense_dtype = d;
-        }
+        opts.override_config(
+            &mut config.tables,
+            &mut config.remote,
+            &mut config.dense_dtype,
+        );
         let w = read_weights(
             &dir.join("model.safetensors"),
             &config,

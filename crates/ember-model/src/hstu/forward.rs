@@ -211,7 +211,7 @@ fn forward(
     contextual(model, s, batch);
     encodings(model, s, batch);
     times.preprocess = t.elapsed();
-    let seqs = sequences(model, batch, norm);
+    let seqs = sequences(batch, norm);
     for l in 0..model.weights.layers.len() {
         stu_layer(model, l, dense, s, &seqs, &mut times);
     }
@@ -235,17 +235,20 @@ fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &Hstu
     let merged = |s: &mut Scratch, pairs: &[(usize, usize)]| {
         s.input.clear();
         s.input.resize(tokens * td * pairs.len(), 0.0);
+        let cols: Vec<_> = pairs
+            .iter()
+            .map(|&(a, b)| (model.cols(a), model.cols(b)))
+            .collect();
         for (row, out) in s
             .emb
             .chunks_exact(total)
             .zip(s.input.chunks_exact_mut(td * pairs.len()))
         {
-            for (k, &(a, b)) in pairs.iter().enumerate() {
-                let (ca, cb) = (model.cols(a), model.cols(b));
+            for (k, (ca, cb)) in cols.iter().enumerate() {
                 for ((o, x), y) in out[k * td..(k + 1) * td]
                     .iter_mut()
-                    .zip(&row[ca])
-                    .zip(&row[cb])
+                    .zip(&row[ca.clone()])
+                    .zip(&row[cb.clone()])
                 {
                     *o = x + y;
                 }
@@ -361,8 +364,7 @@ pub fn time_bucket(query: i64, ts: i64) -> i64 {
 }
 
 /// The batch's users as attention sees them, each with what its sums are divided by.
-fn sequences(model: &HstuModel, batch: &HstuBatch, norm: AttentionNorm) -> Vec<Seq> {
-    let _ = model;
+fn sequences(batch: &HstuBatch, norm: AttentionNorm) -> Vec<Seq> {
     // The reference's `max_seq_len`: contextual slots + the longest history + the most
     // candidates (not the longest sequence).
     let longest = batch.slots()

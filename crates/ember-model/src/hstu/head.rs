@@ -53,6 +53,7 @@ pub(crate) fn head(
     s.cand.clear();
     let items = roles.items.len() * td;
     s.item.clear();
+    let item_cols: Vec<_> = roles.items.iter().map(|&f| model.cols(f)).collect();
     let mut qtimes = Vec::with_capacity(n);
     let mut offsets = vec![0];
     for u in batch.users() {
@@ -61,8 +62,8 @@ pub(crate) fn head(
             s.cand.extend_from_slice(&x[t * d..(t + 1) * d]);
             qtimes.push(batch.times[t]);
             let row = &emb[t * total..(t + 1) * total];
-            for &f in &roles.items {
-                s.item.extend_from_slice(&row[model.cols(f)]);
+            for c in &item_cols {
+                s.item.extend_from_slice(&row[c.clone()]);
             }
         }
         offsets.push(offsets.last().unwrap() + u.candidates);

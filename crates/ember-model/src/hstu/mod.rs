@@ -72,26 +72,17 @@ impl HstuModel {
         ) else {
             return false;
         };
-        #[derive(serde::Deserialize)]
-        struct Family {
-            family: Option<String>,
-        }
-        serde_json::from_str::<Family>(&text).is_ok_and(|f| f.family.as_deref() == Some("hstu"))
+        crate::config::is_hstu_family(&text)
     }
 
     /// Loads `dir/config.json` and `dir/model.safetensors`.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<HstuModel> {
         let mut config = HstuModelConfig::read(&dir.join("config.json"))?;
-        if let Some(p) = opts.placement {
-            config.tables.iter_mut().for_each(|t| t.placement = p);
-        }
-        config.remote = opts.remote.apply(config.remote.take());
-        if let (Some(r), Some(name)) = (config.remote.as_mut(), &opts.name) {
-            r.model.get_or_insert_with(|| name.clone());
-        }
-        if let Some(d) = opts.dense_dtype {
-            config.dense_dtype = d;
-        }
+        opts.override_config(
+            &mut config.tables,
+            &mut config.remote,
+            &mut config.dense_dtype,
+        );
         config.check().map_err(|reason| ModelError::Config {
             path: dir.join("config.json"),
             reason,
@@ -100,7 +91,7 @@ impl HstuModel {
         let map = map_weights(&path)?;
         let mut r = Reader::new(&path, &map)?;
         let weights = read_dense(&config, &mut |name, shape| r.f32s(name, shape))?;
-        if config.hstu_additional_empty() {
+        if config.additional_features().is_empty() {
             r.allow_unused_prefix(&format!("{PRE}._additional_embedding_mlp."));
         }
         let tables = r.tables(
@@ -255,11 +246,5 @@ impl HstuModel {
         let pairs = m * (m + 1.0) / 2.0 + c * (m + 1.0);
         let per_pair = (h.hstu_num_heads * (h.hstu_attn_qk_dim + h.hstu_attn_linear_dim)) as f64;
         (dense, pairs * per_pair * h.hstu_attn_num_layers as f64)
-    }
-}
-
-impl HstuModelConfig {
-    fn hstu_additional_empty(&self) -> bool {
-        self.additional_features().is_empty()
     }
 }
