@@ -93,6 +93,16 @@ import warnings
 import torch
 
 SITE = os.path.dirname(os.path.dirname(torch.__file__))
+
+
+def _site_of(top):
+    """The directory holding package `top`: torch's site-packages, else the first of sys.path
+    (a GPU machine's packages unpacked beside torch's, on PYTHONPATH)."""
+    for d in [SITE] + [p for p in sys.path if p]:
+        if os.path.isdir(os.path.join(d, top)):
+            return d
+    return SITE
+
 GR_ROOT = os.environ.get("GR_ROOT", "/work/gr")
 SHIMMED = []  # fbgemm ops given a plain-PyTorch implementation
 NATIVE_FBGEMM = None  # whether fbgemm_gpu's native library loaded
@@ -245,7 +255,7 @@ def _install_shims():
 
 def _bare_package(name):
     mod = types.ModuleType(name)
-    mod.__path__ = [os.path.join(SITE, *name.split("."))]
+    mod.__path__ = [os.path.join(_site_of(name.split(".")[0]), *name.split("."))]
     sys.modules[name] = mod
     parent, _, child = name.rpartition(".")
     if parent and parent in sys.modules:
@@ -268,12 +278,12 @@ def _setup():
     if not NATIVE_FBGEMM:
         for k in [k for k in sys.modules if k == "fbgemm_gpu" or k.startswith("fbgemm_gpu.")]:
             del sys.modules[k]
-        if os.path.isdir(os.path.join(SITE, "fbgemm_gpu")):
+        if os.path.isdir(os.path.join(_site_of("fbgemm_gpu"), "fbgemm_gpu")):
             _bare_package("fbgemm_gpu")
         else:
             sys.modules["fbgemm_gpu"] = types.ModuleType("fbgemm_gpu")
     _install_shims()
-    if not os.path.isdir(os.path.join(SITE, "torchrec")):
+    if not os.path.isdir(os.path.join(_site_of("torchrec"), "torchrec")):
         raise ImportError("torchrec is not installed: pip install torchrec")
     if NATIVE_FBGEMM:
         import torchrec  # noqa: F401

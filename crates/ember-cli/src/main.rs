@@ -8,6 +8,7 @@ mod data;
 mod dense;
 mod device;
 mod gpu_args;
+mod hstu_engine;
 mod loadgen;
 mod logging;
 mod paths;

@@ -10,6 +10,17 @@ pub const POOL_SRC: &str = include_str!("kernels/pool.cu");
 pub const DEDUP_SRC: &str = include_str!("kernels/dedup.cu");
 /// Dense-part kernels (bias, activations, interactions).
 pub const MODEL_SRC: &str = include_str!("kernels/model.cu");
+/// The HSTU model's kernels (compiled after [`MODEL_SRC`], with `QK` and `HID` defined).
+pub const HSTU_SRC: &str = include_str!("kernels/hstu.cu");
+
+/// The HSTU module's source for attention widths `qk` (q, k) and `hid` (u, v) per head, and
+/// its name (the module cache's key).
+pub fn hstu_source(qk: usize, hid: usize) -> (String, String) {
+    (
+        format!("{MODEL_SRC}\n#define QK {qk}\n#define HID {hid}\n{HSTU_SRC}"),
+        format!("hstu_q{qk}_h{hid}.cu"),
+    )
+}
 
 /// How one feature's rows are loaded: elements per chunk, lanes per bag, chunks per lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -4,12 +4,12 @@
 //! predictor. Built where there is no CUDA device, every test is ignored, saying why (build.rs);
 //! run with `--include-ignored` there, a test skips, saying why.
 
+mod common;
+
 use std::sync::Arc;
 
-use ember_cuda::Gpu;
-use ember_cuda::{
-    GpuEmbeddings, GpuModel, GpuPredictor, HotPlan, TuneCache, Variant, cuda_available,
-};
+use common::gpu;
+use ember_cuda::{GpuEmbeddings, GpuModel, GpuPredictor, HotPlan, TuneCache, Variant};
 use ember_embed::{
     DType, EmbeddingCollection, EmbeddingTable, Feature, Ids, KeyedJagged, Pooling, pooled_lookup,
 };
@@ -17,18 +17,6 @@ use ember_model::config::{InteractionConfig, ModelConfig, PairOrder, PoolingName
 use ember_model::{Engine, Model, Predictor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-/// The device; a test that needs one and finds none fails saying so (it is built as ignored
-/// where no device node was, and runs anyway with --include-ignored).
-fn gpu() -> Arc<Gpu> {
-    if let Err(why) = cuda_available() {
-        match cfg!(ember_cuda_device) {
-            true => panic!("a CUDA device was present when this test was built, and now: {why}"),
-            false => panic!("this test needs a CUDA device: {why}"),
-        }
-    }
-    Gpu::open(0).expect("a CUDA device is present")
-}
 
 /// A random collection: 1-4 tables of random dtype and (often odd) dim, 1-5 features.
 fn random_collection(rng: &mut StdRng) -> EmbeddingCollection {

@@ -100,3 +100,19 @@ fn dedup_and_model_kernels_compile() {
         compile_cubin(MODEL_SRC, "model.cu", arch, &[]).unwrap();
     }
 }
+
+#[test]
+#[cfg_attr(
+    not(ember_nvrtc),
+    ignore = "needs libnvrtc.so (none on LD_LIBRARY_PATH when built)"
+)]
+fn hstu_kernels_compile_for_every_width() {
+    require_nvrtc();
+    // MLPerf DLRMv3 (128), hstu-small (32), the parity fixtures' odd widths (no tensor cores).
+    for (qk, hid) in [(128, 128), (32, 32), (7, 6), (16, 8), (64, 24)] {
+        let (src, name) = ember_cuda::kernels::hstu_source(qk, hid);
+        for arch in ["sm_80", "sm_90"] {
+            compile_cubin(&src, &name, arch, &[]).unwrap();
+        }
+    }
+}

@@ -22,6 +22,7 @@ use ember_model::{DenseDType, DenseIsa, LoadOptions};
 use serde_json::json;
 
 use super::model::ModelArgs;
+use crate::hstu_engine::HstuEngine;
 
 /// Synthetic users cycled through when no `--users` file is given.
 const DISTINCT_USERS: usize = 8;
@@ -36,34 +37,47 @@ pub fn run(a: &ModelArgs) -> Result<()> {
     if a.iters == 0 {
         bail!("--iters must be at least 1");
     }
-    let (model, users) = set_up(a)?;
-    let mut p = HstuPredictor::new(model.clone(), a.threads)?;
-    p.set_dense_dtype(a.dense_dtype)?;
-    if let Some(n) = &a.attention_norm {
-        p.set_attention_norm(n.parse()?);
+    if a.users_per_batch == 0 {
+        bail!("--users-per-batch must be at least 1");
     }
-    let (kind, peak) = ceiling(a.dense_dtype, a.threads);
+    let (model, users) = set_up(a)?;
+    let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
+    let mut p = HstuEngine::new(&a.gpu, model.clone(), a.threads, a.dense_dtype, norm)?;
+    let (kind, peak) = match p.is_gpu() {
+        true => (PeakKind::Fma32, None),
+        false => ceiling(a.dense_dtype, a.threads),
+    };
+    let per = a.users_per_batch;
+    let group = |k: usize| -> Vec<User> {
+        (0..per)
+            .map(|j| users[(k * per + j) % users.len()].clone())
+            .collect()
+    };
     for i in 0..a.warmup {
-        score(&model, &mut p, &users[i % users.len()])?;
+        score(&model, &mut p, &group(i))?;
     }
     let mut lat = Vec::with_capacity(a.iters);
     let mut times = HstuTimes::default();
     let (mut tokens, mut cands, mut flops) = (0usize, 0usize, (0f64, 0f64));
+    let batches: Vec<Vec<User>> = (0..a.iters).map(|i| group(a.warmup + i)).collect();
     let start = Instant::now();
-    for i in 0..a.iters {
-        let u = &users[(a.warmup + i) % users.len()];
+    for g in &batches {
         let t = Instant::now();
-        let (n, c, st) = score(&model, &mut p, u)?;
+        let (n, c, st) = score(&model, &mut p, g)?;
         lat.push(t.elapsed().as_secs_f64() * 1e3);
         times = times.plus(st);
         tokens += n;
         cands += c;
-        let f = layer_flops(&model, u);
-        flops = (flops.0 + f.0, flops.1 + f.1);
+        for u in g {
+            let f = layer_flops(&model, u);
+            flops = (flops.0 + f.0, flops.1 + f.1);
+        }
     }
     let wall = start.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
     let r = Measured {
+        engine: p.describe(),
+        per,
         lat,
         times,
         wall,
@@ -75,7 +89,7 @@ pub fn run(a: &ModelArgs) -> Result<()> {
     };
     let acc = match a.accuracy {
         0 => None,
-        n => Some(accuracy(a, &model, n)?),
+        n => Some(accuracy(a, &model, n, &mut p)?),
     };
     print(a, &model, &r, acc.as_ref());
     Ok(())
@@ -136,9 +150,13 @@ pub fn read_users(path: &std::path::Path) -> Result<Vec<User>> {
         .collect()
 }
 
-/// One user scored alone: its tokens, candidates and the pass's times.
-fn score(model: &HstuModel, p: &mut HstuPredictor, u: &User) -> Result<(usize, usize, HstuTimes)> {
-    let batch = model.check_users(std::slice::from_ref(u), 0)?;
+/// Users scored in one pass: their tokens, candidates and the pass's times.
+fn score(
+    model: &HstuModel,
+    p: &mut HstuEngine,
+    users: &[User],
+) -> Result<(usize, usize, HstuTimes)> {
+    let batch = model.check_users(users, 0)?;
     let (s, t) = p.run(&batch)?;
     if s.scores.iter().flatten().any(|v| !v.is_finite()) {
         bail!("non-finite scores");
@@ -185,6 +203,11 @@ fn ceiling(dtype: DenseDType, threads: usize) -> (PeakKind, Option<f64>) {
 }
 
 struct Measured {
+    /// What ran the pass.
+    engine: String,
+    /// Users a pass.
+    per: usize,
+    /// Milliseconds a pass.
     lat: Vec<f64>,
     times: HstuTimes,
     wall: f64,
@@ -196,8 +219,8 @@ struct Measured {
     kind: PeakKind,
 }
 
-/// bf16's (or f32's) AUC and NE against f32's on `n` synthetic users, labels drawn from f32's
-/// probabilities of the first task.
+/// The timed engine's AUC and NE (bf16 or f32, CPU or GPU) against the CPU's f32 pass on `n`
+/// synthetic users, labels drawn from f32's probabilities of the first task.
 struct Accuracy {
     candidates: usize,
     auc: (f64, f64),
@@ -205,12 +228,19 @@ struct Accuracy {
     max_abs: f32,
 }
 
-fn accuracy(a: &ModelArgs, model: &Arc<HstuModel>, n: usize) -> Result<Accuracy> {
+fn accuracy(
+    a: &ModelArgs,
+    model: &Arc<HstuModel>,
+    n: usize,
+    low: &mut HstuEngine,
+) -> Result<Accuracy> {
     let users = synthetic_users(model.config(), n, a.history, a.candidates, a.seed ^ 0xacc);
+    // The reference: the CPU's f32 pass (also when the engine timed is a GPU's).
     let mut f32p = HstuPredictor::new(model.clone(), a.threads)?;
     f32p.set_dense_dtype(DenseDType::F32)?;
-    let mut low = HstuPredictor::new(model.clone(), a.threads)?;
-    low.set_dense_dtype(a.dense_dtype)?;
+    if let Some(n) = &a.attention_norm {
+        f32p.set_attention_norm(n.parse()?);
+    }
     let (mut p32, mut plow) = (Vec::new(), Vec::new());
     for (i, u) in users.iter().enumerate() {
         let b = model.check_users(std::slice::from_ref(u), i)?;
@@ -248,7 +278,8 @@ fn accuracy(a: &ModelArgs, model: &Arc<HstuModel>, n: usize) -> Result<Accuracy>
 fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>) {
     let q = |x: f64| quantile(&r.lat, x);
     let mean = r.lat.iter().sum::<f64>() / r.lat.len() as f64;
-    let users_per_s = r.lat.len() as f64 / r.wall;
+    let users = r.lat.len() * r.per;
+    let users_per_s = users as f64 / r.wall;
     let sum = |d: Duration| d.as_secs_f64();
     let gflops = |f: f64, d: Duration| f / sum(d).max(1e-12) / 1e9;
     let (gp, ga) = (
@@ -258,19 +289,18 @@ fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>)
     let share = |g: f64| r.peak.map(|p| g * 1e9 / p);
     let cpu = super::cpu_name();
     eprintln!(
-        "{} on {cpu}, {} threads, dense {}, attention divided by: {}",
+        "{} on {}, host {cpu}, attention divided by: {}",
         a.model
             .as_ref()
             .map_or(a.preset.clone(), |d| d.display().to_string()),
-        a.threads,
-        a.dense_dtype,
+        r.engine,
         a.attention_norm
             .as_deref()
             .unwrap_or(model.config().attention_norm.name()),
     );
     eprintln!(
-        "{} users ({} tokens, {} candidates): {:.2} users/s, per user p50 {:.2} ms, p99 {:.2} ms, mean {:.2} ms",
-        r.lat.len(),
+        "{users} users in passes of {} ({} tokens, {} candidates): {:.2} users/s, per pass p50 {:.2} ms, p99 {:.2} ms, mean {:.2} ms",
+        r.per,
         r.tokens,
         r.candidates,
         users_per_s,
@@ -289,7 +319,7 @@ fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>)
     );
     if let Some(acc) = acc {
         eprintln!(
-            "accuracy on {} candidates (labels drawn from f32's scores): AUC f32 {:.5}, {} {:.5} ({:.3}%); NE f32 {:.5}, {} {:.5} ({:.3}%); max |score diff| {:.2e}",
+            "accuracy on {} candidates (labels drawn from the CPU's f32 scores): AUC f32 {:.5}, {} {:.5} ({:.3}%); NE f32 {:.5}, {} {:.5} ({:.3}%); max |score diff| {:.2e}",
             acc.candidates,
             acc.auc.0,
             a.dense_dtype,
@@ -308,8 +338,11 @@ fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>)
             "cpu": cpu,
             "threads": a.threads,
             "dense_dtype": a.dense_dtype.name(),
-            "users_timed": r.lat.len(),
+            "engine": r.engine,
+            "users_per_batch": r.per,
+            "users_timed": users,
             "users_per_s": users_per_s,
+            "candidates_per_s": r.candidates as f64 / r.wall,
             "p50_ms": q(0.5),
             "p99_ms": q(0.99),
             "mean_ms": mean,

@@ -48,6 +48,10 @@ pub struct ModelArgs {
     /// HSTU: what attention is divided by, alone or batch_max [default: the model's].
     #[arg(long, value_name = "RULE")]
     pub(crate) attention_norm: Option<String>,
+    /// HSTU: users scored in one forward pass (MLPerf's Server scenario sends one; a GPU
+    /// wants several).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) users_per_batch: usize,
     /// Samples per batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
@@ -97,7 +101,7 @@ pub struct ModelArgs {
     #[arg(long, value_name = "FILE.html")]
     report: Option<std::path::PathBuf>,
     #[command(flatten)]
-    gpu: crate::gpu_args::GpuArgs,
+    pub(crate) gpu: crate::gpu_args::GpuArgs,
     /// With --device cuda, where each batch starts. pinned: in page-locked memory made ahead and
     /// not timed (as PyTorch's side of bench/compare_torch_dlrm.py pins its inputs), copied as
     /// it is and checked on the device; staged: in ordinary memory, checked and staged by the

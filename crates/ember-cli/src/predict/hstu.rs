@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use ember_model::hstu::{HstuModel, HstuPredictor, HstuScores, HstuTimes, User};
+use ember_model::hstu::{HstuModel, HstuScores, HstuTimes, User};
 use serde_json::json;
 
 use super::PredictArgs;
+use crate::hstu_engine::HstuEngine;
 
 /// The most tokens (the sum of the users' sequence lengths) one batch holds.
 pub const TOKEN_BUDGET: usize = 1 << 16;
@@ -26,16 +27,12 @@ pub fn run(a: &PredictArgs, model_dir: &Path, data: &Path) -> Result<()> {
     if a.data.is_none() {
         bail!("an hstu model scores users: give them with --data users.jsonl (one user a line)");
     }
-    if a.gpu.is_cuda() {
-        bail!("--device cuda does not run hstu models yet: they run on the CPU");
-    }
     let model = HstuModel::load(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))
         .with_context(|| format!("loading model {}", model_dir.display()))?;
     let model = Arc::new(model);
-    let mut predictor = HstuPredictor::new(model.clone(), a.threads)?;
-    if let Some(n) = &a.attention_norm {
-        predictor.set_attention_norm(n.parse()?);
-    }
+    let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
+    let dense = model.config().dense_dtype;
+    let mut predictor = HstuEngine::new(&a.gpu, model.clone(), a.threads, dense, norm)?;
     let (input, _) = super::open_data(data)?;
     let mut out = super::open_out(a)?;
     let start = Instant::now();
@@ -90,11 +87,10 @@ pub fn run(a: &PredictArgs, model_dir: &Path, data: &Path) -> Result<()> {
         .unwrap_or(model.config().attention_norm.name());
     eprintln!(
         "{users} users, {cands} candidates in {wall:.3} s: {:.1} users/s, {:.0} candidates/s \
-         ({} threads, dense {}, attention divided by: {norm})",
+         ({}, attention divided by: {norm})",
         users as f64 / wall,
         cands as f64 / wall,
-        a.threads,
-        predictor.dense_dtype(),
+        predictor.describe(),
     );
     eprintln!("{}", breakdown(&times));
     if a.json {

@@ -2,8 +2,9 @@
 //! embedding stage's launches, the MLPs through cuBLAS SGEMM plus a bias-and-activation kernel,
 //! the interaction kernels, with events marking the stages.
 
+use cudarc::cublas::CudaBlas;
 use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::{DevInteraction, DevLinear, GpuPredictor};
 use crate::device::dptr;
@@ -189,39 +190,8 @@ impl GpuPredictor {
         Ok(())
     }
 
-    /// `y = x W^T` (row-major `[batch, in] -> [batch, out]`) through cuBLAS's column-major
-    /// SGEMM: `y^T = W x^T`, with `W` read transposed from its row-major `[out, in]` layout.
     fn gemm(&self, l: &DevLinear, x: u64, batch: usize, y: u64) -> Result<()> {
-        if batch == 0 {
-            return Ok(());
-        }
-        let stream = self.m.gpu.compute();
-        let w = dptr(&l.w, stream);
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: w holds out x in floats, x holds batch x in, y holds batch x out (sized at
-        // submit); the handle runs on the compute stream that orders every use.
-        unsafe {
-            cudarc::cublas::result::sgemm(
-                *self.blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                l.n_out as i32,
-                batch as i32,
-                l.n_in as i32,
-                &alpha,
-                w as *const f32,
-                l.n_in as i32,
-                x as *const f32,
-                l.n_in as i32,
-                &beta,
-                y as *mut f32,
-                l.n_out as i32,
-            )
-        }
-        .map_err(|source| CudaError::Blas {
-            what: "SGEMM",
-            source,
-        })
+        sgemm_xwt(&self.blas, self.m.gpu.compute(), l, x, batch, y)
     }
 
     /// A linear layer with its bias and activation.
@@ -265,7 +235,49 @@ impl GpuPredictor {
     }
 }
 
-pub(super) fn grid(total: i64) -> LaunchConfig {
+/// `y = x W^T` (row-major `[rows, in] -> [rows, out]`) through cuBLAS's column-major SGEMM:
+/// `y^T = W x^T`, with `W` read transposed from its row-major `[out, in]` layout. Nothing for
+/// no rows. `blas` runs on `stream`.
+pub(crate) fn sgemm_xwt(
+    blas: &CudaBlas,
+    stream: &CudaStream,
+    l: &DevLinear,
+    x: u64,
+    rows: usize,
+    y: u64,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let w = dptr(&l.w, stream);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: w holds out x in floats, x holds rows x in, y holds rows x out (the callers size
+    // them); the handle runs on the stream that orders every use.
+    unsafe {
+        cudarc::cublas::result::sgemm(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            l.n_out as i32,
+            rows as i32,
+            l.n_in as i32,
+            &alpha,
+            w as *const f32,
+            l.n_in as i32,
+            x as *const f32,
+            l.n_in as i32,
+            &beta,
+            y as *mut f32,
+            l.n_out as i32,
+        )
+    }
+    .map_err(|source| CudaError::Blas {
+        what: "SGEMM",
+        source,
+    })
+}
+
+pub(crate) fn grid(total: i64) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((total as u64).div_ceil(256) as u32, 1, 1),
         block_dim: (256, 1, 1),

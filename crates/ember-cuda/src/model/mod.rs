@@ -12,12 +12,14 @@
 
 mod forward;
 mod forward_bf16;
-mod lt;
+pub(crate) mod lt;
 mod pinned;
 mod predictor;
 
+pub(crate) use forward::{grid, sgemm_xwt};
 pub use pinned::PinnedBatch;
 pub use predictor::SLOTS;
+pub(crate) use predictor::grow;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -38,18 +40,18 @@ use crate::tune::TuneCache;
 /// A linear layer on the device: f32 weights and bias, and with bf16 dense layers their bf16
 /// copies too (the f32 bias serves layers whose output stays f32).
 #[derive(Debug)]
-struct DevLinear {
-    w: CudaSlice<f32>,
-    b: CudaSlice<f32>,
-    w16: Option<CudaSlice<u16>>,
-    b16: Option<CudaSlice<u16>>,
-    n_in: usize,
-    n_out: usize,
-    relu: bool,
+pub(crate) struct DevLinear {
+    pub(crate) w: CudaSlice<f32>,
+    pub(crate) b: CudaSlice<f32>,
+    pub(crate) w16: Option<CudaSlice<u16>>,
+    pub(crate) b16: Option<CudaSlice<u16>>,
+    pub(crate) n_in: usize,
+    pub(crate) n_out: usize,
+    pub(crate) relu: bool,
 }
 
 impl DevLinear {
-    fn upload(gpu: &Gpu, l: &Linear, dense: DenseDType) -> Result<DevLinear> {
+    pub(crate) fn upload(gpu: &Gpu, l: &Linear, dense: DenseDType) -> Result<DevLinear> {
         let s = gpu.compute();
         let bf16 = |v: &[f32], what| -> Result<Option<CudaSlice<u16>>> {
             match dense {

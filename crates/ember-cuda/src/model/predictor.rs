@@ -38,7 +38,7 @@ enum Input<'a> {
 
 /// Grows `buf` to at least `len` elements (allocation is ordered on the compute stream; the
 /// caller synchronizes before a copy stream touches a new buffer).
-pub(super) fn grow<T: DeviceRepr + ValidAsZeroBits>(
+pub(crate) fn grow<T: DeviceRepr + ValidAsZeroBits>(
     gpu: &Gpu,
     buf: &mut Option<CudaSlice<T>>,
     len: usize,

@@ -24,10 +24,11 @@ use ember_embed::{Dedup, PoolOptions, Pooler, Pooling, StagedBatch};
 
 use super::HstuModel;
 use super::attention::{self, Seq, Shape};
-use super::config::{AttentionNorm, TimeBucketClamp};
+use super::config::AttentionNorm;
 pub use super::head::HstuScores;
 use super::head::{HeadScratch, head};
 use super::layers::{DenseCtx, for_rows, moments, silu};
+use super::plan;
 use super::request::HstuBatch;
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
@@ -211,7 +212,7 @@ fn forward(
     contextual(model, s, batch);
     encodings(model, s, batch);
     times.preprocess = t.elapsed();
-    let seqs = sequences(batch, norm);
+    let seqs = plan::sequences(batch, norm);
     for l in 0..model.weights.layers.len() {
         stu_layer(model, l, dense, s, &seqs, &mut times);
     }
@@ -268,22 +269,7 @@ fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &Hstu
         let width = a.mlp.in_dim();
         s.input.clear();
         s.input.resize(tokens * width, 0.0);
-        for u in batch.users() {
-            let h0 = u.start + batch.slots();
-            for t in h0..h0 + u.history {
-                let row = &mut s.input[t * width..(t + 1) * width];
-                for (k, &bit) in a.weights.iter().enumerate() {
-                    if batch.actions[t] & bit > 0 {
-                        let e = &a.table[k * super::ACTION_DIM..(k + 1) * super::ACTION_DIM];
-                        row[k * super::ACTION_DIM..(k + 1) * super::ACTION_DIM].copy_from_slice(e);
-                    }
-                }
-            }
-            let c0 = h0 + u.history;
-            for t in c0..c0 + u.candidates {
-                s.input[t * width..(t + 1) * width].copy_from_slice(&a.target);
-            }
-        }
+        plan::action_rows(model, batch, &mut s.input);
         s.tmp.resize(tokens * d, 0.0);
         a.mlp.forward(dense, &s.input, width, tokens, &mut s.tmp);
         s.x.iter_mut().zip(&s.tmp).for_each(|(x, a)| *x += a);
@@ -293,104 +279,40 @@ fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &Hstu
 /// Step 2 for the contextual slots: `bias[s] + row @ W[s]`, the row zeroed for a user shorter
 /// than the feature's minimum (or without the value).
 fn contextual(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
-    let (roles, w) = (&model.roles, &model.weights);
+    let w = &model.weights;
     let td = model.config.hstu.hstu_embedding_table_dim;
     let total = model.embeddings().total_dim();
     let d = model.config.dim();
-    let nc = roles.contextual.len();
-    for (ui, u) in batch.users().iter().enumerate() {
-        for (ci, c) in roles.contextual.iter().enumerate() {
-            let on = batch.contextual_on[ui * nc + ci];
-            for k in 0..c.slots {
-                let slot = c.first_slot + k;
-                let t = u.start + slot;
-                let out = &mut s.x[t * d..(t + 1) * d];
-                out.copy_from_slice(&w.contextual_b[slot * d..(slot + 1) * d]);
-                if !on {
-                    continue;
-                }
-                let row = &s.emb[t * total..(t + 1) * total][model.cols(c.feature)];
-                let wm = &w.contextual_w[slot * td * d..(slot + 1) * td * d];
-                for (i, &xi) in row.iter().enumerate() {
-                    for (o, &wij) in out.iter_mut().zip(&wm[i * d..(i + 1) * d]) {
-                        *o += xi * wij;
-                    }
-                }
+    plan::contextual_slots(model, batch, |c| {
+        let (t, slot) = (c.token, c.slot);
+        let out = &mut s.x[t * d..(t + 1) * d];
+        out.copy_from_slice(&w.contextual_b[slot * d..(slot + 1) * d]);
+        let Some(col) = c.col else {
+            return;
+        };
+        let row = &s.emb[t * total + col..t * total + col + td];
+        let wm = &w.contextual_w[slot * td * d..(slot + 1) * td * d];
+        for (i, &xi) in row.iter().enumerate() {
+            for (o, &wij) in out.iter_mut().zip(&wm[i * d..(i + 1) * d]) {
+                *o += xi * wij;
             }
         }
-    }
+    });
 }
 
 /// Step 3: `x = x * sqrt(D) + (time[bucket] + position[p])` for every token.
 fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
-    let h = &model.config.hstu;
     let w = &model.weights;
     let d = model.config.dim();
     let alpha = (d as f64).sqrt() as f32;
-    let clamp = match h.time_bucket_clamp {
-        TimeBucketClamp::Triton => h.num_time_buckets,
-        TimeBucketClamp::Pytorch => d - 1,
-    } as i64;
-    let slots = batch.slots();
-    let last_pos = h.num_position_buckets - 1;
-    for u in batch.users() {
-        let len = batch.len_of(u);
-        let high = slots + u.history;
-        let query = batch.times[u.start + len - 1];
-        for i in 0..len {
-            let t = u.start + i;
-            let p = if i < slots {
-                i
-            } else {
-                (high - i.min(high) + slots).min(last_pos)
-            };
-            let b = time_bucket(query, batch.times[t]).clamp(0, clamp) as usize;
-            let x = &mut s.x[t * d..(t + 1) * d];
-            let pe = &w.positions[p * d..(p + 1) * d];
-            let te = &w.times[b * d..(b + 1) * d];
-            for ((x, &pv), &tv) in x.iter_mut().zip(pe).zip(te) {
-                *x = *x * alpha + (tv + pv);
-            }
+    plan::encoding_rows(model, batch, |t, p, b| {
+        let x = &mut s.x[t * d..(t + 1) * d];
+        let pe = &w.positions[p * d..(p + 1) * d];
+        let te = &w.times[b * d..(b + 1) * d];
+        for ((x, &pv), &tv) in x.iter_mut().zip(pe).zip(te) {
+            *x = *x * alpha + (tv + pv);
         }
-    }
-}
-
-/// The reference's time bucket of an event at `ts` for a query at `query`: `sqrt(max(query -
-/// ts, 1e-6) / 60)` in f32, truncated (clamped by the caller).
-pub fn time_bucket(query: i64, ts: i64) -> i64 {
-    let delta = query.wrapping_sub(ts) as f32;
-    let b = (delta.max(1e-6) / 60.0).sqrt();
-    b.max(0.0) as i64
-}
-
-/// The batch's users as attention sees them, each with what its sums are divided by.
-fn sequences(batch: &HstuBatch, norm: AttentionNorm) -> Vec<Seq> {
-    // The reference's `max_seq_len`: contextual slots + the longest history + the most
-    // candidates (not the longest sequence).
-    let longest = batch.slots()
-        + batch.users().iter().map(|u| u.history).max().unwrap_or(0)
-        + batch
-            .users()
-            .iter()
-            .map(|u| u.candidates)
-            .max()
-            .unwrap_or(0);
-    batch
-        .users()
-        .iter()
-        .map(|u| {
-            let len = batch.len_of(u);
-            Seq {
-                start: u.start,
-                len,
-                candidates: u.candidates,
-                norm: match norm {
-                    AttentionNorm::Alone => len as f32,
-                    AttentionNorm::BatchMax => longest as f32,
-                },
-            }
-        })
-        .collect()
+    });
 }
 
 /// Step 4, layer `l`.
@@ -469,20 +391,4 @@ fn stu_layer(
             .zip(&tmp[i * d..(i + 1) * d])
             .for_each(|(x, y)| *x += y)
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn time_buckets_follow_the_reference_formula() {
-        // sqrt(seconds / 60), truncated: 0 for the query itself, 1 at a minute, 60 at an hour.
-        assert_eq!(time_bucket(1000, 1000), 0);
-        assert_eq!(time_bucket(1060, 1000), 1);
-        assert_eq!(time_bucket(3600, 0), 7);
-        assert_eq!(time_bucket(216_000, 0), 60);
-        // An event after the query is clamped at 1e-6 seconds.
-        assert_eq!(time_bucket(0, 5000), 0);
-    }
 }

@@ -6,8 +6,9 @@
 
 use super::config::TaskType;
 use super::layers::{DenseCtx, sigmoid};
+use super::plan::{TIME_FEATURE_WIDTH, time_features};
 use super::request::HstuBatch;
-use super::{HstuModel, Postprocessor, TIME_FEATURES};
+use super::{HstuModel, Postprocessor};
 
 /// Scores of a batch: per task, one per candidate, users one after another.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -71,15 +72,11 @@ pub(crate) fn head(
     let mut user = vec![0.0f32; n * d];
     match &w.post {
         Postprocessor::Timestamp { combiner, norm } => {
-            let k = d + 2 * TIME_FEATURES.len();
+            let k = d + TIME_FEATURE_WIDTH;
             let mut feats = Vec::with_capacity(n * k);
             for (c, &ts) in s.cand.chunks_exact(d).zip(&qtimes) {
                 feats.extend_from_slice(c);
-                for (period, units) in TIME_FEATURES {
-                    let a = time_angle(ts, period, units);
-                    feats.push(a.cos());
-                    feats.push(a.sin());
-                }
+                feats.extend_from_slice(&time_features(ts));
             }
             dense.linear(combiner, &feats, k, n, &mut user);
             norm.rows_in_place(&mut user);
@@ -107,74 +104,31 @@ pub(crate) fn head(
     let tasks = model.config.hstu.multitask_configs.len();
     s.logits.resize(n * tasks, 0.0);
     w.head.forward(dense, &user, d, n, &mut s.logits);
-    let mut scores = vec![Vec::with_capacity(n); tasks];
-    for (k, task) in model.config.hstu.multitask_configs.iter().enumerate() {
-        let sig = task.task_type == TaskType::BinaryClassification;
-        scores[k].extend(
-            s.logits
-                .iter()
-                .skip(k)
-                .step_by(tasks)
-                .map(|&z| if sig { sigmoid(z) } else { z }),
-        );
-    }
-    HstuScores {
-        tasks: model.tasks(),
-        scores,
-        offsets,
-    }
+    HstuScores::from_logits(model, &s.logits, offsets)
 }
 
-/// The reference's angle of `ts` within a period (`TimestampLayerNormPostprocessor`): in f32,
-/// `(remainder(floor(ts / unit), units) / units) * 2 * 3.14`, with PyTorch's floor division
-/// and remainder. (3.14, not pi: the reference's constant.)
-#[allow(clippy::approx_constant)]
-pub fn time_angle(ts: i64, unit: f32, units: f32) -> f32 {
-    let since = torch_div_floor(ts as f32, unit);
-    (torch_remainder(since, units) / units) * 2.0 * 3.14
-}
-
-/// `torch.div(a, b, rounding_mode="floor")` on f32, as ATen computes it.
-fn torch_div_floor(a: f32, b: f32) -> f32 {
-    let m = a % b;
-    let mut div = (a - m) / b;
-    if m != 0.0 && ((b < 0.0) != (m < 0.0)) {
-        div -= 1.0;
-    }
-    if div != 0.0 {
-        let mut f = div.floor();
-        if div - f > 0.5 {
-            f += 1.0;
+impl HstuScores {
+    /// The scores of the head's `logits` (`[candidates, tasks]`): a sigmoid for each binary
+    /// task, the logit itself for a regression task.
+    pub fn from_logits(model: &HstuModel, logits: &[f32], offsets: Vec<usize>) -> HstuScores {
+        let configs = &model.config.hstu.multitask_configs;
+        let tasks = configs.len().max(1);
+        let n = logits.len() / tasks;
+        let mut scores = vec![Vec::with_capacity(n); configs.len()];
+        for (k, task) in configs.iter().enumerate() {
+            let sig = task.task_type == TaskType::BinaryClassification;
+            scores[k].extend(
+                logits
+                    .iter()
+                    .skip(k)
+                    .step_by(tasks)
+                    .map(|&z| if sig { sigmoid(z) } else { z }),
+            );
         }
-        f
-    } else {
-        0.0f32.copysign(a / b)
-    }
-}
-
-/// `torch.remainder(a, b)` on f32.
-fn torch_remainder(a: f32, b: f32) -> f32 {
-    let mut m = a % b;
-    if m != 0.0 && ((b < 0.0) != (m < 0.0)) {
-        m += b;
-    }
-    m
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    #[allow(clippy::approx_constant)]
-    fn time_angles_use_floor_division_and_remainder() {
-        // 3 hours and a bit after the epoch: hour 3 of 24, day 0 of 7.
-        let a = time_angle(3 * 3600 + 5, 3600.0, 24.0);
-        assert!((a - 3.0 / 24.0 * 2.0 * 3.14).abs() < 1e-6);
-        // Before the epoch the floor goes down and the remainder stays positive.
-        let b = time_angle(-1, 3600.0, 24.0);
-        assert!((b - 23.0 / 24.0 * 2.0 * 3.14).abs() < 1e-5);
-        assert_eq!(torch_div_floor(-7.0, 2.0), -4.0);
-        assert_eq!(torch_remainder(-7.0, 2.0), 1.0);
+        HstuScores {
+            tasks: model.tasks(),
+            scores,
+            offsets,
+        }
     }
 }

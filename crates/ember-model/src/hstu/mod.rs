@@ -21,6 +21,7 @@ pub mod config;
 pub mod forward;
 mod head;
 pub mod layers;
+pub mod plan;
 pub mod presets;
 pub mod request;
 mod weights;
@@ -32,6 +33,7 @@ use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Stag
 
 pub use config::{AttentionNorm, HstuModelConfig, TaskType, TimeBucketClamp};
 pub use forward::{HstuPredictor, HstuScores, HstuTimes};
+pub use plan::{Columns, ContextualSlot, TokenPlan};
 pub use request::{HstuBatch, User, UserSpan};
 pub use weights::{ActionEncoder, HstuWeights, Postprocessor, StuLayer, random_dense_tensors};
 

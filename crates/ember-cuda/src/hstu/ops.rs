@@ -1,0 +1,253 @@
+//! The launches the HSTU pass is made of: gathers, norms, adds, the MLPs and linear layers
+//! (cuBLAS SGEMM in f32, cuBLASLt in bf16), and the launch shapes.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use ember_model::hstu::attention::Seq;
+
+use super::predictor::GpuHstuPredictor;
+use super::{DevMlp, DevNorm, DevPost, GpuHstu};
+use crate::device::{Gpu, dptr};
+use crate::error::{DriverCtx, Result};
+use crate::model::lt::{LtCall, Out};
+use crate::model::{DevLinear, grow, sgemm_xwt};
+
+impl GpuHstuPredictor {
+    /// `out[r] = emb[rows[r] or r, pair columns summed]` for `n` rows and `segs` pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gather(
+        &self,
+        emb: u64,
+        total: usize,
+        rows: u64,
+        n: usize,
+        pairs: u64,
+        segs: usize,
+        td: usize,
+        out: u64,
+    ) -> Result<()> {
+        let count = (n * segs * td) as i64;
+        if count == 0 {
+            return Ok(());
+        }
+        let (total_i, n_i, segs_i, td_i) = (total as i32, n as i32, segs as i32, td as i32);
+        let s = self.m.gpu.compute();
+        let mut b = s.launch_builder(&self.k.gather);
+        b.arg(&emb)
+            .arg(&total_i)
+            .arg(&rows)
+            .arg(&n_i)
+            .arg(&pairs)
+            .arg(&segs_i)
+            .arg(&td_i)
+            .arg(&out);
+        // SAFETY: emb [_, total] with every row named (rows < the batch's tokens, or r < n);
+        // pairs 2 x segs columns (+ td <= total) or -1; out [n, segs x td].
+        unsafe { b.launch(grid(count)) }.ctx("launching a gather")?;
+        Ok(())
+    }
+
+    /// `out[r] = [x[rows[r]] | extra[r]]` (`ne` extra values a row; 0 for none).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rows(
+        &self,
+        x: u64,
+        d: usize,
+        rows: u64,
+        n: usize,
+        extra: u64,
+        ne: i32,
+        out: u64,
+    ) -> Result<()> {
+        let count = (n * (d + ne as usize)) as i64;
+        let (d_i, n_i) = (d as i32, n as i32);
+        let s = self.m.gpu.compute();
+        let mut b = s.launch_builder(&self.k.rows);
+        b.arg(&x)
+            .arg(&d_i)
+            .arg(&rows)
+            .arg(&n_i)
+            .arg(&extra)
+            .arg(&ne)
+            .arg(&out);
+        // SAFETY: x [t, d] with rows < t; extra [n, ne]; out [n, d + ne].
+        unsafe { b.launch(grid(count)) }.ctx("launching a row gather")?;
+        Ok(())
+    }
+
+    /// `x += y` over `n` values.
+    pub(super) fn add(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let n = n as i64;
+        let s = self.m.gpu.compute();
+        let mut b = s.launch_builder(&self.k.add);
+        b.arg(&x).arg(&y).arg(&n);
+        // SAFETY: x and y hold n floats.
+        unsafe { b.launch(grid(n)) }.ctx("launching an add")?;
+        Ok(())
+    }
+
+    /// A layer norm (or SwishLayerNorm) of `rows` rows of `n` values.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_rows(
+        &self,
+        x: u64,
+        ldx: usize,
+        y: u64,
+        ldy: usize,
+        norm: &DevNorm,
+        rows: usize,
+        n: usize,
+        swish: bool,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let s = self.m.gpu.compute();
+        let (w, bb) = (dptr(&norm.w, s), dptr(&norm.b, s));
+        let (ldx, ldy, rows_i, n_i, sw) = (
+            ldx as i32,
+            ldy as i32,
+            rows as i32,
+            n as i32,
+            i32::from(swish),
+        );
+        let mut b = s.launch_builder(&self.k.norm);
+        b.arg(&x)
+            .arg(&ldx)
+            .arg(&y)
+            .arg(&ldy)
+            .arg(&w)
+            .arg(&bb)
+            .arg(&norm.eps)
+            .arg(&rows_i)
+            .arg(&n_i)
+            .arg(&sw);
+        // SAFETY: x [rows, ldx] and y [rows, ldy] with n <= both; the norm has n weights.
+        unsafe { b.launch(warp_rows(rows)) }.ctx("launching a norm")?;
+        Ok(())
+    }
+
+    /// `Linear -> SwishLayerNorm -> Linear [-> LayerNorm]` of `rows` rows of `x` into `y`.
+    pub(super) fn mlp(
+        &mut self,
+        mlp: &DevMlp,
+        x: u64,
+        rows: usize,
+        hidden: u64,
+        y: u64,
+        x16: u64,
+    ) -> Result<()> {
+        let hid = mlp.first.n_out;
+        self.linear(&mlp.first, x, rows, hidden, x16, true)?;
+        self.norm_rows(hidden, hid, hidden, hid, &mlp.swish, rows, hid, true)?;
+        self.linear(&mlp.second, hidden, rows, y, x16, true)?;
+        if let Some(n) = &mlp.norm {
+            let out = mlp.second.n_out;
+            self.norm_rows(y, out, y, out, n, rows, out, false)?;
+        }
+        Ok(())
+    }
+
+    /// `y = x W^T (+ b when bias)` for `rows` rows: cuBLAS SGEMM (and a bias kernel) in f32;
+    /// in bf16, `x` cast into `x16` and cuBLASLt with the bias in its epilogue.
+    pub(super) fn linear(
+        &mut self,
+        l: &DevLinear,
+        x: u64,
+        rows: usize,
+        y: u64,
+        x16: u64,
+        bias: bool,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let s = self.m.gpu.compute().clone();
+        if let Some(lt) = self.lt.as_mut() {
+            let n = (rows * l.n_in) as i64;
+            let mut b = s.launch_builder(&self.k.to_bf16);
+            b.arg(&x).arg(&x16).arg(&n);
+            // SAFETY: x holds rows x n_in floats, x16 at least as many bf16 (sized by forward).
+            unsafe { b.launch(grid(n)) }.ctx("launching a cast")?;
+            let w16 = l.w16.as_ref().expect("bf16 weights uploaded");
+            return lt.linear(
+                &s,
+                &LtCall {
+                    n_out: l.n_out,
+                    n_in: l.n_in,
+                    batch: rows,
+                    w: dptr(w16, &s),
+                    bias: if bias { dptr(&l.b, &s) } else { 0 },
+                    x: x16,
+                    y,
+                    out: Out::F32,
+                    relu: false,
+                },
+            );
+        }
+        sgemm_xwt(&self.blas, &s, l, x, rows, y)?;
+        if bias {
+            let bp = dptr(&l.b, &s);
+            let (n, total, relu) = (l.n_out as i32, (rows * l.n_out) as i64, 0i32);
+            let mut b = s.launch_builder(&self.k.bias);
+            b.arg(&y).arg(&bp).arg(&n).arg(&total).arg(&relu);
+            // SAFETY: y holds rows x n_out floats, the bias n_out.
+            unsafe { b.launch(grid(total)) }.ctx("launching a bias")?;
+        }
+        Ok(())
+    }
+}
+
+/// Blocks of attention the device should have in flight: 132 SMs (an H200) x 8.
+const ATTENTION_BLOCKS: usize = 1056;
+
+/// Keys a block of attention takes at most (a multiple of 64), and how many such chunks the
+/// longest sequence has: few tiles (one or two users) are split along their keys so that the
+/// device has about [`ATTENTION_BLOCKS`] blocks, no chunk under 256 keys.
+pub(super) fn key_chunks(seqs: &[Seq], heads: usize, tiles: usize) -> (usize, usize) {
+    let longest = seqs.iter().map(|q| q.len).max().unwrap_or(0).max(1);
+    let blocks = (tiles * heads).max(1);
+    let split = ATTENTION_BLOCKS
+        .div_ceil(blocks)
+        .clamp(1, longest.div_ceil(256).max(1));
+    let chunk = longest.div_ceil(split).next_multiple_of(64);
+    (chunk, longest.div_ceil(chunk))
+}
+
+/// The widest hidden layer of the model's MLPs.
+pub(super) fn max_hidden(m: &GpuHstu) -> usize {
+    let mut w = [&m.content, &m.item, &m.head]
+        .into_iter()
+        .chain(m.additional.as_ref())
+        .chain(m.action.as_ref())
+        .map(|x| x.first.n_out)
+        .max()
+        .unwrap_or(1);
+    if let DevPost::Timestamp { combiner, .. } = &m.post {
+        w = w.max(combiner.n_in);
+    }
+    w
+}
+
+pub(super) fn up_f32(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, v: &[f32]) -> Result<u64> {
+    let p = grow(gpu, buf, v.len())?.0;
+    if !v.is_empty() {
+        let dst = buf.as_mut().expect("grown");
+        gpu.compute()
+            .memcpy_htod(v, &mut dst.slice_mut(..v.len()))
+            .ctx("uploading the token plan")?;
+    }
+    Ok(p)
+}
+
+pub(super) fn grid(total: i64) -> LaunchConfig {
+    crate::model::grid(total)
+}
+
+/// One warp a row, 8 rows a block.
+pub(super) fn warp_rows(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
