@@ -6,9 +6,9 @@ use clap::Args;
 use ember_embed::storage::{RowFile, RowLayout, write_row_file, write_row_file_laid_out};
 use ember_embed::trace::{load_trace, profile_path};
 use ember_embed::{DType, Placement};
-use ember_model::config::ModelConfig;
+
 use ember_model::weights::row_file_path;
-use ember_model::{LoadOptions, Model};
+use ember_model::{AnyConfig, AnyModel, LoadOptions};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -164,17 +164,17 @@ fn done(path: &Path, verify: bool, t0: Instant) -> Result<()> {
 
 fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
     let cfg_path = dir.join("config.json");
-    let mut cfg = ModelConfig::read(&cfg_path)?;
+    let mut cfg = AnyConfig::read(&cfg_path)?;
     let names: Vec<String> = match &a.tables {
         Some(t) => t.clone(),
-        None => cfg.tables.iter().map(|t| t.name.clone()).collect(),
+        None => cfg.tables().iter().map(|t| t.name.clone()).collect(),
     };
     for n in &names {
         ensure!(
-            cfg.tables.iter().any(|t| &t.name == n),
+            cfg.tables().iter().any(|t| &t.name == n),
             "model {} has no table '{n}' (tables: {})",
             dir.display(),
-            cfg.tables
+            cfg.tables()
                 .iter()
                 .map(|t| t.name.as_str())
                 .collect::<Vec<_>>()
@@ -183,7 +183,7 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
     }
     // Load with every table in memory, from the safetensors file (so a retrained model can be
     // converted again, and a damaged row file is never the source).
-    let model = Model::load(
+    let model = AnyModel::load(
         dir,
         LoadOptions {
             table_dtype: None,
@@ -199,14 +199,14 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
     let on_ssd = |name: &str| match a.placement {
         Some(p) if names.iter().any(|n| n == name) => p == Placement::Ssd,
         _ => cfg
-            .tables
+            .tables()
             .iter()
             .any(|t| t.name == name && t.placement == Placement::Ssd),
     };
     let placed_mmap = |name: &str| match a.placement {
         Some(p) => p == Placement::Mmap,
         None => cfg
-            .tables
+            .tables()
             .iter()
             .any(|t| t.name == name && t.placement == Placement::Mmap),
     };
@@ -227,7 +227,7 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
             .collect();
     }
     let shared_bytes: usize = share_of.iter().map(|t| t.rows() * t.stride()).sum();
-    let cache_bytes = cfg.tier.as_ref().map_or(1024, |t| t.cache_mb) << 20;
+    let cache_bytes = cfg.tier_mut().as_ref().map_or(1024, |t| t.cache_mb) << 20;
     for t in tables {
         if !names.iter().any(|n| n == t.name()) {
             continue;
@@ -251,15 +251,27 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
         done(&path, a.verify, t0)?;
     }
     if let Some(p) = a.placement {
-        for t in cfg.tables.iter_mut().filter(|t| names.contains(&t.name)) {
-            t.placement = p;
-        }
-        let text = serde_json::to_string_pretty(&cfg)? + "\n";
-        let tmp = dir.join("config.json.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, &cfg_path)?;
-        eprintln!("config.json: {} table(s) placed on {p}", names.len());
+        place(&mut cfg, &cfg_path, &names, p)?;
     }
+    Ok(())
+}
+
+/// Sets `names`' placement to `p` in `cfg` and writes it to `cfg_path` (beside it, then renamed
+/// into place).
+fn place(cfg: &mut AnyConfig, cfg_path: &Path, names: &[String], p: Placement) -> Result<()> {
+    for t in cfg
+        .tables_mut()
+        .iter_mut()
+        .filter(|t| names.contains(&t.name))
+    {
+        t.placement = p;
+    }
+    let mut text = cfg.to_json();
+    text.push(b'\n');
+    let tmp = cfg_path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, cfg_path)?;
+    eprintln!("config.json: {} table(s) placed on {p}", names.len());
     Ok(())
 }
 

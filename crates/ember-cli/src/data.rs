@@ -20,6 +20,32 @@ pub enum DataCmd {
     /// 204M rows, 14 GB in int4) with random weights, streamed to disk (memory stays small),
     /// tables in DRAM or on the SSD tier as they fit, for serving and benchmarks.
     Model(ModelArgs),
+    /// Write synthetic users of an HSTU model (JSON lines, as `ember predict` reads them) in the
+    /// shape of MLPerf DLRMv3's streaming data: a user id, a history of items with their
+    /// categories, ratings, action bits and timestamps that advance, candidates sharing one query
+    /// time after the last action.
+    Users(UsersArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UsersArgs {
+    /// The HSTU model directory whose features and table sizes the users follow.
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// Users to write.
+    #[arg(long, default_value_t = 8)]
+    users: usize,
+    /// History items of each user.
+    #[arg(long, default_value_t = 256)]
+    history: usize,
+    /// Candidates of each user.
+    #[arg(long, default_value_t = 64)]
+    candidates: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Output file (JSON lines).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -87,7 +113,33 @@ pub fn run(cmd: DataCmd) -> Result<()> {
     match cmd {
         DataCmd::Synth(a) => synth(a),
         DataCmd::Model(a) => model(a),
+        DataCmd::Users(a) => users(a),
     }
+}
+
+/// `data users`: synthetic streaming users of the model in `a.model`.
+fn users(a: UsersArgs) -> Result<()> {
+    let path = a.model.join("config.json");
+    let cfg = ember_model::hstu::HstuModelConfig::read(&path)
+        .with_context(|| format!("reading {} (an hstu model's)", path.display()))?;
+    let users =
+        ember_model::hstu::presets::synthetic_users(&cfg, a.users, a.history, a.candidates, a.seed);
+    let f =
+        std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut w = BufWriter::new(f);
+    for u in &users {
+        serde_json::to_writer(&mut w, u)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()?;
+    eprintln!(
+        "wrote {} users of {} history items and {} candidates to {}",
+        a.users,
+        a.history,
+        a.candidates,
+        a.out.display()
+    );
+    Ok(())
 }
 
 /// A tensor of `model.safetensors` as it is streamed: dense weights held in memory, or table

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ember_embed::DType;
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions};
-use ember_model::{LoadOptions, Model};
+use ember_model::LoadOptions;
 use ember_registry::{PushOptions, PushReport};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -126,15 +126,14 @@ fn push(a: PushArgs) -> Result<()> {
         .unwrap_or_else(|| ember_model::dir_name(&a.model));
     // Tables come from the directory as it places them (row files stay on disk), except those
     // placed remote, which are read from the safetensors file.
-    let mut config = ember_model::config::ModelConfig::read(&a.model.join("config.json"))
+    let config = ember_model::AnyConfig::read(&a.model.join("config.json"))
         .with_context(|| format!("reading {}", a.model.join("config.json").display()))?;
     let placement = config
-        .tables
+        .tables()
         .iter()
         .any(|t| t.placement == ember_embed::Placement::Remote)
         .then_some(ember_embed::Placement::Dram);
-    config.remote = None;
-    let model = Model::load(
+    let model = ember_model::AnyModel::load(
         &a.model,
         LoadOptions {
             table_dtype: a.table_dtype,

@@ -96,6 +96,21 @@ impl TierArgs {
         }
     }
 
+    /// The first of the SSD tier's cache flags given (`--cache-mb`, `--cache-policy`,
+    /// `--prefetch-depth`, `--io`, `--pin-trace`), for commands whose models take them from
+    /// config.json only.
+    pub fn cache_flag(&self) -> Option<&'static str> {
+        [
+            (self.cache_mb.is_some(), "--cache-mb"),
+            (self.cache_policy.is_some(), "--cache-policy"),
+            (self.prefetch_depth.is_some(), "--prefetch-depth"),
+            (self.io.is_some(), "--io"),
+            (self.pin_trace.is_some(), "--pin-trace"),
+        ]
+        .into_iter()
+        .find_map(|(given, name)| given.then_some(name))
+    }
+
     /// Applies the tier flags to a loaded model (a fresh cache when any is given).
     pub fn apply(&self, model: &mut Model, dir: &Path) -> Result<()> {
         if let Some(d) = self.prefetch_depth {

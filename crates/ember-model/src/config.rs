@@ -310,7 +310,8 @@ impl ModelConfig {
             return Err(ModelError::Config {
                 path: path.into(),
                 reason: "an HSTU model (family hstu): `ember predict` and `ember bench model` run \
-                         it; `ember serve` and the registry do not serve HSTU models yet"
+                         it, `ember registry push` and `ember convert` take it; `ember serve` \
+                         does not serve HSTU models yet"
                     .into(),
             });
         }

@@ -17,6 +17,7 @@ pub mod dense;
 mod engine;
 mod error;
 pub mod eval;
+pub mod family;
 #[cfg(target_arch = "x86_64")]
 mod gemm;
 pub mod hstu;
@@ -50,6 +51,7 @@ pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch, TierSta
 pub use ember_embed::{Ids, Lengths};
 pub use engine::{Engine, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
+pub use family::{AnyConfig, AnyModel};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
 pub use model::{

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use ember_embed::storage::remote::{self, Manifest, layout};
 use ember_embed::{DType, EmbedError, Placement};
-use ember_model::config::{ModelConfig, RemoteConfig};
+use ember_model::AnyConfig;
+use ember_model::config::{RemoteConfig, TableConfig};
 use ember_model::{ModelError, Result};
 use ember_redis::{Cluster, ClusterOptions};
 
@@ -87,11 +88,7 @@ impl RegistryModel {
         let weights_path = part.join("model.safetensors");
         let table_bytes = self.write_weights(&manifest, &weights, &files.dense, &weights_path)?;
         let cfg_path = part.join("config.json");
-        std::fs::write(
-            &cfg_path,
-            serde_json::to_vec_pretty(&config).expect("a config serializes"),
-        )
-        .map_err(io_err(&cfg_path))?;
+        std::fs::write(&cfg_path, config.to_json()).map_err(io_err(&cfg_path))?;
         let _ = std::fs::remove_dir_all(dir);
         std::fs::rename(&part, dir).map_err(io_err(dir))?;
         Ok(Fetched {
@@ -105,24 +102,19 @@ impl RegistryModel {
     /// checked): the tables as pushed and placed from the registry ([`place_tables`]), no pin
     /// trace (a path on the pushing machine), and a `remote` object naming this registry and
     /// version. Returns it and the manifest's indices of the tables held in memory.
-    fn config_of(&self, manifest: &Manifest, pushed: &[u8]) -> Result<(ModelConfig, Vec<usize>)> {
+    fn config_of(&self, manifest: &Manifest, pushed: &[u8]) -> Result<(AnyConfig, Vec<usize>)> {
         let version = manifest.version;
         let from = PathBuf::from(layout::file_key(&self.model, version, "config"));
         let bad = |reason: String| ModelError::Config {
             path: from.clone(),
             reason,
         };
-        let mut config: ModelConfig =
-            serde_json::from_slice(pushed).map_err(|source| ModelError::ConfigJson {
-                path: from.clone(),
-                source,
-            })?;
-        config.check().map_err(bad)?;
-        let dram = place_tables(&mut config, manifest).map_err(bad)?;
-        if let Some(tier) = config.tier.as_mut() {
+        let mut config = AnyConfig::from_slice(pushed, &from)?;
+        let dram = place_tables(config.tables_mut(), manifest).map_err(bad)?;
+        if let Some(tier) = config.tier_mut().as_mut() {
             tier.pin_trace = None;
         }
-        config.remote = Some(RemoteConfig {
+        *config.remote_mut() = Some(RemoteConfig {
             model: Some(self.model.clone()),
             version: Some(version),
             ..RemoteConfig::new(&self.url)
@@ -255,17 +247,17 @@ impl Weights {
     }
 }
 
-/// Gives `config`'s tables their dtype as pushed (it may differ from the config's: `push
+/// Gives a config's `tables` their dtype as pushed (it may differ from the config's: `push
 /// --table-dtype`) and their placement from the registry: `dram` ones stay held in memory, the
 /// others are read `remote`. Returns the manifest's indices of the `dram` ones; an error says
 /// which table does not match the manifest.
 fn place_tables(
-    config: &mut ModelConfig,
+    tables: &mut [TableConfig],
     manifest: &Manifest,
 ) -> std::result::Result<Vec<usize>, String> {
     let version = manifest.version;
     let mut dram = Vec::new();
-    for t in config.tables.iter_mut() {
+    for t in tables.iter_mut() {
         let Some(i) = manifest.tables.iter().position(|m| m.name == t.name) else {
             return Err(format!(
                 "table '{}' is not in version {version}'s manifest",

@@ -10,8 +10,7 @@ use std::path::Path;
 
 use ember_embed::EmbedError;
 use ember_embed::storage::remote::{Manifest, ModelFiles, layout};
-use ember_model::ModelError;
-use ember_model::config::ModelConfig;
+use ember_model::{AnyConfig, ModelError};
 use ember_redis::{Cluster, call};
 use redis::Value;
 
@@ -30,8 +29,8 @@ pub struct ModelFilesData {
 /// What `ember registry push` stores beside the tables of the model in `dir`: its `config.json`
 /// (checked, without the `remote` object, which is each server's) and its dense weights.
 pub fn files_of(dir: &Path) -> ember_model::Result<ModelFilesData> {
-    let mut config = ModelConfig::read(&dir.join("config.json"))?;
-    config.remote = None;
+    let mut config = AnyConfig::read(&dir.join("config.json"))?;
+    *config.remote_mut() = None;
     let path = dir.join("model.safetensors");
     let io = |source| ModelError::Io {
         path: path.clone(),
@@ -56,7 +55,7 @@ pub fn files_of(dir: &Path) -> ember_model::Result<ModelFilesData> {
         .map_err(io)?;
     }
     Ok(ModelFilesData {
-        config: serde_json::to_vec_pretty(&config).expect("a config serializes"),
+        config: config.to_json(),
         dense: out,
     })
 }
@@ -130,6 +129,7 @@ pub fn read_files(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ember_model::config::ModelConfig;
     use std::path::PathBuf;
 
     fn shipped() -> PathBuf {

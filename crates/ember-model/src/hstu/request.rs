@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use ember_embed::{CheckedBatch, EmbedError, Ids, KeyedJagged};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::HstuModel;
 use crate::error::{ModelError, Result};
@@ -20,7 +20,7 @@ use crate::error::{ModelError, Result};
 /// One user: its history's features and its candidates' features, each a list of integers,
 /// keyed by the model's own feature names (`hstu_uih_feature_names`,
 /// `hstu_candidate_feature_names`). A line of `ember predict`'s users file.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct User {
     pub uih: BTreeMap<String, Vec<i64>>,
