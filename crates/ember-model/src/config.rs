@@ -284,6 +284,16 @@ impl From<PoolingName> for Pooling {
 
 /// Whether a config.json's text says `"family": "hstu"` (an HSTU model, which
 /// [`crate::hstu::HstuModel`] reads).
+/// A `config.json`'s text (a regular file, within the size limit of text files).
+pub(crate) fn read_config_text(path: &Path) -> Result<String> {
+    ember_embed::files::read_text(path, "model config", files::TEXT_LIMIT).map_err(|source| {
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
+    })
+}
+
 pub(crate) fn is_hstu_family(text: &str) -> bool {
     #[derive(Deserialize)]
     struct Family {
@@ -300,12 +310,7 @@ pub fn safe_file_name(name: &str) -> bool {
 impl ModelConfig {
     /// Reads and checks `path`.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = ember_embed::files::read_text(path, "model config", files::TEXT_LIMIT).map_err(
-            |source| ModelError::Io {
-                path: path.into(),
-                source,
-            },
-        )?;
+        let text = read_config_text(path)?;
         if is_hstu_family(&text) {
             return Err(ModelError::Config {
                 path: path.into(),

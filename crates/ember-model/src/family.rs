@@ -7,7 +7,9 @@ use std::path::Path;
 
 use ember_embed::EmbeddingCollection;
 
-use crate::config::{ModelConfig, RemoteConfig, TableConfig, TierConfig, is_hstu_family};
+use crate::config::{
+    ModelConfig, RemoteConfig, TableConfig, TierConfig, is_hstu_family, read_config_text,
+};
 use crate::error::{ModelError, Result};
 use crate::hstu::{HstuModel, HstuModelConfig};
 use crate::model::{LoadOptions, Model};
@@ -22,13 +24,7 @@ pub enum AnyConfig {
 impl AnyConfig {
     /// Reads and checks the config at `path`, whichever family it is.
     pub fn read(path: &Path) -> Result<AnyConfig> {
-        let text =
-            ember_embed::files::read_text(path, "model config", ember_embed::files::TEXT_LIMIT)
-                .map_err(|source| ModelError::Io {
-                    path: path.into(),
-                    source,
-                })?;
-        match is_hstu_family(&text) {
+        match is_hstu_family(&read_config_text(path)?) {
             true => Ok(AnyConfig::Hstu(Box::new(HstuModelConfig::read(path)?))),
             false => Ok(AnyConfig::Dlrm(Box::new(ModelConfig::read(path)?))),
         }

@@ -235,12 +235,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for OrderedMap<V> {
 impl HstuModelConfig {
     /// Reads and checks `path`.
     pub fn read(path: &Path) -> Result<Self> {
-        let text =
-            ember_embed::files::read_text(path, "model config", ember_embed::files::TEXT_LIMIT)
-                .map_err(|source| ModelError::Io {
-                    path: path.into(),
-                    source,
-                })?;
+        let text = crate::config::read_config_text(path)?;
         let cfg: HstuModelConfig =
             serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
                 path: path.into(),
