@@ -96,34 +96,28 @@ impl TierArgs {
         }
     }
 
-    /// The first of the SSD tier's cache flags given (`--cache-mb`, `--cache-policy`,
-    /// `--prefetch-depth`, `--io`, `--pin-trace`), for commands whose models take them from
-    /// config.json only.
-    pub fn cache_flag(&self) -> Option<&'static str> {
-        [
-            (self.cache_mb.is_some(), "--cache-mb"),
-            (self.cache_policy.is_some(), "--cache-policy"),
-            (self.prefetch_depth.is_some(), "--prefetch-depth"),
-            (self.io.is_some(), "--io"),
-            (self.pin_trace.is_some(), "--pin-trace"),
-        ]
-        .into_iter()
-        .find_map(|(given, name)| given.then_some(name))
-    }
-
     /// Applies the tier flags to a loaded model (a fresh cache when any is given).
     pub fn apply(&self, model: &mut Model, dir: &Path) -> Result<()> {
         if let Some(d) = self.prefetch_depth {
             model.set_prefetch_depth(d);
         }
+        if let Some(t) = self.tier_config(model.config().tier.as_ref())? {
+            model.set_tier(dir, t).context("setting up the SSD tier")?;
+        }
+        Ok(())
+    }
+
+    /// `base` (config.json's `tier` object) with the flags given applied; `None` when no cache
+    /// flag is given (the tier stays as loaded).
+    pub fn tier_config(&self, base: Option<&TierConfig>) -> Result<Option<TierConfig>> {
         if self.cache_mb.is_none()
             && self.cache_policy.is_none()
             && self.io.is_none()
             && self.pin_trace.is_none()
         {
-            return Ok(());
+            return Ok(None);
         }
-        let mut t = model.config().tier.clone().unwrap_or_default();
+        let mut t = base.cloned().unwrap_or_default();
         if let Some(v) = self.cache_mb {
             t.cache_mb = v;
         }
@@ -141,8 +135,7 @@ impl TierArgs {
                 std::path::absolute(p).with_context(|| format!("--pin-trace {}", p.display()))?;
             t.pin_trace = Some(abs.display().to_string());
         }
-        model.set_tier(dir, t).context("setting up the SSD tier")?;
-        Ok(())
+        Ok(Some(t))
     }
 
     /// The prefetch depth in effect.

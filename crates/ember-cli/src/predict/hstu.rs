@@ -27,11 +27,13 @@ pub fn run(a: &PredictArgs, model_dir: &Path, data: &Path) -> Result<()> {
     if a.data.is_none() {
         bail!("an hstu model scores users: give them with --data users.jsonl (one user a line)");
     }
-    if let Some(flag) = a.tier.cache_flag() {
-        bail!("{flag} is not supported for hstu models yet: set it in config.json's `tier` object");
-    }
-    let model = HstuModel::load(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))
+    let mut model = HstuModel::load(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))
         .with_context(|| format!("loading model {}", model_dir.display()))?;
+    if let Some(t) = a.tier.tier_config(model.config().tier.as_ref())? {
+        model
+            .set_tier(model_dir, t)
+            .context("setting up the SSD tier")?;
+    }
     let model = Arc::new(model);
     let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
     let dense = model.config().dense_dtype;

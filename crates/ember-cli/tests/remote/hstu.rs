@@ -113,6 +113,24 @@ fn hstu_tables_on_the_redis_and_ssd_tiers_score_as_in_memory() {
     assert!(config.contains("\"ssd\""), "{config}");
     let ssd = predict(&model, &tmp.join("ssd.jsonl"), &[]);
     assert_eq!(ssd, dram, "scores with the tables on the SSD tier");
+    // With the tier's flags: a 1 MiB cache of the other policy, rows read through the mapping.
+    let flags = ["--cache-mb", "1", "--cache-policy", "lfu", "--io", "mmap"];
+    let small = predict(&model, &tmp.join("ssd_small.jsonl"), &flags);
+    assert_eq!(small, dram, "scores with the SSD tier's flags");
+    // The flags reach the tier: a pin trace that does not exist is refused, naming it.
+    let users = model.join("users.jsonl");
+    let (ok, text) = super::ember(&[
+        "predict",
+        "--model",
+        m,
+        "--data",
+        users.to_str().unwrap(),
+        "--cache-policy",
+        "pinned",
+        "--pin-trace",
+        "/nonexistent/ids.trace",
+    ]);
+    assert!(!ok && text.contains("/nonexistent/ids.trace"), "{text}");
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 

@@ -195,6 +195,16 @@ impl HstuModel {
     }
 
     /// Lookup feature `f`'s columns in a row of a batch's lookups.
+    /// Replaces the SSD tier's settings (the row cache, its policy, how row files are read)
+    /// with `tier`, as [`crate::Model::set_tier`] does; `dir` is the model directory.
+    pub fn set_tier(&mut self, dir: &Path, tier: crate::config::TierConfig) -> Result<()> {
+        let opts = crate::model::tier_options(dir, Some(&tier), self.config.remote.as_ref())?;
+        self.embeddings.prepare_updates(&opts)?;
+        self.stager = Stager::new(&self.embeddings, opts)?;
+        self.config.tier = Some(tier);
+        Ok(())
+    }
+
     pub(crate) fn cols(&self, f: usize) -> std::ops::Range<usize> {
         let c = self.embeddings.col_offset(f);
         c..c + self.config.hstu.hstu_embedding_table_dim
