@@ -251,3 +251,52 @@ pub(super) fn warp_rows(rows: usize) -> LaunchConfig {
         shared_mem_bytes: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(len: usize) -> Seq {
+        Seq {
+            start: 0,
+            len,
+            candidates: 1,
+            norm: len as f32,
+        }
+    }
+
+    #[test]
+    fn key_chunks_cover_the_longest_sequence_in_64_key_steps() {
+        for (lens, heads) in [
+            (vec![1usize], 1usize),
+            (vec![6145], 4),
+            (vec![1537], 4),
+            (vec![300, 4100, 17], 2),
+            (vec![64; 400], 4),
+            (vec![100_000], 1),
+        ] {
+            let seqs: Vec<Seq> = lens.iter().map(|&l| seq(l)).collect();
+            let tiles: usize = lens.iter().map(|l| l.div_ceil(64)).sum();
+            let (chunk, chunks) = key_chunks(&seqs, heads, tiles);
+            let longest = *lens.iter().max().unwrap();
+            assert!(chunk.is_multiple_of(64) && chunk > 0, "{lens:?}: {chunk}");
+            // Every key of the longest sequence is in a chunk, and no chunk is empty.
+            assert!(
+                chunk * chunks >= longest && chunk * (chunks - 1) < longest,
+                "{lens:?}"
+            );
+            // No chunk under 256 keys unless the sequence is that short.
+            assert!(
+                chunk >= 256.min(longest.next_multiple_of(64)),
+                "{lens:?}: {chunk}"
+            );
+            // Splitting stops once the device has its blocks.
+            if chunks > 1 {
+                assert!(tiles * heads * (chunks - 1) < ATTENTION_BLOCKS, "{lens:?}");
+            }
+        }
+        // Many users: no split.
+        let many: Vec<Seq> = (0..64).map(|_| seq(1536)).collect();
+        assert_eq!(key_chunks(&many, 4, 64 * 24).1, 1);
+    }
+}
