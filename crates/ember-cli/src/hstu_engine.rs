@@ -61,9 +61,6 @@ impl HstuEngine {
         if let Some(n) = norm {
             p.set_attention_norm(n);
         }
-        if std::env::var_os("EMBER_HSTU_F32_ATTENTION").is_some() {
-            p.set_tensor_core_attention(false);
-        }
         Ok(HstuEngine::Gpu(Box::new(p)))
     }
 

@@ -4,6 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use ember_model::DenseDType;
+use ember_model::hstu::plan::TIME_FEATURE_WIDTH;
 use ember_model::hstu::{HstuBatch, TokenPlan};
 
 use super::ops::{grid, key_chunks, max_hidden, up_f32, warp_rows};
@@ -71,7 +72,7 @@ impl GpuHstuPredictor {
         let cfg = m.model.config();
         let h = &cfg.hstu;
         let (d, t) = (cfg.dim(), batch.tokens());
-        let cols = m.model.columns();
+        let cols = &m.cols;
         let heads = h.hstu_num_heads;
         let (hid, qk) = (h.hstu_attn_linear_dim, h.hstu_attn_qk_dim);
         let (w, nh) = (heads * 2 * (hid + qk), heads * hid);
@@ -79,7 +80,7 @@ impl GpuHstuPredictor {
         let input_w = (cols.td * (1 + cols.additional.len()))
             .max(plan.action_width)
             .max(cols.td * cols.items.len().max(1))
-            .max(d + plan.time_features.len() / plan.candidate_rows.len().max(1));
+            .max(d + TIME_FEATURE_WIDTH);
         let x16_len = t * [3 * nh, input_w, hidden_max].into_iter().max().unwrap_or(1);
         let b = &mut self.b;
         let x16 = match m.dense {
@@ -205,7 +206,7 @@ impl GpuHstuPredictor {
         self.mlp(&m.content, p.input, t, p.hidden, p.x, p.x16)?;
         if let Some(a) = &m.additional {
             let ap = dptr(&m.add_pairs, &s);
-            let segs = m.model.columns().additional.len();
+            let segs = m.cols.additional.len();
             self.gather(p.emb, p.total, 0, t, ap, segs, p.td, p.input)?;
             self.mlp(a, p.input, t, p.hidden, p.tmp, p.x16)?;
             self.add(p.x, p.tmp, t * d)?;
@@ -364,7 +365,7 @@ impl GpuHstuPredictor {
         let logits = grow(&gpu, &mut self.b.logits, n * tasks)?.0;
         match &m.post {
             DevPost::Timestamp { combiner, norm } => {
-                let ne = (plan.time_features.len() / n) as i32;
+                let ne = TIME_FEATURE_WIDTH as i32;
                 self.rows(p.x, d, p.cand, n, p.tf, ne, p.input)?;
                 self.linear(combiner, p.input, n, user, p.x16, true)?;
                 self.norm_rows(user, d, user, d, norm, n, d, false)?;
@@ -383,7 +384,7 @@ impl GpuHstuPredictor {
             }
         }
         let ip = dptr(&m.item_pairs, &s);
-        let segs = m.model.columns().items.len();
+        let segs = m.cols.items.len();
         self.gather(p.emb, p.total, p.cand, n, ip, segs, p.td, p.input)?;
         self.mlp(&m.item, p.input, n, p.hidden, item, p.x16)?;
         let total_n = (n * d) as i64;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 use ember_model::DenseDType;
 use ember_model::hstu::layers::{Norm, SwishMlp};
-use ember_model::hstu::{HstuModel, Postprocessor};
+use ember_model::hstu::{Columns, HstuModel, Postprocessor};
 
 use crate::device::Gpu;
 use crate::embed::GpuEmbeddings;
@@ -102,6 +102,8 @@ enum DevPost {
 /// An [`HstuModel`]'s tables and weights on one device.
 #[derive(Debug)]
 pub struct GpuHstu {
+    /// Where each role's rows are in a token's lookups.
+    cols: Columns,
     gpu: Arc<Gpu>,
     model: Arc<HstuModel>,
     emb: GpuEmbeddings,
@@ -192,6 +194,7 @@ impl GpuHstu {
             item: mlp(&w.item)?,
             head: mlp(&w.head)?,
             post_pairs: pairs(&[(cols.post.0, Some(cols.post.1))])?,
+            cols,
             add_pairs: pairs(&add)?,
             item_pairs: pairs(&items)?,
             emb,

@@ -5,7 +5,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use ember_model::hstu::attention::Seq;
 
 use super::predictor::GpuHstuPredictor;
-use super::{DevMlp, DevNorm, DevPost, GpuHstu};
+use super::{DevMlp, DevNorm, GpuHstu};
 use crate::device::{Gpu, dptr};
 use crate::error::{DriverCtx, Result};
 use crate::model::lt::{LtCall, Out};
@@ -215,17 +215,13 @@ pub(super) fn key_chunks(seqs: &[Seq], heads: usize, tiles: usize) -> (usize, us
 
 /// The widest hidden layer of the model's MLPs.
 pub(super) fn max_hidden(m: &GpuHstu) -> usize {
-    let mut w = [&m.content, &m.item, &m.head]
+    [&m.content, &m.item, &m.head]
         .into_iter()
         .chain(m.additional.as_ref())
         .chain(m.action.as_ref())
         .map(|x| x.first.n_out)
         .max()
-        .unwrap_or(1);
-    if let DevPost::Timestamp { combiner, .. } = &m.post {
-        w = w.max(combiner.n_in);
-    }
-    w
+        .unwrap_or(1)
 }
 
 pub(super) fn up_f32(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, v: &[f32]) -> Result<u64> {

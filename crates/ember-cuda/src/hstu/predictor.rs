@@ -136,9 +136,7 @@ impl GpuHstuPredictor {
             DenseDType::Bf16 => Some(Lt::new(&gpu)?),
             _ => None,
         };
-        let mut run = m.emb.runner(variant, Pooling::Sum)?;
-        // The token batch's offsets and ids go up on the compute stream, in order with the pass.
-        run.narrow_ids(true);
+        let run = m.emb.runner(variant, Pooling::Sum)?;
         Ok(GpuHstuPredictor {
             tensor_core_attention: k.attn_bf16.is_some(),
             run,

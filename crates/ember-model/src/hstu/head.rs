@@ -6,7 +6,7 @@
 
 use super::config::TaskType;
 use super::layers::{DenseCtx, sigmoid};
-use super::plan::{TIME_FEATURE_WIDTH, time_features};
+use super::plan::{TIME_FEATURE_WIDTH, candidate_tokens, time_features};
 use super::request::HstuBatch;
 use super::{HstuModel, Postprocessor};
 
@@ -56,19 +56,14 @@ pub(crate) fn head(
     s.item.clear();
     let item_cols: Vec<_> = roles.items.iter().map(|&f| model.cols(f)).collect();
     let mut qtimes = Vec::with_capacity(n);
-    let mut offsets = vec![0];
-    for u in batch.users() {
-        let c0 = u.start + batch.slots() + u.history;
-        for t in c0..c0 + u.candidates {
-            s.cand.extend_from_slice(&x[t * d..(t + 1) * d]);
-            qtimes.push(batch.times[t]);
-            let row = &emb[t * total..(t + 1) * total];
-            for c in &item_cols {
-                s.item.extend_from_slice(&row[c.clone()]);
-            }
+    let offsets = candidate_tokens(batch, |t| {
+        s.cand.extend_from_slice(&x[t * d..(t + 1) * d]);
+        qtimes.push(batch.times[t]);
+        let row = &emb[t * total..(t + 1) * total];
+        for c in &item_cols {
+            s.item.extend_from_slice(&row[c.clone()]);
         }
-        offsets.push(offsets.last().unwrap() + u.candidates);
-    }
+    });
     let mut user = vec![0.0f32; n * d];
     match &w.post {
         Postprocessor::Timestamp { combiner, norm } => {

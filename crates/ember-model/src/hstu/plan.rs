@@ -97,16 +97,11 @@ impl HstuModel {
             action_rows(self, batch, &mut plan.actions);
         }
         contextual_slots(self, batch, |s| plan.contextual.push(s));
-        plan.offsets.push(0);
-        for u in batch.users() {
-            let c0 = u.start + batch.slots() + u.history;
-            for t in c0..c0 + u.candidates {
-                plan.candidate_rows.push(t);
-                plan.time_features
-                    .extend_from_slice(&time_features(batch.times[t]));
-            }
-            plan.offsets.push(plan.candidate_rows.len());
-        }
+        plan.offsets = candidate_tokens(batch, |t| {
+            plan.candidate_rows.push(t);
+            plan.time_features
+                .extend_from_slice(&time_features(batch.times[t]));
+        });
         plan
     }
 }
@@ -172,6 +167,19 @@ pub(crate) fn action_rows(model: &HstuModel, batch: &HstuBatch, out: &mut [f32])
             out[t * width..(t + 1) * width].copy_from_slice(&a.target);
         }
     }
+}
+
+/// Calls `f` with every candidate's token, users in order; returns the users' offsets into the
+/// candidates (user `u`'s are `offsets[u] .. offsets[u + 1]`).
+pub(crate) fn candidate_tokens(batch: &HstuBatch, mut f: impl FnMut(usize)) -> Vec<usize> {
+    let mut offsets = Vec::with_capacity(batch.len() + 1);
+    offsets.push(0);
+    for u in batch.users() {
+        let c0 = u.start + batch.slots() + u.history;
+        (c0..c0 + u.candidates).for_each(&mut f);
+        offsets.push(offsets.last().unwrap() + u.candidates);
+    }
+    offsets
 }
 
 /// Every user's contextual slots, users in order.
