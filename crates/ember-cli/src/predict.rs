@@ -321,6 +321,8 @@ fn score_jsonl(
         if sample.len() != 1 {
             bail!("{}: one sample a line, found {}", at(), sample.len());
         }
+        let sample = ember_model::serving::into_samples(sample)
+            .context("a DLRM-family model's request holds samples")?;
         batch.push(sample);
         if batch.len() == a.batch {
             flush(&mut batch, &mut scored)?;

@@ -2,15 +2,20 @@
 //! shipped default model on 127.0.0.1:8080.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use ember_embed::DType;
-use ember_model::{Engine, Model, Pace};
+use ember_model::hstu::HstuModel;
+use ember_model::{Engine, Model};
 use ember_serve::{BatchConfig, ServeConfig, Server};
+
+mod models;
+
+use models::{CliLoader, dir_name, placement_banner, run_hstu};
 
 use crate::gpu_args::GpuArgs;
 use crate::paths::{DEFAULT_MODEL, shipped};
@@ -241,36 +246,6 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| bad("it resolves to no address".into()))
 }
 
-/// Loads a repository's model versions as `ember serve --model` would load one directory.
-#[derive(Debug)]
-struct CliLoader {
-    tier: TierArgs,
-    dtype: Option<DType>,
-    dense_dtype: Option<ember_model::DenseDType>,
-    threads: usize,
-}
-
-impl ember_serve::Loader for CliLoader {
-    fn load(&self, name: &str, dir: &Path, pace: Pace) -> Result<Model, String> {
-        let mut opts = self.tier.load_options(self.dtype, self.dense_dtype);
-        (opts.pace, opts.name) = (pace, Some(name.into()));
-        let mut model = Model::load(dir, opts).map_err(|e| e.to_string())?;
-        self.tier
-            .apply(&mut model, dir)
-            .map_err(|e| format!("{e:#}"))?;
-        // The check's predictors are dropped before it returns: the model is ours alone again.
-        let model = Arc::new(model);
-        crate::dense::check_accuracy(&model, name, self.threads);
-        Arc::into_inner(model).ok_or_else(|| "the accuracy check kept the model".to_string())
-    }
-
-    fn engine(&self, model: Arc<Model>) -> Result<Box<dyn Engine>, String> {
-        ember_model::Predictor::new(model, self.threads)
-            .map(|p| Box::new(p) as Box<dyn Engine>)
-            .map_err(|e| format!("building the predictor: {e}"))
-    }
-}
-
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     crate::logging::init(&a.log)?;
     let io_threads = a
@@ -315,6 +290,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         }
         None => {
             let dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
+            if HstuModel::is_hstu_dir(&dir) {
+                return run_hstu(&a, &dir, io_threads);
+            }
             // To be calibrated: loaded in f32, its int8 weights packed by the calibration.
             let dense = match a.calibrate {
                 Some(_) => Some(ember_model::DenseDType::F32),
@@ -323,12 +301,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             let mut model = Model::load(&dir, a.tier.load_options(a.dtype, dense))
                 .with_context(|| format!("loading model {}", dir.display()))?;
             a.tier.apply(&mut model, &dir)?;
-            let name = dir
-                .canonicalize()
-                .ok()
-                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "default".into());
-            (model, name)
+            (model, dir_name(&dir))
         }
     };
     let cfg = serve_config(&a, a.name.clone().unwrap_or(name))?;
@@ -479,45 +452,6 @@ fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig
             None => None,
         },
     })
-}
-
-/// Where a served model's tables live and what runs it: tables by placement, the row cache,
-/// the forward threads, the kernels' instruction set and the device.
-fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String {
-    let model = s.spec.model();
-    let mut by = std::collections::BTreeMap::<&str, usize>::new();
-    for t in &model.config().tables {
-        *by.entry(t.placement.name()).or_default() += 1;
-    }
-    let tables: Vec<String> = by.iter().map(|(p, n)| format!("{n} {p}")).collect();
-    let stager = model.stager();
-    let cache = match stager.is_active() {
-        true => format!(
-            "row cache {}",
-            crate::units::human_bytes(stager.cache_usage().1)
-        ),
-        false => "no row cache".into(),
-    };
-    let isa = ember_embed::Isa::selected().map_or("?", |i| i.name());
-    let dense = model.dense_dtype();
-    let dense_on = ember_model::DenseIsa::selected(dense).map_or("?", |i| i.describe(dense));
-    let device = match a.gpu.is_cuda() {
-        true => format!("cuda:{}", a.gpu.gpu),
-        false => "cpu".into(),
-    };
-    format!(
-        "model '{}' v{}: tables {}; {cache}; {}{} forward thread(s); kernels {isa}; dense {dense} \
-         ({dense_on}); device {device}",
-        s.name(),
-        s.version,
-        tables.join(", "),
-        if a.instances > 1 {
-            format!("{} instances x ", a.instances)
-        } else {
-            String::new()
-        },
-        a.threads
-    )
 }
 
 /// Waits for the server `started` to listen, then for a stop signal; stops it.

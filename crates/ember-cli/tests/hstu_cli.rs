@@ -1,5 +1,6 @@
 //! The `ember` commands on HSTU models: `predict` scores a users file as the reference did (the
-//! parity fixtures of ember-model), refuses a bad user naming its line and feature; `data model
+//! parity fixtures of ember-model), refuses a bad user naming its line and feature and a DLRM
+//! pipeline's flag; `data model
 //! --preset hstu-small` writes a directory that `bench model --model` times and `predict` reads.
 
 // Only `ember` and `json_of` of the shared helpers are used here.
@@ -94,6 +95,17 @@ fn predict_scores_users_as_the_reference_and_names_a_bad_one() {
         stderr.contains("user 3") && stderr.contains("item_rating"),
         "{stderr}"
     );
+    // A DLRM pipeline's flag is refused for an hstu model, not ignored.
+    let (ok, _, stderr) = ember(&[
+        "predict",
+        "--model",
+        model,
+        "--data",
+        users.to_str().unwrap(),
+        "--prefetch-depth",
+        "2",
+    ]);
+    assert!(!ok && stderr.contains("--prefetch-depth"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -181,5 +193,100 @@ fn data_model_writes_the_model_bench_model_builds_in_memory() {
         .unwrap()
         .0;
     assert_eq!(a, b);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// POSTs `body` as JSON to `path` on `addr`: (status, body).
+fn post_json(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+#[test]
+fn serve_scores_users_as_predict_does() {
+    use std::io::BufRead;
+    let fx = fixture("hstu_small");
+    let dir = tmp("serve");
+    let out = dir.join("scores.jsonl");
+    let users = fx.join("users.jsonl");
+    let (ok, _, stderr) = ember(&[
+        "predict",
+        "--model",
+        fx.to_str().unwrap(),
+        "--data",
+        users.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--http", "127.0.0.1:0", "--grpc", "off", "--model"])
+        .arg(&fx)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    for _ in 0..64 {
+        line.clear();
+        if err.read_line(&mut line).unwrap() == 0 || line.contains("http://") {
+            break;
+        }
+    }
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    // Each user of the file, one request each, as `predict` scored it.
+    let want: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let lines = std::fs::read_to_string(&users).unwrap();
+    let lines: Vec<&str> = lines.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), want.len());
+    for (l, w) in lines.iter().zip(&want) {
+        let (status, body) = post_json(&addr, "/v1/score", l);
+        assert_eq!(status, 200, "{body}");
+        let got: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let (got, w) = (&got["scores"][0], &w["scores"]);
+        for (task, ws) in w.as_object().unwrap() {
+            let (g, ws) = (got[task].as_array().unwrap(), ws.as_array().unwrap());
+            assert_eq!(g.len(), ws.len(), "{task}");
+            for (g, w) in g.iter().zip(ws) {
+                let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+                assert!((g - w).abs() <= 1e-6, "{task}: {g} vs {w}");
+            }
+        }
+    }
+    // A bad user names itself and the feature; the server serves on.
+    let (status, body) = post_json(&addr, "/v1/score", r#"{"uih": {}, "candidates": {}}"#);
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("user 0") && body.contains("missing"),
+        "{body}"
+    );
+    assert_eq!(post_json(&addr, "/v1/score", lines[0]).0, 200);
+    child.kill().unwrap();
+    child.wait().unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }

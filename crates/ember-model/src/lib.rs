@@ -29,6 +29,7 @@ mod model;
 mod predictor;
 pub mod presets;
 pub mod random;
+pub mod serving;
 mod simd;
 pub mod synth;
 mod tier;

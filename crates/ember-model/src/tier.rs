@@ -65,6 +65,13 @@ impl Model {
     }
 }
 
+impl<'a> Tier<'a> {
+    /// The tier of a model whose tables `stager` stages (either family).
+    pub(crate) fn of(stager: &'a Stager) -> Tier<'a> {
+        Tier { stager }
+    }
+}
+
 impl Tier<'_> {
     /// Whether any table is on the tier (without one, every counter stays zero).
     pub fn is_active(&self) -> bool {

@@ -27,7 +27,11 @@ fn body(spec: &ModelSpec, n: usize) -> Vec<u8> {
         json!({"name": "dense", "shape": [n, 13], "datatype": "FP32",
         "data": (0..n * 13).map(|i| (i % 7) as f32 * 0.37).collect::<Vec<_>>()}),
     ];
-    for (f, &rows) in spec.features().iter().zip(&spec.inputs.rows) {
+    for (f, &rows) in spec
+        .features()
+        .iter()
+        .zip(&spec.bags.as_ref().unwrap().rows)
+    {
         inputs.push(json!({"name": format!("{f}_lengths"), "shape": [n], "datatype": "INT64", "data": vec![1; n]}));
         inputs.push(
             json!({"name": format!("{f}_ids"), "shape": [n], "datatype": "INT64",

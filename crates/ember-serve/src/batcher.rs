@@ -1,6 +1,6 @@
 //! Dynamic batching: requests wait in a bounded queue; one loop forms batches of up to
 //! `max_batch` samples (closed when full or when the first request has waited `max_delay`),
-//! prepares them and runs them on the model's [`Engine`], then answers each request:
+//! prepares them and runs them on the model's [`Runner`], then answers each request:
 //!
 //! ```text
 //! admit -> queue -> form batch -> prepare (drop late requests, merge, stage tier rows) -> run -> answer
@@ -36,7 +36,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ember_model::{Engine, Model, Prepared, Samples, StageTimes, run_ahead};
+use ember_model::run_ahead;
+use ember_model::serving::{Batched, Items, Outputs, Request, Runner, Servable, Times};
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServeError};
@@ -74,16 +75,23 @@ impl Default for BatchConfig {
     }
 }
 
-/// A request's answer: its scores, and the size of the batch it ran in.
+/// A request's answer: its outputs, and the size of the batch it ran in.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    pub scores: Vec<f32>,
-    /// Samples in the batch it ran in.
+    pub outputs: Outputs,
+    /// Items in the batch it ran in.
     pub batch: usize,
 }
 
+impl Reply {
+    /// The first output's values (a DLRM-family model's scores).
+    pub fn scores(&self) -> &[f32] {
+        self.outputs.scores()
+    }
+}
+
 struct Job {
-    samples: Samples,
+    samples: Request,
     deadline: Option<(Instant, u64)>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Reply>>,
@@ -149,13 +157,13 @@ pub struct Batcher {
 impl Batcher {
     /// Starts the batching thread, which owns `engine` (the CPU predictor, a GPU predictor) of
     /// the model served as `name` (its metrics' label).
-    pub fn start(engine: Box<dyn Engine>, cfg: BatchConfig, name: &str) -> Self {
+    pub fn start(engine: Box<dyn Runner>, cfg: BatchConfig, name: &str) -> Self {
         Self::start_pool(vec![engine], cfg, name)
     }
 
     /// [`Batcher::start`] with one engine per model instance (`engines` of one model; their
     /// count overrides `cfg.instances`): each runs its batches on a thread of its own.
-    pub fn start_pool(engines: Vec<Box<dyn Engine>>, cfg: BatchConfig, name: &str) -> Self {
+    pub fn start_pool(engines: Vec<Box<dyn Runner>>, cfg: BatchConfig, name: &str) -> Self {
         assert!(!engines.is_empty(), "a batcher needs an engine");
         let cfg = BatchConfig {
             max_batch: cfg.max_batch.max(1),
@@ -211,17 +219,17 @@ impl Batcher {
     /// Queues `samples` (as `max_batch` pieces when there are more); the answer comes when
     /// their batches have run. `timeout_us`, if given, is the request's deadline from now. A
     /// request expected to wait past its deadline or the queue-delay bound is refused at once.
-    pub async fn submit(&self, samples: Samples, timeout_us: Option<u64>) -> Result<Reply> {
+    pub async fn submit(&self, samples: Request, timeout_us: Option<u64>) -> Result<Reply> {
         let (t0, n) = (Instant::now(), samples.len());
         let r = self.submit_counted(samples, timeout_us).await;
         self.stats.request(r.is_ok(), n, t0.elapsed());
         r
     }
 
-    async fn submit_counted(&self, samples: Samples, timeout_us: Option<u64>) -> Result<Reply> {
+    async fn submit_counted(&self, samples: Request, timeout_us: Option<u64>) -> Result<Reply> {
         if samples.is_empty() {
             return Ok(Reply {
-                scores: Vec::new(),
+                outputs: Outputs::default(),
                 batch: 0,
             });
         }
@@ -236,7 +244,7 @@ impl Batcher {
             return self.enqueue(samples, deadline, held).await;
         }
         // One piece in the queue at a time: requests that arrive meanwhile run between them.
-        let mut scores = Vec::with_capacity(samples.len());
+        let mut outputs = Outputs::default();
         let mut batch = 0;
         let mut held = Some(held);
         for piece in samples.pieces(self.cfg.max_batch) {
@@ -244,10 +252,10 @@ impl Batcher {
                 .take()
                 .unwrap_or_else(|| Pending::new(&self.load, piece.len()));
             let r = self.enqueue(piece, deadline, counted).await?;
-            scores.extend_from_slice(&r.scores);
+            outputs.append(&r.outputs);
             batch = batch.max(r.batch);
         }
-        Ok(Reply { scores, batch })
+        Ok(Reply { outputs, batch })
     }
 
     /// The bound on a request's wait: the queue-delay bound or its deadline, the smaller.
@@ -301,7 +309,7 @@ impl Batcher {
     /// Queues samples of at most `max_batch` and waits for their answer.
     async fn enqueue(
         &self,
-        samples: Samples,
+        samples: Request,
         deadline: Option<(Instant, u64)>,
         counted: Pending,
     ) -> Result<Reply> {
@@ -394,12 +402,12 @@ impl Drop for Batcher {
 
 /// The requests of a batch that are still waiting for their answer, and the batch prepared from
 /// them (or why it could not be).
-type Ready = (Vec<Job>, ember_model::Result<Prepared<'static>>, Duration);
+type Ready = (Vec<Job>, ember_model::Result<Batched>, Duration);
 
 /// The batching loop: form -> prepare -> run -> answer, until every sender is gone and the queue
 /// is drained.
-fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Arc<Queue<Job>>) {
-    let model = engine.model().clone();
+fn run(mut engine: Box<dyn Runner>, cfg: BatchConfig, shared: Shared, rx: Arc<Queue<Job>>) {
+    let model = engine.servable().clone();
     let depth = model.prefetch_depth();
     let Shared {
         queued,
@@ -409,14 +417,14 @@ fn run(mut engine: Box<dyn Engine>, cfg: BatchConfig, shared: Shared, rx: Arc<Qu
         stats,
     } = shared;
     let batches = std::iter::from_fn(move || form_batch(&rx, &cfg, &queued));
-    let mut scores = Vec::new();
+    let mut outputs = Outputs::default();
     let _ = run_ahead(
         depth,
         batches,
-        |jobs| prepare(&model, jobs, &abandon_at, &stats),
+        |jobs| prepare(model.as_ref(), jobs, &abandon_at, &stats),
         |ready: Option<Ready>| {
             if let Some((live, prepared, input)) = ready {
-                let ran = (&mut *engine, model.as_ref(), depth, &mut scores);
+                let ran = (&mut *engine, model.as_ref(), &mut outputs);
                 run_batch(ran, live, prepared, input, (&name, &stats, &load));
             }
             Ok::<(), Infallible>(())
@@ -442,7 +450,7 @@ fn form_batch(rx: &Queue<Job>, cfg: &BatchConfig, queued: &AtomicUsize) -> Optio
 /// passed), drops those whose client went away, merges the others into one batch and stages
 /// its tier rows (`None` when no request is left).
 fn prepare(
-    model: &Model,
+    model: &dyn Servable,
     jobs: Vec<Job>,
     abandon_at: &Mutex<Option<Instant>>,
     stats: &Stats,
@@ -473,41 +481,34 @@ fn prepare(
     let merging = Instant::now();
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
     metrics::histogram!(m::BATCH_SIZE).record(n as f64);
-    let parts: Vec<&Samples> = live.iter().map(|j| &j.samples).collect();
-    let prepared = model.merge(&parts).and_then(|b| model.prepare(b));
+    let parts: Vec<&dyn Items> = live.iter().map(|j| j.samples.as_ref()).collect();
+    let prepared = model.prepare(&parts);
     Some((live, prepared, merging.elapsed()))
 }
 
-/// Runs a prepared batch and answers its requests. Staged on this thread (`depth` 0), its
-/// staging counts in the embedding stage and as a stall. The admission model learns the
-/// batch's time before its requests are answered.
+/// Runs a prepared batch and answers its requests (staged on this thread, the runner counts
+/// its staging in the embedding stage). The admission model learns the batch's time before its
+/// requests are answered.
 fn run_batch(
-    (engine, model, depth, scores): (&mut (dyn Engine + '_), &Model, usize, &mut Vec<f32>),
+    (engine, model, outputs): (&mut (dyn Runner + '_), &dyn Servable, &mut Outputs),
     live: Vec<Job>,
-    prepared: ember_model::Result<Prepared<'static>>,
+    prepared: ember_model::Result<Batched>,
     input: Duration,
     (name, stats, load): (&str, &Stats, &Load),
 ) {
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
-    scores.resize(n, 0.0);
     let start = Instant::now();
-    let result = prepared.and_then(|p| {
-        let times = engine.run(&p, scores)?;
-        Ok(match depth {
-            0 => model.staged_inline(&p, times),
-            _ => times,
-        })
-    });
+    let result = prepared.and_then(|p| engine.run(&p, outputs));
     let infer = start.elapsed();
     let ok = result.is_ok();
     if ok {
         // Before the answers: a client that reads /metrics after its answer sees its batch.
-        m::record_tier(name, model);
+        m::record_tier(name, model.tier());
     }
     load.observe(n, start.elapsed());
     let requests = live.len();
     let answered = Instant::now();
-    answer(live, n, scores, result);
+    answer(live, n, outputs, result);
     if ok {
         let output = answered.elapsed();
         let t = BatchTimes {
@@ -519,20 +520,22 @@ fn run_batch(
     }
 }
 
-/// Records a scored batch's stage times and answers its requests.
-fn answer(live: Vec<Job>, n: usize, scores: &[f32], result: ember_model::Result<StageTimes>) {
+/// Records a scored batch's stage times and answers its requests, each with its items'
+/// outputs.
+fn answer(live: Vec<Job>, n: usize, outputs: &Outputs, result: ember_model::Result<Times>) {
     match result {
         Ok(t) => {
             metrics::histogram!(m::EMBEDDING_STAGE).record(t.embedding.as_secs_f64());
-            metrics::histogram!(m::DENSE_STAGE).record(t.dense().as_secs_f64());
-            let mut at = 0;
+            metrics::histogram!(m::DENSE_STAGE).record(t.dense.as_secs_f64());
+            let (mut at, mut value) = (0, 0);
             for j in live {
                 let k = j.samples.len();
+                let (part, next) = outputs.part(at..at + k, value);
                 j.answer(Ok(Reply {
-                    scores: scores[at..at + k].to_vec(),
+                    outputs: part,
                     batch: n,
                 }));
-                at += k;
+                (at, value) = (at + k, next);
             }
         }
         Err(e) => {

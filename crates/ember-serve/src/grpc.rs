@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use bytes::BufMut;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -26,7 +25,6 @@ use crate::repo::Served;
 use crate::spec::ModelSpec;
 use crate::state::App;
 use crate::triton;
-use ember_model::Samples;
 
 pub use crate::proto::{Codec, pb, raw_bytes};
 
@@ -227,8 +225,11 @@ impl Tensor for GrpcTensor<'_> {
 }
 
 /// Decodes a `ModelInferRequest` into checked samples.
-pub fn decode(spec: &ModelSpec, req: &pb::ModelInferRequest) -> Result<Samples, ServeError> {
-    kserve::check_outputs(req.outputs.iter().map(|o| o.name.as_str()))?;
+pub fn decode(
+    spec: &ModelSpec,
+    req: &pb::ModelInferRequest,
+) -> Result<ember_model::serving::Request, ServeError> {
+    kserve::check_outputs(spec, req.outputs.iter().map(|o| o.name.as_str()))?;
     let raw = &req.raw_input_contents;
     if !raw.is_empty() {
         if raw.len() != req.inputs.len() {
@@ -309,25 +310,29 @@ impl Grpc {
         let t0 = std::time::Instant::now();
         let samples = decode(&served.spec, &req)?;
         crate::metrics::decoded("grpc", t0);
-        let n = samples.len();
         let scored = served.batcher.submit(samples, timeout).await?;
-        let mut raw = bytes::BytesMut::with_capacity(4 * n);
-        for s in &scored.scores {
-            raw.put_f32_le(*s);
+        let outs = kserve::outputs(&served.spec, &scored);
+        let mut outputs = Vec::with_capacity(outs.len());
+        let mut raw_output_contents = Vec::with_capacity(outs.len());
+        for o in &outs {
+            let mut raw = bytes::BytesMut::with_capacity(o.values.byte_len());
+            o.values.write_le(&mut raw);
+            raw_output_contents.push(raw.freeze());
+            outputs.push(InferOutputTensor {
+                name: o.name.into(),
+                datatype: o.values.datatype().into(),
+                shape: vec![o.values.len() as i64],
+                parameters: HashMap::new(),
+                contents: None,
+            });
         }
         Ok(pb::ModelInferResponse {
             model_name: served.spec.name.clone(),
             model_version: served.version_str.clone(),
             id: req.id,
             parameters: HashMap::new(),
-            outputs: vec![InferOutputTensor {
-                name: kserve::SCORES.into(),
-                datatype: "FP32".into(),
-                shape: vec![n as i64],
-                parameters: HashMap::new(),
-                contents: None,
-            }],
-            raw_output_contents: vec![raw.freeze()],
+            outputs,
+            raw_output_contents,
         })
     }
 }

@@ -6,7 +6,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ember_model::Samples;
+use ember_model::serving::Request;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -264,29 +264,37 @@ async fn infer_on(
     let n = d.samples.len();
     let scored = served.batcher.submit(d.samples, d.timeout).await?;
     let (id, binary_out) = (d.id, d.binary_out);
+    let outs = kserve::outputs(&served.spec, &scored);
     let mut resp = InferResponse {
         model_name: served.spec.name.clone(),
         model_version: served.version_str.clone(),
         id,
-        outputs: vec![OutputTensor {
-            name: kserve::SCORES.into(),
-            datatype: "FP32",
-            shape: vec![n],
-            parameters: None,
-            data: None,
-        }],
+        outputs: outs
+            .iter()
+            .map(|o| OutputTensor {
+                name: o.name.into(),
+                datatype: o.values.datatype(),
+                shape: vec![o.values.len()],
+                parameters: None,
+                data: None,
+            })
+            .collect(),
     };
     if !binary_out {
-        resp.outputs[0].data = Some(scored.scores);
+        for (t, o) in resp.outputs.iter_mut().zip(&outs) {
+            t.data = Some((&o.values).into());
+        }
         return Ok((n, axum::Json(resp).into_response()));
     }
-    resp.outputs[0].parameters = Some(json!({ "binary_data_size": 4 * n }));
+    for (t, o) in resp.outputs.iter_mut().zip(&outs) {
+        t.parameters = Some(json!({ "binary_data_size": o.values.byte_len() }));
+    }
     let mut out = serde_json::to_vec(&resp)
         .map_err(|e| ServeError::Internal(format!("encoding the response: {e}")))?;
     let header_len = out.len();
-    out.reserve(4 * n);
-    for s in &scored.scores {
-        out.extend_from_slice(&s.to_le_bytes());
+    out.reserve(outs.iter().map(|o| o.values.byte_len()).sum());
+    for o in &outs {
+        o.values.write_le(&mut out);
     }
     let headers = [
         (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -300,7 +308,7 @@ async fn infer_on(
 
 /// What a KServe request asks, decoded from its body.
 struct Decoded {
-    samples: Samples,
+    samples: Request,
     timeout: Option<u64>,
     id: Option<String>,
     binary_out: bool,
@@ -388,9 +396,9 @@ async fn score_on(
     let scored = served.batcher.submit(samples, timeout).await?;
     let access = crate::access::Access {
         model: served.spec.name.clone(),
-        samples: scored.scores.len(),
+        samples: scored.outputs.items(),
     };
-    let mut resp = score_response(&scored.scores, json);
+    let mut resp = score_response(&served.spec, &scored, json);
     resp.extensions_mut().insert(access);
     Ok(resp)
 }
@@ -411,12 +419,15 @@ fn decode_score(
     bytes: &[u8],
     json: bool,
     labels: bool,
-) -> Result<Samples> {
+) -> Result<Request> {
     if bytes.trim_ascii().is_empty() {
         return Err(ServeError::bad(EMPTY_SCORE_BODY));
     }
     if json {
-        return v1::decode_json(spec, bytes);
+        return match spec.servable().check_json(bytes) {
+            Some(r) => Ok(r?),
+            None => v1::decode_json(spec, bytes),
+        };
     }
     if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
         // Criteo TSV lines start with a label or a number, never a bracket.
@@ -433,8 +444,30 @@ fn decode_score(
     v1::decode_tsv(spec, bytes, labels)
 }
 
-/// `/v1/score`'s answer: `{"scores": [...]}` to a JSON request, else one score per line.
-fn score_response(scores: &[f32], json: bool) -> Response {
+/// `/v1/score`'s answer: `{"scores": [...]}` to a JSON request, else one score per line. A
+/// model of several outputs, or of a run of values per item, answers JSON
+/// `{"scores": [{"<output>": [...], ...} per item]}`.
+fn score_response(spec: &ModelSpec, reply: &crate::Reply, json: bool) -> Response {
+    let sig = &spec.signature;
+    if sig.outputs.len() != 1 || sig.offsets.is_some() {
+        let o = &reply.outputs;
+        let offsets = o.offsets();
+        let items: Vec<serde_json::Value> = offsets
+            .windows(2)
+            .map(|w| {
+                let (a, b) = (w[0] as usize, w[1] as usize);
+                let m: serde_json::Map<String, serde_json::Value> = sig
+                    .outputs
+                    .iter()
+                    .zip(&o.values)
+                    .map(|(name, v)| (name.clone(), json!(&v[a..b])))
+                    .collect();
+                serde_json::Value::Object(m)
+            })
+            .collect();
+        return axum::Json(json!({ "scores": items })).into_response();
+    }
+    let scores = reply.scores();
     if json {
         return axum::Json(json!({ "scores": scores })).into_response();
     }
@@ -452,13 +485,13 @@ async fn metrics_page(State(app): State<App>) -> Response {
         .repo
         .served()
         .into_iter()
-        .filter(|s| s.spec.model().tier().has_remote())
+        .filter(|s| s.spec.servable().tier().has_remote())
         .collect();
     if !remote.is_empty() {
         // Off the async workers: it may wait for a batch's fetch to release the tier.
         let _ = tokio::task::spawn_blocking(move || {
             for s in remote {
-                m::record_store(s.name(), s.spec.model());
+                m::record_store(s.name(), s.spec.servable().tier());
             }
         })
         .await;

@@ -1,6 +1,7 @@
 //! Ember's inference server: the KServe v2 (Triton) inference protocol over HTTP and gRPC, a
-//! `/v1/score` route for TSV or JSON samples, dynamic batching in front of each served model's
-//! [`ember_model::Engine`] (the CPU [`ember_model::Predictor`], or a GPU's), a model repository
+//! `/v1/score` route for TSV or JSON samples (or a family's own JSON items), dynamic batching in
+//! front of each served model's [`ember_model::serving::Runner`] (a CPU predictor, or a GPU's),
+//! a model repository
 //! whose versions load and swap while it serves, Prometheus metrics, and a graceful stop.
 //!
 //! | file | what |
@@ -16,10 +17,11 @@
 //! | `error.rs` | errors, and their HTTP / gRPC statuses and metric labels |
 //! | `metrics.rs` | Prometheus names and the request tracker |
 //!
-//! It sees the model only through `ember-model`'s seam: [`ember_model::Model::check_samples`],
-//! [`ember_model::Model::merge`], [`ember_model::Model::prepare`] and [`ember_model::Engine`]
-//! for requests, [`ember_model::Model::inputs`] for what they must match, and
-//! [`ember_model::Model::tier`] for the tier's counters and its remote store's health. Of the
+//! It sees the model only through `ember-model`'s family-neutral seam,
+//! [`ember_model::serving`]: a [`ember_model::serving::Servable`] declares its inputs, outputs
+//! and stages ([`ember_model::serving::Signature`]), checks requests, merges and stages batches
+//! and tells the tier's counters and its remote store's health; a
+//! [`ember_model::serving::Runner`] runs the batches. It names no model family. Of the
 //! embedding stage's types it names only the seam's input columns, [`ember_model::Ids`] and
 //! [`ember_model::Lengths`] (`crates/ember-cli/tests/architecture.rs` checks it).
 //!
@@ -53,6 +55,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ember_model::serving::{EngineRunner, Runner, Servable};
 use ember_model::{Engine, Model, Predictor};
 use tokio::sync::watch;
 
@@ -126,11 +129,10 @@ fn spawn_store_probe(repo: std::sync::Weak<Repository>, ready: Arc<AtomicBool>) 
                 std::thread::sleep(std::time::Duration::from_secs(1));
                 let Some(repo) = repo.upgrade() else { return };
                 for s in repo.served() {
-                    let model = s.spec.model();
-                    let tier = model.tier();
+                    let tier = s.spec.servable().tier();
                     if tier.has_remote() {
                         let _ = tier.probe_store();
-                        metrics::record_store(s.name(), model);
+                        metrics::record_store(s.name(), tier);
                     }
                 }
             }
@@ -166,6 +168,35 @@ impl Server {
     /// their count): batches run side by side, one per instance.
     pub async fn start_engines(
         engines: Vec<Box<dyn Engine>>,
+        cfg: ServeConfig,
+    ) -> std::io::Result<Server> {
+        let runners = engines
+            .into_iter()
+            .map(|e| Box::new(EngineRunner::new(e)) as Box<dyn Runner>)
+            .collect();
+        Self::start_runners(runners, cfg).await
+    }
+
+    /// Serves a model of any family on the CPU with `cfg.threads` threads, one runner per
+    /// model instance.
+    pub async fn start_servable(
+        model: Arc<dyn Servable>,
+        cfg: ServeConfig,
+    ) -> std::io::Result<Server> {
+        let mut runners = Vec::new();
+        for _ in 0..cfg.batch.instances.max(1) {
+            let r = model
+                .clone()
+                .cpu_runner(cfg.threads.max(1))
+                .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
+            runners.push(r);
+        }
+        Self::start_runners(runners, cfg).await
+    }
+
+    /// [`Server::start_engines`] for runners of a model of any family.
+    pub async fn start_runners(
+        engines: Vec<Box<dyn Runner>>,
         cfg: ServeConfig,
     ) -> std::io::Result<Server> {
         if engines.is_empty() {

@@ -292,8 +292,7 @@ fn describe_models() {
 
 /// Publishes the SSD tier's counters of the model served as `name` (nothing when no table is
 /// on the tier).
-pub fn record_tier(name: &str, model: &ember_model::Model) {
-    let tier = model.tier();
+pub fn record_tier(name: &str, tier: ember_model::Tier<'_>) {
     if !tier.is_active() {
         return;
     }
@@ -313,8 +312,7 @@ pub fn record_tier(name: &str, model: &ember_model::Model) {
 /// Publishes the remote store's counters per node and whether it answers, for the model served
 /// as `name` (nothing without one). Called by the store probe every second and at each scrape,
 /// not per batch: it takes the tier's lock, which the next batch's fetch holds.
-pub fn record_store(name: &str, model: &ember_model::Model) {
-    let tier = model.tier();
+pub fn record_store(name: &str, tier: ember_model::Tier<'_>) {
     if !tier.has_remote() {
         return;
     }

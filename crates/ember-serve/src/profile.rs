@@ -65,7 +65,7 @@ pub(crate) fn start(
 /// Has every served model record (a no-op for those already recording).
 fn enable(repo: &Repository, cfg: &ProfileConfig) {
     for s in repo.served() {
-        if let Err(e) = s.spec.model().record_accesses(cfg.record) {
+        if let Err(e) = s.spec.servable().record_accesses(cfg.record) {
             tracing::warn!(model = s.name(), "cannot record lookups: {e}");
         }
     }
@@ -75,7 +75,7 @@ fn enable(repo: &Repository, cfg: &ProfileConfig) {
 fn write_all(repo: &Repository, cfg: &ProfileConfig) {
     for s in repo.served() {
         let dir = cfg.dir.join(s.name());
-        match s.spec.model().write_profile(&dir) {
+        match s.spec.servable().write_profile(&dir) {
             Ok(files) if !files.is_empty() => tracing::debug!(
                 model = s.name(),
                 version = s.version,

@@ -1,13 +1,15 @@
-//! What a request must match: the served model's name, its inputs, and where each KServe input
-//! goes. Decoders (KServe JSON, the binary extension, protobuf, `/v1/score`) turn a request into
-//! plain values and hand them to [`ModelSpec::check`], the one check of a request's samples
-//! against the model ([`ember_model::Model::check_samples`]), so that a bad request is refused
-//! alone and never fails the batch it would have joined.
+//! What a request must match: the served model's name, its [`Signature`] (inputs, outputs,
+//! stages), and where each KServe input goes. Decoders (KServe JSON, the binary extension,
+//! protobuf, `/v1/score`) turn a request into [`InputColumns`] and hand them to
+//! [`ModelSpec::check_columns`], the one check of a request against the model
+//! ([`Servable::check`]), so that a bad request is refused alone and never fails the batch it
+//! would have joined. Nothing here knows which family the model is.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ember_model::{Ids, Inputs, Lengths, Model, Samples};
+use ember_model::serving::{InputColumns, Request, Servable, Signature};
+use ember_model::{Ids, Inputs, Lengths};
 
 use crate::error::Result;
 
@@ -16,57 +18,65 @@ use crate::error::Result;
 pub struct ModelSpec {
     /// The name clients address the model by.
     pub name: String,
-    /// Dense width, sparse features and their tables' sizes.
-    pub inputs: Inputs,
-    /// KServe input names to their slot: 0 is `dense`, `1 + 2f` feature f's `_lengths`,
-    /// `2 + 2f` its `_ids`.
+    /// Its inputs, outputs and stages.
+    pub signature: Signature,
+    /// KServe input names to their index in the signature's inputs.
     pub input_slots: HashMap<String, usize>,
-    /// Sparse feature names to their index.
+    /// When its inputs are dense features and a bag of ids per sparse feature (the form
+    /// `/v1/score` reads as Criteo TSV and JSON samples): their description.
+    pub bags: Option<Inputs>,
+    /// The bag form's sparse feature names to their index.
     pub feature_index: HashMap<String, usize>,
-    model: Arc<Model>,
+    model: Arc<dyn Servable>,
 }
 
 impl ModelSpec {
     /// The model served.
-    pub fn model(&self) -> &Arc<Model> {
+    pub fn servable(&self) -> &Arc<dyn Servable> {
         &self.model
     }
 
     /// The spec of `model`, served as `name`.
-    pub fn of(model: Arc<Model>, name: &str) -> Self {
-        let inputs = model.inputs();
-        let mut input_slots = HashMap::new();
-        input_slots.insert("dense".to_string(), 0);
-        for (f, name) in inputs.features.iter().enumerate() {
-            input_slots.insert(format!("{name}_lengths"), 1 + 2 * f);
-            input_slots.insert(format!("{name}_ids"), 2 + 2 * f);
-        }
-        let feature_index = inputs
-            .features
+    pub fn of(model: Arc<dyn Servable>, name: &str) -> Self {
+        let signature = model.signature();
+        let input_slots = signature
+            .inputs
             .iter()
             .enumerate()
+            .map(|(k, i)| (i.name.clone(), k))
+            .collect();
+        let bags = model.bags();
+        let feature_index = bags
+            .iter()
+            .flat_map(|b| b.features.iter().enumerate())
             .map(|(f, name)| (name.clone(), f))
             .collect();
         ModelSpec {
             name: name.to_string(),
-            inputs,
+            signature,
             input_slots,
+            bags,
             feature_index,
             model,
         }
     }
 
-    /// Dense features per sample.
+    /// Dense features per sample of the bag form (0 for a model of another form).
     pub fn dense_in(&self) -> usize {
-        self.inputs.dense_in
+        self.bags.as_ref().map_or(0, |b| b.dense_in)
     }
 
-    /// Sparse feature names, in the model's order.
+    /// The bag form's sparse feature names, in the model's order (none for another form).
     pub fn features(&self) -> &[String] {
-        &self.inputs.features
+        self.bags.as_ref().map_or(&[], |b| &b.features)
     }
 
-    /// Checks a request's `n` samples against the model: dense `[n, dense_in]` and finite; for
+    /// Checks a request decoded by the signature (see [`InputColumns`]).
+    pub fn check_columns(&self, columns: InputColumns) -> Result<Request> {
+        Ok(self.model.check(columns)?)
+    }
+
+    /// Checks a request of the bag form: `n` samples, dense `[n, dense_in]` and finite; for
     /// feature `f`, sample `s`, `lengths[f * n + s]` ids stored feature-major in `ids`, each in
     /// range. Errors name the input and the sample.
     pub fn check(
@@ -75,13 +85,19 @@ impl ModelSpec {
         dense: Vec<f32>,
         lengths: impl Into<Lengths>,
         ids: impl Into<Ids>,
-    ) -> Result<Samples> {
-        Ok(self.model.check_samples(n, dense, lengths, ids)?)
+    ) -> Result<Request> {
+        self.check_columns(InputColumns {
+            n,
+            floats: dense,
+            lengths: lengths.into(),
+            values: ids.into(),
+            present: vec![true; self.signature.inputs.len()],
+        })
     }
 
-    /// An empty id list with room for `capacity`, as the checked samples keep them (32-bit when
-    /// every table fits): decoders that build it need no conversion.
+    /// An empty value column with room for `capacity`, as the checked requests keep them
+    /// (32-bit when every value fits): decoders that build it need no conversion.
     pub fn new_ids(&self, capacity: usize) -> Ids {
-        Ids::with_capacity(self.inputs.narrow_ids, capacity)
+        self.signature.new_values(capacity)
     }
 }

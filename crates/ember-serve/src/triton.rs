@@ -53,19 +53,8 @@ pub(crate) fn config(s: &Served) -> ModelConfig {
         max_queue_delay_us: cfg.max_delay.as_micros() as u64,
         input: meta.inputs.iter().map(tensor).collect(),
         output: meta.outputs.iter().map(tensor).collect(),
-        parameters: dense_parameters(s.spec.model()),
+        parameters: s.spec.servable().parameters(),
     }
-}
-
-/// `dense_dtype` and `dense_kernels` of a model (its dense layers' precision and the kernel
-/// family this process runs it on).
-fn dense_parameters(model: &ember_model::Model) -> Vec<(&'static str, String)> {
-    let dtype = model.dense_dtype();
-    let kernels = ember_model::DenseIsa::selected(dtype).map_or("?", |i| i.describe(dtype));
-    vec![
-        ("dense_dtype", dtype.name().to_string()),
-        ("dense_kernels", kernels.to_string()),
-    ]
 }
 
 impl ModelConfig {

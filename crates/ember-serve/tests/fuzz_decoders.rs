@@ -14,6 +14,11 @@ use proptest::prelude::*;
 use prost::Message;
 use serde_json::{Value, json};
 
+/// A decoded request's samples.
+fn samples(r: ember_model::serving::Request) -> ember_model::Samples {
+    ember_model::serving::into_samples(r).expect("a DLRM model's request holds samples")
+}
+
 fn spec() -> &'static ModelSpec {
     static S: std::sync::OnceLock<ModelSpec> = std::sync::OnceLock::new();
     S.get_or_init(|| {
@@ -184,7 +189,7 @@ fn valid_request() -> impl Strategy<Value = Valid> {
             .prop_flat_map(|(n, dense, lengths)| {
                 let ids: Vec<_> = lengths
                     .iter()
-                    .zip(&spec().inputs.rows)
+                    .zip(&spec().bags.as_ref().unwrap().rows)
                     .map(|(l, &rows)| {
                         prop::collection::vec(0..rows as i64, l.iter().sum::<i64>() as usize)
                     })
@@ -324,7 +329,7 @@ proptest! {
             }
         }
         let body = json!({"inputs": json_inputs}).to_string();
-        let from_json = kserve::decode(spec(), &serde_json::from_str(&body).unwrap()).unwrap();
+        let from_json = samples(kserve::decode(spec(), &serde_json::from_str(&body).unwrap()).unwrap());
         let make = |with_contents: bool| pb::ModelInferRequest {
             model_name: "default".into(),
             inputs: tensors
@@ -344,7 +349,7 @@ proptest! {
         for with_contents in [true, false] {
             let wire = make(with_contents).encode_to_vec();
             let req = pb::ModelInferRequest::decode(&wire[..]).unwrap();
-            prop_assert_eq!(&grpc::decode(spec(), &req).unwrap(), &from_json);
+            prop_assert_eq!(&samples(grpc::decode(spec(), &req).unwrap()), &from_json);
         }
         // Triton's binary tensor data extension: every value after the JSON.
         let mut head: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -356,7 +361,7 @@ proptest! {
         }
         let head = head.to_string();
         let req: InferRequest = serde_json::from_str(&head).unwrap();
-        prop_assert_eq!(&kserve::decode_with_binary(spec(), &req, &bin).unwrap(), &from_json);
+        prop_assert_eq!(&samples(kserve::decode_with_binary(spec(), &req, &bin).unwrap()), &from_json);
         prop_assert_eq!(from_json.len(), n);
         prop_assert_eq!(from_json.dense(), &dense[..]);
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use ember_model::hstu::{HstuModel, HstuScores, HstuTimes, User};
+use ember_model::hstu::{HstuScores, HstuTimes, User};
 use serde_json::json;
 
 use super::PredictArgs;
@@ -27,14 +27,7 @@ pub fn run(a: &PredictArgs, model_dir: &Path, data: &Path) -> Result<()> {
     if a.data.is_none() {
         bail!("an hstu model scores users: give them with --data users.jsonl (one user a line)");
     }
-    let mut model = HstuModel::load(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))
-        .with_context(|| format!("loading model {}", model_dir.display()))?;
-    if let Some(t) = a.tier.tier_config(model.config().tier.as_ref())? {
-        model
-            .set_tier(model_dir, t)
-            .context("setting up the SSD tier")?;
-    }
-    let model = Arc::new(model);
+    let model = Arc::new(a.tier.load_hstu(model_dir, a.dtype, a.dense_dtype)?);
     let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
     let dense = model.config().dense_dtype;
     let mut predictor = HstuEngine::new(&a.gpu, model.clone(), a.threads, dense, norm)?;

@@ -238,7 +238,9 @@ impl TensorFile {
             views.push(self.view(&idn, &self.arrays[&idn], *at..*at + n));
             *at += n;
         }
-        kserve::decode_tensors(spec, &views)
+        let r = kserve::decode_tensors(spec, &views)?;
+        ember_model::serving::into_samples(r)
+            .ok_or_else(|| ServeError::bad("the model does not take samples".to_string()))
     }
 
     /// Values `range` of array `a` as a 1-d request tensor.

@@ -58,7 +58,7 @@ pub const TIME_FEATURES: [(f32, f32); 2] = [(3600.0, 24.0), (86400.0, 7.0)];
 #[derive(Debug)]
 pub struct HstuModel {
     config: HstuModelConfig,
-    roles: Roles,
+    pub(crate) roles: Roles,
     embeddings: EmbeddingCollection,
     stager: Stager,
     weights: HstuWeights,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ember_model::Engine;
+use ember_model::serving::{Outputs, Runner};
 
 use super::queue::Queue;
 use super::{BatchConfig, Job, Ready, Shared, form_batch, prepare, run_batch};
@@ -15,12 +15,12 @@ use crate::error::ServeError;
 /// waits for a free instance, so requests arriving while all run join the next batch rather
 /// than filling small ones. Tier rows are staged here, while the instances compute.
 pub(super) fn run(
-    engines: Vec<Box<dyn Engine>>,
+    engines: Vec<Box<dyn Runner>>,
     cfg: BatchConfig,
     shared: Shared,
     rx: Arc<Queue<Job>>,
 ) {
-    let model = engines[0].model().clone();
+    let model = engines[0].servable().clone();
     let Shared {
         queued,
         load,
@@ -44,11 +44,10 @@ pub(super) fn run(
         let thread = std::thread::Builder::new()
             .name(format!("ember-instance-{i}"))
             .spawn(move || {
-                let mut scores = Vec::new();
+                let mut outputs = Outputs::default();
                 let _ = free.send(i);
                 for (live, prepared, input) in work {
-                    // Staged by the forming thread, ahead: not part of this batch's stages.
-                    let ran = (&mut *engine, model.as_ref(), 1, &mut scores);
+                    let ran = (&mut *engine, model.as_ref(), &mut outputs);
                     run_batch(ran, live, prepared, input, (&label, &stats, &load));
                     if free.send(i).is_err() {
                         break;
@@ -72,7 +71,7 @@ pub(super) fn run(
         let Some(jobs) = form_batch(&rx, &cfg, &queued) else {
             break;
         };
-        match prepare(&model, jobs, &abandon_at, &stats) {
+        match prepare(model.as_ref(), jobs, &abandon_at, &stats) {
             Some(ready) => {
                 if let Err(std::sync::mpsc::SendError(ready)) = to[i].send(ready) {
                     // That instance's thread is gone (it panicked): answer its requests

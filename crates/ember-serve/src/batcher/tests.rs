@@ -4,7 +4,10 @@
 
 use super::*;
 use crate::spec::ModelSpec;
-use ember_model::{KeyedJagged, LoadOptions, Model, Predictor};
+use ember_model::serving::EngineRunner;
+use ember_model::{
+    Engine, KeyedJagged, LoadOptions, Model, Predictor, Prepared, Samples, StageTimes,
+};
 
 /// The shipped default model.
 pub(crate) fn default_model() -> Arc<Model> {
@@ -28,14 +31,14 @@ pub(crate) fn random_samples(spec: &ModelSpec, n: usize, seed: u64) -> Samples {
         .collect();
     let mut lengths = Vec::new();
     let mut ids = Vec::new();
-    for &rows in &spec.inputs.rows {
+    for &rows in &spec.bags.as_ref().unwrap().rows {
         for _ in 0..n {
             let l = (next() % 4) as u32;
             lengths.push(l);
             ids.extend((0..l).map(|_| (next() % rows as u64) as i64));
         }
     }
-    spec.check(n, dense, lengths, ids).unwrap()
+    ember_model::serving::into_samples(spec.check(n, dense, lengths, ids).unwrap()).unwrap()
 }
 
 /// Scores `s` alone, without the batcher.
@@ -61,7 +64,7 @@ fn submit_each(b: &Arc<Batcher>, reqs: &[Samples]) -> Vec<tokio::task::JoinHandl
         .cloned()
         .map(|s| {
             let b = b.clone();
-            tokio::spawn(async move { b.submit(s, None).await })
+            tokio::spawn(async move { b.submit(Box::new(s), None).await })
         })
         .collect()
 }
@@ -76,7 +79,7 @@ async fn queue_requests(
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let (b, s) = (b.clone(), random_samples(spec, samples, i as u64));
-            tokio::spawn(async move { b.submit(s, None).await })
+            tokio::spawn(async move { b.submit(Box::new(s), None).await })
         })
         .collect();
     until("the requests queued", || b.queued() >= n).await;
@@ -87,7 +90,11 @@ fn start(cfg: BatchConfig) -> (Arc<Model>, Arc<ModelSpec>, Arc<Batcher>) {
     let model = default_model();
     let spec = Arc::new(ModelSpec::of(model.clone(), "default"));
     let p = Predictor::new(model.clone(), 1).unwrap();
-    let b = Arc::new(Batcher::start(Box::new(p), cfg, "test"));
+    let b = Arc::new(Batcher::start(
+        Box::new(EngineRunner::new(Box::new(p))),
+        cfg,
+        "test",
+    ));
     (model, spec, b)
 }
 
@@ -111,8 +118,8 @@ async fn merged_batches_score_like_single_requests() {
         assert!(got.batch <= 16, "batch of {} over max_batch", got.batch);
         largest = largest.max(got.batch);
         let want = direct(&model, &spec, s);
-        assert_eq!(got.scores.len(), s.len());
-        for (g, w) in got.scores.iter().zip(&want) {
+        assert_eq!(got.scores().len(), s.len());
+        for (g, w) in got.scores().iter().zip(&want) {
             assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
         }
     }
@@ -134,17 +141,21 @@ async fn a_full_queue_refuses_at_once() {
     let (_, spec, b) = start(cfg);
     let waiting = queue_requests(&b, &spec, 2, 1).await;
     let t = Instant::now();
-    let third = b.submit(random_samples(&spec, 1, 9), None).await;
+    let third = b.submit(Box::new(random_samples(&spec, 1, 9)), None).await;
     assert_eq!(
         third.unwrap_err(),
         ServeError::Overloaded("2 requests are queued".into())
     );
     assert!(t.elapsed() < Duration::from_millis(100), "refusal waited");
     for w in waiting {
-        assert_eq!(w.await.unwrap().unwrap().scores.len(), 1);
+        assert_eq!(w.await.unwrap().unwrap().scores().len(), 1);
     }
     // Room again.
-    assert!(b.submit(random_samples(&spec, 2, 3), None).await.is_ok());
+    assert!(
+        b.submit(Box::new(random_samples(&spec, 2, 3)), None)
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,9 +168,13 @@ async fn late_requests_are_answered_without_scores() {
         instances: 1,
     };
     let (_, spec, b) = start(cfg);
-    let late = b.submit(random_samples(&spec, 1, 1), Some(1_000)).await;
+    let late = b
+        .submit(Box::new(random_samples(&spec, 1, 1)), Some(1_000))
+        .await;
     assert_eq!(late.unwrap_err(), ServeError::DeadlineExceeded(1_000));
-    let fine = b.submit(random_samples(&spec, 1, 2), Some(5_000_000)).await;
+    let fine = b
+        .submit(Box::new(random_samples(&spec, 1, 2)), Some(5_000_000))
+        .await;
     assert!(fine.is_ok());
 }
 
@@ -181,11 +196,11 @@ async fn shutdown_finishes_what_is_queued_then_refuses() {
         .await
         .unwrap();
     for t in tasks {
-        assert_eq!(t.await.unwrap().unwrap().scores.len(), 2);
+        assert_eq!(t.await.unwrap().unwrap().scores().len(), 2);
     }
     // The stop closed the forming batch at once rather than after max_delay.
     assert!(t0.elapsed() < Duration::from_secs(4));
-    let after = b.submit(random_samples(&spec, 1, 0), None).await;
+    let after = b.submit(Box::new(random_samples(&spec, 1, 0)), None).await;
     assert_eq!(after.unwrap_err(), ServeError::ShuttingDown);
 }
 
@@ -196,7 +211,7 @@ fn empty_requests_need_no_batch() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    assert!(rt.block_on(b.submit(s, None)).unwrap().scores.is_empty());
+    assert!(rt.block_on(b.submit(s, None)).unwrap().scores().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,22 +229,22 @@ async fn a_request_expected_to_wait_too_long_is_refused_at_once() {
     // Nothing ahead: no wait, whatever the bound.
     assert!(b.expected_wait().is_zero());
     assert_eq!(
-        b.submit(random_samples(&spec, 3, 1), None)
+        b.submit(Box::new(random_samples(&spec, 3, 1)), None)
             .await
             .unwrap()
-            .scores
+            .scores()
             .len(),
         3
     );
     // One request waits in a forming batch: the next is expected to wait behind it.
     let ahead = {
         let (b, s) = (b.clone(), random_samples(&spec, 5, 2));
-        tokio::spawn(async move { b.submit(s, None).await })
+        tokio::spawn(async move { b.submit(Box::new(s), None).await })
     };
     until("the request ahead pending", || b.pending_samples() >= 5).await;
     assert!(b.expected_wait() > Duration::ZERO);
     let t = Instant::now();
-    let refused = b.submit(random_samples(&spec, 1, 3), None).await;
+    let refused = b.submit(Box::new(random_samples(&spec, 1, 3)), None).await;
     // At once: well under the 2 s it would have waited in the batch.
     assert!(
         t.elapsed() < Duration::from_millis(500),
@@ -240,7 +255,7 @@ async fn a_request_expected_to_wait_too_long_is_refused_at_once() {
         panic!("{refused:?}")
     };
     assert!(why.contains("--max-queue-delay-ms"), "{why}");
-    assert_eq!(ahead.await.unwrap().unwrap().scores.len(), 5);
+    assert_eq!(ahead.await.unwrap().unwrap().scores().len(), 5);
     assert_eq!(b.pending_samples(), 0);
 }
 
@@ -254,22 +269,26 @@ async fn a_request_that_would_miss_its_deadline_is_refused_at_once() {
         instances: 1,
     };
     let (_, spec, b) = start(cfg);
-    b.submit(random_samples(&spec, 2, 1), None).await.unwrap();
+    b.submit(Box::new(random_samples(&spec, 2, 1)), None)
+        .await
+        .unwrap();
     let ahead = {
         let (b, s) = (b.clone(), random_samples(&spec, 5, 2));
-        tokio::spawn(async move { b.submit(s, None).await })
+        tokio::spawn(async move { b.submit(Box::new(s), None).await })
     };
     until("the request ahead pending", || b.pending_samples() >= 5).await;
     // No queue bound: a request without a deadline still queues, one whose deadline is shorter
     // than the expected wait does not.
-    let refused = b.submit(random_samples(&spec, 1, 3), Some(0)).await;
+    let refused = b
+        .submit(Box::new(random_samples(&spec, 1, 3)), Some(0))
+        .await;
     let Err(ServeError::Overloaded(why)) = refused else {
         panic!("{refused:?}")
     };
     assert!(why.contains("deadline"), "{why}");
-    let queued = b.submit(random_samples(&spec, 1, 4), None).await;
-    assert_eq!(queued.unwrap().scores.len(), 1);
-    assert_eq!(ahead.await.unwrap().unwrap().scores.len(), 5);
+    let queued = b.submit(Box::new(random_samples(&spec, 1, 4)), None).await;
+    assert_eq!(queued.unwrap().scores().len(), 1);
+    assert_eq!(ahead.await.unwrap().unwrap().scores().len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,10 +303,10 @@ async fn large_requests_run_in_pieces_and_let_small_ones_through() {
     let (model, spec, b) = start(cfg);
     let big = random_samples(&spec, 101, 5);
     let want = direct(&model, &spec, &big);
-    let got = b.submit(big, None).await.unwrap();
+    let got = b.submit(Box::new(big), None).await.unwrap();
     assert_eq!(got.batch, 8);
-    assert_eq!(got.scores.len(), 101);
-    for (i, (g, w)) in got.scores.iter().zip(&want).enumerate() {
+    assert_eq!(got.scores().len(), 101);
+    for (i, (g, w)) in got.scores().iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() <= 1e-6 * w.abs().max(1.0),
             "sample {i}: {g} vs {w}"
@@ -297,16 +316,19 @@ async fn large_requests_run_in_pieces_and_let_small_ones_through() {
     let huge = random_samples(&spec, 8 * 400, 6);
     let large = {
         let b = b.clone();
-        tokio::spawn(async move { b.submit(huge, None).await })
+        tokio::spawn(async move { b.submit(Box::new(huge), None).await })
     };
     until("the large request pending", || b.pending_samples() > 0).await;
-    let small = b.submit(random_samples(&spec, 2, 7), None).await.unwrap();
-    assert_eq!(small.scores.len(), 2);
+    let small = b
+        .submit(Box::new(random_samples(&spec, 2, 7)), None)
+        .await
+        .unwrap();
+    assert_eq!(small.scores().len(), 2);
     assert!(
         !large.is_finished(),
         "the small request waited for all of the large one"
     );
-    assert_eq!(large.await.unwrap().unwrap().scores.len(), 3200);
+    assert_eq!(large.await.unwrap().unwrap().scores().len(), 3200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +389,14 @@ async fn instances_share_the_batches_and_score_like_single_requests() {
         max_queue_delay: None,
         instances: 1, // the engines' count wins
     };
-    let b = Arc::new(Batcher::start_pool(engines, cfg, "test"));
+    let b = Arc::new(Batcher::start_pool(
+        engines
+            .into_iter()
+            .map(|e| Box::new(EngineRunner::new(e)) as Box<dyn ember_model::serving::Runner>)
+            .collect(),
+        cfg,
+        "test",
+    ));
     assert_eq!(b.config().instances, 3);
     let reqs: Vec<Samples> = (0..60)
         .map(|i| random_samples(&spec, 1 + i % 5, 100 + i as u64))
@@ -377,8 +406,8 @@ async fn instances_share_the_batches_and_score_like_single_requests() {
         let got = t.await.unwrap().unwrap();
         assert!(got.batch <= 8, "batch of {} over max_batch", got.batch);
         let want = direct(&model, &spec, s);
-        assert_eq!(got.scores.len(), s.len());
-        for (g, w) in got.scores.iter().zip(&want) {
+        assert_eq!(got.scores().len(), s.len());
+        for (g, w) in got.scores().iter().zip(&want) {
             assert!((g - w).abs() <= 1e-5, "{g} vs {w}");
         }
     }
@@ -395,7 +424,7 @@ async fn instances_share_the_batches_and_score_like_single_requests() {
     tokio::task::spawn_blocking(move || b2.shutdown())
         .await
         .unwrap();
-    let late = b.submit(random_samples(&spec, 2, 1), None).await;
+    let late = b.submit(Box::new(random_samples(&spec, 2, 1)), None).await;
     assert!(matches!(late, Err(ServeError::ShuttingDown)), "{late:?}");
 }
 

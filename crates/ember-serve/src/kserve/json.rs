@@ -20,7 +20,7 @@ use super::{
 };
 use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
-use ember_model::Samples;
+use ember_model::serving::Request;
 
 /// `POST /v2/models/{name}/infer` body (strings borrowed from the body where they can be).
 ///
@@ -282,7 +282,24 @@ pub struct OutputTensor {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<Vec<f32>>,
+    pub data: Option<OutputData>,
+}
+
+/// An output's values in JSON.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OutputData {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+impl From<&super::OutputValues<'_>> for OutputData {
+    fn from(v: &super::OutputValues<'_>) -> OutputData {
+        match v {
+            super::OutputValues::F32(v) => OutputData::F32(v.to_vec()),
+            super::OutputValues::I64(v) => OutputData::I64(v.clone()),
+        }
+    }
 }
 
 /// The request's deadline, if it set `parameters.timeout` (microseconds).
@@ -298,7 +315,7 @@ pub fn timeout_us(req: &InferRequest<'_>) -> Result<Option<u64>> {
 }
 
 /// Decodes and checks a JSON inference request against the model (all values in JSON).
-pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Samples> {
+pub fn decode(spec: &ModelSpec, req: &InferRequest<'_>) -> Result<Request> {
     decode_with_binary(spec, req, &[])
 }
 
@@ -308,8 +325,8 @@ pub fn decode_with_binary(
     spec: &ModelSpec,
     req: &InferRequest<'_>,
     binary: &[u8],
-) -> Result<Samples> {
-    check_outputs(req.outputs.iter().flatten().map(|o| o.name.as_str()))?;
+) -> Result<Request> {
+    check_outputs(spec, req.outputs.iter().flatten().map(|o| o.name.as_str()))?;
     let mut at = 0usize;
     let mut tensors = Vec::with_capacity(req.inputs.len());
     for i in &req.inputs {

@@ -2,9 +2,12 @@
 //! the model/version check, the input tensors' rules and their decoding into checked samples,
 //! little-endian tensor bytes, the `scores` output.
 //!
-//! A model's inputs: `dense`, FP32 `[N, dense_in]`; for every sparse feature `F`, `F_lengths`
-//! (INT32 or INT64 `[N]`: ids per sample) and `F_ids` (INT64 or INT32 `[sum of lengths]`, sample
-//! by sample). Its output: `scores`, FP32 `[N]`, the predicted probabilities. The wire forms:
+//! A model's inputs and outputs are its [`ember_model::serving::Signature`]'s. A DLRM-family
+//! model's: `dense`, FP32 `[N, dense_in]`; for every sparse feature `F`, `F_lengths` (INT32 or
+//! INT64 `[N]`: ids per sample) and `F_ids` (INT64 or INT32 `[sum of lengths]`, sample by
+//! sample); its output `scores`, FP32 `[N]`. An HSTU model's: per history and candidate
+//! feature `F`, `F_lengths` (`[N]` users) and `F_ids` or `F_values`; per task an FP32 output of
+//! one score per candidate, and `candidate_offsets` (INT64 `[N + 1]`). The wire forms:
 //! [`json`] (HTTP, with Triton's binary tensor data extension, and [`fastjson`], a fast path for
 //! plain requests) and [`crate::grpc`] (protobuf); each implements [`Tensor`] over its inputs
 //! and calls [`decode_tensors`].
@@ -18,7 +21,8 @@ use serde_json::Value;
 
 use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
-use ember_model::{Ids, Samples};
+use ember_model::Ids;
+use ember_model::serving::{InputColumns, InputKind, Request};
 
 /// A tensor's description in model metadata.
 #[derive(Debug, Serialize)]
@@ -50,29 +54,54 @@ pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
 ];
 
-/// The output's name.
+/// The output of a model of one score per sample.
 pub const SCORES: &str = "scores";
 
-/// The metadata of the model `spec` describes, served as `version`.
+/// The metadata of the model `spec` describes, served as `version`: its signature's inputs
+/// (a table's size as `{"rows": N}` on its ids), its outputs, and the offsets output where an
+/// item has a run of values.
 pub fn metadata(spec: &ModelSpec, version: &str) -> ModelMetadata {
-    let mut inputs = vec![TensorMeta {
-        name: "dense".into(),
-        datatype: "FP32",
-        shape: vec![-1, spec.dense_in() as i64],
-        parameters: None,
-    }];
-    for (f, &rows) in spec.features().iter().zip(&spec.inputs.rows) {
-        inputs.push(TensorMeta {
-            name: format!("{f}_lengths"),
+    let sig = &spec.signature;
+    let inputs = sig
+        .inputs
+        .iter()
+        .map(|i| match &i.kind {
+            InputKind::Floats { width } => TensorMeta {
+                name: i.name.clone(),
+                datatype: "FP32",
+                shape: vec![-1, *width as i64],
+                parameters: None,
+            },
+            InputKind::Lengths => TensorMeta {
+                name: i.name.clone(),
+                datatype: "INT64",
+                shape: vec![-1],
+                parameters: None,
+            },
+            InputKind::Values { rows, .. } => TensorMeta {
+                name: i.name.clone(),
+                datatype: "INT64",
+                shape: vec![-1],
+                parameters: rows.map(|rows| serde_json::json!({ "rows": rows })),
+            },
+        })
+        .collect();
+    let mut outputs: Vec<TensorMeta> = sig
+        .outputs
+        .iter()
+        .map(|o| TensorMeta {
+            name: o.clone(),
+            datatype: "FP32",
+            shape: vec![-1],
+            parameters: None,
+        })
+        .collect();
+    if let Some(o) = &sig.offsets {
+        outputs.push(TensorMeta {
+            name: o.clone(),
             datatype: "INT64",
             shape: vec![-1],
             parameters: None,
-        });
-        inputs.push(TensorMeta {
-            name: format!("{f}_ids"),
-            datatype: "INT64",
-            shape: vec![-1],
-            parameters: Some(serde_json::json!({ "rows": rows })),
         });
     }
     ModelMetadata {
@@ -80,12 +109,7 @@ pub fn metadata(spec: &ModelSpec, version: &str) -> ModelMetadata {
         versions: vec![version.into()],
         platform: "ember",
         inputs,
-        outputs: vec![TensorMeta {
-            name: SCORES.into(),
-            datatype: "FP32",
-            shape: vec![-1],
-            parameters: None,
-        }],
+        outputs,
     }
 }
 
@@ -196,38 +220,132 @@ pub fn le_ints(
     Ok(())
 }
 
-/// Refuses requested outputs other than `scores`.
-pub fn check_outputs<'a>(mut names: impl Iterator<Item = &'a str>) -> Result<()> {
-    match names.find(|&n| n != SCORES) {
-        Some(o) => Err(ServeError::bad(format!(
-            "unknown output '{o}': the model's only output is '{SCORES}'"
-        ))),
+/// One output tensor of an answer.
+#[derive(Debug)]
+pub struct Output<'a> {
+    pub name: &'a str,
+    pub values: OutputValues<'a>,
+}
+
+/// An output's values.
+#[derive(Debug)]
+pub enum OutputValues<'a> {
+    F32(&'a [f32]),
+    I64(Vec<i64>),
+}
+
+impl OutputValues<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            OutputValues::F32(v) => v.len(),
+            OutputValues::I64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The protocol's datatype.
+    pub fn datatype(&self) -> &'static str {
+        match self {
+            OutputValues::F32(_) => "FP32",
+            OutputValues::I64(_) => "INT64",
+        }
+    }
+
+    /// Bytes of its little-endian values.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            OutputValues::F32(v) => 4 * v.len(),
+            OutputValues::I64(v) => 8 * v.len(),
+        }
+    }
+
+    /// Appends its values, little-endian, to `out`.
+    pub fn write_le(&self, out: &mut impl bytes::BufMut) {
+        match self {
+            OutputValues::F32(v) => v.iter().for_each(|x| out.put_f32_le(*x)),
+            OutputValues::I64(v) => v.iter().for_each(|x| out.put_i64_le(*x)),
+        }
+    }
+}
+
+/// The outputs of an answer, in the signature's order: each declared output, then the
+/// offsets of each item's run where the model has them.
+pub fn outputs<'a>(spec: &'a ModelSpec, reply: &'a crate::Reply) -> Vec<Output<'a>> {
+    let sig = &spec.signature;
+    let o = &reply.outputs;
+    let mut v: Vec<Output<'a>> = sig
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(k, name)| Output {
+            name,
+            values: OutputValues::F32(o.values.get(k).map_or(&[], |v| v)),
+        })
+        .collect();
+    if let Some(name) = &sig.offsets {
+        let offsets = o.offsets().into_iter().map(|x| x as i64).collect();
+        v.push(Output {
+            name,
+            values: OutputValues::I64(offsets),
+        });
+    }
+    v
+}
+
+/// Refuses requested outputs the model does not have.
+pub fn check_outputs<'a>(spec: &ModelSpec, mut names: impl Iterator<Item = &'a str>) -> Result<()> {
+    let sig = &spec.signature;
+    let known = |n: &str| sig.outputs.iter().any(|o| o == n) || sig.offsets.as_deref() == Some(n);
+    match names.find(|&n| !known(n)) {
+        Some(o) => {
+            let mut all = sig.outputs.clone();
+            all.extend(sig.offsets.clone());
+            Err(ServeError::bad(format!(
+                "unknown output '{o}': the model's outputs are '{}'",
+                all.join("', '")
+            )))
+        }
         None => Ok(()),
     }
 }
 
-/// Decodes the input tensors of a request (either protocol) into checked samples: each input
-/// to its slot, then the dense values, every feature's lengths (their sums size the ids), and
-/// the ids, each read once into its place.
-pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Samples> {
+/// Decodes the input tensors of a request (either protocol) by the model's signature and
+/// checks them: each input to its slot, then every float input, every lengths input (their
+/// sums size the values), and the values, each read once into its place.
+pub fn decode_tensors<T: Tensor>(spec: &ModelSpec, inputs: &[T]) -> Result<Request> {
     let slots = input_slots(spec, inputs)?;
-    let (n, dense) = read_dense(spec, &slots)?;
+    let n = items(spec, &slots)?;
+    let floats = read_floats(spec, &slots, n)?;
     let (lengths, totals) = read_lengths(spec, &slots, n)?;
-    let ids = read_ids(spec, &slots, &totals)?;
-    spec.check(n, dense, lengths, ids)
+    let values = read_values(spec, &slots, &totals)?;
+    let present = slots.iter().map(Option::is_some).collect();
+    spec.check_columns(InputColumns {
+        n,
+        floats,
+        lengths: lengths.into(),
+        values,
+        present,
+    })
 }
 
-/// Each input to its slot: 0 is dense, `1 + 2f` feature f's lengths, `2 + 2f` its ids. An
-/// input the model does not take, or one given twice, is refused.
+/// Each input to its slot (its index in the signature). An input the model does not take, or
+/// one given twice, is refused.
 fn input_slots<'t, T: Tensor>(spec: &ModelSpec, inputs: &'t [T]) -> Result<Vec<Option<&'t T>>> {
-    let mut slots: Vec<Option<&T>> = vec![None; 1 + 2 * spec.features().len()];
+    let sig = &spec.signature;
+    let mut slots: Vec<Option<&T>> = vec![None; sig.inputs.len()];
     for i in inputs {
         let Some(&k) = spec.input_slots.get(i.name()) else {
+            let names: Vec<&str> = sig.inputs.iter().map(|i| i.name.as_str()).collect();
+            let listed = match names.len() {
+                0..=8 => format!("'{}'", names.join("', '")),
+                n => format!("'{}', ... ({n} inputs)", names[..8].join("', '")),
+            };
             return Err(ServeError::bad(format!(
-                "unknown input '{}': the model takes 'dense' and '<feature>_lengths' / \
-                 '<feature>_ids' for its {} sparse features (the model's metadata lists them)",
+                "unknown input '{}': the model takes {listed} (the model's metadata lists them)",
                 i.name(),
-                spec.features().len(),
             )));
         };
         if slots[k].replace(i).is_some() {
@@ -237,112 +355,181 @@ fn input_slots<'t, T: Tensor>(spec: &ModelSpec, inputs: &'t [T]) -> Result<Vec<O
             )));
         }
     }
+    for (k, i) in sig.inputs.iter().enumerate() {
+        if i.required && slots[k].is_none() {
+            return Err(ServeError::bad(format!("missing input '{}'", i.name)));
+        }
+    }
     Ok(slots)
 }
 
-/// The input in slot `k`; `name` says which it is when it is missing.
-fn slot<'t, T>(slots: &[Option<&'t T>], k: usize, name: impl FnOnce() -> String) -> Result<&'t T> {
-    slots[k].ok_or_else(|| ServeError::bad(format!("missing input '{}'", name())))
-}
-
-/// The samples' count and their dense values: `dense` is FP32 `[N, dense_in]`.
-fn read_dense<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>]) -> Result<(usize, Vec<f32>)> {
-    let dense_in = slot(slots, 0, || "dense".into())?;
-    expect_type(dense_in, &["FP32"])?;
-    let shape = dims(dense_in)?;
-    if shape.len() != 2 || shape[1] != spec.dense_in() {
-        return Err(ServeError::bad(format!(
-            "input 'dense' has shape {:?}; the model takes [N, {}]",
-            dense_in.shape(),
-            spec.dense_in()
-        )));
+/// The request's items: the first float input's rows, else the first lengths input's size.
+fn items<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>]) -> Result<usize> {
+    let sig = &spec.signature;
+    let first = sig
+        .inputs
+        .iter()
+        .zip(slots)
+        .find(|(i, t)| t.is_some() && matches!(i.kind, InputKind::Floats { .. }))
+        .or_else(|| {
+            sig.inputs
+                .iter()
+                .zip(slots)
+                .find(|(i, t)| t.is_some() && i.kind == InputKind::Lengths)
+        });
+    match first {
+        Some((_, Some(t))) => Ok(dims(*t)?.first().copied().unwrap_or(0)),
+        _ => Ok(0),
     }
-    let n = shape[0];
-    let want = n.checked_mul(spec.dense_in()).ok_or_else(|| {
-        ServeError::bad(format!(
-            "input 'dense' has shape {:?}: too large",
-            dense_in.shape()
-        ))
-    })?;
-    // Sized by the tensor once its values are counted (a shape alone proves nothing).
-    let mut dense = Vec::new();
-    dense_in.read_floats(want, &mut dense)?;
-    Ok((n, dense))
 }
 
-/// Every feature's lengths (INT64 or INT32 `[n]`, each a count of ids), feature-major, and
-/// their sum per feature. Every tensor's shape is checked before any is read.
+/// Every float input's values (FP32 `[n, width]`), in declared order.
+fn read_floats<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>], n: usize) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for (i, t) in spec.signature.inputs.iter().zip(slots) {
+        let (InputKind::Floats { width }, Some(t)) = (&i.kind, t) else {
+            continue;
+        };
+        expect_type(*t, &["FP32"])?;
+        let shape = dims(*t)?;
+        if shape.len() != 2 || shape[0] != n || shape[1] != *width {
+            return Err(ServeError::bad(format!(
+                "input '{}' has shape {:?}; the model takes [N, {width}]{}",
+                i.name,
+                t.shape(),
+                match shape.first() {
+                    Some(&rows) if rows != n => format!(" with N = {n}, as the other inputs"),
+                    _ => String::new(),
+                }
+            )));
+        }
+        let want = n.checked_mul(*width).ok_or_else(|| {
+            ServeError::bad(format!(
+                "input '{}' has shape {:?}: too large",
+                i.name,
+                t.shape()
+            ))
+        })?;
+        // Sized by the tensor once its values are counted (a shape alone proves nothing).
+        t.read_floats(want, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Every lengths input's counts (INT64 or INT32 `[n]`, zeros for an absent one), in
+/// declared order, and each one's sum (by its slot). Every tensor's shape is checked before
+/// any is read.
 fn read_lengths<T: Tensor>(
     spec: &ModelSpec,
     slots: &[Option<&T>],
     n: usize,
 ) -> Result<(Vec<u32>, Vec<u64>)> {
-    let nf = spec.features().len();
-    let mut length_tensors = Vec::with_capacity(nf);
-    for (fi, f) in spec.features().iter().enumerate() {
-        let li = slot(slots, 1 + 2 * fi, || format!("{f}_lengths"))?;
-        expect_type(li, &["INT64", "INT32"])?;
-        let ls = dims(li)?;
-        if ls.len() != 1 || ls[0] != n {
-            return Err(ServeError::bad(format!(
-                "input '{}' has shape {:?}; it needs one length per sample: [{n}]",
-                li.name(),
-                li.shape()
-            )));
+    let sig = &spec.signature;
+    let mut length_tensors = Vec::new();
+    for (i, t) in sig.inputs.iter().zip(slots) {
+        if i.kind != InputKind::Lengths {
+            continue;
         }
-        length_tensors.push(li);
+        if let Some(t) = t {
+            expect_type(*t, &["INT64", "INT32"])?;
+            let ls = dims(*t)?;
+            if ls.len() != 1 || ls[0] != n {
+                return Err(ServeError::bad(format!(
+                    "input '{}' has shape {:?}; it needs one length per {}: [{n}]",
+                    t.name(),
+                    t.shape(),
+                    sig.item
+                )));
+            }
+        }
+        length_tensors.push(*t);
     }
     // Room for them all at once, bounded by the values the tensors really hold.
-    let room = length_tensors.iter().map(|t| t.count().min(n)).sum();
+    let room = length_tensors
+        .iter()
+        .map(|t| t.map_or(n, |t| t.count().min(n)))
+        .sum();
     let mut lengths = Vec::with_capacity(room);
-    let mut totals = Vec::with_capacity(nf);
+    let mut totals = vec![0u64; sig.inputs.len()];
     let mut ls_raw = Vec::new();
-    for li in length_tensors {
+    let slots_of = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.kind == InputKind::Lengths);
+    for ((k, _), li) in slots_of.zip(length_tensors) {
+        let Some(li) = li else {
+            lengths.resize(lengths.len() + n, 0);
+            continue;
+        };
         ls_raw.clear();
         li.read_ints(n, &mut ls_raw)?;
+        // What it counts: ids of a table, or plain values.
+        let ids = sig.inputs.iter().any(
+            |i| matches!(i.kind, InputKind::Values { lengths, rows: Some(_) } if lengths == k),
+        );
+        let noun = if ids { "ids" } else { "values" };
         let mut total = 0u64;
         for (s, &v) in ls_raw.iter().enumerate() {
             let l = u32::try_from(v).map_err(|_| {
                 ServeError::bad(format!(
-                    "input '{}': length {v} of sample {s} is not a count of ids",
-                    li.name()
+                    "input '{}': length {v} of {} {s} is not a count of {noun}",
+                    li.name(),
+                    sig.item
                 ))
             })?;
             total += l as u64;
             lengths.push(l);
         }
-        totals.push(total);
+        totals[k] = total;
     }
     Ok((lengths, totals))
 }
 
-/// Every feature's ids (INT64 or INT32 `[total]`, `totals` from [`read_lengths`]) into one id
-/// column, sized once, 32-bit where the model's tables allow ([`ModelSpec::new_ids`]).
-fn read_ids<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>], totals: &[u64]) -> Result<Ids> {
-    let mut id_tensors = Vec::with_capacity(totals.len());
-    for (fi, f) in spec.features().iter().enumerate() {
-        let total = totals[fi];
-        let ii = slot(slots, 2 + 2 * fi, || format!("{f}_ids"))?;
-        expect_type(ii, &["INT64", "INT32"])?;
-        let is = dims(ii)?;
+/// Every values input (INT64 or INT32 `[total]`, `totals` by their lengths input's slot, from
+/// [`read_lengths`]) into one column, sized once, 32-bit where the model allows
+/// ([`ModelSpec::new_ids`]).
+fn read_values<T: Tensor>(spec: &ModelSpec, slots: &[Option<&T>], totals: &[u64]) -> Result<Ids> {
+    let mut value_tensors = Vec::new();
+    for (i, t) in spec.signature.inputs.iter().zip(slots) {
+        let InputKind::Values { lengths, .. } = i.kind else {
+            continue;
+        };
+        let total = totals[lengths];
+        let Some(ii) = t else {
+            if total > 0 {
+                return Err(ServeError::bad(format!(
+                    "missing input '{}': its lengths add up to {total} values",
+                    i.name
+                )));
+            }
+            continue;
+        };
+        expect_type(*ii, &["INT64", "INT32"])?;
+        let is = dims(*ii)?;
         if is.len() != 1 || is[0] as u64 != total {
             return Err(ServeError::bad(format!(
-                "input '{}' has shape {:?}; its lengths add up to {total} ids: [{total}]",
+                "input '{}' has shape {:?}; its lengths add up to {total} values: [{total}]",
                 ii.name(),
                 ii.shape()
             )));
         }
-        id_tensors.push(ii);
+        if slots[lengths].is_none() {
+            return Err(ServeError::bad(format!(
+                "input '{}' is given without '{}'",
+                i.name, spec.signature.inputs[lengths].name
+            )));
+        }
+        value_tensors.push((*ii, total));
     }
-    // Room for every id at once (no growth by copying), bounded by the values the tensors
+    // Room for every value at once (no growth by copying), bounded by the values the tensors
     // really hold.
-    let room: usize = id_tensors
+    let room: usize = value_tensors
         .iter()
-        .zip(totals)
-        .map(|(t, &total)| t.count().min(total as usize))
+        .map(|(t, total)| t.count().min(*total as usize))
         .sum();
     let mut ids = spec.new_ids(room);
-    for (ii, &total) in id_tensors.iter().zip(totals) {
+    for (ii, total) in value_tensors {
         ii.read_ints(total as usize, &mut ids)?;
     }
     Ok(ids)

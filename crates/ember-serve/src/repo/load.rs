@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ember_model::{Engine, LoadOptions, Model, Pace, Predictor};
+use ember_model::serving::{Outputs, Runner, Servable};
+use ember_model::{LoadOptions, Pace};
 
 use super::{Entry, Repository, Served, State, Status};
 use crate::batcher::Batcher;
@@ -29,12 +30,18 @@ pub trait Loader: Send + Sync + std::fmt::Debug {
     /// as `pace` says (paced and breathing while other versions serve). `name` is the model's
     /// name in the repository (`dir` is one of its versions), the default name of its remote
     /// tables' model in the store. Errors name the file.
-    fn load(&self, name: &str, dir: &Path, pace: Pace) -> std::result::Result<Model, String>;
-    /// The engine that runs `model` (its threads serve, so this runs at normal priority).
-    fn engine(&self, model: Arc<Model>) -> std::result::Result<Box<dyn Engine>, String>;
+    fn load(
+        &self,
+        name: &str,
+        dir: &Path,
+        pace: Pace,
+    ) -> std::result::Result<Arc<dyn Servable>, String>;
+    /// The runner of `model` (its threads serve, so this runs at normal priority).
+    fn engine(&self, model: Arc<dyn Servable>) -> std::result::Result<Box<dyn Runner>, String>;
 }
 
-/// Loads model directories with `options` and runs them on the CPU with `threads` threads.
+/// Loads model directories of any family with `options` and runs them on the CPU with
+/// `threads` threads.
 #[derive(Debug, Clone, Default)]
 pub struct DiskLoader {
     pub options: LoadOptions,
@@ -42,18 +49,23 @@ pub struct DiskLoader {
 }
 
 impl Loader for DiskLoader {
-    fn load(&self, name: &str, dir: &Path, pace: Pace) -> std::result::Result<Model, String> {
+    fn load(
+        &self,
+        name: &str,
+        dir: &Path,
+        pace: Pace,
+    ) -> std::result::Result<Arc<dyn Servable>, String> {
         let opts = LoadOptions {
             pace,
             name: Some(name.into()),
             ..self.options.clone()
         };
-        Model::load(dir, opts).map_err(|e| e.to_string())
+        ember_model::serving::load(dir, opts).map_err(|e| e.to_string())
     }
 
-    fn engine(&self, model: Arc<Model>) -> std::result::Result<Box<dyn Engine>, String> {
-        Predictor::new(model, self.threads.max(1))
-            .map(|p| Box::new(p) as Box<dyn Engine>)
+    fn engine(&self, model: Arc<dyn Servable>) -> std::result::Result<Box<dyn Runner>, String> {
+        model
+            .cpu_runner(self.threads.max(1))
             .map_err(|e| format!("building the predictor: {e}"))
     }
 }
@@ -312,7 +324,6 @@ impl Repository {
         if self.is_stopped() {
             return Err("the server is stopping".into());
         }
-        let model = Arc::new(model);
         let mut engines = Vec::with_capacity(self.batch.instances.max(1));
         for _ in 0..self.batch.instances.max(1) {
             engines.push(src.loader.engine(model.clone())?);
@@ -335,7 +346,7 @@ impl Repository {
         old.batcher
             .shutdown_by(Instant::now() + Duration::from_secs(1));
         m::model_ready(old.name(), old.version, false);
-        let model = old.spec.model().clone();
+        let model = old.spec.servable().clone();
         drop(old);
         free_quietly(model, FREE_WAIT);
     }
@@ -350,19 +361,19 @@ const FREE_PAUSE: Duration = Duration::from_millis(1);
 /// Frees a retired version's model on a thread of the idle class, one table at a time, once
 /// every other holder (its batcher's thread) has let go of it, waiting up to `wait` (after
 /// that, the last holder frees it). Returns when it is freed or left.
-fn free_quietly(model: Arc<Model>, wait: Duration) {
+fn free_quietly(model: Arc<dyn Servable>, wait: Duration) {
     let end = Instant::now() + wait;
     let free = move || {
         super::lower_priority();
         let mut model = model;
         loop {
-            match Arc::try_unwrap(model) {
-                Ok(m) => return m.release(FREE_PAUSE),
-                Err(still_held) if Instant::now() < end => {
+            match model.release(FREE_PAUSE) {
+                None => return,
+                Some(still_held) if Instant::now() < end => {
                     model = still_held;
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                Err(_) => return,
+                Some(_) => return,
             }
         }
     };
@@ -379,24 +390,10 @@ fn free_quietly(model: Arc<Model>, wait: Duration) {
 /// repository loads).
 pub const WARM_BATCHES: usize = 4;
 
-/// Ids a warm batch looks up at most: a model of a million features (a config the server
-/// takes) warmed with full batches of 8 ids per bag looked up 4 billion ids, 150 s before it
-/// served.
-const WARM_IDS: usize = 1 << 20;
-
-/// The samples and ids per bag of a warm batch of a model of `features` sparse features: up to
-/// `n` samples of 8 ids per bag, fewer where that passes [`WARM_IDS`] (at least one sample of
-/// one id per bag).
-fn warm_shape(n: usize, features: usize) -> (usize, usize) {
-    let per_bag = if features * 8 <= WARM_IDS { 8 } else { 1 };
-    let samples = (WARM_IDS / (features * per_bag).max(1)).clamp(1, n.max(1));
-    (samples, per_bag)
-}
-
-/// [`warm`] for each of a model's engines, with batches of up to 128 samples (within
-/// `batch.max_batch` and [`WARM_IDS`]); every timing, for [`Batcher::prime`].
+/// [`warm`] for each of a model's runners, with requests of up to 128 items (within
+/// `batch.max_batch`; the model may take fewer); every timing, for [`Batcher::prime`].
 pub(crate) fn warm_all(
-    engines: &mut [Box<dyn Engine>],
+    engines: &mut [Box<dyn Runner>],
     batch: &crate::batcher::BatchConfig,
     batches: usize,
 ) -> ember_model::Result<Vec<(usize, Duration)>> {
@@ -408,33 +405,30 @@ pub(crate) fn warm_all(
     Ok(took)
 }
 
-/// Runs `batches` batches of `n` random samples (8 ids per bag; fewer of both for a model of
-/// very many features, [`warm_shape`]) through `engine`; returns how
-/// long each batch after the first (the first faults in what the model touches) took, for
-/// the admission model to start from ([`Batcher::prime`]). A batch whose rows a store could
-/// not give in time (a busy host, a slow node) does not fail the load: the version serves as
-/// any version does when its store is slow (503s naming it, readiness off), and stderr says
-/// so; any other failure does.
+/// Runs `batches` requests of up to `n` random items ([`Servable::warm_request`]: the model
+/// bounds their size) through `engine`; returns how long each batch after the first (the
+/// first faults in what the model touches) took, for the admission model to start from
+/// ([`Batcher::prime`]). A batch whose rows a store could not give in time (a busy host, a
+/// slow node) does not fail the load: the version serves as any version does when its store
+/// is slow (503s naming it, readiness off), and stderr says so; any other failure does.
 fn warm(
-    engine: &mut dyn Engine,
+    engine: &mut dyn Runner,
     n: usize,
     batches: usize,
 ) -> ember_model::Result<Vec<(usize, Duration)>> {
-    let config = engine.model().config().clone();
-    let (n, per_bag) = warm_shape(n, config.features().len());
-    let mut scores = vec![0f32; n];
+    let model = engine.servable().clone();
+    let mut out = Outputs::default();
     let mut slow = None;
     let mut took = Vec::with_capacity(batches);
     for b in 0..batches {
-        let seed = 0x5eed + b as u64;
-        let (dense, sparse) = ember_model::presets::random_batch(&config, n, per_bag, seed);
+        let request = model.warm_request(n, 0x5eed + b as u64);
         let start = Instant::now();
-        match engine.score(&dense, &sparse, &mut scores) {
+        match engine.run_request(request.as_ref(), &mut out) {
             Err(e) if e.kind() == ember_model::ErrorKind::Unavailable => slow = Some(e),
             r => {
                 r?;
                 if b > 0 {
-                    took.push((n, start.elapsed()));
+                    took.push((request.len(), start.elapsed()));
                 }
             }
         }
@@ -448,27 +442,6 @@ fn warm(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_warm_batch_looks_up_a_bounded_number_of_ids() {
-        // The shipped model: 128 samples of 8 ids per bag.
-        assert_eq!(warm_shape(128, 26), (128, 8));
-        assert_eq!(warm_shape(16, 26), (16, 8));
-        for features in [
-            0, 1, 26, 1000, 100_000, 131_072, 131_073, 1_000_000, 5_000_000,
-        ] {
-            let (samples, per_bag) = warm_shape(128, features);
-            assert!((1..=128).contains(&samples), "{features}: {samples}");
-            assert!(per_bag == 1 || per_bag == 8, "{features}: {per_bag}");
-            // Within the bound, or one sample of one id per bag where even that passes it.
-            assert!(
-                samples * features * per_bag <= WARM_IDS || (samples, per_bag) == (1, 1),
-                "{features}: {samples} x {per_bag}"
-            );
-        }
-        assert_eq!(warm_shape(128, 1_000_000), (1, 1));
-        assert_eq!(warm_shape(0, 26), (1, 8));
-    }
 
     #[test]
     fn names_and_versions_follow_the_layout() {
@@ -493,9 +466,9 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 
-    fn small_model() -> Arc<Model> {
+    fn small_model() -> Arc<ember_model::Model> {
         let p = ember_model::presets::preset("small", ember_model::DType::F32).unwrap();
-        Arc::new(Model::random(p.config, 7, 1).unwrap())
+        Arc::new(ember_model::Model::random(p.config, 7, 1).unwrap())
     }
 
     #[test]
@@ -508,7 +481,7 @@ mod tests {
             drop(batcher);
         });
         let start = Instant::now();
-        free_quietly(model, Duration::from_secs(10));
+        free_quietly(model as Arc<dyn Servable>, Duration::from_secs(10));
         assert!(
             weak.upgrade().is_none(),
             "not freed when free_quietly returned"
@@ -525,7 +498,7 @@ mod tests {
         let model = small_model();
         let kept = model.clone();
         let start = Instant::now();
-        free_quietly(model, Duration::from_millis(300));
+        free_quietly(model as Arc<dyn Servable>, Duration::from_millis(300));
         assert!(
             start.elapsed() >= Duration::from_millis(300),
             "gave up before its bound"

@@ -74,7 +74,7 @@ impl Served {
 
     /// Whether it takes requests: false while a store its model reads rows from does not answer.
     pub fn is_ready(&self) -> bool {
-        self.spec.model().tier().store_healthy()
+        self.spec.servable().tier().store_healthy()
     }
 }
 
@@ -142,10 +142,10 @@ impl Repository {
     /// A repository of the one model `served` as version 1; it cannot load others.
     pub(crate) fn single(
         name: &str,
-        engines: Vec<Box<dyn ember_model::Engine>>,
+        engines: Vec<Box<dyn ember_model::serving::Runner>>,
         batch: BatchConfig,
     ) -> Self {
-        let spec = ModelSpec::of(engines[0].model().clone(), name);
+        let spec = ModelSpec::of(engines[0].servable().clone(), name);
         let served = Arc::new(Served::new(
             spec,
             1,

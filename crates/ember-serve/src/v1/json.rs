@@ -9,7 +9,8 @@
 
 use std::fmt;
 
-use ember_model::{Ids, Samples};
+use ember_model::Ids;
+use ember_model::serving::Request;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::error::{Result, ServeError};
@@ -32,7 +33,7 @@ const SAMPLE_SHAPE: &str = r#"{"dense": [...], "sparse": {"<feature>": [ids]}}"#
 
 /// Decodes a JSON body: one sample or an array of samples (see the module documentation of
 /// `v1`).
-pub fn decode(spec: &ModelSpec, body: &[u8]) -> Result<Samples> {
+pub fn decode(spec: &ModelSpec, body: &[u8]) -> Result<Request> {
     let nf = spec.features().len();
     // Bounds on what the body can hold, reserved once (memory is only touched as it fills):
     // every dense value and id takes at least 2 bytes, every sample at least its keys.
@@ -57,7 +58,7 @@ pub fn decode(spec: &ModelSpec, body: &[u8]) -> Result<Samples> {
 
 impl Columns<'_> {
     /// Gathers the bags feature-major and checks the samples.
-    fn finish(self) -> Result<Samples> {
+    fn finish(self) -> Result<Request> {
         let Columns {
             spec,
             n,

@@ -1,5 +1,6 @@
 //! `POST /v1/score`, for people and scripts: Criteo TSV lines, or JSON samples, in; one score per
-//! sample out.
+//! sample out. A model of another input form (an HSTU model's users) reads JSON of its own form
+//! ([`ember_model::serving::Servable::check_json`]) and answers each item's outputs.
 //!
 //! - TSV (any content type but JSON): lines of the Criteo format (`ember predict`'s input), label
 //!   first; the label may be empty and is ignored. `?labels=false` reads rows without the label
@@ -17,13 +18,20 @@ use ember_model::{Ids, Lengths, ModelError};
 
 use crate::error::{Result, ServeError};
 use crate::spec::ModelSpec;
-use ember_model::Samples;
+use ember_model::serving::Request;
 
 pub use json::decode as decode_json;
 
 /// Decodes Criteo TSV lines (`labels`: whether each line starts with the label column).
-pub fn decode_tsv(spec: &ModelSpec, body: &[u8], labels: bool) -> Result<Samples> {
-    if !spec.inputs.is_criteo() {
+pub fn decode_tsv(spec: &ModelSpec, body: &[u8], labels: bool) -> Result<Request> {
+    let Some(inputs) = &spec.bags else {
+        return Err(ServeError::bad(format!(
+            "model '{}' takes {}s as JSON, not TSV: send them with Content-Type: \
+             application/json",
+            spec.name, spec.signature.item
+        )));
+    };
+    if !inputs.is_criteo() {
         return Err(ServeError::bad(format!(
             "TSV input needs a Criteo-shaped model ({} dense, {} sparse features); model '{}' \
              has {} and {}: send JSON instead",
@@ -39,7 +47,7 @@ pub fn decode_tsv(spec: &ModelSpec, body: &[u8], labels: bool) -> Result<Samples
     // Read straight into the model's columns, feature-major (a Criteo row has one id per
     // feature), sized once by the number of rows.
     let n = text.lines().filter(|l| !l.trim().is_empty()).count();
-    let rows = &spec.inputs.rows;
+    let rows = &inputs.rows;
     let mut dense = Vec::with_capacity(n * criteo::DENSE);
     let mut ids = match spec.new_ids(0) {
         Ids::U32(_) => Ids::U32(vec![0; n * criteo::SPARSE]),

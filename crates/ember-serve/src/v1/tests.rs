@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::*;
 use crate::batcher::tests::default_model;
+use ember_model::Samples;
 
 /// One sample, as the reference reads it.
 #[derive(Debug, Deserialize)]
@@ -55,7 +56,9 @@ fn reference(spec: &ModelSpec, body: &[u8]) -> Option<Samples> {
     {
         return None;
     }
-    spec.check(n, dense, lengths, ids).ok()
+    spec.check(n, dense, lengths, ids)
+        .ok()
+        .and_then(ember_model::serving::into_samples)
 }
 
 fn spec() -> ModelSpec {
@@ -80,7 +83,7 @@ fn sample(spec: &ModelSpec, seed: u64) -> serde_json::Value {
     }
     let mut sparse = serde_json::Map::new();
     for f in order {
-        let rows = spec.inputs.rows[f] as u64;
+        let rows = spec.bags.as_ref().unwrap().rows[f] as u64;
         let bag: Vec<u64> = (0..next() % 4).map(|_| next() % rows).collect();
         sparse.insert(spec.features()[f].clone(), json!(bag));
     }
@@ -97,7 +100,7 @@ proptest! {
             (false, n) => json!((0..n as u64).map(|i| sample(&spec, seed ^ i)).collect::<Vec<_>>()),
         };
         let bytes = body.to_string().into_bytes();
-        let got = decode_json(&spec, &bytes).unwrap();
+        let got = ember_model::serving::into_samples(decode_json(&spec, &bytes).unwrap()).unwrap();
         let want = reference(&spec, &bytes).unwrap();
         prop_assert_eq!(got, want);
     }

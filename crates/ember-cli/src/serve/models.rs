@@ -1,0 +1,130 @@
+//! What `ember serve` serves: a repository's versions loaded as `--model` loads one directory
+//! (either family), an HSTU model given with `--model`, and the line that says where a served
+//! model's tables live and what runs it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::bail;
+use ember_embed::DType;
+use ember_model::hstu::HstuModel;
+use ember_model::serving::{Runner, Servable};
+use ember_model::{Model, Pace};
+use ember_serve::Server;
+
+use super::{ServeArgs, runtime, serve_config, serve_until_stopped};
+use crate::tier_args::TierArgs;
+
+/// Loads a repository's model versions as `ember serve --model` would load one directory.
+#[derive(Debug)]
+pub(super) struct CliLoader {
+    pub(super) tier: TierArgs,
+    pub(super) dtype: Option<DType>,
+    pub(super) dense_dtype: Option<ember_model::DenseDType>,
+    pub(super) threads: usize,
+}
+
+impl ember_serve::Loader for CliLoader {
+    fn load(&self, name: &str, dir: &Path, pace: Pace) -> Result<Arc<dyn Servable>, String> {
+        let mut opts = self.tier.load_options(self.dtype, self.dense_dtype);
+        (opts.pace, opts.name) = (pace, Some(name.into()));
+        if HstuModel::is_hstu_dir(dir) {
+            self.tier
+                .refuse_prefetch_for_hstu()
+                .map_err(|e| e.to_string())?;
+            let mut model = HstuModel::load(dir, opts).map_err(|e| e.to_string())?;
+            if let Some(t) = self
+                .tier
+                .tier_config(model.config().tier.as_ref())
+                .map_err(|e| format!("{e:#}"))?
+            {
+                model.set_tier(dir, t).map_err(|e| e.to_string())?;
+            }
+            return Ok(Arc::new(model));
+        }
+        let mut model = Model::load(dir, opts).map_err(|e| e.to_string())?;
+        self.tier
+            .apply(&mut model, dir)
+            .map_err(|e| format!("{e:#}"))?;
+        // The check's predictors are dropped before it returns: the model is ours alone again.
+        let model = Arc::new(model);
+        crate::dense::check_accuracy(&model, name, self.threads);
+        let model = Arc::into_inner(model).ok_or("the accuracy check kept the model")?;
+        Ok(Arc::new(model))
+    }
+
+    fn engine(&self, model: Arc<dyn Servable>) -> Result<Box<dyn Runner>, String> {
+        model
+            .cpu_runner(self.threads)
+            .map_err(|e| format!("building the predictor: {e}"))
+    }
+}
+
+/// `--model DIR` of an HSTU model: served on the CPU, its users batched as any model's items.
+pub(super) fn run_hstu(a: &ServeArgs, dir: &Path, io_threads: usize) -> anyhow::Result<()> {
+    if a.gpu.is_cuda() || a.plan.plan.is_some() || a.calibrate.is_some() {
+        bail!(
+            "an hstu model is served on the CPU without a plan or a calibration (--device cuda \
+             runs it in `ember predict` and `ember bench model`)"
+        );
+    }
+    let model = Arc::new(a.tier.load_hstu(dir, a.dtype, a.dense_dtype)?);
+    let name = dir_name(dir);
+    let cfg = serve_config(a, a.name.clone().unwrap_or(name))?;
+    let rt = runtime(io_threads)?;
+    let started = Server::start_servable(model, cfg.clone());
+    serve_until_stopped(rt, a, cfg, started)
+}
+
+/// The model's name from its directory (`default` when it has none).
+pub(super) fn dir_name(dir: &Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "default".into())
+}
+
+/// Where a served model's tables live and what runs it: tables by placement, the row cache,
+/// the forward threads, the kernels' instruction set and the device.
+pub(super) fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String {
+    let model = s.spec.servable();
+    let mut by = std::collections::BTreeMap::<&str, usize>::new();
+    for p in model.placements() {
+        *by.entry(p).or_default() += 1;
+    }
+    let tables: Vec<String> = by.iter().map(|(p, n)| format!("{n} {p}")).collect();
+    let stager = match model.as_any().downcast_ref::<Model>() {
+        Some(m) => Some(m.stager()),
+        None => model
+            .as_any()
+            .downcast_ref::<HstuModel>()
+            .map(|m| m.stager()),
+    };
+    let cache = match stager.filter(|s| s.is_active()) {
+        Some(stager) => format!(
+            "row cache {}",
+            crate::units::human_bytes(stager.cache_usage().1)
+        ),
+        None => "no row cache".into(),
+    };
+    let isa = ember_embed::Isa::selected().map_or("?", |i| i.name());
+    let dense = model.dense_dtype();
+    let dense_on = ember_model::DenseIsa::selected(dense).map_or("?", |i| i.describe(dense));
+    let device = match a.gpu.is_cuda() {
+        true => format!("cuda:{}", a.gpu.gpu),
+        false => "cpu".into(),
+    };
+    format!(
+        "model '{}' v{}: tables {}; {cache}; {}{} forward thread(s); kernels {isa}; dense {dense} \
+         ({dense_on}); device {device}",
+        s.name(),
+        s.version,
+        tables.join(", "),
+        if a.instances > 1 {
+            format!("{} instances x ", a.instances)
+        } else {
+            String::new()
+        },
+        a.threads
+    )
+}

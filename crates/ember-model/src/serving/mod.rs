@@ -1,0 +1,307 @@
+//! The family-neutral seam between a server (or a tool) and a model of any family: a
+//! [`Servable`] declares its inputs, outputs and stages in a [`Signature`], checks a request's
+//! decoded columns into a [`Request`], merges checked requests into a batch and stages it;
+//! a [`Runner`] runs the batch on a device. A server batches, admits, meters and answers
+//! through these two traits and names no family:
+//!
+//! ```text
+//! decode (by the signature) -> Servable::check -> queue -> Servable::prepare -> Runner::run -> Outputs
+//! ```
+//!
+//! A request is made of *items* (a DLRM sample, an HSTU user): the unit of batching and
+//! admission. Each declared output holds, per item, one value (a DLRM score) or a run of values
+//! (an HSTU task's scores, one per candidate); [`Signature::offsets`] then names the output that
+//! tells each item's run.
+//!
+//! The families: `dlrm.rs` (DLRM and DCNv2, [`crate::Model`] with any [`crate::Engine`]) and
+//! `hstu.rs` ([`crate::hstu::HstuModel`] on the CPU). [`load`] reads a model directory of
+//! either family.
+
+mod dlrm;
+mod hstu;
+
+pub use dlrm::{EngineRunner, into_samples};
+pub use hstu::HstuRunner;
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ember_embed::{Ids, Lengths};
+
+use crate::dense::DenseDType;
+use crate::error::Result;
+use crate::inputs::Inputs;
+use crate::model::{LoadOptions, RecordOptions};
+use crate::tier::Tier;
+
+/// What an input tensor holds, per request of `n` items.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputKind {
+    /// FP32 `[n, width]`, finite.
+    Floats { width: usize },
+    /// INT64 or INT32 `[n]`: a count of values per item, for the [`InputKind::Values`] input
+    /// that names it.
+    Lengths,
+    /// INT64 or INT32 `[sum of the counts of input number `lengths`]`, item after item; ids of
+    /// a table of `rows` rows, or plain integers (timestamps, weights) when `rows` is `None`.
+    Values { lengths: usize, rows: Option<u64> },
+}
+
+/// One declared input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputSpec {
+    pub name: String,
+    pub kind: InputKind,
+    /// Whether a request must give it (an optional one left out is absent, not empty).
+    pub required: bool,
+}
+
+/// A model's interface, as a server sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Signature {
+    pub inputs: Vec<InputSpec>,
+    /// FP32 outputs, each one value per item or, with [`Signature::offsets`], a run per item.
+    pub outputs: Vec<String>,
+    /// The INT64 `[n + 1]` output of where each item's run starts (`None`: one value per item).
+    pub offsets: Option<String>,
+    /// What one item is, in messages ("sample", "user").
+    pub item: &'static str,
+    /// The forward pass's stages, in order ([`Times::stages`]).
+    pub stages: Vec<&'static str>,
+    /// Whether every [`InputKind::Values`] input fits 32 bits (the columns keep them so).
+    pub narrow_values: bool,
+}
+
+impl Signature {
+    /// An empty value column with room for `capacity`, as [`Servable::check`] takes it.
+    pub fn new_values(&self, capacity: usize) -> Ids {
+        Ids::with_capacity(self.narrow_values, capacity)
+    }
+}
+
+/// A request decoded by its signature, not yet checked: `n` items; every
+/// [`InputKind::Floats`] input's values, inputs in declared order; every
+/// [`InputKind::Lengths`] input's counts (`n` each, or all ones), in declared order; every
+/// [`InputKind::Values`] input's values, in declared order. `present[i]` says whether input
+/// `i` was given (an absent one contributes zero counts and no values).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputColumns {
+    pub n: usize,
+    pub floats: Vec<f32>,
+    pub lengths: Lengths,
+    pub values: Ids,
+    pub present: Vec<bool>,
+}
+
+/// A request's items, checked against the model: what a server queues.
+pub trait Items: Send + Sync + Debug + 'static {
+    /// Items (samples, users).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The items in pieces of at most `max`, in order, each still checked; each piece is made
+    /// when it is asked for.
+    fn pieces(&self, max: usize) -> Box<dyn Iterator<Item = Request> + Send + '_>;
+    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+/// A checked request.
+pub type Request = Box<dyn Items>;
+
+/// Checked requests merged into one batch and staged (tier rows read): what a [`Runner`] runs.
+pub type Batched = Box<dyn Any + Send>;
+
+/// A model as a server serves it.
+pub trait Servable: Send + Sync + Debug + 'static {
+    /// Its signature (built on each call: a server keeps it).
+    fn signature(&self) -> Signature;
+
+    /// Checks decoded columns; errors name the input, the item and the value.
+    fn check(&self, columns: InputColumns) -> Result<Request>;
+
+    /// When the inputs are dense features and one bag of ids per sparse feature (the Criteo
+    /// form `/v1/score` takes as TSV lines and JSON samples): their description.
+    fn bags(&self) -> Option<Inputs> {
+        None
+    }
+
+    /// Checks a JSON body of the family's own form (one item or an array of them), where it has
+    /// one (`None`: it has none; the bag form is read by the server).
+    fn check_json(&self, _body: &[u8]) -> Option<Result<Request>> {
+        None
+    }
+
+    /// Merges checked requests into one batch and stages its tier rows.
+    fn prepare(&self, parts: &[&dyn Items]) -> Result<Batched>;
+
+    /// Batches to prepare ahead of the one running (0: prepare on the running thread).
+    fn prefetch_depth(&self) -> usize;
+
+    /// A request of random items (at most `most`) to warm the model with before it serves.
+    fn warm_request(&self, most: usize, seed: u64) -> Request;
+
+    /// Its SSD / remote tier.
+    fn tier(&self) -> Tier<'_>;
+
+    /// Model parameters a server reports (its model configuration): name, value.
+    fn parameters(&self) -> Vec<(&'static str, String)>;
+
+    /// Each table's placement's name (`dram`, `ssd`, `remote`, ...).
+    fn placements(&self) -> Vec<&'static str>;
+
+    /// The precision of its dense layers.
+    fn dense_dtype(&self) -> DenseDType;
+
+    /// Starts recording its lookups for a placement profile (`ember serve --profile-dir`);
+    /// an error where the family does not record them.
+    fn record_accesses(&self, _opts: RecordOptions) -> Result<()> {
+        Err(crate::error::ModelError::BadOption {
+            option: "profile",
+            reason: "this model family does not record its lookups".into(),
+        })
+    }
+
+    /// Writes the lookups recorded so far under `dir`: the files written.
+    fn write_profile(&self, _dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+        Ok(Vec::new())
+    }
+
+    /// A runner on the CPU with `threads` threads.
+    fn cpu_runner(self: Arc<Self>, threads: usize) -> Result<Box<dyn Runner>>;
+
+    /// Frees its tables one at a time, `pause` after each, if the caller holds the last
+    /// reference; else gives the reference back.
+    fn release(self: Arc<Self>, pause: Duration) -> Option<Arc<dyn Servable>>;
+
+    fn as_any(&self) -> &dyn Any;
+
+    /// The model as its own type (`Arc::downcast`), for a caller that builds a family's runner
+    /// itself (a GPU engine).
+    fn into_any_arc(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+/// Runs prepared batches of one model on one device.
+pub trait Runner: Send {
+    fn servable(&self) -> &Arc<dyn Servable>;
+
+    /// Runs `batch` (from [`Servable::prepare`] of this model), writing `out`.
+    fn run(&mut self, batch: &Batched, out: &mut Outputs) -> Result<Times>;
+
+    /// The device it runs on, for logs.
+    fn device(&self) -> String;
+
+    /// Checks nothing: prepares `request` and runs it on the calling thread (warming, tools).
+    fn run_request(&mut self, request: &dyn Items, out: &mut Outputs) -> Result<Times> {
+        let s = self.servable().clone();
+        let batch = s.prepare(&[request])?;
+        self.run(&batch, out)
+    }
+}
+
+/// A batch's outputs: per declared output, its values, item after item; with runs,
+/// `counts[i]` values of each output belong to item `i`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outputs {
+    pub values: Vec<Vec<f32>>,
+    /// Values per item (empty: one each).
+    pub counts: Vec<u32>,
+}
+
+impl Outputs {
+    /// Outputs of `outputs` outputs, emptied for the next batch.
+    pub fn reset(&mut self, outputs: usize) {
+        self.values.resize_with(outputs, Vec::new);
+        self.values.iter_mut().for_each(Vec::clear);
+        self.counts.clear();
+    }
+
+    /// The first output's values (a DLRM model's scores).
+    pub fn scores(&self) -> &[f32] {
+        self.values.first().map_or(&[], |v| v)
+    }
+
+    /// Items `items` of it (in order: `first_value` is where item `items.start`'s values
+    /// start, 0 for the first part). Returns the part and where the next part's values start.
+    pub fn part(&self, items: std::ops::Range<usize>, first_value: usize) -> (Outputs, usize) {
+        let (counts, end) = match self.counts.is_empty() {
+            true => (Vec::new(), first_value + items.len()),
+            false => {
+                let c = self.counts[items].to_vec();
+                let k: usize = c.iter().map(|&c| c as usize).sum();
+                (c, first_value + k)
+            }
+        };
+        let values = self
+            .values
+            .iter()
+            .map(|v| v[first_value..end].to_vec())
+            .collect();
+        (Outputs { values, counts }, end)
+    }
+
+    /// Appends `o` (the next items) to it.
+    pub fn append(&mut self, o: &Outputs) {
+        if self.values.len() < o.values.len() {
+            self.values.resize_with(o.values.len(), Vec::new);
+        }
+        for (a, b) in self.values.iter_mut().zip(&o.values) {
+            a.extend_from_slice(b);
+        }
+        self.counts.extend_from_slice(&o.counts);
+    }
+
+    /// Items in it.
+    pub fn items(&self) -> usize {
+        match self.counts.is_empty() {
+            true => self.scores().len(),
+            false => self.counts.len(),
+        }
+    }
+
+    /// Where each item's values start, and the end: `items() + 1` offsets.
+    pub fn offsets(&self) -> Vec<u64> {
+        let mut at = 0u64;
+        let mut v = Vec::with_capacity(self.items() + 1);
+        v.push(0);
+        match self.counts.is_empty() {
+            true => v.extend(1..=self.scores().len() as u64),
+            false => v.extend(self.counts.iter().map(|&c| {
+                at += u64::from(c);
+                at
+            })),
+        }
+        v
+    }
+}
+
+/// Where one batch's time went.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Times {
+    /// The whole forward pass.
+    pub wall: Duration,
+    /// The embedding lookups (with tier staging done on the running thread).
+    pub embedding: Duration,
+    /// The dense layers on the critical path.
+    pub dense: Duration,
+    /// On a device: the batch's copy in and its outputs' copy out (outside `wall`).
+    pub copy_in: Duration,
+    pub copy_out: Duration,
+    /// Each declared stage's time ([`Signature::stages`]).
+    pub stages: Vec<(&'static str, Duration)>,
+}
+
+/// Loads the model in `dir`, whichever family it is.
+pub fn load(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn Servable>> {
+    Ok(match crate::family::AnyModel::load(dir, opts)? {
+        crate::family::AnyModel::Dlrm(m) => Arc::new(*m),
+        crate::family::AnyModel::Hstu(m) => Arc::new(*m),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! The seam on both families: a request checked from its columns, prepared and run through a
+//! runner, gives the scores the family's own path gives.
+
+use std::path::Path;
+
+use super::*;
+use crate::hstu::HstuModel;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn outputs_split_into_parts_and_offsets() {
+    let o = Outputs {
+        values: vec![
+            vec![1.0, 2.0, 3.0, 4.0, 5.0],
+            vec![6.0, 7.0, 8.0, 9.0, 10.0],
+        ],
+        counts: vec![2, 0, 3],
+    };
+    assert_eq!(o.items(), 3);
+    assert_eq!(o.offsets(), vec![0, 2, 2, 5]);
+    let (a, at) = o.part(0..2, 0);
+    assert_eq!(
+        (a.values[1].clone(), a.counts.clone(), at),
+        (vec![6.0, 7.0], vec![2, 0], 2)
+    );
+    let (b, end) = o.part(2..3, at);
+    assert_eq!((b.values[0].clone(), end), (vec![3.0, 4.0, 5.0], 5));
+    let mut joined = a.clone();
+    joined.append(&b);
+    assert_eq!(joined, o);
+    // One value per item.
+    let s = Outputs {
+        values: vec![vec![0.5, 0.25, 0.125]],
+        counts: vec![],
+    };
+    assert_eq!((s.items(), s.offsets()), (3, vec![0, 1, 2, 3]));
+    let (p, end) = s.part(1..3, 1);
+    assert_eq!((p.scores(), end), (&[0.25, 0.125][..], 3));
+}
+
+/// Columns of `users` as a decoder builds them from the signature.
+fn columns(sig: &Signature, users: &[crate::hstu::User]) -> InputColumns {
+    let n = users.len();
+    let mut c = InputColumns {
+        n,
+        floats: vec![],
+        lengths: Lengths::Each(vec![]),
+        values: sig.new_values(0),
+        present: vec![true; sig.inputs.len()],
+    };
+    let get = |u: &crate::hstu::User, name: &str| -> Vec<i64> {
+        u.uih
+            .get(name)
+            .or_else(|| u.candidates.get(name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let base = |s: &str| s.rsplit_once('_').map(|(b, _)| b.to_string()).unwrap();
+    for i in &sig.inputs {
+        if i.kind == InputKind::Lengths {
+            for u in users {
+                if let Lengths::Each(l) = &mut c.lengths {
+                    l.push(get(u, &base(&i.name)).len() as u32);
+                }
+            }
+        }
+    }
+    for i in &sig.inputs {
+        if let InputKind::Values { .. } = i.kind {
+            for u in users {
+                for v in get(u, &base(&i.name)) {
+                    c.values.push(v);
+                }
+            }
+        }
+    }
+    c
+}
+
+#[test]
+fn an_hstu_request_through_the_seam_scores_as_the_predictor_does() {
+    let s = load(&fixture("hstu_small"), LoadOptions::default()).unwrap();
+    let sig = s.signature();
+    assert_eq!(sig.offsets.as_deref(), Some("candidate_offsets"));
+    assert!(sig.inputs.iter().any(|i| i.name == "item_id_ids"));
+    assert!(
+        sig.inputs
+            .iter()
+            .any(|i| i.name == "action_timestamp_values")
+    );
+    let m = s.as_any().downcast_ref::<HstuModel>().unwrap();
+    let users = m.random_users(3, 17, 4, 9);
+    let req = s.check(columns(&sig, &users)).unwrap();
+    assert_eq!(req.len(), 3);
+    // The same users as JSON lines.
+    let lines: Vec<String> = users
+        .iter()
+        .map(|u| serde_json::to_string(u).unwrap())
+        .collect();
+    let from_json = s.check_json(lines.join("\n").as_bytes()).unwrap().unwrap();
+    assert_eq!(from_json.len(), 3);
+    let mut runner = s.clone().cpu_runner(1).unwrap();
+    let mut out = Outputs::default();
+    let parts: Vec<Request> = req.pieces(2).collect();
+    assert_eq!(parts.len(), 2);
+    let batch = s.prepare(&[parts[0].as_ref(), parts[1].as_ref()]).unwrap();
+    runner.run(&batch, &mut out).unwrap();
+    assert_eq!(out.counts, vec![4, 4, 4]);
+    assert_eq!(out.values.len(), sig.outputs.len());
+    // As the predictor scores them, batched.
+    let arc: Arc<HstuModel> = s.clone().into_any_arc().downcast().unwrap();
+    let mut p = crate::hstu::HstuPredictor::new(arc.clone(), 1).unwrap();
+    let (want, _) = p.run(&arc.check_users(&users, 0).unwrap()).unwrap();
+    assert_eq!(out.values, want.scores);
+    // A bad request names the user and the feature.
+    let mut bad = users.clone();
+    bad[1].candidates.get_mut("item_candidate_id").unwrap()[0] = -3;
+    let e = s.check(columns(&sig, &bad)).unwrap_err().to_string();
+    assert!(
+        e.contains("user 1") && e.contains("item_candidate_id"),
+        "{e}"
+    );
+    let e = s
+        .check_json(b"{\"uih\": {}, \"candidates\": {}, \"x\": 1}")
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("user 0"), "{e}");
+    // Warming requests check and run.
+    let w = s.warm_request(4, 1);
+    assert!(runner.run_request(w.as_ref(), &mut out).is_ok());
+}
+
+#[test]
+fn a_dlrm_request_through_the_seam_scores_as_the_predictor_does() {
+    let s = load(&fixture("dlrm_dot"), LoadOptions::default()).unwrap();
+    let sig = s.signature();
+    assert_eq!(
+        (sig.outputs.clone(), sig.offsets.clone()),
+        (vec!["scores".to_string()], None)
+    );
+    let w = s.warm_request(5, 3);
+    assert_eq!(w.len(), 5);
+    let samples = w.as_any().downcast_ref::<crate::Samples>().unwrap().clone();
+    let mut runner = s.clone().cpu_runner(1).unwrap();
+    let mut out = Outputs::default();
+    let t = runner.run_request(w.as_ref(), &mut out).unwrap();
+    assert_eq!(t.stages.len(), sig.stages.len());
+    let m: Arc<crate::Model> = s.clone().into_any_arc().downcast().unwrap();
+    let mut p = crate::Predictor::new(m.clone(), 1).unwrap();
+    let prepared = m.prepare(m.merge(&[&samples]).unwrap()).unwrap();
+    let mut want = vec![0.0; 5];
+    crate::Engine::run(&mut p, &prepared, &mut want).unwrap();
+    assert_eq!(out.scores(), &want[..]);
+    assert!(out.counts.is_empty());
+}
