@@ -464,18 +464,18 @@ fn read_lengths<T: Tensor>(
         };
         ls_raw.clear();
         li.read_ints(n, &mut ls_raw)?;
-        // What it counts: ids of a table, or plain values.
-        let ids = sig.inputs.iter().any(
-            |i| matches!(i.kind, InputKind::Values { lengths, rows: Some(_) } if lengths == k),
-        );
-        let noun = if ids { "ids" } else { "values" };
         let mut total = 0u64;
         for (s, &v) in ls_raw.iter().enumerate() {
             let l = u32::try_from(v).map_err(|_| {
                 ServeError::bad(format!(
-                    "input '{}': length {v} of {} {s} is not a count of {noun}",
+                    "input '{}': length {v} of {} {s} is not a count of {}",
                     li.name(),
-                    sig.item
+                    sig.item,
+                    // Worked out only for the error: ids of a table, or plain values.
+                    match counts_ids(sig, k) {
+                        true => "ids",
+                        false => "values",
+                    }
                 ))
             })?;
             total += l as u64;
@@ -484,6 +484,13 @@ fn read_lengths<T: Tensor>(
         totals[k] = total;
     }
     Ok((lengths, totals))
+}
+
+/// Whether the lengths input in slot `k` counts ids of a table (else plain values).
+fn counts_ids(sig: &ember_model::serving::Signature, k: usize) -> bool {
+    sig.inputs
+        .iter()
+        .any(|i| matches!(i.kind, InputKind::Values { lengths, rows: Some(_) } if lengths == k))
 }
 
 /// Every values input (INT64 or INT32 `[total]`, `totals` by their lengths input's slot, from
