@@ -37,6 +37,15 @@ pub(crate) fn start(
     repo: &std::sync::Arc<Repository>,
     cfg: ProfileConfig,
 ) -> std::io::Result<ProfileWriter> {
+    for s in repo.served() {
+        if !s.spec.servable().records_lookups() {
+            tracing::warn!(
+                model = s.name(),
+                "--profile-dir: this model's family does not record its lookups; no profile is \
+                 written for it"
+            );
+        }
+    }
     enable(repo, &cfg);
     let (tx, rx) = mpsc::channel::<()>();
     let weak: Weak<Repository> = std::sync::Arc::downgrade(repo);
@@ -65,6 +74,9 @@ pub(crate) fn start(
 /// Has every served model record (a no-op for those already recording).
 fn enable(repo: &Repository, cfg: &ProfileConfig) {
     for s in repo.served() {
+        if !s.spec.servable().records_lookups() {
+            continue;
+        }
         if let Err(e) = s.spec.servable().record_accesses(cfg.record) {
             tracing::warn!(model = s.name(), "cannot record lookups: {e}");
         }

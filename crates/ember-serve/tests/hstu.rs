@@ -186,6 +186,45 @@ async fn hstu_users_are_scored_over_kserve_and_v1_as_alone() {
         .unwrap();
     check_outputs(&m, &outputs_of(&r), &want);
 
+    // The same, answered in Triton's binary tensor data: every output's bytes in order after
+    // the JSON, each sized by its binary_data_size.
+    let mut body = kserve_json(&m, &users);
+    body["parameters"] = json!({"binary_data_output": true});
+    let r = c
+        .post(format!("{url}/v2/models/hstu/infer"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let header_len: usize = r.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let bytes = r.bytes().await.unwrap();
+    let head: Value = serde_json::from_slice(&bytes[..header_len]).unwrap();
+    let mut at = header_len;
+    let mut by_name = HashMap::new();
+    for o in head["outputs"].as_array().unwrap() {
+        let size = o["parameters"]["binary_data_size"].as_u64().unwrap() as usize;
+        let raw = &bytes[at..at + size];
+        at += size;
+        let vals: Vec<f64> = match o["datatype"].as_str().unwrap() {
+            "FP32" => raw
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                .collect(),
+            _ => raw
+                .chunks(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+                .collect(),
+        };
+        assert_eq!(o["shape"], json!([vals.len()]));
+        by_name.insert(o["name"].as_str().unwrap().to_string(), vals);
+    }
+    assert_eq!(at, bytes.len());
+    check_outputs(&m, &by_name, &want);
+
     // The same users, concurrently one a request: batched together or not, each scores as
     // alone.
     let tasks: Vec<_> = users

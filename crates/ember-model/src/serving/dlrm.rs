@@ -150,6 +150,10 @@ impl Servable for Model {
         Model::dense_dtype(self)
     }
 
+    fn records_lookups(&self) -> bool {
+        true
+    }
+
     fn record_accesses(&self, opts: crate::model::RecordOptions) -> Result<()> {
         Model::record_accesses(self, opts)
     }

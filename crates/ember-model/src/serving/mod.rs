@@ -157,8 +157,13 @@ pub trait Servable: Send + Sync + Debug + 'static {
     /// The precision of its dense layers.
     fn dense_dtype(&self) -> DenseDType;
 
-    /// Starts recording its lookups for a placement profile (`ember serve --profile-dir`);
-    /// an error where the family does not record them.
+    /// Whether it can record its lookups for a placement profile (`ember serve --profile-dir`).
+    fn records_lookups(&self) -> bool {
+        false
+    }
+
+    /// Starts recording its lookups for a placement profile; an error where the family does
+    /// not record them ([`Servable::records_lookups`]).
     fn record_accesses(&self, _opts: RecordOptions) -> Result<()> {
         Err(crate::error::ModelError::BadOption {
             option: "profile",

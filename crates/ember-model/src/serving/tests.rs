@@ -130,6 +130,9 @@ fn an_hstu_request_through_the_seam_scores_as_the_predictor_does() {
         .unwrap()
         .unwrap_err();
     assert!(e.to_string().contains("user 0"), "{e}");
+    // It records no lookups for a placement profile, and says so.
+    assert!(!s.records_lookups());
+    assert!(s.record_accesses(crate::RecordOptions::default()).is_err());
     // Warming requests check and run.
     let w = s.warm_request(4, 1);
     assert!(runner.run_request(w.as_ref(), &mut out).is_ok());
@@ -157,4 +160,5 @@ fn a_dlrm_request_through_the_seam_scores_as_the_predictor_does() {
     crate::Engine::run(&mut p, &prepared, &mut want).unwrap();
     assert_eq!(out.scores(), &want[..]);
     assert!(out.counts.is_empty());
+    assert!(s.records_lookups());
 }
