@@ -107,16 +107,11 @@ impl TierArgs {
         Ok(())
     }
 
-    /// Loads the HSTU model in `dir` with these flags (`dtype`: tables' precision; `dense`: the
-    /// dense layers' precision).
-    pub fn load_hstu(
-        &self,
-        dir: &Path,
-        dtype: Option<ember_model::DType>,
-        dense: Option<ember_model::DenseDType>,
-    ) -> Result<ember_model::hstu::HstuModel> {
+    /// Loads the HSTU model in `dir` with `opts` (from [`TierArgs::load_options`]) and these
+    /// flags' SSD tier.
+    pub fn load_hstu(&self, dir: &Path, opts: LoadOptions) -> Result<ember_model::hstu::HstuModel> {
         self.refuse_prefetch_for_hstu()?;
-        let mut model = ember_model::hstu::HstuModel::load(dir, self.load_options(dtype, dense))
+        let mut model = ember_model::hstu::HstuModel::load(dir, opts)
             .with_context(|| format!("loading model {}", dir.display()))?;
         if let Some(t) = self.tier_config(model.config().tier.as_ref())? {
             model.set_tier(dir, t).context("setting up the SSD tier")?;
@@ -126,7 +121,7 @@ impl TierArgs {
 
     /// `--prefetch-depth` sets how far a DLRM model's tier pipeline reads ahead; an HSTU model
     /// stages each batch's rows on the thread that runs it, so the flag is refused, not ignored.
-    pub fn refuse_prefetch_for_hstu(&self) -> Result<()> {
+    fn refuse_prefetch_for_hstu(&self) -> Result<()> {
         if self.prefetch_depth.is_some() {
             anyhow::bail!(
                 "--prefetch-depth sets how far a DLRM model's SSD pipeline reads ahead; an hstu \

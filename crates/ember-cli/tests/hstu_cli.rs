@@ -3,8 +3,6 @@
 //! pipeline's flag; `data model
 //! --preset hstu-small` writes a directory that `bench model --model` times and `predict` reads.
 
-// Only `ember` and `json_of` of the shared helpers are used here.
-#[allow(dead_code)]
 mod common;
 
 use common::{ember, json_of};
@@ -198,24 +196,7 @@ fn data_model_writes_the_model_bench_model_builds_in_memory() {
 
 /// POSTs `body` as JSON to `path` on `addr`: (status, body).
 fn post_json(addr: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
+    common::post_with(addr, path, "Content-Type: application/json\r\n", body)
 }
 
 #[test]

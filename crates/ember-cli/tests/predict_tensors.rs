@@ -2,8 +2,6 @@
 //! scores as the same samples given as JSON lines (which `serve_cli` checks against the
 //! server), whatever the integer and float widths; errors that name the array.
 
-// Only `ember` of the shared helpers is used here.
-#[allow(dead_code)]
 mod common;
 
 use common::ember;

@@ -4,6 +4,10 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStderr, Command, Stdio};
+
+mod common;
+
+use common::{post, post_with};
 use std::time::{Duration, Instant};
 
 /// Polls `ready` until it holds; panics naming `what` after `limit`.
@@ -26,30 +30,6 @@ fn metric_in(page: &str, series: &str) -> f64 {
                 .ok()
         })
         .unwrap_or(0.0)
-}
-
-fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
-    post_with(addr, path, "", body)
-}
-
-/// As [`post`], with `headers` (each ending in CRLF).
-fn post_with(addr: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[test]

@@ -148,6 +148,20 @@ pub struct Model {
     recorder: OnceLock<AccessRecorder>,
 }
 
+/// Frees a model's tier, then its tables one at a time with `pause` after each (either family's
+/// [`Model::release`]).
+pub(crate) fn release_tables(
+    stager: Stager,
+    embeddings: EmbeddingCollection,
+    pause: std::time::Duration,
+) {
+    drop(stager);
+    for table in embeddings.into_tables() {
+        drop(table);
+        std::thread::sleep(pause);
+    }
+}
+
 impl Model {
     /// Loads `dir/config.json` and `dir/model.safetensors`.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Model> {
@@ -307,11 +321,7 @@ impl Model {
         let Model {
             embeddings, stager, ..
         } = self;
-        drop(stager);
-        for table in embeddings.into_tables() {
-            drop(table);
-            std::thread::sleep(pause);
-        }
+        release_tables(stager, embeddings, pause);
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -92,6 +92,11 @@ impl Tier<'_> {
         }
     }
 
+    /// Rows the row cache holds now.
+    pub fn cache_rows(&self) -> u64 {
+        self.stager.cache_usage().1 as u64
+    }
+
     /// Whether a table is read from a remote store.
     pub fn has_remote(&self) -> bool {
         self.stager.has_remote()

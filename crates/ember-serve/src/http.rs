@@ -282,7 +282,7 @@ async fn infer_on(
     };
     if !binary_out {
         for (t, o) in resp.outputs.iter_mut().zip(&outs) {
-            t.data = Some((&o.values).into());
+            t.data = Some(&o.values);
         }
         return Ok((n, axum::Json(resp).into_response()));
     }

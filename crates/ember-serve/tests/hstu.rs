@@ -80,6 +80,21 @@ fn kserve_json(m: &HstuModel, users: &[User]) -> Value {
     json!({ "inputs": inputs })
 }
 
+async fn get_json(c: &reqwest::Client, url: String) -> Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+async fn post_json(c: &reqwest::Client, url: String, body: &Value) -> Value {
+    c.post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 fn floats(v: &Value) -> Vec<f32> {
     v.as_array()
         .unwrap()
@@ -126,14 +141,7 @@ async fn hstu_users_are_scored_over_kserve_and_v1_as_alone() {
     let (server, url, m) = start(config()).await;
     let c = reqwest::Client::new();
     // Metadata from the signature: per feature lengths and ids / values, per task an output.
-    let meta: Value = c
-        .get(format!("{url}/v2/models/hstu"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let meta: Value = get_json(&c, format!("{url}/v2/models/hstu")).await;
     let names: Vec<&str> = meta["inputs"]
         .as_array()
         .unwrap()
@@ -157,14 +165,7 @@ async fn hstu_users_are_scored_over_kserve_and_v1_as_alone() {
     let mut want_outs: Vec<String> = m.tasks();
     want_outs.push("candidate_offsets".into());
     assert_eq!(outs, want_outs);
-    let config: Value = c
-        .get(format!("{url}/v2/models/hstu/config"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config: Value = get_json(&c, format!("{url}/v2/models/hstu/config")).await;
     assert_eq!(
         config["parameters"]["attention_norm"]["string_value"],
         "alone"
@@ -175,15 +176,12 @@ async fn hstu_users_are_scored_over_kserve_and_v1_as_alone() {
         .flat_map(|k| m.random_users(1, 20 + 30 * k, 1 + 6 * k, 40 + k as u64))
         .collect();
     let want = alone(&m, &users);
-    let r: Value = c
-        .post(format!("{url}/v2/models/hstu/infer"))
-        .json(&kserve_json(&m, &users))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_json(
+        &c,
+        format!("{url}/v2/models/hstu/infer"),
+        &kserve_json(&m, &users),
+    )
+    .await;
     check_outputs(&m, &outputs_of(&r), &want);
 
     // The same, answered in Triton's binary tensor data: every output's bytes in order after
@@ -331,15 +329,12 @@ async fn hstu_users_are_scored_over_kserve_and_v1_as_alone() {
         .await
         .unwrap();
     assert!(e.contains("takes users as JSON"), "{e}");
-    let r: Value = c
-        .post(format!("{url}/v2/models/hstu/infer"))
-        .json(&kserve_json(&m, &users[..1]))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_json(
+        &c,
+        format!("{url}/v2/models/hstu/infer"),
+        &kserve_json(&m, &users[..1]),
+    )
+    .await;
     check_outputs(&m, &outputs_of(&r), &want[..1]);
     server.shutdown().await.unwrap();
 }
@@ -484,15 +479,12 @@ async fn a_repository_serves_both_families_side_by_side() {
     // The HSTU model's users, as alone.
     let m: Arc<HstuModel> = Arc::new(HstuModel::load(&fixture(), LoadOptions::default()).unwrap());
     let users = m.random_users(2, 30, 5, 11);
-    let r: Value = c
-        .post(format!("{url}/v2/models/hstu/infer"))
-        .json(&kserve_json(&m, &users))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_json(
+        &c,
+        format!("{url}/v2/models/hstu/infer"),
+        &kserve_json(&m, &users),
+    )
+    .await;
     check_outputs(&m, &outputs_of(&r), &alone(&m, &users));
     // The DLRM model beside it, as its predictor scores.
     let d = common::model();
@@ -505,15 +497,12 @@ async fn a_repository_serves_both_families_side_by_side() {
         );
         inputs.push(json!({"name": format!("{f}_ids"), "datatype": "INT64", "shape": [ids.len()], "data": ids}));
     }
-    let r: Value = c
-        .post(format!("{url}/v2/models/dlrm/infer"))
-        .json(&json!({ "inputs": inputs }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_json(
+        &c,
+        format!("{url}/v2/models/dlrm/infer"),
+        &json!({ "inputs": inputs }),
+    )
+    .await;
     common::assert_close(&common::scores_of(&r), &common::direct(&d, &req));
     // The metrics count both models' requests by name.
     let metrics = common::get_text(&c, format!("{url}/metrics")).await;

@@ -27,7 +27,10 @@ pub fn run(a: &PredictArgs, model_dir: &Path, data: &Path) -> Result<()> {
     if a.data.is_none() {
         bail!("an hstu model scores users: give them with --data users.jsonl (one user a line)");
     }
-    let model = Arc::new(a.tier.load_hstu(model_dir, a.dtype, a.dense_dtype)?);
+    let model = Arc::new(
+        a.tier
+            .load_hstu(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))?,
+    );
     let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
     let dense = model.config().dense_dtype;
     let mut predictor = HstuEngine::new(&a.gpu, model.clone(), a.threads, dense, norm)?;

@@ -29,17 +29,10 @@ impl ember_serve::Loader for CliLoader {
         let mut opts = self.tier.load_options(self.dtype, self.dense_dtype);
         (opts.pace, opts.name) = (pace, Some(name.into()));
         if HstuModel::is_hstu_dir(dir) {
-            self.tier
-                .refuse_prefetch_for_hstu()
-                .map_err(|e| e.to_string())?;
-            let mut model = HstuModel::load(dir, opts).map_err(|e| e.to_string())?;
-            if let Some(t) = self
+            let model = self
                 .tier
-                .tier_config(model.config().tier.as_ref())
-                .map_err(|e| format!("{e:#}"))?
-            {
-                model.set_tier(dir, t).map_err(|e| e.to_string())?;
-            }
+                .load_hstu(dir, opts)
+                .map_err(|e| format!("{e:#}"))?;
             return Ok(Arc::new(model));
         }
         let mut model = Model::load(dir, opts).map_err(|e| e.to_string())?;
@@ -68,7 +61,8 @@ pub(super) fn run_hstu(a: &ServeArgs, dir: &Path, io_threads: usize) -> anyhow::
              runs it in `ember predict` and `ember bench model`)"
         );
     }
-    let model = Arc::new(a.tier.load_hstu(dir, a.dtype, a.dense_dtype)?);
+    let opts = a.tier.load_options(a.dtype, a.dense_dtype);
+    let model = Arc::new(a.tier.load_hstu(dir, opts)?);
     let name = dir_name(dir);
     let cfg = serve_config(a, a.name.clone().unwrap_or(name))?;
     let rt = runtime(io_threads)?;
@@ -93,19 +87,13 @@ pub(super) fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String
         *by.entry(p).or_default() += 1;
     }
     let tables: Vec<String> = by.iter().map(|(p, n)| format!("{n} {p}")).collect();
-    let stager = match model.as_any().downcast_ref::<Model>() {
-        Some(m) => Some(m.stager()),
-        None => model
-            .as_any()
-            .downcast_ref::<HstuModel>()
-            .map(|m| m.stager()),
-    };
-    let cache = match stager.filter(|s| s.is_active()) {
-        Some(stager) => format!(
+    let tier = model.tier();
+    let cache = match tier.is_active() {
+        true => format!(
             "row cache {}",
-            crate::units::human_bytes(stager.cache_usage().1)
+            crate::units::human_bytes(tier.cache_rows() as usize)
         ),
-        None => "no row cache".into(),
+        false => "no row cache".into(),
     };
     let isa = ember_embed::Isa::selected().map_or("?", |i| i.name());
     let dense = model.dense_dtype();

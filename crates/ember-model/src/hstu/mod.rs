@@ -194,7 +194,6 @@ impl HstuModel {
         }
     }
 
-    /// Lookup feature `f`'s columns in a row of a batch's lookups.
     /// Replaces the SSD tier's settings (the row cache, its policy, how row files are read)
     /// with `tier`, as [`crate::Model::set_tier`] does; `dir` is the model directory.
     pub fn set_tier(&mut self, dir: &Path, tier: crate::config::TierConfig) -> Result<()> {
@@ -205,6 +204,15 @@ impl HstuModel {
         Ok(())
     }
 
+    /// Frees the model with `pause` after each table, as [`crate::Model::release`] does.
+    pub fn release(self, pause: std::time::Duration) {
+        let HstuModel {
+            embeddings, stager, ..
+        } = self;
+        crate::model::release_tables(stager, embeddings, pause);
+    }
+
+    /// Lookup feature `f`'s columns in a row of a batch's lookups.
     pub(crate) fn cols(&self, f: usize) -> std::ops::Range<usize> {
         let c = self.embeddings.col_offset(f);
         c..c + self.config.hstu.hstu_embedding_table_dim

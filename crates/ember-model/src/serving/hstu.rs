@@ -251,10 +251,10 @@ impl Servable for HstuModel {
         Ok(Box::new(HstuRunner::new(p)))
     }
 
-    fn release(self: Arc<Self>, _pause: Duration) -> Option<Arc<dyn Servable>> {
+    fn release(self: Arc<Self>, pause: Duration) -> Option<Arc<dyn Servable>> {
         match Arc::try_unwrap(self) {
             Ok(m) => {
-                drop(m);
+                m.release(pause);
                 None
             }
             Err(held) => Some(held),

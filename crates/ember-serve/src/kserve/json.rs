@@ -264,42 +264,26 @@ pub struct RequestedOutput {
 
 /// The inference response body.
 #[derive(Debug, Serialize)]
-pub struct InferResponse {
+pub struct InferResponse<'a> {
     pub model_name: String,
     pub model_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    pub outputs: Vec<OutputTensor>,
+    pub outputs: Vec<OutputTensor<'a>>,
 }
 
 /// One output tensor.
 #[derive(Debug, Serialize)]
-pub struct OutputTensor {
+pub struct OutputTensor<'a> {
     pub name: String,
     pub datatype: &'static str,
     pub shape: Vec<usize>,
     /// `{"binary_data_size": bytes}` when the values follow the JSON as binary data.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
+    /// Its values, written as a JSON array (borrowed from the answer, not copied).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<OutputData>,
-}
-
-/// An output's values in JSON.
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-pub enum OutputData {
-    F32(Vec<f32>),
-    I64(Vec<i64>),
-}
-
-impl From<&super::OutputValues<'_>> for OutputData {
-    fn from(v: &super::OutputValues<'_>) -> OutputData {
-        match v {
-            super::OutputValues::F32(v) => OutputData::F32(v.to_vec()),
-            super::OutputValues::I64(v) => OutputData::I64(v.clone()),
-        }
-    }
+    pub data: Option<&'a super::OutputValues<'a>>,
 }
 
 /// The request's deadline, if it set `parameters.timeout` (microseconds).

@@ -227,8 +227,9 @@ pub struct Output<'a> {
     pub values: OutputValues<'a>,
 }
 
-/// An output's values.
-#[derive(Debug)]
+/// An output's values (serialized as a JSON array of them).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
 pub enum OutputValues<'a> {
     F32(&'a [f32]),
     I64(Vec<i64>),
