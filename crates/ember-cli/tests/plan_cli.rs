@@ -301,7 +301,7 @@ fn a_small_eval_compares_with_every_baseline_where_the_stats_are_present() {
 
 #[test]
 fn serve_with_a_plan_scores_like_predict() {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufRead, BufReader};
     let model = repo("models/default");
     let m = model.to_str().unwrap();
     let plan = tmp("serve-plan.json");
@@ -358,25 +358,11 @@ fn serve_with_a_plan_scores_like_predict() {
     assert!(seen.contains("2 devices"), "{seen}");
     let rows = std::fs::read_to_string(repo("data/sample.tsv")).unwrap();
     let body: String = rows.lines().take(5).map(|l| format!("{l}\n")).collect();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(
-        s,
-        "POST /v1/score HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    let (status, resp) = common::post(&addr, "/v1/score", &body);
     let _ = child.kill();
     let _ = child.wait();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    let got: Vec<f32> = resp
-        .split_once("\r\n\r\n")
-        .unwrap()
-        .1
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    assert_eq!(status, 200, "{resp}");
+    let got: Vec<f32> = resp.lines().map(|l| l.trim().parse().unwrap()).collect();
     assert_eq!(got.len(), 5);
     for (g, w) in got.iter().zip(&want) {
         assert!((g - w).abs() < 1e-5, "{g} vs {w}");
