@@ -1,6 +1,7 @@
 //! Where an HSTU model runs for `predict` and `bench model`: the CPU predictor, or with
 //! `--device cuda` the GPU one (`ember_cuda::GpuHstuPredictor`: tables in HBM, linear layers
-//! through cuBLAS / cuBLASLt, Ember's attention kernels).
+//! through cuBLAS / cuBLASLt, Ember's attention kernels); either is a [`Runner`] of the serving
+//! seam.
 
 use std::sync::Arc;
 
@@ -9,12 +10,19 @@ use ember_model::DenseDType;
 use ember_model::hstu::{
     AttentionNorm, HstuBatch, HstuModel, HstuPredictor, HstuScores, HstuTimes,
 };
+use ember_model::serving::{Batched, Outputs, Runner, Servable, Times};
 
 use crate::gpu_args::GpuArgs;
 
-/// A predictor on the CPU or on a GPU.
+/// A predictor on the CPU or on a GPU, and the model it runs.
 #[derive(Debug)]
-pub enum HstuEngine {
+pub struct HstuEngine {
+    pass: Pass,
+    servable: Arc<dyn Servable>,
+}
+
+#[derive(Debug)]
+enum Pass {
     Cpu(Box<HstuPredictor>),
     #[cfg(feature = "cuda")]
     Gpu(Box<ember_cuda::GpuHstuPredictor>),
@@ -30,15 +38,18 @@ impl HstuEngine {
         dense: DenseDType,
         norm: Option<AttentionNorm>,
     ) -> Result<HstuEngine> {
-        if gpu.is_cuda() {
-            return Self::gpu(gpu, model, dense, norm);
-        }
-        let mut p = HstuPredictor::new(model, threads)?;
-        p.set_dense_dtype(dense)?;
-        if let Some(n) = norm {
-            p.set_attention_norm(n);
-        }
-        Ok(HstuEngine::Cpu(Box::new(p)))
+        let servable: Arc<dyn Servable> = model.clone();
+        let pass = if gpu.is_cuda() {
+            Self::gpu(gpu, model, dense, norm)?
+        } else {
+            let mut p = HstuPredictor::new(model, threads)?;
+            p.set_dense_dtype(dense)?;
+            if let Some(n) = norm {
+                p.set_attention_norm(n);
+            }
+            Pass::Cpu(Box::new(p))
+        };
+        Ok(HstuEngine { pass, servable })
     }
 
     #[cfg(feature = "cuda")]
@@ -47,7 +58,7 @@ impl HstuEngine {
         model: Arc<HstuModel>,
         dense: DenseDType,
         norm: Option<AttentionNorm>,
-    ) -> Result<HstuEngine> {
+    ) -> Result<Pass> {
         let variant: ember_cuda::Variant = gpu.gpu_variant.parse()?;
         if variant.pins_l2() {
             anyhow::bail!(
@@ -61,7 +72,7 @@ impl HstuEngine {
         if let Some(n) = norm {
             p.set_attention_norm(n);
         }
-        Ok(HstuEngine::Gpu(Box::new(p)))
+        Ok(Pass::Gpu(Box::new(p)))
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -70,27 +81,27 @@ impl HstuEngine {
         _: Arc<HstuModel>,
         _: DenseDType,
         _: Option<AttentionNorm>,
-    ) -> Result<HstuEngine> {
+    ) -> Result<Pass> {
         Err(crate::device::no_cuda())
     }
 
     /// Scores a checked batch; where the time went.
     pub fn run(&mut self, batch: &HstuBatch) -> Result<(HstuScores, HstuTimes)> {
-        Ok(match self {
-            HstuEngine::Cpu(p) => p.run(batch)?,
+        Ok(match &mut self.pass {
+            Pass::Cpu(p) => p.run(batch)?,
             #[cfg(feature = "cuda")]
-            HstuEngine::Gpu(p) => p.run(batch)?,
+            Pass::Gpu(p) => p.run(batch)?,
         })
     }
 
     /// What runs the pass, for people: "cpu, N threads" or the GPU's attention kernel.
     pub fn describe(&self) -> String {
-        match self {
-            HstuEngine::Cpu(p) => {
+        match &self.pass {
+            Pass::Cpu(p) => {
                 format!("cpu, {} threads, dense {}", p.threads(), p.dense_dtype())
             }
             #[cfg(feature = "cuda")]
-            HstuEngine::Gpu(p) => format!(
+            Pass::Gpu(p) => format!(
                 "cuda ({}), dense {}, attention on {}",
                 p.gpu_model().gpu().info().name,
                 p.gpu_model().dense_dtype(),
@@ -104,6 +115,40 @@ impl HstuEngine {
     }
 
     pub fn is_gpu(&self) -> bool {
-        !matches!(self, HstuEngine::Cpu(_))
+        !matches!(self.pass, Pass::Cpu(_))
+    }
+}
+
+impl Runner for HstuEngine {
+    fn servable(&self) -> &Arc<dyn Servable> {
+        &self.servable
+    }
+
+    /// A batch from the model's [`Servable::prepare`]; on a GPU its tables are in HBM, so a
+    /// batch with tier rows staged (tables on the SSD or remote tier) is refused.
+    fn run(&mut self, batch: &Batched, out: &mut Outputs) -> ember_model::Result<Times> {
+        let (users, staged, staging) = ember_model::serving::staged_users(batch)?;
+        let (scores, mut t) = match &mut self.pass {
+            Pass::Cpu(p) => p.run_staged(users, staged)?,
+            #[cfg(feature = "cuda")]
+            Pass::Gpu(p) => {
+                if staged.is_some() {
+                    return Err(ember_model::ModelError::BadOption {
+                        option: "device",
+                        reason: "--device cuda needs every table in memory".into(),
+                    });
+                }
+                let device = format!("cuda ({})", p.gpu_model().gpu().info().name);
+                p.run(users).map_err(|e| e.into_model(device))?
+            }
+        };
+        t.lookups += staging;
+        t.wall += staging;
+        ember_model::serving::write_hstu_outputs(scores, out);
+        Ok(ember_model::serving::hstu_times(&t))
+    }
+
+    fn device(&self) -> String {
+        self.describe()
     }
 }

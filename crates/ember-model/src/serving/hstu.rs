@@ -22,7 +22,7 @@ use super::{
 };
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
-use crate::hstu::{HstuBatch, HstuModel, HstuPredictor, HstuTimes, User};
+use crate::hstu::{HstuBatch, HstuModel, HstuPredictor, HstuScores, HstuTimes, User};
 use crate::tier::Tier;
 
 /// The output of where each user's candidates start.
@@ -380,24 +380,36 @@ impl Runner for HstuRunner {
     }
 
     fn run(&mut self, batch: &Batched, out: &mut Outputs) -> Result<Times> {
-        let p = batch
-            .downcast_ref::<Prepared>()
-            .ok_or_else(|| ModelError::Input("a batch of another model's family".into()))?;
-        let (scores, mut t) = self.predictor.run_staged(&p.batch, p.staged.as_ref())?;
-        t.lookups += p.staging;
-        t.wall += p.staging;
-        out.reset(scores.tasks.len());
-        for (o, s) in out.values.iter_mut().zip(scores.scores) {
-            *o = s;
-        }
-        out.counts
-            .extend(scores.offsets.windows(2).map(|w| (w[1] - w[0]) as u32));
+        let (users, staged, staging) = staged_users(batch)?;
+        let (scores, mut t) = self.predictor.run_staged(users, staged)?;
+        t.lookups += staging;
+        t.wall += staging;
+        write_outputs(scores, out);
         Ok(times(&t))
     }
 
     fn device(&self) -> String {
         format!("cpu ({} threads)", self.predictor.threads())
     }
+}
+
+/// The users of a batch this family's [`Servable::prepare`] made, its staged tier rows, and
+/// the time their staging took: for a runner of the family built outside this crate (a GPU's).
+pub fn staged_users(batch: &Batched) -> Result<(&HstuBatch, Option<&StagedBatch>, Duration)> {
+    let p = batch
+        .downcast_ref::<Prepared>()
+        .ok_or_else(|| ModelError::Input("a batch of another model's family".into()))?;
+    Ok((&p.batch, p.staged.as_ref(), p.staging))
+}
+
+/// A forward pass's scores as the seam's outputs: one run per task, `counts` per user.
+pub fn write_outputs(scores: HstuScores, out: &mut Outputs) {
+    out.reset(scores.tasks.len());
+    for (o, s) in out.values.iter_mut().zip(scores.scores) {
+        *o = s;
+    }
+    out.counts
+        .extend(scores.offsets.windows(2).map(|w| (w[1] - w[0]) as u32));
 }
 
 /// [`HstuTimes`] as the seam's [`Times`].

@@ -21,7 +21,9 @@ mod dlrm;
 mod hstu;
 
 pub use dlrm::{EngineRunner, into_samples};
-pub use hstu::HstuRunner;
+pub use hstu::{
+    HstuRunner, staged_users, times as hstu_times, write_outputs as write_hstu_outputs,
+};
 
 use std::any::Any;
 use std::fmt::Debug;

@@ -68,6 +68,9 @@ pub struct WithLocalCopy {
     /// Until then, reads go to the copy without trying the cluster (`None`: the cluster
     /// answered the last read it was given).
     local_until: Option<Instant>,
+    /// When the cluster last failed a read, and why (for the messages of the reads refused
+    /// until `local_until`, which do not try the cluster).
+    last_failure: Option<(Instant, String)>,
     /// Per table (grown on demand), what of the copy the store's updates left usable.
     copies: Vec<CopyState>,
     /// Bytes of `CopyState::kept`, all tables together.
@@ -91,6 +94,7 @@ impl WithLocalCopy {
             local,
             retry_after,
             local_until: None,
+            last_failure: None,
             copies: Vec::new(),
             kept_bytes: 0,
             names: Vec::new(),
@@ -151,7 +155,7 @@ impl WithLocalCopy {
         &mut self,
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
-        cluster: &str,
+        cluster: &dyn Fn() -> String,
     ) -> Result<ReadStats> {
         let mut from_file = reqs.len();
         let mut i = 0;
@@ -167,7 +171,8 @@ impl WithLocalCopy {
                     kind: "stale local copy",
                     node: String::new(),
                     detail: format!(
-                        "{cluster}; the local copy of table {} cannot stand in: {why}",
+                        "{}; the local copy of table {} cannot stand in: {why}",
+                        cluster(),
                         self.name(r.table)
                     ),
                 });
@@ -186,8 +191,7 @@ impl WithLocalCopy {
         Ok(stats)
     }
 
-    /// Reads go to the copy until `until` (`None`: back to the cluster); the gauge follows.
-    /// The cluster failed a call (`e`): counted, and left alone for `retry_after`.
+    /// The cluster failed a call (`e`): counted, remembered, and left alone for `retry_after`.
     fn cluster_failed(&mut self, e: &EmbedError) {
         let kind = match e {
             EmbedError::StoreUnavailable { .. } => "unavailable",
@@ -197,9 +201,12 @@ impl WithLocalCopy {
         let model = self.model.clone();
         metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
             .increment(1);
-        self.set_local_until(Some(Instant::now() + self.retry_after));
+        let now = Instant::now();
+        self.last_failure = Some((now, e.to_string()));
+        self.set_local_until(Some(now + self.retry_after));
     }
 
+    /// Reads go to the copy until `until` (`None`: back to the cluster); the gauge follows.
     fn set_local_until(&mut self, until: Option<Instant>) {
         if self.local_until.is_some() != until.is_some() {
             let on = f64::from(u8::from(until.is_some()));
@@ -231,26 +238,32 @@ impl RowStore for WithLocalCopy {
             return Ok(ReadStats::default());
         }
         let t0 = Instant::now();
-        // Why the cluster is not read (only for a refusal's message; built only when it failed).
-        let mut failed = None;
-        if self.local_until.is_none_or(|t| t0 >= t) {
+        let tried = self.local_until.is_none_or(|t| t0 >= t);
+        if tried {
             match self.remote.read(reqs, land) {
                 Ok(stats) => {
                     self.set_local_until(None);
                     return Ok(stats);
                 }
-                Err(e) => {
-                    self.cluster_failed(&e);
-                    failed = Some(e.to_string());
-                }
+                Err(e) => self.cluster_failed(&e),
             }
         }
         metrics::counter!("ember_remote_fallback_rows_total", "model" => self.model.clone())
             .increment(reqs.len() as u64);
-        let cluster = failed
-            .as_deref()
-            .unwrap_or("the cluster failed a read moments ago");
-        let mut stats = self.read_copy(reqs, land, cluster)?;
+        // Why the cluster is not read, for a refusal's message (built only when refused).
+        let (last, retry_after) = (self.last_failure.take(), self.retry_after);
+        let cluster = || match &last {
+            Some((_, e)) if tried => e.clone(),
+            Some((at, e)) => format!(
+                "the cluster failed a read {} ms ago, and is tried again within {} ms ({e})",
+                at.elapsed().as_millis(),
+                retry_after.as_millis()
+            ),
+            None => "the cluster failed a read".to_string(),
+        };
+        let read = self.read_copy(reqs, land, &cluster);
+        self.last_failure = last;
+        let mut stats = read?;
         // The batch waited for the failed remote read too.
         stats.wait = t0.elapsed();
         Ok(stats)
