@@ -1,33 +1,43 @@
-//! `ember predict`: scores a Criteo-format file (a Criteo-shaped model), JSON lines (any
-//! model: one sample a line, as `/v1/score` takes them, with an optional `label`) or a NumPy
-//! `.npz` / safetensors file of the model's input arrays (any model, [`tensors`]), in batches. Rows are not kept, but each row's label and score are (8 bytes a row, for the
-//! AUC): a Terabyte day of 200M rows needs 1.6 GB.
+//! `ember predict`: scores a file with a model of any family, in batches, through the serving
+//! seam ([`ember_model::serving`]): each batch's items are decoded and checked by the model's
+//! signature, merged and staged by [`Servable::prepare`] and run by a [`Runner`]. The formats:
+//! JSON lines (any model: one item a line as `/v1/score` takes it, a DLRM sample with an
+//! optional `label` or an HSTU user; `jsonl.rs`), and for a model of the bag form (dense
+//! features and a bag of ids per sparse feature) a Criteo-format file or a NumPy `.npz` /
+//! safetensors file of its input arrays ([`tensors`]). A model that gives one value per item
+//! keeps each item's label and score (8 bytes an item, for the AUC: a Terabyte day of 200M rows
+//! needs 1.6 GB); its scores are written one a line, other models' outputs one JSON object per
+//! item.
 //!
-//! Set up: the model and its engine (the CPU predictor, with a sharding plan or not, or a GPU's).
-//! Score: batches are parsed, checked and prepared (tables on the SSD tier: their rows read)
-//! `prefetch_depth` batches ahead of the engine, on a thread of their own
-//! ([`ember_model::run_ahead`]). Report: AUC, log loss, samples/s, the tier's figures.
+//! Set up: the model ([`TierArgs::load_any`]) and what runs it ([`runner`]: the CPU, a sharding
+//! plan, or a GPU; the one place that builds a family's engine). Score: Criteo batches are
+//! parsed, checked and prepared (tables on the SSD tier: their rows read) the model's prefetch
+//! depth ahead of the runner, on a thread of their own ([`ember_model::run_ahead`]). Report:
+//! items/s, the AUC and log loss where there are labels, the stages' shares, the tier's figures.
 
 use crate::gpu_args::GpuArgs;
+use crate::hstu_engine::HstuEngine;
 use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
 use crate::tier_args::TierArgs;
-use crate::units::human_bytes;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_embed::DType;
 use ember_model::criteo::{CriteoBatch, CriteoReader, DENSE, SPARSE};
-use ember_model::eval::{auc, log_loss};
-use ember_model::{Engine, Model, Prepared, StageTimes, run_ahead};
+use ember_model::hstu::HstuModel;
+use ember_model::serving::{Batched, EngineRunner, Items, Outputs, Runner, Servable, Times};
+use ember_model::{Engine, Model, run_ahead};
+use ember_serve::ModelSpec;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-mod hstu;
-pub use hstu::{breakdown as hstu_breakdown, stage_json as hstu_stage_json};
+mod jsonl;
+mod report;
 mod tensors;
+
+use report::print;
 
 #[derive(Debug, Args)]
 pub struct PredictArgs {
@@ -103,11 +113,50 @@ impl DataFormat {
 #[derive(Debug, Default)]
 struct Scored {
     labels: Vec<f32>,
+    /// Each item's score, for a model that gives one value per item (kept for the AUC).
     scores: Vec<f32>,
-    /// The forward passes' stage times, summed.
-    times: StageTimes,
+    /// Items scored, and the values each output gave (more than items where an item has a run
+    /// of them: an HSTU user's candidates).
+    items: usize,
+    values: usize,
+    /// The forward passes' times, summed.
+    times: Times,
     /// Wall seconds, parsing included.
     wall: f64,
+}
+
+impl Scored {
+    /// Counts a batch's outputs `o` and times `t`; keeps its scores where each item has one.
+    fn add(&mut self, o: &Outputs, t: &Times, one_value: bool) {
+        self.items += o.items();
+        self.values += o.scores().len();
+        if one_value {
+            self.scores.extend_from_slice(o.scores());
+        }
+        let s = &mut self.times;
+        s.wall += t.wall;
+        s.embedding += t.embedding;
+        s.dense += t.dense;
+        s.copy_in += t.copy_in;
+        s.copy_out += t.copy_out;
+        if s.stages.len() != t.stages.len() {
+            s.stages = t
+                .stages
+                .iter()
+                .map(|&(n, _)| (n, Default::default()))
+                .collect();
+        }
+        for (a, b) in s.stages.iter_mut().zip(&t.stages) {
+            a.1 += b.1;
+        }
+    }
+}
+
+/// Whether the model gives one value per item (a DLRM score): its outputs are then written one
+/// a line, and kept for the AUC.
+fn one_value(model: &dyn Servable) -> bool {
+    let sig = model.signature();
+    sig.offsets.is_none() && sig.outputs.len() == 1
 }
 
 pub fn run(a: PredictArgs) -> Result<()> {
@@ -116,56 +165,97 @@ pub fn run(a: PredictArgs) -> Result<()> {
     }
     let model_dir = a.model.clone().unwrap_or_else(|| shipped(DEFAULT_MODEL));
     let data = a.data.clone().unwrap_or_else(|| shipped(DEFAULT_DATA));
-    if ember_model::hstu::HstuModel::is_hstu_dir(&model_dir) {
-        return hstu::run(&a, &model_dir, &data);
-    }
     let format = a.format.of(&data);
-    let (model, mut engine) = set_up(&a, &model_dir, format)?;
-    let depth = match model.stager().is_active() {
-        true => a.tier.depth(&model),
+    let model = a
+        .tier
+        .load_any(&model_dir, a.tier.load_options(a.dtype, a.dense_dtype))?;
+    let spec = ModelSpec::of(model.clone(), "predict");
+    if format != DataFormat::Jsonl {
+        check_bag_form(&spec, &model_dir, &data, format)?;
+    }
+    let mut runner = runner(&a, model.clone(), &ember_model::dir_name(&model_dir))?;
+    let depth = match model.tier().is_active() {
+        true => model.prefetch_depth(),
         false => 0,
     };
     let scored = match format {
-        DataFormat::Jsonl => score_jsonl(&a, &model, &mut *engine, &data)?,
+        DataFormat::Jsonl => jsonl::score(&a, &spec, &mut *runner, &data)?,
         DataFormat::Npz | DataFormat::Safetensors => {
-            score_tensors(&a, &model, &mut *engine, &data, format == DataFormat::Npz)?
+            score_tensors(&a, &spec, &mut *runner, &data, format == DataFormat::Npz)?
         }
-        _ => score_file(&a, &model, &mut *engine, &data, depth)?,
+        _ => score_file(&a, &spec, &mut *runner, &data, depth)?,
     };
-    print(&a, &model, &model_dir, &data, &scored, depth);
+    print(&a, &spec, &*runner, &model_dir, &data, &scored, depth);
     Ok(())
 }
 
-/// The model (Criteo-shaped for TSV) and the engine that runs it.
-fn set_up(
-    a: &PredictArgs,
-    model_dir: &Path,
-    format: DataFormat,
-) -> Result<(Arc<Model>, Box<dyn Engine>)> {
-    let mut model = Model::load(model_dir, a.tier.load_options(a.dtype, a.dense_dtype))
-        .with_context(|| format!("loading model {}", model_dir.display()))?;
-    a.tier.apply(&mut model, model_dir)?;
-    let inputs = model.inputs();
+/// Criteo, NumPy and safetensors files hold samples of the bag form; Criteo's need its shape.
+fn check_bag_form(spec: &ModelSpec, dir: &Path, data: &Path, format: DataFormat) -> Result<()> {
+    let Some(inputs) = &spec.bags else {
+        let item = spec.signature.item;
+        bail!(
+            "model {} takes {item}s as JSON lines, one {item} a line ({} is read as {}): give \
+             them with --data FILE.jsonl",
+            dir.display(),
+            data.display(),
+            format!("{format:?}").to_lowercase()
+        );
+    };
     if format == DataFormat::Tsv && !inputs.is_criteo() {
         bail!(
             "model {} has {} dense and {} sparse features; Criteo data has {DENSE} and \
              {SPARSE}: give its samples as JSON lines (--format jsonl)",
-            model_dir.display(),
+            dir.display(),
             inputs.dense_in,
             inputs.features.len()
         );
     }
-    let model = Arc::new(model);
-    if !a.gpu.is_cuda() {
-        let name = ember_model::dir_name(model_dir);
-        if let Some((warn, line)) = crate::dense::accuracy_line(&model, &name, a.threads) {
-            eprintln!("{}{line}", if warn { "warning: " } else { "" });
+    Ok(())
+}
+
+/// What runs `model` as the flags ask (`--device`, `--threads`, `--plan`, `--attention-norm`):
+/// its family's engine on that device, as a [`Runner`].
+pub(crate) fn runner(
+    a: &PredictArgs,
+    model: Arc<dyn Servable>,
+    name: &str,
+) -> Result<Box<dyn Runner>> {
+    let model = match model.into_any_arc().downcast::<HstuModel>() {
+        Ok(hstu) => {
+            if a.plan.plan.is_some() {
+                bail!(
+                    "--plan shards a DLRM model's tables over worker pools; an hstu model runs on one pool"
+                );
+            }
+            let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
+            let dense = hstu.config().dense_dtype;
+            let engine = HstuEngine::new(&a.gpu, hstu, a.threads, dense, norm)?;
+            return Ok(Box::new(engine));
         }
+        Err(other) => other
+            .downcast::<Model>()
+            .map_err(|_| anyhow::anyhow!("a model of a family predict cannot run"))?,
+    };
+    if a.attention_norm.is_some() {
+        bail!(
+            "--attention-norm sets what an hstu model's attention is divided by; this model has no attention"
+        );
+    }
+    Ok(Box::new(EngineRunner::new(dlrm_engine(a, &model, name)?)))
+}
+
+/// A DLRM-family model's engine: the CPU predictor (with a sharding plan or not) or a GPU's;
+/// on the CPU, reduced-precision dense layers are checked against f32 first.
+fn dlrm_engine(a: &PredictArgs, model: &Arc<Model>, name: &str) -> Result<Box<dyn Engine>> {
+    if !a.gpu.is_cuda()
+        && let Some((warn, line)) = crate::dense::accuracy_line(model, name, a.threads)
+    {
+        eprintln!("{}{line}", if warn { "warning: " } else { "" });
     }
     if a.gpu.is_cuda() && a.plan.plan.is_some() {
         bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
     }
-    let engine: Box<dyn Engine> = match a.gpu.is_cuda() {
+    Ok(match a.gpu.is_cuda() {
         true => {
             if model.stager().is_active() {
                 bail!("--device cuda needs every table in memory (no --placement ssd)");
@@ -176,16 +266,33 @@ fn set_up(
             )
         }
         false => Box::new(a.plan.predictor(model.clone(), a.threads)?),
-    };
-    Ok((model, engine))
+    })
 }
 
-/// Streams `data` through the engine, batches prepared `depth` ahead; writes scores to
-/// `--out` as they come.
+/// Runs one prepared batch, appending its outputs to `scored` (and `out`).
+fn run_batch(
+    runner: &mut dyn Runner,
+    batch: &Batched,
+    outputs: &mut Outputs,
+    scored: &mut Scored,
+    out: &mut Option<BufWriter<std::fs::File>>,
+    sig: &ember_model::serving::Signature,
+) -> Result<()> {
+    let t = runner.run(batch, outputs)?;
+    let one = sig.offsets.is_none() && sig.outputs.len() == 1;
+    scored.add(outputs, &t, one);
+    if let Some(w) = out {
+        jsonl::write_outputs(w, outputs, sig)?;
+    }
+    Ok(())
+}
+
+/// Streams a Criteo-format `data` through the runner, batches checked and prepared `depth`
+/// ahead on the parsing thread; writes scores to `--out` as they come.
 fn score_file(
     a: &PredictArgs,
-    model: &Arc<Model>,
-    engine: &mut dyn Engine,
+    spec: &ModelSpec,
+    runner: &mut dyn Runner,
     data: &Path,
     depth: usize,
 ) -> Result<Scored> {
@@ -193,10 +300,14 @@ fn score_file(
     let mut reader = CriteoReader::new(input, data.display().to_string());
     let mut out = open_out(a)?;
     let bar = progress(size);
-    let inputs = model.inputs();
+    let model = spec.servable().clone();
+    let inputs = spec
+        .bags
+        .clone()
+        .context("a Criteo file needs a model of the bag form")?;
     let mut scored = Scored::default();
+    let mut outputs = Outputs::default();
     let start = Instant::now();
-    let mut line = String::new();
     // A parse error ends the stream and is raised after the batches before it are scored.
     let parse_err: std::sync::Mutex<Option<anyhow::Error>> = Default::default();
     let batches = std::iter::from_fn(|| {
@@ -214,33 +325,34 @@ fn score_file(
             }
         }
     });
-    // Checked and prepared (tier rows read) on the parsing thread, `depth` batches ahead.
-    let prepare = |(mut batch, sparse, pos): (CriteoBatch, _, u64)| {
+    // Checked and prepared (tier rows read) on the parsing thread, `depth` batches ahead: one
+    // id per bag.
+    let prepare = |(mut batch, sparse, pos): (CriteoBatch, ember_embed::KeyedJagged, u64)| {
+        let n = batch.len();
         let dense = std::mem::take(&mut batch.dense);
-        let prepared = model
-            .batch_owned(dense, sparse)
-            .and_then(|b| model.prepare(b));
+        let prepared = spec
+            .check(n, dense, vec![1u32; n * SPARSE], sparse.ids().clone())
+            .map_err(anyhow::Error::from)
+            .and_then(|r| Ok(model.prepare(&[&*r])?));
         (batch.labels, prepared, pos)
     };
-    let consume = |(labels, prepared, pos): (Vec<f32>, ember_model::Result<Prepared>, u64)| {
+    let consume = |(labels, prepared, pos): (Vec<f32>, Result<Batched>, u64)| {
         let prepared = prepared?;
-        let s0 = scored.scores.len();
-        scored.scores.resize(s0 + labels.len(), 0.0);
-        let t = engine.run(&prepared, &mut scored.scores[s0..])?;
-        scored.times = scored.times.plus(t);
+        run_batch(
+            runner,
+            &prepared,
+            &mut outputs,
+            &mut scored,
+            &mut out,
+            &spec.signature,
+        )?;
         scored.labels.extend_from_slice(&labels);
-        if let Some(w) = &mut out {
-            line.clear();
-            for s in &scored.scores[s0..] {
-                use std::fmt::Write as _;
-                let _ = writeln!(line, "{s}");
-            }
-            w.write_all(line.as_bytes())?;
-        }
         bar.set_position(pos);
         anyhow::Ok(())
     };
-    run_ahead(depth, batches, prepare, consume, |d| model.record_stall(d))?;
+    run_ahead(depth, batches, prepare, consume, |d| {
+        model.tier().record_stall(d)
+    })?;
     if let Some(e) = parse_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
@@ -275,95 +387,6 @@ fn open_out(a: &PredictArgs) -> Result<Option<BufWriter<std::fs::File>>> {
         .transpose()
 }
 
-/// Streams JSON lines (`{"dense": [...], "sparse": {"F": [ids], ...}, "label": 0 or 1}`, the
-/// label optional, one sample a line, as `/v1/score` takes them) through the engine, `--batch`
-/// lines at a time; a bad line is an error naming its line number.
-fn score_jsonl(
-    a: &PredictArgs,
-    model: &Arc<Model>,
-    engine: &mut dyn Engine,
-    data: &Path,
-) -> Result<Scored> {
-    let (input, _) = open_data(data)?;
-    let spec = ember_serve::ModelSpec::of(model.clone(), "predict");
-    let mut out = open_out(a)?;
-    let mut scored = Scored::default();
-    let (mut labelled, mut unlabelled) = (0usize, 0usize);
-    let start = Instant::now();
-    let mut batch: Vec<ember_model::Samples> = Vec::with_capacity(a.batch);
-    let mut flush = |batch: &mut Vec<ember_model::Samples>, scored: &mut Scored| -> Result<()> {
-        let parts: Vec<&ember_model::Samples> = batch.iter().collect();
-        score_samples(model, engine, &parts, scored, &mut out)?;
-        batch.clear();
-        Ok(())
-    };
-    for (i, line) in input.lines().enumerate() {
-        let at = || format!("{}, line {}", data.display(), i + 1);
-        let line = line.with_context(at)?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let mut v: serde_json::Value =
-            serde_json::from_str(&line).with_context(|| format!("{}: not a JSON object", at()))?;
-        let label = v.as_object_mut().and_then(|o| o.remove("label"));
-        match label.as_ref().and_then(serde_json::Value::as_f64) {
-            Some(l) => {
-                labelled += 1;
-                scored.labels.push(l as f32);
-            }
-            None if label.is_some() => bail!("{}: 'label' is not a number", at()),
-            None => unlabelled += 1,
-        }
-        let body = serde_json::to_vec(&v)?;
-        let sample = ember_serve::v1::decode_json(&spec, &body).map_err(|e| {
-            anyhow::anyhow!("{}: {}", at(), e.to_string().replace("sample 0: ", ""))
-        })?;
-        if sample.len() != 1 {
-            bail!("{}: one sample a line, found {}", at(), sample.len());
-        }
-        let sample = ember_model::serving::into_samples(sample)
-            .context("a DLRM-family model's request holds samples")?;
-        batch.push(sample);
-        if batch.len() == a.batch {
-            flush(&mut batch, &mut scored)?;
-        }
-    }
-    flush(&mut batch, &mut scored)?;
-    if labelled > 0 && unlabelled > 0 {
-        bail!("{labelled} lines have a 'label' and {unlabelled} do not: all or none");
-    }
-    scored.wall = start.elapsed().as_secs_f64();
-    if let Some(mut w) = out {
-        w.flush()?;
-    }
-    Ok(scored)
-}
-
-/// Scores `parts` as one batch, appending the scores to `scored` (and `out`).
-fn score_samples(
-    model: &Arc<Model>,
-    engine: &mut dyn Engine,
-    parts: &[&ember_model::Samples],
-    scored: &mut Scored,
-    out: &mut Option<BufWriter<std::fs::File>>,
-) -> Result<()> {
-    if parts.is_empty() {
-        return Ok(());
-    }
-    let prepared = model.merge(parts).and_then(|b| model.prepare(b))?;
-    let n: usize = parts.iter().map(|p| p.len()).sum();
-    let s0 = scored.scores.len();
-    scored.scores.resize(s0 + n, 0.0);
-    let t = engine.run(&prepared, &mut scored.scores[s0..])?;
-    scored.times = scored.times.plus(t);
-    if let Some(w) = out {
-        for s in &scored.scores[s0..] {
-            writeln!(w, "{s}")?;
-        }
-    }
-    Ok(())
-}
-
 /// The samples of a NumPy `.npz` or safetensors file of the model's input arrays (`predict`'s
 /// tensor format), checked against the model, in batches of at most `batch`: the inputs
 /// `serve --calibrate` calibrates int8 layers on.
@@ -394,8 +417,8 @@ pub(crate) fn read_samples(
 /// at a time, each batch decoded as a request is.
 fn score_tensors(
     a: &PredictArgs,
-    model: &Arc<Model>,
-    engine: &mut dyn Engine,
+    spec: &ModelSpec,
+    runner: &mut dyn Runner,
     data: &Path,
     npz: bool,
 ) -> Result<Scored> {
@@ -404,11 +427,11 @@ fn score_tensors(
     }
     let start = Instant::now();
     let file = tensors::TensorFile::open(data, npz)?;
-    let spec = ember_serve::ModelSpec::of(model.clone(), "predict");
     let n = file
-        .check(&spec)
+        .check(spec)
         .with_context(|| format!("{} does not fit the model", data.display()))?;
     let mut out = open_out(a)?;
+    let mut outputs = Outputs::default();
     let mut scored = Scored {
         labels: file.labels()?.unwrap_or_default(),
         ..Scored::default()
@@ -416,17 +439,23 @@ fn score_tensors(
     let mut cursors = vec![0usize; spec.features().len()];
     for s0 in (0..n).step_by(a.batch) {
         let range = s0..(s0 + a.batch).min(n);
-        let samples = file
-            .batch(&spec, &mut cursors, range.clone())
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "{}, samples {}..{} (sample numbers below count from {s0}): {e}",
-                    data.display(),
-                    range.start,
-                    range.end
-                )
-            })?;
-        score_samples(model, engine, &[&samples], &mut scored, &mut out)?;
+        let samples = file.batch(spec, &mut cursors, range.clone()).map_err(|e| {
+            anyhow::anyhow!(
+                "{}, samples {}..{} (sample numbers below count from {s0}): {e}",
+                data.display(),
+                range.start,
+                range.end
+            )
+        })?;
+        let batch = spec.servable().prepare(&[&samples as &dyn Items])?;
+        run_batch(
+            runner,
+            &batch,
+            &mut outputs,
+            &mut scored,
+            &mut out,
+            &spec.signature,
+        )?;
     }
     scored.wall = start.elapsed().as_secs_f64();
     if let Some(mut w) = out {
@@ -449,80 +478,5 @@ fn progress(size: Option<u64>) -> ProgressBar {
             b
         }
         _ => ProgressBar::hidden(),
-    }
-}
-
-/// Prints the figures, and with `--json` one JSON object as the last line.
-fn print(a: &PredictArgs, model: &Model, model_dir: &Path, data: &Path, s: &Scored, depth: usize) {
-    let n = s.scores.len();
-    let model_s = s.times.total().as_secs_f64();
-    let labelled = n > 0 && s.labels.len() == n;
-    let a_uc = labelled.then(|| auc(&s.labels, &s.scores)).flatten();
-    let ll = labelled.then(|| log_loss(&s.labels, &s.scores));
-    let on = if a.gpu.is_cuda() {
-        format!("cuda:{} {}", a.gpu.gpu, a.gpu.gpu_variant)
-    } else {
-        format!("{} threads", a.threads)
-    };
-    println!(
-        "model {}  data {}  ({on}, batch {})",
-        model_dir.display(),
-        data.display(),
-        a.batch
-    );
-    println!("rows          {n}");
-    match a_uc {
-        Some(v) => println!("AUC           {v:.6}"),
-        None if n == 0 => println!("AUC           n/a (no rows)"),
-        None if !labelled => println!("AUC           n/a (no labels)"),
-        None => println!("AUC           n/a (only one class in the labels)"),
-    }
-    match ll {
-        Some(ll) => println!("log loss      {ll:.6}"),
-        None => println!("log loss      n/a"),
-    }
-    println!(
-        "samples/s     {:.0} end to end (parse + forward), {:.0} forward only",
-        n as f64 / s.wall,
-        n as f64 / model_s.max(1e-12)
-    );
-    if let Some(p) = &a.out {
-        println!("scores        {}", p.display());
-    }
-    let stager = model.stager();
-    let tier = stager.stats();
-    if stager.is_active() {
-        println!(
-            "SSD tier      hit rate {:.3}, {} read from SSD in {} reads, stall {:.2} s, overlap {:.2} ({}, prefetch depth {depth})",
-            tier.hit_rate(),
-            human_bytes(tier.store_bytes_read as usize),
-            tier.store_reads,
-            tier.stall.as_secs_f64(),
-            tier.overlap(),
-            stager.engine().unwrap_or("none"),
-        );
-    }
-    if a.json {
-        println!(
-            "{}",
-            json!({
-                "tier": stager.is_active().then(|| json!({
-                    "hit_rate": tier.hit_rate(),
-                    "ssd_bytes_read": tier.store_bytes_read,
-                    "ssd_reads": tier.store_reads,
-                    "stall_s": tier.stall.as_secs_f64(),
-                    "overlap": tier.overlap(),
-                    "prefetch_depth": depth,
-                })),
-                "rows": n,
-                "auc": a_uc,
-                "log_loss": ll,
-                "samples_per_s": n as f64 / s.wall,
-                "forward_samples_per_s": n as f64 / model_s.max(1e-12),
-                "threads": a.threads,
-                "device": if a.gpu.is_cuda() { "cuda" } else { "cpu" },
-                "batch": a.batch,
-            })
-        );
     }
 }

@@ -107,6 +107,23 @@ impl TierArgs {
         Ok(())
     }
 
+    /// Loads the model in `dir`, whichever family it is, with `opts` (from
+    /// [`TierArgs::load_options`]) and these flags' tier: `predict`'s and the model
+    /// repository's one load.
+    pub fn load_any(
+        &self,
+        dir: &Path,
+        opts: LoadOptions,
+    ) -> Result<std::sync::Arc<dyn ember_model::serving::Servable>> {
+        if ember_model::hstu::HstuModel::is_hstu_dir(dir) {
+            return Ok(std::sync::Arc::new(self.load_hstu(dir, opts)?));
+        }
+        let mut model =
+            Model::load(dir, opts).with_context(|| format!("loading model {}", dir.display()))?;
+        self.apply(&mut model, dir)?;
+        Ok(std::sync::Arc::new(model))
+    }
+
     /// Loads the HSTU model in `dir` with `opts` (from [`TierArgs::load_options`]) and these
     /// flags' SSD tier.
     pub fn load_hstu(&self, dir: &Path, opts: LoadOptions) -> Result<ember_model::hstu::HstuModel> {
@@ -160,12 +177,5 @@ impl TierArgs {
             t.pin_trace = Some(abs.display().to_string());
         }
         Ok(Some(t))
-    }
-
-    /// The prefetch depth in effect.
-    pub fn depth(&self, model: &Model) -> usize {
-        self.prefetch_depth
-            .or(model.config().tier.as_ref().map(|t| t.prefetch_depth))
-            .unwrap_or_else(|| TierConfig::default().prefetch_depth)
     }
 }

@@ -40,7 +40,12 @@ fn predict_scores_users_as_the_reference_and_names_a_bad_one() {
     ];
     let (ok, stdout, stderr) = ember(&args);
     assert!(ok, "{stderr}");
-    assert_eq!(json_of(&stdout)["users"], 8, "{stdout}");
+    let j = json_of(&stdout);
+    assert_eq!(
+        (&j["rows"], &j["item"]),
+        (&8.into(), &"user".into()),
+        "{stdout}"
+    );
     let want: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fx.join("expected.json")).unwrap()).unwrap();
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&out)
@@ -49,6 +54,12 @@ fn predict_scores_users_as_the_reference_and_names_a_bad_one() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 8);
+    // Every user's candidates, counted once per output.
+    let candidates: usize = lines
+        .iter()
+        .map(|l| l["scores"]["click"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(j["values"], candidates, "{stdout}");
     for (u, line) in lines.iter().enumerate() {
         let (got, exp) = (
             line["scores"].as_object().unwrap(),

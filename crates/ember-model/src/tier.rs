@@ -92,6 +92,22 @@ impl Tier<'_> {
         }
     }
 
+    /// The share of staging time hidden behind compute: `1 - stall / stage`, in [0, 1].
+    pub fn overlap(&self) -> f64 {
+        self.stager.stats().overlap()
+    }
+
+    /// The I/O engine reading the SSD tier, where one does.
+    pub fn engine(&self) -> Option<&'static str> {
+        self.stager.engine()
+    }
+
+    /// Counts `d` as time a forward pass waited for its batch's tier rows (a pipeline that
+    /// prepares batches ahead, [`crate::run_ahead`]).
+    pub fn record_stall(&self, d: std::time::Duration) {
+        self.stager.add_stall(d);
+    }
+
     /// Rows the row cache holds now.
     pub fn cache_rows(&self) -> u64 {
         self.stager.cache_usage().1 as u64

@@ -424,10 +424,7 @@ fn decode_score(
         return Err(ServeError::bad(EMPTY_SCORE_BODY));
     }
     if json {
-        return match spec.servable().check_json(bytes) {
-            Some(r) => Ok(r?),
-            None => v1::decode_json(spec, bytes),
-        };
+        return v1::decode_json_any(spec, bytes);
     }
     if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
         // Criteo TSV lines start with a label or a number, never a bracket.

@@ -308,7 +308,7 @@ fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>)
         q(0.99),
         mean
     );
-    eprintln!("{}", crate::predict::hstu_breakdown(&r.times));
+    eprintln!("{}", breakdown(&r.times));
     let pct = |s: Option<f64>| s.map_or("?".into(), |s| format!("{:.0}%", 100.0 * s));
     eprintln!(
         "projections {gp:.1} GFLOP/s ({} of the {} ceiling, {:.1} GFLOP/s), attention {ga:.1} GFLOP/s ({})",
@@ -346,7 +346,7 @@ fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>)
             "p50_ms": q(0.5),
             "p99_ms": q(0.99),
             "mean_ms": mean,
-            "stage_s": crate::predict::hstu_stage_json(&r.times),
+            "stage_s": stage_json(&r.times),
             "projections_gflops": gp,
             "attention_gflops": ga,
             "ceiling_gflops": r.peak.map(|p| p / 1e9),
@@ -362,4 +362,33 @@ fn print(a: &ModelArgs, model: &HstuModel, r: &Measured, acc: Option<&Accuracy>)
         }
         println!("{j}");
     }
+}
+
+/// Where the time went, for people.
+fn breakdown(t: &HstuTimes) -> String {
+    let wall = t.wall.as_secs_f64().max(1e-12);
+    let pct = |d: std::time::Duration| 100.0 * d.as_secs_f64() / wall;
+    format!(
+        "time: lookups {:.1}%, preprocess {:.1}%, projections {:.1}%, attention {:.1}%, \
+         pointwise {:.1}%, head {:.1}%",
+        pct(t.lookups),
+        pct(t.preprocess),
+        pct(t.projections),
+        pct(t.attention),
+        pct(t.pointwise),
+        pct(t.head)
+    )
+}
+
+/// The stage times in seconds, as JSON.
+fn stage_json(t: &HstuTimes) -> serde_json::Value {
+    serde_json::json!({
+        "lookups": t.lookups.as_secs_f64(),
+        "preprocess": t.preprocess.as_secs_f64(),
+        "projections": t.projections.as_secs_f64(),
+        "attention": t.attention.as_secs_f64(),
+        "pointwise": t.pointwise.as_secs_f64(),
+        "head": t.head.as_secs_f64(),
+        "wall": t.wall.as_secs_f64(),
+    })
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use ember_embed::DType;
-use ember_model::hstu::HstuModel;
 use ember_model::serving::{Runner, Servable};
 use ember_model::{Model, Pace};
 use ember_serve::Server;
@@ -28,22 +27,16 @@ impl ember_serve::Loader for CliLoader {
     fn load(&self, name: &str, dir: &Path, pace: Pace) -> Result<Arc<dyn Servable>, String> {
         let mut opts = self.tier.load_options(self.dtype, self.dense_dtype);
         (opts.pace, opts.name) = (pace, Some(name.into()));
-        if HstuModel::is_hstu_dir(dir) {
-            let model = self
-                .tier
-                .load_hstu(dir, opts)
-                .map_err(|e| format!("{e:#}"))?;
-            return Ok(Arc::new(model));
-        }
-        let mut model = Model::load(dir, opts).map_err(|e| e.to_string())?;
-        self.tier
-            .apply(&mut model, dir)
+        let model = self
+            .tier
+            .load_any(dir, opts)
             .map_err(|e| format!("{e:#}"))?;
-        // The check's predictors are dropped before it returns: the model is ours alone again.
-        let model = Arc::new(model);
-        crate::dense::check_accuracy(&model, name, self.threads);
-        let model = Arc::into_inner(model).ok_or("the accuracy check kept the model")?;
-        Ok(Arc::new(model))
+        // A DLRM model's reduced-precision dense layers are checked against f32 as it loads;
+        // the check's predictors are dropped before it returns.
+        if let Ok(dlrm) = model.clone().into_any_arc().downcast::<Model>() {
+            crate::dense::check_accuracy(&dlrm, name, self.threads);
+        }
+        Ok(model)
     }
 
     fn engine(&self, model: Arc<dyn Servable>) -> Result<Box<dyn Runner>, String> {

@@ -27,6 +27,15 @@ pub struct User {
     pub candidates: BTreeMap<String, Vec<i64>>,
 }
 
+impl User {
+    /// Its history items and candidates: the longest feature of each side (a checked user's
+    /// features agree).
+    pub fn tokens(&self) -> usize {
+        let longest = |m: &BTreeMap<String, Vec<i64>>| m.values().map(Vec::len).max().unwrap_or(0);
+        longest(&self.uih) + longest(&self.candidates)
+    }
+}
+
 /// Where one user's tokens are in a checked batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UserSpan {

@@ -28,6 +28,9 @@ use crate::tier::Tier;
 /// The output of where each user's candidates start.
 pub const OFFSETS: &str = "candidate_offsets";
 
+/// The most tokens (history and candidates, all users together) a tool merges into one batch.
+pub const BATCH_TOKENS: usize = 1 << 16;
+
 const STAGES: [&str; 6] = [
     "lookups",
     "preprocess",
@@ -44,6 +47,10 @@ pub struct Users(pub Vec<User>);
 impl Items for Users {
     fn len(&self) -> usize {
         self.0.len()
+    }
+    /// Its history and candidate tokens (the contextual slots left out).
+    fn weight(&self) -> usize {
+        self.0.iter().map(User::tokens).sum()
     }
     fn pieces(&self, max: usize) -> Box<dyn Iterator<Item = Request> + Send + '_> {
         Box::new(
@@ -204,6 +211,10 @@ impl Servable for HstuModel {
 
     fn prefetch_depth(&self) -> usize {
         0
+    }
+
+    fn max_batch_weight(&self) -> usize {
+        BATCH_TOKENS
     }
 
     fn warm_request(&self, most: usize, seed: u64) -> Request {

@@ -105,6 +105,11 @@ pub trait Items: Send + Sync + Debug + 'static {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// What the items weigh against [`Servable::max_batch_weight`] (an HSTU user: its
+    /// tokens); by default one each.
+    fn weight(&self) -> usize {
+        self.len()
+    }
     /// The items in pieces of at most `max`, in order, each still checked; each piece is made
     /// when it is asked for.
     fn pieces(&self, max: usize) -> Box<dyn Iterator<Item = Request> + Send + '_>;
@@ -143,6 +148,12 @@ pub trait Servable: Send + Sync + Debug + 'static {
 
     /// Batches to prepare ahead of the one running (0: prepare on the running thread).
     fn prefetch_depth(&self) -> usize;
+
+    /// The most [`Items::weight`] a tool merges into one batch, whatever its item count (an
+    /// HSTU batch's tokens bound its activations' memory); by default no bound.
+    fn max_batch_weight(&self) -> usize {
+        usize::MAX
+    }
 
     /// A request of random items (at most `most`) to warm the model with before it serves.
     fn warm_request(&self, most: usize, seed: u64) -> Request;

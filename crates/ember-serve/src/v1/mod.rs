@@ -22,6 +22,16 @@ use ember_model::serving::Request;
 
 pub use json::decode as decode_json;
 
+/// Decodes a JSON body of any model: the family's own form where it has one
+/// ([`ember_model::serving::Servable::check_json`]: an HSTU model's users), else samples of the
+/// bag form ([`decode_json`]).
+pub fn decode_json_any(spec: &ModelSpec, body: &[u8]) -> Result<Request> {
+    match spec.servable().check_json(body) {
+        Some(r) => Ok(r?),
+        None => decode_json(spec, body),
+    }
+}
+
 /// Decodes Criteo TSV lines (`labels`: whether each line starts with the label column).
 pub fn decode_tsv(spec: &ModelSpec, body: &[u8], labels: bool) -> Result<Request> {
     let Some(inputs) = &spec.bags else {
