@@ -1,16 +1,20 @@
 //! Tells the tests which dense kernel families this machine runs: a test of the AMX tiles
-//! (`ember_amx`), of AVX-512 (`ember_avx512`), of AVX512_BF16 (`ember_avx512_bf16`) or of AVX512_VNNI (`ember_avx512_vnni`)
+//! (`ember_amx`), of AVX2 with FMA (`ember_avx2`), of AVX-512 (`ember_avx512`), of AVX512_BF16 (`ember_avx512_bf16`) or of AVX512_VNNI (`ember_avx512_vnni`)
 //! is built as ignored, with the reason in the test summary, where the machine that builds the
 //! tests lacks it, rather than passing without running. The tests run where they are built
 //! (`cargo test`), as every test of this workspace does.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ember_amx)");
+    println!("cargo::rustc-check-cfg=cfg(ember_avx2)");
     println!("cargo::rustc-check-cfg=cfg(ember_avx512)");
     println!("cargo::rustc-check-cfg=cfg(ember_avx512_bf16)");
     println!("cargo::rustc-check-cfg=cfg(ember_avx512_vnni)");
     #[cfg(target_arch = "x86_64")]
     {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            println!("cargo::rustc-cfg=ember_avx2");
+        }
         let avx512 = std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl");

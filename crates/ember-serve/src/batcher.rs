@@ -1,5 +1,6 @@
 //! Dynamic batching: requests wait in a bounded queue; one loop forms batches of up to
-//! `max_batch` samples (closed when full or when the first request has waited `max_delay`),
+//! `max_batch` samples and the model's `Servable::max_batch_weight` (an HSTU batch's tokens:
+//! its activations' memory), closed when full or when the first request has waited `max_delay`,
 //! prepares them and runs them on the model's [`Runner`], then answers each request:
 //!
 //! ```text
@@ -92,6 +93,8 @@ impl Reply {
 
 struct Job {
     samples: Request,
+    /// `samples.weight()`, taken once (the queue reads it under its lock).
+    weight: usize,
     deadline: Option<(Instant, u64)>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Reply>>,
@@ -130,6 +133,11 @@ impl Job {
 impl Weighed for Job {
     fn samples(&self) -> usize {
         self.samples.len()
+    }
+    /// What its items weigh against the model's `Servable::max_batch_weight` (an HSTU user:
+    /// its tokens).
+    fn weight(&self) -> usize {
+        self.weight
     }
 }
 
@@ -316,6 +324,7 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             _pending: counted,
+            weight: samples.weight(),
             samples,
             deadline,
             enqueued: Instant::now(),
@@ -416,7 +425,8 @@ fn run(mut engine: Box<dyn Runner>, cfg: BatchConfig, shared: Shared, rx: Arc<Qu
         name,
         stats,
     } = shared;
-    let batches = std::iter::from_fn(move || form_batch(&rx, &cfg, &queued));
+    let max_weight = model.max_batch_weight();
+    let batches = std::iter::from_fn(move || form_batch(&rx, &cfg, max_weight, &queued));
     let mut outputs = Outputs::default();
     let _ = run_ahead(
         depth,
@@ -438,8 +448,15 @@ fn run(mut engine: Box<dyn Runner>, cfg: BatchConfig, shared: Shared, rx: Arc<Qu
 /// Waits for the next batch: up to `max_batch` samples, closed when full or when its first
 /// request has waited `max_delay` (`queue.rs`). `None` when the batcher is stopping and the
 /// queue is drained.
-fn form_batch(rx: &Queue<Job>, cfg: &BatchConfig, queued: &AtomicUsize) -> Option<Vec<Job>> {
-    let jobs = rx.next_batch(cfg.max_batch, |first| first.enqueued + cfg.max_delay)?;
+fn form_batch(
+    rx: &Queue<Job>,
+    cfg: &BatchConfig,
+    max_weight: usize,
+    queued: &AtomicUsize,
+) -> Option<Vec<Job>> {
+    let jobs = rx.next_batch_within(cfg.max_batch, max_weight, |first| {
+        first.enqueued + cfg.max_delay
+    })?;
     // The batch's requests stop waiting now (one that did not fit still waits).
     let left = queued.fetch_sub(jobs.len(), Ordering::Relaxed) - jobs.len();
     metrics::gauge!(m::QUEUE_DEPTH).set(left as f64);

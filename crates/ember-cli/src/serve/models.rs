@@ -83,8 +83,9 @@ pub(super) fn placement_banner(a: &ServeArgs, s: &ember_serve::Served) -> String
     let tier = model.tier();
     let cache = match tier.is_active() {
         true => format!(
-            "row cache {}",
-            crate::units::human_bytes(tier.cache_rows() as usize)
+            "row cache {} rows ({})",
+            tier.cache_rows(),
+            crate::units::human_bytes(tier.counters().cache_bytes as usize)
         ),
         false => "no row cache".into(),
     };

@@ -181,7 +181,7 @@ fn block(
             _ => {}
         }
     }
-    block_portable::<false, false>(shape, uvqk, s, i0, alpha, out, scratch)
+    block_portable::<false, PORTABLE>(shape, uvqk, s, i0, alpha, out, scratch)
 }
 
 /// [`block_portable`] compiled for AVX-512.
@@ -199,7 +199,7 @@ unsafe fn block_avx512(
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
-    block_portable::<true, true>(shape, uvqk, s, i0, alpha, out, scratch)
+    block_portable::<true, AVX512>(shape, uvqk, s, i0, alpha, out, scratch)
 }
 
 /// [`block_portable`] compiled for AVX2 and FMA.
@@ -217,8 +217,14 @@ unsafe fn block_avx2(
     out: &mut [f32],
     scratch: &mut Vec<f32>,
 ) {
-    block_portable::<true, false>(shape, uvqk, s, i0, alpha, out, scratch)
+    block_portable::<true, AVX2>(shape, uvqk, s, i0, alpha, out, scratch)
 }
+
+/// Which inner loops a block runs ([`block_portable`]'s `VEC`): the portable ones, or those in
+/// AVX2 / FMA (`ymm.rs`) or AVX-512 (`zmm.rs`) intrinsics.
+const PORTABLE: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
 
 /// The block, in portable code (vectorised by the compiler for the caller's target, with fused
 /// multiply-adds where `FMA`): for each head, the block's queries transposed once (`qk` rows of
@@ -227,7 +233,7 @@ unsafe fn block_avx2(
 /// are stored key-major; then for 2 rows at a time their scores times the keys' values, 64
 /// output columns at a time.
 #[inline(always)]
-fn block_portable<const FMA: bool, const AVX512: bool>(
+fn block_portable<const FMA: bool, const VEC: u8>(
     shape: Shape,
     uvqk: &[f32],
     s: Seq,
@@ -269,7 +275,7 @@ fn block_portable<const FMA: bool, const AVX512: bool>(
         }
         for j0 in (0..key_end).step_by(BK) {
             let cols = BK.min(key_end - j0);
-            key_scores::<FMA, AVX512>(
+            key_scores::<FMA, VEC>(
                 &Block {
                     seq,
                     w,
@@ -297,17 +303,19 @@ fn block_portable<const FMA: bool, const AVX512: bool>(
                     .unwrap_or(0);
                 for e0 in (0..hid).step_by(64) {
                     let width = 64.min(hid - e0);
-                    let acc = if width == 64 && AVX512 {
+                    let acc = match (width, VEC) {
+                        // SAFETY: `VEC` is `AVX512` only where the CPU has AVX-512 F.
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: as above.
-                        let acc = unsafe { super::zmm::values_4x64(st, r0, &vb[e0..], hid, hi) };
-                        #[cfg(not(target_arch = "x86_64"))]
-                        let acc = values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi);
-                        acc
-                    } else if width == 64 {
-                        values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi)
-                    } else {
-                        values_4xn(st, r0, n, &vb[e0..], hid, hi, width)
+                        (64, AVX512) => unsafe {
+                            super::zmm::values_4x64(st, r0, &vb[e0..], hid, hi)
+                        },
+                        // SAFETY: `VEC` is `AVX2` only where the CPU has AVX2 and FMA.
+                        #[cfg(target_arch = "x86_64")]
+                        (64, AVX2) => unsafe {
+                            super::ymm::values_4x64(st, r0, &vb[e0..], hid, hi)
+                        },
+                        (64, _) => values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi),
+                        _ => values_4xn(st, r0, n, &vb[e0..], hid, hi, width),
                     };
                     for (x, accx) in acc.iter().enumerate().take(n) {
                         let dst = &mut out[(r0 + x) * o + h * hid + e0..][..width];
@@ -342,7 +350,7 @@ struct Block<'a> {
 /// queries `qt`: their scores, key-major in `st`, after silu, scale and the causal mask.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn key_scores<const FMA: bool, const AVX512: bool>(
+fn key_scores<const FMA: bool, const VEC: u8>(
     b: &Block<'_>,
     st: &mut [f32],
     qt: &[f32],
@@ -364,11 +372,15 @@ fn key_scores<const FMA: bool, const AVX512: bool>(
             let j = j0 + (jg + x).min(cols - 1);
             &seq[j * w + kc..][..qk]
         });
-        let acc = match AVX512 {
-            // SAFETY: `AVX512` is set only by `block_avx512`, which runs where the CPU
-            // has AVX-512 F.
+        let acc = match VEC {
+            // SAFETY: `VEC` is `AVX512` only in `block_avx512`, which runs where the CPU has
+            // AVX-512 F.
             #[cfg(target_arch = "x86_64")]
-            true => unsafe { super::zmm::scores_4x64(&k, qt, qk) },
+            AVX512 => unsafe { super::zmm::scores_4x64(&k, qt, qk) },
+            // SAFETY: `VEC` is `AVX2` only in `block_avx2`, which runs where the CPU has AVX2
+            // and FMA.
+            #[cfg(target_arch = "x86_64")]
+            AVX2 => unsafe { super::ymm::scores_4x64(&k, qt, qk) },
             _ => scores_4x64::<FMA>(&k, qt, qk),
         };
         for (x, accx) in acc.iter().enumerate() {

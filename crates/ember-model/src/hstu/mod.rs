@@ -25,6 +25,7 @@ pub mod plan;
 pub mod presets;
 pub mod request;
 mod weights;
+mod ymm;
 mod zmm;
 
 use std::path::Path;

@@ -68,7 +68,7 @@ pub(super) fn run(
                 Err(_) => break,
             },
         };
-        let Some(jobs) = form_batch(&rx, &cfg, &queued) else {
+        let Some(jobs) = form_batch(&rx, &cfg, model.max_batch_weight(), &queued) else {
             break;
         };
         match prepare(model.as_ref(), jobs, &abandon_at, &stats) {

@@ -32,10 +32,15 @@ enum Wait {
     Samples(usize),
 }
 
-/// What the queue holds: items of some samples each (a batch holds at most `max` samples).
+/// What the queue holds: items of some samples each (a batch holds at most `max` samples), and
+/// of some weight (a batch weighs at most `max_weight`).
 pub(crate) trait Weighed {
     /// Its samples.
     fn samples(&self) -> usize;
+    /// Its weight (by default its samples).
+    fn weight(&self) -> usize {
+        self.samples()
+    }
 }
 
 #[derive(Debug)]
@@ -109,14 +114,27 @@ impl<T: Weighed> Queue<T> {
         self.wake.notify_all();
     }
 
-    /// The next batch: the first item (waiting for one as long as it takes), then the items
-    /// behind it as long as the batch holds at most `max` samples (a larger first item makes a
-    /// batch of its own), waiting for more until `close_at(first)` or until the batch is full.
-    /// An item that does not fit stays first in the queue. `None` once the queue is closed and
-    /// empty.
+    /// [`Queue::next_batch_within`] with no bound on the weight.
+    #[cfg(test)]
     pub(crate) fn next_batch(
         &self,
         max: usize,
+        close_at: impl Fn(&T) -> Instant,
+    ) -> Option<Vec<T>> {
+        self.next_batch_within(max, usize::MAX, close_at)
+    }
+
+    /// The next batch: the first item (waiting for one as long as it takes), then the items
+    /// behind it as long as the batch holds at most `max` samples and weighs at most
+    /// `max_weight` (a larger or heavier first item makes a batch of its own), waiting for more
+    /// until `close_at(first)` or until the batch is full. An item that does not fit stays
+    /// first in the queue. `None` once the queue is closed and empty. (The forming thread is
+    /// woken early only by samples: a batch full by weight closes when the next item arrives
+    /// and does not fit, or at `close_at`.)
+    pub(crate) fn next_batch_within(
+        &self,
+        max: usize,
+        max_weight: usize,
         close_at: impl Fn(&T) -> Instant,
     ) -> Option<Vec<T>> {
         let mut q = self.lock();
@@ -132,22 +150,23 @@ impl<T: Weighed> Queue<T> {
         };
         q.samples -= first.samples();
         let end = close_at(&first);
-        let mut n = first.samples();
+        let (mut n, mut w) = (first.samples(), first.weight());
         let mut batch = vec![first];
         loop {
             while let Some(next) = q.items.front() {
-                let k = next.samples();
-                if n + k > max {
+                let (k, wk) = (next.samples(), next.weight());
+                if n + k > max || w.saturating_add(wk) > max_weight {
                     // The batch is full.
                     q.wait = Wait::No;
                     return Some(batch);
                 }
                 n += k;
+                w += wk;
                 q.samples -= k;
                 batch.extend(q.items.pop_front());
             }
             let now = Instant::now();
-            if n >= max || now >= end || q.closed {
+            if n >= max || w >= max_weight || now >= end || q.closed {
                 q.wait = Wait::No;
                 return Some(batch);
             }
@@ -183,6 +202,50 @@ mod tests {
     }
 
     const LONG: Duration = Duration::from_secs(30);
+
+    /// An item of `.0` samples weighing `.1`.
+    #[derive(Debug, PartialEq)]
+    struct Heavy(usize, usize);
+
+    impl Weighed for Heavy {
+        fn samples(&self) -> usize {
+            self.0
+        }
+        fn weight(&self) -> usize {
+            self.1
+        }
+    }
+
+    #[test]
+    fn batches_stop_at_their_weight_and_a_heavy_first_item_runs_alone() {
+        let q = Queue::new(10);
+        for h in [
+            Heavy(1, 40),
+            Heavy(1, 50),
+            Heavy(1, 20),
+            Heavy(2, 200),
+            Heavy(1, 1),
+        ] {
+            q.push(h).unwrap();
+        }
+        let now = Instant::now();
+        // 40 + 50 fit in 100, + 20 does not: it stays first, though 3 samples fit in 8.
+        let b = q.next_batch_within(8, 100, |_| now + LONG).unwrap();
+        assert_eq!(b, vec![Heavy(1, 40), Heavy(1, 50)]);
+        let b = q.next_batch_within(8, 100, |_| now + LONG).unwrap();
+        assert_eq!(b, vec![Heavy(1, 20)]);
+        // Heavier than the bound alone: a batch of its own, closed at once (full).
+        let b = q.next_batch_within(8, 100, |_| now + LONG).unwrap();
+        assert_eq!(b, vec![Heavy(2, 200)]);
+        // Samples still bound a light batch.
+        for _ in 0..3 {
+            q.push(Heavy(4, 1)).unwrap();
+        }
+        let b = q.next_batch_within(8, 100, |_| now + LONG).unwrap();
+        assert_eq!(b, vec![Heavy(1, 1), Heavy(4, 1)]);
+        let b = q.next_batch_within(8, 100, |_| now + LONG).unwrap();
+        assert_eq!(b, vec![Heavy(4, 1), Heavy(4, 1)]);
+    }
 
     #[test]
     fn batches_take_what_fits_and_leave_the_rest_first() {
