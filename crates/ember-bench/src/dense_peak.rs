@@ -44,17 +44,30 @@ pub enum PeakKind {
     Avx512Vnni,
     /// AVX-512F `vfmadd231ps zmm`: 16 f32 multiply-accumulates.
     Fma32,
+    /// AVX2 / FMA `vfmadd231ps ymm`: 8 f32 multiply-accumulates (the f32 ceiling of a CPU
+    /// without AVX-512: AMD Zen 2 / 3, older Xeons).
+    Fma32Avx2,
 }
 
 impl PeakKind {
     /// Every kind, tiles first.
-    pub const ALL: [PeakKind; 5] = [
+    pub const ALL: [PeakKind; 6] = [
         PeakKind::AmxBf16,
         PeakKind::AmxInt8,
         PeakKind::Avx512Bf16,
         PeakKind::Avx512Vnni,
         PeakKind::Fma32,
+        PeakKind::Fma32Avx2,
     ];
+
+    /// The f32 FMA ceiling of this CPU: on zmm where it has AVX-512F, else on ymm.
+    pub fn fma32() -> PeakKind {
+        #[cfg(target_arch = "x86_64")]
+        if !std::is_x86_feature_detected!("avx512f") {
+            return PeakKind::Fma32Avx2;
+        }
+        PeakKind::Fma32
+    }
 
     /// Short lower-case name (`amx-bf16`, `amx-int8`, `avx512-bf16`, `avx512-vnni`, `fma32`).
     pub fn name(self) -> &'static str {
@@ -64,6 +77,7 @@ impl PeakKind {
             PeakKind::Avx512Bf16 => "avx512-bf16",
             PeakKind::Avx512Vnni => "avx512-vnni",
             PeakKind::Fma32 => "fma32",
+            PeakKind::Fma32Avx2 => "fma32-avx2",
         }
     }
 
@@ -75,6 +89,7 @@ impl PeakKind {
             PeakKind::Avx512Bf16 => "vdpbf16ps zmm",
             PeakKind::Avx512Vnni => "vpdpbusd zmm",
             PeakKind::Fma32 => "vfmadd231ps zmm",
+            PeakKind::Fma32Avx2 => "vfmadd231ps ymm",
         }
     }
 
@@ -86,6 +101,7 @@ impl PeakKind {
             PeakKind::Avx512Bf16 => 16 * 2,
             PeakKind::Avx512Vnni => 16 * 4,
             PeakKind::Fma32 => 16,
+            PeakKind::Fma32Avx2 => 8,
         }
     }
 
@@ -289,6 +305,8 @@ pub fn table(results: &[PeakResult]) -> String {
 #[derive(Debug, Clone)]
 struct Features {
     avx512f: bool,
+    /// AVX2 and FMA.
+    avx2: bool,
     avx512bf16: bool,
     avx512vnni: bool,
     /// `Err(why)` when AMX tiles cannot run (no AMX, or Linux refused the permission).
@@ -308,6 +326,7 @@ impl Features {
         };
         Features {
             avx512f: std::is_x86_feature_detected!("avx512f"),
+            avx2: std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
             avx512bf16: std::is_x86_feature_detected!("avx512bf16"),
             avx512vnni: std::is_x86_feature_detected!("avx512vnni"),
             amx,
@@ -324,6 +343,7 @@ impl Features {
     fn none(why: &str) -> Features {
         Features {
             avx512f: false,
+            avx2: false,
             avx512bf16: false,
             avx512vnni: false,
             amx: Err(why.to_string()),
@@ -347,6 +367,7 @@ impl Features {
                 need(self.avx512f, "AVX-512F").and(need(self.avx512vnni, "AVX512_VNNI"))
             }
             PeakKind::Fma32 => need(self.avx512f, "AVX-512F"),
+            PeakKind::Fma32Avx2 => need(self.avx2, "AVX2 / FMA"),
         }
     }
 }
@@ -494,6 +515,7 @@ mod tests {
             ..none
         };
         assert!(f.check(PeakKind::Fma32).is_ok());
+        assert!(f.check(PeakKind::Fma32Avx2).unwrap_err().contains("AVX2"));
         assert!(
             f.check(PeakKind::Avx512Bf16)
                 .unwrap_err()
@@ -513,6 +535,7 @@ mod tests {
         assert_eq!(PeakKind::Avx512Bf16.ops_per_instruction(), 64);
         assert_eq!(PeakKind::Avx512Vnni.ops_per_instruction(), 128);
         assert_eq!(PeakKind::Fma32.ops_per_instruction(), 32);
+        assert_eq!(PeakKind::Fma32Avx2.ops_per_instruction(), 16);
         let p = Peak {
             kind: PeakKind::AmxBf16,
             threads: 2,

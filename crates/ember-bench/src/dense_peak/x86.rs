@@ -18,7 +18,7 @@ pub(super) fn instructions_per_chunk(kind: PeakKind) -> u64 {
     match kind {
         PeakKind::AmxBf16 | PeakKind::AmxInt8 => 4 * AMX_ITERS,
         PeakKind::Avx512Bf16 => AVX_ACC_BF16 * AVX_ITERS,
-        PeakKind::Avx512Vnni | PeakKind::Fma32 => AVX_ACC * AVX_ITERS,
+        PeakKind::Avx512Vnni | PeakKind::Fma32 | PeakKind::Fma32Avx2 => AVX_ACC * AVX_ITERS,
     }
 }
 
@@ -40,6 +40,8 @@ pub(super) unsafe fn chunk(kind: PeakKind) {
             PeakKind::Avx512Vnni => vpdpbusd(AVX_ITERS, 0x5a3c_7f11, 0x1b2d_4e63),
             // 1e-3 (f32) times 1e-3: sums grow slowly, stay normal and finite.
             PeakKind::Fma32 => vfmadd231ps(AVX_ITERS, 0x3a83_126f, 0x3a83_126f),
+            // As `Fma32`, on ymm.
+            PeakKind::Fma32Avx2 => vfmadd231ps_ymm(AVX_ITERS, 0x3a83_126f, 0x3a83_126f),
         }
     }
 }
@@ -176,6 +178,45 @@ avx_loop!(
     "vfmadd231ps",
     "0,1,2,3,4,5,6,7,8,9,10,11,12,13"
 );
+
+/// `vfmadd231ps ymm_acc, ymm14, ymm15` on the 14 independent accumulators ymm0-13 (zeroed
+/// first), ymm14 / ymm15 broadcast from `a` and `b`; `vzeroupper` at the end. Zen 3 runs two
+/// FMAs a cycle of latency 4: eight or more accumulators keep both pipes busy.
+///
+/// # Safety
+///
+/// AVX2 and FMA are present.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn vfmadd231ps_ymm(iters: u64, a: u32, b: u32) {
+    // SAFETY: the caller guarantees the instructions; the block touches only the registers it
+    // names (ymm0-15 declared clobbered) and no memory.
+    unsafe {
+        asm!(
+            "vmovd xmm14, {a:e}",
+            "vbroadcastss ymm14, xmm14",
+            "vmovd xmm15, {b:e}",
+            "vbroadcastss ymm15, xmm15",
+            ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13",
+            "vxorps ymm\\r, ymm\\r, ymm\\r",
+            ".endr",
+            "2:",
+            ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13",
+            "vfmadd231ps ymm\\r, ymm14, ymm15",
+            ".endr",
+            "dec {n}",
+            "jnz 2b",
+            "vzeroupper",
+            a = in(reg) a,
+            b = in(reg) b,
+            n = inout(reg) iters => _,
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+            out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+            out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+            out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+            options(nostack, nomem),
+        );
+    }
+}
 
 /// `iters` x 8 dependent `imul r64, r64` (3 cycles each on every Intel and AMD core since
 /// 2008), for the clock estimate.

@@ -17,7 +17,7 @@ pub fn peak_kind(dtype: DenseDType, isa: Option<DenseIsa>) -> PeakKind {
             PeakKind::Avx512Bf16
         }
         (DenseDType::Int8, Some(DenseIsa::Avx512)) => PeakKind::Avx512Vnni,
-        _ => PeakKind::Fma32,
+        _ => PeakKind::fma32(),
     }
 }
 

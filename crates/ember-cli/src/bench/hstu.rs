@@ -189,12 +189,12 @@ fn layer_flops(model: &HstuModel, u: &User) -> (f64, f64) {
 /// The instruction the dense layers run on and its peak with `threads` threads.
 fn ceiling(dtype: DenseDType, threads: usize) -> (PeakKind, Option<f64>) {
     let kind = match (dtype, DenseIsa::selected(dtype)) {
-        (DenseDType::F32, _) => PeakKind::Fma32,
+        (DenseDType::F32, _) => PeakKind::fma32(),
         (_, Ok(DenseIsa::Amx)) => PeakKind::AmxBf16,
         (_, Ok(DenseIsa::Avx512)) if std::arch::is_x86_feature_detected!("avx512bf16") => {
             PeakKind::Avx512Bf16
         }
-        _ => PeakKind::Fma32,
+        _ => PeakKind::fma32(),
     };
     let peak = measure_threads(kind, threads, Duration::from_millis(300))
         .ok()

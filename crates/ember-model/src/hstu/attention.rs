@@ -25,6 +25,8 @@
 
 use rayon::prelude::*;
 
+#[cfg(test)]
+use super::layers::exp_fast;
 use super::layers::silu;
 
 /// Query rows per block.
@@ -303,20 +305,7 @@ fn block_portable<const FMA: bool, const VEC: u8>(
                     .unwrap_or(0);
                 for e0 in (0..hid).step_by(64) {
                     let width = 64.min(hid - e0);
-                    let acc = match (width, VEC) {
-                        // SAFETY: `VEC` is `AVX512` only where the CPU has AVX-512 F.
-                        #[cfg(target_arch = "x86_64")]
-                        (64, AVX512) => unsafe {
-                            super::zmm::values_4x64(st, r0, &vb[e0..], hid, hi)
-                        },
-                        // SAFETY: `VEC` is `AVX2` only where the CPU has AVX2 and FMA.
-                        #[cfg(target_arch = "x86_64")]
-                        (64, AVX2) => unsafe {
-                            super::ymm::values_4x64(st, r0, &vb[e0..], hid, hi)
-                        },
-                        (64, _) => values_4x64::<FMA>(st, r0, &vb[e0..], hid, hi),
-                        _ => values_4xn(st, r0, n, &vb[e0..], hid, hi, width),
-                    };
+                    let acc = row_values::<FMA, VEC>(st, r0, n, &vb[e0..], hid, hi, width);
                     for (x, accx) in acc.iter().enumerate().take(n) {
                         let dst = &mut out[(r0 + x) * o + h * hid + e0..][..width];
                         dst.iter_mut().zip(accx).for_each(|(d, a)| *d += a);
@@ -390,7 +379,7 @@ fn key_scores<const FMA: bool, const VEC: u8>(
             }
             let dst: &mut [f32; BQ] = (&mut st[j * BQ..(j + 1) * BQ]).try_into().expect("BQ rows");
             for r in 0..BQ {
-                dst[r] = silu_fast(alpha * accx[r]) * inv;
+                dst[r] = silu(alpha * accx[r]) * inv;
             }
             // History rows before this key do not see it.
             let hidden = (j0 + j)
@@ -399,6 +388,31 @@ fn key_scores<const FMA: bool, const VEC: u8>(
                 .min(BQ);
             dst[..hidden].fill(0.0);
         }
+    }
+}
+
+/// Rows `r0 .. r0 + n` (at most 4) of the scores `st` times the values of `hi` keys, `width`
+/// of them at `v[j * stride ..]`: on the inner loops `VEC` names where `width` is 64.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn row_values<const FMA: bool, const VEC: u8>(
+    st: &[f32],
+    r0: usize,
+    n: usize,
+    v: &[f32],
+    stride: usize,
+    hi: usize,
+    width: usize,
+) -> [[f32; 64]; 4] {
+    match (width, VEC) {
+        // SAFETY: `VEC` is `AVX512` only in `block_avx512`, where the CPU has AVX-512 F.
+        #[cfg(target_arch = "x86_64")]
+        (64, AVX512) => unsafe { super::zmm::values_4x64(st, r0, v, stride, hi) },
+        // SAFETY: `VEC` is `AVX2` only in `block_avx2`, where the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        (64, AVX2) => unsafe { super::ymm::values_4x64(st, r0, v, stride, hi) },
+        (64, _) => values_4x64::<FMA>(st, r0, v, stride, hi),
+        _ => values_4xn(st, r0, n, v, stride, hi, width),
     }
 }
 
@@ -488,38 +502,6 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
 }
 
-/// `x * sigmoid(x)` with [`exp_fast`]: the kernel's silu, vectorised with its loop.
-#[inline(always)]
-pub fn silu_fast(x: f32) -> f32 {
-    x / (1.0 + exp_fast(-x))
-}
-
-/// `e^x` in f32 within 2 ulp (Cephes' `expf`: `x = n ln 2 + r`, a degree-6 polynomial in `r`,
-/// times `2^n` built in the exponent bits), branch-free and free of float-to-int conversions so
-/// that it vectorises: `n` is rounded by adding 1.5 x 2^23, which leaves it in the low mantissa
-/// bits. Clamped to the finite range (`e^-87.3` to `e^88.3`).
-#[inline(always)]
-pub fn exp_fast(x: f32) -> f32 {
-    const SHIFTER: f32 = 12_582_912.0; // 1.5 * 2^23
-    let x = x.clamp(-87.3, 88.3);
-    let t = x * std::f32::consts::LOG2_E + SHIFTER;
-    let n = t - SHIFTER;
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let y = p * r * r + r + 1.0;
-    let bits = t
-        .to_bits()
-        .wrapping_sub(SHIFTER.to_bits())
-        .wrapping_add(127)
-        << 23;
-    y * f32::from_bits(bits)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -601,7 +583,7 @@ mod tests {
         }
         assert!(worst < 2.5e-7, "{worst}");
         assert!(exp_fast(-1e4) >= 0.0 && exp_fast(1e4).is_finite());
-        assert!((silu_fast(-100.0)).abs() < 1e-30 && (silu_fast(30.0) - 30.0).abs() < 1e-5);
+        assert!((silu(-100.0)).abs() < 1e-30 && (silu(30.0) - 30.0).abs() < 1e-5);
     }
 
     #[test]
