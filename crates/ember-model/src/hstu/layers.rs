@@ -5,10 +5,11 @@
 
 use faer::Par;
 
-use crate::dense::DenseDType;
 use crate::dense::driver::Kernels;
+use crate::dense::{DenseDType, DenseIsa, from_bf16, to_bf16};
 use crate::lowp::{self, Input, LowpScratch};
 use crate::mlp::Linear;
+use std::collections::HashMap;
 
 /// `torch.nn.functional.layer_norm` over the last dim, with weight and bias.
 #[derive(Debug, Clone)]
@@ -192,6 +193,9 @@ pub struct DenseCtx {
     gather: Vec<f32>,
     /// A [`SwishMlp`]'s hidden rows.
     hidden: Vec<f32>,
+    /// Per layer (by address: the predictor's model outlives this context), its weights rounded
+    /// to bf16 and held as f32: the bf16 layers on a CPU without a bf16 unit ([`Self::linear`]).
+    rounded: HashMap<usize, Linear>,
 }
 
 impl DenseCtx {
@@ -207,6 +211,7 @@ impl DenseCtx {
             threads,
             gather: Vec::new(),
             hidden: Vec::new(),
+            rounded: HashMap::new(),
         })
     }
 
@@ -223,6 +228,12 @@ impl DenseCtx {
     }
 
     /// `y = x W^T + b` for `m` rows of `x` at stride `ldx` (`y` is `[m, out]`, dense).
+    ///
+    /// bf16 on a CPU without a bf16 unit (the emulated kernels): the rows and the weights are
+    /// rounded to bf16 and multiplied by the f32 GEMM. A product of two bf16 values is exact in
+    /// f32, so this computes the emulation's products, and its f32 sums in the GEMM's order
+    /// (as the hardware kernels' order differs from the emulation's); the emulation's own loops
+    /// ran the projections at a fifth of the f32 GEMM's speed on an AMD EPYC (Zen 3).
     pub fn linear(&mut self, l: &Linear, x: &[f32], ldx: usize, m: usize, y: &mut [f32]) {
         let (k, n) = (l.in_dim(), l.out_dim());
         debug_assert!(ldx >= k && y.len() >= m * n);
@@ -242,6 +253,24 @@ impl DenseCtx {
                     }
                     l.forward(&self.gather, m, &mut y[..m * n], par);
                 }
+            }
+            (DenseDType::Bf16, Some(kern)) if kern.isa() == DenseIsa::Emulated => {
+                let par = self.par();
+                let Self {
+                    rounded, gather, ..
+                } = self;
+                let w = rounded
+                    .entry(l as *const Linear as usize)
+                    .or_insert_with(|| {
+                        let w = l.weight().iter().map(|&v| from_bf16(to_bf16(v))).collect();
+                        Linear::new(k, n, w, l.bias().to_vec(), l.relu())
+                    });
+                gather.clear();
+                for r in 0..m {
+                    let row = &x[r * ldx..r * ldx + k];
+                    gather.extend(row.iter().map(|&v| from_bf16(to_bf16(v))));
+                }
+                w.forward(gather, m, &mut y[..m * n], par);
             }
             (_, Some(kern)) => {
                 let kern = *kern;
@@ -263,6 +292,43 @@ impl DenseCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bf16 layer, on whichever kernels this CPU runs (the f32 GEMM over bf16-rounded values
+    /// where it has no bf16 unit), gives the sums of the bf16-rounded products, to f32 rounding:
+    /// odd dims, a strided input, one row and several, repeated (the rounded weights cached).
+    #[test]
+    fn a_bf16_layer_sums_the_bf16_products() {
+        let round = |v: f32| from_bf16(to_bf16(v)) as f64;
+        for (k, n, m, ldx, relu) in [
+            (37, 29, 5, 40, false),
+            (64, 16, 1, 64, true),
+            (3, 5, 9, 7, false),
+        ] {
+            let w = crate::random::normal_vec(k * n, 1.0, 3);
+            let b = crate::random::normal_vec(n, 1.0, 4);
+            let x = crate::random::normal_vec(m * ldx, 1.0, 5);
+            let l = Linear::new(k, n, w.clone(), b.clone(), relu);
+            l.prepare(DenseDType::Bf16);
+            let mut d = DenseCtx::new(DenseDType::Bf16, 2).unwrap();
+            for _ in 0..2 {
+                let mut y = vec![f32::NAN; m * n];
+                d.linear(&l, &x, ldx, m, &mut y);
+                for r in 0..m {
+                    for o in 0..n {
+                        let terms = (0..k).map(|i| round(x[r * ldx + i]) * round(w[o * k + i]));
+                        let (sum, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                        let want = sum + b[o] as f64;
+                        let want = if relu { want.max(0.0) } else { want };
+                        let got = y[r * n + o] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + size),
+                            "{k}x{n} row {r} out {o}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn layer_norm_matches_its_definition_in_f64() {
