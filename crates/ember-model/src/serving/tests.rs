@@ -97,6 +97,9 @@ fn an_hstu_request_through_the_seam_scores_as_the_predictor_does() {
     let users = m.random_users(3, 17, 4, 9);
     let req = s.check(columns(&sig, &users)).unwrap();
     assert_eq!(req.len(), 3);
+    // A user weighs its history items and candidates (17 + 4), against a bound in tokens.
+    assert_eq!(req.weight(), 3 * (17 + 4));
+    assert_eq!(s.max_batch_weight(), super::hstu::BATCH_TOKENS);
     // The same users as JSON lines.
     let lines: Vec<String> = users
         .iter()
@@ -148,6 +151,8 @@ fn a_dlrm_request_through_the_seam_scores_as_the_predictor_does() {
     );
     let w = s.warm_request(5, 3);
     assert_eq!(w.len(), 5);
+    // A sample weighs one, with no bound beside the item count.
+    assert_eq!((w.weight(), s.max_batch_weight()), (5, usize::MAX));
     let samples = w.as_any().downcast_ref::<crate::Samples>().unwrap().clone();
     let mut runner = s.clone().cpu_runner(1).unwrap();
     let mut out = Outputs::default();
