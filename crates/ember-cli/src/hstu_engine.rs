@@ -127,9 +127,9 @@ impl Runner for HstuEngine {
     /// A batch from the model's [`Servable::prepare`]; on a GPU its tables are in HBM, so a
     /// batch with tier rows staged (tables on the SSD or remote tier) is refused.
     fn run(&mut self, batch: &Batched, out: &mut Outputs) -> ember_model::Result<Times> {
-        let (users, staged, staging) = ember_model::serving::staged_users(batch)?;
-        let (scores, mut t) = match &mut self.pass {
-            Pass::Cpu(p) => p.run_staged(users, staged)?,
+        let pass = &mut self.pass;
+        ember_model::serving::run_staged_users(batch, out, |users, staged| match pass {
+            Pass::Cpu(p) => p.run_staged(users, staged),
             #[cfg(feature = "cuda")]
             Pass::Gpu(p) => {
                 if staged.is_some() {
@@ -139,13 +139,9 @@ impl Runner for HstuEngine {
                     });
                 }
                 let device = format!("cuda ({})", p.gpu_model().gpu().info().name);
-                p.run(users).map_err(|e| e.into_model(device))?
+                p.run(users).map_err(|e| e.into_model(device))
             }
-        };
-        t.lookups += staging;
-        t.wall += staging;
-        ember_model::serving::write_hstu_outputs(scores, out);
-        Ok(ember_model::serving::hstu_times(&t))
+        })
     }
 
     fn device(&self) -> String {

@@ -152,13 +152,6 @@ impl Scored {
     }
 }
 
-/// Whether the model gives one value per item (a DLRM score): its outputs are then written one
-/// a line, and kept for the AUC.
-fn one_value(model: &dyn Servable) -> bool {
-    let sig = model.signature();
-    sig.offsets.is_none() && sig.outputs.len() == 1
-}
-
 pub fn run(a: PredictArgs) -> Result<()> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
@@ -279,8 +272,7 @@ fn run_batch(
     sig: &ember_model::serving::Signature,
 ) -> Result<()> {
     let t = runner.run(batch, outputs)?;
-    let one = sig.offsets.is_none() && sig.outputs.len() == 1;
-    scored.add(outputs, &t, one);
+    scored.add(outputs, &t, sig.one_value_per_item());
     if let Some(w) = out {
         jsonl::write_outputs(w, outputs, sig)?;
     }

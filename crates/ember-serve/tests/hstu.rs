@@ -351,37 +351,8 @@ async fn hstu_users_are_scored_over_grpc() {
         .collect();
     let want = alone(&m, &users);
     for raw in [false, true] {
-        let ts = tensors(&m, &users);
-        let inputs = ts
-            .iter()
-            .map(|(name, v)| InferInputTensor {
-                name: name.clone(),
-                datatype: "INT64".into(),
-                shape: vec![v.len() as i64],
-                parameters: HashMap::new(),
-                contents: (!raw).then(|| InferTensorContents {
-                    int64_contents: v.clone(),
-                    ..Default::default()
-                }),
-            })
-            .collect();
-        let raw_input_contents = match raw {
-            true => ts
-                .iter()
-                .map(|(_, v)| raw_bytes(v, i64::to_le_bytes))
-                .collect(),
-            false => vec![],
-        };
-        let r = c
-            .model_infer(pb::ModelInferRequest {
-                model_name: "hstu".into(),
-                inputs,
-                raw_input_contents,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let request = infer_request(&tensors(&m, &users), raw);
+        let r = c.model_infer(request).await.unwrap().into_inner();
         let mut by_name = HashMap::new();
         for (o, bytes) in r.outputs.iter().zip(&r.raw_output_contents) {
             let vals: Vec<f64> = match o.datatype.as_str() {
@@ -401,26 +372,8 @@ async fn hstu_users_are_scored_over_grpc() {
     }
     // A user over the model's maximum of candidates: refused, naming it.
     let too_many = m.random_users(1, 10, m.config().hstu.max_num_candidates_inference + 1, 3);
-    let ts = tensors(&m, &too_many);
-    let inputs = ts
-        .iter()
-        .map(|(name, v)| InferInputTensor {
-            name: name.clone(),
-            datatype: "INT64".into(),
-            shape: vec![v.len() as i64],
-            parameters: HashMap::new(),
-            contents: Some(InferTensorContents {
-                int64_contents: v.clone(),
-                ..Default::default()
-            }),
-        })
-        .collect();
     let e = c
-        .model_infer(pb::ModelInferRequest {
-            model_name: "hstu".into(),
-            inputs,
-            ..Default::default()
-        })
+        .model_infer(infer_request(&tensors(&m, &too_many), false))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
@@ -514,4 +467,35 @@ async fn a_repository_serves_both_families_side_by_side() {
     }
     server.shutdown().await.unwrap();
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A gRPC request of the model `hstu` with these INT64 inputs, in the typed contents or, with
+/// `raw`, in `raw_input_contents`.
+fn infer_request(ts: &[(String, Vec<i64>)], raw: bool) -> pb::ModelInferRequest {
+    let inputs = ts
+        .iter()
+        .map(|(name, v)| InferInputTensor {
+            name: name.clone(),
+            datatype: "INT64".into(),
+            shape: vec![v.len() as i64],
+            parameters: HashMap::new(),
+            contents: (!raw).then(|| InferTensorContents {
+                int64_contents: v.clone(),
+                ..Default::default()
+            }),
+        })
+        .collect();
+    let raw_input_contents = match raw {
+        true => ts
+            .iter()
+            .map(|(_, v)| raw_bytes(v, i64::to_le_bytes))
+            .collect(),
+        false => vec![],
+    };
+    pb::ModelInferRequest {
+        model_name: "hstu".into(),
+        inputs,
+        raw_input_contents,
+        ..Default::default()
+    }
 }

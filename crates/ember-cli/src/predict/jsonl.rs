@@ -18,7 +18,7 @@ use ember_model::serving::{Items, Outputs, Request, Runner, Servable, Signature}
 use ember_serve::ModelSpec;
 use serde_json::json;
 
-use super::{PredictArgs, Scored, one_value, open_data, open_out, run_batch};
+use super::{PredictArgs, Scored, open_data, open_out, run_batch};
 
 /// Scores the JSON lines of `data` with `runner`'s model (see the module documentation).
 pub(super) fn score(
@@ -31,7 +31,7 @@ pub(super) fn score(
     let model = spec.servable().clone();
     let item = spec.signature.item;
     let budget = model.max_batch_weight();
-    let mut b = Batcher {
+    let mut b = Pending {
         pending: Vec::with_capacity(a.batch.min(4096)),
         weight: 0,
         outputs: Outputs::default(),
@@ -75,7 +75,7 @@ pub(super) fn score(
     if labelled > 0 && unlabelled > 0 {
         bail!("{labelled} lines have a 'label' and {unlabelled} do not: all or none");
     }
-    if labelled > 0 && !one_value(&*model) {
+    if labelled > 0 && !spec.signature.one_value_per_item() {
         bail!("a 'label' is one number per {item}, for a model that gives one score per {item}");
     }
     let mut scored = b.scored;
@@ -87,7 +87,7 @@ pub(super) fn score(
 }
 
 /// Items read and not yet scored, and what scoring gave so far.
-struct Batcher {
+struct Pending {
     pending: Vec<Request>,
     /// Their [`Items::weight`].
     weight: usize,
@@ -96,7 +96,7 @@ struct Batcher {
     scored: Scored,
 }
 
-impl Batcher {
+impl Pending {
     /// Scores the pending items as one batch.
     fn flush(
         &mut self,
@@ -142,7 +142,7 @@ fn split_label(line: &str) -> Result<(std::borrow::Cow<'_, str>, Option<f32>)> {
 /// Writes each item of `o`, one line each: its value where the model gives one value per item
 /// (a score), else `{"scores": {output: value or [its values]}}`.
 pub(super) fn write_outputs(w: &mut dyn Write, o: &Outputs, sig: &Signature) -> Result<()> {
-    if sig.offsets.is_none() && sig.outputs.len() == 1 {
+    if sig.one_value_per_item() {
         for s in o.scores() {
             writeln!(w, "{s}")?;
         }

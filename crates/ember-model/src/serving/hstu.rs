@@ -391,12 +391,8 @@ impl Runner for HstuRunner {
     }
 
     fn run(&mut self, batch: &Batched, out: &mut Outputs) -> Result<Times> {
-        let (users, staged, staging) = staged_users(batch)?;
-        let (scores, mut t) = self.predictor.run_staged(users, staged)?;
-        t.lookups += staging;
-        t.wall += staging;
-        write_outputs(scores, out);
-        Ok(times(&t))
+        let p = &mut self.predictor;
+        run_staged_users(batch, out, |users, staged| p.run_staged(users, staged))
     }
 
     fn device(&self) -> String {
@@ -404,27 +400,32 @@ impl Runner for HstuRunner {
     }
 }
 
-/// The users of a batch this family's [`Servable::prepare`] made, its staged tier rows, and
-/// the time their staging took: for a runner of the family built outside this crate (a GPU's).
-pub fn staged_users(batch: &Batched) -> Result<(&HstuBatch, Option<&StagedBatch>, Duration)> {
+/// Runs a batch this family's [`Servable::prepare`] made with `pass` (its users and their
+/// staged tier rows in, scores and times out), writing `out`: the one step of every HSTU
+/// runner, this crate's and those built outside it (a GPU's). The staging's time counts as
+/// lookups.
+pub fn run_staged_users(
+    batch: &Batched,
+    out: &mut Outputs,
+    pass: impl FnOnce(&HstuBatch, Option<&StagedBatch>) -> Result<(HstuScores, HstuTimes)>,
+) -> Result<Times> {
     let p = batch
         .downcast_ref::<Prepared>()
         .ok_or_else(|| ModelError::Input("a batch of another model's family".into()))?;
-    Ok((&p.batch, p.staged.as_ref(), p.staging))
-}
-
-/// A forward pass's scores as the seam's outputs: one run per task, `counts` per user.
-pub fn write_outputs(scores: HstuScores, out: &mut Outputs) {
+    let (scores, mut t) = pass(&p.batch, p.staged.as_ref())?;
+    t.lookups += p.staging;
+    t.wall += p.staging;
     out.reset(scores.tasks.len());
     for (o, s) in out.values.iter_mut().zip(scores.scores) {
         *o = s;
     }
     out.counts
         .extend(scores.offsets.windows(2).map(|w| (w[1] - w[0]) as u32));
+    Ok(times(&t))
 }
 
 /// [`HstuTimes`] as the seam's [`Times`].
-pub fn times(t: &HstuTimes) -> Times {
+fn times(t: &HstuTimes) -> Times {
     Times {
         wall: t.wall,
         embedding: t.lookups,

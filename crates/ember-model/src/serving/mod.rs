@@ -21,9 +21,7 @@ mod dlrm;
 mod hstu;
 
 pub use dlrm::{EngineRunner, into_samples};
-pub use hstu::{
-    HstuRunner, staged_users, times as hstu_times, write_outputs as write_hstu_outputs,
-};
+pub use hstu::{HstuRunner, run_staged_users};
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -78,6 +76,11 @@ pub struct Signature {
 }
 
 impl Signature {
+    /// Whether each item gets one value of one output (a DLRM score), not runs of them.
+    pub fn one_value_per_item(&self) -> bool {
+        self.offsets.is_none() && self.outputs.len() == 1
+    }
+
     /// An empty value column with room for `capacity`, as [`Servable::check`] takes it.
     pub fn new_values(&self, capacity: usize) -> Ids {
         Ids::with_capacity(self.narrow_values, capacity)
