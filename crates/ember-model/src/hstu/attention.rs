@@ -130,6 +130,29 @@ pub fn attention(
     out: &mut [f32],
     threads: usize,
 ) {
+    attention_of(shape, uvqk, seqs, alpha, out, threads, Queries::All)
+}
+
+/// Which rows' attention a pass needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queries {
+    /// Every token's.
+    All,
+    /// The candidates' only (the last layer: nothing reads another row of its output); the
+    /// other rows of `out` are left as they were.
+    Candidates,
+}
+
+/// [`attention`] for the rows `queries` names.
+pub fn attention_of(
+    shape: Shape,
+    uvqk: &[f32],
+    seqs: &[Seq],
+    alpha: f32,
+    out: &mut [f32],
+    threads: usize,
+    queries: Queries,
+) {
     let o = shape.out_row();
     // Units: (sequence, query block), each owning its rows of `out`. Sequences are in row order
     // and contiguous from row 0 (the batch's layout), so the output splits in that order.
@@ -138,7 +161,12 @@ pub fn attention(
     let mut row = 0;
     for s in seqs {
         assert_eq!(s.start, row, "sequences are contiguous from row 0");
-        for i0 in (0..s.len).step_by(BQ) {
+        let first = match queries {
+            Queries::All => 0,
+            Queries::Candidates => s.history(),
+        };
+        rest = std::mem::take(&mut rest).split_at_mut(first * o).1;
+        for i0 in (first..s.len).step_by(BQ) {
             let rows = BQ.min(s.len - i0);
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(rows * o);
             units.push((*s, i0, mine));
@@ -535,6 +563,28 @@ mod tests {
                 (g - w).abs() <= 1e-5 * w.abs().max(0.05),
                 "{shape:?} {lens:?} at {i}: {g} vs {w}"
             );
+        }
+        // The candidates' rows only: the same values there, every other row untouched.
+        let o = shape.out_row();
+        let mut cand = vec![f32::NAN; total * o];
+        let threads = 2 - seed as usize % 2;
+        attention_of(
+            shape,
+            &uvqk,
+            &seqs,
+            alpha,
+            &mut cand,
+            threads,
+            Queries::Candidates,
+        );
+        for s in &seqs {
+            for i in s.start..s.start + s.len {
+                let (c, g) = (&cand[i * o..(i + 1) * o], &got[i * o..(i + 1) * o]);
+                match i >= s.start + s.history() {
+                    true => assert_eq!(c, g, "{shape:?} {lens:?} row {i}"),
+                    false => assert!(c.iter().all(|v| v.is_nan()), "{lens:?} row {i}"),
+                }
+            }
         }
     }
 

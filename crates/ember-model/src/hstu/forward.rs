@@ -12,7 +12,8 @@
 //!    feature's minimum);
 //! 3. encodings (`HSTUPositionalEncoder`): `x * sqrt(D) + (time[bucket] + position[p])`;
 //! 4. STU layers: `u, v, q, k = split(layer_norm(x) @ W_uvqk + b)`, `u = silu(u)`, the
-//!    attention of [`super::attention`], then `x += [u | a | u * norm(a)] @ W_out`;
+//!    attention of [`super::attention`], then `x += [u | a | u * norm(a)] @ W_out`; the last
+//!    layer carries only the candidates' rows past its projection (all a later step reads);
 //! 5. the candidates' rows, the postprocessor (time of day and week, linear, layer norm), times
 //!    the item MLP of the candidates' item rows, into the head; a sigmoid per binary task
 //!    ([`super::head`]).
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use ember_embed::{Dedup, PoolOptions, Pooler, Pooling, StagedBatch};
 
 use super::HstuModel;
-use super::attention::{self, Seq, Shape};
+use super::attention::{self, Queries, Seq, Shape};
 use super::config::AttentionNorm;
 pub use super::head::HstuScores;
 use super::head::{HeadScratch, head};
@@ -213,8 +214,13 @@ fn forward(
     encodings(model, s, batch);
     times.preprocess = t.elapsed();
     let seqs = plan::sequences(batch, norm);
-    for l in 0..model.weights.layers.len() {
-        stu_layer(model, l, dense, s, &seqs, &mut times);
+    let layers = model.weights.layers.len();
+    for l in 0..layers {
+        let queries = match l + 1 == layers {
+            true => Queries::Candidates,
+            false => Queries::All,
+        };
+        stu_layer(model, l, dense, s, &seqs, queries, &mut times);
     }
     let t = Instant::now();
     let scores = head(model, dense, &s.x, &s.emb, batch, &mut s.head);
@@ -315,13 +321,17 @@ fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
     });
 }
 
-/// Step 4, layer `l`.
+/// Step 4, layer `l`. In the last layer (`queries` [`Queries::Candidates`]) only the
+/// candidates' rows are carried past the projection: the head reads no other row, so their
+/// attention, gate and output projection are skipped (every token's keys and values are still
+/// computed, the candidates attend to them); the other rows of `x` are left stale.
 fn stu_layer(
     model: &HstuModel,
     l: usize,
     dense: &mut DenseCtx,
     s: &mut Scratch,
     seqs: &[Seq],
+    queries: Queries,
     times: &mut HstuTimes,
 ) {
     let h = &model.config.hstu;
@@ -335,6 +345,17 @@ fn stu_layer(
     };
     let (w, n) = (shape.row(), shape.out_row());
     let th = dense.threads();
+    // The rows carried on: every token, or the candidates' rows in token order.
+    let rows: Vec<usize> = match queries {
+        Queries::All => Vec::new(),
+        Queries::Candidates => seqs
+            .iter()
+            .flat_map(|q| q.start + q.history()..q.start + q.len)
+            .collect(),
+    };
+    let all = queries == Queries::All;
+    let carried = if all { tokens } else { rows.len() };
+    let row_of = |k: usize| if all { k } else { rows[k] };
     let t = Instant::now();
     s.xn.resize(tokens * d, 0.0);
     let x = &s.x;
@@ -347,24 +368,22 @@ fn stu_layer(
     dense.linear(&layer.uvqk, &s.xn, d, tokens, &mut s.uvqk);
     times.projections += t.elapsed();
     let t = Instant::now();
-    for_rows(th, &mut s.uvqk, w, |_, row| {
-        row[..n].iter_mut().for_each(|v| *v = silu(*v))
-    });
-    times.pointwise += t.elapsed();
-    let t = Instant::now();
     s.attn.resize(tokens * n, 0.0);
     let alpha = (1.0 / (shape.qk as f64).sqrt()) as f32;
-    attention::attention(shape, &s.uvqk, seqs, alpha, &mut s.attn, th);
+    attention::attention_of(shape, &s.uvqk, seqs, alpha, &mut s.attn, th, queries);
     times.attention += t.elapsed();
     let t = Instant::now();
-    s.y.resize(tokens * 3 * n, 0.0);
+    // Each carried row's gate input: `[silu(u), attn, silu(u) * norm(attn)]`.
+    s.y.resize(carried * 3 * n, 0.0);
     let group = h.hstu_group_norm;
     let (attn, uvqk) = (&s.attn, &s.uvqk);
-    for_rows(th, &mut s.y, 3 * n, |i, y| {
+    for_rows(th, &mut s.y, 3 * n, |k, y| {
+        let i = row_of(k);
         let (a, u) = (&attn[i * n..(i + 1) * n], &uvqk[i * w..i * w + n]);
-        y[..n].copy_from_slice(u);
+        y[..n].iter_mut().zip(u).for_each(|(y, &u)| *y = silu(u));
         y[n..2 * n].copy_from_slice(a);
-        let z = &mut y[2 * n..];
+        let (u, z) = y.split_at_mut(2 * n);
+        let u = &u[..n];
         if group {
             let hid = shape.hid;
             for hd in 0..shape.heads {
@@ -382,13 +401,23 @@ fn stu_layer(
     });
     times.pointwise += t.elapsed();
     let t = Instant::now();
-    s.tmp.resize(tokens * d, 0.0);
-    dense.linear(&layer.output, &s.y, 3 * n, tokens, &mut s.tmp);
+    s.tmp.resize(carried * d, 0.0);
+    dense.linear(&layer.output, &s.y, 3 * n, carried, &mut s.tmp);
     times.projections += t.elapsed();
     let tmp = &s.tmp;
-    for_rows(th, &mut s.x, d, |i, x| {
-        x.iter_mut()
-            .zip(&tmp[i * d..(i + 1) * d])
-            .for_each(|(x, y)| *x += y)
-    });
+    match all {
+        true => for_rows(th, &mut s.x, d, |i, x| {
+            x.iter_mut()
+                .zip(&tmp[i * d..(i + 1) * d])
+                .for_each(|(x, y)| *x += y)
+        }),
+        false => {
+            for (k, &i) in rows.iter().enumerate() {
+                let x = &mut s.x[i * d..(i + 1) * d];
+                x.iter_mut()
+                    .zip(&tmp[k * d..(k + 1) * d])
+                    .for_each(|(x, y)| *x += y);
+            }
+        }
+    }
 }
