@@ -100,6 +100,18 @@ pub struct GpuArgs {
 }
 
 impl GpuArgs {
+    /// The flags of a run on the CPU.
+    pub fn cpu() -> GpuArgs {
+        GpuArgs {
+            device: Device::Cpu,
+            gpu: 0,
+            gpu_variant: "tuned".into(),
+            gpu_profile: None,
+            pin_mb: None,
+            tune_cache: None,
+        }
+    }
+
     pub fn is_cuda(&self) -> bool {
         self.device == Device::Cuda
     }

@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use ember_model::DenseDType;
-use ember_model::hstu::{
-    AttentionNorm, HstuBatch, HstuModel, HstuPredictor, HstuScores, HstuTimes,
-};
+use ember_model::hstu::{AttentionNorm, HstuModel, HstuPredictor};
 use ember_model::serving::{Batched, Outputs, Runner, Servable, Times};
 
 use crate::gpu_args::GpuArgs;
@@ -85,15 +83,6 @@ impl HstuEngine {
         Err(crate::device::no_cuda())
     }
 
-    /// Scores a checked batch; where the time went.
-    pub fn run(&mut self, batch: &HstuBatch) -> Result<(HstuScores, HstuTimes)> {
-        Ok(match &mut self.pass {
-            Pass::Cpu(p) => p.run(batch)?,
-            #[cfg(feature = "cuda")]
-            Pass::Gpu(p) => p.run(batch)?,
-        })
-    }
-
     /// What runs the pass, for people: "cpu, N threads" or the GPU's attention kernel.
     pub fn describe(&self) -> String {
         match &self.pass {
@@ -112,10 +101,6 @@ impl HstuEngine {
                 }
             ),
         }
-    }
-
-    pub fn is_gpu(&self) -> bool {
-        !matches!(self.pass, Pass::Cpu(_))
     }
 }
 

@@ -7,6 +7,7 @@ mod convert;
 mod data;
 mod dense;
 mod device;
+mod engines;
 mod gpu_args;
 mod hstu_engine;
 mod loadgen;

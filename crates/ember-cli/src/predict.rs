@@ -1,6 +1,6 @@
 //! `ember predict`: scores a file with a model of any family, in batches, through the serving
 //! seam ([`ember_model::serving`]): each batch's items are decoded and checked by the model's
-//! signature, merged and staged by [`Servable::prepare`] and run by a [`Runner`]. The formats:
+//! signature, merged and staged by [`ember_model::serving::Servable::prepare`] and run by a [`Runner`]. The formats:
 //! JSON lines (any model: one item a line as `/v1/score` takes it, a DLRM sample with an
 //! optional `label` or an HSTU user; `jsonl.rs`), and for a model of the bag form (dense
 //! features and a bag of ids per sparse feature) a Criteo-format file or a NumPy `.npz` /
@@ -10,22 +10,21 @@
 //! item.
 //!
 //! Set up: the model ([`TierArgs::load_any`]) and what runs it ([`runner`]: the CPU, a sharding
-//! plan, or a GPU; the one place that builds a family's engine). Score: Criteo batches are
+//! plan, or a GPU; `engines.rs` is the one place that builds a family's engine). Score: Criteo batches are
 //! parsed, checked and prepared (tables on the SSD tier: their rows read) the model's prefetch
 //! depth ahead of the runner, on a thread of their own ([`ember_model::run_ahead`]). Report:
 //! items/s, the AUC and log loss where there are labels, the stages' shares, the tier's figures.
 
+use crate::engines::{RunnerArgs, runner};
 use crate::gpu_args::GpuArgs;
-use crate::hstu_engine::HstuEngine;
 use crate::paths::{DEFAULT_DATA, DEFAULT_MODEL, shipped};
 use crate::tier_args::TierArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_embed::DType;
 use ember_model::criteo::{CriteoBatch, CriteoReader, DENSE, SPARSE};
-use ember_model::hstu::HstuModel;
-use ember_model::serving::{Batched, EngineRunner, Items, Outputs, Runner, Servable, Times};
-use ember_model::{Engine, Model, run_ahead};
+use ember_model::serving::{Batched, Items, Outputs, Runner, Times};
+use ember_model::{Model, run_ahead};
 use ember_serve::ModelSpec;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -166,7 +165,16 @@ pub fn run(a: PredictArgs) -> Result<()> {
     if format != DataFormat::Jsonl {
         check_bag_form(&spec, &model_dir, &data, format)?;
     }
-    let mut runner = runner(&a, model.clone(), &ember_model::dir_name(&model_dir))?;
+    let args = RunnerArgs {
+        gpu: &a.gpu,
+        threads: a.threads,
+        batch: a.batch,
+        plan: Some(&a.plan),
+        attention_norm: a.attention_norm.as_deref(),
+        dense: None,
+        check_dense: true,
+    };
+    let mut runner = runner(&args, model.clone(), &ember_model::dir_name(&model_dir))?;
     let depth = match model.tier().is_active() {
         true => model.prefetch_depth(),
         false => 0,
@@ -204,62 +212,6 @@ fn check_bag_form(spec: &ModelSpec, dir: &Path, data: &Path, format: DataFormat)
         );
     }
     Ok(())
-}
-
-/// What runs `model` as the flags ask (`--device`, `--threads`, `--plan`, `--attention-norm`):
-/// its family's engine on that device, as a [`Runner`].
-pub(crate) fn runner(
-    a: &PredictArgs,
-    model: Arc<dyn Servable>,
-    name: &str,
-) -> Result<Box<dyn Runner>> {
-    let model = match model.into_any_arc().downcast::<HstuModel>() {
-        Ok(hstu) => {
-            if a.plan.plan.is_some() {
-                bail!(
-                    "--plan shards a DLRM model's tables over worker pools; an hstu model runs on one pool"
-                );
-            }
-            let norm = a.attention_norm.as_deref().map(str::parse).transpose()?;
-            let dense = hstu.config().dense_dtype;
-            let engine = HstuEngine::new(&a.gpu, hstu, a.threads, dense, norm)?;
-            return Ok(Box::new(engine));
-        }
-        Err(other) => other
-            .downcast::<Model>()
-            .map_err(|_| anyhow::anyhow!("a model of a family predict cannot run"))?,
-    };
-    if a.attention_norm.is_some() {
-        bail!(
-            "--attention-norm sets what an hstu model's attention is divided by; this model has no attention"
-        );
-    }
-    Ok(Box::new(EngineRunner::new(dlrm_engine(a, &model, name)?)))
-}
-
-/// A DLRM-family model's engine: the CPU predictor (with a sharding plan or not) or a GPU's;
-/// on the CPU, reduced-precision dense layers are checked against f32 first.
-fn dlrm_engine(a: &PredictArgs, model: &Arc<Model>, name: &str) -> Result<Box<dyn Engine>> {
-    if !a.gpu.is_cuda()
-        && let Some((warn, line)) = crate::dense::accuracy_line(model, name, a.threads)
-    {
-        eprintln!("{}{line}", if warn { "warning: " } else { "" });
-    }
-    if a.gpu.is_cuda() && a.plan.plan.is_some() {
-        bail!("--plan runs on CPU worker pools; with --device cuda the model runs on one GPU");
-    }
-    Ok(match a.gpu.is_cuda() {
-        true => {
-            if model.stager().is_active() {
-                bail!("--device cuda needs every table in memory (no --placement ssd)");
-            }
-            Box::new(
-                a.gpu
-                    .predictor(model.clone(), model.dense_dtype(), a.batch, 1, None)?,
-            )
-        }
-        false => Box::new(a.plan.predictor(model.clone(), a.threads)?),
-    })
 }
 
 /// Runs one prepared batch, appending its outputs to `scored` (and `out`).

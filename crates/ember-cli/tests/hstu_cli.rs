@@ -157,7 +157,9 @@ fn data_model_writes_an_hstu_directory_that_bench_and_predict_read() {
     let (ok, stdout, stderr) = ember(&args);
     assert!(ok, "{stderr}");
     let j = json_of(&stdout);
-    assert_eq!(j["users_timed"], 3, "{stdout}");
+    assert_eq!(j["users"], 3, "{stdout}");
+    assert_eq!(j["item"], "user", "{stdout}");
+    assert_eq!(j["values"], 15, "{stdout}");
     assert!(j["p50_ms"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).ok();
 }

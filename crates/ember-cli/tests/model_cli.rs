@@ -182,7 +182,7 @@ fn bench_model_reports_latency_and_breakdown() {
         let part = |k: &str| b[k].as_f64().unwrap();
         // Shares of the wall time: the stages run one after the other, except the bottom MLP,
         // which runs beside the embedding stage (inside its share) on more than one thread.
-        let overlapped = j["bottom_mlp_overlapped"].as_bool().unwrap();
+        let overlapped = j["overlapped"] == serde_json::json!(["bottom_mlp"]);
         assert_eq!(overlapped, threads == "2");
         let sequential = part("embedding") + part("interaction") + part("top_mlp");
         let sum = if overlapped {
@@ -202,6 +202,108 @@ fn bench_model_reports_latency_and_breakdown() {
         !ok && err.contains("unknown preset 'rm9'") && err.contains("rm1"),
         "{err}"
     );
+}
+
+/// `bench model` names no family: a DLRM model directory (the shipped default) and an HSTU one
+/// (a fixture) are timed through the same seam, from synthetic items or from a JSON-lines file
+/// of requests as `/v1/score` takes them, with the accuracy the dense precision keeps; each
+/// reports its own items and stages.
+#[test]
+fn bench_model_times_a_model_directory_of_either_family() {
+    let requests = tmp("requests.jsonl");
+    let lines: Vec<String> = (0..5)
+        .map(|i| {
+            let sparse: serde_json::Map<String, serde_json::Value> = (1..=26)
+                .map(|f| (format!("C{f}"), serde_json::json!([(i * 7 + f) % 2048])))
+                .collect();
+            let dense: Vec<f32> = (0..13).map(|k| (i + k) as f32 * 0.1).collect();
+            serde_json::json!({"dense": dense, "sparse": sparse}).to_string()
+        })
+        .collect();
+    std::fs::write(&requests, lines.join("\n")).unwrap();
+    let hstu = "crates/ember-model/tests/fixtures/hstu_small";
+    let users = format!("{hstu}/users.jsonl");
+    let cases: [(&[&str], &str, &[&str]); 3] = [
+        (
+            &[
+                "--model",
+                "models/default",
+                "--batch",
+                "4",
+                "--dense-dtype",
+                "bf16",
+                "--accuracy",
+                "40",
+            ],
+            "sample",
+            &["embedding", "bottom_mlp", "interaction", "top_mlp"],
+        ),
+        (
+            &[
+                "--model",
+                "models/default",
+                "--requests",
+                requests.to_str().unwrap(),
+                "--batch",
+                "4",
+            ],
+            "sample",
+            &["embedding", "top_mlp"],
+        ),
+        (
+            &[
+                "--model",
+                hstu,
+                "--requests",
+                &users,
+                "--batch",
+                "3",
+                "--accuracy",
+                "2",
+                "--dense-dtype",
+                "bf16",
+            ],
+            "user",
+            &["lookups", "projections", "attention", "head"],
+        ),
+    ];
+    for (args, item, stages) in cases {
+        let mut all = vec!["bench", "model", "--iters", "3", "--warmup", "1", "--json"];
+        all.extend_from_slice(args);
+        let (ok, out, err) = ember(&all);
+        assert!(ok, "{all:?}: {err}");
+        let j = json_of(&out);
+        assert_eq!(j["item"], item, "{out}");
+        // Three batches of --batch items (a file's requests merged to make them up).
+        let per = args[args.iter().position(|a| *a == "--batch").unwrap() + 1];
+        let items = j[format!("{item}s")].as_u64().unwrap();
+        assert_eq!(items, 3 * per.parse::<u64>().unwrap(), "{out}");
+        assert!(j[format!("{item}s_per_s")].as_f64().unwrap() > 0.0, "{out}");
+        for s in stages {
+            let share = j["breakdown"][s].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&share), "{s}: {out}");
+            assert!(j["stage_s"][s].as_f64().unwrap() >= 0.0, "{s}: {out}");
+        }
+        if let Some(n) = args.iter().position(|a| *a == "--accuracy") {
+            let acc = &j["accuracy"];
+            assert_eq!(acc["items"].as_u64(), args[n + 1].parse().ok(), "{out}");
+            // bf16 against f32 on the same items: close, not equal.
+            assert!(acc["auc_kept"].as_f64().unwrap() > 0.98, "{out}");
+            let e = acc["max_abs_error"].as_f64().unwrap();
+            assert!(e > 0.0 && e < 0.05, "{out}");
+        }
+    }
+    // A users file read as a DLRM model's requests is refused naming the line.
+    let (ok, _, err) = ember(&[
+        "bench",
+        "model",
+        "--model",
+        "models/default",
+        "--requests",
+        &users,
+    ]);
+    assert!(!ok && err.contains("line 1"), "{err}");
+    std::fs::remove_file(&requests).ok();
 }
 
 /// `ember predict --dense-dtype int8` on the shipped sample: it prints the load's accuracy

@@ -44,6 +44,38 @@ impl CheckedBatch {
     pub(crate) fn trusted(kj: KeyedJagged, coll: CollectionId) -> Self {
         CheckedBatch { kj, coll }
     }
+
+    /// Its offsets and ids, emptied, for a later [`EmbeddingCollection::merge_reusing`] to
+    /// fill without allocating.
+    pub fn into_buffers(self) -> MergeBuffers {
+        let (mut offsets, mut ids) = self.kj.into_buffers();
+        offsets.clear();
+        match &mut ids {
+            Ids::U32(v) => v.clear(),
+            Ids::I64(v) => v.clear(),
+        }
+        MergeBuffers { offsets, ids }
+    }
+}
+
+/// The buffers of a merged batch, kept to be filled again (a batch's ids are megabytes: a fresh
+/// allocation per batch costs its page faults wherever the allocator returns freed memory to
+/// the OS at once).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergeBuffers {
+    offsets: Vec<usize>,
+    ids: Ids,
+}
+
+impl MergeBuffers {
+    /// Bytes they hold.
+    pub fn capacity_bytes(&self) -> usize {
+        self.offsets.capacity() * std::mem::size_of::<usize>()
+            + match &self.ids {
+                Ids::U32(v) => v.capacity() * 4,
+                Ids::I64(v) => v.capacity() * 8,
+            }
+    }
 }
 
 /// Ids per (feature, sample) of a request, feature-major: each given, or one id in every bag
@@ -317,6 +349,15 @@ impl EmbeddingCollection {
     /// (the kernels' compact id type), else 64-bit. Fails only on samples checked against
     /// another collection.
     pub fn merge(&self, parts: &[&CheckedSamples]) -> Result<CheckedBatch> {
+        self.merge_reusing(parts, None)
+    }
+
+    /// [`EmbeddingCollection::merge`] into `reuse`'s buffers, where given (grown as needed).
+    pub fn merge_reusing(
+        &self,
+        parts: &[&CheckedSamples],
+        reuse: Option<MergeBuffers>,
+    ) -> Result<CheckedBatch> {
         if parts.iter().any(|p| p.coll != self.id()) {
             return Err(EmbedError::WrongCollection);
         }
@@ -324,12 +365,24 @@ impl EmbeddingCollection {
         let n: usize = parts.iter().map(|p| p.n).sum();
         let total: usize = parts.iter().map(|p| p.ids.len()).sum();
         let narrow = self.narrow_ids();
-        let mut offsets = Vec::with_capacity(nf * n + 1);
-        offsets.push(0);
-        let (mut ids32, mut ids64) = match narrow {
-            true => (Vec::with_capacity(total), Vec::new()),
-            false => (Vec::new(), Vec::with_capacity(total)),
+        let (mut offsets, ids) = match reuse {
+            Some(b) => (b.offsets, Some(b.ids)),
+            None => (Vec::new(), None),
         };
+        offsets.clear();
+        offsets.reserve(nf * n + 1);
+        offsets.push(0);
+        let (mut ids32, mut ids64) = match ids {
+            Some(Ids::U32(v)) => (v, Vec::new()),
+            Some(Ids::I64(v)) => (Vec::new(), v),
+            None => (Vec::new(), Vec::new()),
+        };
+        ids32.clear();
+        ids64.clear();
+        match narrow {
+            true => ids32.reserve(total),
+            false => ids64.reserve(total),
+        }
         let mut starts = vec![0usize; parts.len()];
         let mut sum = 0usize;
         for f in 0..nf {

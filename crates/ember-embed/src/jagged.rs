@@ -224,6 +224,11 @@ impl KeyedJagged {
     /// A batch built from parts that were checked already (a merge of checked samples, a routed
     /// shard of a valid batch): offsets and ids consistent by construction, checked only in
     /// debug builds.
+    /// Its offsets and ids, the rest dropped.
+    pub(crate) fn into_buffers(self) -> (Vec<usize>, Ids) {
+        (self.offsets, self.ids)
+    }
+
     pub(crate) fn trusted(
         keys: Vec<String>,
         batch_size: usize,

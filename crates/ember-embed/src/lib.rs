@@ -37,7 +37,7 @@ pub mod trace;
 
 pub use alloc::PagePolicy;
 pub use cache::{CachePolicy, Marked, RowCache, Updated};
-pub use checked::{CheckedBatch, CheckedSamples, Lengths, Pieces};
+pub use checked::{CheckedBatch, CheckedSamples, Lengths, MergeBuffers, Pieces};
 pub use collection::{
     CheckedView, CollectionId, EmbeddingCollection, Feature, PARALLEL_CHECK_IDS, id_checks,
 };

@@ -26,6 +26,15 @@ pub trait Engine: Send {
     /// The device it runs on, for logs (`cpu (2 threads)`, `cuda:0 NVIDIA H100 ...`).
     fn device(&self) -> String;
 
+    /// Starts timing each reduced-precision dense layer ([`Engine::layer_times`]).
+    fn time_layers(&mut self) {}
+
+    /// Each timed layer's time since [`Engine::time_layers`]; empty where the engine does not
+    /// time its layers.
+    fn layer_times(&self) -> Vec<LayerTime> {
+        Vec::new()
+    }
+
     /// Checks, prepares and runs one batch on the calling thread, for callers that score a
     /// batch at a time: staging the tier rows is part of the embedding stage's time, and all of
     /// it is a stall.
@@ -102,5 +111,22 @@ impl StageTimes {
             copy_in: self.copy_in + o.copy_in,
             copy_out: self.copy_out + o.copy_out,
         }
+    }
+}
+
+/// One dense layer's time over the batches a predictor ran while timing.
+#[derive(Debug, Clone)]
+pub struct LayerTime {
+    /// `bottom0`.., `cross0.V`, `cross0.W`.., `top0`..
+    pub name: String,
+    pub in_dim: usize,
+    pub out_dim: usize,
+    pub time: std::time::Duration,
+}
+
+impl LayerTime {
+    /// Floating-point (or integer) operations per sample: two per multiply-add.
+    pub fn ops_per_sample(&self) -> f64 {
+        2.0 * self.in_dim as f64 * self.out_dim as f64
     }
 }

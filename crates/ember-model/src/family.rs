@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ember_embed::EmbeddingCollection;
+use ember_embed::{DType, EmbeddingCollection};
 
 use crate::config::{
     ModelConfig, RemoteConfig, TableConfig, TierConfig, is_hstu_family, read_config_text,
@@ -13,6 +13,7 @@ use crate::config::{
 use crate::error::{ModelError, Result};
 use crate::hstu::{HstuModel, HstuModelConfig};
 use crate::model::{LoadOptions, Model};
+use crate::presets::RowsOptions;
 
 /// A `config.json` of either family.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +117,94 @@ impl AnyModel {
             AnyModel::Dlrm(m) => m.embeddings(),
             AnyModel::Hstu(m) => m.embeddings(),
         }
+    }
+}
+
+/// A preset of either family (`rm1`, `small`, `dlrm-v2`; `dlrm-v3`, `hstu-small`), to build
+/// with random weights.
+#[derive(Debug, Clone)]
+pub struct AnyPreset {
+    pub name: String,
+    pub config: AnyConfig,
+    /// Ids per bag of each feature a synthetic sample has unless asked otherwise (a DLRM
+    /// preset's: 80, or MLPerf's multi-hot sizes); `None` where the inputs are not bags.
+    pub pooling: Option<Vec<usize>>,
+    /// The cap on rows per table that built it (`None`: no cap).
+    pub max_rows: Option<usize>,
+}
+
+/// Every preset's name, both families'.
+pub fn preset_names() -> Vec<&'static str> {
+    let mut v = crate::presets::PRESETS.to_vec();
+    v.extend_from_slice(&crate::hstu::presets::PRESETS);
+    v
+}
+
+impl AnyPreset {
+    /// The preset `name` with tables of `dtype`, rows scaled and capped as `rows` says.
+    pub fn new(name: &str, dtype: DType, rows: RowsOptions) -> Result<AnyPreset> {
+        if crate::hstu::presets::PRESETS.contains(&name) {
+            if rows.max_rows.is_some_and(|m| m > 0) {
+                return Err(ModelError::BadOption {
+                    option: "max-rows",
+                    reason: format!("caps a DLRM preset's tables; scale {name}'s with rows-scale"),
+                });
+            }
+            if !(rows.scale.is_finite() && rows.scale > 0.0) {
+                return Err(ModelError::BadOption {
+                    option: "rows-scale",
+                    reason: format!("{} is not a positive number", rows.scale),
+                });
+            }
+            let cfg =
+                crate::hstu::presets::preset(name, rows.scale, dtype).expect("a name of the list");
+            return Ok(AnyPreset {
+                name: name.into(),
+                config: AnyConfig::Hstu(Box::new(cfg)),
+                pooling: None,
+                max_rows: None,
+            });
+        }
+        let p = crate::presets::preset_with(name, dtype, rows).map_err(|e| match e {
+            ModelError::BadOption {
+                option: "preset", ..
+            } => ModelError::BadOption {
+                option: "preset",
+                reason: format!(
+                    "unknown preset '{name}' (known: {})",
+                    preset_names().join(", ")
+                ),
+            },
+            e => e,
+        })?;
+        Ok(AnyPreset {
+            name: p.name.into(),
+            config: AnyConfig::Dlrm(Box::new(p.config)),
+            pooling: Some(p.pooling),
+            max_rows: p.max_rows,
+        })
+    }
+
+    /// Bytes of its tables.
+    pub fn table_bytes(&self) -> usize {
+        self.config
+            .tables()
+            .iter()
+            .map(|t| t.rows * t.dtype.row_bytes(t.dim))
+            .sum()
+    }
+
+    /// The model with random weights from `seed` (built on `threads` threads), dense layers
+    /// in f32 (`crate::serving::servable` serves it).
+    pub fn build(&self, seed: u64, threads: usize) -> Result<AnyModel> {
+        Ok(match &self.config {
+            AnyConfig::Dlrm(c) => {
+                AnyModel::Dlrm(Box::new(Model::random((**c).clone(), seed, threads)?))
+            }
+            AnyConfig::Hstu(c) => {
+                AnyModel::Hstu(Box::new(HstuModel::random((**c).clone(), seed, threads)?))
+            }
+        })
     }
 }
 

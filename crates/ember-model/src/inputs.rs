@@ -28,7 +28,7 @@ use ember_embed::{
 };
 
 use crate::error::{ModelError, Result};
-use crate::model::Model;
+use crate::model::{BatchBuffers, Model};
 
 /// What a model takes: what a request must match.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +91,7 @@ impl Samples {
             .pieces(max)
             .zip(
                 self.dense
-                    .chunks(max * width.max(1))
+                    .chunks(max.saturating_mul(width.max(1)))
                     .chain(std::iter::repeat(&[][..])),
             )
             .map(|(sparse, dense)| Samples {
@@ -142,6 +142,19 @@ impl Batch<'_> {
     }
 }
 
+impl Batch<'_> {
+    /// Its buffers, where it owns them (a merged batch), for the next merge.
+    pub fn into_buffers(self) -> Option<BatchBuffers> {
+        match (self.dense, self.sparse) {
+            (Cow::Owned(dense), Sparse::Owned(c)) => Some(BatchBuffers {
+                dense,
+                sparse: c.into_buffers(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// A batch ready for an engine: checked, and its rows on the SSD tier staged.
 #[derive(Debug)]
 pub struct Prepared<'a> {
@@ -154,6 +167,10 @@ impl<'a> Prepared<'a> {
     /// The batch.
     pub fn batch(&self) -> &Batch<'a> {
         &self.batch
+    }
+    /// The batch, its staged rows dropped.
+    pub fn into_batch(self) -> Batch<'a> {
+        self.batch
     }
     /// Samples.
     pub fn len(&self) -> usize {
@@ -215,15 +232,29 @@ impl Model {
     /// Joins checked requests into one batch, their samples in order, without checking them
     /// again.
     pub fn merge(&self, parts: &[&Samples]) -> Result<Batch<'static>> {
+        self.merge_reusing(parts, None)
+    }
+
+    /// [`Model::merge`] into the buffers of a batch merged before ([`Batch::into_buffers`]).
+    pub fn merge_reusing(
+        &self,
+        parts: &[&Samples],
+        reuse: Option<BatchBuffers>,
+    ) -> Result<Batch<'static>> {
         let n: usize = parts.iter().map(|p| p.len()).sum();
-        let mut dense = Vec::with_capacity(n * self.config().dense_in);
+        let (mut dense, sparse_bufs) = match reuse {
+            Some(b) => (b.dense, Some(b.sparse)),
+            None => (Vec::new(), None),
+        };
+        dense.clear();
+        dense.reserve(n * self.config().dense_in);
         for p in parts {
             dense.extend_from_slice(&p.dense);
         }
         let sparse: Vec<&CheckedSamples> = parts.iter().map(|p| &p.sparse).collect();
         Ok(Batch {
             dense: Cow::Owned(dense),
-            sparse: Sparse::Owned(self.embeddings().merge(&sparse)?),
+            sparse: Sparse::Owned(self.embeddings().merge_reusing(&sparse, sparse_bufs)?),
         })
     }
 

@@ -50,16 +50,16 @@ pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch, TierSta
 /// [`Model::check_samples`]. The only types of the embedding stage a server names (the
 /// architecture test checks it).
 pub use ember_embed::{Ids, Lengths};
-pub use engine::{Engine, StageTimes};
+pub use engine::{Engine, LayerTime, StageTimes};
 pub use error::{ErrorKind, ModelError, Result};
 pub use family::{AnyConfig, AnyModel};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;
 pub use model::{
-    LoadOptions, Model, NamedTensor, Pace, RecordOptions, RemoteOverride, dir_name,
+    BatchBuffers, LoadOptions, Model, NamedTensor, Pace, RecordOptions, RemoteOverride, dir_name,
     random_dense_tensors,
 };
-pub use predictor::{LayerTime, Predictor};
+pub use predictor::Predictor;
 pub use tier::{StoreNode, Tier, TierCounters};
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):

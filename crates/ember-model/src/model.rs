@@ -146,6 +146,52 @@ pub struct Model {
     stager: Stager,
     /// Records the lookups of prepared batches, once [`Model::record_accesses`] started it.
     recorder: OnceLock<AccessRecorder>,
+    /// Buffers of batches served, for the next merges (`serving/dlrm.rs`).
+    spare: Spare,
+}
+
+/// The buffers of a merged batch, to merge the next one into ([`Model::merge_reusing`]).
+#[derive(Debug)]
+pub struct BatchBuffers {
+    pub(crate) dense: Vec<f32>,
+    pub(crate) sparse: ember_embed::MergeBuffers,
+}
+
+impl BatchBuffers {
+    /// Bytes they hold.
+    pub fn capacity_bytes(&self) -> usize {
+        self.dense.capacity() * 4 + self.sparse.capacity_bytes()
+    }
+}
+
+/// The buffers of a few batches served, merged into again: a DLRM batch's ids and dense values
+/// are megabytes (1.2 MB at RM1's batch 64), and a fresh allocation per batch cost 287 page
+/// faults a batch and a tenth of `bench model`'s rate (mimalloc returns freed memory to the OS
+/// at once, `crates/ember-cli/src/main.rs`; `serving/dlrm.rs` keeps a prepared batch's). At most [`SPARE_BATCHES`] are kept, none over
+/// [`SPARE_MAX_BYTES`]: a model holds at most 4 x 64 MB for this.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spare(Arc<std::sync::Mutex<Vec<BatchBuffers>>>);
+
+/// Batches' buffers a model keeps (a batch running, one or two prepared ahead, one merging).
+const SPARE_BATCHES: usize = 4;
+/// The largest buffers kept: a rare huge batch's are freed.
+const SPARE_MAX_BYTES: usize = 64 << 20;
+
+impl Spare {
+    pub(crate) fn take(&self) -> Option<BatchBuffers> {
+        self.0.lock().ok()?.pop()
+    }
+
+    pub(crate) fn keep(&self, b: BatchBuffers) {
+        if b.capacity_bytes() > SPARE_MAX_BYTES {
+            return;
+        }
+        if let Ok(mut s) = self.0.lock()
+            && s.len() < SPARE_BATCHES
+        {
+            s.push(b);
+        }
+    }
 }
 
 /// Frees a model's tier, then its tables one at a time with `pause` after each (either family's
@@ -163,6 +209,11 @@ pub(crate) fn release_tables(
 }
 
 impl Model {
+    /// Buffers of batches served, for the next merges.
+    pub(crate) fn spare(&self) -> &Spare {
+        &self.spare
+    }
+
     /// Loads `dir/config.json` and `dir/model.safetensors`.
     pub fn load(dir: &Path, opts: LoadOptions) -> Result<Model> {
         if !dir.is_dir() {
@@ -244,6 +295,7 @@ impl Model {
             embeddings,
             stager,
             recorder: OnceLock::new(),
+            spare: Default::default(),
         };
         model.prepare_dense(model.config.dense_dtype);
         Ok(model)

@@ -14,7 +14,7 @@ use faer::Par;
 
 use crate::dense::driver::Kernels;
 use crate::dense::{DenseDType, DenseIsa};
-use crate::engine::{Engine, StageTimes};
+use crate::engine::{Engine, LayerTime, StageTimes};
 use crate::error::{ModelError, Result};
 use crate::inputs::Prepared;
 use crate::interaction::{Interaction, InteractionScratch, concat};
@@ -53,23 +53,6 @@ struct HeadScratch {
 
 /// Dense layers with their names, in the order they run.
 type Named<'a> = Vec<(String, &'a Linear)>;
-
-/// One dense layer's time over the batches a predictor ran while timing.
-#[derive(Debug, Clone)]
-pub struct LayerTime {
-    /// `bottom0`.., `cross0.V`, `cross0.W`.., `top0`..
-    pub name: String,
-    pub in_dim: usize,
-    pub out_dim: usize,
-    pub time: std::time::Duration,
-}
-
-impl LayerTime {
-    /// Floating-point (or integer) operations per sample: two per multiply-add.
-    pub fn ops_per_sample(&self) -> f64 {
-        2.0 * self.in_dim as f64 * self.out_dim as f64
-    }
-}
 
 /// The precision the dense layers run in, with its kernels (`None` for f32).
 #[derive(Debug, Clone, Copy)]
@@ -544,6 +527,14 @@ impl Engine for Predictor {
 
     fn device(&self) -> String {
         format!("cpu ({} threads)", self.threads)
+    }
+
+    fn time_layers(&mut self) {
+        Predictor::time_layers(self);
+    }
+
+    fn layer_times(&self) -> Vec<LayerTime> {
+        Predictor::layer_times(self)
     }
 }
 

@@ -214,6 +214,11 @@ impl Shape {
 /// of each layer; cat: none). Elementwise work (biases, activations, the cross net's
 /// Hadamard product) is not counted. 0 for a config that [`ModelConfig::check`] refuses.
 pub fn dense_macs(cfg: &ModelConfig) -> usize {
+    stage_macs(cfg).iter().sum()
+}
+
+/// [`dense_macs`] per stage: the bottom MLP, the interaction and the top MLP.
+pub fn stage_macs(cfg: &ModelConfig) -> [usize; 3] {
     let mlp = |input: usize, sizes: &[usize]| {
         let mut k = input;
         sizes
@@ -236,7 +241,11 @@ pub fn dense_macs(cfg: &ModelConfig) -> usize {
         InteractionConfig::Cat { .. } => 0,
         InteractionConfig::Dcn { layers, low_rank } => layers * 2 * cfg.top_in() * low_rank,
     };
-    mlp(cfg.dense_in, &cfg.bottom_mlp) + interaction + mlp(cfg.top_in(), &cfg.top_mlp)
+    [
+        mlp(cfg.dense_in, &cfg.bottom_mlp),
+        interaction,
+        mlp(cfg.top_in(), &cfg.top_mlp),
+    ]
 }
 
 /// A random batch for `cfg` with `pooling` ids in every bag ([`random_batch_pooled`]).

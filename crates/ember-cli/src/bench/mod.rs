@@ -11,16 +11,16 @@
 //! | `tiered/` | `bench tiered`: the SSD tier against DRAM, mmap and the disk |
 //! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
 //! | `remote_pool.rs` | `bench remote-pool`: pooling on the cluster's nodes (`EMBER.POOL`) against row fetches |
-//! | `model.rs` (+ `model_gpu.rs`, `model_report.rs`, `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass (`model_gpu.rs` the GPU loop); bf16 / int8 layers against the dense ceiling |
+//! | `model.rs` (+ `model_args.rs`, `model_report.rs`, `model_gpu.rs`, `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass of a model of any family through the serving seam (`model_gpu.rs`: a GPU engine that keeps batches in flight); stages and bf16 / int8 layers against the dense ceiling |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
 mod check;
 mod dense_layers;
 mod embed;
 mod gpu;
-mod hstu;
 mod load;
 mod model;
+mod model_args;
 mod model_gpu;
 mod model_report;
 mod npy;
@@ -36,8 +36,8 @@ use clap::Subcommand;
 pub enum Bench {
     /// The embedding stage: pooled lookups over every table of a batch, against the memory ceiling.
     Embed(setup::EmbedArgs),
-    /// The whole model: samples/s, batch latency and where the time goes.
-    Model(model::ModelArgs),
+    /// The whole model, of any family: items/s, batch latency and where the time goes.
+    Model(model_args::ModelArgs),
     /// The embedding stage with tables on the SSD tier, against the same tables in DRAM and a
     /// cold plain mmap, plus the disk's own random-read rate.
     Tiered(tiered::TieredArgs),
@@ -52,7 +52,6 @@ pub enum Bench {
 pub fn run(cmd: Bench) -> Result<()> {
     match cmd {
         Bench::Embed(a) => embed::run(a),
-        Bench::Model(a) if hstu::wants(&a) => hstu::run(&a),
         Bench::Model(a) => model::run(a),
         Bench::Tiered(a) => tiered::run(a),
         Bench::Remote(a) => remote::run(a),

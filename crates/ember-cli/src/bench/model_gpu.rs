@@ -1,65 +1,90 @@
-//! `ember bench model --device cuda`: the GPU loop. Batches are handed over page-locked and
-//! checked on the device (`--gpu-inputs pinned`, as PyTorch's side pins its inputs), or checked
-//! and staged by the host (`staged`, as `serve` runs them); several are in flight, and the host's
-//! own time per batch is reported beside the GPU's stage times.
+//! `ember bench model --device cuda` for a GPU engine that keeps batches in flight (a DLRM
+//! model's `GpuPredictor`, which takes a batch's dense values and ids as they are, not through
+//! the seam's one-batch-at-a-time [`Runner`]). Batches are handed over page-locked and checked
+//! on the device (`--gpu-inputs pinned`, as PyTorch's side pins its inputs), or checked and
+//! staged by the host (`staged`, as `serve` runs them); several are in flight, and the host's
+//! own time per batch is reported beside the GPU's stage times. Models whose GPU engine runs a
+//! batch at a time take `model.rs`'s loop.
 
-use super::load::Load;
-use super::model_report::{HostTimes, Inputs, Report};
+use super::model_args::{Built, GpuInputs, GpuLoop, ModelArgs, sizes};
+use super::model_report::{HostTimes, Measured};
 use anyhow::Result;
+use ember_embed::KeyedJagged;
+use ember_model::presets::{random_batch_pooled, stage_macs};
+use ember_model::serving::{EngineRunner, Runner, Times};
 use ember_model::{Model, StageTimes};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Where a GPU batch's inputs start (`--gpu-inputs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(super) enum GpuInputs {
-    Pinned,
-    Staged,
-}
+/// One input batch: dense values and sparse ids.
+type Inputs = (Vec<f32>, KeyedJagged);
 
-/// What the GPU loop needs of `bench model`'s flags.
-pub(super) struct GpuLoop<'a> {
-    pub gpu: &'a crate::gpu_args::GpuArgs,
-    pub dense_dtype: ember_model::DenseDType,
-    pub inputs: GpuInputs,
-    pub in_flight: Option<usize>,
-    pub warmup: usize,
-    pub iters: usize,
-}
+/// Distinct batches cycled through.
+const DISTINCT_BATCHES: usize = 32;
 
-impl GpuLoop<'_> {
-    /// `--in-flight`, else 2 with pinned inputs (the copy engine is the limit: a third batch
-    /// only waits) and 3 with staged ones (the host stages one while another copies and a
-    /// third computes).
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.unwrap_or(match self.inputs {
-            GpuInputs::Pinned => 2,
-            GpuInputs::Staged => 3,
-        })
+/// With `--device cuda`, a model whose GPU engine keeps batches in flight, and synthetic
+/// batches: the pipelined loop's measurements and the engine (for the accuracy check); else
+/// `None`.
+pub(super) fn pipelined(
+    gl: &GpuLoop<'_>,
+    b: &Built,
+    a: &ModelArgs,
+) -> Result<Option<(Measured, Box<dyn Runner>)>> {
+    if !gl.gpu.is_cuda() || a.requests.is_some() {
+        return Ok(None);
     }
+    let Ok(model) = b.model.clone().into_any_arc().downcast::<Model>() else {
+        return Ok(None);
+    };
+    let features = model.config().features().len();
+    let pooling = match (a.pooling, b.preset.as_ref().and_then(|p| p.pooling.clone())) {
+        (Some(n), _) => vec![n; features],
+        (None, Some(p)) => p,
+        (None, None) => vec![1; features],
+    };
+    let sizes: Vec<usize> = sizes(a).into_iter().map(|n| n.unwrap_or(64)).collect();
+    let distinct = DISTINCT_BATCHES.div_ceil(sizes.len()) * sizes.len();
+    let batches: Vec<Inputs> = (0..distinct.min(gl.warmup + gl.iters))
+        .map(|i| {
+            let seed = a.seed ^ (i as u64 + 1) << 8;
+            random_batch_pooled(model.config(), sizes[i % sizes.len()], &pooling, seed)
+        })
+        .collect();
+    let max_batch = sizes.iter().copied().max().unwrap_or(1);
+    let (mut m, gp) = measure_gpu(gl, model.clone(), &batches, &pooling, max_batch)?;
+    let macs = stage_macs(model.config());
+    let n = m.items as f64;
+    let flops: Vec<_> = ["bottom_mlp", "interaction", "top_mlp"]
+        .into_iter()
+        .zip(macs)
+        .map(|(s, x)| (s, 2.0 * x as f64 * n))
+        .collect();
+    m.add_flops(&flops);
+    Ok(Some((m, Box::new(EngineRunner::new(Box::new(gp))))))
 }
 
 /// The GPU loop: one batch is staged by the host while another is copied in and a third
 /// computes; a batch's latency runs from its submit to its collect. Stage times are GPU times
 /// (events).
-pub(super) fn measure_gpu(
+fn measure_gpu(
     a: &GpuLoop<'_>,
     model: Arc<Model>,
     batches: &[Inputs],
-    load: &Load,
-) -> Result<(Report, Vec<f32>, crate::gpu_args::GpuPredictor)> {
+    pooling: &[usize],
+    max_batch: usize,
+) -> Result<(Measured, crate::gpu_args::GpuPredictor)> {
     let profile: Vec<_> = batches.iter().map(|(_, kj)| kj).collect();
     // Tuned on the largest batch at the features' mean ids per bag.
-    let mean_pooling = load.pooling.iter().sum::<usize>() / load.pooling.len().max(1);
+    let mean_pooling = pooling.iter().sum::<usize>() / pooling.len().max(1);
     let mut gp = a.gpu.predictor(
         model.clone(),
         a.dense_dtype,
-        load.max_batch(),
+        max_batch,
         mean_pooling.max(1),
         Some(&profile),
     )?;
     gp.set_capacity(a.in_flight())?;
-    let mut scores = vec![0f32; load.max_batch()];
+    let mut scores = vec![0f32; max_batch];
     // Page-locked copies of the batches, made ahead and not timed.
     let pinned = match a.inputs {
         GpuInputs::Pinned => batches
@@ -115,18 +140,14 @@ pub(super) fn measure_gpu(
         stages = stages.plus(collect(&mut gp, &mut host, n)?);
         lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let total = start.elapsed().as_secs_f64();
-    Ok((
-        Report {
-            lat_ms,
-            samples,
-            stages,
-            total,
-            host: Some(host),
-            layers: None,
-            accuracy: None,
-        },
-        scores,
-        gp,
-    ))
+    let mut m = Measured {
+        lat_ms,
+        items: samples,
+        values: samples,
+        wall: start.elapsed().as_secs_f64(),
+        host: Some(host),
+        ..Measured::default()
+    };
+    m.add_times(&Times::from(stages));
+    Ok((m, gp))
 }

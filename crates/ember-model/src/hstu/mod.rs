@@ -247,6 +247,25 @@ impl HstuModel {
             .collect()
     }
 
+    /// FLOPs (a multiply-add is two) of one user's STU projections and attention.
+    pub fn layer_flops(&self, u: &User) -> (f64, f64) {
+        let h = &self.config.hstu;
+        let n = u.uih.get(&h.uih_post_id_feature_name).map_or(0, Vec::len);
+        let c = u
+            .candidates
+            .get(&h.candidates_querytime_feature_name)
+            .map_or(0, Vec::len);
+        let t = (self.config.contextual_slots() + n + c) as f64;
+        let proj: usize = self
+            .weights
+            .layers
+            .iter()
+            .map(|l| l.uvqk.weight().len() + l.output.weight().len())
+            .sum();
+        let (_, attn_macs) = self.macs(n, c);
+        (2.0 * t * proj as f64, 2.0 * attn_macs)
+    }
+
     /// Multiply-adds of the dense layers for one user: per token (the input MLPs, the
     /// projections), per candidate (the item MLP, the head) and the attention's pairs.
     pub fn macs(&self, history: usize, candidates: usize) -> (f64, f64) {

@@ -8,17 +8,20 @@ use std::time::Duration;
 
 use super::{
     Batched, InputColumns, InputKind, InputSpec, Items, Outputs, Request, Runner, Servable,
-    Signature, Times,
+    Signature, Times, Workload,
 };
 use crate::dense::{DenseDType, DenseIsa};
-use crate::engine::{Engine, StageTimes};
+use crate::engine::{Engine, LayerTime, StageTimes};
 use crate::error::{ModelError, Result};
 use crate::inputs::{Inputs, Prepared, Samples};
-use crate::model::Model;
+use crate::model::{Model, Spare};
 use crate::tier::Tier;
 
 /// The output's name.
 pub const SCORES: &str = "scores";
+
+/// Samples a synthetic request holds unless asked otherwise.
+const DEFAULT_SAMPLES: usize = 64;
 
 /// The stages of [`StageTimes`].
 const STAGES: [&str; 4] = ["embedding", "bottom_mlp", "interaction", "top_mlp"];
@@ -102,8 +105,12 @@ impl Servable for Model {
                     .ok_or_else(|| ModelError::Input("a request of another model's family".into()))
             })
             .collect::<Result<Vec<&Samples>>>()?;
-        let prepared: Prepared<'static> = Model::prepare(self, self.merge(&samples)?)?;
-        Ok(Box::new(prepared))
+        let reuse = self.spare().take();
+        let prepared = Model::prepare(self, self.merge_reusing(&samples, reuse)?)?;
+        Ok(Box::new(PreparedBatch {
+            prepared: Some(prepared),
+            spare: self.spare().clone(),
+        }))
     }
 
     fn prefetch_depth(&self) -> usize {
@@ -123,6 +130,57 @@ impl Servable for Model {
             .check_samples(n, dense, lengths, sparse.ids().clone())
             .expect("random samples of the model's own tables check");
         Box::new(samples)
+    }
+
+    fn synthetic(&self, w: &Workload, seed: u64) -> Result<Request> {
+        for (set, option) in [
+            (w.history.is_some(), "history"),
+            (w.candidates.is_some(), "candidates"),
+        ] {
+            if set {
+                return Err(Workload::unused(option, "sample"));
+            }
+        }
+        let config = self.config();
+        let features = config.features().len();
+        let pooling = match w.pooling.as_deref() {
+            None => vec![1; features],
+            Some(&[n]) => vec![n; features],
+            Some(p) if p.len() == features => p.to_vec(),
+            Some(p) => {
+                return Err(ModelError::BadOption {
+                    option: "pooling",
+                    reason: format!(
+                        "{} sizes for a model of {features} sparse features (give one for all, \
+                         or one each)",
+                        p.len()
+                    ),
+                });
+            }
+        };
+        let n = w.items.unwrap_or(DEFAULT_SAMPLES);
+        let (dense, sparse) = crate::presets::random_batch_pooled(config, n, &pooling, seed);
+        let lengths: Vec<u32> = sparse
+            .offsets()
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as u32)
+            .collect();
+        Ok(Box::new(self.check_samples(
+            n,
+            dense,
+            lengths,
+            sparse.ids().clone(),
+        )?))
+    }
+
+    fn flops(&self, items: &dyn Items) -> Vec<(&'static str, f64)> {
+        let n = items.len() as f64;
+        let macs = crate::presets::stage_macs(self.config());
+        STAGES[1..]
+            .iter()
+            .zip(macs)
+            .map(|(&stage, m)| (stage, 2.0 * m as f64 * n))
+            .collect()
     }
 
     fn tier(&self) -> Tier<'_> {
@@ -200,6 +258,25 @@ fn warm_shape(n: usize, features: usize) -> (usize, usize) {
     (samples, per_bag)
 }
 
+/// A batch as [`Servable::prepare`] made it: when it is dropped, its buffers go to the model's
+/// [`Spare`] for a later merge.
+struct PreparedBatch {
+    prepared: Option<Prepared<'static>>,
+    spare: Spare,
+}
+
+impl Drop for PreparedBatch {
+    fn drop(&mut self) {
+        if let Some(b) = self
+            .prepared
+            .take()
+            .and_then(|p| p.into_batch().into_buffers())
+        {
+            self.spare.keep(b);
+        }
+    }
+}
+
 /// Any [`Engine`] of a DLRM-family model as a [`Runner`].
 pub struct EngineRunner {
     engine: Box<dyn Engine>,
@@ -234,7 +311,8 @@ impl Runner for EngineRunner {
 
     fn run(&mut self, batch: &Batched, out: &mut Outputs) -> Result<Times> {
         let p = batch
-            .downcast_ref::<Prepared<'static>>()
+            .downcast_ref::<PreparedBatch>()
+            .and_then(|b| b.prepared.as_ref())
             .ok_or_else(|| ModelError::Input("a batch of another model's family".into()))?;
         out.reset(1);
         out.values[0].resize(p.len(), 0.0);
@@ -245,6 +323,14 @@ impl Runner for EngineRunner {
             _ => times,
         };
         Ok(times.into())
+    }
+
+    fn time_layers(&mut self) {
+        self.engine.time_layers();
+    }
+
+    fn layer_times(&self) -> Vec<LayerTime> {
+        self.engine.layer_times()
     }
 
     fn device(&self) -> String {
@@ -264,6 +350,10 @@ impl From<StageTimes> for Times {
                 .into_iter()
                 .zip([t.embedding, t.bottom_mlp, t.interaction, t.top_mlp])
                 .collect(),
+            overlapped: match t.bottom_overlapped {
+                true => vec![STAGES[1]],
+                false => Vec::new(),
+            },
         }
     }
 }

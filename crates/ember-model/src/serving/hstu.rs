@@ -18,7 +18,7 @@ use ember_embed::{Lengths, StagedBatch};
 
 use super::{
     Batched, InputColumns, InputKind, InputSpec, Items, Outputs, Request, Runner, Servable,
-    Signature, Times,
+    Signature, Times, Workload,
 };
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
@@ -30,6 +30,10 @@ pub const OFFSETS: &str = "candidate_offsets";
 
 /// The most tokens (history and candidates, all users together) a tool merges into one batch.
 pub const BATCH_TOKENS: usize = 1 << 16;
+
+/// A synthetic user's history items and candidates unless asked otherwise.
+const DEFAULT_HISTORY: usize = 256;
+const DEFAULT_CANDIDATES: usize = 64;
 
 const STAGES: [&str; 6] = [
     "lookups",
@@ -225,6 +229,41 @@ impl Servable for HstuModel {
             .saturating_sub(self.config().contextual_slots() + candidates);
         let users = self.random_users(most.clamp(1, 2), room.min(64), candidates, seed);
         Box::new(Users(users))
+    }
+
+    fn synthetic(&self, w: &Workload, seed: u64) -> Result<Request> {
+        if w.pooling.is_some() {
+            return Err(Workload::unused("pooling", "user"));
+        }
+        // The defaults, within what the model takes; a length asked for is checked as given.
+        let h = &self.config().hstu;
+        let candidates = w
+            .candidates
+            .unwrap_or(DEFAULT_CANDIDATES.min(h.max_num_candidates_inference.max(1)));
+        let room = h
+            .max_seq_len
+            .saturating_sub(self.config().contextual_slots() + candidates);
+        let history = w.history.unwrap_or(DEFAULT_HISTORY.min(room));
+        let users = crate::hstu::presets::synthetic_users(
+            self.config(),
+            w.items.unwrap_or(1),
+            history,
+            candidates,
+            seed,
+        );
+        self.check_users(&users, 0)?;
+        Ok(Box::new(Users(users)))
+    }
+
+    fn flops(&self, items: &dyn Items) -> Vec<(&'static str, f64)> {
+        let Some(users) = items.as_any().downcast_ref::<Users>() else {
+            return Vec::new();
+        };
+        let (p, a) = users.0.iter().fold((0.0, 0.0), |(p, a), u| {
+            let f = self.layer_flops(u);
+            (p + f.0, a + f.1)
+        });
+        vec![(STAGES[2], p), (STAGES[3], a)]
     }
 
     fn tier(&self) -> Tier<'_> {
@@ -443,5 +482,6 @@ fn times(t: &HstuTimes) -> Times {
                 t.head,
             ])
             .collect(),
+        overlapped: Vec::new(),
     }
 }

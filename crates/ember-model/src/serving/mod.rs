@@ -32,6 +32,7 @@ use std::time::Duration;
 use ember_embed::{Ids, Lengths};
 
 use crate::dense::DenseDType;
+use crate::engine::LayerTime;
 use crate::error::Result;
 use crate::inputs::Inputs;
 use crate::model::{LoadOptions, RecordOptions};
@@ -161,6 +162,17 @@ pub trait Servable: Send + Sync + Debug + 'static {
     /// A request of random items (at most `most`) to warm the model with before it serves.
     fn warm_request(&self, most: usize, seed: u64) -> Request;
 
+    /// A request of synthetic items shaped as `w` asks (`ember bench model`), drawn from
+    /// `seed`; an error names a setting of `w` this family has no use for.
+    fn synthetic(&self, w: &Workload, seed: u64) -> Result<Request>;
+
+    /// The floating-point operations (a multiply-add is two) of `items`' forward pass in each
+    /// declared stage that does dense work, for a tool's rates and ceiling shares; empty where
+    /// the family does not count them.
+    fn flops(&self, _items: &dyn Items) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
+
     /// Its SSD / remote tier.
     fn tier(&self) -> Tier<'_>;
 
@@ -215,6 +227,15 @@ pub trait Runner: Send {
 
     /// The device it runs on, for logs.
     fn device(&self) -> String;
+
+    /// Starts timing each reduced-precision dense layer ([`Runner::layer_times`]).
+    fn time_layers(&mut self) {}
+
+    /// Each timed layer's time since [`Runner::time_layers`]; empty where the engine does not
+    /// time its layers.
+    fn layer_times(&self) -> Vec<LayerTime> {
+        Vec::new()
+    }
 
     /// Checks nothing: prepares `request` and runs it on the calling thread (warming, tools).
     fn run_request(&mut self, request: &dyn Items, out: &mut Outputs) -> Result<Times> {
@@ -314,14 +335,46 @@ pub struct Times {
     pub copy_out: Duration,
     /// Each declared stage's time ([`Signature::stages`]).
     pub stages: Vec<(&'static str, Duration)>,
+    /// Stages that ran beside the others, their time inside another stage's (the stages then
+    /// add up to more than `wall`).
+    pub overlapped: Vec<&'static str>,
+}
+
+/// Synthetic traffic a tool asks a family for ([`Servable::synthetic`]); `None` is the
+/// family's default, and a family refuses a setting it has no use for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Workload {
+    /// Items a request [default: the family's].
+    pub items: Option<usize>,
+    /// Ids per bag of each bag feature, in the signature's order (one value: every feature's).
+    pub pooling: Option<Vec<usize>>,
+    /// History items of each user.
+    pub history: Option<usize>,
+    /// Candidates of each user.
+    pub candidates: Option<usize>,
+}
+
+impl Workload {
+    /// The error for a setting the family of `item`s has no use for.
+    pub fn unused(option: &'static str, item: &str) -> crate::error::ModelError {
+        crate::error::ModelError::BadOption {
+            option,
+            reason: format!("this model's {item}s have no use for it"),
+        }
+    }
 }
 
 /// Loads the model in `dir`, whichever family it is.
 pub fn load(dir: &Path, opts: LoadOptions) -> Result<Arc<dyn Servable>> {
-    Ok(match crate::family::AnyModel::load(dir, opts)? {
+    Ok(servable(crate::family::AnyModel::load(dir, opts)?))
+}
+
+/// A model of either family, to serve.
+pub fn servable(m: crate::family::AnyModel) -> Arc<dyn Servable> {
+    match m {
         crate::family::AnyModel::Dlrm(m) => Arc::new(*m),
         crate::family::AnyModel::Hstu(m) => Arc::new(*m),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -167,3 +167,152 @@ fn a_dlrm_request_through_the_seam_scores_as_the_predictor_does() {
     assert!(out.counts.is_empty());
     assert!(s.records_lookups());
 }
+
+/// `Servable::synthetic` on both families: the items, bag sizes, history and candidates asked
+/// for, checked; a setting the family has no use for is refused by name; `flops` counts the
+/// family's dense stages in proportion to the items.
+#[test]
+fn synthetic_requests_have_the_shape_asked_and_their_flops() {
+    use crate::family::AnyPreset;
+    use crate::presets::RowsOptions;
+    let rows = RowsOptions {
+        scale: 0.01,
+        max_rows: None,
+    };
+    // DLRM: `items` samples, every bag of `pooling` ids (or one size per feature).
+    let small = AnyPreset::new("small", ember_embed::DType::F32, rows).unwrap();
+    let dlrm = servable(small.build(3, 1).unwrap());
+    let features = small.config.tables().len();
+    for (pooling, ids) in [(vec![5], 5 * features), ((1..=features).collect(), 36)] {
+        let w = Workload {
+            items: Some(7),
+            pooling: Some(pooling),
+            ..Workload::default()
+        };
+        let r = dlrm.synthetic(&w, 1).unwrap();
+        let s = r.as_any().downcast_ref::<crate::Samples>().unwrap();
+        assert_eq!((s.len(), s.ids().len()), (7, 7 * ids));
+        let f = dlrm.flops(&*r);
+        let [b, i, t] = crate::presets::stage_macs(dlrm_config(&small));
+        assert_eq!(
+            f,
+            vec![
+                ("bottom_mlp", 14.0 * b as f64),
+                ("interaction", 14.0 * i as f64),
+                ("top_mlp", 14.0 * t as f64)
+            ]
+        );
+    }
+    let two_sizes = Workload {
+        pooling: Some(vec![1, 2]),
+        ..Workload::default()
+    };
+    let err = dlrm.synthetic(&two_sizes, 1).unwrap_err().to_string();
+    assert!(err.contains("pooling") && err.contains("2 sizes"), "{err}");
+    let history = Workload {
+        history: Some(3),
+        ..Workload::default()
+    };
+    let err = dlrm.synthetic(&history, 1).unwrap_err().to_string();
+    assert!(err.contains("history") && err.contains("samples"), "{err}");
+    // The default: 64 samples.
+    assert_eq!(dlrm.synthetic(&Workload::default(), 2).unwrap().len(), 64);
+
+    // HSTU: `items` users of `history` items and `candidates` candidates.
+    let hp = AnyPreset::new("hstu-small", ember_embed::DType::F32, rows).unwrap();
+    assert!(hp.pooling.is_none());
+    let hstu = servable(hp.build(3, 1).unwrap());
+    let w = Workload {
+        items: Some(2),
+        history: Some(9),
+        candidates: Some(4),
+        ..Workload::default()
+    };
+    let r = hstu.synthetic(&w, 5).unwrap();
+    let users = &r.as_any().downcast_ref::<super::hstu::Users>().unwrap().0;
+    let model = hstu.clone().into_any_arc().downcast::<HstuModel>().unwrap();
+    let h = &model.config().hstu;
+    assert_eq!(users.len(), 2);
+    for u in users {
+        assert_eq!(u.uih[&h.uih_post_id_feature_name].len(), 9);
+        assert_eq!(u.candidates[&h.candidates_querytime_feature_name].len(), 4);
+    }
+    let one = model.layer_flops(&users[0]);
+    assert!(one.0 > 0.0 && one.1 > 0.0);
+    assert_eq!(
+        hstu.flops(&*r),
+        vec![("projections", 2.0 * one.0), ("attention", 2.0 * one.1)]
+    );
+    let pooled = Workload {
+        pooling: Some(vec![3]),
+        ..Workload::default()
+    };
+    let err = hstu.synthetic(&pooled, 1).unwrap_err().to_string();
+    assert!(err.contains("pooling") && err.contains("users"), "{err}");
+    // A history longer than the model takes is refused by the check, naming it.
+    let long = Workload {
+        history: Some(h.max_seq_len + 1),
+        ..Workload::default()
+    };
+    assert!(hstu.synthetic(&long, 1).is_err());
+    // The default: one user.
+    assert_eq!(hstu.synthetic(&Workload::default(), 2).unwrap().len(), 1);
+    // An unknown preset lists both families' names.
+    let err = AnyPreset::new("rm9", ember_embed::DType::F32, RowsOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rm1") && err.contains("dlrm-v3"), "{err}");
+}
+
+fn dlrm_config(p: &crate::family::AnyPreset) -> &crate::config::ModelConfig {
+    match &p.config {
+        crate::family::AnyConfig::Dlrm(c) => c,
+        crate::family::AnyConfig::Hstu(_) => panic!("a DLRM preset"),
+    }
+}
+
+/// A DLRM batch merged into the buffers of the batch before (larger, then smaller, then
+/// larger again) holds exactly what a fresh merge holds and scores the same; the model keeps
+/// the buffers of a batch once it is dropped.
+#[test]
+fn batches_merged_into_reused_buffers_score_as_fresh_ones() {
+    let model = Arc::new(crate::Model::load(&fixture("dlrm_dot"), LoadOptions::default()).unwrap());
+    let s: Arc<dyn Servable> = model.clone();
+    let mut runner = s.clone().cpu_runner(1).unwrap();
+    let w = |items, pooling| Workload {
+        items: Some(items),
+        pooling: Some(vec![pooling]),
+        ..Workload::default()
+    };
+    let requests: Vec<Request> = [(9, 4), (2, 1), (13, 7), (0, 1)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, p))| s.synthetic(&w(n, p), i as u64).unwrap())
+        .collect();
+    let mut out = Outputs::default();
+    for r in &requests {
+        let samples = r.as_any().downcast_ref::<crate::Samples>().unwrap();
+        let fresh = model.merge(&[samples]).unwrap();
+        let reused = model
+            .merge_reusing(&[samples], model.spare().take())
+            .unwrap();
+        assert_eq!(reused.dense(), fresh.dense());
+        assert_eq!(reused.sparse(), fresh.sparse());
+        if let Some(b) = reused.into_buffers() {
+            model.spare().keep(b);
+        }
+        // Through the seam: prepared into the spare buffers, the same scores as the engine's
+        // own pass over the fresh batch.
+        let batch = s.prepare(&[&**r]).unwrap();
+        runner.run(&batch, &mut out).unwrap();
+        drop(batch);
+        let mut want = vec![0.0; r.len()];
+        let mut p = crate::Predictor::new(model.clone(), 1).unwrap();
+        crate::Engine::run(&mut p, &model.prepare(fresh).unwrap(), &mut want).unwrap();
+        assert_eq!(out.scores(), &want[..]);
+        assert!(
+            model.spare().take().is_some(),
+            "the batch's buffers are kept"
+        );
+    }
+}
