@@ -3,7 +3,7 @@
 //! sharded embedding stage. The count is the process-wide number of id checks
 //! (`ember_model::id_checks`), so this file holds one test: a test binary of its own.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The real server on a free loopback port, driven over HTTP: KServe v2, /v1/score, /metrics,
 //! bad inputs, deadlines and the graceful stop.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

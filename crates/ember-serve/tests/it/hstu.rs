@@ -5,7 +5,7 @@
 //! equal to the predictor's on the user alone, also when concurrent requests share batches;
 //! bad users refused naming the user and the feature, the server serving on.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

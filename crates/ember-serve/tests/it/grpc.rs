@@ -3,7 +3,7 @@
 //! status each, naming the problem, and the next request served), the queue limit, deadlines,
 //! metrics and the graceful stop.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

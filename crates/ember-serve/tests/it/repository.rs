@@ -2,7 +2,7 @@
 //! concurrent requests (every answer from exactly one version, none failed), failing loads that
 //! leave the served version alone and name the bad file, the poller, and the gRPC methods.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
