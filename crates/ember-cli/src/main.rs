@@ -88,7 +88,7 @@ enum Cmd {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // The README's check (tests/readme.rs): the command line parses; nothing runs.
+    // The README's check (tests/it/readme.rs): the command line parses; nothing runs.
     if std::env::var_os("EMBER_PARSE_ONLY").is_some() {
         return Ok(());
     }

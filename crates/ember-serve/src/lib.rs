@@ -23,7 +23,7 @@
 //! and tells the tier's counters and its remote store's health; a
 //! [`ember_model::serving::Runner`] runs the batches. It names no model family. Of the
 //! embedding stage's types it names only the seam's input columns, [`ember_model::Ids`] and
-//! [`ember_model::Lengths`] (`crates/ember-cli/tests/architecture.rs` checks it).
+//! [`ember_model::Lengths`] (`crates/ember-cli/tests/it/architecture.rs` checks it).
 //!
 //! ```no_run
 //! # async fn run(model: std::sync::Arc<ember_model::Model>) -> std::io::Result<()> {

@@ -197,12 +197,20 @@ fn pooled_on_the_nodes_equals_dram_pooling_for_every_dtype() {
                 let got = staged(&p, &on, &kj).unwrap();
                 let st = on.1.stats().since(&before);
                 assert_close(&got, &dram(&p, &mem, &kj), &what);
-                // The same bits again (same batch, cache and slot map).
-                assert_eq!(
-                    got,
-                    staged(&p, &on, &kj).unwrap(),
-                    "{what}: not reproducible"
-                );
+                // The same bits again (same batch, cache and slot map). On a mismatch the two
+                // runs' counters say whether a node's share was read whole in one of them
+                // (`pool_plain_rows`): a flake seen once under load, not yet explained.
+                let before2 = on.1.stats();
+                let again = staged(&p, &on, &kj).unwrap();
+                let st2 = on.1.stats().since(&before2);
+                if got != again {
+                    let differ = got.iter().zip(&again).filter(|(a, b)| a != b).count();
+                    panic!(
+                        "{what}: not reproducible ({differ} of {} values differ); first run: \
+                         {st:?}; second run: {st2:?}",
+                        got.len()
+                    );
+                }
                 let plain = staged(&p, &off, &kj).unwrap();
                 assert_close(&got, &plain, &what);
                 if cache_rows < ROWS && n * max_bag >= 100 {

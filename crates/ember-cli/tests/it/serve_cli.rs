@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStderr, Command, Stdio};
 
-mod common;
+use crate::common;
 
 use common::{post, post_with};
 use std::time::{Duration, Instant};

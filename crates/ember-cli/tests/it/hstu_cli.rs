@@ -3,7 +3,7 @@
 //! pipeline's flag; `data model
 //! --preset hstu-small` writes a directory that `bench model --model` times and `predict` reads.
 
-mod common;
+use crate::common;
 
 use common::{ember, json_of};
 use std::path::{Path, PathBuf};

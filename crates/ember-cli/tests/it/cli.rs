@@ -1,7 +1,7 @@
 //! The `ember` binary end to end: `bench embed` on small shapes, its JSON, its .npy output, and
 //! its errors for bad flags.
 
-mod common;
+use crate::common;
 use common::{ember, json_of};
 
 const SMALL: [&str; 12] = [

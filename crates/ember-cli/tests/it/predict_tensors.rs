@@ -2,7 +2,7 @@
 //! scores as the same samples given as JSON lines (which `serve_cli` checks against the
 //! server), whatever the integer and float widths; errors that name the array.
 
-mod common;
+use crate::common;
 
 use common::ember;
 use rand::{Rng, SeedableRng};
