@@ -4,7 +4,7 @@
 //! inline and pipelined, from files in id order or laid out by a profile; the cache never exceeds
 //! its budget and never evicts a pinned row; damaged files are refused at open or at read.
 
-mod common;
+use crate::common;
 
 use common::{BatchShape, random_batch};
 use ember_embed::storage::{

@@ -2,7 +2,7 @@
 //! inputs: dims 1..=1024 (many not multiples of 8 or 16), empty bags, empty batches, weights,
 //! mean, dedup on/off/auto, u32 and i64 ids, 1 and 2 threads, several prefetch distances.
 
-mod common;
+use crate::common;
 
 use common::{BatchShape, random_batch};
 use ember_embed::pool::reference;
