@@ -10,8 +10,8 @@ use super::model_args::{Built, GpuInputs, GpuLoop, ModelArgs, sizes};
 use super::model_report::{HostTimes, Measured};
 use anyhow::Result;
 use ember_embed::KeyedJagged;
-use ember_model::presets::{random_batch_pooled, stage_macs};
-use ember_model::serving::{EngineRunner, Runner, Times};
+use ember_model::presets::random_batch_pooled;
+use ember_model::serving::{EngineRunner, Runner, Times, Workload};
 use ember_model::{Model, StageTimes};
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,14 +52,20 @@ pub(super) fn pipelined(
         .collect();
     let max_batch = sizes.iter().copied().max().unwrap_or(1);
     let (mut m, gp) = measure_gpu(gl, model.clone(), &batches, &pooling, max_batch)?;
-    let macs = stage_macs(model.config());
+    // The family's count for one sample, times the samples timed.
+    let one = Workload {
+        items: Some(1),
+        pooling: Some(pooling.clone()),
+        ..Workload::default()
+    };
+    let per_sample = b.model.flops(&*b.model.synthetic(&one, 0)?);
     let n = m.items as f64;
-    let flops: Vec<_> = ["bottom_mlp", "interaction", "top_mlp"]
-        .into_iter()
-        .zip(macs)
-        .map(|(s, x)| (s, 2.0 * x as f64 * n))
-        .collect();
-    m.add_flops(&flops);
+    m.add_flops(
+        &per_sample
+            .iter()
+            .map(|&(s, f)| (s, f * n))
+            .collect::<Vec<_>>(),
+    );
     Ok(Some((m, Box::new(EngineRunner::new(Box::new(gp))))))
 }
 
@@ -148,6 +154,6 @@ fn measure_gpu(
         host: Some(host),
         ..Measured::default()
     };
-    m.add_times(&Times::from(stages));
+    m.times.add(&Times::from(stages));
     Ok((m, gp))
 }

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
 use ember_bench::dense_peak::{PeakKind, measure_threads};
 use ember_bench::stats::{median, quantile};
 use ember_model::family::AnyPreset;
@@ -63,39 +62,12 @@ pub(super) struct HostTimes {
 
 impl Measured {
     /// Adds one timed batch: its times, items, values and FLOPs.
-    pub fn add(
-        &mut self,
-        t: &Times,
-        parts: &[Request],
-        out: &Outputs,
-        model: &dyn Servable,
-    ) -> Result<()> {
-        self.add_times(t);
+    pub fn add(&mut self, t: &Times, parts: &[Request], out: &Outputs, model: &dyn Servable) {
+        self.times.add(t);
         self.items += parts.iter().map(|p| p.len()).sum::<usize>();
         self.values += out.scores().len();
         for p in parts {
             self.add_flops(&model.flops(&**p));
-        }
-        Ok(())
-    }
-
-    pub fn add_times(&mut self, t: &Times) {
-        let s = &mut self.times;
-        s.wall += t.wall;
-        s.embedding += t.embedding;
-        s.dense += t.dense;
-        s.copy_in += t.copy_in;
-        s.copy_out += t.copy_out;
-        if s.stages.is_empty() {
-            s.stages = t.stages.iter().map(|&(n, _)| (n, Duration::ZERO)).collect();
-        }
-        for ((_, a), (_, b)) in s.stages.iter_mut().zip(&t.stages) {
-            *a += *b;
-        }
-        for o in &t.overlapped {
-            if !s.overlapped.contains(o) {
-                s.overlapped.push(o);
-            }
         }
     }
 

@@ -256,14 +256,17 @@ impl HstuModel {
             .get(&h.candidates_querytime_feature_name)
             .map_or(0, Vec::len);
         let t = (self.config.contextual_slots() + n + c) as f64;
-        let proj: usize = self
-            .weights
+        let (_, attn_macs) = self.macs(n, c);
+        (2.0 * t * self.projection_params() as f64, 2.0 * attn_macs)
+    }
+
+    /// Weights of every STU layer's projections (UVQK and output): multiply-adds per token.
+    fn projection_params(&self) -> usize {
+        self.weights
             .layers
             .iter()
             .map(|l| l.uvqk.weight().len() + l.output.weight().len())
-            .sum();
-        let (_, attn_macs) = self.macs(n, c);
-        (2.0 * t * proj as f64, 2.0 * attn_macs)
+            .sum()
     }
 
     /// Multiply-adds of the dense layers for one user: per token (the input MLPs, the
@@ -275,11 +278,7 @@ impl HstuModel {
         let mut token = w.content.macs() as f64;
         token += w.additional.as_ref().map_or(0, |m| m.macs()) as f64;
         token += w.action.as_ref().map_or(0, |a| a.mlp.macs()) as f64;
-        let proj: usize = w
-            .layers
-            .iter()
-            .map(|l| l.uvqk.weight().len() + l.output.weight().len())
-            .sum();
+        let proj = self.projection_params();
         let dense = t * (token + proj as f64) + c * (w.item.macs() + w.head.macs()) as f64;
         let h = &self.config.hstu;
         let m = (self.config.contextual_slots() + history) as f64;

@@ -119,15 +119,9 @@ impl Servable for Model {
 
     fn warm_request(&self, most: usize, seed: u64) -> Request {
         let config = self.config();
-        let (n, per_bag) = warm_shape(most, config.features().len());
-        let (dense, sparse) = crate::presets::random_batch(config, n, per_bag, seed);
-        let lengths: Vec<u32> = sparse
-            .offsets()
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as u32)
-            .collect();
-        let samples = self
-            .check_samples(n, dense, lengths, sparse.ids().clone())
+        let features = config.features().len();
+        let (n, per_bag) = warm_shape(most, features);
+        let samples = random_samples(self, n, &vec![per_bag; features], seed)
             .expect("random samples of the model's own tables check");
         Box::new(samples)
     }
@@ -159,18 +153,7 @@ impl Servable for Model {
             }
         };
         let n = w.items.unwrap_or(DEFAULT_SAMPLES);
-        let (dense, sparse) = crate::presets::random_batch_pooled(config, n, &pooling, seed);
-        let lengths: Vec<u32> = sparse
-            .offsets()
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as u32)
-            .collect();
-        Ok(Box::new(self.check_samples(
-            n,
-            dense,
-            lengths,
-            sparse.ids().clone(),
-        )?))
+        Ok(Box::new(random_samples(self, n, &pooling, seed)?))
     }
 
     fn flops(&self, items: &dyn Items) -> Vec<(&'static str, f64)> {
@@ -250,6 +233,17 @@ impl Servable for Model {
 const WARM_IDS: usize = 1 << 20;
 
 /// The samples and ids per bag of a warm batch of a model of `features` sparse features: up to
+/// `n` random samples of `model`, `pooling[f]` ids in each bag of feature `f`, checked.
+fn random_samples(model: &Model, n: usize, pooling: &[usize], seed: u64) -> Result<Samples> {
+    let (dense, sparse) = crate::presets::random_batch_pooled(model.config(), n, pooling, seed);
+    let lengths: Vec<u32> = sparse
+        .offsets()
+        .windows(2)
+        .map(|w| (w[1] - w[0]) as u32)
+        .collect();
+    model.check_samples(n, dense, lengths, sparse.ids().clone())
+}
+
 /// `n` samples of 8 ids per bag, fewer where that passes [`WARM_IDS`] (at least one sample of
 /// one id per bag).
 fn warm_shape(n: usize, features: usize) -> (usize, usize) {

@@ -340,6 +340,28 @@ pub struct Times {
     pub overlapped: Vec<&'static str>,
 }
 
+impl Times {
+    /// Adds `t` (a later batch's times, its stages in the same order) to these.
+    pub fn add(&mut self, t: &Times) {
+        self.wall += t.wall;
+        self.embedding += t.embedding;
+        self.dense += t.dense;
+        self.copy_in += t.copy_in;
+        self.copy_out += t.copy_out;
+        if self.stages.is_empty() {
+            self.stages = t.stages.iter().map(|&(n, _)| (n, Duration::ZERO)).collect();
+        }
+        for ((_, a), (_, b)) in self.stages.iter_mut().zip(&t.stages) {
+            *a += *b;
+        }
+        for o in &t.overlapped {
+            if !self.overlapped.contains(o) {
+                self.overlapped.push(o);
+            }
+        }
+    }
+}
+
 /// Synthetic traffic a tool asks a family for ([`Servable::synthetic`]); `None` is the
 /// family's default, and a family refuses a setting it has no use for.
 #[derive(Debug, Clone, Default, PartialEq)]
