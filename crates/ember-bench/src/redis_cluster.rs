@@ -150,26 +150,73 @@ impl LocalCluster {
             let node = c.start_node(&taken)?;
             c.nodes.push(node);
         }
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for node in &c.nodes {
-            create.arg(node.addr());
-        }
-        create
-            .arg("--cluster-replicas")
-            .arg(replicas.to_string())
-            .arg("--cluster-yes");
-        let out = create
-            .output()
-            .context("running redis-cli --cluster create")?;
-        ensure!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        c.create(primaries)?;
         c.wait_healthy(Duration::from_secs(30))?;
         c.wait_replicated(Duration::from_secs(30))?;
         Ok(c)
+    }
+
+    /// Forms the cluster of the started nodes as `redis-cli --cluster create` does, without its
+    /// fixed one-second waits (a second of every test's cluster): the slots split evenly over
+    /// the first `primaries` nodes, distinct config epochs, every node introduced to the first,
+    /// and once each knows all the others, node `primaries + j` made a replica of primary
+    /// `j % primaries`. Waits for the state it needs at each step, 30 s at most.
+    fn create(&self, primaries: usize) -> Result<()> {
+        ensure!(
+            (1..=self.nodes.len()).contains(&primaries),
+            "{primaries} primaries of {} nodes",
+            self.nodes.len()
+        );
+        let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        const SLOTS: usize = 16384;
+        let slots = SLOTS;
+        for (i, &port) in ports.iter().enumerate().take(primaries) {
+            let (first, last) = (slots * i / primaries, slots * (i + 1) / primaries - 1);
+            query(
+                port,
+                redis::cmd("CLUSTER")
+                    .arg("ADDSLOTSRANGE")
+                    .arg(first)
+                    .arg(last),
+            )?;
+        }
+        for (i, &port) in ports.iter().enumerate() {
+            query(
+                port,
+                redis::cmd("CLUSTER").arg("SET-CONFIG-EPOCH").arg(i + 1),
+            )?;
+            if i > 0 {
+                query(
+                    port,
+                    redis::cmd("CLUSTER")
+                        .arg("MEET")
+                        .arg("127.0.0.1")
+                        .arg(ports[0]),
+                )?;
+            }
+        }
+        let known = |port: u16| -> Result<usize> {
+            let v: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut connect(port)?)?;
+            Ok(v.lines()
+                .filter(|l| !l.contains("handshake") && !l.contains("noaddr"))
+                .count())
+        };
+        wait_for(Duration::from_secs(30), || {
+            Ok(ports
+                .iter()
+                .all(|&p| known(p).is_ok_and(|k| k == ports.len())))
+        })
+        .context("the nodes did not all meet")?;
+        for (j, &port) in ports.iter().enumerate().skip(primaries) {
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut connect(ports[(j - primaries) % primaries])?)?;
+            query(port, redis::cmd("CLUSTER").arg("REPLICATE").arg(&id))?;
+        }
+        self.wait_healthy(Duration::from_secs(30))?;
+        self.wait_replicated(Duration::from_secs(30))
     }
 
     /// Starts one node on a free port (not in `taken`) and waits for its PING. A node that exits

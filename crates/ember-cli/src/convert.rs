@@ -118,7 +118,10 @@ impl Profile {
 /// Writes `bytes` (rows in id order) as `path`, laid out when a profile is given.
 fn write_table(
     path: &Path,
-    (name, rows, dim, dtype): (&str, usize, usize, DType),
+    name: &str,
+    rows: usize,
+    dim: usize,
+    dtype: DType,
     bytes: &[u8],
     profile: Option<(&Profile, usize)>,
 ) -> Result<()> {
@@ -244,7 +247,10 @@ fn from_model(a: &ConvertArgs, dir: &Path) -> Result<()> {
         });
         write_table(
             &path,
-            (t.name(), t.rows(), t.dim(), t.dtype()),
+            t.name(),
+            t.rows(),
+            t.dim(),
+            t.dtype(),
             bytes,
             profile.as_ref().map(|p| (p, hot)),
         )?;
@@ -329,7 +335,10 @@ fn from_safetensors(a: &ConvertArgs, file: &Path, out: &Path) -> Result<()> {
             .unwrap_or((1024 << 20) / dtype.row_bytes(*dim).max(1));
         write_table(
             &path,
-            (table, *rows, *dim, dtype),
+            table,
+            *rows,
+            *dim,
+            dtype,
             &bytes,
             profile.as_ref().map(|p| (p, hot)),
         )?;

@@ -194,7 +194,8 @@ const CHUNK: usize = 8192;
 /// rows a thread at a time and handed to `sink` in order, the bar moved along.
 fn stream_table(
     pool: &rayon::ThreadPool,
-    (seed, t): (u64, usize),
+    seed: u64,
+    t: usize,
     table: &ember_model::config::TableConfig,
     bar: &ProgressBar,
     mut sink: impl FnMut(&[u8]) -> Result<()>,
@@ -282,7 +283,7 @@ fn model(a: ModelArgs) -> Result<()> {
     write_row_files(&a.out, &tables, &ssd, &rows_from)?;
     bar.finish_and_clear();
     std::fs::write(a.out.join("config.json"), config)?;
-    print_written(&a, &tables, (&bytes, &ssd), t0);
+    print_written(&a, &tables, &bytes, &ssd, t0);
     Ok(())
 }
 
@@ -430,7 +431,7 @@ fn write_safetensors(
                 Source::Table(i) => {
                     let t = &tables[*i];
                     let (pool, bar) = (rows_from.pool, rows_from.bar);
-                    stream_table(pool, (rows_from.seed, *i), t, bar, |b| Ok(w.write_all(b)?))?;
+                    stream_table(pool, rows_from.seed, *i, t, bar, |b| Ok(w.write_all(b)?))?;
                 }
             }
         }
@@ -456,7 +457,7 @@ fn write_row_files(
     for (i, t) in tables.iter().enumerate().filter(|(i, _)| ssd[*i]) {
         let file = dir.join("rows").join(format!("{}.rows", t.name));
         let mut rw = RowFileWriter::create(&file, &t.name, t.rows, t.dim, t.dtype)?;
-        stream_table(rows_from.pool, (rows_from.seed, i), t, rows_from.bar, |b| {
+        stream_table(rows_from.pool, rows_from.seed, i, t, rows_from.bar, |b| {
             Ok(rw.write_rows(b)?)
         })?;
         rw.finish()?;
@@ -466,12 +467,7 @@ fn write_row_files(
 
 /// The line saying what was written: tables, bytes in DRAM and on the SSD tier (`bytes`,
 /// `ssd`), the dense precision, the seed, and the seconds since `t0`.
-fn print_written(
-    a: &ModelArgs,
-    tables: &[TableConfig],
-    (bytes, ssd): (&[u64], &[bool]),
-    t0: Instant,
-) {
+fn print_written(a: &ModelArgs, tables: &[TableConfig], bytes: &[u64], ssd: &[bool], t0: Instant) {
     let total: u64 = bytes.iter().sum();
     let on_ssd: Vec<&str> = tables
         .iter()

@@ -248,6 +248,8 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     crate::logging::init(&a.log)?;
+    // Before any model is loaded: its remote store registers its metrics when it opens.
+    ember_serve::install_metrics();
     let io_threads = a
         .io_threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

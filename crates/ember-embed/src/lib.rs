@@ -33,6 +33,18 @@ pub mod shard;
 pub mod storage;
 mod table;
 pub mod tier;
+
+/// The names of the metrics the embedding stage records (its remote store and the update
+/// streams it follows), defined once where they are recorded, for a server to describe on
+/// `/metrics`.
+pub mod metric_names {
+    pub use crate::storage::remote::metrics::{
+        FALLBACK, FALLBACK_ACTIVE, FALLBACK_ROWS, FALLBACK_STALE_TABLES, FETCH_SECONDS, POOL_PLAIN,
+    };
+    pub use crate::tier::{
+        UPDATE_BAD, UPDATE_LAG, UPDATE_POLL_ERRORS, UPDATE_POSITION, UPDATE_RESETS, UPDATE_ROWS,
+    };
+}
 pub mod trace;
 
 pub use alloc::PagePolicy;

@@ -71,21 +71,24 @@ impl Interaction {
         scratch: &mut InteractionScratch,
         par: Par,
     ) {
-        self.forward_with(x, pooled, batch, out, scratch, par, Kernels::selected())
+        let on = RunOn {
+            par,
+            kern: Kernels::selected(),
+        };
+        self.forward_on(x, pooled, batch, out, scratch, on)
     }
 
     /// [`Interaction::forward`] with the kernels named (tests run every instruction set).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward_with(
+    pub(crate) fn forward_on(
         &self,
         x: &[f32],
         pooled: &[f32],
         batch: usize,
         out: &mut [f32],
         scratch: &mut InteractionScratch,
-        par: Par,
-        kern: Kernels,
+        on: RunOn,
     ) {
+        let RunOn { par, kern } = on;
         if batch == 0 {
             return;
         }
@@ -169,6 +172,13 @@ impl Interaction {
     }
 }
 
+/// Where an interaction runs: its threads and the SIMD kernels of its dot products.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunOn {
+    pub par: Par,
+    pub kern: Kernels,
+}
+
 /// `out[b] = [x[b], pooled[b]]`: the DCN's `x0` and the `cat` interaction.
 pub(crate) fn concat(x: &[f32], pooled: &[f32], batch: usize, out: &mut [f32]) {
     let d = x.len() / batch;
@@ -249,7 +259,8 @@ mod tests {
             for isa in Isa::available_all() {
                 let mut out = vec![f32::NAN; batch * top_in];
                 let kern = Kernels::for_isa(isa).unwrap();
-                it.forward_with(&x, &pooled, batch, &mut out, &mut Default::default(), par, kern);
+                let on = RunOn { par, kern };
+                it.forward_on(&x, &pooled, batch, &mut out, &mut Default::default(), on);
                 prop_assert_eq!(out.len(), want.len());
                 for (g, w) in out.iter().zip(&want) {
                     prop_assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()) * (d as f32).sqrt(), "{isa}: {} vs {}", g, w);

@@ -66,3 +66,6 @@ pub use tier::{StoreNode, Tier, TierCounters};
 /// `predict` and the server's batcher stage batch N+1's rows while batch N computes. See
 /// [`ember_embed::tier::run_ahead`].
 pub use ember_embed::tier::run_ahead;
+
+/// The names of the metrics the embedding stage records, for a server to describe.
+pub use ember_embed::metric_names;

@@ -3,7 +3,7 @@
 //! the f32 outputs, since a row's scale needs its whole row), f32 where the model needs it (the
 //! bottom MLP's output for the interaction, the cross net's running `x_l`, the logits).
 
-use crate::dense::acts;
+use crate::dense::acts::{self, Quant, RowsF32};
 use crate::dense::driver::{self, Epilogue, Kernels, MatBf16, MatF32};
 use crate::dense::{ActsBf16, ActsI8, DenseDType, TILE};
 use crate::interaction::CrossLayer;
@@ -127,23 +127,29 @@ pub enum Input<'a> {
     Bf16Ready,
 }
 
-/// Runs `layers` on `m` rows in `dtype` (bf16 or int8) and writes the last layer's f32 output
-/// (`[m, out]`, dense) to `out`.
-#[allow(clippy::too_many_arguments)]
+/// How reduced-precision layers run: on `kernels`, in `dtype` (bf16 or int8), on `threads`.
+#[derive(Debug, Clone, Copy)]
+pub struct Exec {
+    pub kernels: Kernels,
+    pub dtype: DenseDType,
+    pub threads: usize,
+}
+
+/// Runs `layers` on `m` rows as `x` says and writes the last layer's f32 output (`[m, out]`,
+/// dense) to `out`.
 pub fn mlp(
-    k: &Kernels,
-    dtype: DenseDType,
+    x: Exec,
     layers: &[Linear],
     input: Input<'_>,
     m: usize,
     out: &mut [f32],
     s: &mut LowpScratch,
-    threads: usize,
 ) {
     if layers.is_empty() {
         return;
     }
-    match dtype {
+    let (k, threads) = (&x.kernels, x.threads);
+    match x.dtype {
         DenseDType::Bf16 => mlp_bf16(k, layers, input, m, out, s, threads),
         DenseDType::Int8 => mlp_int8(k, layers, input, m, out, s, threads),
         DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
@@ -250,8 +256,17 @@ fn mlp_int8(
             break;
         }
         let w = l.packed_int8();
-        let (dims, inv) = ((m, l.in_dim(), lds), l.int8_inv_smooth());
-        acts::quantize_rows(src, dims, &mut s.q, w.kp(), &mut s.sx, (u, inv));
+        let rows = RowsF32 {
+            x: src,
+            m,
+            k: l.in_dim(),
+            ld: lds,
+        };
+        let q = Quant {
+            unsigned: u,
+            smooth: l.int8_inv_smooth(),
+        };
+        acts::quantize_rows(rows, q, &mut s.q, w.kp(), &mut s.sx);
         let a = ActsI8 {
             ptr: s.q.as_ptr(),
             lda: w.kp(),
@@ -271,26 +286,24 @@ fn mlp_int8(
     }
 }
 
-/// The DCNv2 cross net in `dtype`: `x_L` of `x0` (`[m, n]`) written to `xl` (whose contents on
+/// The DCNv2 cross net as `x` says: `x_L` of `x0` (`[m, n]`) written to `xl` (whose contents on
 /// entry are not read: the first layer's residual is `x0` itself). In bf16, `x_L` is also left
 /// in bf16 in the scratch ([`Input::Bf16Ready`] for the top MLP).
-#[allow(clippy::too_many_arguments)]
 pub fn cross(
-    k: &Kernels,
-    dtype: DenseDType,
+    x: Exec,
     layers: &[CrossLayer],
     x0: &[f32],
     xl: &mut [f32],
     m: usize,
     s: &mut LowpScratch,
-    threads: usize,
 ) {
     let Some(first) = layers.first() else {
         return;
     };
     let n = first.v.in_dim();
     assert!(x0.len() >= m * n && xl.len() >= m * n);
-    match dtype {
+    let (k, threads) = (&x.kernels, x.threads);
+    match x.dtype {
         DenseDType::Bf16 => cross_bf16(k, layers, x0, xl, m, s, threads),
         DenseDType::Int8 => cross_int8(k, layers, x0, xl, m, s, threads),
         DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
@@ -385,8 +398,17 @@ fn cross_int8(
     for (i, l) in layers.iter().enumerate() {
         let (v, w) = (l.v.packed_int8(), l.w.packed_int8());
         let input: &[f32] = if i == 0 { x0 } else { xl };
-        let inv = l.v.int8_inv_smooth();
-        acts::quantize_rows(input, (m, n, n), &mut s.q, v.kp(), &mut s.sx, (u, inv));
+        let rows = RowsF32 {
+            x: input,
+            m,
+            k: n,
+            ld: n,
+        };
+        let q = Quant {
+            unsigned: u,
+            smooth: l.v.int8_inv_smooth(),
+        };
+        acts::quantize_rows(rows, q, &mut s.q, v.kp(), &mut s.sx);
         let r = v.n();
         s.f.resize(m * r, 0.0);
         let ep = Epilogue {
@@ -404,8 +426,17 @@ fn cross_int8(
             lda: v.kp(),
         };
         s.timed(|s| driver::linear_i8(k, a, &s.sx, m, v, &ep, threads));
-        let inv = l.w.int8_inv_smooth();
-        acts::quantize_rows(&s.f, (m, r, r), &mut s.q, w.kp(), &mut s.sx, (u, inv));
+        let rows = RowsF32 {
+            x: &s.f,
+            m,
+            k: r,
+            ld: r,
+        };
+        let q = Quant {
+            unsigned: u,
+            smooth: l.w.int8_inv_smooth(),
+        };
+        acts::quantize_rows(rows, q, &mut s.q, w.kp(), &mut s.sx);
         let ep = Epilogue {
             bias: l.w.bias(),
             relu: false,

@@ -337,7 +337,7 @@ impl Predictor {
         let mut t = StageTimes::default();
         let start = Instant::now();
         self.pooler.install(|| -> Result<()> {
-            let x = pass.pool_and_bottom(embed, (dense, batch), pooled, bottom, &mut t)?;
+            let x = pass.pool_and_bottom(embed, dense, batch, pooled, bottom, &mut t)?;
             pass.head(x, pooled, batch, head, logits, &mut t);
             Ok(())
         })?;
@@ -360,7 +360,8 @@ impl Pass<'_> {
     fn pool_and_bottom<'s>(
         self,
         embed: Embed<'_>,
-        (dense, batch): (&'s [f32], usize),
+        dense: &'s [f32],
+        batch: usize,
         pooled: &mut [f32],
         bottom: &'s mut BottomScratch,
         t: &mut StageTimes,
@@ -375,7 +376,7 @@ impl Pass<'_> {
                 || embed.pool(pooled),
                 || {
                     let t1 = Instant::now();
-                    let x = run_bottom(self.m, self.dense_p, (dense, batch), bottom, 1);
+                    let x = run_bottom(self.m, self.dense_p, dense, batch, bottom, 1);
                     (x, t1.elapsed())
                 },
             );
@@ -388,7 +389,7 @@ impl Pass<'_> {
             embed.pool(pooled)?;
             t.embedding = t0.elapsed();
             let t1 = Instant::now();
-            let x = run_bottom(self.m, self.dense_p, (dense, batch), bottom, self.threads);
+            let x = run_bottom(self.m, self.dense_p, dense, batch, bottom, self.threads);
             t.bottom_mlp = t1.elapsed();
             Ok(x)
         }
@@ -425,20 +426,16 @@ impl Pass<'_> {
             return;
         };
         let dtype = self.dense_p.dtype;
+        let x_run = net::Exec {
+            kernels: k,
+            dtype,
+            threads,
+        };
         let input = match m.interaction() {
             Interaction::Dcn { layers } if batch > 0 => {
                 concat(x, pooled, batch, &mut s.inter_out);
                 s.xl.resize(s.inter_out.len(), 0.0);
-                net::cross(
-                    &k,
-                    dtype,
-                    layers,
-                    &s.inter_out,
-                    &mut s.xl,
-                    batch,
-                    &mut s.low,
-                    threads,
-                );
+                net::cross(x_run, layers, &s.inter_out, &mut s.xl, batch, &mut s.low);
                 match dtype {
                     DenseDType::Bf16 if !layers.is_empty() => net::Input::Bf16Ready,
                     _ => net::Input::F32(&s.xl, top_in),
@@ -451,16 +448,8 @@ impl Pass<'_> {
         };
         t.interaction = t2.elapsed();
         let t3 = Instant::now();
-        net::mlp(
-            &k,
-            dtype,
-            m.top_mlp().layers(),
-            input,
-            batch,
-            logits,
-            &mut s.low,
-            threads,
-        );
+        let top = m.top_mlp().layers();
+        net::mlp(x_run, top, input, batch, logits, &mut s.low);
         t.top_mlp = t3.elapsed();
     }
 }
@@ -470,7 +459,8 @@ impl Pass<'_> {
 fn run_bottom<'s>(
     m: &Model,
     dense_p: Dense,
-    (dense, batch): (&'s [f32], usize),
+    dense: &'s [f32],
+    batch: usize,
     s: &'s mut BottomScratch,
     th: usize,
 ) -> &'s [f32] {
@@ -484,16 +474,12 @@ fn run_bottom<'s>(
     };
     s.out.resize(batch * last.out_dim(), 0.0);
     let input = net::Input::F32(dense, m.config().dense_in);
-    net::mlp(
-        &k,
-        dense_p.dtype,
-        layers,
-        input,
-        batch,
-        &mut s.out,
-        &mut s.low,
-        th,
-    );
+    let x_run = net::Exec {
+        kernels: k,
+        dtype: dense_p.dtype,
+        threads: th,
+    };
+    net::mlp(x_run, layers, input, batch, &mut s.out, &mut s.low);
     &s.out
 }
 

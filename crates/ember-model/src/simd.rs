@@ -362,11 +362,12 @@ mod avx512 {
                 // a multiple of 16), columns jb * 16 .. (jb + JB) * 16 <= n16 of tt, and the
                 // stores go to rows below n of z, columns below n16 <= zs (contract).
                 unsafe {
+                    let at = GramTile { i0, rows, jb };
                     if jb + 2 <= blocks {
-                        gram_tile::<2>(t, d, tt, n16, i0, rows, jb, z, zs);
+                        gram_tile::<2>(t, d, tt, n16, at, z, zs);
                         jb += 2;
                     } else {
-                        gram_tile::<1>(t, d, tt, n16, i0, rows, jb, z, zs);
+                        gram_tile::<1>(t, d, tt, n16, at, z, zs);
                         jb += 1;
                     }
                 }
@@ -375,14 +376,22 @@ mod avx512 {
         }
     }
 
-    /// `z[i][16 jb ..][..16 JB] = sum_c t[i][c] tt[c][16 jb ..][..16 JB]` for rows
-    /// `i0 .. i0 + rows` (`rows <= 4`): four rows broadcast against `JB` vectors of `tt` per input,
-    /// `4 JB` independent accumulators.
+    /// Which sums a [`gram_tile`] computes: rows `i0 .. i0 + rows` (`rows <= 4`) of the output,
+    /// from column block `jb` (16 columns a block).
+    #[derive(Clone, Copy)]
+    struct GramTile {
+        i0: usize,
+        rows: usize,
+        jb: usize,
+    }
+
+    /// `z[i][16 jb ..][..16 JB] = sum_c t[i][c] tt[c][16 jb ..][..16 JB]` for the rows of `at`:
+    /// four rows broadcast against `JB` vectors of `tt` per input, `4 JB` independent
+    /// accumulators.
     ///
     /// # Safety
     /// AVX-512F; `t` holds rows `i0 .. i0 + 4` of `d`, `tt` is `d x n16` with
     /// `16 (jb + JB) <= n16`, and `z` has rows `i0 .. i0 + rows` of `zs >= 16 (jb + JB)`.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn gram_tile<const JB: usize>(
@@ -390,12 +399,11 @@ mod avx512 {
         d: usize,
         tt: &[f32],
         n16: usize,
-        i0: usize,
-        rows: usize,
-        jb: usize,
+        at: GramTile,
         z: &mut [f32],
         zs: usize,
     ) {
+        let GramTile { i0, rows, jb } = at;
         let (pt, ptt) = (
             t.as_ptr().wrapping_add(i0 * d),
             tt.as_ptr().wrapping_add(jb * 16),

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 mod exchange;
 
+use exchange::Attempt;
+
 /// A slot range and the nodes holding it, primary first.
 #[derive(Debug, Clone)]
 struct Range {
@@ -422,15 +424,15 @@ impl Cluster {
             if failed.iter().any(|f| matches!(f.1, Outcome::Retry(_))) {
                 self.stale = true;
             }
-            self.exchange(
-                ops,
-                &groups,
-                &mut ask,
-                &mut avoid,
-                &mut failed,
-                attempt_deadline,
-                sink,
-            );
+            let at = Attempt {
+                groups: &groups,
+                ask: &mut ask,
+                avoid: &mut avoid,
+                failed: &mut failed,
+                deadline: attempt_deadline,
+                pass_errors: ops.passes_errors(),
+            };
+            self.exchange(ops, at, sink);
             pending.clear();
             for (c, outcome) in failed {
                 match outcome {

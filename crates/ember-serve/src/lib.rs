@@ -69,6 +69,14 @@ pub use repo::{
 pub use spec::ModelSpec;
 pub use state::App;
 
+/// Installs the server's metrics recorder (once per process; later calls do nothing). A model
+/// registers the handles it records into when it is built, and a handle registered before the
+/// recorder counts nothing: a program that builds its models before it starts the server
+/// calls this first. The `Server::start*` functions call it too.
+pub fn install_metrics() {
+    metrics::handle();
+}
+
 /// How to serve.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -113,7 +121,7 @@ pub struct Server {
     ready: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-    registry: Arc<conn::Registry>,
+    open_conns: Arc<conn::OpenConns>,
     grace: std::time::Duration,
     profile: Option<profile::ProfileWriter>,
 }
@@ -252,7 +260,7 @@ impl Server {
         metrics::handle();
         // The connection cap, not the OS, decides when connections are refused.
         let fd_limit = conn::raise_fd_limit();
-        let registry = Arc::new(conn::Registry::new(conn::connection_cap(
+        let open_conns = Arc::new(conn::OpenConns::new(conn::connection_cap(
             cfg.conn.max_connections,
             fd_limit,
         )));
@@ -281,7 +289,7 @@ impl Server {
         let http = conn::Listener {
             router: http::router(app.clone()),
             cfg: conn_cfg.clone(),
-            registry: registry.clone(),
+            open_conns: open_conns.clone(),
             max_body_bytes: Some(cfg.max_body_bytes),
             budget: budget.clone(),
             grpc: false,
@@ -291,7 +299,7 @@ impl Server {
             let grpc = conn::Listener {
                 router: grpc::router(app),
                 cfg: conn_cfg,
-                registry: registry.clone(),
+                open_conns: open_conns.clone(),
                 max_body_bytes: None,
                 budget,
                 grpc: true,
@@ -305,7 +313,7 @@ impl Server {
             ready,
             stop,
             tasks,
-            registry,
+            open_conns,
             grace: cfg.conn.shutdown_grace,
             profile,
         })
@@ -329,7 +337,7 @@ impl Server {
     /// The most connections it holds open (the configured cap within the descriptors the
     /// process has).
     pub fn connection_cap(&self) -> usize {
-        self.registry.cap()
+        self.open_conns.cap()
     }
 
     /// Stops: refuses new connections, closes idle ones and those still sending a request,
@@ -349,8 +357,8 @@ impl Server {
                 result = r;
             }
         }
-        self.registry.stop_all();
-        self.registry.drain(self.grace).await;
+        self.open_conns.stop_all();
+        self.open_conns.drain(self.grace).await;
         let repo = self.repo.clone();
         tokio::task::spawn_blocking(move || repo.shutdown_by(end))
             .await

@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use ember_model::metric_names as names;
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -67,7 +68,7 @@ pub const TIER_STALL: &str = "ember_tier_stall_seconds";
 pub const TIER_CACHE_BYTES: &str = "ember_tier_cache_bytes";
 
 /// Remote tier: one batch's fetch from the cluster, retries included (recorded by the store).
-pub const REMOTE_FETCH_SECONDS: &str = "ember_remote_fetch_seconds";
+pub const REMOTE_FETCH_SECONDS: &str = names::FETCH_SECONDS;
 /// Remote tier, per node: rows (commands) answered, bytes of rows, round trips (pipelines).
 pub const REMOTE_ROWS: &str = "ember_remote_rows_total";
 pub const REMOTE_BYTES: &str = "ember_remote_bytes_total";
@@ -244,33 +245,53 @@ fn describe_remote() {
     describe_counter!(REMOTE_ROUND_TRIPS, "Remote tier: pipelines sent, by node");
     describe_counter!(REMOTE_ERRORS, "Remote tier: failures, by node and kind");
     describe_gauge!(REMOTE_UP, "Remote tier: 1 while the store answers, else 0");
+    describe_counter!(
+        names::POOL_PLAIN,
+        "Remote tier: shares read whole instead of pooled on their node, by why (no_module, refused)"
+    );
+    describe_counter!(
+        names::FALLBACK,
+        "Remote tier: fetches that failed and went to the local copy, by kind"
+    );
+    describe_gauge!(
+        names::FALLBACK_ACTIVE,
+        "Remote tier: 1 while batches are read from the local copy"
+    );
+    describe_counter!(
+        names::FALLBACK_ROWS,
+        "Remote tier: rows read from the local copy"
+    );
+    describe_counter!(
+        names::FALLBACK_STALE_TABLES,
+        "Remote tier: tables the local copy stopped serving"
+    );
 }
 
 /// Row updates read from the remote tables' streams (recorded by the embedding stage).
 fn describe_updates() {
     describe_counter!(
-        "ember_update_rows_total",
+        names::UPDATE_ROWS,
         "Row updates read from the stream, by outcome (applied: the row was cached; absent: not)"
     );
     describe_histogram!(
-        "ember_update_lag_seconds",
+        names::UPDATE_LAG,
         Unit::Seconds,
         "Row updates: from publish (the publisher's clock) to applied in this server's cache"
     );
     describe_counter!(
-        "ember_update_resets_total",
+        names::UPDATE_RESETS,
         "Update streams trimmed past this server's position (the table's cache was dropped)"
     );
     describe_counter!(
-        "ember_update_bad_entries_total",
+        names::UPDATE_BAD,
         "Update stream entries that were not well-formed updates (skipped)"
     );
     describe_counter!(
-        "ember_update_poll_errors_total",
+        names::UPDATE_POLL_ERRORS,
         "Failed reads of the update streams (retried)"
     );
     describe_gauge!(
-        "ember_update_position_ms",
+        names::UPDATE_POSITION,
         "Position in each table's update stream: its last entry's milliseconds"
     );
 }
@@ -290,23 +311,54 @@ fn describe_models() {
     );
 }
 
-/// Publishes the SSD tier's counters of the model served as `name` (nothing when no table is
-/// on the tier).
-pub fn record_tier(name: &str, tier: ember_model::Tier<'_>) {
-    if !tier.is_active() {
-        return;
+/// The tier's metrics of one served model: registered once, when its batcher is made (after
+/// the recorder), then set after each batch with neither a registry lookup nor an allocation.
+pub(crate) struct TierMetrics {
+    hits: metrics::Counter,
+    lookups: metrics::Counter,
+    hit_ratio: metrics::Gauge,
+    bytes: metrics::Counter,
+    reads: metrics::Counter,
+    bytes_deprecated: metrics::Counter,
+    reads_deprecated: metrics::Counter,
+    stall: metrics::Gauge,
+    cache_bytes: metrics::Gauge,
+}
+
+impl TierMetrics {
+    /// The metrics of the model served as `name`, or `None` when no table of it is on the
+    /// tier (nothing is published then).
+    pub(crate) fn of(name: &str, tier: ember_model::Tier<'_>) -> Option<TierMetrics> {
+        if !tier.is_active() {
+            return None;
+        }
+        let l = [("model", name.to_string())];
+        Some(TierMetrics {
+            hits: metrics::counter!(TIER_HITS, &l),
+            lookups: metrics::counter!(TIER_LOOKUPS, &l),
+            hit_ratio: metrics::gauge!(TIER_HIT_RATIO, &l),
+            bytes: metrics::counter!(TIER_BYTES, &l),
+            reads: metrics::counter!(TIER_READS, &l),
+            bytes_deprecated: metrics::counter!(TIER_BYTES_DEPRECATED, &l),
+            reads_deprecated: metrics::counter!(TIER_READS_DEPRECATED, &l),
+            stall: metrics::gauge!(TIER_STALL, &l),
+            cache_bytes: metrics::gauge!(TIER_CACHE_BYTES, &l),
+        })
     }
-    let s = tier.counters();
-    let l = || [("model", name.to_string())];
-    metrics::counter!(TIER_HITS, &l()).absolute(s.hits);
-    metrics::counter!(TIER_LOOKUPS, &l()).absolute(s.lookups);
-    metrics::gauge!(TIER_HIT_RATIO, &l()).set(s.hit_ratio);
-    metrics::counter!(TIER_BYTES, &l()).absolute(s.bytes_read);
-    metrics::counter!(TIER_READS, &l()).absolute(s.reads);
-    metrics::counter!(TIER_BYTES_DEPRECATED, &l()).absolute(s.bytes_read);
-    metrics::counter!(TIER_READS_DEPRECATED, &l()).absolute(s.reads);
-    metrics::gauge!(TIER_STALL, &l()).set(s.stall.as_secs_f64());
-    metrics::gauge!(TIER_CACHE_BYTES, &l()).set(s.cache_bytes as f64);
+
+    /// Publishes the tier's counters now.
+    pub(crate) fn record(&self, tier: ember_model::Tier<'_>) {
+        let s = tier.counters();
+        self.hits.absolute(s.hits);
+        self.lookups.absolute(s.lookups);
+        self.hit_ratio.set(s.hit_ratio);
+        self.bytes.absolute(s.bytes_read);
+        self.reads.absolute(s.reads);
+        self.bytes_deprecated.absolute(s.bytes_read);
+        self.reads_deprecated.absolute(s.reads);
+        self.stall.set(s.stall.as_secs_f64());
+        self.cache_bytes.set(s.cache_bytes as f64);
+    }
 }
 
 /// Publishes the remote store's counters per node and whether it answers, for the model served

@@ -66,24 +66,37 @@ pub fn run(a: EmbedArgs) -> Result<()> {
         return super::gpu::run(&a, s, &coll, &profile, &batches, &source.describe(), uniq);
     }
     let report = measure(&a, s, isa, &coll, &validated)?;
-    print(
-        &report,
-        &a,
+    let setting = Setting {
         s,
         isa,
-        &source.describe(),
+        ids: source.describe(),
         uniq,
         huge,
         total_bytes,
-    );
+    };
+    print(&report, &a, &setting);
     if let Some(path) = &a.report {
-        page(&report, &a, s, isa, &source.describe()).write(path)?;
+        page(&report, &a, &setting).write(path)?;
     }
     Ok(())
 }
 
+/// What a run measured besides its arguments: the tables' shape and bytes (and how many of
+/// them sit on huge pages), the CPU's kernels, the ids and their unique ratio.
+struct Setting {
+    s: Shape,
+    isa: Isa,
+    ids: String,
+    uniq: f64,
+    huge: Option<usize>,
+    total_bytes: usize,
+}
+
 /// `--report`: Ember against the memory ceiling, as medians and run by run.
-fn page(r: &Report, a: &EmbedArgs, s: Shape, isa: Isa, ids: &str) -> crate::report::Page {
+fn page(r: &Report, a: &EmbedArgs, setting: &Setting) -> crate::report::Page {
+    let Setting {
+        s, isa, ref ids, ..
+    } = *setting;
     use crate::report::{Page, Plot, Series};
     let mut p = Page::new("ember bench embed");
     p.param(
@@ -207,17 +220,15 @@ fn measure(
 }
 
 /// Prints the report as text, and as JSON with `--json`.
-#[allow(clippy::too_many_arguments)]
-fn print(
-    r: &Report,
-    a: &EmbedArgs,
-    s: Shape,
-    isa: Isa,
-    ids: &str,
-    uniq: f64,
-    huge: Option<usize>,
-    total_bytes: usize,
-) {
+fn print(r: &Report, a: &EmbedArgs, setting: &Setting) {
+    let Setting {
+        s,
+        isa,
+        ref ids,
+        uniq,
+        huge,
+        total_bytes,
+    } = *setting;
     let row_bytes = a.dtype.row_bytes(s.dim);
     let lps = median(&r.ember_runs);
     let cps = median(&r.ceiling_runs);

@@ -224,20 +224,20 @@ struct PathRun {
     max_err: f64,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_path(
-    a: &RemotePoolArgs,
-    s: &Shape,
-    coll: &EmbeddingCollection,
-    dram: &EmbeddingCollection,
-    src: &RemoteSource,
-    fraction: f64,
-    hot: &[u64],
-    pool: PoolRemote,
-    warm: &[KeyedJagged],
-    timed: &[KeyedJagged],
-    ports: &[u16],
-) -> Result<PathRun> {
+/// One path (`pool`) of `case` with the hottest `fraction` of each table's rows cached.
+fn run_path(case: &Case<'_>, fraction: f64, pool: PoolRemote) -> Result<PathRun> {
+    let Case {
+        a,
+        s,
+        coll,
+        dram,
+        src,
+        ref hot,
+        ref warm,
+        ref timed,
+        ports,
+        ..
+    } = *case;
     let cached = (s.rows as f64 * fraction) as usize;
     let row_bytes = DType::F32.row_bytes(s.dim);
     let opts = TierOptions {
@@ -343,21 +343,7 @@ impl Case<'_> {
             "cache fractions are in [0, 1]"
         );
         let (a, s) = (self.a, self.s);
-        let path = |pool| {
-            run_path(
-                a,
-                s,
-                self.coll,
-                self.dram,
-                self.src,
-                fraction,
-                &self.hot,
-                pool,
-                &self.warm,
-                &self.timed,
-                self.ports,
-            )
-        };
+        let path = |pool| run_path(self, fraction, pool);
         let on = path(PoolRemote::On)?;
         let off = path(PoolRemote::Off)?;
         let (lon, loff) = (median(&on.lps), median(&off.lps));

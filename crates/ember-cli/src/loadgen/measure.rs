@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use ember_bench::stats::quantile;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::UnboundedSender;
@@ -84,14 +85,6 @@ pub(super) async fn run_at(
         timeline,
         phases: by_phase,
     })
-}
-
-/// The `p` quantile of sorted values (NaN when there are none).
-fn quantile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
 /// The arrival clock of one measurement: what it sends, where the answers go, and when.

@@ -82,7 +82,7 @@ pub(super) fn print(
         );
     }
     if a.json {
-        println!("{}", to_json(a, spec, s, (a_uc, ll), depth));
+        println!("{}", to_json(a, spec, s, a_uc, ll, depth));
     }
 }
 
@@ -91,7 +91,8 @@ fn to_json(
     a: &PredictArgs,
     spec: &ModelSpec,
     s: &Scored,
-    (a_uc, ll): (Option<f64>, Option<f64>),
+    a_uc: Option<f64>,
+    ll: Option<f64>,
     depth: usize,
 ) -> serde_json::Value {
     let tier = spec.servable().tier();

@@ -887,6 +887,11 @@ const SERVER_MAY_NAME: &[(&str, &str)] = &[
         "the seam's lengths column: what a decoder builds for `Model::check_samples`",
     ),
     (
+        "metric_names",
+        "the names of the metrics the embedding stage records, which the server describes on \
+         /metrics: strings, no type of the stage",
+    ),
+    (
         "run_ahead",
         "the seam's pipeline: a generic function that runs `Model::prepare` ahead of \
          `Engine::run`; no type of the embedding stage crosses it",

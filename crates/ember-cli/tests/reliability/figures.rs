@@ -101,11 +101,6 @@ fn highest_rate(s: &Server, common: &[&str]) -> f64 {
     find["max_qps"].as_f64().expect("a sustainable rate")
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[test]
 #[ignore = "a figure: minutes; run by bench/reliability.sh"]
 fn figure_idle_flood_and_slowloris() {
@@ -152,7 +147,7 @@ fn figure_idle_flood_and_slowloris() {
         .filter(|c| !clients::closed(c))
         .count();
     lat.sort_by(f64::total_cmp);
-    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    let p = |q: f64| ember_bench::stats::quantile(&lat, q);
     eprintln!(
         "FIGURE idle flood: {} normal requests among 10,000 idle + 500 slowloris: p50 {:.2} ms, \
          p99 {:.2} ms, max {:.2} ms; slowloris closed by the 10 s header timeout: {n_closed}/500 \
@@ -189,7 +184,8 @@ fn figure_overload_5x() {
         &s,
         &[&common[..], &["--qps", &rate, "--duration", "20"]].concat(),
     );
-    let steady_rss = median(rss.finish().iter().map(|x| x.rss as f64).collect());
+    let rss_samples: Vec<f64> = rss.finish().iter().map(|x| x.rss as f64).collect();
+    let steady_rss = ember_bench::stats::median(&rss_samples);
     // 5x for 60 s, then the sustainable rate for 10 s.
     let phases = format!("{:.0}:60,{max:.0}:10", 5.0 * max);
     let rss = Sampler::start(s.pid(), Duration::from_millis(250));

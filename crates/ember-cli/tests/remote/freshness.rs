@@ -32,7 +32,7 @@ fn encode(vals: &[f32]) -> Vec<u8> {
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    ember_bench::stats::quantile(v, p)
 }
 
 #[test]

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ember_bench::stats::median;
 use ember_registry::RegistryModel;
 
 /// A copy of `ember-model`'s `hstu_small` fixture (a DlrmHSTU of the reference, exported), in a
@@ -134,12 +135,6 @@ fn hstu_tables_on_the_redis_and_ssd_tiers_score_as_in_memory() {
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 
-/// Median of `v`.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// The embedding lookups of a 4,096-item history (and 512 candidates) of MLPerf DLRMv3's model
 /// (tables scaled by 1e-4: 100,000 x 512 item rows in f16), per user, from DRAM, from the SSD
 /// tier (row files read with direct I/O, an 8 MiB row cache: cold at each run's start) and
@@ -236,8 +231,8 @@ fn figure_hstu_lookups_by_tier() {
                 )
             })
             .collect();
-        let lookups = median(runs.iter().map(|r| r.0).collect());
-        let wall = median(runs.iter().map(|r| r.1).collect());
+        let (lookups, wall): (Vec<f64>, Vec<f64>) = runs.iter().copied().unzip();
+        let (lookups, wall) = (median(&lookups), median(&wall));
         rows.push((name, lookups, wall));
     }
     let dram = rows[0].1;

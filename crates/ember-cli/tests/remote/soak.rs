@@ -81,10 +81,8 @@ fn soak_a_repository_of_two_models_with_updates() {
     let models = ["a", "b"].map(Named::among_others);
     let refs = models.clone().map(|m| Refs::start(&states, &m.name));
     let url = format!("http://{}", s.addr);
-    let updates = [0, 1].map(|k| {
-        let m = (&models[k], 5_000);
-        Updates::start(&c.url(), m, states.clone(), &refs[k], &[&s])
-    });
+    let updates = [0, 1]
+        .map(|k| Updates::start(&c.url(), &models[k], 5_000, states.clone(), &refs[k], &[&s]));
     // A first load, so that the search does not start on a cold server and cache (a step failed
     // twice ends the search there).
     let warm: Vec<String> = ["--qps", "200", "--duration", "3", "--model", "a"]
@@ -151,7 +149,7 @@ fn soak_a_repository_of_two_models_with_updates() {
     let log = sampler.finish();
     let finals: Vec<_> = updates.into_iter().map(Updates::stop).collect();
     let settled: Vec<_> = (0..2)
-        .map(|k| settle((&[&s], &models[k]), &refs[k], &finals[k].0.last, false))
+        .map(|k| settle(&[&s], &models[k], &refs[k], &finals[k].0.last, false))
         .collect();
     report(&runs, &log, &finals, &settled, secs);
     let _ = std::fs::remove_dir_all(&repo);
@@ -193,7 +191,7 @@ fn report(
             .map(|p| p.lag[0].unwrap_or(f64::INFINITY))
             .collect();
         lags.sort_by(f64::total_cmp);
-        let pct = |q: f64| lags[((lags.len() - 1) as f64 * q) as usize] * 1e3;
+        let pct = |q: f64| ember_bench::stats::quantile(&lags, q) * 1e3;
         eprintln!(
             "FIGURE soak, model {}: {secs} s at {:.0} requests/s: ok {}, refused {}, errors {}, \
              wrong {}; p99 per minute first {first:.2} ms, worst {worst:.2} ms ({:.2}x); rows \

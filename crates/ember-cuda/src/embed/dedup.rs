@@ -4,7 +4,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::tables::desc_words;
+use super::tables::FeatDesc;
 use super::{ALIGN, DedupBufs, EmbedRun, GpuEmbeddings, Grow};
 use crate::device::dptr;
 use crate::error::{DriverCtx, Result};
@@ -66,17 +66,18 @@ impl EmbedRun {
                 .iter()
                 .flat_map(|&f| {
                     let t = &emb.tables[emb.feat_table[f]];
-                    desc_words(
-                        0,
-                        ptrs[f],
-                        0,
-                        (cap_start[f + 1] - cap_start[f]) as usize,
-                        0,
-                        t.stride,
-                        emb.feat_dim[f],
-                        emb.feat_col[f],
-                        f,
-                    )
+                    FeatDesc {
+                        hot: 0,
+                        cold: ptrs[f],
+                        remap: 0,
+                        rows: (cap_start[f + 1] - cap_start[f]) as usize,
+                        hot_rows: 0,
+                        stride: t.stride,
+                        dim: emb.feat_dim[f],
+                        out_col: emb.feat_col[f],
+                        kj_feature: f,
+                    }
+                    .words()
                 })
                 .collect();
             let buf = d.group_descs[g].ensure(&gpu, words.len())?;

@@ -285,7 +285,7 @@ pub struct EmbedRun {
 
 #[cfg(test)]
 mod tests {
-    use super::tables::desc_words;
+    use super::tables::FeatDesc;
     use super::*;
 
     #[test]
@@ -301,7 +301,18 @@ mod tests {
 
     #[test]
     fn descriptors_pack_like_the_kernels_struct() {
-        let w = desc_words(1, 2, 3, 500_000, 17, 512, 128, 256, 5);
+        let w = FeatDesc {
+            hot: 1,
+            cold: 2,
+            remap: 3,
+            rows: 500_000,
+            hot_rows: 17,
+            stride: 512,
+            dim: 128,
+            out_col: 256,
+            kj_feature: 5,
+        }
+        .words();
         assert_eq!(&w[..5], &[1, 2, 3, 500_000, 17]);
         // stride, dim / out_col, kj_feature as little-endian int pairs.
         assert_eq!(w[5] & 0xffff_ffff, 512);

@@ -14,29 +14,35 @@ use crate::error::{CudaError, DriverCtx, Result};
 use crate::hot::HotPlan;
 use crate::kernels::{Launch, Shape};
 
-/// The `FeatDesc` struct of the kernels as 7 little-endian words.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn desc_words(
-    hot: u64,
-    cold: u64,
-    remap: u64,
-    rows: usize,
-    hot_rows: usize,
-    stride: usize,
-    dim: usize,
-    out_col: usize,
-    kj_feature: usize,
-) -> [u64; 7] {
-    let pair = |lo: usize, hi: usize| (lo as u32 as u64) | ((hi as u32 as u64) << 32);
-    [
-        hot,
-        cold,
-        remap,
-        rows as u64,
-        hot_rows as u64,
-        pair(stride, dim),
-        pair(out_col, kj_feature),
-    ]
+/// A feature's descriptor: the kernels' `FeatDesc` (`kernels/dedup.cu`). `hot` and `remap`
+/// are null where the table has no hot region or no renumbering.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FeatDesc {
+    pub hot: u64,
+    pub cold: u64,
+    pub remap: u64,
+    pub rows: usize,
+    pub hot_rows: usize,
+    pub stride: usize,
+    pub dim: usize,
+    pub out_col: usize,
+    pub kj_feature: usize,
+}
+
+impl FeatDesc {
+    /// The struct as the kernels read it: 7 little-endian words.
+    pub(super) fn words(&self) -> [u64; 7] {
+        let pair = |lo: usize, hi: usize| (lo as u32 as u64) | ((hi as u32 as u64) << 32);
+        [
+            self.hot,
+            self.cold,
+            self.remap,
+            self.rows as u64,
+            self.hot_rows as u64,
+            pair(self.stride, self.dim),
+            pair(self.out_col, self.kj_feature),
+        ]
+    }
 }
 
 impl GpuEmbeddings {
@@ -153,17 +159,18 @@ impl GpuEmbeddings {
             _ => 0,
         };
         let remap = t.remap.as_ref().map_or(0, |r| dptr(r, stream));
-        desc_words(
+        FeatDesc {
             hot,
-            dptr(&t.cold, stream),
+            cold: dptr(&t.cold, stream),
             remap,
-            t.rows,
-            t.hot_rows,
-            t.stride,
-            self.feat_dim[f],
-            self.feat_col[f],
-            f,
-        )
+            rows: t.rows,
+            hot_rows: t.hot_rows,
+            stride: t.stride,
+            dim: self.feat_dim[f],
+            out_col: self.feat_col[f],
+            kj_feature: f,
+        }
+        .words()
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {

@@ -7,7 +7,7 @@ use ember_model::DenseDType;
 use ember_model::hstu::plan::TIME_FEATURE_WIDTH;
 use ember_model::hstu::{HstuBatch, TokenPlan};
 
-use super::ops::{grid, key_chunks, max_hidden, up_f32, warp_rows};
+use super::ops::{DevList, DevRows, grid, key_chunks, max_hidden, up_f32, warp_rows};
 use super::predictor::{GpuHstuPredictor, Stage};
 use super::{DevLayer, DevPost, PAD_ROWS, TILE};
 use crate::device::dptr;
@@ -201,13 +201,24 @@ impl GpuHstuPredictor {
         let m = self.m.clone();
         let s = m.gpu.compute().clone();
         let (t, d) = (p.t, p.d);
-        let pp = dptr(&m.post_pairs, &s);
-        self.gather(p.emb, p.total, 0, t, pp, 1, p.td, p.input)?;
+        let emb = DevRows {
+            ptr: p.emb,
+            ld: p.total,
+        };
+        // Every token's own row (no row list).
+        let tokens = DevList { ptr: 0, len: t };
+        let pp = DevList {
+            ptr: dptr(&m.post_pairs, &s),
+            len: 1,
+        };
+        self.gather(emb, tokens, pp, p.td, p.input)?;
         self.mlp(&m.content, p.input, t, p.hidden, p.x, p.x16)?;
         if let Some(a) = &m.additional {
-            let ap = dptr(&m.add_pairs, &s);
-            let segs = m.cols.additional.len();
-            self.gather(p.emb, p.total, 0, t, ap, segs, p.td, p.input)?;
+            let ap = DevList {
+                ptr: dptr(&m.add_pairs, &s),
+                len: m.cols.additional.len(),
+            };
+            self.gather(emb, tokens, ap, p.td, p.input)?;
             self.mlp(a, p.input, t, p.hidden, p.tmp, p.x16)?;
             self.add(p.x, p.tmp, t * d)?;
         }
@@ -261,7 +272,8 @@ impl GpuHstuPredictor {
     fn stu_layer(&mut self, l: &DevLayer, p: &Pass) -> Result<()> {
         let s = self.m.gpu.compute().clone();
         let (t, d, w, nh) = (p.t, p.d, p.w, p.nh);
-        self.norm_rows(p.x, d, p.xn, d, &l.input_norm, t, d, false)?;
+        let (x, xn) = (DevRows { ptr: p.x, ld: d }, DevRows { ptr: p.xn, ld: d });
+        self.norm_rows(x, xn, &l.input_norm, t, d, false)?;
         self.mark(Some(Stage::Pointwise))?;
         self.linear(&l.uvqk, p.xn, t, p.uvqk, p.x16, true)?;
         self.mark(Some(Stage::Projections))?;
@@ -363,19 +375,29 @@ impl GpuHstuPredictor {
         let user = grow(&gpu, &mut self.b.user, n * d)?.0;
         let item = grow(&gpu, &mut self.b.item, n * d)?.0;
         let logits = grow(&gpu, &mut self.b.logits, n * tasks)?.0;
+        let x = DevRows { ptr: p.x, ld: d };
+        let cand = DevList {
+            ptr: p.cand,
+            len: n,
+        };
+        let none = DevRows { ptr: 0, ld: 0 };
+        let user_rows = DevRows { ptr: user, ld: d };
         match &m.post {
             DevPost::Timestamp { combiner, norm } => {
-                let ne = TIME_FEATURE_WIDTH as i32;
-                self.rows(p.x, d, p.cand, n, p.tf, ne, p.input)?;
+                let tf = DevRows {
+                    ptr: p.tf,
+                    ld: TIME_FEATURE_WIDTH,
+                };
+                self.rows(x, cand, tf, p.input)?;
                 self.linear(combiner, p.input, n, user, p.x16, true)?;
-                self.norm_rows(user, d, user, d, norm, n, d, false)?;
+                self.norm_rows(user_rows, user_rows, norm, n, d, false)?;
             }
             DevPost::LayerNorm(norm) => {
-                self.rows(p.x, d, p.cand, n, 0, 0, user)?;
-                self.norm_rows(user, d, user, d, norm, n, d, false)?;
+                self.rows(x, cand, none, user)?;
+                self.norm_rows(user_rows, user_rows, norm, n, d, false)?;
             }
             DevPost::L2 => {
-                self.rows(p.x, d, p.cand, n, 0, 0, user)?;
+                self.rows(x, cand, none, user)?;
                 let (d_i, n_i) = (d as i32, n as i32);
                 let mut b = s.launch_builder(&self.k.l2);
                 b.arg(&user).arg(&d_i).arg(&n_i);
@@ -383,9 +405,15 @@ impl GpuHstuPredictor {
                 unsafe { b.launch(warp_rows(n)) }.ctx("launching the l2 norm")?;
             }
         }
-        let ip = dptr(&m.item_pairs, &s);
-        let segs = m.cols.items.len();
-        self.gather(p.emb, p.total, p.cand, n, ip, segs, p.td, p.input)?;
+        let emb = DevRows {
+            ptr: p.emb,
+            ld: p.total,
+        };
+        let ip = DevList {
+            ptr: dptr(&m.item_pairs, &s),
+            len: m.cols.items.len(),
+        };
+        self.gather(emb, cand, ip, p.td, p.input)?;
         self.mlp(&m.item, p.input, n, p.hidden, item, p.x16)?;
         let total_n = (n * d) as i64;
         let mut b = s.launch_builder(&self.k.mul);

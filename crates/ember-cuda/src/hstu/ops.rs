@@ -11,20 +11,42 @@ use crate::error::{DriverCtx, Result};
 use crate::model::lt::{LtCall, Out};
 use crate::model::{DevLinear, grow, sgemm_xwt};
 
+/// Rows of f32 on the device: the first at `ptr`, the next `ld` values on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DevRows {
+    pub ptr: u64,
+    pub ld: usize,
+}
+
+/// `len` entries on the device at `ptr` (a null `ptr` where a launch takes none: see each).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DevList {
+    pub ptr: u64,
+    pub len: usize,
+}
+
 impl GpuHstuPredictor {
-    /// `out[r] = emb[rows[r] or r, pair columns summed]` for `n` rows and `segs` pairs.
-    #[allow(clippy::too_many_arguments)]
+    /// `out[r] = emb[rows[r] or r, pair columns summed]` for the `rows.len` rows (`rows[r]`
+    /// where `rows.ptr` is not null) and the `pairs.len` column pairs, `td` values a column.
     pub(super) fn gather(
         &self,
-        emb: u64,
-        total: usize,
-        rows: u64,
-        n: usize,
-        pairs: u64,
-        segs: usize,
+        emb: DevRows,
+        rows: DevList,
+        pairs: DevList,
         td: usize,
         out: u64,
     ) -> Result<()> {
+        let (
+            DevRows {
+                ptr: emb,
+                ld: total,
+            },
+            DevList { ptr: rows, len: n },
+        ) = (emb, rows);
+        let DevList {
+            ptr: pairs,
+            len: segs,
+        } = pairs;
         let count = (n * segs * td) as i64;
         if count == 0 {
             return Ok(());
@@ -46,18 +68,11 @@ impl GpuHstuPredictor {
         Ok(())
     }
 
-    /// `out[r] = [x[rows[r]] | extra[r]]` (`ne` extra values a row; 0 for none).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rows(
-        &self,
-        x: u64,
-        d: usize,
-        rows: u64,
-        n: usize,
-        extra: u64,
-        ne: i32,
-        out: u64,
-    ) -> Result<()> {
+    /// `out[r] = [x[rows[r]] | extra[r]]` for the `rows.len` rows: `x.ld` values of `x`, then
+    /// `extra.ld` of `extra` (0 for none).
+    pub(super) fn rows(&self, x: DevRows, rows: DevList, extra: DevRows, out: u64) -> Result<()> {
+        let (DevRows { ptr: x, ld: d }, DevList { ptr: rows, len: n }) = (x, rows);
+        let (extra, ne) = (extra.ptr, extra.ld as i32);
         let count = (n * (d + ne as usize)) as i64;
         let (d_i, n_i) = (d as i32, n as i32);
         let s = self.m.gpu.compute();
@@ -85,19 +100,18 @@ impl GpuHstuPredictor {
         Ok(())
     }
 
-    /// A layer norm (or SwishLayerNorm) of `rows` rows of `n` values.
-    #[allow(clippy::too_many_arguments)]
+    /// A layer norm (or SwishLayerNorm) of `rows` rows of `n` values from `x` to `y` (which may
+    /// be `x`).
     pub(super) fn norm_rows(
         &self,
-        x: u64,
-        ldx: usize,
-        y: u64,
-        ldy: usize,
+        x: DevRows,
+        y: DevRows,
         norm: &DevNorm,
         rows: usize,
         n: usize,
         swish: bool,
     ) -> Result<()> {
+        let (DevRows { ptr: x, ld: ldx }, DevRows { ptr: y, ld: ldy }) = (x, y);
         if rows == 0 {
             return Ok(());
         }
@@ -138,11 +152,16 @@ impl GpuHstuPredictor {
     ) -> Result<()> {
         let hid = mlp.first.n_out;
         self.linear(&mlp.first, x, rows, hidden, x16, true)?;
-        self.norm_rows(hidden, hid, hidden, hid, &mlp.swish, rows, hid, true)?;
+        let h = DevRows {
+            ptr: hidden,
+            ld: hid,
+        };
+        self.norm_rows(h, h, &mlp.swish, rows, hid, true)?;
         self.linear(&mlp.second, hidden, rows, y, x16, true)?;
         if let Some(n) = &mlp.norm {
             let out = mlp.second.n_out;
-            self.norm_rows(y, out, y, out, n, rows, out, false)?;
+            let y = DevRows { ptr: y, ld: out };
+            self.norm_rows(y, y, n, rows, out, false)?;
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ typedef unsigned long long u64;
 
 #define EMPTY 0xffffffffffffffffull
 
-// Must match `desc_words` in src/embed.rs and kernels/pool.cu (56 bytes).
+// Must match `FeatDesc::words` in src/embed/tables.rs and kernels/pool.cu (56 bytes).
 struct FeatDesc {
     const u8* hot;
     const u8* cold;

@@ -28,7 +28,7 @@ typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
 
-// Must match `desc_words` in src/embed.rs (7 little-endian words, 56 bytes).
+// Must match `FeatDesc::words` in src/embed/tables.rs (7 little-endian words, 56 bytes).
 struct FeatDesc {
     const u8* hot;     // rows [0, hot_rows) after renumbering (the L2-pinned region), or null
     const u8* cold;    // rows [hot_rows, rows)

@@ -29,6 +29,7 @@ mod resident;
 mod scalar;
 mod segment;
 mod staged;
+mod units;
 
 use crate::collection::{CheckedView, EmbeddingCollection};
 use crate::dedup::DedupScratch;
@@ -47,6 +48,7 @@ pub(crate) use segment::{OutRows, Rows, Segment};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
+use units::{Call, Unit, plan_units};
 
 /// How the rows of a bag are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -357,12 +359,18 @@ impl Pooler {
         }
         let units = plan_units(coll.features().len(), kj.batch_size(), self.opts.threads);
         let out = OutPtr(out.as_mut_ptr());
+        let call = Call {
+            coll,
+            kj,
+            staged,
+            out,
+        };
         let run_one = |u: &Unit| -> PoolStats {
             let slot = rayon::current_thread_index().unwrap_or(0) % self.scratch.len();
             let mut scratch = self.scratch[slot].lock().unwrap_or_else(|p| p.into_inner());
             match kj.ids() {
-                Ids::U32(v) => self.run_unit(coll, kj, v, u, staged, out, &mut scratch),
-                Ids::I64(v) => self.run_unit(coll, kj, v, u, staged, out, &mut scratch),
+                Ids::U32(v) => self.run_unit(&call, v, u, &mut scratch),
+                Ids::I64(v) => self.run_unit(&call, v, u, &mut scratch),
             }
         };
         let total = match &self.pool {
@@ -417,18 +425,20 @@ impl Pooler {
         }
     }
 
-    /// Pools one unit and returns what it did.
-    #[allow(clippy::too_many_arguments)]
+    /// Pools one unit of `call` (whose ids are `all_ids`) and returns what it did.
     fn run_unit<I: RowIndex>(
         &self,
-        coll: &EmbeddingCollection,
-        kj: &KeyedJagged,
+        call: &Call<'_>,
         all_ids: &[I],
         u: &Unit,
-        staged: Option<&StagedBatch>,
-        out: OutPtr,
         scratch: &mut DedupScratch,
     ) -> PoolStats {
+        let Call {
+            coll,
+            kj,
+            staged,
+            out,
+        } = *call;
         let table = coll.table_of(u.feature);
         let bsz = kj.batch_size();
         let bags = &kj.offsets()[u.feature * bsz + u.b0..=u.feature * bsz + u.b1];
@@ -471,9 +481,13 @@ impl Pooler {
         let Some(rows) = resident.as_deref() else {
             // A table on the tier: run_inner checked that it was staged for this batch.
             if let Some(sf) = staged.and_then(|s| s.feature(u.feature)) {
-                let local = base - sf.start..end - sf.start;
-                let whole = u.b0 == 0 && u.b1 == bsz;
-                self.run_staged_unit(&direct, sf, local, u.feature, whole, scratch, &mut stats);
+                let unit = staged::StagedUnit {
+                    sf,
+                    local: base - sf.start..end - sf.start,
+                    feature: u.feature,
+                    whole: u.b0 == 0 && u.b1 == bsz,
+                };
+                self.run_staged_unit(&direct, unit, scratch, &mut stats);
             }
             return stats;
         };
@@ -546,38 +560,6 @@ pub(crate) fn check_call(
         });
     }
     pooling.check_weights(kj)
-}
-
-/// A work unit: bags `b0..b1` of one feature.
-#[derive(Debug, Clone, Copy)]
-struct Unit {
-    feature: usize,
-    b0: usize,
-    b1: usize,
-}
-
-/// Units for `threads` threads: whole features when there are enough of them to keep every
-/// thread busy, otherwise features cut into bag blocks (about four units per thread).
-fn plan_units(features: usize, batch: usize, threads: usize) -> Vec<Unit> {
-    if batch == 0 {
-        return Vec::new();
-    }
-    let blocks = if threads <= 1 || features >= 4 * threads {
-        1
-    } else {
-        (4 * threads).div_ceil(features).min(batch)
-    };
-    let block = batch.div_ceil(blocks);
-    let mut units = Vec::with_capacity(features * blocks);
-    for f in 0..features {
-        let mut b0 = 0;
-        while b0 < batch {
-            let b1 = (b0 + block).min(batch);
-            units.push(Unit { feature: f, b0, b1 });
-            b0 = b1;
-        }
-    }
-    units
 }
 
 /// Pools one batch with default options on the calling thread (convenience for one-off calls;

@@ -7,20 +7,31 @@ use crate::dedup::DedupScratch;
 use crate::jagged::RowIndex;
 use crate::tier::{StagedFeature, StagedRows};
 
+/// Where a unit of a table on the tier sits in what was staged: ids `local` of the staged
+/// feature `sf` (feature `feature` of the collection); `whole` when the unit is the whole
+/// feature.
+pub(super) struct StagedUnit<'a> {
+    pub sf: &'a StagedFeature,
+    pub local: std::ops::Range<usize>,
+    pub feature: usize,
+    pub whole: bool,
+}
+
 impl Pooler {
-    /// Pools unit `direct` (ids `local` of staged feature `sf`, feature `f`; `whole` when the
-    /// unit is the whole feature) from the staged rows.
-    #[allow(clippy::too_many_arguments)]
+    /// Pools the unit `direct`, placed as `unit` says, from the staged rows.
     pub(super) fn run_staged_unit<I: RowIndex>(
         &self,
         direct: &Segment<'_, I>,
-        sf: &StagedFeature,
-        local: std::ops::Range<usize>,
-        f: usize,
-        whole: bool,
+        unit: StagedUnit<'_>,
         scratch: &mut DedupScratch,
         stats: &mut PoolStats,
     ) {
+        let StagedUnit {
+            sf,
+            local,
+            feature: f,
+            whole,
+        } = unit;
         let n = local.len();
         let stride = direct.stride;
         let inverse = &sf.inverse[local.clone()];

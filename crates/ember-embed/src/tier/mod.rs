@@ -53,7 +53,10 @@ mod stager;
 mod stats;
 mod stores;
 
-pub use follow::UpdateStats;
+pub use follow::{
+    UPDATE_BAD, UPDATE_LAG, UPDATE_POLL_ERRORS, UPDATE_POSITION, UPDATE_RESETS, UPDATE_ROWS,
+    UpdateStats,
+};
 pub use options::TierOptions;
 pub use pinning::hottest;
 pub use pipeline::{pipeline, run_ahead};

@@ -35,22 +35,33 @@ pub(super) fn pooled_tables(tables: &[TierTable], stores: &[TierStore]) -> Vec<b
         .collect()
 }
 
-/// Pools the misses of `inner.misses` that belong to pooled tables (`pooled`, per tier table)
-/// on their stores, stages their features as described in the module documentation (a zeroed
-/// buffer for each in `overflow`, the sums in the feature's `remote`), and takes them out of
-/// `inner.misses`. Returns the time spent waiting for the stores.
-#[allow(clippy::too_many_arguments)]
+/// What [`pool_misses`] takes of the stager: which tier tables pool on their stores, where
+/// staged buffers come from, its counters, and its background fill.
+pub(super) struct PoolingParts<'a> {
+    pub pooled: &'a [bool],
+    pub recycler: &'a Recycler,
+    pub counters: &'a Counters,
+    pub filler: Option<&'a Filler>,
+}
+
+/// Pools the misses of `inner.misses` that belong to pooled tables on their stores, stages
+/// their features as described in the module documentation (a zeroed buffer for each in
+/// `overflow`, the sums in the feature's `remote`), and takes them out of `inner.misses`.
+/// Returns the time spent waiting for the stores.
 pub(super) fn pool_misses(
+    parts: &PoolingParts<'_>,
     inner: &mut Inner,
-    pooled: &[bool],
     coll: &EmbeddingCollection,
     kj: &KeyedJagged,
     staged: &mut StagedBatch,
     overflow: &mut Overflow,
-    recycler: &Recycler,
-    counters: &Counters,
-    filler: Option<&Filler>,
 ) -> Result<Duration> {
+    let PoolingParts {
+        pooled,
+        recycler,
+        counters,
+        filler,
+    } = *parts;
     let mut waited = Duration::ZERO;
     if !inner.misses.iter().any(|m| pooled[m.tier]) {
         return Ok(waited);

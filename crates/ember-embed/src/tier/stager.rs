@@ -15,7 +15,7 @@ use super::land::{Overflow, compact, fill_slots, land_row};
 use super::lookup::{Counts, PARALLEL_MIN_IDS, TableStaged, stage_table};
 use super::options::TierOptions;
 use super::pinning::hottest;
-use super::pooling::{pool_misses, pooled_tables};
+use super::pooling::{PoolingParts, pool_misses, pooled_tables};
 use super::staged::{Recycler, StagedBatch, StagedRows};
 use super::stats::{Counters, TierStats};
 use super::stores::{Home, Stores, TierStore, open_stores};
@@ -326,17 +326,13 @@ impl Stager {
         let mut overflow = Overflow::new();
         let mut io = Duration::ZERO;
         if self.pooled.contains(&true) {
-            let got = pool_misses(
-                inner,
-                &self.pooled,
-                coll,
-                batch.get(),
-                &mut staged,
-                &mut overflow,
-                &self.recycler,
-                &self.counters,
-                self.filler.as_ref(),
-            );
+            let parts = PoolingParts {
+                pooled: &self.pooled,
+                recycler: &self.recycler,
+                counters: &self.counters,
+                filler: self.filler.as_ref(),
+            };
+            let got = pool_misses(&parts, inner, coll, batch.get(), &mut staged, &mut overflow);
             let down = matches!(got, Err(EmbedError::StoreUnavailable { .. }));
             self.healthy.store(!down, Relaxed);
             io += got?;

@@ -68,17 +68,34 @@ fn to_bf16_plain(x: &[f32], (m, k, ldx): (usize, usize, usize), dst: &mut [u16],
     }
 }
 
-/// `x` (`m` rows of `k` f32 at stride `ldx`) quantized per row (`reference::quantize_row`'s
-/// codes) into `dst` (rows of `ld` bytes, inputs past `k` zero codes, sized to `m` rounded up
-/// to 16 rows), scales into `sx`; `unsigned` stores `code + 128`.
+/// `m` rows of `k` f32 values, the first at `x[0]`, the next `ld` values on.
+#[derive(Debug, Clone, Copy)]
+pub struct RowsF32<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub k: usize,
+    pub ld: usize,
+}
+
+/// How rows are quantized: `unsigned` stores `code + 128` (the VNNI kernel's input); `smooth`,
+/// where set, multiplies input `i` by `smooth[i]` first (the inverse of SmoothQuant's scales).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quant<'a> {
+    pub unsigned: bool,
+    pub smooth: Option<&'a [f32]>,
+}
+
+/// `rows` quantized per row as `q` says (`reference::quantize_row`'s codes) into `dst` (rows of
+/// `ld` bytes, inputs past `k` zero codes, sized to `m` rounded up to 16 rows), scales into
+/// `sx`.
 pub fn quantize_rows(
-    x: &[f32],
-    (m, k, ldx): (usize, usize, usize),
+    rows: RowsF32<'_>,
+    q: Quant<'_>,
     dst: &mut Vec<u8>,
     ld: usize,
     sx: &mut Vec<f32>,
-    (unsigned, inv): (bool, Option<&[f32]>),
 ) {
+    let RowsF32 { x, m, k, ld: ldx } = rows;
     dst.resize(m.next_multiple_of(TILE) * ld, 0);
     sx.resize(m, 0.0);
     let per = rows_per_thread(m);
@@ -89,35 +106,27 @@ pub fn quantize_rows(
             .zip(sx[..m].par_chunks_mut(per))
             .enumerate()
             .for_each(|(c, (d, s))| {
-                quantize_seq(
-                    &x[c * per * ldx..],
-                    (s.len(), k, ldx),
-                    d,
-                    ld,
-                    s,
-                    (unsigned, inv),
-                )
+                let part = RowsF32 {
+                    x: &x[c * per * ldx..],
+                    m: s.len(),
+                    k,
+                    ld: ldx,
+                };
+                quantize_seq(part, q, d, ld, s)
             });
         return;
     }
-    quantize_seq(x, (m, k, ldx), dst, ld, sx, (unsigned, inv));
+    quantize_seq(rows, q, dst, ld, sx);
 }
 
-fn quantize_seq(
-    x: &[f32],
-    (m, k, ldx): (usize, usize, usize),
-    dst: &mut [u8],
-    ld: usize,
-    sx: &mut [f32],
-    opts: (bool, Option<&[f32]>),
-) {
+fn quantize_seq(rows: RowsF32<'_>, q: Quant<'_>, dst: &mut [u8], ld: usize, sx: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512) {
         // SAFETY: AVX-512 is available (the embedding stage's check).
-        unsafe { quantize_avx512(x, (m, k, ldx), dst, ld, sx, opts) };
+        unsafe { quantize_avx512(rows, q, dst, ld, sx) };
         return;
     }
-    quantize_plain(x, (m, k, ldx), dst, ld, sx, opts);
+    quantize_plain(rows, q, dst, ld, sx);
 }
 
 /// [`quantize_plain`] compiled for AVX-512 (vectorized).
@@ -127,14 +136,18 @@ fn quantize_seq(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn quantize_avx512(
-    x: &[f32],
-    (m, k, ldx): (usize, usize, usize),
+    rows: RowsF32<'_>,
+    q: Quant<'_>,
     dst: &mut [u8],
     ld: usize,
     sx: &mut [f32],
-    (unsigned, inv_s): (bool, Option<&[f32]>),
 ) {
     use std::arch::x86_64::*;
+    let RowsF32 { x, m, k, ld: ldx } = rows;
+    let Quant {
+        unsigned,
+        smooth: inv_s,
+    } = q;
     let bias = if unsigned { 128u8 } else { 0 };
     assert!((m == 0 || x.len() >= (m - 1) * ldx + k) && dst.len() >= m * ld && ld >= k);
     assert!(inv_s.is_none_or(|v| v.len() >= k));
@@ -194,13 +207,14 @@ unsafe fn quantize_avx512(
 /// The portable quantizer: the reference's codes ([`super::reference::quantize_row`]) of each
 /// row (times `1 / s` first when smoothed).
 pub(crate) fn quantize_plain(
-    x: &[f32],
-    (m, k, ldx): (usize, usize, usize),
+    rows: RowsF32<'_>,
+    q: Quant<'_>,
     dst: &mut [u8],
     ld: usize,
     sx: &mut [f32],
-    (unsigned, smooth): (bool, Option<&[f32]>),
 ) {
+    let RowsF32 { x, m, k, ld: ldx } = rows;
+    let Quant { unsigned, smooth } = q;
     let bias = if unsigned { 128u8 } else { 0 };
     let (mut row, mut q) = (vec![0f32; k], vec![0i8; k]);
     for r in 0..m {

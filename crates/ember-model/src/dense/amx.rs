@@ -13,7 +13,7 @@
 use std::arch::asm;
 
 use super::pack::{PackedBf16, PackedI8};
-use super::{ActsBf16, ActsI8, TILE, Tiles};
+use super::{ActsBf16, ActsI8, Block, TILE, Tiles};
 
 /// The 64-byte tile configuration: palette 1, tiles 0-7 of 16 rows x 64 bytes.
 #[repr(C, align(64))]
@@ -116,7 +116,7 @@ unsafe fn dot<const BF16: bool, const C: u8, const A: u8, const B: u8>() {
 unsafe fn run<const BF16: bool, const MT: usize, const NT: usize>(
     a: *const u8,
     lda: usize,
-    (b0, b1): (*const u8, *const u8),
+    [b0, b1]: [*const u8; 2],
     steps: usize,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
@@ -165,8 +165,8 @@ unsafe fn run<const BF16: bool, const MT: usize, const NT: usize>(
     }
 }
 
-/// [`run`] for a block of `mt` x `nt` tiles: `a` at the block's first row (`lda` bytes a row),
-/// the weights of output blocks `nb`, `nb + 1` (the same one twice when `nt` is 1).
+/// [`run`] for the block `at`: `a` at the block's first row (`lda` bytes a row), `b` the
+/// weights of output blocks `nb`, `nb + 1` (the same one twice when `nt` is 1).
 ///
 /// # Safety
 /// As [`run`].
@@ -174,15 +174,15 @@ unsafe fn run<const BF16: bool, const MT: usize, const NT: usize>(
 unsafe fn run_block<const BF16: bool>(
     a: *const u8,
     lda: usize,
-    (mt, nt): (usize, usize),
-    b: (*const u8, *const u8),
+    at: Block,
+    b: [*const u8; 2],
     steps: usize,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        match (mt, nt) {
+        match (at.mt, at.nt) {
             (2, 2) => run::<BF16, 2, 2>(a, lda, b, steps, out, hook),
             (2, _) => run::<BF16, 2, 1>(a, lda, b, steps, out, hook),
             (_, 2) => run::<BF16, 1, 2>(a, lda, b, steps, out, hook),
@@ -195,17 +195,9 @@ unsafe fn run_block<const BF16: bool>(
 ///
 /// # Safety
 /// See [`super::BlockBf16`]: this thread is [`configure`]d.
-pub unsafe fn block_bf16(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
+pub unsafe fn block_bf16(a: ActsBf16, w: &PackedBf16, at: Block, out: &mut Tiles) {
     // SAFETY: the caller's contract.
-    unsafe { block_bf16_hooked(a, m0, (mt, nt), w, nb, out, &mut |_, _| {}) }
+    unsafe { block_bf16_hooked(a, w, at, out, &mut |_, _| {}) }
 }
 
 /// [`block_bf16`], calling `hook(step, steps)` after each tile step's dot products: the caller
@@ -217,24 +209,22 @@ pub unsafe fn block_bf16(
 /// As [`block_bf16`].
 pub unsafe fn block_bf16_hooked(
     a: ActsBf16,
-    m0: usize,
-    (mt, nt): (usize, usize),
     w: &PackedBf16,
-    nb: usize,
+    at: Block,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
 ) {
-    let b0 = w.block(nb).as_ptr().cast::<u8>();
-    let b1 = if nt == 2 {
-        w.block(nb + 1).as_ptr().cast()
+    let b0 = w.block(at.nb).as_ptr().cast::<u8>();
+    let b1 = if at.nt == 2 {
+        w.block(at.nb + 1).as_ptr().cast()
     } else {
         b0
     };
     // SAFETY: the caller's contract: 16 mt rows of kp bf16 values from row m0; the blocks
     // hold kp / 32 tiles each.
     unsafe {
-        let ap = a.ptr.add(m0 * a.lda).cast::<u8>();
-        run_block::<true>(ap, a.lda * 2, (mt, nt), (b0, b1), w.kp() / 32, out, hook)
+        let ap = a.ptr.add(at.m0 * a.lda).cast::<u8>();
+        run_block::<true>(ap, a.lda * 2, at, [b0, b1], w.kp() / 32, out, hook)
     }
 }
 
@@ -242,17 +232,9 @@ pub unsafe fn block_bf16_hooked(
 ///
 /// # Safety
 /// See [`super::BlockI8`]: this thread is [`configure`]d; `a` holds `i8` codes.
-pub unsafe fn block_i8(
-    a: ActsI8,
-    m0: usize,
-    mt: usize,
-    w: &PackedI8,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
+pub unsafe fn block_i8(a: ActsI8, w: &PackedI8, at: Block, out: &mut Tiles) {
     // SAFETY: the caller's contract.
-    unsafe { block_i8_hooked(a, m0, (mt, nt), w, nb, out, &mut |_, _| {}) }
+    unsafe { block_i8_hooked(a, w, at, out, &mut |_, _| {}) }
 }
 
 /// [`block_i8`] with a hook per tile step, as [`block_bf16_hooked`].
@@ -261,22 +243,20 @@ pub unsafe fn block_i8(
 /// As [`block_i8`].
 pub unsafe fn block_i8_hooked(
     a: ActsI8,
-    m0: usize,
-    (mt, nt): (usize, usize),
     w: &PackedI8,
-    nb: usize,
+    at: Block,
     out: &mut Tiles,
     hook: &mut dyn FnMut(usize, usize),
 ) {
-    let b0 = w.block(nb).as_ptr().cast::<u8>();
-    let b1 = if nt == 2 {
-        w.block(nb + 1).as_ptr().cast()
+    let b0 = w.block(at.nb).as_ptr().cast::<u8>();
+    let b1 = if at.nt == 2 {
+        w.block(at.nb + 1).as_ptr().cast()
     } else {
         b0
     };
     // SAFETY: as in `block_bf16_hooked`, with kp int8 values a row and kp / 64 tiles a block.
     unsafe {
-        let ap = a.ptr.add(m0 * a.lda);
-        run_block::<false>(ap, a.lda, (mt, nt), (b0, b1), w.kp() / 64, out, hook)
+        let ap = a.ptr.add(at.m0 * a.lda);
+        run_block::<false>(ap, a.lda, at, [b0, b1], w.kp() / 64, out, hook)
     }
 }

@@ -40,7 +40,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::pack::{PackedBf16, PackedI8};
-use super::{ActsBf16, ActsI8, TILE, Tiles};
+use super::{ActsBf16, ActsI8, Block, TILE, Tiles};
 
 /// Inputs per chunk of the dot-product kernels (a multiple of 64, the int8 tile step): a chunk
 /// of a block is 16 KiB of int8 weights and 16 KiB of inputs (32 KiB each for bf16). Measured
@@ -58,13 +58,14 @@ const KC_FMA: usize = 128;
 /// 16 sums (f32, or i32 as bits).
 type Acc = __m512;
 
-/// Checks the parts of a block kernel's contract that do not depend on the activations.
-#[inline]
-fn check_block(mt: usize, nt: usize, nb: usize, blocks: usize) {
-    assert!(
-        (1..=2).contains(&mt) && (1..=2).contains(&nt) && nb + nt <= blocks,
-        "block of {mt} x {nt} tiles at output block {nb} of {blocks}"
-    );
+/// How a block's packed weights are laid out and walked: `kp` padded inputs, `g` inputs per
+/// step (2 for bf16, 4 for int8), chunks of `kc_max` inputs, output tiles `wstride` bytes apart.
+#[derive(Clone, Copy)]
+struct Walk {
+    kp: usize,
+    g: usize,
+    kc_max: usize,
+    wstride: usize,
 }
 
 /// `vdpbf16ps` on bit patterns.
@@ -150,31 +151,34 @@ unsafe fn pass<T, const R: usize, const NT: usize>(
     }
 }
 
-/// Runs a block (`mt` x `nt` tiles) as passes of `R` rows x `NT` tiles over chunks of `kc_max`
-/// inputs. `a` is the block's first row, `w` the first tile's weights (tile `j` at
-/// `w + j wstride` bytes), `kp` the padded inputs, `g` the inputs per step (2 or 4).
+/// Runs a block (`mt` x `NT` tiles) as passes of `R` rows x `NT` tiles over chunks of the
+/// inputs. `a` is the block's first row, `w` the first tile's weights, laid out as `walk` says.
 ///
 /// # Safety
-/// As [`pass`], for all `16 mt` rows and `nt` tiles over `kp` inputs; `NT == nt`, `R` divides
-/// 16, `kc_max` and `kp` are multiples of `g`.
+/// As [`pass`], for all `16 mt` rows and `NT` tiles over `kp` inputs; `R` divides 16, `kc_max`
+/// and `kp` are multiples of `g`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn block<T, const R: usize, const NT: usize>(
     a: *const T,
     lda: usize,
     mt: usize,
     w: *const u8,
-    wstride: usize,
-    (kp, g, kc_max): (usize, usize, usize),
+    walk: Walk,
     out: &mut Tiles,
     dp: impl Fn(Acc, __m512i, __m512i) -> Acc + Copy,
 ) {
+    let Walk {
+        kp,
+        g,
+        kc_max,
+        wstride,
+    } = walk;
     let mut k0 = 0;
     while k0 < kp {
         let kc = kc_max.min(kp - k0);
         for i in 0..mt {
             for r0 in (0..TILE).step_by(R) {
-                // SAFETY: rows 16 i + r0 .. + R of the block, inputs k0 .. k0 + kc, tiles j < nt
+                // SAFETY: rows 16 i + r0 .. + R of the block, inputs k0 .. k0 + kc, tiles j < NT
                 // from step k0 / g: within the ranges the caller guarantees; tile (i, j) of `out`
                 // has 256 sums, rows r0 .. r0 + R of it are the 16 R from `16 r0`.
                 unsafe {
@@ -202,36 +206,19 @@ unsafe fn block<T, const R: usize, const NT: usize>(
 /// from row `m0` (as [`super::BlockBf16`]). Panics unless `mt`, `nt` are 1 or 2 and `nb + nt <=
 /// w.blocks()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub unsafe fn block_bf16(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
+pub unsafe fn block_bf16(a: ActsBf16, w: &PackedBf16, at: Block, out: &mut Tiles) {
     // SAFETY: the caller's contract, and this function's target features.
-    unsafe { bf16_dp(a, m0, mt, w, nb, nt, out, KC) }
+    unsafe { bf16_dp(a, w, at, out, KC) }
 }
 
 /// [`block_bf16`] with chunks of `kc_max` inputs (a multiple of 32).
 ///
 /// # Safety
 /// As [`block_bf16`].
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn bf16_dp(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-    kc_max: usize,
-) {
-    check_block(mt, nt, nb, w.blocks());
+unsafe fn bf16_dp(a: ActsBf16, w: &PackedBf16, at: Block, out: &mut Tiles, kc_max: usize) {
+    at.check(w.blocks());
+    let Block { m0, mt, nb, nt } = at;
     let kp = w.kp();
     let wp = w.block(nb).as_ptr() as *const u8;
     let wstride = TILE * kp * 2;
@@ -243,11 +230,16 @@ unsafe fn bf16_dp(
     // (checked above), `kp * 2` bytes per output, tiles `wstride` bytes apart.
     unsafe {
         let ap = a.ptr.add(m0 * a.lda);
-        let shape = (kp, 2, kc_max);
+        let walk = Walk {
+            kp,
+            g: 2,
+            kc_max,
+            wstride,
+        };
         if nt == 2 {
-            block::<u16, 8, 2>(ap, a.lda, mt, wp, wstride, shape, out, dp);
+            block::<u16, 8, 2>(ap, a.lda, mt, wp, walk, out, dp);
         } else {
-            block::<u16, 16, 1>(ap, a.lda, mt, wp, wstride, shape, out, dp);
+            block::<u16, 16, 1>(ap, a.lda, mt, wp, walk, out, dp);
         }
     }
 }
@@ -268,17 +260,9 @@ unsafe fn bf16_dp(
 /// The CPU supports AVX-512F; `a` has `16 mt` readable rows of `w.kp()` values from row `m0` (as
 /// [`super::BlockBf16`]). Panics unless `mt`, `nt` are 1 or 2 and `nb + nt <= w.blocks()`.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn block_bf16_fma(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
+pub unsafe fn block_bf16_fma(a: ActsBf16, w: &PackedBf16, at: Block, out: &mut Tiles) {
     // SAFETY: the caller's contract, and this function's target features.
-    unsafe { bf16_fma(a, m0, mt, w, nb, nt, out, KC_FMA) }
+    unsafe { bf16_fma(a, w, at, out, KC_FMA) }
 }
 
 /// [`block_bf16_fma`] with chunks of `kc_max` inputs (a multiple of 32, at most
@@ -286,19 +270,10 @@ pub unsafe fn block_bf16_fma(
 ///
 /// # Safety
 /// As [`block_bf16_fma`].
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f")]
-unsafe fn bf16_fma(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-    kc_max: usize,
-) {
-    check_block(mt, nt, nb, w.blocks());
+unsafe fn bf16_fma(a: ActsBf16, w: &PackedBf16, at: Block, out: &mut Tiles, kc_max: usize) {
+    at.check(w.blocks());
+    let Block { m0, mt, nb, nt } = at;
     assert!(kc_max <= KC_FMA && kc_max.is_multiple_of(32));
     let kp = w.kp();
     let wp = w.block(nb).as_ptr() as *const u8;
@@ -421,36 +396,19 @@ unsafe fn pass_fma<const R: usize, const NT: usize>(
 /// from row `m0` (as [`super::BlockI8`]). Panics unless `mt`, `nt` are 1 or 2 and `nb + nt <=
 /// w.blocks()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn block_i8(
-    a: ActsI8,
-    m0: usize,
-    mt: usize,
-    w: &PackedI8,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
+pub unsafe fn block_i8(a: ActsI8, w: &PackedI8, at: Block, out: &mut Tiles) {
     // SAFETY: the caller's contract, and this function's target features.
-    unsafe { i8_dp(a, m0, mt, w, nb, nt, out, KC) }
+    unsafe { i8_dp(a, w, at, out, KC) }
 }
 
 /// [`block_i8`] with chunks of `kc_max` inputs (a multiple of 64).
 ///
 /// # Safety
 /// As [`block_i8`].
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn i8_dp(
-    a: ActsI8,
-    m0: usize,
-    mt: usize,
-    w: &PackedI8,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-    kc_max: usize,
-) {
-    check_block(mt, nt, nb, w.blocks());
+unsafe fn i8_dp(a: ActsI8, w: &PackedI8, at: Block, out: &mut Tiles, kc_max: usize) {
+    at.check(w.blocks());
+    let Block { m0, mt, nb, nt } = at;
     let kp = w.kp();
     let wp = w.block(nb).as_ptr() as *const u8;
     let wstride = TILE * kp;
@@ -461,11 +419,16 @@ unsafe fn i8_dp(
     // SAFETY: as in `bf16_dp`, one byte per input.
     unsafe {
         let ap = a.ptr.add(m0 * a.lda);
-        let shape = (kp, 4, kc_max);
+        let walk = Walk {
+            kp,
+            g: 4,
+            kc_max,
+            wstride,
+        };
         if nt == 2 {
-            block::<u8, 8, 2>(ap, a.lda, mt, wp, wstride, shape, out, dp);
+            block::<u8, 8, 2>(ap, a.lda, mt, wp, walk, out, dp);
         } else {
-            block::<u8, 16, 1>(ap, a.lda, mt, wp, wstride, shape, out, dp);
+            block::<u8, 16, 1>(ap, a.lda, mt, wp, walk, out, dp);
         }
     }
 }
@@ -474,7 +437,7 @@ unsafe fn i8_dp(
 mod tests {
     use super::super::emulated::tests::{check_bf16, check_i8};
     use super::super::pack::PackedBf16;
-    use super::super::{ActsBf16, TILE, Tiles, to_bf16};
+    use super::super::{ActsBf16, Block, TILE, Tiles, to_bf16};
     use crate::random::normal_vec;
 
     #[test]
@@ -533,10 +496,11 @@ mod tests {
             for (mt, nt, m0, nb) in [(2, 2, 0, 0), (1, 2, 32, 0), (2, 1, 17, 1), (1, 1, 48, 0)] {
                 let mut got: Tiles = [[f32::NAN; TILE * TILE]; 4];
                 let mut want: Tiles = [[f32::NAN; TILE * TILE]; 4];
+                let at = Block { m0, mt, nb, nt };
                 // SAFETY: 64 >= m0 + 16 mt rows of kp values; AVX-512F is present.
                 unsafe {
-                    super::block_bf16_fma(acts, m0, mt, &w, nb, nt, &mut got);
-                    super::super::emulated::block_bf16(acts, m0, mt, &w, nb, nt, &mut want);
+                    super::block_bf16_fma(acts, &w, at, &mut got);
+                    super::super::emulated::block_bf16(acts, &w, at, &mut want);
                 }
                 for t in (0..mt).flat_map(|i| (0..nt).map(move |j| i * 2 + j)) {
                     let (g, e) = (got[t].map(f32::to_bits), want[t].map(f32::to_bits));

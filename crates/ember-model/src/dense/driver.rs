@@ -12,7 +12,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::pack::{PackedBf16, PackedI8};
-use super::{ActsBf16, ActsI8, BlockBf16, BlockI8, DenseDType, DenseIsa, TILE, Tiles};
+use super::{ActsBf16, ActsI8, Block, BlockBf16, BlockI8, DenseDType, DenseIsa, TILE, Tiles};
 use crate::error::Result;
 
 /// The kernels of one family.
@@ -138,17 +138,26 @@ struct Dequant<'a> {
     comp: Option<&'a [i32]>,
 }
 
-/// `ep` applied to rows `sel` of one tile of sums at rows `r0 ..`, outputs `c0 ..` (clipped
-/// to `m`, `n`).
+/// How a layer's sums become its outputs: dequantized (int8) and passed through the epilogue,
+/// for `m` rows of `n` outputs.
+#[derive(Clone, Copy)]
+struct Finish<'a> {
+    ep: &'a Epilogue<'a>,
+    m: usize,
+    n: usize,
+    dq: Option<Dequant<'a>>,
+}
+
+/// `f` applied to rows `sel` of one tile of sums at rows `r0 ..`, outputs `c0 ..` (clipped to
+/// the layer's `m`, `n`).
 #[inline(always)]
 fn finish_tile(
-    ep: &Epilogue<'_>,
+    f: &Finish<'_>,
     t: &mut [f32; TILE * TILE],
     (r0, c0): (usize, usize),
-    (m, n): (usize, usize),
-    dq: Option<Dequant<'_>>,
     sel: Range<usize>,
 ) {
+    let Finish { ep, m, n, dq } = *f;
     let rows = sel.start..sel.end.min(m.saturating_sub(r0));
     let cols = n.saturating_sub(c0).min(TILE);
     if let Some(d) = dq {
@@ -224,14 +233,13 @@ pub(crate) fn round_bf16(v: f32) -> u16 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn finish_tile_avx512(
-    ep: &Epilogue<'_>,
+    f: &Finish<'_>,
     t: &mut [f32; TILE * TILE],
     (r0, c0): (usize, usize),
-    (m, n): (usize, usize),
-    dq: Option<Dequant<'_>>,
     sel: Range<usize>,
 ) {
     use std::arch::x86_64::*;
+    let Finish { ep, m, n, dq } = *f;
     let rows = sel.start..sel.end.min(m.saturating_sub(r0));
     let cols = n.saturating_sub(c0).min(TILE);
     if rows.is_empty() || cols == 0 {
@@ -322,9 +330,9 @@ fn tasks(m: usize, blocks: usize, threads: usize) -> Vec<(Range<usize>, Range<us
 /// Called by a kernel after each of its `steps` tile steps as `hook(step, steps)`.
 type Hook<'h> = &'h mut dyn FnMut(usize, usize);
 
-/// A block kernel as the driver calls it: rows `m0 ..` (`mt` tiles), output tiles `nb ..`
-/// (`nt`), the sums into the tiles, the hook called along.
-type BlockFn<'a> = dyn Fn(usize, (usize, usize), usize, &mut Tiles, Hook<'_>) + Sync + 'a;
+/// A block kernel as the driver calls it: the block's sums into the tiles, the hook called
+/// along.
+type BlockFn<'a> = dyn Fn(Block, &mut Tiles, Hook<'_>) + Sync + 'a;
 
 /// Finishes rows `sel` of a tile of sums at `(row, output)`.
 type FinishFn<'a> = dyn Fn(&mut [f32; TILE * TILE], (usize, usize), Range<usize>) + Sync + 'a;
@@ -332,10 +340,7 @@ type FinishFn<'a> = dyn Fn(&mut [f32; TILE * TILE], (usize, usize), Range<usize>
 /// A block whose sums wait in the sums buffer `idx` (of two) to be finished.
 #[derive(Clone, Copy)]
 struct Pending {
-    m0: usize,
-    mt: usize,
-    nb: usize,
-    nt: usize,
+    at: Block,
     idx: usize,
 }
 
@@ -350,10 +355,11 @@ impl Pending {
         target: usize,
     ) {
         while *done < target {
+            let Block { m0, nb, nt, .. } = self.at;
             let ti = *done / TILE;
-            let (i, j) = (ti / self.nt, ti % self.nt);
+            let (i, j) = (ti / nt, ti % nt);
             let end = target.min((ti + 1) * TILE);
-            let at = (self.m0 + i * TILE, (self.nb + j) * TILE);
+            let at = (m0 + i * TILE, (nb + j) * TILE);
             finish(
                 &mut tiles[i * 2 + j],
                 at,
@@ -364,7 +370,7 @@ impl Pending {
     }
 
     fn rows(&self) -> usize {
-        self.mt * self.nt * TILE
+        self.at.mt * self.at.nt * TILE
     }
 }
 
@@ -383,7 +389,8 @@ fn chunk_blocks(blocks: usize, kp_bytes: usize) -> usize {
 fn drive(
     k: &Kernels,
     m: usize,
-    (blocks, kp_bytes): (usize, usize),
+    blocks: usize,
+    kp_bytes: usize,
     threads: usize,
     block: &BlockFn<'_>,
     finish: &FinishFn<'_>,
@@ -419,17 +426,12 @@ fn drive(
                                 p.finish_rows(prev, finish, &mut done, target);
                             }
                         };
-                        block(m0, (mt, nt), nb, out, &mut hook);
+                        let at = Block { m0, mt, nb, nt };
+                        block(at, out, &mut hook);
                         if let Some(p) = pending {
                             p.finish_rows(prev, finish, &mut done, p.rows());
                         }
-                        pending = Some(Pending {
-                            m0,
-                            mt,
-                            nb,
-                            nt,
-                            idx,
-                        });
+                        pending = Some(Pending { at, idx });
                         idx ^= 1;
                         nb += nt;
                     }
@@ -454,18 +456,16 @@ fn drive(
 
 fn finisher<'a>(
     k: &'a Kernels,
-    ep: &'a Epilogue<'a>,
-    dims: (usize, usize),
-    dq: Option<Dequant<'a>>,
+    f: Finish<'a>,
 ) -> impl Fn(&mut [f32; TILE * TILE], (usize, usize), Range<usize>) + Sync + 'a {
     move |t, at, sel| {
         #[cfg(target_arch = "x86_64")]
         if k.simd() {
             // SAFETY: every family but the emulation runs on CPUs with AVX-512F/BW/VL.
-            unsafe { finish_tile_avx512(ep, t, at, dims, dq, sel) };
+            unsafe { finish_tile_avx512(&f, t, at, sel) };
             return;
         }
-        finish_tile(ep, t, at, dims, dq, sel)
+        finish_tile(&f, t, at, sel)
     }
 }
 
@@ -480,19 +480,20 @@ pub fn linear_bf16(
     threads: usize,
 ) {
     assert!(ep.bias.len() >= w.n());
-    let block = |m0, (mt, nt), nb, t: &mut Tiles, hook: Hook<'_>| {
+    let block = |at, t: &mut Tiles, hook: Hook<'_>| {
         // SAFETY: `a` covers every block's rows (the caller's contract, rows padded to 16);
         // the family is available (Kernels are only built so) and configured by `drive`.
         unsafe {
             #[cfg(target_arch = "x86_64")]
             if k.isa == DenseIsa::Amx {
-                return super::amx::block_bf16_hooked(a, m0, (mt, nt), w, nb, t, hook);
+                return super::amx::block_bf16_hooked(a, w, at, t, hook);
             }
-            (k.bf16)(a, m0, mt, w, nb, nt, t)
+            (k.bf16)(a, w, at, t)
         }
     };
-    let finish = finisher(k, ep, (m, w.n()), None);
-    drive(k, m, (w.blocks(), w.kp() * 2), threads, &block, &finish);
+    let n = w.n();
+    let finish = finisher(k, Finish { ep, m, n, dq: None });
+    drive(k, m, w.blocks(), w.kp() * 2, threads, &block, &finish);
 }
 
 /// One int8 layer, as [`linear_bf16`]: `a` holds codes (`u8` = code + 128 where
@@ -507,14 +508,14 @@ pub fn linear_i8(
     threads: usize,
 ) {
     assert!(ep.bias.len() >= w.n() && sx.len() >= m);
-    let block = |m0, (mt, nt), nb, t: &mut Tiles, hook: Hook<'_>| {
+    let block = |at, t: &mut Tiles, hook: Hook<'_>| {
         // SAFETY: as in `linear_bf16`.
         unsafe {
             #[cfg(target_arch = "x86_64")]
             if k.isa == DenseIsa::Amx {
-                return super::amx::block_i8_hooked(a, m0, (mt, nt), w, nb, t, hook);
+                return super::amx::block_i8_hooked(a, w, at, t, hook);
             }
-            (k.i8)(a, m0, mt, w, nb, nt, t)
+            (k.i8)(a, w, at, t)
         }
     };
     let dq = Dequant {
@@ -522,6 +523,7 @@ pub fn linear_i8(
         sw: w.scale(),
         comp: k.unsigned_i8().then_some(w.comp()),
     };
-    let finish = finisher(k, ep, (m, w.n()), Some(dq));
-    drive(k, m, (w.blocks(), w.kp()), threads, &block, &finish);
+    let (n, dq) = (w.n(), Some(dq));
+    let finish = finisher(k, Finish { ep, m, n, dq });
+    drive(k, m, w.blocks(), w.kp(), threads, &block, &finish);
 }

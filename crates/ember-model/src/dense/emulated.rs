@@ -10,15 +10,7 @@
 //! are for correctness and for machines without AVX-512, not for speed.
 
 use super::pack::{PackedBf16, PackedI8};
-use super::{ActsBf16, ActsI8, TILE, Tiles, from_bf16};
-
-/// Checks the parts of a block kernel's contract that do not depend on the activations.
-fn check_block(mt: usize, nt: usize, nb: usize, blocks: usize) {
-    assert!(
-        (1..=2).contains(&mt) && (1..=2).contains(&nt) && nb + nt <= blocks,
-        "block of {mt} x {nt} tiles at output block {nb} of {blocks}"
-    );
-}
+use super::{ActsBf16, ActsI8, Block, TILE, Tiles, from_bf16};
 
 /// The sums of one row against one tile of bf16 weights (`kp / 2` rows of 16 x 2 values).
 fn row_bf16(x: &[u16], wt: &[u16]) -> [f32; TILE] {
@@ -52,16 +44,9 @@ fn row_i8(x: &[i8], wt: &[i8]) -> [i32; TILE] {
 /// # Safety
 /// `a` has `16 mt` readable rows of `w.kp()` values from row `m0` (as [`super::BlockBf16`]; no
 /// CPU feature is needed). Panics unless `mt`, `nt` are 1 or 2 and `nb + nt <= w.blocks()`.
-pub unsafe fn block_bf16(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
-    check_block(mt, nt, nb, w.blocks());
+pub unsafe fn block_bf16(a: ActsBf16, w: &PackedBf16, at: Block, out: &mut Tiles) {
+    at.check(w.blocks());
+    let Block { m0, mt, nb, nt } = at;
     let kp = w.kp();
     for i in 0..mt {
         for r in 0..TILE {
@@ -84,16 +69,9 @@ pub unsafe fn block_bf16(
 /// # Safety
 /// `a` has `16 mt` readable rows of `w.kp()` bytes from row `m0` (as [`super::BlockI8`]; no CPU
 /// feature is needed). Panics unless `mt`, `nt` are 1 or 2 and `nb + nt <= w.blocks()`.
-pub unsafe fn block_i8(
-    a: ActsI8,
-    m0: usize,
-    mt: usize,
-    w: &PackedI8,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-) {
-    check_block(mt, nt, nb, w.blocks());
+pub unsafe fn block_i8(a: ActsI8, w: &PackedI8, at: Block, out: &mut Tiles) {
+    at.check(w.blocks());
+    let Block { m0, mt, nb, nt } = at;
     let kp = w.kp();
     for i in 0..mt {
         for r in 0..TILE {
@@ -120,7 +98,9 @@ pub(crate) mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::super::pack::{PackedBf16, PackedI8};
-    use super::super::{ActsBf16, ActsI8, BlockBf16, BlockI8, TILE, Tiles, from_bf16, to_bf16};
+    use super::super::{
+        ActsBf16, ActsI8, Block, BlockBf16, BlockI8, TILE, Tiles, from_bf16, to_bf16,
+    };
     use crate::random::normal_vec;
 
     /// Outputs and inputs of the test layers: not multiples of a tile, of a tile step, and
@@ -131,13 +111,13 @@ pub(crate) mod tests {
     const M0S: [usize; 4] = [0, 1, 16, 37];
     const ROWS: usize = 37 + 32;
 
-    /// Every block (`mt`, `nt`, `nb`, `m0`) of `blocks` output tiles, with a fresh output.
-    fn blocks_of(blocks: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+    /// Every block of a layer of `blocks` output tiles.
+    fn blocks_of(blocks: usize, mut f: impl FnMut(Block)) {
         for mt in 1..=2 {
             for nt in 1..=2usize.min(blocks) {
                 for nb in 0..=blocks - nt {
                     for m0 in M0S {
-                        f(mt, nt, nb, m0);
+                        f(Block { m0, mt, nb, nt });
                     }
                 }
             }
@@ -170,11 +150,12 @@ pub(crate) mod tests {
                         ptr: a.as_ptr(),
                         lda,
                     };
-                    blocks_of(w.blocks(), |mt, nt, nb, m0| {
+                    blocks_of(w.blocks(), |at| {
+                        let Block { m0, mt, nb, nt } = at;
                         let mut out: Tiles = [[f32::NAN; TILE * TILE]; 4];
                         // SAFETY: ROWS >= m0 + 32 rows of lda >= kp values; the kernel's CPU
                         // features are checked by the caller.
-                        unsafe { kernel(acts, m0, mt, &w, nb, nt, &mut out) };
+                        unsafe { kernel(acts, &w, at, &mut out) };
                         for (i, j, r, c) in tiles(mt, nt) {
                             let (row, o) = (m0 + i * TILE + r, (nb + j) * TILE + c);
                             let (mut sum, mut mag) = (0f64, 0f64);
@@ -231,10 +212,11 @@ pub(crate) mod tests {
                         ptr: a.as_ptr(),
                         lda,
                     };
-                    blocks_of(w.blocks(), |mt, nt, nb, m0| {
+                    blocks_of(w.blocks(), |at| {
+                        let Block { m0, mt, nb, nt } = at;
                         let mut out: Tiles = [[f32::from_bits(0xdead_beef); TILE * TILE]; 4];
                         // SAFETY: as in `check_bf16`, bytes.
-                        unsafe { kernel(acts, m0, mt, &w, nb, nt, &mut out) };
+                        unsafe { kernel(acts, &w, at, &mut out) };
                         for (i, j, r, c) in tiles(mt, nt) {
                             let (row, o) = (m0 + i * TILE + r, (nb + j) * TILE + c);
                             let signed: i32 = (0..k)
@@ -291,11 +273,13 @@ pub(crate) mod tests {
                     ptr: a.as_ptr(),
                     lda: w.kp(),
                 },
-                0,
-                1,
                 &w,
-                1,
-                2,
+                Block {
+                    m0: 0,
+                    mt: 1,
+                    nb: 1,
+                    nt: 2,
+                },
                 &mut out,
             )
         };

@@ -150,36 +150,47 @@ unsafe impl Send for ActsI8 {}
 // SAFETY: as above.
 unsafe impl Sync for ActsI8 {}
 
-/// A bf16 block kernel: rows `m0 .. m0 + 16 mt` of `a` against output tiles `nb .. nb + nt`
-/// of `w` (`mt`, `nt` in 1..=2), over all of `w`'s (padded) inputs; writes the raw f32 sums to
-/// `out` (tiles `(i, j)` for `i < mt`, `j < nt`).
+/// Which sums a block kernel computes: rows `m0 .. m0 + 16 mt` of the activations against
+/// output tiles `nb .. nb + nt` of the weights (`mt`, `nt` in 1..=2), into tiles `(i, j)` of
+/// [`Tiles`] for `i < mt`, `j < nt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// The first row.
+    pub m0: usize,
+    /// Row tiles of 16.
+    pub mt: usize,
+    /// The first output tile.
+    pub nb: usize,
+    /// Output tiles of 16.
+    pub nt: usize,
+}
+
+impl Block {
+    /// Panics unless the block fits a kernel (`mt`, `nt` in 1..=2) and a layer of `blocks`
+    /// output tiles: the parts of a kernel's contract that do not depend on the activations.
+    #[inline]
+    pub fn check(self, blocks: usize) {
+        let Block { mt, nt, nb, .. } = self;
+        assert!(
+            (1..=2).contains(&mt) && (1..=2).contains(&nt) && nb + nt <= blocks,
+            "block of {mt} x {nt} tiles at output block {nb} of {blocks}"
+        );
+    }
+}
+
+/// A bf16 block kernel: the [`Block`] `at` of `a` against `w`, over all of `w`'s (padded)
+/// inputs; writes the raw f32 sums to `out`.
 ///
 /// # Safety
 /// The CPU runs the kernel's family (and, for AMX, this thread's tile configuration is
 /// [`amx::configure`]d); `a` has `16 mt` readable rows of `w.kp()` values from row `m0`.
-pub type BlockBf16 = unsafe fn(
-    a: ActsBf16,
-    m0: usize,
-    mt: usize,
-    w: &pack::PackedBf16,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-);
+pub type BlockBf16 = unsafe fn(a: ActsBf16, w: &pack::PackedBf16, at: Block, out: &mut Tiles);
 
 /// An int8 block kernel, as [`BlockBf16`]: i32 sums, as bits in `out`.
 ///
 /// # Safety
 /// As [`BlockBf16`]; `a` holds `u8` values when the kernel is the VNNI one.
-pub type BlockI8 = unsafe fn(
-    a: ActsI8,
-    m0: usize,
-    mt: usize,
-    w: &pack::PackedI8,
-    nb: usize,
-    nt: usize,
-    out: &mut Tiles,
-);
+pub type BlockI8 = unsafe fn(a: ActsI8, w: &pack::PackedI8, at: Block, out: &mut Tiles);
 
 #[cfg(test)]
 mod tests;

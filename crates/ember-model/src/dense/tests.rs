@@ -109,7 +109,13 @@ fn layer_matches(isa: DenseIsa, dtype: DenseDType) {
                     let p = PackedI8::new(&w, n, kd);
                     let (mut a, mut sx) = (Vec::new(), Vec::new());
                     let u = k.unsigned_i8();
-                    acts::quantize_rows(&x, (batch, kd, kd), &mut a, p.kp(), &mut sx, (u, None));
+                    acts::quantize_rows(
+                        dense(&x, batch, kd),
+                        quant(u, None),
+                        &mut a,
+                        p.kp(),
+                        &mut sx,
+                    );
                     let acts = ActsI8 {
                         ptr: a.as_ptr(),
                         lda: p.kp(),
@@ -238,15 +244,18 @@ fn net_matches(isa: DenseIsa, dtype: DenseDType) {
         let x = normal_vec(batch * sizes[0], 1.0, seed);
         let mut out = vec![0f32; batch * 5];
         let mut s = LowpScratch::default();
-        net::mlp(
-            &k,
+        let run = net::Exec {
+            kernels: k,
             dtype,
+            threads: 2,
+        };
+        net::mlp(
+            run,
             &layers,
             net::Input::F32(&x, sizes[0]),
             batch,
             &mut out,
             &mut s,
-            2,
         );
         let mut want = x.clone();
         for (i, l) in layers.iter().enumerate() {
@@ -285,7 +294,12 @@ fn net_matches(isa: DenseIsa, dtype: DenseDType) {
             .collect();
         let x0 = normal_vec(batch * n, 1.0, seed + 70);
         let mut xl = vec![f32::NAN; batch * n]; // not read: the first residual is x0
-        net::cross(&k, dtype, &cross, &x0, &mut xl, batch, &mut s, 1);
+        let run = net::Exec {
+            kernels: k,
+            dtype,
+            threads: 1,
+        };
+        net::cross(run, &cross, &x0, &mut xl, batch, &mut s);
         let mut want = x0.clone();
         for c in &cross {
             let low = reference(&want, &c.v, batch);
@@ -303,16 +317,8 @@ fn net_matches(isa: DenseIsa, dtype: DenseDType) {
             // The top MLP's bf16 input is x_L, left in the scratch: one more layer from it.
             let top = Linear::new(n, 3, normal_vec(3 * n, 0.2, seed + 80), vec![0.1; 3], false);
             let mut y = vec![0f32; batch * 3];
-            net::mlp(
-                &k,
-                dtype,
-                std::slice::from_ref(&top),
-                net::Input::Bf16Ready,
-                batch,
-                &mut y,
-                &mut s,
-                1,
-            );
+            let tops = std::slice::from_ref(&top);
+            net::mlp(run, tops, net::Input::Bf16Ready, batch, &mut y, &mut s);
             let want_y = reference(&xl, &top, batch);
             let e = rel_err(&y, &want_y);
             assert!(
@@ -382,10 +388,11 @@ fn quantizers_give_the_reference_codes() {
         for unsigned in [false, true] {
             let bias = if unsigned { 128u8 } else { 0 };
             let (mut fast, mut sx) = (Vec::new(), Vec::new());
-            acts::quantize_rows(&x, (m, k, k), &mut fast, ld, &mut sx, (unsigned, None));
+            let (rows, q) = (dense(&x, m, k), quant(unsigned, None));
+            acts::quantize_rows(rows, q, &mut fast, ld, &mut sx);
             let mut plain = vec![0u8; m.next_multiple_of(16) * ld];
             let mut sp = vec![0f32; m];
-            acts::quantize_plain(&x, (m, k, k), &mut plain, ld, &mut sp, (unsigned, None));
+            acts::quantize_plain(rows, q, &mut plain, ld, &mut sp);
             for r in 0..m {
                 let mut q = vec![0i8; k];
                 let s = super::reference::quantize_row(&x[r * k..(r + 1) * k], &mut q);
@@ -405,6 +412,15 @@ fn quantizers_give_the_reference_codes() {
     }
 }
 
+/// `m` rows of `k` values back to back.
+fn dense(x: &[f32], m: usize, k: usize) -> acts::RowsF32<'_> {
+    acts::RowsF32 { x, m, k, ld: k }
+}
+
+fn quant(unsigned: bool, smooth: Option<&[f32]>) -> acts::Quant<'_> {
+    acts::Quant { unsigned, smooth }
+}
+
 #[test]
 fn quantizers_split_over_a_pool_give_the_same_codes() {
     let (m, k) = (301, 77);
@@ -417,7 +433,7 @@ fn quantizers_split_over_a_pool_give_the_same_codes() {
             .unwrap();
         let (mut q, mut sx, mut b) = (Vec::new(), Vec::new(), Vec::new());
         pool.install(|| {
-            acts::quantize_rows(&x, (m, k, k), &mut q, 128, &mut sx, (true, smooth));
+            acts::quantize_rows(dense(&x, m, k), quant(true, smooth), &mut q, 128, &mut sx);
             acts::to_bf16_rows(&x, m, k, k, &mut b, 96);
         });
         (q, sx, b)
@@ -433,7 +449,13 @@ fn quantizers_split_over_a_pool_give_the_same_codes() {
     // With a smoothing, the codes are those of x / s.
     let scaled: Vec<f32> = x.iter().enumerate().map(|(j, v)| v * inv[j % k]).collect();
     let (mut q, mut sx) = (Vec::new(), Vec::new());
-    acts::quantize_rows(&scaled, (m, k, k), &mut q, 128, &mut sx, (true, None));
+    acts::quantize_rows(
+        dense(&scaled, m, k),
+        quant(true, None),
+        &mut q,
+        128,
+        &mut sx,
+    );
     let (qs, ss, _) = run(1, Some(&inv));
     assert_eq!((q, sx), (qs, ss));
 }
@@ -471,15 +493,18 @@ fn int8_smoothing_cuts_the_error_of_columns_of_unlike_scales() {
         );
         let mut out = vec![0f32; batch * n];
         let mut s = LowpScratch::default();
+        let run = net::Exec {
+            kernels: k,
+            dtype: DenseDType::Int8,
+            threads: 1,
+        };
         net::mlp(
-            &k,
-            DenseDType::Int8,
+            run,
             &[l, id],
             net::Input::F32(&x, kd),
             batch,
             &mut out,
             &mut s,
-            1,
         );
         rel_err(&out, &want)
     };

@@ -366,7 +366,6 @@ struct Block<'a> {
 /// Keys `j0 .. j0 + cols` (their qk values at column `kc`) against the block's transposed
 /// queries `qt`: their scores, key-major in `st`, after silu, scale and the causal mask.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn key_scores<const FMA: bool, const VEC: u8>(
     b: &Block<'_>,
     st: &mut [f32],
@@ -422,7 +421,6 @@ fn key_scores<const FMA: bool, const VEC: u8>(
 /// Rows `r0 .. r0 + n` (at most 4) of the scores `st` times the values of `hi` keys, `width`
 /// of them at `v[j * stride ..]`: on the inner loops `VEC` names where `width` is 64.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn row_values<const FMA: bool, const VEC: u8>(
     st: &[f32],
     r0: usize,

@@ -186,7 +186,6 @@ impl HstuPredictor {
 }
 
 /// The whole pass; see the module's doc for the steps.
-#[allow(clippy::too_many_arguments)]
 fn forward(
     model: &HstuModel,
     pooler: &Pooler,

@@ -273,17 +273,13 @@ impl DenseCtx {
                 w.forward(gather, m, &mut y[..m * n], par);
             }
             (_, Some(kern)) => {
-                let kern = *kern;
-                lowp::mlp(
-                    &kern,
-                    DenseDType::Bf16,
-                    std::slice::from_ref(l),
-                    Input::F32(x, ldx),
-                    m,
-                    y,
-                    &mut self.lowp,
-                    self.threads,
-                );
+                let run = lowp::Exec {
+                    kernels: *kern,
+                    dtype: DenseDType::Bf16,
+                    threads: self.threads,
+                };
+                let input = Input::F32(x, ldx);
+                lowp::mlp(run, std::slice::from_ref(l), input, m, y, &mut self.lowp);
             }
         }
     }

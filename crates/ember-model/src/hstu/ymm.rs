@@ -14,23 +14,20 @@ mod x86 {
 
     use super::super::zmm::ROWS as BQ;
 
-    /// `out0[c] = sum_i a0[i * a_step] * b[i * b_step + c]` and `out1` alike with `a1`, for
+    /// `out[x][c] = sum_i a[x][i * a_step] * b[i * b_step + c]` for the tile's two rows `x`,
     /// `c < 32`, `i < n`.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; for every `i < n`, `a0[i * a_step]`, `a1[i * a_step]` and
-    /// `b[i * b_step .. i * b_step + 32]` are readable; `out0` and `out1` hold 32 values.
+    /// The CPU has AVX2 and FMA; for every `i < n`, `a[0][i * a_step]`, `a[1][i * a_step]` and
+    /// `b[i * b_step .. i * b_step + 32]` are readable; both outputs hold 32 values.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn tile_2x32(
-        a0: *const f32,
-        a1: *const f32,
+        [a0, a1]: [*const f32; 2],
         a_step: usize,
         b: *const f32,
         b_step: usize,
         n: usize,
-        out0: &mut [f32],
-        out1: &mut [f32],
+        [out0, out1]: [&mut [f32]; 2],
     ) {
         let mut c00 = _mm256_setzero_ps();
         let mut c01 = _mm256_setzero_ps();
@@ -89,14 +86,14 @@ mod x86 {
         }
         let [o0, o1, o2, o3] = &mut out;
         for (x, (p, q)) in [(o0, o1), (o2, o3)].into_iter().enumerate() {
-            let (a0, a1) = (k[2 * x].as_ptr(), k[2 * x + 1].as_ptr());
+            let a = [k[2 * x].as_ptr(), k[2 * x + 1].as_ptr()];
             let (p0, p1) = p.split_at_mut(32);
             let (q0, q1) = q.split_at_mut(32);
             // SAFETY: AVX2 and FMA (the caller's promise); keys' values `a < qk` and query rows
             // `a * 64 + 32h .. + 32` for `a < qk`, `h < 2` are in bounds (asserted above).
             unsafe {
-                tile_2x32(a0, a1, 1, qt.as_ptr(), BQ, qk, p0, q0);
-                tile_2x32(a0, a1, 1, qt.as_ptr().add(32), BQ, qk, p1, q1);
+                tile_2x32(a, 1, qt.as_ptr(), BQ, qk, [p0, q0]);
+                tile_2x32(a, 1, qt.as_ptr().add(32), BQ, qk, [p1, q1]);
             }
         }
         out
@@ -126,15 +123,14 @@ mod x86 {
         let [o0, o1, o2, o3] = &mut out;
         for (x, (p, q)) in [(o0, o1), (o2, o3)].into_iter().enumerate() {
             // SAFETY: `st[r0 + 2x + 1 + (hi - 1) * 64]` is in bounds (asserted, `hi > 0`).
-            let (a0, a1) =
-                unsafe { (st.as_ptr().add(r0 + 2 * x), st.as_ptr().add(r0 + 2 * x + 1)) };
+            let a = unsafe { [st.as_ptr().add(r0 + 2 * x), st.as_ptr().add(r0 + 2 * x + 1)] };
             let (p0, p1) = p.split_at_mut(32);
             let (q0, q1) = q.split_at_mut(32);
             // SAFETY: AVX2 and FMA (the caller's promise); scores `j * 64 + r0 + 2x (+1)` and
             // values `j * stride + 32h .. + 32` for `j < hi`, `h < 2` are in bounds (asserted).
             unsafe {
-                tile_2x32(a0, a1, BQ, v.as_ptr(), stride, hi, p0, q0);
-                tile_2x32(a0, a1, BQ, v.as_ptr().add(32), stride, hi, p1, q1);
+                tile_2x32(a, BQ, v.as_ptr(), stride, hi, [p0, q0]);
+                tile_2x32(a, BQ, v.as_ptr().add(32), stride, hi, [p1, q1]);
             }
         }
         out

@@ -32,15 +32,16 @@ struct Reading {
 /// `ASKING` where it needs one), and how many of those are sent.
 type Wire<'o> = (usize, Vec<&'o [u8]>, usize);
 
-/// One attempt's groups, deadline and per-command records, borrowed from the call.
-struct Attempt<'a> {
-    groups: &'a [Group],
-    ask: &'a mut [Option<usize>],
-    avoid: &'a mut [Option<usize>],
-    failed: &'a mut Vec<(usize, Outcome)>,
-    deadline: Instant,
+/// One attempt's groups, deadline and per-command records, borrowed from the call: a command's
+/// `ASK` redirection, the node to avoid, and the commands not answered.
+pub(super) struct Attempt<'a> {
+    pub groups: &'a [Group],
+    pub ask: &'a mut [Option<usize>],
+    pub avoid: &'a mut [Option<usize>],
+    pub failed: &'a mut Vec<(usize, Outcome)>,
+    pub deadline: Instant,
     /// The call's own server errors are replies ([`Ops::errors_as_replies`]).
-    pass_errors: bool,
+    pub pass_errors: bool,
 }
 
 impl Attempt<'_> {
@@ -54,28 +55,16 @@ impl Attempt<'_> {
 }
 
 impl Cluster {
-    /// Sends every group its commands and reads their replies (see the module documentation):
-    /// each reply goes to `sink`, each command not answered goes to `failed` (with `avoid` set
-    /// where its node failed), and `ask` is cleared for commands answered.
-    #[allow(clippy::too_many_arguments)]
+    /// Sends every group of the attempt its commands and reads their replies (see the module
+    /// documentation): each reply goes to `sink`, each command not answered goes to
+    /// `at.failed` (with `at.avoid` set where its node failed), and `at.ask` is cleared for
+    /// commands answered.
     pub(super) fn exchange(
         &mut self,
         ops: &Ops,
-        groups: &[Group],
-        ask: &mut [Option<usize>],
-        avoid: &mut [Option<usize>],
-        failed: &mut Vec<(usize, Outcome)>,
-        deadline: Instant,
+        mut at: Attempt<'_>,
         sink: &mut dyn FnMut(usize, Reply<'_>),
     ) {
-        let mut at = Attempt {
-            groups,
-            ask,
-            avoid,
-            failed,
-            deadline,
-            pass_errors: ops.passes_errors(),
-        };
         let wires = self.lay_out(ops, &mut at);
         let reading = self.send_all(wires, &mut at);
         self.read_all(reading, &mut at, sink);

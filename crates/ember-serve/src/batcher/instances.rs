@@ -7,7 +7,8 @@ use std::sync::Arc;
 use ember_model::serving::{Outputs, Runner};
 
 use super::queue::Queue;
-use super::{BatchConfig, Job, Ready, Shared, form_batch, prepare, run_batch};
+use super::run::{Ready, RunOn, form_batch, prepare, run_batch};
+use super::{BatchConfig, Job, Shared};
 use crate::error::ServeError;
 
 /// The batching loop of several instances: this thread forms and prepares a batch whenever an
@@ -25,7 +26,7 @@ pub(super) fn run(
         queued,
         load,
         abandon_at,
-        name,
+        tier_metrics,
         stats,
     } = shared;
     let (free_tx, free_rx) = std::sync::mpsc::channel::<usize>();
@@ -34,11 +35,11 @@ pub(super) fn run(
     for (i, mut engine) in engines.into_iter().enumerate() {
         let (tx, work) = std::sync::mpsc::sync_channel::<Ready>(1);
         to.push(tx);
-        let (free, model, load, label, stats) = (
+        let (free, model, load, tier_metrics, stats) = (
             free_tx.clone(),
             model.clone(),
             load.clone(),
-            name.clone(),
+            tier_metrics.clone(),
             stats.clone(),
         );
         let thread = std::thread::Builder::new()
@@ -46,9 +47,16 @@ pub(super) fn run(
             .spawn(move || {
                 let mut outputs = Outputs::default();
                 let _ = free.send(i);
-                for (live, prepared, input) in work {
-                    let ran = (&mut *engine, model.as_ref(), &mut outputs);
-                    run_batch(ran, live, prepared, input, (&label, &stats, &load));
+                for ready in work {
+                    let on = RunOn {
+                        engine: &mut *engine,
+                        model: model.as_ref(),
+                        outputs: &mut outputs,
+                        tier_metrics: tier_metrics.as_deref(),
+                        stats: &stats,
+                        load: &load,
+                    };
+                    run_batch(on, ready);
                     if free.send(i).is_err() {
                         break;
                     }
@@ -76,7 +84,7 @@ pub(super) fn run(
                 if let Err(std::sync::mpsc::SendError(ready)) = to[i].send(ready) {
                     // That instance's thread is gone (it panicked): answer its requests
                     // rather than drop them.
-                    for j in ready.0 {
+                    for j in ready.live {
                         j.answer(Err(ServeError::Internal("a model instance stopped".into())));
                     }
                 }

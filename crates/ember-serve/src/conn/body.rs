@@ -82,7 +82,8 @@ impl MinRateBody {
     pub(crate) fn new(
         inner: Incoming,
         state: Arc<ConnState>,
-        (grace, rate): (Duration, u64),
+        grace: Duration,
+        rate: u64,
         share: Arc<Share>,
         grpc: bool,
     ) -> Self {

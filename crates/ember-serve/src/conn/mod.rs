@@ -14,7 +14,7 @@
 //! - **Refusals before work**: on the HTTP listener, a `Content-Length` over the body limit is
 //!   refused from the header (400, the body is never read), and request heads over
 //!   `max_header_bytes` get 431 with a JSON body.
-//! - **Stopping** ([`Registry::stop_all`]): nothing a client sent before the stop is lost.
+//! - **Stopping** ([`OpenConns::stop_all`]): nothing a client sent before the stop is lost.
 //!   Connections with nothing in flight and nothing unread in their socket close at once; a
 //!   request already in the socket, or with its head or body being read, is read and answered
 //!   (heads and bodies still held to their timeouts); every answer from then on says
@@ -106,7 +106,7 @@ impl Default for ConnConfig {
 
 /// Every open connection of the server (both listeners), for the cap and for stopping.
 #[derive(Debug)]
-pub(crate) struct Registry {
+pub(crate) struct OpenConns {
     cap: usize,
     next: AtomicU64,
     conns: Mutex<HashMap<u64, (Arc<ConnState>, AbortHandle)>>,
@@ -122,9 +122,9 @@ enum Admit {
     No,
 }
 
-impl Registry {
+impl OpenConns {
     pub(crate) fn new(cap: usize) -> Self {
-        Registry {
+        OpenConns {
             cap,
             next: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
@@ -176,7 +176,7 @@ impl Registry {
         }
     }
 
-    /// A connection ended: it leaves the registry (and the evictions under way).
+    /// A connection ended: it leaves the open_conns (and the evictions under way).
     fn remove(&self, id: u64, state: &ConnState) {
         if self.lock().remove(&id).is_some() && state.evicted() {
             self.evicting.fetch_sub(1, Relaxed);
@@ -210,7 +210,7 @@ impl Registry {
 pub(crate) struct Listener {
     pub(crate) router: axum::Router,
     pub(crate) cfg: Arc<ConnConfig>,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) open_conns: Arc<OpenConns>,
     /// The body limit refused from `Content-Length` (the HTTP listener; gRPC has its own).
     pub(crate) max_body_bytes: Option<usize>,
     /// The server-wide in-flight body budget.
@@ -255,7 +255,7 @@ impl Listener {
     }
 
     fn accept(&self, tcp: TcpStream, builder: &Arc<Builder<TokioExecutor>>) {
-        match self.registry.admit() {
+        match self.open_conns.admit() {
             Admit::Yes => {}
             Admit::Evicted => {}
             Admit::No => {
@@ -273,15 +273,15 @@ impl Listener {
         };
         let (cfg, builder, st) = (self.cfg.clone(), builder.clone(), state.clone());
         let st2 = state.clone();
-        let registry = self.registry.clone();
-        let id = self.registry.next.fetch_add(1, Relaxed);
+        let open_conns = self.open_conns.clone();
+        let id = self.open_conns.next.fetch_add(1, Relaxed);
         // Spawned and registered under the lock, so that a connection that ends at once is
         // never registered after it removed itself.
-        let mut conns = self.registry.lock();
+        let mut conns = self.open_conns.lock();
         let task = tokio::spawn(async move {
             let reason = serve_connection(tcp, st, &builder, service, &cfg).await;
             metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => reason).increment(1);
-            registry.remove(id, &st2);
+            open_conns.remove(id, &st2);
             metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
         });
         metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
@@ -299,7 +299,7 @@ impl Listener {
         };
         metrics::counter!(m::CONNECTIONS_REFUSED, "reason" => reason).increment(1);
         if out_of_fds {
-            self.registry.evict_oldest_idle();
+            self.open_conns.evict_oldest_idle();
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -388,10 +388,10 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
                 Ok(refusal)
             });
         }
-        let limits = (l.cfg.body_timeout, l.cfg.min_body_rate);
+        let (grace, rate) = (l.cfg.body_timeout, l.cfg.min_body_rate);
         let (state, body_share) = (self.state.clone(), share.clone());
         let grpc = l.grpc;
-        let req = req.map(|b| Body::new(MinRateBody::new(b, state, limits, body_share, grpc)));
+        let req = req.map(|b| Body::new(MinRateBody::new(b, state, grace, rate, body_share, grpc)));
         let router = l.router.clone();
         let http1 = !self.state.is_http2();
         let state = self.state.clone();

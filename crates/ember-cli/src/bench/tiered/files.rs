@@ -13,7 +13,9 @@ use std::time::Instant;
 pub(super) fn ensure_row_file(
     path: &Path,
     i: usize,
-    (rows, dim, dtype): (usize, usize, DType),
+    rows: usize,
+    dim: usize,
+    dtype: DType,
     seed: u64,
     layout: Option<&RowLayout>,
 ) -> Result<()> {

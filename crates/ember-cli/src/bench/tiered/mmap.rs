@@ -10,19 +10,31 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Times `n` runs of a plain mmap of the row files, each after dropping them from the page cache;
-/// returns lookups/s per run and the resident fraction before each.
-#[allow(clippy::too_many_arguments)]
+/// What the mmap baselines read: the row files, the batches of each run (cycled), pooled by
+/// `pooler` into `out_len` floats a batch.
+pub(super) struct Baseline<'a> {
+    pub paths: &'a [PathBuf],
+    pub pooler: &'a Pooler,
+    pub runs: &'a [&'a [KeyedJagged]],
+    pub out_len: usize,
+}
+
+/// Times `n` runs of a plain mmap of the row files, each after dropping them from the page cache
+/// and stopping after `max_secs`; returns lookups/s per run and the resident fraction before each.
+/// Each run is logged as `what`, and printed as JSON with `report_runs`.
 pub(super) fn cold_mmap_runs(
-    paths: &[PathBuf],
-    pooler: &Pooler,
-    runs: &[&[KeyedJagged]],
+    b: &Baseline<'_>,
     n: usize,
-    (out_len, _): (usize, usize),
     max_secs: f64,
     what: &str,
     report_runs: bool,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
+    let Baseline {
+        paths,
+        pooler,
+        runs,
+        out_len,
+    } = *b;
     let (mut lps, mut resident) = (Vec::new(), Vec::new());
     for r in 0..n {
         let batches = runs[r % runs.len()];

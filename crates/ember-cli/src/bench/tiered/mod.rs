@@ -220,16 +220,13 @@ fn measure_mmap(
     if t.no_mmap || t.mmap_runs == 0 {
         return Ok((None, None));
     }
-    let mmap = mmap::cold_mmap_runs(
+    let base = mmap::Baseline {
         paths,
         pooler,
         runs,
-        t.mmap_runs,
-        shape,
-        t.mmap_max_secs,
-        "mmap (cold)",
-        false,
-    )?;
+        out_len: shape.0,
+    };
+    let mmap = mmap::cold_mmap_runs(&base, t.mmap_runs, t.mmap_max_secs, "mmap (cold)", false)?;
     let mut mmap_budget = None;
     if t.mmap_budget == OnOff::On {
         let batch_lookups = shape.1 / t.embed.batches;
@@ -266,7 +263,7 @@ fn row_files(
         .collect();
     for (i, p) in paths.iter().enumerate() {
         let l = layout.map(|(l, _)| l);
-        files::ensure_row_file(p, i, (s.rows, s.dim, a.dtype), a.seed, l)?;
+        files::ensure_row_file(p, i, s.rows, s.dim, a.dtype, a.seed, l)?;
     }
     Ok(paths)
 }
@@ -298,16 +295,14 @@ fn mmap_child(
         .with_context(|| format!("joining {}", cg.display()))?;
     println!("timing");
     std::io::Write::flush(&mut std::io::stdout())?;
-    let (lps, resident) = mmap::cold_mmap_runs(
+    let base = mmap::Baseline {
         paths,
         pooler,
         runs,
-        t.mmap_runs,
-        shape,
-        t.mmap_max_secs,
-        "mmap (budget)",
-        true,
-    )?;
+        out_len: shape.0,
+    };
+    let (lps, resident) =
+        mmap::cold_mmap_runs(&base, t.mmap_runs, t.mmap_max_secs, "mmap (budget)", true)?;
     println!(
         "{}",
         json!({"run_lookups_per_s": lps, "resident_fraction_before": resident})

@@ -18,7 +18,8 @@
 //! [`RedisStore::read`](super::RedisStore) lands no row before every reply is checked, so a
 //! failed read landed nothing and all of it is read again from the copy.
 
-use super::pooled::{PoolJob, PoolStats, pool_then_read};
+use super::metrics::{FALLBACK, FallbackMetrics};
+use super::pooled::{NodePoolStats, PoolJob, pool_then_read};
 use super::store::RemoteRows;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -79,6 +80,8 @@ pub struct WithLocalCopy {
     names: Vec<String>,
     /// The store's model: the metrics' `model` label.
     model: String,
+    /// Its metrics (once the model is named).
+    metrics: Option<FallbackMetrics>,
 }
 
 impl WithLocalCopy {
@@ -99,6 +102,7 @@ impl WithLocalCopy {
             kept_bytes: 0,
             names: Vec::new(),
             model: String::new(),
+            metrics: None,
         }
     }
 
@@ -113,6 +117,7 @@ impl WithLocalCopy {
         blocks: Vec<(usize, BTreeSet<usize>)>,
     ) -> Self {
         self.model = model.to_string();
+        self.metrics = Some(FallbackMetrics::new(model));
         self.names = names;
         for (t, (rows_per_block, set)) in blocks.into_iter().enumerate() {
             let c = self.copy(t);
@@ -142,9 +147,9 @@ impl WithLocalCopy {
         c.kept = HashMap::new();
         if c.unusable.is_none() {
             c.unusable = Some(why);
-            let model = self.model.clone();
-            metrics::counter!("ember_remote_fallback_stale_tables_total", "model" => model)
-                .increment(1);
+            if let Some(m) = &self.metrics {
+                m.stale_tables.increment(1);
+            }
         }
         self.kept_bytes -= freed;
     }
@@ -199,8 +204,7 @@ impl WithLocalCopy {
             _ => "other",
         };
         let model = self.model.clone();
-        metrics::counter!("ember_remote_fallback_total", "model" => model, "kind" => kind)
-            .increment(1);
+        metrics::counter!(FALLBACK, "model" => model, "kind" => kind).increment(1);
         let now = Instant::now();
         self.last_failure = Some((now, e.to_string()));
         self.set_local_until(Some(now + self.retry_after));
@@ -210,7 +214,9 @@ impl WithLocalCopy {
     fn set_local_until(&mut self, until: Option<Instant>) {
         if self.local_until.is_some() != until.is_some() {
             let on = f64::from(u8::from(until.is_some()));
-            metrics::gauge!("ember_remote_fallback_active", "model" => self.model.clone()).set(on);
+            if let Some(m) = &self.metrics {
+                m.active.set(on);
+            }
         }
         self.local_until = until;
     }
@@ -248,8 +254,9 @@ impl RowStore for WithLocalCopy {
                 Err(e) => self.cluster_failed(&e),
             }
         }
-        metrics::counter!("ember_remote_fallback_rows_total", "model" => self.model.clone())
-            .increment(reqs.len() as u64);
+        if let Some(m) = &self.metrics {
+            m.rows.increment(reqs.len() as u64);
+        }
         // Why the cluster is not read, for a refusal's message (built only when refused).
         let (last, retry_after) = (self.last_failure.take(), self.retry_after);
         let cluster = || match &last {
@@ -323,7 +330,7 @@ impl RemoteRows for WithLocalCopy {
         sums: &mut [Vec<f32>],
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
-    ) -> Result<PoolStats> {
+    ) -> Result<NodePoolStats> {
         let t0 = Instant::now();
         if self.local_until.is_none_or(|t| t0 >= t) {
             match self.remote.pool(jobs, sums, reqs, land) {

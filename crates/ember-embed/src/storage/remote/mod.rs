@@ -11,6 +11,7 @@
 //! | `pooled.rs` | `EMBER.POOL`, the command of the Redis module (`crates/ember-redis-module`): its wire format, its bounds, the sums (shared by module and client); what a pooling call is ([`PoolJob`], [`PoolRemote`]) and [`pool_by_reads`], the sums from rows read whole |
 //! | `pooling.rs` | [`RedisStore::pool`]: a batch's misses pooled on their nodes, partial sums added in a fixed order |
 //! | `fallback.rs` | [`WithLocalCopy`]: a local row-file copy read while the cluster cannot answer |
+//! | `metrics.rs` | the remote tier's metric names, and the handles a store records into |
 //! | `updates.rs` | [`updates::UpdateReader`]: streaming row updates, their format and how servers follow them |
 //! | `publish.rs` | [`updates::Publisher`]: writes updated rows (never recreating a lost block) and publishes them |
 //! | `source.rs` | [`open_source`]: the reader as the tier's [`crate::storage::updates::UpdateSource`] |
@@ -28,6 +29,7 @@
 mod fallback;
 pub mod layout;
 pub mod manifest;
+pub mod metrics;
 pub mod pooled;
 mod pooling;
 mod publish;
@@ -42,7 +44,7 @@ pub use ember_redis::{
 pub use fallback::WithLocalCopy;
 pub use layout::VersionState;
 pub use manifest::{Manifest, ManifestTable, ModelFiles};
-pub use pooled::{PoolJob, PoolRemote, PoolStats, pool_by_reads, pool_then_read};
+pub use pooled::{NodePoolStats, PoolJob, PoolRemote, pool_by_reads, pool_then_read};
 pub use source::open_source;
 pub use store::{
     RedisStore, RemoteRows, RemoteSource, RemoteTableSpec, read_manifest, resolve_version,

@@ -348,9 +348,9 @@ pub struct PoolJob {
     pub weights: Vec<f32>,
 }
 
-/// What a pooling call did.
+/// What a call pooling on the nodes did (the kernel's own are [`crate::PoolStats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PoolStats {
+pub struct NodePoolStats {
     /// Round trips and bytes received (partial sums, and rows read whole), and the wait.
     pub io: ReadStats,
     /// Rows summed on the nodes, and rows read whole instead (no module, a moved block).
@@ -369,7 +369,7 @@ pub fn pool_by_reads<S: RowStore + ?Sized>(
     store: &mut S,
     jobs: &[PoolJob],
     sums: &mut [Vec<f32>],
-) -> Result<PoolStats> {
+) -> Result<NodePoolStats> {
     let mut reqs = Vec::new();
     let mut at = Vec::with_capacity(jobs.len());
     let mut bytes = 0usize;
@@ -403,7 +403,7 @@ pub fn pool_by_reads<S: RowStore + ?Sized>(
             |k| &rows[base + k * rb..base + (k + 1) * rb],
         );
     }
-    Ok(PoolStats {
+    Ok(NodePoolStats {
         io,
         pooled_rows: 0,
         plain_rows: reqs.len() as u64,
@@ -418,7 +418,7 @@ pub fn pool_then_read<S: RowStore + ?Sized>(
     sums: &mut [Vec<f32>],
     reqs: &mut [RowRequest],
     land: &mut dyn FnMut(&RowRequest, &[u8]),
-) -> Result<PoolStats> {
+) -> Result<NodePoolStats> {
     let mut st = pool_by_reads(store, jobs, sums)?;
     let io = store.read(reqs, land)?;
     st.io.reads += io.reads;

@@ -17,7 +17,9 @@
 //! and a cached row (the tier's) is never also read from the node within the same bag (the tier
 //! pools a row either from its cache or remotely for the whole batch).
 
-use super::pooled::{self, CallBuilder, NO_MODULE_RETRY, PoolJob, PoolRemote, PoolStats, sum_rows};
+use super::pooled::{
+    self, CallBuilder, NO_MODULE_RETRY, NodePoolStats, PoolJob, PoolRemote, sum_rows,
+};
 use super::store::RedisStore;
 use crate::error::{EmbedError, Result};
 use crate::storage::{RowRequest, RowStore};
@@ -41,6 +43,17 @@ struct NodeCall {
     weights: Vec<f32>,
     /// How this call's share is had: on the node, or read whole.
     plain: bool,
+}
+
+/// One [`RemoteStore::pool`] call as it runs: its jobs, the node calls planned for them, when it
+/// started (its deadline counts from there), the partial sums the nodes answered (back to back),
+/// and its counters.
+struct PoolCall<'a> {
+    jobs: &'a [PoolJob],
+    calls: Vec<NodeCall>,
+    t0: Instant,
+    arena: Vec<u8>,
+    stats: NodePoolStats,
 }
 
 /// Where each call's share came from: `Some((at, len))` of the partial sums' arena (pooled on
@@ -175,34 +188,31 @@ impl RedisStore {
         sums: &mut [Vec<f32>],
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
-    ) -> Result<PoolStats> {
+    ) -> Result<NodePoolStats> {
         let t0 = Instant::now();
-        let mut calls = self.plan_calls(jobs, t0);
-        let mut stats = PoolStats::default();
-        let mut arena = Vec::new();
+        let mut pc = PoolCall {
+            jobs,
+            calls: self.plan_calls(jobs, t0),
+            t0,
+            arena: Vec::new(),
+            stats: NodePoolStats::default(),
+        };
         // The rows read whole that are known now (shares planned so, and the caller's) go in
         // the same pipelines as the module's calls: one round trip per node.
         let mut plain = Plain::default();
-        let planned: Vec<bool> = calls.iter().map(|nc| nc.plain).collect();
-        let mut own = plain.add_calls(jobs, &calls, |c| planned[c]);
-        let shares = self.send_calls(
-            jobs,
-            &mut calls,
-            t0,
-            &mut arena,
-            &mut stats,
-            (&mut own, &mut plain.rows),
-            reqs,
-            land,
-        )?;
+        let planned: Vec<bool> = pc.calls.iter().map(|nc| nc.plain).collect();
+        let mut own = plain.add_calls(jobs, &pc.calls, |c| planned[c]);
+        let shares = self.send_calls(&mut pc, &mut own, &mut plain.rows, reqs, land)?;
         // Shares the nodes refused: read now.
-        let mut late = plain.add_calls(jobs, &calls, |c| calls[c].plain && !planned[c]);
-        self.read_rows(&mut late, &mut plain.rows, &mut stats)?;
-        add_shares(jobs, &calls, &shares, &arena, &plain, sums);
-        stats.io.wait = t0.elapsed();
-        metrics::histogram!("ember_remote_fetch_seconds", "model" => self.model().to_string())
-            .record(stats.io.wait.as_secs_f64());
-        Ok(stats)
+        let calls = &pc.calls;
+        let mut late = plain.add_calls(jobs, calls, |c| calls[c].plain && !planned[c]);
+        self.read_rows(&mut late, &mut plain.rows, &mut pc.stats)?;
+        add_shares(jobs, &pc.calls, &shares, &pc.arena, &plain, sums);
+        pc.stats.io.wait = t0.elapsed();
+        self.metrics
+            .fetch_seconds
+            .record(pc.stats.io.wait.as_secs_f64());
+        Ok(pc.stats)
     }
 
     /// Reads `reqs` (tagged with their byte offsets in `rows`) into `rows`.
@@ -210,7 +220,7 @@ impl RedisStore {
         &mut self,
         reqs: &mut [RowRequest],
         rows: &mut [u8],
-        stats: &mut PoolStats,
+        stats: &mut NodePoolStats,
     ) -> Result<()> {
         if reqs.is_empty() {
             return Ok(());
@@ -224,21 +234,18 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Sends, one pipeline per node within the deadline from `t0`: the calls not marked plain
-    /// (each answer's sums appended to `arena`), the `GETRANGE`s of `own` (rows of shares read
-    /// whole, into `plain`) and of `reqs` (the caller's rows, handed to `land` once every reply
-    /// is checked). A call the node refused (no module, a block not there) is marked plain; an
-    /// answer of any other kind fails the whole call. Rows whose replies are not rows of their
-    /// length are read again through `read` (its own checks and errors).
-    #[allow(clippy::too_many_arguments)]
+    /// Sends, one pipeline per node within the deadline from the call's start: the calls not
+    /// marked plain (each answer's sums appended to the call's arena), the `GETRANGE`s of `own`
+    /// (rows of shares read whole, into `plain`) and of `reqs` (the caller's rows, handed to
+    /// `land` once every reply is checked). A call the node refused (no module, a block not
+    /// there) is marked plain; an answer of any other kind fails the whole call. Rows whose
+    /// replies are not rows of their length are read again through `read` (its own checks and
+    /// errors).
     fn send_calls(
         &mut self,
-        jobs: &[PoolJob],
-        calls: &mut [NodeCall],
-        t0: Instant,
-        arena: &mut Vec<u8>,
-        stats: &mut PoolStats,
-        (own, plain): (&mut [RowRequest], &mut [u8]),
+        pc: &mut PoolCall<'_>,
+        own: &mut [RowRequest],
+        plain: &mut [u8],
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
     ) -> Result<Shares> {
@@ -246,8 +253,8 @@ impl RedisStore {
         ops.errors_as_replies();
         let mut sent = Vec::new();
         let name = pooled::COMMAND.as_bytes();
-        for (c, nc) in calls.iter().enumerate().filter(|(_, nc)| !nc.plain) {
-            let job = &jobs[nc.job];
+        for (c, nc) in pc.calls.iter().enumerate().filter(|(_, nc)| !nc.plain) {
+            let job = &pc.jobs[nc.job];
             let t = self.table(job.table);
             let (dim, rpb) = (job.dim.to_string(), t.rows_per_block.to_string());
             let mut args = vec![name];
@@ -261,27 +268,21 @@ impl RedisStore {
         for r in own.iter().chain(reqs.iter()) {
             self.push_getrange(&mut ops, r);
         }
-        let mut shares: Shares = vec![None; calls.len()];
+        let mut shares: Shares = vec![None; pc.calls.len()];
         if ops.is_empty() {
             return Ok(shares);
         }
-        let deadline = t0 + self.cluster().options().timeout;
+        let deadline = pc.t0 + self.cluster().options().timeout;
         let mut replies = ember_redis::Replies::default();
         let before = self.cluster().round_trips();
         self.cluster_mut()
             .run_into(&ops, true, deadline, &mut replies)?;
+        let stats = &mut pc.stats;
         stats.io.reads += self.cluster().round_trips() - before;
         for (i, &c) in sent.iter().enumerate() {
-            self.take_share(
-                jobs,
-                &mut calls[c],
-                c,
-                replies.get(i),
-                arena,
-                &mut shares,
-                stats,
-            )?;
+            self.take_share(pc, c, replies.get(i), &mut shares)?;
         }
+        let stats = &mut pc.stats;
         // The rows: every reply a row of its length, else all read again through `read`.
         let at = sent.len();
         let whole = |k: usize, r: &RowRequest| matches!(replies.get(at + k), Reply::Bulk(b) if b.len() == self.row_bytes(r.table));
@@ -309,19 +310,23 @@ impl RedisStore {
         Ok(shares)
     }
 
-    /// Call `c`'s answer `reply`: its sums into `arena` (and `shares`), or the call marked plain
-    /// where the node refused it, or the error of an answer of any other kind.
-    #[allow(clippy::too_many_arguments)]
+    /// Call `c`'s answer `reply`: its sums into the call's arena (and `shares`), or the call
+    /// marked plain where the node refused it, or the error of an answer of any other kind.
     fn take_share(
         &mut self,
-        jobs: &[PoolJob],
-        nc: &mut NodeCall,
+        pc: &mut PoolCall<'_>,
         c: usize,
         reply: Reply<'_>,
-        arena: &mut Vec<u8>,
         shares: &mut Shares,
-        stats: &mut PoolStats,
     ) -> Result<()> {
+        let PoolCall {
+            jobs,
+            calls,
+            arena,
+            stats,
+            ..
+        } = pc;
+        let nc = &mut calls[c];
         let want = nc.bags.len() * jobs[nc.job].dim * 4;
         match reply {
             Reply::Bulk(b) if b.len() == want => {
@@ -338,9 +343,10 @@ impl RedisStore {
                     // A block not where the map says: re-read the map for the next call.
                     self.cluster_mut().mark_stale();
                 }
-                let why = if no_module { "no_module" } else { "refused" };
-                metrics::counter!("ember_remote_pool_plain_total", "model" => self.model().to_string(), "why" => why)
-                    .increment(1);
+                match no_module {
+                    true => self.metrics.plain_no_module.increment(1),
+                    false => self.metrics.plain_refused.increment(1),
+                }
                 nc.plain = true;
             }
             other => {

@@ -8,7 +8,8 @@
 
 use super::layout::{self, VersionState, block_prefix};
 use super::manifest::{Manifest, ManifestTable};
-use super::pooled::{PoolJob, PoolRemote, PoolStats, pool_then_read};
+use super::metrics::StoreMetrics;
+use super::pooled::{NodePoolStats, PoolJob, PoolRemote, pool_then_read};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -55,7 +56,7 @@ pub trait RemoteRows: RowStore {
         sums: &mut [Vec<f32>],
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
-    ) -> Result<PoolStats> {
+    ) -> Result<NodePoolStats> {
         pool_then_read(self, jobs, sums, reqs, land)
     }
 }
@@ -154,6 +155,7 @@ pub struct RedisStore {
     no_module: Vec<Option<Instant>>,
     /// The primaries when pooling was set.
     pub(super) primaries: usize,
+    pub(super) metrics: StoreMetrics,
 }
 
 impl RedisStore {
@@ -213,6 +215,7 @@ impl RedisStore {
             pooling: PoolRemote::Off,
             no_module: Vec::new(),
             primaries: 1,
+            metrics: StoreMetrics::new(&src.model),
         })
     }
 
@@ -241,10 +244,6 @@ impl RedisStore {
 
     pub(super) fn table(&self, t: usize) -> &StoreTable {
         &self.tables[t]
-    }
-
-    pub(super) fn model(&self) -> &str {
-        &self.model
     }
 
     pub(super) fn cluster_mut(&mut self) -> &mut Cluster {
@@ -326,7 +325,7 @@ impl RemoteRows for RedisStore {
         sums: &mut [Vec<f32>],
         reqs: &mut [RowRequest],
         land: &mut dyn FnMut(&RowRequest, &[u8]),
-    ) -> Result<PoolStats> {
+    ) -> Result<NodePoolStats> {
         RedisStore::pool(self, jobs, sums, reqs, land)
     }
 }
@@ -367,7 +366,8 @@ impl RowStore for RedisStore {
         let got = self
             .cluster
             .run_into(&self.ops, true, deadline, &mut self.replies);
-        metrics::histogram!("ember_remote_fetch_seconds", "model" => self.model.clone())
+        self.metrics
+            .fetch_seconds
             .record(t0.elapsed().as_secs_f64());
         got?;
         // Check every reply before landing any row. A row missing from a copy read during a
