@@ -13,10 +13,29 @@ fn repo(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// This test's directory (one per test and run: each test removes its own).
+fn test_dir() -> PathBuf {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("t")
+        .replace("::", "-");
+    std::env::temp_dir().join(format!("ember-plan-cli-{}-{test}", std::process::id()))
+}
+
+/// `name` in this test's directory.
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ember-plan-cli-{}", std::process::id()));
+    let d = test_dir();
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
+}
+
+/// Removes this test's directory when dropped, whether the test passed or not.
+struct Cleanup;
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(test_dir());
+    }
 }
 
 fn scores(path: &Path) -> Vec<f32> {
@@ -29,6 +48,7 @@ fn scores(path: &Path) -> Vec<f32> {
 
 #[test]
 fn plans_of_the_shipped_model_score_like_the_model() {
+    let _cleanup = Cleanup;
     let model = repo("models/default");
     let m = model.to_str().unwrap();
     let (plan, torchrec) = (tmp("p.json"), tmp("tr.json"));
@@ -210,6 +230,7 @@ fn plans_of_the_shipped_model_score_like_the_model() {
     ignore = "needs ../shared/data beside the repository (not here when built)"
 )]
 fn the_mlperf_tables_plan_on_eight_16gib_devices_where_present() {
+    let _cleanup = Cleanup;
     let csv = repo("../shared/data/tables/mlperf_dlrm_dcnv2_tables.csv");
     assert!(
         csv.exists(),
@@ -262,6 +283,7 @@ fn the_mlperf_tables_plan_on_eight_16gib_devices_where_present() {
     ignore = "needs ../shared/data beside the repository (not here when built)"
 )]
 fn a_small_eval_compares_with_every_baseline_where_the_stats_are_present() {
+    let _cleanup = Cleanup;
     let stats = repo("../shared/data/tables/dlrm_datasets_2021_locality_stats.txt");
     assert!(
         stats.exists(),
@@ -301,6 +323,7 @@ fn a_small_eval_compares_with_every_baseline_where_the_stats_are_present() {
 
 #[test]
 fn serve_with_a_plan_scores_like_predict() {
+    let _cleanup = Cleanup;
     use std::io::{BufRead, BufReader};
     let model = repo("models/default");
     let m = model.to_str().unwrap();

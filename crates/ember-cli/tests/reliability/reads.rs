@@ -22,11 +22,28 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn tmp(name: &str) -> PathBuf {
+/// A directory of one test, removed when dropped, whether the test passed or not (each held a
+/// copy of the model: runs left hundreds of MB in the temporary directory).
+struct TmpDir(PathBuf);
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::ops::Deref for TmpDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn tmp(name: &str) -> TmpDir {
     let d = std::env::temp_dir().join(format!("ember-reads-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TmpDir(d)
 }
 
 fn mkfifo(p: &Path) {
@@ -35,7 +52,7 @@ fn mkfifo(p: &Path) {
 }
 
 /// A copy of the shipped model whose `config.json` is replaced by `make(path)`.
-fn model_with_config(name: &str, make: impl FnOnce(&Path)) -> PathBuf {
+fn model_with_config(name: &str, make: impl FnOnce(&Path)) -> TmpDir {
     let d = tmp(name);
     std::fs::copy(
         root().join("models/default/model.safetensors"),
@@ -118,7 +135,7 @@ fn an_oversize_config_and_an_endless_line_are_refused() {
 }
 
 /// A model of `f` features over one table (cat interaction), written as Ember's format.
-fn many_features(f: usize) -> PathBuf {
+fn many_features(f: usize) -> TmpDir {
     let d = tmp(&format!("features-{f}"));
     let features: Vec<_> = (0..f)
         .map(|i| serde_json::json!({"name": format!("f{i}"), "table": "t0"}))
