@@ -168,10 +168,11 @@ impl LocalCluster {
             self.nodes.len()
         );
         let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        // Redis Cluster's slot count (`ember_redis::slot::SLOTS`; this crate does not depend on
+        // the client).
         const SLOTS: usize = 16384;
-        let slots = SLOTS;
         for (i, &port) in ports.iter().enumerate().take(primaries) {
-            let (first, last) = (slots * i / primaries, slots * (i + 1) / primaries - 1);
+            let (first, last) = (SLOTS * i / primaries, SLOTS * (i + 1) / primaries - 1);
             query(
                 port,
                 redis::cmd("CLUSTER")
