@@ -49,17 +49,28 @@ impl std::ops::DerefMut for Held {
 
 /// A started cluster, or `None` (with the reason printed) where Redis is not installed.
 pub fn cluster(replicas: usize) -> Option<Held> {
-    let turn = cluster_turn()?;
-    Some(Held {
-        cluster: LocalCluster::start(3, replicas, 1000).expect("starting a local Redis Cluster"),
-        _turn: turn,
+    hold(|| LocalCluster::start(3, replicas, 1000))
+}
+
+/// A started cluster of 3 primaries with `replicas` each whose nodes load the Ember module
+/// (`EMBER.POOL`) but those in `without` (indices in start order: 0-2 are the primaries), or
+/// `None` where Redis is not installed.
+pub fn cluster_with_module(replicas: usize, without: &[usize]) -> Option<Held> {
+    hold(|| {
+        let module = redis_cluster::pool_module()?;
+        LocalCluster::start_with_module(3, replicas, 1000, Some(&module), without)
     })
 }
 
-/// This test's turn with a cluster, or `None` (with the reason printed) where Redis is not
-/// installed.
-fn cluster_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
-    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The cluster `start` makes, held for this test's turn, or `None` (with the reason printed)
+/// where Redis is not installed.
+///
+/// The cluster is started before the turn is taken: a new cluster's primaries stay in the
+/// `fail` state for their first 2 s (Redis's writable delay), idle time that overlaps the
+/// previous test's run this way (about 2 s of every test here). Its nodes are idle while they
+/// wait; once the turn is taken, a cluster that is no longer as it was started (unhealthy, or a
+/// replica promoted while a loaded machine delayed its pings) is started again.
+fn hold(start: impl Fn() -> anyhow::Result<LocalCluster>) -> Option<Held> {
     if let Err(why) = redis_cluster::available() {
         // Built where they were (build.rs), so not marked ignored: their absence now is a fault.
         if cfg!(ember_redis) {
@@ -68,20 +79,34 @@ fn cluster_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
         eprintln!("skipped: {why}");
         return None;
     }
-    Some(TURN.lock().unwrap_or_else(|p| p.into_inner()))
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let early = start().expect("starting a local Redis Cluster");
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = if as_started(&early) {
+        early
+    } else {
+        drop(early);
+        start().expect("starting a local Redis Cluster")
+    };
+    Some(Held {
+        cluster,
+        _turn: turn,
+    })
 }
 
-/// A started cluster of 3 primaries with `replicas` each whose nodes load the Ember module
-/// (`EMBER.POOL`) but those in `without` (indices in start order: 0-2 are the primaries), or
-/// `None` where Redis is not installed.
-pub fn cluster_with_module(replicas: usize, without: &[usize]) -> Option<Held> {
-    let held = cluster_turn()?;
-    let module = redis_cluster::pool_module().expect("the Ember Redis module");
-    Some(Held {
-        cluster: LocalCluster::start_with_module(3, replicas, 1000, Some(&module), without)
-            .expect("starting a local Redis Cluster with the module"),
-        _turn: held,
-    })
+/// Whether `c` is healthy with its first three nodes (in start order) as its primaries.
+fn as_started(c: &LocalCluster) -> bool {
+    let wait = std::time::Duration::from_secs(5);
+    if c.wait_healthy(wait).is_err() || c.wait_replicated(wait).is_err() {
+        return false;
+    }
+    let Ok(mut primaries) = c.primaries() else {
+        return false;
+    };
+    primaries.sort_unstable();
+    let mut first: Vec<u16> = c.nodes.iter().take(3).map(|n| n.port).collect();
+    first.sort_unstable();
+    primaries == first
 }
 
 /// The shipped model's directory.
