@@ -461,14 +461,12 @@ fn serve_until_stopped(
     rt: tokio::runtime::Runtime,
     a: &ServeArgs,
     cfg: ServeConfig,
-    started: impl std::future::Future<Output = std::io::Result<Server>>,
+    started: impl std::future::Future<Output = ember_serve::ServerResult<Server>>,
 ) -> anyhow::Result<()> {
     let grace = cfg.conn.shutdown_grace;
     rt.block_on(async move {
-        let server = started.await.with_context(|| match a.grpc.0 {
-            Some(g) => format!("listening on {} (HTTP) and {g} (gRPC)", a.http),
-            None => format!("listening on {}", a.http),
-        })?;
+        // The error names the step that failed (a listener names its address and protocol).
+        let server = started.await.context("starting the server")?;
         let addr = server.addr();
         // Poll the stop signal once, which installs its handlers, before the address is printed:
         // a SIGHUP sent as soon as the line appears must stop the server, not kill it (a race the

@@ -17,7 +17,7 @@
 //! Failure: a malformed call, a missing or short block, a key of another type is an error
 //! reply naming it, never a crash (a panic in the summing is caught and answered as an error).
 
-use ember_embed::storage::remote::pooled::{self, PoolCall};
+use ember_embed::storage::remote::pooled::{self, PoolCall, Refusal, RefusalCode};
 use std::cell::RefCell;
 
 #[cfg(not(test))]
@@ -37,7 +37,7 @@ pub fn run<R>(
     call: &PoolCall<'_>,
     blocks: &[Option<&[u8]>],
     reply: impl FnOnce(&[u8]) -> R,
-) -> Result<R, String> {
+) -> Result<R, Refusal> {
     BUFFERS.with(|b| {
         let mut b = b.borrow_mut();
         let (out, scratch) = &mut *b;
@@ -54,7 +54,10 @@ pub fn run<R>(
                 Ok(r)
             }
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!("ERR {}: internal error (a bug)", pooled::COMMAND)),
+            Err(_) => Err(Refusal::new(
+                RefusalCode::Bug,
+                format!("{}: internal error (a bug)", pooled::COMMAND),
+            )),
         }
     })
 }
@@ -63,7 +66,7 @@ pub fn run<R>(
 fn ember_pool(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     use redis_module::KeyType;
     let raw: Vec<&[u8]> = args.iter().skip(1).map(|a| a.as_slice()).collect();
-    let call = PoolCall::parse(&raw).map_err(RedisError::String)?;
+    let call = PoolCall::parse(&raw).map_err(reply_error)?;
     // Each block's key opened once and held open while its bytes are read in place.
     let mut key = Vec::new();
     let mut keys = Vec::with_capacity(call.n_blocks());
@@ -78,9 +81,12 @@ fn ember_pool(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             KeyType::String => blocks.push(k.read()?),
             _ => {
                 call.block_key(i, &mut key);
-                return Err(RedisError::String(format!(
-                    "WRONGTYPE {} is not a string: not a block of rows",
-                    String::from_utf8_lossy(&key)
+                return Err(reply_error(Refusal::new(
+                    RefusalCode::WrongType,
+                    format!(
+                        "{} is not a string: not a block of rows",
+                        String::from_utf8_lossy(&key)
+                    ),
                 )));
             }
         }
@@ -91,7 +97,13 @@ fn ember_pool(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         redis_module::raw::reply_with_string_buffer(ctx.ctx, bytes.as_ptr().cast(), bytes.len());
         RedisValue::NoReply
     })
-    .map_err(RedisError::String)
+    .map_err(reply_error)
+}
+
+/// `r` as the error reply (its code first).
+#[cfg(not(test))]
+fn reply_error(r: Refusal) -> RedisError {
+    RedisError::String(r.to_string())
 }
 
 #[cfg(not(test))]

@@ -26,11 +26,11 @@
 //! [`ember_model::Lengths`] (`crates/ember-cli/tests/it/architecture.rs` checks it).
 //!
 //! ```no_run
-//! # async fn run(model: std::sync::Arc<ember_model::Model>) -> std::io::Result<()> {
+//! # async fn run(model: std::sync::Arc<ember_model::Model>) -> ember_serve::ServerResult<()> {
 //! let server = ember_serve::Server::start(model, ember_serve::ServeConfig::default()).await?;
 //! println!("serving on http://{}", server.addr());
 //! ember_serve::shutdown_signal().await;
-//! server.shutdown().await;
+//! server.shutdown().await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -46,6 +46,7 @@ mod metrics;
 mod profile;
 mod proto;
 pub mod repo;
+mod server_error;
 mod spec;
 mod state;
 mod triton;
@@ -66,6 +67,7 @@ pub use profile::ProfileConfig;
 pub use repo::{
     DiskLoader, IndexEntry, Loader, RegistryFollow, Repository, RepositoryConfig, Served,
 };
+pub use server_error::{ServerError, ServerResult};
 pub use spec::ModelSpec;
 pub use state::App;
 
@@ -150,14 +152,30 @@ fn spawn_store_probe(repo: std::sync::Weak<Repository>, ready: Arc<AtomicBool>) 
     }
 }
 
+/// A listener for `protocol` bound to `addr`, and the address it got (the port where `addr`
+/// asked for any).
+fn listen(
+    protocol: &'static str,
+    addr: SocketAddr,
+) -> ServerResult<(tokio::net::TcpListener, SocketAddr)> {
+    let failed = |source| ServerError::Listen {
+        protocol,
+        addr,
+        source,
+    };
+    let l = conn::listen(addr).map_err(failed)?;
+    let bound = l.local_addr().map_err(failed)?;
+    Ok((l, bound))
+}
+
 impl Server {
     /// Binds the listeners and starts serving `model` on the CPU with `cfg.threads` threads
     /// (call inside a tokio runtime).
-    pub async fn start(model: Arc<Model>, cfg: ServeConfig) -> std::io::Result<Server> {
+    pub async fn start(model: Arc<Model>, cfg: ServeConfig) -> ServerResult<Server> {
         let mut engines: Vec<Box<dyn Engine>> = Vec::new();
         for _ in 0..cfg.batch.instances.max(1) {
             let predictor = Predictor::new(model.clone(), cfg.threads.max(1))
-                .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
+                .map_err(ServerError::Predictor)?;
             engines.push(Box::new(predictor));
         }
         Self::start_engines(engines, cfg).await
@@ -165,10 +183,7 @@ impl Server {
 
     /// [`Server::start`] with the batches run by `engine` (a CPU predictor with a sharding plan,
     /// a GPU predictor).
-    pub async fn start_engine(
-        engine: Box<dyn Engine>,
-        cfg: ServeConfig,
-    ) -> std::io::Result<Server> {
+    pub async fn start_engine(engine: Box<dyn Engine>, cfg: ServeConfig) -> ServerResult<Server> {
         Self::start_engines(vec![engine], cfg).await
     }
 
@@ -177,7 +192,7 @@ impl Server {
     pub async fn start_engines(
         engines: Vec<Box<dyn Engine>>,
         cfg: ServeConfig,
-    ) -> std::io::Result<Server> {
+    ) -> ServerResult<Server> {
         let runners = engines
             .into_iter()
             .map(|e| Box::new(EngineRunner::new(e)) as Box<dyn Runner>)
@@ -190,13 +205,13 @@ impl Server {
     pub async fn start_servable(
         model: Arc<dyn Servable>,
         cfg: ServeConfig,
-    ) -> std::io::Result<Server> {
+    ) -> ServerResult<Server> {
         let mut runners = Vec::new();
         for _ in 0..cfg.batch.instances.max(1) {
             let r = model
                 .clone()
                 .cpu_runner(cfg.threads.max(1))
-                .map_err(|e| std::io::Error::other(format!("building the predictor: {e}")))?;
+                .map_err(ServerError::Predictor)?;
             runners.push(r);
         }
         Self::start_runners(runners, cfg).await
@@ -206,9 +221,9 @@ impl Server {
     pub async fn start_runners(
         engines: Vec<Box<dyn Runner>>,
         cfg: ServeConfig,
-    ) -> std::io::Result<Server> {
+    ) -> ServerResult<Server> {
         if engines.is_empty() {
-            return Err(std::io::Error::other("no engine to serve with"));
+            return Err(ServerError::NoEngine);
         }
         // The recorder first: a served model registers its counters when it is made, and a
         // counter registered before the recorder counts nothing.
@@ -222,8 +237,8 @@ impl Server {
             Ok::<_, ember_model::ModelError>((engines, took))
         })
         .await
-        .map_err(|e| std::io::Error::other(format!("warming the model: {e}")))?
-        .map_err(|e| std::io::Error::other(format!("warming the model: {e}")))?;
+        .map_err(ServerError::task("warming the model"))?
+        .map_err(ServerError::Warm)?;
         let repo = Repository::single(&cfg.model_name, engines, cfg.batch);
         for s in repo.served() {
             s.batcher.prime(&took);
@@ -238,7 +253,7 @@ impl Server {
     pub async fn start_repository(
         source: RepositoryConfig,
         cfg: ServeConfig,
-    ) -> std::io::Result<Server> {
+    ) -> ServerResult<Server> {
         let poll = source.poll;
         let follows_registry = source.registry.is_some();
         metrics::handle(); // before any model registers its counters (see start_engines)
@@ -246,8 +261,8 @@ impl Server {
         let r = repo.clone();
         tokio::task::spawn_blocking(move || r.load_all())
             .await
-            .map_err(|e| std::io::Error::other(format!("loading the repository: {e}")))?
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+            .map_err(ServerError::task("loading the repository"))?
+            .map_err(ServerError::Repository)?;
         match (poll, follows_registry) {
             (Some(every), true) => repo::spawn_registry_follower(&repo, every),
             (Some(every), false) => repo::spawn_poller(&repo, every),
@@ -256,7 +271,7 @@ impl Server {
         Self::serve(repo, cfg).await
     }
 
-    async fn serve(repo: Arc<Repository>, cfg: ServeConfig) -> std::io::Result<Server> {
+    async fn serve(repo: Arc<Repository>, cfg: ServeConfig) -> ServerResult<Server> {
         metrics::handle();
         // The connection cap, not the OS, decides when connections are refused.
         let fd_limit = conn::raise_fd_limit();
@@ -264,13 +279,14 @@ impl Server {
             cfg.conn.max_connections,
             fd_limit,
         )));
-        let listener = conn::listen(cfg.http)?;
-        let addr = listener.local_addr()?;
-        let grpc_listener = match cfg.grpc {
-            Some(a) => Some(conn::listen(a)?),
-            None => None,
+        let (listener, addr) = listen("HTTP", cfg.http)?;
+        let (grpc_listener, grpc_addr) = match cfg.grpc {
+            Some(a) => {
+                let (l, bound) = listen("gRPC", a)?;
+                (Some(l), Some(bound))
+            }
+            None => (None, None),
         };
-        let grpc_addr = grpc_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let ready = Arc::new(AtomicBool::new(true));
         let budget = Arc::new(conn::Budget::new(cfg.conn.max_inflight_bytes));
         let app = App {
@@ -282,7 +298,7 @@ impl Server {
         let (stop, stopped) = watch::channel(false);
         spawn_store_probe(Arc::downgrade(&repo), ready.clone());
         let profile = match cfg.profile.clone() {
-            Some(p) => Some(profile::start(&repo, p)?),
+            Some(p) => Some(profile::start(&repo, p).map_err(ServerError::Profiles)?),
             None => None,
         };
         let conn_cfg = Arc::new(cfg.conn.clone());
@@ -343,7 +359,7 @@ impl Server {
     /// Stops: refuses new connections, closes idle ones and those still sending a request,
     /// answers every request already received (queued ones included), and returns when all are
     /// answered or the grace period has run out (what is left then is dropped).
-    pub async fn shutdown(self) -> std::io::Result<()> {
+    pub async fn shutdown(self) -> ServerResult<()> {
         let end = std::time::Instant::now() + self.grace;
         self.ready.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
@@ -351,8 +367,8 @@ impl Server {
         for t in self.tasks {
             let r = t
                 .await
-                .map_err(|e| std::io::Error::other(format!("a listener task failed: {e}")))
-                .and_then(|r| r);
+                .map_err(ServerError::task("a listener"))
+                .and_then(|r| r.map_err(ServerError::Listener));
             if result.is_ok() {
                 result = r;
             }
@@ -362,12 +378,12 @@ impl Server {
         let repo = self.repo.clone();
         tokio::task::spawn_blocking(move || repo.shutdown_by(end))
             .await
-            .map_err(|e| std::io::Error::other(format!("stopping the batcher: {e}")))?;
+            .map_err(ServerError::task("stopping the batcher"))?;
         // Every batch answered is recorded: the profiles' last write.
         if let Some(p) = self.profile {
             tokio::task::spawn_blocking(move || p.stop())
                 .await
-                .map_err(|e| std::io::Error::other(format!("writing the profiles: {e}")))?;
+                .map_err(ServerError::task("writing the profiles"))?;
         }
         result
     }

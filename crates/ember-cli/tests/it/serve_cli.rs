@@ -1109,3 +1109,27 @@ fn serve_calibrates_int8_layers_on_a_file_of_inputs() {
     }
     let _ = std::fs::remove_file(&file);
 }
+
+/// A port already taken stops `ember serve` at start with exit code 1 and an error naming the
+/// listener (its protocol and address) and the cause, once: not a model error, not a hang.
+#[test]
+fn a_taken_port_is_refused_naming_the_listener_and_its_cause() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--http", "127.0.0.1:0", "--grpc", &port])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {err}"));
+    let named = format!("listening on {port} (gRPC): ");
+    assert!(line.contains(&named), "{line}");
+    // The OS's words for EADDRINUSE ("Address already in use (os error 98)" on Linux), once.
+    assert_eq!(line.to_lowercase().matches("in use").count(), 1, "{line}");
+    assert!(line.contains("os error"), "{line}");
+}

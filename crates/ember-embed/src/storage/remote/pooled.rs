@@ -26,11 +26,12 @@
 //! f32, with rows decoded by [`DType::decode_row`] (the kernels' own decoding); no fused
 //! multiply-add, so the bits depend only on the rows and their order.
 //!
-//! Errors (the first word is the code a client matches): `ERR` for a malformed call (it names
-//! the argument), `MISSING` for a block this node does not hold (never read as zeros: the client
-//! reads those rows from the cluster instead), `SHORT` for a block shorter than a row needs,
-//! `WRONGTYPE` for a key that is not a string.
-
+//! Errors ([`Refusal`]; the first word is the code a client matches): `BADCALL` for a malformed
+//! call (it names the argument), `MISSING` for a block this node does not hold (never read as
+//! zeros: the client reads those rows from the cluster instead), `SHORT` for a block shorter
+//! than a row needs, `WRONGTYPE` for a key that is not a string, `BUG` for a panic caught in the
+//! module. None is `ERR`: that code is Redis's own (an unknown command, a wrong arity), so a
+//! client tells a node that runs no `EMBER.POOL` by the code alone ([`not_run_by_the_node`]).
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::storage::{ReadStats, RowRequest, RowStore};
@@ -39,6 +40,74 @@ use std::time::Duration;
 
 /// The command's name.
 pub const COMMAND: &str = "EMBER.POOL";
+
+/// A refusal's error code: the first word of the error reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalCode {
+    /// The call is malformed: an argument out of range, arrays that disagree.
+    BadCall,
+    /// A block the call names is not on this node (moved, or lost with its shard).
+    Missing,
+    /// A block is shorter than a row the call reads from it needs.
+    Short,
+    /// A key the call names holds something other than a string.
+    WrongType,
+    /// The module panicked summing the call (a bug; the node keeps serving).
+    Bug,
+}
+
+impl RefusalCode {
+    /// Every code.
+    pub const ALL: [RefusalCode; 5] = [
+        RefusalCode::BadCall,
+        RefusalCode::Missing,
+        RefusalCode::Short,
+        RefusalCode::WrongType,
+        RefusalCode::Bug,
+    ];
+
+    /// The code as the reply spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalCode::BadCall => "BADCALL",
+            RefusalCode::Missing => "MISSING",
+            RefusalCode::Short => "SHORT",
+            RefusalCode::WrongType => "WRONGTYPE",
+            RefusalCode::Bug => "BUG",
+        }
+    }
+}
+
+/// Why a node refused a call: its code and what it says. Displayed as the module's error
+/// reply: `CODE detail`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} {detail}", code.as_str())]
+pub struct Refusal {
+    pub code: RefusalCode,
+    pub detail: String,
+}
+
+impl Refusal {
+    /// A refusal with `code` saying `detail`.
+    pub fn new(code: RefusalCode, detail: String) -> Refusal {
+        Refusal { code, detail }
+    }
+
+    /// A malformed call: `detail` says what is wrong (after the command's name).
+    fn bad_call(detail: String) -> Refusal {
+        Refusal::new(RefusalCode::BadCall, format!("{COMMAND}: {detail}"))
+    }
+}
+
+/// Whether an error reply with `code` (its first word) to a call of [`COMMAND`] is the node's
+/// own refusal, before any module ran: `ERR` (an unknown command on a node without the module,
+/// or a wrong arity from another version of it) or `NOPERM` (the caller's ACL user may not run
+/// it). The module's own codes (see the module documentation) and the cluster's redirections
+/// (`MOVED`, `ASK`, `TRYAGAIN`, ...) are not.
+pub fn not_run_by_the_node(code: &str) -> bool {
+    matches!(code, "ERR" | "NOPERM")
+}
+
 /// Largest `dim`.
 pub const MAX_DIM: usize = 1 << 16;
 /// Most distinct blocks one call names.
@@ -70,34 +139,36 @@ fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
-fn number(what: &str, arg: &[u8], lo: usize, hi: usize) -> Result<usize, String> {
+fn number(what: &str, arg: &[u8], lo: usize, hi: usize) -> Result<usize, Refusal> {
     let n = std::str::from_utf8(arg)
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
         .ok_or_else(|| {
-            format!(
-                "ERR {COMMAND}: {what} is '{}', not a number",
+            Refusal::bad_call(format!(
+                "{what} is '{}', not a number",
                 String::from_utf8_lossy(arg)
-            )
+            ))
         })?;
     if !(lo..=hi).contains(&n) {
-        return Err(format!(
-            "ERR {COMMAND}: {what} {n} is out of range {lo} ..= {hi}"
-        ));
+        return Err(Refusal::bad_call(format!(
+            "{what} {n} is out of range {lo} ..= {hi}"
+        )));
     }
     Ok(n)
 }
 
-fn words(what: &str, arg: &[u8], max: usize) -> Result<usize, String> {
+fn words(what: &str, arg: &[u8], max: usize) -> Result<usize, Refusal> {
     if !arg.len().is_multiple_of(4) {
-        return Err(format!(
-            "ERR {COMMAND}: {what} has {} bytes, not a whole number of 4-byte words",
+        return Err(Refusal::bad_call(format!(
+            "{what} has {} bytes, not a whole number of 4-byte words",
             arg.len()
-        ));
+        )));
     }
     let n = arg.len() / 4;
     if n > max {
-        return Err(format!("ERR {COMMAND}: {n} {what}, at most {max} per call"));
+        return Err(Refusal::bad_call(format!(
+            "{n} {what}, at most {max} per call"
+        )));
     }
     Ok(n)
 }
@@ -106,21 +177,21 @@ impl<'a> PoolCall<'a> {
     /// Parses a call's arguments (after the command's name), checking every bound and that the
     /// arrays agree with each other; block and row numbers are checked against the blocks when
     /// summing ([`sum_bags`]).
-    pub fn parse(args: &[&'a [u8]]) -> Result<Self, String> {
+    pub fn parse(args: &[&'a [u8]]) -> Result<Self, Refusal> {
         if !(7..=8).contains(&args.len()) {
-            return Err(format!(
-                "ERR {COMMAND}: {} arguments, expected 7 or 8: prefix dtype dim rows_per_block blocks bags rows [weights]",
+            return Err(Refusal::bad_call(format!(
+                "{} arguments, expected 7 or 8: prefix dtype dim rows_per_block blocks bags rows [weights]",
                 args.len()
-            ));
+            )));
         }
         let dtype = std::str::from_utf8(args[1])
             .ok()
             .and_then(|s| s.parse::<DType>().ok())
             .ok_or_else(|| {
-                format!(
-                    "ERR {COMMAND}: dtype '{}' is not one of f32, f16, bf16, int8, int4",
+                Refusal::bad_call(format!(
+                    "dtype '{}' is not one of f32, f16, bf16, int8, int4",
                     String::from_utf8_lossy(args[1])
-                )
+                ))
             })?;
         let dim = number("dim", args[2], 1, MAX_DIM)?;
         let rows_per_block = number("rows_per_block", args[3], 1, u32::MAX as usize)?;
@@ -128,39 +199,39 @@ impl<'a> PoolCall<'a> {
         let n_bags = words("bags", args[5], MAX_BAGS)?;
         let n_rows = words("rows", args[6], 2 * MAX_ROWS)? / 2;
         if !args[6].len().is_multiple_of(8) {
-            return Err(format!(
-                "ERR {COMMAND}: rows has {} bytes, not a whole number of (block, row) pairs",
+            return Err(Refusal::bad_call(format!(
+                "rows has {} bytes, not a whole number of (block, row) pairs",
                 args[6].len()
-            ));
+            )));
         }
         let counted: u64 = (0..n_bags).map(|b| u64::from(u32_at(args[5], b))).sum();
         if counted != n_rows as u64 {
-            return Err(format!(
-                "ERR {COMMAND}: the bags count {counted} rows, rows has {n_rows}"
-            ));
+            return Err(Refusal::bad_call(format!(
+                "the bags count {counted} rows, rows has {n_rows}"
+            )));
         }
         let weights = match args.get(7) {
             None => None,
             Some(w) => {
                 if w.len() != 4 * n_rows {
-                    return Err(format!(
-                        "ERR {COMMAND}: weights has {} bytes, expected 4 per row ({})",
+                    return Err(Refusal::bad_call(format!(
+                        "weights has {} bytes, expected 4 per row ({})",
                         w.len(),
                         4 * n_rows
-                    ));
+                    )));
                 }
                 Some(*w)
             }
         };
         if n_rows.saturating_mul(dim) > MAX_WORK {
-            return Err(format!(
-                "ERR {COMMAND}: {n_rows} rows of {dim} elements is over the {MAX_WORK} a call may add"
-            ));
+            return Err(Refusal::bad_call(format!(
+                "{n_rows} rows of {dim} elements is over the {MAX_WORK} a call may add"
+            )));
         }
         if n_bags.saturating_mul(dim).saturating_mul(4) > MAX_REPLY {
-            return Err(format!(
-                "ERR {COMMAND}: {n_bags} bags of {dim} elements is over the {MAX_REPLY}-byte reply a call may have"
-            ));
+            return Err(Refusal::bad_call(format!(
+                "{n_bags} bags of {dim} elements is over the {MAX_REPLY}-byte reply a call may have"
+            )));
         }
         Ok(PoolCall {
             prefix: args[0],
@@ -223,15 +294,15 @@ pub fn sum_bags(
     blocks: &[Option<&[u8]>],
     out: &mut Vec<u8>,
     scratch: &mut Vec<f32>,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let (dim, dtype) = (call.dim, call.dtype);
     let row_bytes = dtype.row_bytes(dim);
     if blocks.len() != call.n_blocks() {
-        return Err(format!(
-            "ERR {COMMAND}: {} block values for {} blocks",
+        return Err(Refusal::bad_call(format!(
+            "{} block values for {} blocks",
             blocks.len(),
             call.n_blocks()
-        ));
+        )));
     }
     scratch.clear();
     scratch.resize(2 * dim, 0.0);
@@ -247,34 +318,40 @@ pub fn sum_bags(
                 u32_at(call.rows, 2 * r + 1) as usize,
             );
             if bi >= blocks.len() {
-                return Err(format!(
-                    "ERR {COMMAND}: row {r} names block index {bi}, the call has {} blocks",
+                return Err(Refusal::bad_call(format!(
+                    "row {r} names block index {bi}, the call has {} blocks",
                     blocks.len()
-                ));
+                )));
             }
             if in_block >= call.rows_per_block {
-                return Err(format!(
-                    "ERR {COMMAND}: row {r} is row {in_block} of its block, which holds {}",
+                return Err(Refusal::bad_call(format!(
+                    "row {r} is row {in_block} of its block, which holds {}",
                     call.rows_per_block
-                ));
+                )));
             }
             let Some(value) = blocks[bi] else {
                 let mut key = Vec::new();
                 call.block_key(bi, &mut key);
-                return Err(format!(
-                    "MISSING block {} is not on this node",
-                    String::from_utf8_lossy(&key)
+                return Err(Refusal::new(
+                    RefusalCode::Missing,
+                    format!(
+                        "block {} is not on this node",
+                        String::from_utf8_lossy(&key)
+                    ),
                 ));
             };
             let start = in_block * row_bytes;
             let Some(bytes) = value.get(start..start + row_bytes) else {
                 let mut key = Vec::new();
                 call.block_key(bi, &mut key);
-                return Err(format!(
-                    "SHORT block {} has {} bytes, row {in_block} needs {}",
-                    String::from_utf8_lossy(&key),
-                    value.len(),
-                    start + row_bytes
+                return Err(Refusal::new(
+                    RefusalCode::Short,
+                    format!(
+                        "block {} has {} bytes, row {in_block} needs {}",
+                        String::from_utf8_lossy(&key),
+                        value.len(),
+                        start + row_bytes
+                    ),
                 ));
             };
             let w = match call.weights {
@@ -627,12 +704,18 @@ mod tests {
             let mut a = ok.clone();
             a[i] = bad;
             let e = PoolCall::parse(&a).unwrap_err();
-            assert!(e.starts_with("ERR ") && e.contains(says), "{e}");
+            assert_eq!(e.code, RefusalCode::BadCall, "{e}");
+            assert!(e.to_string().starts_with("BADCALL EMBER.POOL: ") && e.detail.contains(says));
         }
-        assert!(PoolCall::parse(&ok[..5]).unwrap_err().contains("arguments"));
+        assert!(
+            PoolCall::parse(&ok[..5])
+                .unwrap_err()
+                .detail
+                .contains("arguments")
+        );
         let mut w = ok.clone();
         w.push(b"\x00\x00");
-        assert!(PoolCall::parse(&w).unwrap_err().contains("weights"));
+        assert!(PoolCall::parse(&w).unwrap_err().detail.contains("weights"));
         // Bounds checked against the blocks: a block index or a row out of range, a block
         // missing or short.
         let call = PoolCall::parse(&ok).unwrap();
@@ -640,9 +723,14 @@ mod tests {
         let full = vec![0u8; 160];
         assert!(sum_bags(&call, &[Some(&full)], &mut out, &mut s).is_ok());
         let e = sum_bags(&call, &[None], &mut out, &mut s).unwrap_err();
-        assert_eq!(e, "MISSING block p:7 is not on this node");
+        assert_eq!(e.code, RefusalCode::Missing);
+        assert_eq!(e.to_string(), "MISSING block p:7 is not on this node");
         let e = sum_bags(&call, &[Some(&full[..40])], &mut out, &mut s).unwrap_err();
-        assert!(e.starts_with("SHORT block p:7 has 40 bytes"), "{e}");
+        assert_eq!(e.code, RefusalCode::Short);
+        assert!(
+            e.to_string().starts_with("SHORT block p:7 has 40 bytes"),
+            "{e}"
+        );
         let mut far = rows.clone();
         far[4..8].copy_from_slice(&10u32.to_le_bytes());
         let a: Vec<&[u8]> = vec![b"p:", b"f32", b"4", b"10", &blocks, &bags, &far];
@@ -652,7 +740,7 @@ mod tests {
             &mut out,
             &mut s,
         );
-        assert!(e.unwrap_err().contains("holds 10"));
+        assert!(e.unwrap_err().detail.contains("holds 10"));
         let mut other = rows.clone();
         other[0..4].copy_from_slice(&1u32.to_le_bytes());
         let a: Vec<&[u8]> = vec![b"p:", b"f32", b"4", b"10", &blocks, &bags, &other];
@@ -662,16 +750,32 @@ mod tests {
             &mut out,
             &mut s,
         );
-        assert!(e.unwrap_err().contains("block index 1"));
+        assert!(e.unwrap_err().detail.contains("block index 1"));
     }
 
     #[test]
     fn work_and_reply_are_bounded() {
         let bags = vec![0u8; 4 * 1024];
         let a: Vec<&[u8]> = vec![b"p:", b"f32", b"65536", b"1", b"", &bags, b""];
-        assert!(PoolCall::parse(&a).unwrap_err().contains("reply"));
+        assert!(PoolCall::parse(&a).unwrap_err().detail.contains("reply"));
         let many = vec![0u8; 4 * (MAX_BLOCKS + 1)];
         let a: Vec<&[u8]> = vec![b"p:", b"f32", b"4", b"1", &many, b"", b""];
-        assert!(PoolCall::parse(&a).unwrap_err().contains("at most"));
+        assert!(PoolCall::parse(&a).unwrap_err().detail.contains("at most"));
+    }
+
+    /// A client reads `ERR` and `NOPERM` as a node that runs no `EMBER.POOL` (and reads its
+    /// rows whole), and every code of the module's own, or of the cluster's redirections, as a
+    /// refusal of the call: the module never answers with Redis's codes.
+    #[test]
+    fn the_modules_codes_are_never_the_nodes_own() {
+        for code in RefusalCode::ALL {
+            assert!(!not_run_by_the_node(code.as_str()), "{code:?}");
+            let e = Refusal::new(code, "x".into()).to_string();
+            assert_eq!(e.split(' ').next(), Some(code.as_str()));
+        }
+        for redirect in ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT"] {
+            assert!(!not_run_by_the_node(redirect));
+        }
+        assert!(not_run_by_the_node("ERR") && not_run_by_the_node("NOPERM"));
     }
 }

@@ -336,7 +336,7 @@ impl RedisStore {
                 stats.pooled_rows += nc.ids.len() as u64;
             }
             Reply::Other(Value::ServerError(e)) => {
-                let no_module = e.to_string().contains("unknown command");
+                let no_module = pooled::not_run_by_the_node(e.code());
                 if no_module {
                     self.no_module_until(nc.node, Instant::now() + NO_MODULE_RETRY);
                 } else {
