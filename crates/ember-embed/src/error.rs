@@ -223,6 +223,21 @@ pub enum EmbedError {
         reason: String,
     },
 
+    /// A row update refused before any of it was written: blocks of its table are missing or
+    /// short in the store (`found` says which: a node lost its data, or the push did not
+    /// finish). Push the version again; the update can then be sent again.
+    #[error(
+        "remote store: model '{model}' version {version}, table '{table}': {found} in the store \
+         (a node lost its data, or the push did not finish); nothing of this update was written \
+         by this call: push the version again"
+    )]
+    UpdateRefused {
+        model: String,
+        version: u64,
+        table: String,
+        found: String,
+    },
+
     // ----- workloads -----
     /// An id trace file that cannot be used: a line that is not an id, no ids, a table name
     /// that cannot name a profile file.

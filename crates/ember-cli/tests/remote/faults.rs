@@ -31,6 +31,7 @@ use crate::load::{self, Seen, now_ms};
 use crate::server::{PATIENCE, Server, request, wait_until};
 use crate::{Held, wait_state};
 use ember_bench::redis_cluster;
+use ember_embed::EmbedError;
 use ember_embed::storage::remote::updates::{Publisher, updates_key};
 use ember_embed::storage::remote::{Cluster, ClusterOptions};
 use rand::rngs::StdRng;
@@ -334,9 +335,8 @@ fn publish(
             Ok(_) => return Went::Through,
             Err(e) => {
                 *failed += 1;
-                let e = e.to_string();
-                let refused = e.contains("nothing of this update was written");
-                *last_error = Some(e);
+                let refused = matches!(e, EmbedError::UpdateRefused { .. });
+                *last_error = Some(e.to_string());
                 // Refused with nothing written, unless a try before failed after writing some.
                 if refused {
                     return if first_try {

@@ -6,7 +6,8 @@ use ember_embed::storage::remote::updates::{self, EntryId, FollowedTable, Polled
 use ember_embed::storage::remote::{self, Cluster, ClusterOptions, RemoteSource};
 use ember_embed::tier::{Stager, TierOptions};
 use ember_embed::{
-    CachePolicy, DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
+    CachePolicy, DType, EmbedError, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged,
+    PoolOptions, Pooler,
 };
 use ember_registry::PushOptions;
 use rand::{Rng, SeedableRng};
@@ -601,12 +602,16 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
     let ids = [(gone * rpb + rpb - 1) as u64, (kept * rpb) as u64];
     let new = values(46);
     let rows = encode(&new, &ids, DType::F32);
-    let e = updates::publish(&mut cl, "lost", None, "t", &ids, &rows, 1000)
-        .unwrap_err()
-        .to_string();
+    let e = updates::publish(&mut cl, "lost", None, "t", &ids, &rows, 1000).unwrap_err();
+    let EmbedError::UpdateRefused { table, found, .. } = &e else {
+        panic!("an update over a lost block is refused, writing nothing: {e}");
+    };
     assert!(
-        e.contains(&format!("block {gone} is missing"))
-            && e.contains("nothing of this update was written"),
+        table == "t" && found == &format!("block {gone} is missing"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("nothing of this update was written"),
         "{e}"
     );
     let strlen = |cl: &mut Cluster, key: &str| match one(cl, key, redis::cmd("STRLEN").arg(key)) {

@@ -265,15 +265,11 @@ impl Publisher {
         if short.is_empty() {
             return Ok(());
         }
-        Err(EmbedError::remote_store(
-            &self.model,
-            self.version,
-            format!(
-                "table '{}': {} in the store (a node lost its data, or the push did not \
-                 finish); nothing of this update was written by this call: push the version again",
-                self.table.name,
-                short.join("; ")
-            ),
-        ))
+        Err(EmbedError::UpdateRefused {
+            model: self.model.clone(),
+            version: self.version,
+            table: self.table.name.clone(),
+            found: short.join("; "),
+        })
     }
 }
