@@ -1,5 +1,6 @@
 //! `config.json`: the architecture of a model directory (see `docs/model-format.md`).
 
+use crate::error::Invalid;
 use ember_embed::files;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -112,7 +113,7 @@ impl RemoteConfig {
     pub fn source(
         &self,
         dir_name: &str,
-    ) -> std::result::Result<ember_embed::storage::remote::RemoteSource, String> {
+    ) -> std::result::Result<ember_embed::storage::remote::RemoteSource, Invalid> {
         let mut cluster = ember_embed::storage::remote::ClusterOptions::parse(&self.redis)
             .map_err(|e| format!("remote.redis: {e}"))?;
         if self.timeout_ms == 0 {
@@ -188,7 +189,7 @@ impl Default for TierConfig {
 
 impl TierConfig {
     /// The options of a [`ember_embed::Stager`] (the pin trace is read by the caller).
-    pub fn options(&self) -> std::result::Result<TierOptions, String> {
+    pub fn options(&self) -> std::result::Result<TierOptions, Invalid> {
         let policy: CachePolicy = self
             .policy
             .parse()
@@ -325,7 +326,7 @@ impl ModelConfig {
                 path: path.into(),
                 source,
             })?;
-        cfg.check().map_err(|reason| ModelError::Config {
+        cfg.check().map_err(|Invalid(reason)| ModelError::Config {
             path: path.into(),
             reason,
         })?;
@@ -348,7 +349,7 @@ impl ModelConfig {
     }
 
     /// The table index each feature reads.
-    pub fn feature_tables(&self) -> std::result::Result<Vec<usize>, String> {
+    pub fn feature_tables(&self) -> std::result::Result<Vec<usize>, Invalid> {
         // By name, once: linear in the model's size (a config may have 10^6 features).
         let index: HashMap<&str, usize> = self
             .tables
@@ -361,7 +362,10 @@ impl ModelConfig {
             .iter()
             .map(|f| {
                 index.get(f.table.as_str()).copied().ok_or_else(|| {
-                    format!("feature '{}' reads unknown table '{}'", f.name, f.table)
+                    Invalid(format!(
+                        "feature '{}' reads unknown table '{}'",
+                        f.name, f.table
+                    ))
                 })
             })
             .collect()
@@ -401,7 +405,7 @@ impl ModelConfig {
     }
 
     /// Checks everything that can be checked without the weights.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> std::result::Result<(), Invalid> {
         self.check_format()?;
         self.check_layer_sizes()?;
         self.check_tables()?;
@@ -415,67 +419,70 @@ impl ModelConfig {
     }
 
     /// The file's format and version are the ones this build reads.
-    fn check_format(&self) -> std::result::Result<(), String> {
+    fn check_format(&self) -> std::result::Result<(), Invalid> {
         if self.format != FORMAT {
-            return Err(format!("format is '{}', expected '{FORMAT}'", self.format));
+            return Err(Invalid(format!(
+                "format is '{}', expected '{FORMAT}'",
+                self.format
+            )));
         }
         if self.format_version != FORMAT_VERSION {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "format_version {} is not supported (this build reads {FORMAT_VERSION})",
                 self.format_version
-            ));
+            )));
         }
         Ok(())
     }
 
     /// No layer (nor the dense input) is empty, and the top MLP ends in the logit.
-    fn check_layer_sizes(&self) -> std::result::Result<(), String> {
+    fn check_layer_sizes(&self) -> std::result::Result<(), Invalid> {
         if self.dense_in == 0 {
             return Err("dense_in must be at least 1".into());
         }
         if let Some(i) = self.bottom_mlp.iter().position(|&s| s == 0) {
-            return Err(format!("bottom_mlp[{i}] is 0"));
+            return Err(Invalid(format!("bottom_mlp[{i}] is 0")));
         }
         if let Some(i) = self.top_mlp.iter().position(|&s| s == 0) {
-            return Err(format!("top_mlp[{i}] is 0"));
+            return Err(Invalid(format!("top_mlp[{i}] is 0")));
         }
         if self.top_mlp.last() != Some(&1) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "top_mlp must end in a layer of size 1 (the logit), got {:?}",
                 self.top_mlp
-            ));
+            )));
         }
         Ok(())
     }
 
     /// At least one table; each non-empty, named once, by a name that can name its row file.
-    fn check_tables(&self) -> std::result::Result<(), String> {
+    fn check_tables(&self) -> std::result::Result<(), Invalid> {
         if self.tables.is_empty() {
             return Err("a model needs at least one table".into());
         }
         let mut table_names = HashSet::with_capacity(self.tables.len());
         for t in &self.tables {
             if t.rows == 0 || t.dim == 0 {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "table '{}' has {} rows x dim {}: both must be at least 1",
                     t.name, t.rows, t.dim
-                ));
+                )));
             }
             if !table_names.insert(t.name.as_str()) {
-                return Err(format!("table name '{}' appears twice", t.name));
+                return Err(Invalid(format!("table name '{}' appears twice", t.name)));
             }
             if !safe_file_name(&t.name) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "table name '{}' cannot name a file (rows/NAME.rows): no '/', '\\', NUL, or '.'/'..'",
                     t.name
-                ));
+                )));
             }
         }
         Ok(())
     }
 
     /// At least one sparse feature, each named once.
-    fn check_feature_names(&self) -> std::result::Result<(), String> {
+    fn check_feature_names(&self) -> std::result::Result<(), Invalid> {
         let feats = self.features();
         if feats.is_empty() {
             return Err("a model needs at least one sparse feature".into());
@@ -483,14 +490,14 @@ impl ModelConfig {
         let mut feature_names = HashSet::with_capacity(feats.len());
         for f in &feats {
             if !feature_names.insert(f.name.as_str()) {
-                return Err(format!("feature name '{}' appears twice", f.name));
+                return Err(Invalid(format!("feature name '{}' appears twice", f.name)));
             }
         }
         Ok(())
     }
 
     /// No table's bytes, the interaction's output size, nor any layer's weight count overflows.
-    fn check_overflow(&self) -> std::result::Result<(), String> {
+    fn check_overflow(&self) -> std::result::Result<(), Invalid> {
         for t in &self.tables {
             t.rows
                 .checked_mul(t.dtype.row_bytes(t.dim))
@@ -520,7 +527,7 @@ impl ModelConfig {
 
     /// The interaction's own options, and the equal dims that `dot` and `dcn` need of the
     /// features' `tables` and the bottom MLP.
-    fn check_interaction(&self, tables: &[usize]) -> std::result::Result<(), String> {
+    fn check_interaction(&self, tables: &[usize]) -> std::result::Result<(), Invalid> {
         let d = self.bottom_out();
         match self.interaction {
             InteractionConfig::Dot {
@@ -548,16 +555,16 @@ impl ModelConfig {
         tables: &[usize],
         d: usize,
         kind: &str,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), Invalid> {
         for (f, &t) in tables.iter().enumerate() {
             let dim = self.tables[t].dim;
             if dim != d {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "interaction '{kind}' needs every embedding dim equal to the bottom MLP output ({d}), \
                      but feature '{}' reads table '{}' of dim {dim}",
                     self.features()[f].name,
                     self.tables[t].name
-                ));
+                )));
             }
         }
         Ok(())
@@ -578,7 +585,7 @@ mod tests {
         })
     }
 
-    fn check(v: serde_json::Value) -> std::result::Result<ModelConfig, String> {
+    fn check(v: serde_json::Value) -> std::result::Result<ModelConfig, Invalid> {
         let c: ModelConfig = serde_json::from_value(v).map_err(|e| e.to_string())?;
         c.check().map(|()| c)
     }
@@ -626,7 +633,7 @@ mod tests {
         for bad in [serde_json::json!("fp8"), serde_json::json!(8)] {
             let mut v = base();
             v["dense_dtype"] = bad.clone();
-            let e = check(v).unwrap_err();
+            let e = check(v).unwrap_err().0;
             assert!(e.contains(&bad.to_string().replace('"', "")), "{bad}: {e}");
             if bad.is_string() {
                 assert!(
@@ -672,7 +679,7 @@ mod tests {
         for (ptr, val, want) in cases {
             let mut v = base();
             *v.pointer_mut(ptr).unwrap_or_else(|| panic!("{ptr}")) = val;
-            let e = check(v).unwrap_err();
+            let e = check(v).unwrap_err().0;
             assert!(e.contains(want), "{ptr}: {e}");
         }
         let mut v = base();
@@ -681,7 +688,7 @@ mod tests {
         v["bottom_mlp"] = serde_json::json!([1usize << 40]);
         v["tables"][0]["dim"] = serde_json::json!(1usize << 40);
         v["tables"][1]["dim"] = serde_json::json!(1usize << 40);
-        let e = check(v).unwrap_err();
+        let e = check(v).unwrap_err().0;
         assert!(e.contains("overflow"), "{e}");
     }
 }

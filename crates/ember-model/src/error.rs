@@ -76,6 +76,24 @@ pub enum ModelError {
     Device { device: String, reason: String },
 }
 
+/// A rule of a format broken, said in words: what a check of a model's config found, where
+/// nothing but words can say it. [`ModelError::Config`] carries it with the file's path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Invalid(pub String);
+
+impl From<String> for Invalid {
+    fn from(s: String) -> Self {
+        Invalid(s)
+    }
+}
+
+impl From<&str> for Invalid {
+    fn from(s: &str) -> Self {
+        Invalid(s.to_string())
+    }
+}
+
 /// Who is at fault when a batch fails, so that a server can answer with the right status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {

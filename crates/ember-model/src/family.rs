@@ -3,6 +3,7 @@
 //! [`AnyConfig`] is its `config.json` (a DLRM-family [`ModelConfig`] or an
 //! [`HstuModelConfig`], told apart by `"family"`), [`AnyModel`] the model loaded.
 
+use crate::error::Invalid;
 use std::path::Path;
 
 use ember_embed::{DType, EmbeddingCollection};
@@ -42,14 +43,14 @@ impl AnyConfig {
             true => AnyConfig::Hstu(Box::new(serde_json::from_slice(bytes).map_err(json)?)),
             false => AnyConfig::Dlrm(Box::new(serde_json::from_slice(bytes).map_err(json)?)),
         };
-        cfg.check().map_err(|reason| ModelError::Config {
+        cfg.check().map_err(|Invalid(reason)| ModelError::Config {
             path: from.into(),
             reason,
         })?;
         Ok(cfg)
     }
 
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> std::result::Result<(), Invalid> {
         match self {
             AnyConfig::Dlrm(c) => c.check(),
             AnyConfig::Hstu(c) => c.check(),

@@ -51,7 +51,7 @@ pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch, TierSta
 /// architecture test checks it).
 pub use ember_embed::{Ids, Lengths};
 pub use engine::{Engine, LayerTime, StageTimes};
-pub use error::{ErrorKind, ModelError, Result};
+pub use error::{ErrorKind, Invalid, ModelError, Result};
 pub use family::{AnyConfig, AnyModel};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;

@@ -3,6 +3,7 @@
 //! ([`crate::Predictor`] on CPU, the CUDA backend's on a GPU) run it; [`crate::inputs`] checks
 //! and prepares its batches.
 
+use crate::error::Invalid;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -491,7 +492,7 @@ pub(crate) fn tier_options(
         opts.pool_remote = r
             .pool_remote
             .parse()
-            .map_err(|e| config_error(format!("remote.pool_remote: {e}")))?;
+            .map_err(|e| config_error(format!("remote.pool_remote: {e}").into()))?;
     }
     Ok(opts)
 }
@@ -506,7 +507,7 @@ pub fn dir_name(dir: &Path) -> String {
 }
 
 /// A config refused after it was read (built in code, not from a file).
-fn config_error(reason: String) -> ModelError {
+fn config_error(Invalid(reason): Invalid) -> ModelError {
     ModelError::Config {
         path: "config".into(),
         reason,

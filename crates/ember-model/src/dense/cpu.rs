@@ -73,7 +73,8 @@ impl DenseIsa {
     /// The family to run `dtype` with: `EMBER_DENSE_ISA` if set (an error if it names an
     /// unknown family or one this machine lacks), else the best. Read once per process.
     pub fn selected(dtype: DenseDType) -> Result<DenseIsa> {
-        type Chosen = std::result::Result<DenseIsa, String>;
+        // Kept as words: the error is cached for the process, and a ModelError is not Clone.
+        type Chosen = std::result::Result<DenseIsa, crate::Invalid>;
         static CHOSEN: OnceLock<[Chosen; 3]> = OnceLock::new();
         let all = CHOSEN.get_or_init(|| {
             let var = std::env::var("EMBER_DENSE_ISA")
@@ -83,13 +84,13 @@ impl DenseIsa {
                 Some(v) => v
                     .parse::<DenseIsa>()
                     .and_then(|i| i.require(d))
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| crate::Invalid(e.to_string())),
                 None => Ok(DenseIsa::best(d)),
             })
         });
         all[dtype as usize]
             .clone()
-            .map_err(|reason| ModelError::BadOption {
+            .map_err(|crate::Invalid(reason)| ModelError::BadOption {
                 option: "EMBER_DENSE_ISA",
                 reason,
             })

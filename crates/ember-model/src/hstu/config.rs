@@ -4,6 +4,7 @@
 //! what the reference fixes in code that a config must say here (the position and time buckets,
 //! where time buckets are clamped, how attention is normalised).
 
+use crate::error::Invalid;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
@@ -241,7 +242,7 @@ impl HstuModelConfig {
                 path: path.into(),
                 source,
             })?;
-        cfg.check().map_err(|reason| ModelError::Config {
+        cfg.check().map_err(|Invalid(reason)| ModelError::Config {
             path: path.into(),
             reason,
         })?;
@@ -264,18 +265,24 @@ impl HstuModelConfig {
     }
 
     /// Checks everything the forward pass relies on, naming the first problem.
-    pub fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> std::result::Result<(), Invalid> {
         if self.format != FORMAT {
-            return Err(format!("format is '{}', expected '{FORMAT}'", self.format));
+            return Err(Invalid(format!(
+                "format is '{}', expected '{FORMAT}'",
+                self.format
+            )));
         }
         if self.format_version != FORMAT_VERSION {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "format_version {} is not supported (this build reads {FORMAT_VERSION})",
                 self.format_version
-            ));
+            )));
         }
         if self.family != "hstu" {
-            return Err(format!("family is '{}', expected 'hstu'", self.family));
+            return Err(Invalid(format!(
+                "family is '{}', expected 'hstu'",
+                self.family
+            )));
         }
         if self.dense_dtype == DenseDType::Int8 {
             return Err("dense_dtype int8 is not supported for hstu models (f32 or bf16)".into());
@@ -289,7 +296,7 @@ impl HstuModelConfig {
         self.check_tasks()
     }
 
-    fn check_dims(&self) -> std::result::Result<(), String> {
+    fn check_dims(&self) -> std::result::Result<(), Invalid> {
         let h = &self.hstu;
         for (name, v) in [
             ("hstu_num_heads", h.hstu_num_heads),
@@ -312,17 +319,17 @@ impl HstuModelConfig {
             ),
         ] {
             if v == 0 {
-                return Err(format!("hstu.{name} must be at least 1"));
+                return Err(Invalid(format!("hstu.{name} must be at least 1")));
             }
             if v > 1 << 24 {
-                return Err(format!("hstu.{name} = {v} is implausibly large"));
+                return Err(Invalid(format!("hstu.{name} = {v} is implausibly large")));
             }
         }
         if h.num_time_buckets > 1 << 24 {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "hstu.num_time_buckets = {} is implausibly large",
                 h.num_time_buckets
-            ));
+            )));
         }
         let per_head = 2 * (h.hstu_attn_linear_dim + h.hstu_attn_qk_dim);
         if per_head
@@ -334,45 +341,45 @@ impl HstuModelConfig {
         Ok(())
     }
 
-    fn check_tables(&self) -> std::result::Result<(), String> {
+    fn check_tables(&self) -> std::result::Result<(), Invalid> {
         let mut names = BTreeSet::new();
         for t in &self.tables {
             if !safe_file_name(&t.name) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "table name '{}' is not usable as a file name",
                     t.name
-                ));
+                )));
             }
             if !names.insert(t.name.as_str()) {
-                return Err(format!("table '{}' is listed twice", t.name));
+                return Err(Invalid(format!("table '{}' is listed twice", t.name)));
             }
             if t.rows == 0 {
-                return Err(format!("table '{}' has no rows", t.name));
+                return Err(Invalid(format!("table '{}' has no rows", t.name)));
             }
             if t.dim != self.hstu.hstu_embedding_table_dim {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "table '{}' has dim {}, but hstu_embedding_table_dim is {}",
                     t.name, t.dim, self.hstu.hstu_embedding_table_dim
-                ));
+                )));
             }
         }
         let mut seen = BTreeSet::new();
         for f in &self.features {
             if !names.contains(f.table.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "feature '{}' reads table '{}', which is not listed",
                     f.name, f.table
-                ));
+                )));
             }
             if !seen.insert(f.name.as_str()) {
-                return Err(format!("feature '{}' is listed twice", f.name));
+                return Err(Invalid(format!("feature '{}' is listed twice", f.name)));
             }
         }
         Ok(())
     }
 
     /// The feature names the forward pass reads exist where it reads them.
-    fn check_names(&self) -> std::result::Result<(), String> {
+    fn check_names(&self) -> std::result::Result<(), Invalid> {
         let h = &self.hstu;
         let emb: BTreeSet<&str> = self.features.iter().map(|f| f.name.as_str()).collect();
         let uih: BTreeSet<&str> = h
@@ -391,23 +398,23 @@ impl HstuModelConfig {
             .chain(&h.item_embedding_feature_names)
         {
             if !emb.contains(n.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "embedding feature '{n}' reads no table (add it to 'features')"
-                ));
+                )));
             }
         }
         for n in &h.user_embedding_feature_names {
             if !uih.contains(n.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "user embedding feature '{n}' is not in hstu_uih_feature_names"
-                ));
+                )));
             }
         }
         for n in &h.item_embedding_feature_names {
             if !cand.contains(n.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "item embedding feature '{n}' is not in hstu_candidate_feature_names"
-                ));
+                )));
             }
         }
         self.check_roles(&uih, &cand)?;
@@ -419,7 +426,7 @@ impl HstuModelConfig {
         &self,
         uih: &BTreeSet<&str>,
         cand: &BTreeSet<&str>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), Invalid> {
         let h = &self.hstu;
         let need_uih = [
             ("uih_post_id_feature_name", &h.uih_post_id_feature_name),
@@ -430,29 +437,31 @@ impl HstuModelConfig {
         ];
         for (what, n) in need_uih {
             if !uih.contains(n.as_str()) {
-                return Err(format!("{what} '{n}' is not in hstu_uih_feature_names"));
+                return Err(Invalid(format!(
+                    "{what} '{n}' is not in hstu_uih_feature_names"
+                )));
             }
         }
         if h.action_weights.is_some() && !uih.contains(h.uih_weight_feature_name.as_str()) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "uih_weight_feature_name '{}' is not in hstu_uih_feature_names",
                 h.uih_weight_feature_name
-            ));
+            )));
         }
         if !cand.contains(h.candidates_querytime_feature_name.as_str()) {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "candidates_querytime_feature_name '{}' is not in hstu_candidate_feature_names",
                 h.candidates_querytime_feature_name
-            ));
+            )));
         }
         if !h
             .user_embedding_feature_names
             .contains(&h.uih_post_id_feature_name)
         {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "uih_post_id_feature_name '{}' is not a user embedding feature",
                 h.uih_post_id_feature_name
-            ));
+            )));
         }
         Ok(())
     }
@@ -464,23 +473,23 @@ impl HstuModelConfig {
         emb: &BTreeSet<&str>,
         uih: &BTreeSet<&str>,
         cand: &BTreeSet<&str>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), Invalid> {
         let h = &self.hstu;
         for (u, c) in &h.merge_uih_candidate_feature_mapping {
             if !uih.contains(u.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "merge mapping: '{u}' is not in hstu_uih_feature_names"
-                ));
+                )));
             }
             if !cand.contains(c.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "merge mapping: '{c}' is not in hstu_candidate_feature_names"
-                ));
+                )));
             }
             if emb.contains(u.as_str()) != emb.contains(c.as_str()) && emb.contains(u.as_str()) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "merge mapping: '{u}' is an embedding feature but '{c}' is not"
-                ));
+                )));
             }
         }
         if !h
@@ -488,31 +497,33 @@ impl HstuModelConfig {
             .iter()
             .any(|(u, c)| *u == h.uih_post_id_feature_name && emb.contains(c.as_str()))
         {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "merge mapping has no candidate feature for the post id '{}'",
                 h.uih_post_id_feature_name
-            ));
+            )));
         }
         for (k, n) in &h.contextual_feature_to_max_length.0 {
             if !h.user_embedding_feature_names.contains(k) {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "contextual feature '{k}' is not a user embedding feature"
-                ));
+                )));
             }
             if *n == 0 {
-                return Err(format!("contextual feature '{k}' has max length 0"));
+                return Err(Invalid(format!(
+                    "contextual feature '{k}' has max length 0"
+                )));
             }
         }
         for k in h.contextual_feature_to_min_uih_length.keys() {
             if h.contextual_feature_to_max_length.get(k).is_none() {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "min uih length given for '{k}', which is not contextual"
-                ));
+                )));
             }
         }
         for n in self.item_features() {
             if !emb.contains(n) {
-                return Err(format!("item feature '{n}' reads no table"));
+                return Err(Invalid(format!("item feature '{n}' reads no table")));
             }
         }
         if h.item_embedding_feature_names.is_empty() {
@@ -520,17 +531,17 @@ impl HstuModelConfig {
         }
         let dims = self.contextual_slots() + 2;
         if dims > h.max_seq_len {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "max_seq_len {} leaves no room for one history item and one candidate after {} \
                  contextual slots",
                 h.max_seq_len,
                 self.contextual_slots()
-            ));
+            )));
         }
         Ok(())
     }
 
-    fn check_tasks(&self) -> std::result::Result<(), String> {
+    fn check_tasks(&self) -> std::result::Result<(), Invalid> {
         let t = &self.hstu.multitask_configs;
         if t.is_empty() {
             return Err("multitask_configs is empty".into());
@@ -541,7 +552,10 @@ impl HstuModelConfig {
         let mut names = BTreeSet::new();
         for task in t {
             if !names.insert(task.task_name.as_str()) {
-                return Err(format!("task '{}' is listed twice", task.task_name));
+                return Err(Invalid(format!(
+                    "task '{}' is listed twice",
+                    task.task_name
+                )));
             }
         }
         Ok(())

@@ -28,6 +28,7 @@ mod weights;
 mod ymm;
 mod zmm;
 
+use crate::error::Invalid;
 use std::path::Path;
 
 use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Stager, TierOptions};
@@ -86,10 +87,12 @@ impl HstuModel {
             &mut config.remote,
             &mut config.dense_dtype,
         );
-        config.check().map_err(|reason| ModelError::Config {
-            path: dir.join("config.json"),
-            reason,
-        })?;
+        config
+            .check()
+            .map_err(|Invalid(reason)| ModelError::Config {
+                path: dir.join("config.json"),
+                reason,
+            })?;
         let path = dir.join("model.safetensors");
         let map = map_weights(&path)?;
         let mut r = Reader::new(&path, &map)?;
@@ -116,10 +119,12 @@ impl HstuModel {
     /// A model of `config`'s shape with random weights (for benchmarks and `ember data model`):
     /// linear weights N(0, 1/in), norms near 1, table rows from [`seeded_row`].
     pub fn random(config: HstuModelConfig, seed: u64, threads: usize) -> Result<HstuModel> {
-        config.check().map_err(|reason| ModelError::Config {
-            path: "config".into(),
-            reason,
-        })?;
+        config
+            .check()
+            .map_err(|Invalid(reason)| ModelError::Config {
+                path: "config".into(),
+                reason,
+            })?;
         let weights = read_dense(&config, &mut random_source(seed))?;
         let mut tables = Vec::with_capacity(config.tables.len());
         for (i, t) in config.tables.iter().enumerate() {
@@ -137,7 +142,7 @@ impl HstuModel {
         tables: Vec<EmbeddingTable>,
         tier: TierOptions,
     ) -> Result<HstuModel> {
-        let roles = Roles::of(&config).map_err(|reason| ModelError::Config {
+        let roles = Roles::of(&config).map_err(|Invalid(reason)| ModelError::Config {
             path: "config".into(),
             reason,
         })?;

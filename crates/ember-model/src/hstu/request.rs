@@ -9,6 +9,7 @@
 //! embedding stage (with its tiers) gathers every row a token needs, and a token's empty bags
 //! read as zeros.
 
+use crate::error::Invalid;
 use std::collections::BTreeMap;
 
 use ember_embed::{CheckedBatch, EmbedError, Ids, KeyedJagged};
@@ -423,20 +424,22 @@ pub(crate) struct Roles {
 }
 
 impl Roles {
-    pub(crate) fn of(cfg: &super::HstuModelConfig) -> std::result::Result<Roles, String> {
+    pub(crate) fn of(cfg: &super::HstuModelConfig) -> std::result::Result<Roles, Invalid> {
         let h = &cfg.hstu;
-        let table_of = |name: &str| -> std::result::Result<String, String> {
+        let table_of = |name: &str| -> std::result::Result<String, Invalid> {
             cfg.features
                 .iter()
                 .find(|f| f.name == name)
                 .map(|f| f.table.clone())
-                .ok_or_else(|| format!("feature '{name}' reads no table"))
+                .ok_or_else(|| Invalid(format!("feature '{name}' reads no table")))
         };
         let mut features: Vec<LookupFeature> = Vec::new();
-        let mut add = |name: &str, side: Side| -> std::result::Result<usize, String> {
+        let mut add = |name: &str, side: Side| -> std::result::Result<usize, Invalid> {
             if let Some(i) = features.iter().position(|f| f.name == name) {
                 if features[i].side != side {
-                    return Err(format!("feature '{name}' is used at two kinds of tokens"));
+                    return Err(Invalid(format!(
+                        "feature '{name}' is used at two kinds of tokens"
+                    )));
                 }
                 return Ok(i);
             }

@@ -6,6 +6,7 @@
 use super::config::HstuModelConfig;
 use super::layers::{Norm, SwishMlp};
 use super::{ACTION_DIM, HEAD_HIDDEN, TIME_FEATURES};
+use crate::error::Invalid;
 use crate::error::{ModelError, Result};
 use crate::mlp::Linear;
 use crate::random::normal_vec;
@@ -83,7 +84,7 @@ pub fn random_dense_tensors(
     cfg: &HstuModelConfig,
     seed: u64,
 ) -> Result<Vec<crate::model::NamedTensor>> {
-    cfg.check().map_err(|reason| ModelError::Config {
+    cfg.check().map_err(|Invalid(reason)| ModelError::Config {
         path: "config".into(),
         reason,
     })?;
