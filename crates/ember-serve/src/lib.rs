@@ -67,7 +67,7 @@ pub use profile::ProfileConfig;
 pub use repo::{
     DiskLoader, IndexEntry, Loader, RegistryFollow, Repository, RepositoryConfig, Served,
 };
-pub use server_error::{ServerError, ServerResult};
+pub use server_error::{LoadError, ServerError, ServerResult};
 pub use spec::ModelSpec;
 pub use state::App;
 

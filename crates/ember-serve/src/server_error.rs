@@ -53,6 +53,33 @@ impl ServerError {
     }
 }
 
+/// Why a model version did not load into the repository ([`crate::Loader`] and the steps
+/// around it). Its message is the version's status reason and the load request's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Reading the model (its config, weights, tables) failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A loader of the caller's own failed (its error, whatever its type).
+    #[error("{0}")]
+    Loader(Box<dyn std::error::Error + Send + Sync>),
+    /// A runner of the loaded model could not be made.
+    #[error("building the predictor: {0}")]
+    Predictor(#[source] ModelError),
+    /// The warm-up batches failed.
+    #[error("warming it up: {0}")]
+    Warm(#[source] ModelError),
+    /// The loading thread could not start.
+    #[error("starting the loading thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The loading thread panicked (a bug).
+    #[error("the loading thread panicked")]
+    Panicked,
+    /// The server began stopping while the version loaded.
+    #[error("the server is stopping")]
+    Stopping,
+}
+
 /// `Result` with [`ServerError`].
 pub type ServerResult<T> = std::result::Result<T, ServerError>;
 

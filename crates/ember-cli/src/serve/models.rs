@@ -9,7 +9,7 @@ use anyhow::bail;
 use ember_embed::DType;
 use ember_model::serving::{Runner, Servable};
 use ember_model::{Model, Pace};
-use ember_serve::Server;
+use ember_serve::{LoadError, Server};
 
 use super::{ServeArgs, runtime, serve_config, serve_until_stopped};
 use crate::tier_args::TierArgs;
@@ -24,13 +24,14 @@ pub(super) struct CliLoader {
 }
 
 impl ember_serve::Loader for CliLoader {
-    fn load(&self, name: &str, dir: &Path, pace: Pace) -> Result<Arc<dyn Servable>, String> {
+    fn load(&self, name: &str, dir: &Path, pace: Pace) -> Result<Arc<dyn Servable>, LoadError> {
         let mut opts = self.tier.load_options(self.dtype, self.dense_dtype);
         (opts.pace, opts.name) = (pace, Some(name.into()));
         let model = self
             .tier
             .load_any(dir, opts)
-            .map_err(|e| format!("{e:#}"))?;
+            // The CLI's loader adds context to the library's errors: its words, the chain once.
+            .map_err(|e| LoadError::Loader(format!("{e:#}").into()))?;
         // A DLRM model's reduced-precision dense layers are checked against f32 as it loads;
         // the check's predictors are dropped before it returns.
         if let Ok(dlrm) = model.clone().into_any_arc().downcast::<Model>() {
@@ -39,10 +40,8 @@ impl ember_serve::Loader for CliLoader {
         Ok(model)
     }
 
-    fn engine(&self, model: Arc<dyn Servable>) -> Result<Box<dyn Runner>, String> {
-        model
-            .cpu_runner(self.threads)
-            .map_err(|e| format!("building the predictor: {e}"))
+    fn engine(&self, model: Arc<dyn Servable>) -> Result<Box<dyn Runner>, LoadError> {
+        model.cpu_runner(self.threads).map_err(LoadError::Predictor)
     }
 }
 

@@ -22,6 +22,7 @@ use super::{Entry, Repository, Served, State, Status};
 use crate::batcher::Batcher;
 use crate::error::{Result, ServeError};
 use crate::metrics as m;
+use crate::server_error::LoadError;
 use crate::spec::ModelSpec;
 
 /// Reads a model version and builds what runs it. The server calls it off the request path.
@@ -35,9 +36,9 @@ pub trait Loader: Send + Sync + std::fmt::Debug {
         name: &str,
         dir: &Path,
         pace: Pace,
-    ) -> std::result::Result<Arc<dyn Servable>, String>;
+    ) -> std::result::Result<Arc<dyn Servable>, LoadError>;
     /// The runner of `model` (its threads serve, so this runs at normal priority).
-    fn engine(&self, model: Arc<dyn Servable>) -> std::result::Result<Box<dyn Runner>, String>;
+    fn engine(&self, model: Arc<dyn Servable>) -> std::result::Result<Box<dyn Runner>, LoadError>;
 }
 
 /// Loads model directories of any family with `options` and runs them on the CPU with
@@ -54,19 +55,19 @@ impl Loader for DiskLoader {
         name: &str,
         dir: &Path,
         pace: Pace,
-    ) -> std::result::Result<Arc<dyn Servable>, String> {
+    ) -> std::result::Result<Arc<dyn Servable>, LoadError> {
         let opts = LoadOptions {
             pace,
             name: Some(name.into()),
             ..self.options.clone()
         };
-        ember_model::serving::load(dir, opts).map_err(|e| e.to_string())
+        Ok(ember_model::serving::load(dir, opts)?)
     }
 
-    fn engine(&self, model: Arc<dyn Servable>) -> std::result::Result<Box<dyn Runner>, String> {
+    fn engine(&self, model: Arc<dyn Servable>) -> std::result::Result<Box<dyn Runner>, LoadError> {
         model
             .cpu_runner(self.threads.max(1))
-            .map_err(|e| format!("building the predictor: {e}"))
+            .map_err(LoadError::Predictor)
     }
 }
 
@@ -256,7 +257,8 @@ impl Repository {
         let took = start.elapsed().as_secs_f64();
         let served = match built {
             Ok(s) => s,
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.to_string();
                 self.set_status(name, version, State::Unavailable, reason.clone());
                 m::model_load(name, false, took);
                 tracing::warn!("model '{name}' version {version} failed to load: {reason}");
@@ -302,7 +304,7 @@ impl Repository {
         name: &str,
         version: u64,
         dir: &Path,
-    ) -> std::result::Result<Served, String> {
+    ) -> std::result::Result<Served, LoadError> {
         let loader = src.loader.clone();
         let dir2 = dir.to_path_buf();
         let pace = if self.served().is_empty() {
@@ -317,19 +319,19 @@ impl Repository {
                     super::lower_priority();
                     loader.load(name, &dir2, pace)
                 })
-                .map_err(|e| format!("starting the loading thread: {e}"))?
+                .map_err(LoadError::Thread)?
                 .join()
-                .map_err(|_| "the loading thread panicked".to_string())?
+                .map_err(|_| LoadError::Panicked)?
         })?;
         if self.is_stopped() {
-            return Err("the server is stopping".into());
+            return Err(LoadError::Stopping);
         }
         let mut engines = Vec::with_capacity(self.batch.instances.max(1));
         for _ in 0..self.batch.instances.max(1) {
             engines.push(src.loader.engine(model.clone())?);
         }
-        let took = warm_all(&mut engines, &self.batch, src.warm_batches)
-            .map_err(|e| format!("warming it up: {e}"))?;
+        let took =
+            warm_all(&mut engines, &self.batch, src.warm_batches).map_err(LoadError::Warm)?;
         let spec = ModelSpec::of(model, name);
         let batcher = Batcher::start_pool(engines, self.batch, name);
         batcher.prime(&took);
