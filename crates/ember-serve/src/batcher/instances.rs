@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use ember_model::serving::{Outputs, Runner};
+use ember_model::serving::Runner;
 
 use super::queue::Queue;
-use super::run::{Ready, RunOn, form_batch, prepare, run_batch};
+use super::run::{Ready, form_batch, prepare};
 use super::{BatchConfig, Job, Shared};
 use crate::error::ServeError;
 
@@ -22,41 +22,19 @@ pub(super) fn run(
     rx: Arc<Queue<Job>>,
 ) {
     let model = engines[0].servable().clone();
-    let Shared {
-        queued,
-        load,
-        abandon_at,
-        tier_metrics,
-        stats,
-    } = shared;
     let (free_tx, free_rx) = std::sync::mpsc::channel::<usize>();
     let mut to = Vec::with_capacity(engines.len());
     let mut threads = Vec::with_capacity(engines.len());
     for (i, mut engine) in engines.into_iter().enumerate() {
         let (tx, work) = std::sync::mpsc::sync_channel::<Ready>(1);
         to.push(tx);
-        let (free, model, load, tier_metrics, stats) = (
-            free_tx.clone(),
-            model.clone(),
-            load.clone(),
-            tier_metrics.clone(),
-            stats.clone(),
-        );
+        let (free, mut instance) = (free_tx.clone(), shared.instance(model.clone()));
         let thread = std::thread::Builder::new()
             .name(format!("ember-instance-{i}"))
             .spawn(move || {
-                let mut outputs = Outputs::default();
                 let _ = free.send(i);
                 for ready in work {
-                    let on = RunOn {
-                        engine: &mut *engine,
-                        model: model.as_ref(),
-                        outputs: &mut outputs,
-                        tier_metrics: tier_metrics.as_deref(),
-                        stats: &stats,
-                        load: &load,
-                    };
-                    run_batch(on, ready);
+                    instance.run(&mut *engine, ready);
                     if free.send(i).is_err() {
                         break;
                     }
@@ -66,6 +44,12 @@ pub(super) fn run(
         threads.push(thread);
     }
     drop(free_tx);
+    let Shared {
+        queued,
+        abandon_at,
+        stats,
+        ..
+    } = shared;
     // Each instance says when it is free; a batch is formed only then.
     let mut still_free = None;
     loop {

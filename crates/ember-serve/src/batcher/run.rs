@@ -35,6 +35,44 @@ pub(super) struct RunOn<'a> {
     pub load: &'a Load,
 }
 
+/// What one instance runs its batches with, owned: the model, the model's accounting (shared by
+/// its instances) and the outputs buffer the instance reuses.
+pub(super) struct Instance {
+    model: Arc<dyn Servable>,
+    outputs: Outputs,
+    tier_metrics: Option<Arc<m::TierMetrics>>,
+    stats: Arc<Stats>,
+    load: Arc<Load>,
+}
+
+impl Shared {
+    /// An instance of `model` accounted with these handles.
+    pub(super) fn instance(&self, model: Arc<dyn Servable>) -> Instance {
+        Instance {
+            model,
+            outputs: Outputs::default(),
+            tier_metrics: self.tier_metrics.clone(),
+            stats: self.stats.clone(),
+            load: self.load.clone(),
+        }
+    }
+}
+
+impl Instance {
+    /// Runs `ready` on `engine` and answers its requests ([`run_batch`]).
+    pub(super) fn run(&mut self, engine: &mut dyn Runner, ready: Ready) {
+        let on = RunOn {
+            engine,
+            model: self.model.as_ref(),
+            outputs: &mut self.outputs,
+            tier_metrics: self.tier_metrics.as_deref(),
+            stats: &self.stats,
+            load: &self.load,
+        };
+        run_batch(on, ready);
+    }
+}
+
 /// The batching loop: form -> prepare -> run -> answer, until every sender is gone and the queue
 /// is drained.
 pub(super) fn run(
@@ -45,31 +83,22 @@ pub(super) fn run(
 ) {
     let model = engine.servable().clone();
     let depth = model.prefetch_depth();
+    let mut instance = shared.instance(model.clone());
     let Shared {
         queued,
-        load,
         abandon_at,
-        tier_metrics,
         stats,
+        ..
     } = shared;
     let max_weight = model.max_batch_weight();
     let batches = std::iter::from_fn(move || form_batch(&rx, &cfg, max_weight, &queued));
-    let mut outputs = Outputs::default();
     let _ = run_ahead(
         depth,
         batches,
         |jobs| prepare(model.as_ref(), jobs, &abandon_at, &stats),
         |ready: Option<Ready>| {
             if let Some(ready) = ready {
-                let on = RunOn {
-                    engine: &mut *engine,
-                    model: model.as_ref(),
-                    outputs: &mut outputs,
-                    tier_metrics: tier_metrics.as_deref(),
-                    stats: &stats,
-                    load: &load,
-                };
-                run_batch(on, ready);
+                instance.run(&mut *engine, ready);
             }
             Ok::<(), Infallible>(())
         },
