@@ -2,7 +2,7 @@
 //! engine (the ceiling of any lookup that misses the cache), and dropping files from the page
 //! cache for a cold start without root.
 
-use ember_embed::storage::io::{IoEngine, Read};
+use ember_tier::storage::io::{IoEngine, Read};
 use std::fs::File;
 use std::io;
 use std::path::Path;

@@ -82,26 +82,32 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
     Ok(out)
 }
 
-fn connect(port: u16) -> Result<redis::Connection> {
-    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let conn = c.get_connection_with_timeout(Duration::from_millis(500))?;
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    Ok(conn)
+/// How long one query of a node may take, connecting included.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `redis-cli`-style query of one node: its reply, an error reply as an error.
+pub fn query(port: u16, cmd: &ember_redis::Cmd) -> Result<ember_redis::Value> {
+    Ok(ember_redis::query_node(
+        &format!("127.0.0.1:{port}"),
+        cmd,
+        QUERY_TIMEOUT,
+    )?)
 }
 
-/// `redis-cli`-style query of one node.
-pub fn query(port: u16, cmd: &redis::Cmd) -> Result<redis::Value> {
-    let mut c = connect(port)?;
-    Ok(cmd.query(&mut c)?)
+/// [`query`], its reply as text.
+pub fn query_text(port: u16, cmd: &ember_redis::Cmd) -> Result<String> {
+    let v = query(port, cmd)?;
+    v.text()
+        .with_context(|| format!("node {port} answered {v:?}, not text"))
 }
 
 /// A field of `INFO <section>` (or of `CLUSTER INFO` for the section `cluster`).
 fn info_field(port: u16, section: &str, field: &str) -> Result<String> {
     let cmd = match section {
-        "cluster" => redis::cmd("CLUSTER").arg("INFO").clone(),
-        _ => redis::cmd("INFO").arg(section).clone(),
+        "cluster" => ember_redis::cmd("CLUSTER").arg("INFO").clone(),
+        _ => ember_redis::cmd("INFO").arg(section).clone(),
     };
-    let v: String = cmd.query(&mut connect(port)?)?;
+    let v = query_text(port, &cmd)?;
     v.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .map(|s| s.trim().to_string())
@@ -175,7 +181,7 @@ impl LocalCluster {
             let (first, last) = (SLOTS * i / primaries, SLOTS * (i + 1) / primaries - 1);
             query(
                 port,
-                redis::cmd("CLUSTER")
+                ember_redis::cmd("CLUSTER")
                     .arg("ADDSLOTSRANGE")
                     .arg(first)
                     .arg(last),
@@ -184,12 +190,14 @@ impl LocalCluster {
         for (i, &port) in ports.iter().enumerate() {
             query(
                 port,
-                redis::cmd("CLUSTER").arg("SET-CONFIG-EPOCH").arg(i + 1),
+                ember_redis::cmd("CLUSTER")
+                    .arg("SET-CONFIG-EPOCH")
+                    .arg(i + 1),
             )?;
             if i > 0 {
                 query(
                     port,
-                    redis::cmd("CLUSTER")
+                    ember_redis::cmd("CLUSTER")
                         .arg("MEET")
                         .arg("127.0.0.1")
                         .arg(ports[0]),
@@ -197,9 +205,7 @@ impl LocalCluster {
             }
         }
         let known = |port: u16| -> Result<usize> {
-            let v: String = redis::cmd("CLUSTER")
-                .arg("NODES")
-                .query(&mut connect(port)?)?;
+            let v: String = query_text(port, ember_redis::cmd("CLUSTER").arg("NODES"))?;
             Ok(v.lines()
                 .filter(|l| !l.contains("handshake") && !l.contains("noaddr"))
                 .count())
@@ -211,10 +217,11 @@ impl LocalCluster {
         })
         .context("the nodes did not all meet")?;
         for (j, &port) in ports.iter().enumerate().skip(primaries) {
-            let id: String = redis::cmd("CLUSTER")
-                .arg("MYID")
-                .query(&mut connect(ports[(j - primaries) % primaries])?)?;
-            query(port, redis::cmd("CLUSTER").arg("REPLICATE").arg(&id))?;
+            let id: String = query_text(
+                ports[(j - primaries) % primaries],
+                ember_redis::cmd("CLUSTER").arg("MYID"),
+            )?;
+            query(port, ember_redis::cmd("CLUSTER").arg("REPLICATE").arg(&id))?;
         }
         self.wait_healthy(Duration::from_secs(30))?;
         self.wait_replicated(Duration::from_secs(30))
@@ -234,8 +241,8 @@ impl LocalCluster {
             let t0 = Instant::now();
             loop {
                 if matches!(
-                    query(port, &redis::cmd("PING")),
-                    Ok(redis::Value::SimpleString(_))
+                    query(port, &ember_redis::cmd("PING")),
+                    Ok(ember_redis::Value::SimpleString(_))
                 ) {
                     return Ok(LocalNode {
                         port,
@@ -313,9 +320,7 @@ impl LocalCluster {
             .iter()
             .find(|n| n.is_running() && !n.stopped)
             .context("no live node")?;
-        let v: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query(&mut connect(live.port)?)?;
+        let v: String = query_text(live.port, ember_redis::cmd("CLUSTER").arg("NODES"))?;
         let mut ports = Vec::new();
         for line in v.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
@@ -373,9 +378,7 @@ impl LocalCluster {
             // `INFO replication` of every running node, once per look.
             let mut infos = Vec::new();
             for n in self.nodes.iter().filter(|n| n.is_running() && !n.stopped) {
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut connect(n.port)?)?;
+                let info: String = query_text(n.port, ember_redis::cmd("INFO").arg("replication"))?;
                 infos.push((n.port, info));
             }
             let field = |info: &str, name: &str| -> Option<String> {
@@ -436,7 +439,7 @@ impl LocalCluster {
         let port = self.nodes[i].port;
         self.nodes[i].child = Some(self.spawn(port, i)?);
         wait_for(Duration::from_secs(10), || {
-            Ok(query(port, &redis::cmd("PING")).is_ok())
+            Ok(query(port, &ember_redis::cmd("PING")).is_ok())
         })
     }
 

@@ -1,9 +1,9 @@
-//! `ember convert`: writes row files (the SSD tier's format, see `ember_embed::storage::rowfile`)
+//! `ember convert`: writes row files (the SSD tier's format, see `ember_tier::storage::rowfile`)
 //! from a model directory's tables or from the 2-D tensors of a safetensors file.
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
-use ember_embed::storage::{RowFile, RowLayout, write_row_file, write_row_file_laid_out};
+use ember_embed::rowfile::{RowFile, RowLayout, write_row_file, write_row_file_laid_out};
 use ember_embed::trace::{load_trace, profile_path};
 use ember_embed::{DType, Placement};
 

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use ember_embed::storage::RowFileWriter;
+use ember_embed::rowfile::RowFileWriter;
 use ember_embed::{DType, Placement};
 use ember_model::config::TableConfig;
 use ember_model::presets::RowsOptions;

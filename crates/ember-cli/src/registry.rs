@@ -15,9 +15,9 @@ mod update;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use ember_embed::DType;
-use ember_embed::storage::remote::{self, Cluster, ClusterOptions};
 use ember_model::LoadOptions;
 use ember_registry::{PushOptions, PushReport};
+use ember_tier::storage::remote::{Cluster, ClusterOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -156,7 +156,7 @@ fn push(a: PushArgs) -> Result<()> {
     bar.set_message(format!("pushing {name}"));
     // The config and dense weights go with the tables: a server can build the version from
     // the registry alone (`ember serve --from-registry`).
-    let files = ember_registry::files_of(&a.model)
+    let files = ember_model::registry::files_of(&a.model)
         .with_context(|| format!("reading the dense weights of {}", a.model.display()))?;
     let opts = PushOptions {
         version: a.version,
@@ -239,8 +239,8 @@ fn ls(a: ClusterArgs) -> Result<()> {
         "MODEL", "VERSION", "STATE", "TABLES", "ROWS", "SIZE"
     );
     for (m, versions) in all {
-        let promoted = remote::served_version(&mut cluster, &m)?;
-        let served = remote::resolve_version(&mut cluster, &m, None).ok();
+        let promoted = ember_registry::served_version(&mut cluster, &m)?;
+        let served = ember_registry::resolve_version(&mut cluster, &m, None).ok();
         for v in versions {
             println!(
                 "{:<24} {:>8} {:<9} {:>7} {:>12} {:>10}  {}",

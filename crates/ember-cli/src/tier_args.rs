@@ -3,9 +3,10 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ember_embed::{CachePolicy, IoMode, Placement};
+use ember_embed::Placement;
 use ember_model::config::TierConfig;
 use ember_model::{LoadOptions, Model, RemoteOverride};
+use ember_tier::{CachePolicy, IoMode};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Args)]
@@ -62,7 +63,7 @@ pub struct TierArgs {
     /// (where the nodes have it), on (refuse to start when a primary lacks it) or off (rows read
     /// whole) [default: config.json's remote.pool_remote, else auto].
     #[arg(long, value_name = "MODE")]
-    pool_remote: Option<ember_embed::storage::remote::PoolRemote>,
+    pool_remote: Option<ember_tier::storage::remote::PoolRemote>,
 }
 
 impl TierArgs {

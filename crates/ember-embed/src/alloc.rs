@@ -70,7 +70,7 @@ impl RowBuf {
 ///
 /// # Safety
 /// Implement only for such types (integers).
-pub(crate) unsafe trait Plain: Copy {}
+pub unsafe trait Plain: Copy {}
 // SAFETY: integers: every bit pattern is a value.
 unsafe impl Plain for u32 {}
 // SAFETY: as above.
@@ -79,7 +79,7 @@ unsafe impl Plain for u64 {}
 /// A fixed-length array of plain `T` in a [`RowBuf`] on 2 MiB pages where the kernel grants them:
 /// for index arrays read at random (a cache's id -> slot map), where 4 KiB pages would cost a
 /// TLB miss per lookup as they do for table rows.
-pub(crate) struct PageArray<T: Plain> {
+pub struct PageArray<T: Plain> {
     buf: RowBuf,
     len: usize,
     _t: std::marker::PhantomData<T>,
@@ -90,7 +90,7 @@ impl<T: Plain> PageArray<T> {
     ///
     /// # Panics
     /// If the mapping cannot be made (out of address space).
-    pub(crate) fn filled(len: usize, value: T) -> Self {
+    pub fn filled(len: usize, value: T) -> Self {
         let bytes = len
             .checked_mul(size_of::<T>())
             .unwrap_or_else(|| panic!("array of {len} elements overflows usize"));

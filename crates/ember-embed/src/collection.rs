@@ -121,9 +121,16 @@ impl EmbeddingCollection {
     pub fn into_tables(self) -> Vec<EmbeddingTable> {
         self.tables
     }
-    /// The tables, mutably (for the tier to make them live; the features stay as they are).
-    pub(crate) fn tables_mut(&mut self) -> &mut [EmbeddingTable] {
-        &mut self.tables
+    /// Makes every in-memory table live ([`EmbeddingTable::make_live`]), so that row updates
+    /// can be written into it while it is read (the tier does, when it follows a store's update
+    /// streams). The tables keep their shapes and the features their tables.
+    pub fn make_dram_tables_live(&mut self) -> crate::Result<()> {
+        for t in &mut self.tables {
+            if t.placement() == crate::Placement::Dram {
+                t.make_live()?;
+            }
+        }
+        Ok(())
     }
     /// The features.
     pub fn features(&self) -> &[Feature] {

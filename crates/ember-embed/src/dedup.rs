@@ -27,17 +27,17 @@ const EMPTY_SLOT: Slot = Slot { key: EMPTY, val: 0 };
 
 /// Per-thread scratch, reused across calls.
 #[derive(Debug, Default)]
-pub(crate) struct DedupScratch {
+pub struct DedupScratch {
     /// Open-addressing table; all slots are empty between calls.
     slots: Vec<Slot>,
     /// Slots filled by the current call, emptied again by `reset`.
     used: Vec<u32>,
     /// Distinct rows, first-seen order.
-    pub(crate) uniq: Vec<usize>,
+    pub uniq: Vec<usize>,
     /// For each id position, its index in `uniq`.
-    pub(crate) inverse: Vec<u32>,
+    pub inverse: Vec<u32>,
     /// Compact copy of the distinct rows (`uniq.len() x stride` bytes).
-    pub(crate) rows: Vec<u8>,
+    pub rows: Vec<u8>,
 }
 
 #[inline(always)]
@@ -47,7 +47,7 @@ fn hash(k: u32) -> usize {
 
 impl DedupScratch {
     /// Whether ids of a table with `rows` rows fit the table's 32-bit keys.
-    pub(crate) fn supports(rows: usize) -> bool {
+    pub fn supports(rows: usize) -> bool {
         rows < EMPTY as usize
     }
 
@@ -87,7 +87,7 @@ impl DedupScratch {
     }
 
     /// Fills `uniq` and `inverse` for `ids` (each `< u32::MAX`); returns the number of distinct ids.
-    pub(crate) fn build<I: RowIndex>(&mut self, ids: &[I]) -> usize {
+    pub fn build<I: RowIndex>(&mut self, ids: &[I]) -> usize {
         let mask = self.prepare(ids.len());
         self.uniq.clear();
         self.inverse.clear();
@@ -104,7 +104,7 @@ impl DedupScratch {
     }
 
     /// Copies each distinct row once from `table` into `rows`, prefetching ahead.
-    pub(crate) fn gather(&mut self, table: &[u8], stride: usize, prefetch: usize) {
+    pub fn gather(&mut self, table: &[u8], stride: usize, prefetch: usize) {
         let n = self.uniq.len();
         self.rows.resize(n * stride, 0);
         for (u, dst) in self.rows.chunks_exact_mut(stride).enumerate() {
@@ -122,7 +122,7 @@ impl DedupScratch {
 
     /// `auto`'s first filter: does an evenly strided sample of `ids` show any real reuse? (Without
     /// reuse dedup cannot pay; with it, `AutoDedup` measures whether it does.)
-    pub(crate) fn shows_reuse<I: RowIndex>(&mut self, ids: &[I]) -> bool {
+    pub fn shows_reuse<I: RowIndex>(&mut self, ids: &[I]) -> bool {
         let n = ids.len();
         if n < AUTO_MIN_IDS {
             return false;

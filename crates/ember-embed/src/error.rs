@@ -5,7 +5,6 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Arc;
 
-use ember_redis::RedisError;
 use thiserror::Error;
 
 /// Everything that can go wrong when building tables and batches or running a pooled lookup.
@@ -318,25 +317,6 @@ impl EmbedError {
 
 /// Result alias of this crate.
 pub type Result<T, E = EmbedError> = std::result::Result<T, E>;
-
-/// A cluster's errors as the tier reports them: unavailable (503, its `kind` the metrics' label)
-/// or a bad `redis://` URL.
-impl From<RedisError> for EmbedError {
-    fn from(e: RedisError) -> Self {
-        match e {
-            RedisError::Unavailable { store, failure } => EmbedError::StoreUnavailable {
-                store,
-                kind: failure.kind.name(),
-                node: failure.node,
-                detail: failure.detail,
-            },
-            RedisError::BadUrl { reason } => EmbedError::BadOption {
-                option: "redis",
-                reason,
-            },
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -307,7 +307,7 @@ impl KeyedJagged {
 }
 
 /// A row id as the kernels read it.
-pub(crate) trait RowIndex: Copy + Send + Sync + 'static {
+pub trait RowIndex: Copy + Send + Sync + 'static {
     /// The row. Only called on validated ids (0 <= id < rows).
     fn idx(self) -> usize;
 }

@@ -15,11 +15,10 @@
 //! assert_eq!(out, [9.0, 11.0, 13.0, 0.0, 0.0, 0.0]);
 //! ```
 
-mod alloc;
-mod cache;
+pub mod alloc;
 mod checked;
 mod collection;
-mod dedup;
+pub mod dedup;
 mod dtype;
 mod error;
 pub mod files;
@@ -27,28 +26,16 @@ mod fpmode;
 mod isa;
 mod jagged;
 pub mod pool;
-mod prefetch;
+pub mod prefetch;
 mod quant;
+pub mod rowfile;
 pub mod shard;
-pub mod storage;
+pub mod staged;
 mod table;
-pub mod tier;
 
-/// The names of the metrics the embedding stage records (its remote store and the update
-/// streams it follows), defined once where they are recorded, for a server to describe on
-/// `/metrics`.
-pub mod metric_names {
-    pub use crate::storage::remote::metrics::{
-        FALLBACK, FALLBACK_ACTIVE, FALLBACK_ROWS, FALLBACK_STALE_TABLES, FETCH_SECONDS, POOL_PLAIN,
-    };
-    pub use crate::tier::{
-        UPDATE_BAD, UPDATE_LAG, UPDATE_POLL_ERRORS, UPDATE_POSITION, UPDATE_RESETS, UPDATE_ROWS,
-    };
-}
 pub mod trace;
 
 pub use alloc::PagePolicy;
-pub use cache::{CachePolicy, Marked, RowCache, Updated};
 pub use checked::{CheckedBatch, CheckedSamples, Lengths, MergeBuffers, Pieces};
 pub use collection::{
     CheckedView, CollectionId, EmbeddingCollection, Feature, PARALLEL_CHECK_IDS, id_checks,
@@ -57,12 +44,11 @@ pub use dtype::DType;
 pub use error::{Cause, EmbedError, Result};
 pub use fpmode::FlushDenormals;
 pub use isa::Isa;
-pub use jagged::{Ids, KeyedJagged};
+pub use jagged::{Ids, KeyedJagged, RowIndex};
 pub use pool::{
     Dedup, PREFETCH_CANDIDATES, PoolOptions, PoolStats, Pooler, Pooling, Prefetch, pooled_lookup,
 };
 pub use prefetch::PrefetchLevel;
 pub use shard::{Shard, ShardedEmbeddings};
-pub use storage::{IoKind, IoMode, RowStore};
+pub use staged::StagedBatch;
 pub use table::{EmbeddingTable, Placement, RowsRef};
-pub use tier::{StagedBatch, Stager, TierOptions, TierStats};

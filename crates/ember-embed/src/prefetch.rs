@@ -64,7 +64,7 @@ impl PrefetchLevel {
 
 /// Asks the CPU to bring the cache lines of `[p, p + len)` into L1. Never faults, whatever `p`.
 #[inline(always)]
-pub(crate) fn prefetch_span(p: *const u8, len: usize) {
+pub fn prefetch_span(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};

@@ -5,7 +5,8 @@ use ember_embed::files;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use ember_embed::{CachePolicy, DType, IoMode, Placement, Pooling, TierOptions};
+use ember_embed::{DType, Placement, Pooling};
+use ember_tier::{CachePolicy, IoMode, TierOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::dense::DenseDType;
@@ -113,8 +114,8 @@ impl RemoteConfig {
     pub fn source(
         &self,
         dir_name: &str,
-    ) -> std::result::Result<ember_embed::storage::remote::RemoteSource, Invalid> {
-        let mut cluster = ember_embed::storage::remote::ClusterOptions::parse(&self.redis)
+    ) -> std::result::Result<ember_tier::storage::remote::RemoteSource, Invalid> {
+        let mut cluster = ember_tier::storage::remote::ClusterOptions::parse(&self.redis)
             .map_err(|e| format!("remote.redis: {e}"))?;
         if self.timeout_ms == 0 {
             return Err("remote.timeout_ms must be at least 1".into());
@@ -122,7 +123,7 @@ impl RemoteConfig {
         cluster.timeout = std::time::Duration::from_millis(self.timeout_ms);
         cluster.retries = self.retries;
         cluster.read_from_replicas = self.read_from_replicas;
-        Ok(ember_embed::storage::remote::RemoteSource {
+        Ok(ember_tier::storage::remote::RemoteSource {
             cluster,
             model: self.model.clone().unwrap_or_else(|| dir_name.to_string()),
             version: self.version,
@@ -188,7 +189,7 @@ impl Default for TierConfig {
 }
 
 impl TierConfig {
-    /// The options of a [`ember_embed::Stager`] (the pin trace is read by the caller).
+    /// The options of a [`ember_tier::Stager`] (the pin trace is read by the caller).
     pub fn options(&self) -> std::result::Result<TierOptions, Invalid> {
         let policy: CachePolicy = self
             .policy

@@ -29,6 +29,7 @@ mod model;
 mod predictor;
 pub mod presets;
 pub mod random;
+pub mod registry;
 pub mod serving;
 mod simd;
 pub mod synth;
@@ -44,12 +45,13 @@ pub use ember_embed::id_checks;
 /// The embedding stage's types that appear in this crate's API for tools and engines
 /// (`predict`, the benchmarks, the GPU engine), so that they need no other crate for them. A
 /// server needs none: it sees the tier through [`Model::tier`].
-pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch, TierStats};
+pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch};
 /// The seam's input columns: a request's ids (32-bit where every table allows,
 /// [`Inputs::narrow_ids`]) and its lengths per (feature, sample), as a decoder builds them for
 /// [`Model::check_samples`]. The only types of the embedding stage a server names (the
 /// architecture test checks it).
 pub use ember_embed::{Ids, Lengths};
+pub use ember_tier::TierStats;
 pub use engine::{Engine, LayerTime, StageTimes};
 pub use error::{ErrorKind, Invalid, ModelError, Result};
 pub use family::{AnyConfig, AnyModel};
@@ -64,8 +66,8 @@ pub use tier::{StoreNode, Tier, TierCounters};
 
 /// Prepares items ahead of the thread that consumes them (the tier's next-batch prefetch):
 /// `predict` and the server's batcher stage batch N+1's rows while batch N computes. See
-/// [`ember_embed::tier::run_ahead`].
-pub use ember_embed::tier::run_ahead;
+/// [`ember_tier::run_ahead`].
+pub use ember_tier::run_ahead;
 
 /// The names of the metrics the embedding stage records, for a server to describe.
-pub use ember_embed::metric_names;
+pub use ember_tier::metric_names;

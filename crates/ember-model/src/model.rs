@@ -9,9 +9,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ember_embed::trace::{self, AccessRecorder, load_trace};
-use ember_embed::{
-    DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement, Stager, TierOptions,
-};
+use ember_embed::{DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement};
+use ember_tier::{Stager, TierOptions};
 
 use crate::config::{InteractionConfig, ModelConfig, RemoteConfig, TierConfig};
 use crate::dense::{DenseDType, DenseIsa};
@@ -75,7 +74,7 @@ pub struct RemoteOverride {
     pub retries: Option<u32>,
     pub read_from_replicas: Option<bool>,
     pub fallback_local: Option<bool>,
-    pub pool_remote: Option<ember_embed::storage::remote::PoolRemote>,
+    pub pool_remote: Option<ember_tier::storage::remote::PoolRemote>,
 }
 
 impl RemoteOverride {
@@ -249,7 +248,7 @@ impl Model {
     /// empty. `dir` resolves a relative `pin_trace`.
     pub fn set_tier(&mut self, dir: &Path, tier: TierConfig) -> Result<()> {
         let opts = tier_options(dir, Some(&tier), self.config.remote.as_ref())?;
-        self.embeddings.prepare_updates(&opts)?;
+        ember_tier::prepare_updates(&mut self.embeddings, &opts)?;
         self.stager = Stager::new(&self.embeddings, opts)?;
         self.config.tier = Some(tier);
         Ok(())
@@ -273,7 +272,7 @@ impl Model {
             })
             .collect();
         let mut embeddings = EmbeddingCollection::new(w.tables, features)?;
-        embeddings.prepare_updates(&tier)?;
+        ember_tier::prepare_updates(&mut embeddings, &tier)?;
         let interaction = match config.interaction {
             InteractionConfig::Dot {
                 self_interaction,

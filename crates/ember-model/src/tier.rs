@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ember_embed::Stager;
+use ember_tier::Stager;
 
 use crate::error::Result;
 use crate::model::Model;

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The command, its arguments, its reply and its errors are defined once, in
-//! `ember_embed::storage::remote::pooled` (the client's side encodes with the same code). This
+//! the `ember-pool-command` crate (the client's side encodes with the same code). This
 //! file is the glue: each block key of a call opened once and read in place (no copy), the
 //! bags summed by `pooled::sum_bags` into one buffer reused from call to call, the sums
 //! answered as one bulk string. The command reads only: it is flagged `readonly`, declares no
@@ -17,7 +17,7 @@
 //! Failure: a malformed call, a missing or short block, a key of another type is an error
 //! reply naming it, never a crash (a panic in the summing is caught and answered as an error).
 
-use ember_embed::storage::remote::pooled::{self, PoolCall, Refusal, RefusalCode};
+use ember_pool_command::{self as pooled, PoolCall, Refusal, RefusalCode};
 use std::cell::RefCell;
 
 #[cfg(not(test))]

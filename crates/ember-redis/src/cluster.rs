@@ -27,8 +27,8 @@ use crate::ops::Ops;
 use crate::options::ClusterOptions;
 use crate::resp::{Conn, Replies, Reply};
 use crate::slot::{SLOTS, key_slot};
+use crate::value::{ServerError, Value, cmd};
 use crate::wire::{Node, NodeStats, slot_ranges};
-use redis::Value;
 use std::time::{Duration, Instant};
 
 mod exchange;
@@ -186,7 +186,7 @@ impl Cluster {
                 break;
             }
             let i = self.node_index(&addr);
-            let cmd = redis::cmd("CLUSTER").arg("SLOTS").get_packed_command();
+            let cmd = cmd("CLUSTER").arg("SLOTS").packed();
             match self.request(i, &cmd, deadline) {
                 Ok(Value::Array(slots)) if !slots.is_empty() => {
                     self.install(&addr, &slots);
@@ -293,7 +293,7 @@ impl Cluster {
             self.nodes[i].readonly = false;
         }
         if replica && !self.nodes[i].readonly {
-            let cmd = redis::cmd("READONLY").get_packed_command();
+            let cmd = cmd("READONLY").packed();
             match self.request(i, &cmd, deadline)? {
                 Value::Okay | Value::SimpleString(_) => self.nodes[i].readonly = true,
                 other => {
@@ -478,12 +478,8 @@ impl Cluster {
     }
 
     /// Whether a server error is one the call retries (a redirect, a node down or loading).
-    pub(super) fn retried(e: &redis::ServerError) -> bool {
-        use redis::ServerErrorKind as K;
-        matches!(
-            e.kind(),
-            Some(K::Moved | K::Ask | K::TryAgain | K::ClusterDown | K::BusyLoading | K::MasterDown)
-        )
+    pub(super) fn retried(e: &ServerError) -> bool {
+        e.is_transient()
     }
 
     /// The node serving `slot` as its primary, by the map known now (an index into
@@ -507,22 +503,21 @@ impl Cluster {
     fn on_server_error(
         &mut self,
         c: usize,
-        e: &redis::ServerError,
+        e: &ServerError,
         text: &str,
         node: usize,
         ask: &mut [Option<usize>],
     ) -> Outcome {
-        use redis::ServerErrorKind as K;
         let addr = self.nodes[node].addr.clone();
         let redirect = |kind| Failure::new(kind, &addr, text.to_string());
-        match e.kind() {
-            Some(K::Moved) => {
+        match e.code() {
+            "MOVED" => {
                 self.stale = true;
                 ask[c] = None;
                 *self.nodes[node].stats.errors.entry("moved").or_default() += 1;
                 Outcome::Retry(redirect(FailKind::Redirect))
             }
-            Some(K::Ask) => {
+            "ASK" => {
                 // "ASK <slot> <host:port>"
                 let target = e
                     .details()
@@ -537,7 +532,7 @@ impl Cluster {
                 }
                 Outcome::Retry(redirect(FailKind::Redirect))
             }
-            Some(K::TryAgain | K::ClusterDown | K::BusyLoading | K::MasterDown) => {
+            _ if e.is_transient() => {
                 self.stale = true;
                 ask[c] = None;
                 Outcome::Retry(redirect(FailKind::Redirect))

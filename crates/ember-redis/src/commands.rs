@@ -1,16 +1,19 @@
 //! Single commands for administration (not the read path): [`call`] one command and get its
-//! reply, a server error turned into an error; [`hash_entries`] a small hash read with `HSCAN`.
+//! reply, a server error turned into an error; [`hash_entries`] a small hash read with `HSCAN`;
+//! [`query_node`] one command to one node by its address (a cluster's setup, its tests and
+//! benchmarks: `redis-cli` without the binary).
 
 use crate::cluster::Cluster;
 use crate::error::{FailKind, Failure, RedisError, Result};
 use crate::ops::Ops;
-use redis::Value;
-use std::time::Instant;
+use crate::resp::Conn;
+use crate::value::{Cmd, Value, cmd};
+use std::time::{Duration, Instant};
 
 /// One command's reply (`read`: it may go to a replica); a server error fails it.
-pub fn call(cluster: &mut Cluster, key: &str, cmd: &redis::Cmd, read: bool) -> Result<Value> {
+pub fn call(cluster: &mut Cluster, key: &str, command: &Cmd, read: bool) -> Result<Value> {
     let mut ops = Ops::default();
-    ops.push(key.as_bytes(), cmd);
+    ops.push(key.as_bytes(), command);
     let deadline = Instant::now() + cluster.options().timeout;
     let mut v = cluster.run(&ops, read, deadline)?;
     let v = v.pop().expect("one reply");
@@ -28,11 +31,7 @@ pub fn hash_entries(cluster: &mut Cluster, key: &str) -> Result<Vec<(String, Str
         let v = call(
             cluster,
             key,
-            redis::cmd("HSCAN")
-                .arg(key)
-                .arg(&cursor)
-                .arg("COUNT")
-                .arg(1000),
+            cmd("HSCAN").arg(key).arg(&cursor).arg("COUNT").arg(1000),
             false,
         )?;
         let Value::Array(parts) = v else {
@@ -65,4 +64,18 @@ pub fn bad_reply(cluster: &Cluster, key: &str, cmd: &str) -> RedisError {
 
 fn server_error(cluster: &Cluster, detail: String) -> RedisError {
     Failure::new(FailKind::Server, "", detail).into_error(cluster.name())
+}
+
+/// One command to the node at `addr` (`host:port`), on a connection of its own, within
+/// `timeout`; its reply, a server error turned into an error naming the node.
+pub fn query_node(addr: &str, command: &Cmd, timeout: Duration) -> Result<Value> {
+    let deadline = Instant::now() + timeout;
+    let fail =
+        |(kind, detail): (FailKind, String)| Failure::new(kind, addr, detail).into_error(addr);
+    let mut conn = Conn::connect(addr, timeout, None, deadline).map_err(fail)?;
+    conn.send(&[&command.packed()], deadline).map_err(fail)?;
+    match conn.recv(deadline).map_err(fail)? {
+        Value::ServerError(e) => Err(fail((FailKind::Server, e.to_string()))),
+        v => Ok(v),
+    }
 }

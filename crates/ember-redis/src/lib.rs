@@ -1,7 +1,7 @@
 //! A Redis Cluster client built for serving: every call has a deadline, retries are bounded and
 //! fit inside it, and a call's commands go to their nodes as one pipeline per node, all sent
 //! before any reply is read. It knows Redis only (no table, row or model): Ember's remote tier
-//! (`ember-embed`'s `storage/remote/`) and its model registry are built on it.
+//! (`ember-tier`'s `storage/remote/`) and its model registry (`ember-registry`) are built on it.
 //!
 //! | file | what |
 //! |---|---|
@@ -12,6 +12,7 @@
 //! | `resp.rs` | [`Conn`]: a node's connection (RESP2, parsed in place, bounded by a deadline); [`Replies`] |
 //! | `wire.rs` | a node's state and counters; `CLUSTER SLOTS` read into ranges |
 //! | `cluster.rs` | [`Cluster`]: routing, one pipeline per node, deadlines, bounded retries, failover |
+//! | `value.rs` | [`Cmd`] (a command, packed as RESP) and [`Value`] (a reply; [`ServerError`] an error reply's code and detail): Ember's own, no `redis` crate type crosses this crate's boundary |
 //! | `commands.rs` | [`call`], [`hash_entries`]: single commands for administration |
 
 mod cluster;
@@ -21,12 +22,14 @@ pub mod ops;
 mod options;
 mod resp;
 pub mod slot;
+mod value;
 mod wire;
 
 pub use cluster::Cluster;
-pub use commands::{bad_reply, call, hash_entries};
+pub use commands::{bad_reply, call, hash_entries, query_node};
 pub use error::{FailKind, Failure, RedisError, Result};
 pub use ops::Ops;
 pub use options::{ClusterOptions, SETUP_TIMEOUT};
 pub use resp::{Conn, Replies, Reply, WireError};
+pub use value::{Arg, Cmd, ServerError, Value, cmd, pack_into};
 pub use wire::NodeStats;

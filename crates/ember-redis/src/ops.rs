@@ -3,6 +3,7 @@
 //! `redis` crate's `Cmd`.
 
 use crate::slot::key_slot;
+use crate::value::{Cmd, pack_into};
 
 /// Commands for [`Cluster::run`]: packed (RESP) commands back to back in one buffer, each with the
 /// slot of its key.
@@ -62,9 +63,9 @@ impl Ops {
     }
 
     /// Adds a command on `key` (its slot routes it).
-    pub fn push(&mut self, key: &[u8], cmd: &redis::Cmd) {
+    pub fn push(&mut self, key: &[u8], cmd: &Cmd) {
         let start = self.buf.len() as u32;
-        cmd.write_packed_command(&mut self.buf);
+        pack_into(&mut self.buf, cmd.args());
         self.ops.push((key_slot(key), start, self.buf.len() as u32));
     }
 

@@ -9,11 +9,12 @@
 //! commands are written straight from their packed buffer (vectored writes).
 //!
 //! Every read and write is bounded by a deadline (the socket's timeout set to the time left).
-//! Server errors are parsed by the `redis` crate (so [`Value::ServerError`] keeps its kind);
-//! everything else is [`Value`] as the crate would give it (`+OK` is [`Value::Okay`]).
+//! Replies are Ember's own [`Value`] (`+OK` is [`Value::Okay`], an error reply a
+//! [`Value::ServerError`] with its code), the same values the `redis` crate's parser gives (its
+//! parser is the property tests' reference).
 
 use crate::error::FailKind;
-use redis::Value;
+use crate::value::{ServerError, Value, cmd};
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -116,12 +117,12 @@ impl Conn {
                         read_timeout: None,
                     };
                     if let Some((user, password)) = auth {
-                        let mut cmd = redis::cmd("AUTH");
+                        let mut cmd = cmd("AUTH");
                         if let Some(u) = user {
                             cmd.arg(u);
                         }
                         cmd.arg(password);
-                        c.send(&[&cmd.get_packed_command()], deadline)?;
+                        c.send(&[&cmd.packed()], deadline)?;
                         match c.recv(deadline)? {
                             Value::Okay | Value::SimpleString(_) => {}
                             other => {
@@ -343,8 +344,7 @@ fn decode(b: &[u8]) -> Result<(Value, usize), WireError> {
     let v = match t {
         b'+' if line == b"OK" => Value::Okay,
         b'+' => Value::SimpleString(String::from_utf8_lossy(line).into_owned()),
-        b'-' => redis::parse_redis_value(&b[..at])
-            .map_err(|e| protocol(format!("an error reply the crate cannot read: {e}")))?,
+        b'-' => Value::ServerError(ServerError::parse(line)),
         b':' => Value::Int(parse_int(line)?),
         b'$' => match parse_int(line)? {
             n if n < 0 => Value::Nil,

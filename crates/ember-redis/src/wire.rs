@@ -3,7 +3,7 @@
 
 use crate::resp::Conn;
 use crate::slot::SLOTS;
-use redis::Value;
+use crate::value::Value;
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Instant;

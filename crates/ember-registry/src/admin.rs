@@ -1,19 +1,18 @@
 //! Managing versions in the registry: [`verify`], [`list`] and [`remove`] (in bounded steps, with
 //! `UNLINK`, never `KEYS` or a big `DEL`), and [`check_blocks`], the read-back both a push and
 //! `verify` end with. [`crate::push`] writes the versions. The key layout is in
-//! [`ember_embed::storage::remote::layout`].
+//! [`crate::layout`].
 
+use crate::store_error;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ember_embed::storage::remote::layout::{self, VersionState, block_prefix, check_name};
-use ember_embed::storage::remote::updates::{updated_key, updates_key};
-use ember_embed::storage::remote::{
-    Manifest, ManifestTable, read_manifest, served_version, updated_set, versions,
-};
+use crate::layout::{self, VersionState, block_prefix, check_name};
+use crate::{Manifest, ManifestTable, read_manifest, served_version, updated_set, versions};
+use crate::{layout::updated_key, layout::updates_key};
 use ember_embed::{EmbedError, Result};
+use ember_redis::Value;
 use ember_redis::{Cluster, Ops, Reply, call};
-use redis::Value;
 
 use crate::files::read_files;
 use crate::version::set_state;
@@ -97,14 +96,16 @@ pub(crate) fn check_blocks(
     let mut flush =
         |cluster: &mut Cluster, ops: &mut Ops, pending: &mut Vec<(usize, usize)>| -> Result<()> {
             let mut what: Vec<Option<String>> = vec![Some("missing".into()); pending.len()];
-            cluster.run_each(ops, read, Instant::now() + timeout, |i, v| {
-                let (t, b) = pending[i];
-                let rewritten = updated.get(t).is_some_and(|u| u.contains(&b));
-                what[i] = fault(&manifest.tables[t], b, v, rewritten);
-                if let (None, Reply::Bulk(got), Some(sink)) = (&what[i], v, sink.as_mut()) {
-                    sink(t, b, got);
-                }
-            })?;
+            cluster
+                .run_each(ops, read, Instant::now() + timeout, |i, v| {
+                    let (t, b) = pending[i];
+                    let rewritten = updated.get(t).is_some_and(|u| u.contains(&b));
+                    what[i] = fault(&manifest.tables[t], b, v, rewritten);
+                    if let (None, Reply::Bulk(got), Some(sink)) = (&what[i], v, sink.as_mut()) {
+                        sink(t, b, got);
+                    }
+                })
+                .map_err(store_error)?;
             for (&(t, b), w) in pending.iter().zip(what) {
                 let mt = &manifest.tables[t];
                 report.blocks += 1;
@@ -129,7 +130,7 @@ pub(crate) fn check_blocks(
                 "{}{b}",
                 block_prefix(&manifest.model, manifest.version, &mt.name)
             );
-            ops.push(key.as_bytes(), redis::cmd("GET").arg(&key));
+            ops.push(key.as_bytes(), ember_redis::cmd("GET").arg(&key));
             pending.push((t, b));
             window += mt.block_rows(b).len() * mt.row_bytes;
             if window >= CHECK_WINDOW {
@@ -188,13 +189,14 @@ pub fn list(cluster: &mut Cluster) -> Result<Vec<(String, Vec<VersionListing>)>>
         let v = call(
             cluster,
             &mk,
-            redis::cmd("SSCAN")
+            ember_redis::cmd("SSCAN")
                 .arg(&mk)
                 .arg(&cursor)
                 .arg("COUNT")
                 .arg(1000),
             true,
-        )?;
+        )
+        .map_err(store_error)?;
         let Value::Array(parts) = v else { break };
         if let (Some(Value::BulkString(next)), Some(Value::Array(items))) =
             (parts.first(), parts.get(1))
@@ -272,18 +274,25 @@ pub fn remove(
         layout::file_key(model, version, "dense"),
         layout::manifest_key(model, version),
     ] {
-        call(cluster, &key, redis::cmd("UNLINK").arg(&key), false)?;
+        call(cluster, &key, ember_redis::cmd("UNLINK").arg(&key), false).map_err(store_error)?;
     }
     call(
         cluster,
         &vk,
-        redis::cmd("HDEL").arg(&vk).arg(version),
+        ember_redis::cmd("HDEL").arg(&vk).arg(version),
         false,
-    )?;
+    )
+    .map_err(store_error)?;
     if versions(cluster, model)?.is_empty() {
         let mk = layout::models_key();
-        call(cluster, &mk, redis::cmd("SREM").arg(&mk).arg(model), false)?;
-        call(cluster, &vk, redis::cmd("UNLINK").arg(&vk), false)?;
+        call(
+            cluster,
+            &mk,
+            ember_redis::cmd("SREM").arg(&mk).arg(model),
+            false,
+        )
+        .map_err(store_error)?;
+        call(cluster, &vk, ember_redis::cmd("UNLINK").arg(&vk), false).map_err(store_error)?;
     }
     Ok(unlinked)
 }
@@ -298,15 +307,23 @@ fn unlink_tables(cluster: &mut Cluster, manifest: &Manifest, timeout: Duration) 
         let prefix = block_prefix(model, version, &mt.name);
         for b in 0..mt.blocks() {
             let key = format!("{prefix}{b}");
-            ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
+            ops.push(key.as_bytes(), ember_redis::cmd("UNLINK").arg(&key));
             if ops.len() >= 512 {
-                unlinked += count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
+                unlinked += count_unlinked(
+                    &cluster
+                        .run(&ops, false, Instant::now() + timeout)
+                        .map_err(store_error)?,
+                );
                 ops.clear();
             }
         }
     }
     if !ops.is_empty() {
-        unlinked += count_unlinked(&cluster.run(&ops, false, Instant::now() + timeout)?);
+        unlinked += count_unlinked(
+            &cluster
+                .run(&ops, false, Instant::now() + timeout)
+                .map_err(store_error)?,
+        );
     }
     // Each table's update stream and its set of updated blocks (not counted: not blocks).
     let mut ops = Ops::default();
@@ -315,11 +332,13 @@ fn unlink_tables(cluster: &mut Cluster, manifest: &Manifest, timeout: Duration) 
             updates_key(model, version, &mt.name),
             updated_key(model, version, &mt.name),
         ] {
-            ops.push(key.as_bytes(), redis::cmd("UNLINK").arg(&key));
+            ops.push(key.as_bytes(), ember_redis::cmd("UNLINK").arg(&key));
         }
     }
     if !ops.is_empty() {
-        cluster.run(&ops, false, Instant::now() + timeout)?;
+        cluster
+            .run(&ops, false, Instant::now() + timeout)
+            .map_err(store_error)?;
     }
     Ok(unlinked)
 }

@@ -2,19 +2,15 @@
 //! tables), stored beside its tables by `ember registry push` so that a server can build the
 //! version from the registry alone; their sizes and CRC-32s are in the manifest's `files`.
 //!
-//! [`files_of`] reads them from a model directory, [`write_files`] stores them under a version
-//! and [`read_files`] reads them back, checked.
+//! `ember_model::registry::files_of` reads them from a model directory, [`write_files`] stores
+//! them under a version and [`read_files`] reads them back, checked.
 
-use std::os::unix::fs::FileExt;
-use std::path::Path;
-
+use crate::layout;
+use crate::manifest::{Manifest, ModelFiles};
+use crate::store_error;
 use ember_embed::EmbedError;
-use ember_embed::storage::remote::{Manifest, ModelFiles, layout};
-use ember_model::{AnyConfig, ModelError};
+use ember_redis::Value;
 use ember_redis::{Cluster, call};
-use redis::Value;
-
-use crate::header::{Entry, TABLE_PREFIX, pack, read_header, write_header};
 
 /// A version's `config.json` and dense weights (a safetensors file of every tensor but the
 /// tables), as stored.
@@ -26,42 +22,8 @@ pub struct ModelFilesData {
     pub dense: Vec<u8>,
 }
 
-/// What `ember registry push` stores beside the tables of the model in `dir`: its `config.json`
-/// (checked, without the `remote` object, which is each server's) and its dense weights.
-pub fn files_of(dir: &Path) -> ember_model::Result<ModelFilesData> {
-    let mut config = AnyConfig::read(&dir.join("config.json"))?;
-    *config.remote_mut() = None;
-    let path = dir.join("model.safetensors");
-    let io = |source| ModelError::Io {
-        path: path.clone(),
-        source,
-    };
-    let file = ember_embed::files::open_regular(&path, "weights file").map_err(io)?;
-    let (all, data_at) = read_header(&path, &file)?;
-    let mut dense: Vec<Entry> = all
-        .into_iter()
-        .filter(|e| !e.name.starts_with(TABLE_PREFIX))
-        .collect();
-    let sources: Vec<std::ops::Range<usize>> = dense.iter().map(|e| e.range.clone()).collect();
-    let total = pack(&mut dense);
-    let mut out = write_header(&dense);
-    let head = out.len();
-    out.resize(head + total, 0);
-    for (e, src) in dense.iter().zip(sources) {
-        file.read_exact_at(
-            &mut out[head + e.range.start..head + e.range.end],
-            data_at + src.start as u64,
-        )
-        .map_err(io)?;
-    }
-    Ok(ModelFilesData {
-        config: config.to_json(),
-        dense: out,
-    })
-}
-
 /// Stores `files` under `version`; returns what the manifest records of them.
-pub(crate) fn write_files(
+pub fn write_files(
     cluster: &mut Cluster,
     model: &str,
     version: u64,
@@ -72,9 +34,10 @@ pub(crate) fn write_files(
         call(
             cluster,
             &key,
-            redis::cmd("SET").arg(&key).arg(bytes.as_slice()),
+            ember_redis::cmd("SET").arg(&key).arg(bytes.as_slice()),
             false,
-        )?;
+        )
+        .map_err(store_error)?;
     }
     Ok(ModelFiles {
         config_bytes: files.config.len(),
@@ -101,7 +64,7 @@ pub fn read_files(
     };
     let mut read = |name: &str, bytes: usize, crc: u32| -> ember_embed::Result<Vec<u8>> {
         let key = layout::file_key(model, version, name);
-        match call(cluster, &key, redis::cmd("GET").arg(&key), true)? {
+        match call(cluster, &key, ember_redis::cmd("GET").arg(&key), true).map_err(store_error)? {
             Value::BulkString(b) if b.len() == bytes && crc32fast::hash(&b) == crc => Ok(b),
             Value::BulkString(b) => Err(EmbedError::remote_store(
                 model,
@@ -124,48 +87,4 @@ pub fn read_files(
         config: read("config", f.config_bytes, f.config_crc)?,
         dense: read("dense", f.dense_bytes, f.dense_crc)?,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ember_model::config::ModelConfig;
-    use std::path::PathBuf;
-
-    fn shipped() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default")
-    }
-
-    #[test]
-    fn the_dense_weights_are_every_tensor_but_the_tables_unchanged() {
-        let files = files_of(&shipped()).unwrap();
-        let all = std::fs::read(shipped().join("model.safetensors")).unwrap();
-        let all = safetensors::SafeTensors::deserialize(&all).unwrap();
-        let dense = safetensors::SafeTensors::deserialize(&files.dense).unwrap();
-        let mut want: Vec<String> = all
-            .names()
-            .into_iter()
-            .filter(|n| !n.starts_with(TABLE_PREFIX))
-            .map(|n| n.to_string())
-            .collect();
-        let mut got: Vec<String> = dense.names().into_iter().map(|n| n.to_string()).collect();
-        want.sort();
-        got.sort();
-        assert!(!got.is_empty());
-        assert_eq!(got, want);
-        for n in &got {
-            let (a, b) = (all.tensor(n).unwrap(), dense.tensor(n).unwrap());
-            assert_eq!(
-                (a.dtype(), a.shape(), a.data()),
-                (b.dtype(), b.shape(), b.data())
-            );
-        }
-        let config: ModelConfig = serde_json::from_slice(&files.config).unwrap();
-        assert!(config.remote.is_none());
-        assert_eq!(config, {
-            let mut c = ModelConfig::read(&shipped().join("config.json")).unwrap();
-            c.remote = None;
-            c
-        });
-    }
 }

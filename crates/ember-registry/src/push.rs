@@ -11,15 +11,16 @@
 //! `ready` versions, so a half-pushed version is never served; pushing again resumes it (the
 //! blocks in `done` are skipped) if its tables are the same, and is refused otherwise.
 
+use crate::store_error;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ember_embed::storage::remote::layout::{self, VersionState, block_prefix, check_name};
-use ember_embed::storage::remote::manifest::{FORMAT, FORMAT_VERSION};
-use ember_embed::storage::remote::{Manifest, ManifestTable, read_manifest, versions};
+use crate::layout::{self, VersionState, block_prefix, check_name};
+use crate::manifest::{FORMAT, FORMAT_VERSION};
+use crate::{Manifest, ManifestTable, read_manifest, versions};
 use ember_embed::{DType, EmbedError, EmbeddingTable, Result};
+use ember_redis::Value;
 use ember_redis::{Cluster, Ops, call, hash_entries};
-use redis::Value;
 
 use crate::admin::check_blocks;
 use crate::files::{ModelFilesData, read_files, write_files};
@@ -199,9 +200,10 @@ pub fn push<T: RowSource>(
     call(
         cluster,
         &done_key,
-        redis::cmd("UNLINK").arg(&done_key),
+        ember_redis::cmd("UNLINK").arg(&done_key),
         false,
-    )?;
+    )
+    .map_err(store_error)?;
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -307,7 +309,7 @@ fn resume(cluster: &mut Cluster, manifest: &mut Manifest) -> Result<HashMap<Stri
     }
     manifest.created_unix = old.created_unix;
     let mut done = HashMap::new();
-    for (f, v) in hash_entries(cluster, &layout::done_key(&model, version))? {
+    for (f, v) in hash_entries(cluster, &layout::done_key(&model, version)).map_err(store_error)? {
         if let Ok(crc) = u32::from_str_radix(&v, 16) {
             done.insert(f, crc);
         }
@@ -329,9 +331,10 @@ fn begin(cluster: &mut Cluster, manifest: &Manifest) -> Result<()> {
     call(
         cluster,
         &mk,
-        redis::cmd("SADD").arg(&mk).arg(&manifest.model),
+        ember_redis::cmd("SADD").arg(&mk).arg(&manifest.model),
         false,
-    )?;
+    )
+    .map_err(store_error)?;
     Ok(())
 }
 
@@ -443,11 +446,14 @@ impl<'a> Round<'a> {
             for key in cluster.one_key_per_primary(keys.iter().map(|k| k.as_bytes())) {
                 let n = (self.opts.replicas as usize).min(cluster.replicas_of(key));
                 if n > 0 {
-                    self.ops.push(key, redis::cmd("WAIT").arg(n).arg(wait_ms));
+                    self.ops
+                        .push(key, ember_redis::cmd("WAIT").arg(n).arg(wait_ms));
                 }
             }
         }
-        let acks = cluster.run(&self.ops, false, deadline)?;
+        let acks = cluster
+            .run(&self.ops, false, deadline)
+            .map_err(store_error)?;
         for (i, v) in acks.iter().enumerate() {
             match v {
                 Value::Okay | Value::SimpleString(_) if i < self.blocks.len() => {}
@@ -474,14 +480,14 @@ impl<'a> Round<'a> {
     /// Records the round's blocks as landed (written, and acknowledged by the replicas asked
     /// for; checked by the read-back at the end of the push), then empties the round.
     fn record_done(&mut self, cluster: &mut Cluster) -> Result<()> {
-        let mut hset = redis::cmd("HSET");
+        let mut hset = ember_redis::cmd("HSET");
         let done_key = layout::done_key(&self.manifest.model, self.manifest.version);
         hset.arg(&done_key);
         for &(t, b, crc) in &self.blocks {
             hset.arg(format!("{}:{b}", self.manifest.tables[t].name))
                 .arg(format!("{crc:08x}"));
         }
-        call(cluster, &done_key, &hset, false)?;
+        call(cluster, &done_key, &hset, false).map_err(store_error)?;
         self.ops.clear();
         self.blocks.clear();
         self.bytes = 0;
@@ -513,12 +519,12 @@ fn replication_barrier(
     for key in cluster.one_key_per_primary(keys.iter().map(|k| k.as_bytes())) {
         let n = (opts.replicas as usize).min(cluster.replicas_of(key));
         if n > 0 {
-            ops.push(key, redis::cmd("WAIT").arg(n).arg(wait_ms));
+            ops.push(key, ember_redis::cmd("WAIT").arg(n).arg(wait_ms));
             want.push(n as i64);
         }
     }
     let deadline = Instant::now() + opts.round_timeout + Duration::from_secs(1);
-    let replies = cluster.run(&ops, false, deadline)?;
+    let replies = cluster.run(&ops, false, deadline).map_err(store_error)?;
     if replies
         .iter()
         .zip(&want)
@@ -556,12 +562,12 @@ fn read_back(
         return Ok(());
     }
     let done_key = layout::done_key(&manifest.model, manifest.version);
-    let mut hdel = redis::cmd("HDEL");
+    let mut hdel = ember_redis::cmd("HDEL");
     hdel.arg(&done_key);
     for (t, b, _) in &check.bad {
         hdel.arg(format!("{t}:{b}"));
     }
-    call(cluster, &done_key, &hdel, false)?;
+    call(cluster, &done_key, &hdel, false).map_err(store_error)?;
     let first: Vec<String> = check
         .bad
         .iter()

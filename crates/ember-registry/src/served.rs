@@ -1,15 +1,14 @@
 //! What `ember registry promote` changes and what a server built from the registry alone reads:
 //!
 //! - the served version, `ember:<model>:served` ([`promote`]; read by
-//!   [`ember_embed::storage::remote::resolve_version`]);
+//!   [`crate::resolve_version`]);
 //! - a version's tables read back whole, block by block and checked ([`read_tables`]), for the
 //!   tables a server holds in memory.
 
+use crate::store_error;
 use std::time::Duration;
 
-use ember_embed::storage::remote::{
-    Manifest, layout, read_manifest, resolve_version, served_version,
-};
+use crate::{Manifest, layout, read_manifest, resolve_version, served_version};
 use ember_embed::{EmbedError, Result};
 use ember_redis::{Cluster, call};
 
@@ -31,9 +30,10 @@ pub fn promote(cluster: &mut Cluster, model: &str, version: u64) -> Result<Optio
     call(
         cluster,
         &key,
-        redis::cmd("SET").arg(&key).arg(version),
+        ember_redis::cmd("SET").arg(&key).arg(version),
         false,
-    )?;
+    )
+    .map_err(store_error)?;
     Ok(before)
 }
 

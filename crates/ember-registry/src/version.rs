@@ -1,10 +1,11 @@
 //! A version's records that the registry writes: its manifest and its state in the model's
-//! `versions` hash (the keys are in [`ember_embed::storage::remote::layout`]). The error about a
+//! `versions` hash (the keys are in [`crate::layout`]). The error about a
 //! version is [`ember_embed::EmbedError::remote_store`].
 
+use crate::Manifest;
+use crate::layout::{self, VersionState};
+use crate::store_error;
 use ember_embed::Result;
-use ember_embed::storage::remote::Manifest;
-use ember_embed::storage::remote::layout::{self, VersionState};
 use ember_redis::{Cluster, call};
 
 /// Writes `manifest` to its key.
@@ -13,9 +14,10 @@ pub(crate) fn write_manifest(cluster: &mut Cluster, manifest: &Manifest) -> Resu
     call(
         cluster,
         &key,
-        redis::cmd("SET").arg(&key).arg(manifest.to_json()),
+        ember_redis::cmd("SET").arg(&key).arg(manifest.to_json()),
         false,
-    )?;
+    )
+    .map_err(store_error)?;
     Ok(())
 }
 
@@ -30,8 +32,12 @@ pub(crate) fn set_state(
     call(
         cluster,
         &key,
-        redis::cmd("HSET").arg(&key).arg(version).arg(state.name()),
+        ember_redis::cmd("HSET")
+            .arg(&key)
+            .arg(version)
+            .arg(state.name()),
         false,
-    )?;
+    )
+    .map_err(store_error)?;
     Ok(())
 }

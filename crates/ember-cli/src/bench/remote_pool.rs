@@ -20,12 +20,12 @@ use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
 use ember_bench::stats::median;
-use ember_embed::storage::remote::{ClusterOptions, PoolRemote, RemoteSource};
 use ember_embed::{
-    CachePolicy, DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
-    Pooling, Stager, TierOptions,
+    DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler, Pooling,
 };
 use ember_registry::PushOptions;
+use ember_tier::storage::remote::{ClusterOptions, PoolRemote, RemoteSource};
+use ember_tier::{CachePolicy, Stager, TierOptions};
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use rand_distr::{Distribution, Zipf};
 use serde_json::{Value as Json, json};
@@ -188,8 +188,9 @@ fn batches(s: &Shape, ids: &mut RankedIds, batch: usize, n: usize) -> Result<Vec
 fn command_usec(ports: &[u16], cmd: &str) -> Result<(u64, u64)> {
     let (mut usec, mut calls) = (0, 0);
     for &p in ports {
-        let text: String = redis::cmd("INFO").arg("commandstats").query(
-            &mut redis::Client::open(format!("redis://127.0.0.1:{p}/"))?.get_connection()?,
+        let text = ember_bench::redis_cluster::query_text(
+            p,
+            ember_redis::cmd("INFO").arg("commandstats"),
         )?;
         let want = format!("cmdstat_{cmd}:");
         if let Some(line) = text.lines().find(|l| l.starts_with(&want)) {
@@ -207,7 +208,7 @@ fn command_usec(ports: &[u16], cmd: &str) -> Result<(u64, u64)> {
 
 fn reset_stats(ports: &[u16]) -> Result<()> {
     for &p in ports {
-        redis_cluster::query(p, redis::cmd("CONFIG").arg("RESETSTAT"))?;
+        redis_cluster::query(p, ember_redis::cmd("CONFIG").arg("RESETSTAT"))?;
     }
     Ok(())
 }
@@ -306,7 +307,7 @@ fn run_path(case: &Case<'_>, fraction: f64, pool: PoolRemote) -> Result<PathRun>
     // whose sums would not save bytes are still read whole beside it).
     let (mut usec, mut calls) = command_usec(ports, "getrange")?;
     if pool != PoolRemote::Off {
-        let (u, c) = command_usec(ports, ember_embed::storage::remote::pooled::COMMAND)?;
+        let (u, c) = command_usec(ports, ember_pool_command::COMMAND)?;
         (usec, calls) = (usec + u, calls + c);
     }
     Ok(PathRun {
@@ -408,7 +409,7 @@ fn measure_shape(a: &RemotePoolArgs, url: &str, ports: &[u16], name: &str) -> Re
     let mut admin = {
         let mut o = ClusterOptions::parse(url)?;
         o.timeout = Duration::from_secs(60);
-        ember_embed::storage::remote::Cluster::connect(o)?
+        ember_tier::storage::remote::Cluster::connect(o)?
     };
     let model = format!("pool-{}", s.name);
     let tables: Vec<&EmbeddingTable> = dram.tables().iter().collect();

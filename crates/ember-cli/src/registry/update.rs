@@ -9,7 +9,6 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use ember_embed::EmbeddingTable;
-use ember_embed::storage::remote::{self, updates};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use std::path::{Path, PathBuf};
 
@@ -34,7 +33,7 @@ pub struct UpdateArgs {
     chunk_rows: usize,
     /// Entries the stream keeps about (older ones are trimmed; a server that falls further
     /// behind drops its cache of the table).
-    #[arg(long, default_value_t = updates::DEFAULT_MAX_LEN)]
+    #[arg(long, default_value_t = ember_registry::updates::DEFAULT_MAX_LEN)]
     max_len: usize,
     /// Print the report as JSON.
     #[arg(long)]
@@ -115,16 +114,19 @@ fn read_file(path: &Path) -> Result<(Vec<u64>, Vec<f32>, usize)> {
 }
 
 pub fn run(a: UpdateArgs) -> Result<()> {
-    if a.chunk_rows == 0 || a.chunk_rows > updates::MAX_ENTRY_ROWS {
-        bail!("--chunk-rows must be 1 to {}", updates::MAX_ENTRY_ROWS);
+    if a.chunk_rows == 0 || a.chunk_rows > ember_registry::updates::MAX_ENTRY_ROWS {
+        bail!(
+            "--chunk-rows must be 1 to {}",
+            ember_registry::updates::MAX_ENTRY_ROWS
+        );
     }
     let (ids, vals, dim) = read_file(&a.rows)?;
     if ids.is_empty() {
         bail!("{}: no rows", a.rows.display());
     }
     let mut cl = a.cluster.connect()?;
-    let version = remote::resolve_version(&mut cl, &a.model, a.version)?;
-    let manifest = remote::read_manifest(&mut cl, &a.model, version)?;
+    let version = ember_registry::resolve_version(&mut cl, &a.model, a.version)?;
+    let manifest = ember_registry::read_manifest(&mut cl, &a.model, version)?;
     let Some(t) = manifest.table(&a.table) else {
         bail!("model '{}' v{version} has no table '{}'", a.model, a.table);
     };
@@ -140,7 +142,7 @@ pub fn run(a: UpdateArgs) -> Result<()> {
     let encoded = EmbeddingTable::from_f32(&a.table, ids.len(), dim, t.dtype, &vals)?;
     let bytes = encoded.resident().expect("built in memory");
     let rb = t.row_bytes;
-    let publisher = updates::Publisher::new(&a.model, version, t);
+    let publisher = ember_registry::updates::Publisher::new(&a.model, version, t);
     let t0 = std::time::Instant::now();
     let mut entries = Vec::new();
     for (chunk, rows) in ids

@@ -1,10 +1,11 @@
 //! The house rules of the workspace, checked on its sources (`docs/architecture.md` states
 //! them):
 //!
-//! - crates depend one way: redis <- embed <- model <- registry / serve / plan / cuda / bench <- cli
-//!   (the server may use the registry), and the server
-//!   sees the model only through `ember-model` (no `ember-embed` anywhere in `ember-serve`),
-//!   in the manifests and in the graph Cargo resolves (`cargo metadata`);
+//! - crates depend one way: embed <- pool-command <- redis-module; redis, embed <- registry;
+//!   redis, embed, pool-command, registry <- tier <- model <- serve / plan / cuda / bench <- cli
+//!   (the Redis module links neither the tier nor the server), and the server sees the model only
+//!   through `ember-model` (no `ember-embed` or `ember-tier` anywhere in `ember-serve`), in the
+//!   manifests and in the graph Cargo resolves (`cargo metadata`);
 //! - the server's code names none of the embedding stage's types `ember-model` re-exports but
 //!   the seam's input columns (`SERVER_MAY_NAME`, each with its reason), and calls none of the
 //!   `Model` methods that hand the stage out (`EMBEDDING_STAGE_ACCESSORS`);
@@ -28,10 +29,12 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-const CRATES: [&str; 10] = [
+const CRATES: [&str; 12] = [
     "ember-redis",
+    "ember-pool-command",
     "ember-redis-module",
     "ember-embed",
+    "ember-tier",
     "ember-model",
     "ember-registry",
     "ember-serve",
@@ -417,24 +420,46 @@ fn modules_import_without_cycles() {
 fn allowed_dependencies() -> BTreeMap<&'static str, &'static [&'static str]> {
     BTreeMap::from([
         ("ember-redis", &[][..]),
-        ("ember-redis-module", &["ember-embed"][..]),
-        ("ember-embed", &["ember-redis"][..]),
-        ("ember-model", &["ember-embed"][..]),
+        // EMBER.POOL's definition: the module links it, and neither the tier nor the server.
+        ("ember-pool-command", &["ember-embed"][..]),
+        ("ember-redis-module", &["ember-pool-command"][..]),
+        ("ember-embed", &[][..]),
+        // The registry owns what is in the store: its layout, reads and writes. The tier reads
+        // through it; the model fetches a version as a model directory through it.
+        ("ember-registry", &["ember-redis", "ember-embed"][..]),
         (
-            "ember-registry",
-            &["ember-redis", "ember-embed", "ember-model"][..],
+            "ember-tier",
+            &[
+                "ember-redis",
+                "ember-embed",
+                "ember-pool-command",
+                "ember-registry",
+            ][..],
         ),
-        ("ember-serve", &["ember-model", "ember-registry"][..]),
+        (
+            "ember-model",
+            &["ember-embed", "ember-tier", "ember-registry", "ember-redis"][..],
+        ),
+        ("ember-serve", &["ember-model"][..]),
         ("ember-plan", &["ember-embed"][..]),
         ("ember-cuda", &["ember-embed", "ember-model"][..]),
         (
             "ember-bench",
-            &["ember-embed", "ember-model", "ember-cuda"][..],
+            &[
+                "ember-redis",
+                "ember-embed",
+                "ember-tier",
+                "ember-model",
+                "ember-cuda",
+            ][..],
         ),
         (
             "ember-cli",
             &[
+                "ember-redis",
                 "ember-embed",
+                "ember-tier",
+                "ember-pool-command",
                 "ember-model",
                 "ember-registry",
                 "ember-serve",
@@ -469,15 +494,17 @@ fn crates_depend_one_way_and_the_server_only_on_the_model() {
     for dir in ["src", "tests", "benches"] {
         for f in rust_files(&serve.join(dir)) {
             let text = std::fs::read_to_string(&f).unwrap();
-            let names_embed = text.match_indices("ember_embed").any(|(i, m)| {
-                let next = text[i + m.len()..].chars().next();
-                !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-            });
-            assert!(
-                !names_embed,
-                "{} names ember_embed: the server sees the model only through ember-model",
-                f.display()
-            );
+            for stage in ["ember_embed", "ember_tier"] {
+                let named = text.match_indices(stage).any(|(i, m)| {
+                    let next = text[i + m.len()..].chars().next();
+                    !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+                assert!(
+                    !named,
+                    "{} names {stage}: the server sees the model only through ember-model",
+                    f.display()
+                );
+            }
         }
     }
 }
@@ -773,7 +800,7 @@ fn the_architecture_document_names_files_that_exist() {
     for piece in doc.split('`') {
         let p = piece.trim();
         if p.starts_with("crates/") && !p.contains(' ') && !p.contains('*') {
-            // `crates/ember-embed/src/tier/stager.rs` or a directory `crates/ember-embed/src/tier/`.
+            // `crates/ember-tier/src/tier/stager.rs` or a directory `crates/ember-tier/src/tier/`.
             let path = p.split(['#', ':']).next().unwrap_or(p);
             assert!(
                 root().join(path).exists(),
@@ -874,7 +901,8 @@ fn the_manifest_reader_finds_each_table() {
     assert_eq!(dependencies(m), ["a", "b-c", "d", "f"]);
 }
 
-/// The `ember-embed` items `ember-model` re-exports that the server's code may name, with why.
+/// The embedding stage's items (`ember-embed`, `ember-tier`) that `ember-model` re-exports and the
+/// server's code may name, with why.
 /// Every other re-export (`KeyedJagged`, `TierStats`, ...) is for tools and engines: the server
 /// sees what it needs of them through the seam's own types (`Model::inputs`, `Model::tier`).
 const SERVER_MAY_NAME: &[(&str, &str)] = &[
@@ -902,13 +930,17 @@ const SERVER_MAY_NAME: &[(&str, &str)] = &[
 /// tables, its lookup recorder): tools and benchmarks call them, the server's code does not.
 const EMBEDDING_STAGE_ACCESSORS: [&str; 3] = ["stager", "embeddings", "recorder"];
 
-/// The names `lib` (a crate root's code) re-exports from `ember-embed`: `pub use
-/// ember_embed::X;`, `pub use ember_embed::a::{X, Y as Z};` give `X`, `Y` (or `Z`).
+/// The names `lib` (a crate root's code) re-exports from the embedding stage (`ember-embed` and
+/// `ember-tier`): `pub use ember_embed::X;`, `pub use ember_tier::a::{X, Y as Z};` give `X`, `Y`
+/// (or `Z`).
 fn embed_reexports(lib: &str) -> Vec<String> {
     let joined: String = lib.lines().map(strip_comment).collect::<Vec<_>>().join(" ");
     let mut out = Vec::new();
     for stmt in joined.split(';') {
-        let Some(i) = stmt.find("pub use ember_embed::") else {
+        let Some(i) = ["pub use ember_embed::", "pub use ember_tier::"]
+            .iter()
+            .find_map(|p| stmt.find(p))
+        else {
             continue;
         };
         let path = &stmt[i + "pub use ".len()..];
@@ -991,7 +1023,7 @@ fn the_server_names_no_type_of_the_embedding_stage() {
 #[test]
 fn the_reexport_reader_finds_each_name() {
     let lib = "/// doc\n#[doc(hidden)]\npub use ember_embed::id_checks;\npub use ember_embed::{\n    \
-               DType, Ids as Column,\n};\npub use ember_embed::tier::run_ahead;\npub use x::Y;\n";
+               DType, Ids as Column,\n};\npub use ember_tier::run_ahead;\npub use x::Y;\n";
     assert_eq!(
         embed_reexports(lib),
         ["id_checks", "DType", "Column", "run_ahead"]

@@ -881,7 +881,7 @@ fn serve_records_its_lookups_as_profiles_that_convert_lays_rows_out_by() {
         )),
         "{err}"
     );
-    let f = ember_embed::storage::RowFile::open(&model.join("rows/t0.rows")).unwrap();
+    let f = ember_embed::rowfile::RowFile::open(&model.join("rows/t0.rows")).unwrap();
     assert!(f.layout().is_some_and(|l| !l.is_identity()));
     // A table without a profile is named, with the way out.
     std::fs::remove_file(profiles.join("default/t5.ids")).unwrap();

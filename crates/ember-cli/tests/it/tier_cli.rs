@@ -144,7 +144,7 @@ fn convert_then_predict_on_the_tier_scores_like_dram() {
         err.contains("laid out by") && err.contains("50 hot rows by heat"),
         "{err}"
     );
-    let f = ember_embed::storage::RowFile::open(&dir.join("rows/t3.rows")).unwrap();
+    let f = ember_embed::rowfile::RowFile::open(&dir.join("rows/t3.rows")).unwrap();
     assert!(f.layout().is_some_and(|l| !l.is_identity()));
     for policy in ["lru", "pinned"] {
         let (ok, _, err) = ember(&[
@@ -205,7 +205,7 @@ fn convert_from_safetensors_writes_every_float_table() {
         ember_model::Model::load(&repo().join("models/default"), Default::default()).unwrap();
     for t in model.embeddings().tables() {
         let f =
-            ember_embed::storage::RowFile::open(&dir.join(format!("{}.rows", t.name()))).unwrap();
+            ember_embed::rowfile::RowFile::open(&dir.join(format!("{}.rows", t.name()))).unwrap();
         assert_eq!(f.header().name, t.name());
         let mut bytes = vec![0u8; t.rows() * t.stride()];
         f.read_all(&mut bytes).unwrap();

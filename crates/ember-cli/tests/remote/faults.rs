@@ -32,8 +32,8 @@ use crate::server::{PATIENCE, Server, request, wait_until};
 use crate::{Held, wait_state};
 use ember_bench::redis_cluster;
 use ember_embed::EmbedError;
-use ember_embed::storage::remote::updates::{Publisher, updates_key};
-use ember_embed::storage::remote::{Cluster, ClusterOptions};
+use ember_registry::{layout::updates_key, updates::Publisher};
+use ember_tier::storage::remote::{Cluster, ClusterOptions};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -628,8 +628,8 @@ pub fn replicas(c: &Held, fallback: Option<&Path>) -> [Server; 2] {
 pub fn stream_primary(c: &Held) -> usize {
     let key = updates_key("default", 1, TABLE);
     for p in c.primaries().unwrap() {
-        let got = redis_cluster::query(p, redis::cmd("EXISTS").arg(&key));
-        if matches!(got, Ok(redis::Value::Int(1))) {
+        let got = redis_cluster::query(p, ember_redis::cmd("EXISTS").arg(&key));
+        if matches!(got, Ok(ember_redis::Value::Int(1))) {
             return c.index(p).unwrap();
         }
     }
@@ -643,10 +643,12 @@ pub fn replica_of(c: &Held, primary: usize) -> usize {
         .find(|&i| {
             i != primary
                 && c.nodes[i].is_running()
-                && redis_cluster::query(c.nodes[i].port, redis::cmd("INFO").arg("replication"))
-                    .ok()
-                    .and_then(|v| redis::from_redis_value::<String>(v).ok())
-                    .is_some_and(|info| info.contains(&format!("master_port:{port}")))
+                && redis_cluster::query_text(
+                    c.nodes[i].port,
+                    ember_redis::cmd("INFO").arg("replication"),
+                )
+                .ok()
+                .is_some_and(|info| info.contains(&format!("master_port:{port}")))
         })
         .expect("a replica of the primary")
 }

@@ -12,7 +12,7 @@ use crate::load;
 use crate::server::{PATIENCE, request, wait_until};
 use ember_embed::DType;
 use ember_embed::EmbeddingTable;
-use ember_embed::storage::remote::{Cluster, ClusterOptions, updates};
+use ember_tier::storage::remote::{Cluster, ClusterOptions};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use std::sync::Arc;
@@ -135,7 +135,7 @@ fn with_updates<R>(
             while !stop.load(Ordering::Relaxed) {
                 let ids: Vec<u64> = (0..100).map(|_| rng.random_range(1..2048)).collect();
                 let vals: Vec<f32> = (0..100 * 16).map(|_| rng.random_range(-1.0..1.0)).collect();
-                updates::publish(
+                ember_registry::updates::publish(
                     &mut cl,
                     "default",
                     None,
@@ -177,7 +177,7 @@ fn with_updates<R>(
                 let old: Vec<String> = addrs.iter().map(score).collect();
                 let vals: Vec<f32> = (0..16).map(|_| rng.random_range(-3.0..3.0)).collect();
                 let t = Instant::now();
-                updates::publish(
+                ember_registry::updates::publish(
                     &mut cl,
                     "default",
                     None,

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use ember_bench::stats::median;
-use ember_registry::RegistryModel;
+use ember_model::registry::RegistryModel;
 
 /// A copy of `ember-model`'s `hstu_small` fixture (a DlrmHSTU of the reference, exported), in a
 /// directory of its own named `hstu_small` (the name the registry gives it).

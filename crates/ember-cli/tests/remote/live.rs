@@ -5,12 +5,13 @@
 
 use crate::server::PATIENCE;
 use crate::updates::{admin, encode, overrun, values};
-use ember_embed::storage::remote::{self, ClusterOptions, RemoteSource, updates};
-use ember_embed::tier::{Stager, TierOptions};
 use ember_embed::{
-    CachePolicy, DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
+    DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
 };
 use ember_registry::PushOptions;
+use ember_tier::CachePolicy;
+use ember_tier::storage::remote::{self, ClusterOptions, RemoteSource};
+use ember_tier::{Stager, TierOptions};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -36,7 +37,10 @@ fn server(url: &str, model: &str, d: &[f32]) -> (EmbeddingCollection, Stager) {
         }),
         ..TierOptions::default()
     };
-    assert!(coll.prepare_updates(&opts).unwrap(), "d is made live");
+    assert!(
+        ember_tier::prepare_updates(&mut coll, &opts).unwrap(),
+        "d is made live"
+    );
     assert!(coll.tables()[1].is_live() && coll.tables()[1].resident().is_none());
     let stager = Stager::new(&coll, opts).unwrap();
     (coll, stager)
@@ -168,7 +172,8 @@ fn updates_rewrite_in_memory_tables_whole_rows_only() {
             for start in (0..ROWS).step_by(500) {
                 let ids: Vec<u64> = (start as u64..(start + 500).min(ROWS) as u64).collect();
                 let rows = encode(v, &ids, DType::F32);
-                updates::publish(&mut cl, "live", None, "d", &ids, &rows, 1000).unwrap();
+                ember_registry::updates::publish(&mut cl, "live", None, "d", &ids, &rows, 1000)
+                    .unwrap();
             }
         }
         crate::wait_state("the update in the table", PATIENCE, || {
@@ -185,7 +190,7 @@ fn updates_rewrite_in_memory_tables_whole_rows_only() {
         }
     });
     // `verify` holds the rewritten blocks to their length, not to the push's CRCs.
-    let manifest = remote::read_manifest(&mut cl, "live", 1).unwrap();
+    let manifest = ember_registry::read_manifest(&mut cl, "live", 1).unwrap();
     let v = ember_registry::verify(&mut cl, "live", 1, Duration::from_secs(10)).unwrap();
     assert!(v.bad.is_empty(), "{:?}", v.bad);
     let d_blocks = manifest.table("d").unwrap().blocks();
@@ -263,15 +268,15 @@ fn a_trimmed_stream_reads_an_in_memory_table_again() {
     drop(srv);
     // Removing the version removes its update streams too.
     ember_registry::remove(&mut cl, "livetrim", version, Duration::from_secs(10)).unwrap();
-    let key = updates::updates_key("livetrim", version, "d");
+    let key = ember_registry::layout::updates_key("livetrim", version, "d");
     let mut ops = remote::Ops::default();
-    ops.push(key.as_bytes(), redis::cmd("EXISTS").arg(&key));
+    ops.push(key.as_bytes(), ember_redis::cmd("EXISTS").arg(&key));
     let left = cl
         .run(&ops, false, Instant::now() + Duration::from_secs(5))
         .unwrap();
     assert_eq!(
         left,
-        [redis::Value::Int(0)],
+        [ember_redis::Value::Int(0)],
         "the stream outlived its version"
     );
 }

@@ -8,14 +8,14 @@
 
 use crate::updates::admin;
 use ember_bench::redis_cluster::{self, LocalCluster};
-use ember_embed::storage::remote::updates;
-use ember_embed::storage::remote::{ClusterOptions, PoolRemote, RemoteSource};
-use ember_embed::tier::{Stager, TierOptions};
 use ember_embed::{
-    CachePolicy, DType, EmbedError, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged,
-    PoolOptions, Pooler, Pooling,
+    DType, EmbedError, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
+    Pooling,
 };
 use ember_registry::PushOptions;
+use ember_tier::CachePolicy;
+use ember_tier::storage::remote::{ClusterOptions, PoolRemote, RemoteSource};
+use ember_tier::{Stager, TierOptions};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::time::{Duration, Instant};
 
@@ -406,7 +406,8 @@ fn a_bag_never_mixes_two_versions_of_a_row() {
                 let bytes: Vec<u8> = std::iter::repeat_n(v.to_le_bytes(), rows * dim)
                     .flatten()
                     .collect();
-                updates::publish(&mut cl, "v", None, "f32", &ids, &bytes, 1000).unwrap();
+                ember_registry::updates::publish(&mut cl, "v", None, "f32", &ids, &bytes, 1000)
+                    .unwrap();
                 flips += 1;
             }
             flips
@@ -518,7 +519,7 @@ fn with_a_local_copy_the_cluster_paused_pools_from_the_copy() {
         .iter()
         .map(|t| {
             let path = dir.join(format!("{}.rows", t.name()));
-            ember_embed::storage::write_row_file(
+            ember_embed::rowfile::write_row_file(
                 &path,
                 t.name(),
                 t.rows(),
@@ -587,11 +588,16 @@ fn malformed_calls_are_refused_and_the_node_keeps_serving() {
         return;
     };
     let port = c.nodes[0].port;
-    let q = |cmd: &redis::Cmd| redis_cluster::query(port, cmd);
+    let q = |cmd: &ember_redis::Cmd| redis_cluster::query(port, cmd);
     // A key of this node's own slots, to see it untouched.
     let key = (0..10_000)
         .map(|i| format!("keep:{i}"))
-        .find(|k| matches!(q(redis::cmd("SET").arg(k).arg("v")), Ok(redis::Value::Okay)))
+        .find(|k| {
+            matches!(
+                q(ember_redis::cmd("SET").arg(k).arg("v")),
+                Ok(ember_redis::Value::Okay)
+            )
+        })
         .expect("a key this node holds");
     let u32s = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let calls: Vec<(Vec<Vec<u8>>, &str)> = vec![
@@ -658,7 +664,7 @@ fn malformed_calls_are_refused_and_the_node_keeps_serving() {
         ),
     ];
     for (args, says) in calls {
-        let mut cmd = redis::cmd("EMBER.POOL");
+        let mut cmd = ember_redis::cmd("EMBER.POOL");
         for a in &args {
             cmd.arg(a.as_slice());
         }
@@ -666,12 +672,12 @@ fn malformed_calls_are_refused_and_the_node_keeps_serving() {
         assert!(e.to_string().contains(says), "{says}: {e}");
     }
     assert_eq!(
-        q(redis::cmd("GET").arg(&key)).unwrap(),
-        redis::Value::BulkString(b"v".to_vec())
+        q(ember_redis::cmd("GET").arg(&key)).unwrap(),
+        ember_redis::Value::BulkString(b"v".to_vec())
     );
     assert!(matches!(
-        q(&redis::cmd("PING")),
-        Ok(redis::Value::SimpleString(_))
+        q(&ember_redis::cmd("PING")),
+        Ok(ember_redis::Value::SimpleString(_))
     ));
 }
 

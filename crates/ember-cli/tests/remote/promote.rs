@@ -7,7 +7,8 @@
 
 use crate::server::{PATIENCE, Server, tsv_rows, wait_until as wait_for};
 use crate::{ember, ok};
-use ember_embed::storage::remote::{self, layout};
+use ember_registry::layout;
+use ember_tier::storage::remote;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -291,10 +292,16 @@ fn replicas_from_the_registry_follow_promotions_without_a_failed_request() {
     let dense = layout::file_key("fresh", 3, "dense");
     ops.push(
         dense.as_bytes(),
-        redis::cmd("SETRANGE").arg(&dense).arg(40).arg("garbage"),
+        ember_redis::cmd("SETRANGE")
+            .arg(&dense)
+            .arg(40)
+            .arg("garbage"),
     );
     let served = layout::served_key("fresh");
-    ops.push(served.as_bytes(), redis::cmd("SET").arg(&served).arg(3));
+    ops.push(
+        served.as_bytes(),
+        ember_redis::cmd("SET").arg(&served).arg(3),
+    );
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
         .unwrap();
     wait_for("v3 reported unavailable", Duration::from_secs(20), || {

@@ -1,11 +1,12 @@
 //! The store's operations through the library: push, read back, verify, list, remove.
 
-use ember_embed::storage::remote::{
-    self, Cluster, ClusterOptions, RedisStore, RemoteSource, RemoteTableSpec, VersionState,
-};
-use ember_embed::storage::{RowRequest, RowStore};
 use ember_embed::{DType, EmbeddingTable};
 use ember_registry::PushOptions;
+use ember_registry::VersionState;
+use ember_tier::storage::remote::{
+    self, Cluster, ClusterOptions, RedisStore, RemoteSource, RemoteTableSpec,
+};
+use ember_tier::{storage::RowRequest, storage::RowStore};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 
@@ -165,7 +166,7 @@ fn versions_list_resume_and_remove() {
         })
     }));
     assert!(r.is_err());
-    let vs = remote::versions(&mut cl, "m").unwrap();
+    let vs = ember_registry::versions(&mut cl, "m").unwrap();
     assert_eq!(vs, [(1, VersionState::Pushing)]);
     // A half-pushed version is never served.
     let src = RemoteSource {
@@ -187,11 +188,11 @@ fn versions_list_resume_and_remove() {
     assert!(e.contains("pushing"), "{e}");
     // A block that landed is damaged: the resumed push reads every block back at the end, names
     // it, stays `pushing`, and forgets the block, so that pushing again rewrites it.
-    let key = format!("{}0", remote::layout::block_prefix("m", 1, "emb"));
+    let key = format!("{}0", ember_registry::layout::block_prefix("m", 1, "emb"));
     let mut ops = remote::Ops::default();
     ops.push(
         key.as_bytes(),
-        redis::cmd("SETRANGE").arg(&key).arg(5).arg("damage"),
+        ember_redis::cmd("SETRANGE").arg(&key).arg(5).arg("damage"),
     );
     cl.run(
         &ops,
@@ -208,7 +209,7 @@ fn versions_list_resume_and_remove() {
     );
     assert!(e.contains("push again"), "{e}");
     assert_eq!(
-        remote::versions(&mut cl, "m").unwrap(),
+        ember_registry::versions(&mut cl, "m").unwrap(),
         [(1, VersionState::Pushing)]
     );
     // Pushing again resumes it, skipping what landed.
@@ -281,13 +282,16 @@ fn versions_list_resume_and_remove() {
         ]
     );
 
-    let blocks = remote::read_manifest(&mut cl, "m", 1).unwrap().tables[0].blocks();
+    let blocks = ember_registry::read_manifest(&mut cl, "m", 1)
+        .unwrap()
+        .tables[0]
+        .blocks();
     assert_eq!(
         ember_registry::remove(&mut cl, "m", 1, Duration::from_secs(10)).unwrap(),
         blocks
     );
     assert_eq!(
-        remote::versions(&mut cl, "m").unwrap(),
+        ember_registry::versions(&mut cl, "m").unwrap(),
         [(2, VersionState::Ready)]
     );
     // Removing again names the missing version; the other version still reads.
@@ -307,8 +311,8 @@ fn versions_list_resume_and_remove() {
 }
 
 /// `SCAN 0 MATCH ember:* COUNT 100000` (tests only: a node of a tiny test cluster).
-fn redis_scan() -> redis::Cmd {
-    let mut c = redis::cmd("SCAN");
+fn redis_scan() -> ember_redis::Cmd {
+    let mut c = ember_redis::cmd("SCAN");
     c.arg(0)
         .arg("MATCH")
         .arg("ember:*")
@@ -337,25 +341,27 @@ fn a_missing_or_short_row_is_an_error_naming_it_never_zeros() {
         &mut |_, _| {},
     )
     .unwrap();
-    let man = remote::read_manifest(&mut cl, "m", 1).unwrap();
+    let man = ember_registry::read_manifest(&mut cl, "m", 1).unwrap();
     let rpb = man.tables[0].rows_per_block;
     // Damage block 1: cut it short; drop block 2.
-    let key1 = format!("{}1", remote::layout::block_prefix("m", 1, "emb"));
-    let key2 = format!("{}2", remote::layout::block_prefix("m", 1, "emb"));
+    let key1 = format!("{}1", ember_registry::layout::block_prefix("m", 1, "emb"));
+    let key2 = format!("{}2", ember_registry::layout::block_prefix("m", 1, "emb"));
     let port_of = |key: &str| {
         let slot = remote::slot::key_slot(key.as_bytes());
         c.nodes.iter().map(|n| n.port).find(|&p| {
-            matches!(ember_bench::redis_cluster::query(p, redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot)), Ok(redis::Value::Int(n)) if n > 0)
+            matches!(ember_bench::redis_cluster::query(p, ember_redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot)), Ok(ember_redis::Value::Int(n)) if n > 0)
         }).unwrap()
     };
     let p1 = port_of(&key1);
     ember_bench::redis_cluster::query(
         p1,
-        redis::cmd("SET").arg(&key1).arg(vec![0u8; 8 * 4 * 3 + 10]),
+        ember_redis::cmd("SET")
+            .arg(&key1)
+            .arg(vec![0u8; 8 * 4 * 3 + 10]),
     )
     .unwrap();
     let p2 = port_of(&key2);
-    ember_bench::redis_cluster::query(p2, redis::cmd("UNLINK").arg(&key2)).unwrap();
+    ember_bench::redis_cluster::query(p2, ember_redis::cmd("UNLINK").arg(&key2)).unwrap();
     let bad = ember_registry::verify(&mut cl, "m", 1, Duration::from_secs(10))
         .unwrap()
         .bad;

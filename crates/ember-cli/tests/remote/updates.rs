@@ -2,14 +2,14 @@
 //! cache, the last write to a row wins everywhere, batches in flight keep whole rows, a stream
 //! trimmed past a reader is reported, and malformed entries are skipped with the reason.
 
-use ember_embed::storage::remote::updates::{self, EntryId, FollowedTable, Polled, UpdateReader};
-use ember_embed::storage::remote::{self, Cluster, ClusterOptions, RemoteSource};
-use ember_embed::tier::{Stager, TierOptions};
 use ember_embed::{
-    CachePolicy, DType, EmbedError, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged,
-    PoolOptions, Pooler,
+    DType, EmbedError, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler,
 };
 use ember_registry::PushOptions;
+use ember_tier::CachePolicy;
+use ember_tier::storage::remote::updates::{EntryId, FollowedTable, Polled, UpdateReader};
+use ember_tier::storage::remote::{self, Cluster, ClusterOptions, RemoteSource};
+use ember_tier::{Stager, TierOptions};
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
@@ -115,7 +115,7 @@ fn pool_staged(
     pooler: &Pooler,
     coll: &EmbeddingCollection,
     kj: &KeyedJagged,
-    staged: &ember_embed::tier::StagedBatch,
+    staged: &ember_embed::StagedBatch,
 ) -> Vec<f32> {
     let mut out = vec![0f32; 8 * DIM];
     pooler
@@ -158,7 +158,7 @@ fn updates_reach_every_server_and_the_last_write_wins() {
     ];
     let pooler = Pooler::new(PoolOptions::default()).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let pool = |kj: &KeyedJagged, staged: &ember_embed::tier::StagedBatch| {
+    let pool = |kj: &KeyedJagged, staged: &ember_embed::StagedBatch| {
         pool_staged(&pooler, &coll, kj, staged)
     };
     let dram = |vals: &[f32], kj: &KeyedJagged| pool_dram(&pooler, vals, kj);
@@ -181,11 +181,13 @@ fn updates_reach_every_server_and_the_last_write_wins() {
     let first: Vec<u64> = (0..300).collect();
     let new1 = values(2);
     let rows1 = encode(&new1, &first, DType::F32);
-    updates::publish(&mut cl, "upd", None, "t", &first, &rows1, 1000).unwrap();
+    ember_registry::updates::publish(&mut cl, "upd", None, "t", &first, &rows1, 1000).unwrap();
     let second: Vec<u64> = (100..110).collect();
     let new2 = values(3);
     let rows2 = encode(&new2, &second, DType::F32);
-    let r = updates::publish(&mut cl, "upd", Some(version), "t", &second, &rows2, 1000).unwrap();
+    let r =
+        ember_registry::updates::publish(&mut cl, "upd", Some(version), "t", &second, &rows2, 1000)
+            .unwrap();
     assert_eq!((r.version, r.rows), (version, 10));
     for &i in &first {
         let i = i as usize;
@@ -283,7 +285,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
     assert!(reader.poll().unwrap().is_empty(), "no stream yet");
     let ids = [7u64, 2999];
     let rows = encode(&vals, &ids, DType::Int8);
-    updates::publish(&mut cl, "trim", None, "t", &ids, &rows, 1000).unwrap();
+    ember_registry::updates::publish(&mut cl, "trim", None, "t", &ids, &rows, 1000).unwrap();
     match &reader.poll().unwrap()[..] {
         [
             Polled::Rows {
@@ -302,7 +304,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
     }
     // Refused publishes name what is wrong.
     let mut err = |ids: &[u64], rows: &[u8], table: &str| {
-        updates::publish(&mut cl, "trim", None, table, ids, rows, 1000)
+        ember_registry::updates::publish(&mut cl, "trim", None, table, ids, rows, 1000)
             .unwrap_err()
             .to_string()
     };
@@ -310,7 +312,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
     assert!(err(&[1, 2], &rows[..rb], "t").contains("bytes of rows for 2 ids"));
     assert!(err(&[1], &rows[..rb], "nope").contains("table 'nope': not in this version"));
     // A trainer's malformed entry: skipped with the reason.
-    let key = updates::updates_key("trim", rep.version, "t");
+    let key = ember_registry::layout::updates_key("trim", rep.version, "t");
     let mut ops = remote::Ops::default();
     xadd(&mut ops, &key, None, &[1u8, 2, 3], &rows[..rb]);
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
@@ -333,7 +335,7 @@ fn a_trimmed_stream_resets_the_reader_and_bad_entries_are_named() {
         "{polled:?}"
     );
     assert!(reader.poll().unwrap().is_empty(), "nothing after the reset");
-    updates::publish(&mut cl, "trim", None, "t", &ids, &rows, 1000).unwrap();
+    ember_registry::updates::publish(&mut cl, "trim", None, "t", &ids, &rows, 1000).unwrap();
     assert!(matches!(reader.poll().unwrap()[..], [Polled::Rows { .. }]));
 }
 
@@ -530,8 +532,8 @@ pub fn overrun(
     ids: &[u64],
     rows: &[u8],
 ) -> usize {
-    let prefix = remote::layout::block_prefix(model, version, table);
-    let manifest = remote::read_manifest(cl, model, version).unwrap();
+    let prefix = ember_registry::layout::block_prefix(model, version, table);
+    let manifest = ember_registry::read_manifest(cl, model, version).unwrap();
     let rpb = manifest.table(table).unwrap().rows_per_block;
     let mut ops = remote::Ops::default();
     for (&id, row) in ids.iter().zip(rows.chunks_exact(DIM * 4)) {
@@ -539,12 +541,12 @@ pub fn overrun(
         let at = id as usize % rpb * DIM * 4;
         ops.push(
             key.as_bytes(),
-            redis::cmd("SETRANGE").arg(&key).arg(at).arg(row),
+            ember_redis::cmd("SETRANGE").arg(&key).arg(at).arg(row),
         );
     }
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
         .unwrap();
-    let key = updates::updates_key(model, version, table);
+    let key = ember_registry::layout::updates_key(model, version, table);
     let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
     let mut ops = remote::Ops::default();
     for _ in 0..50 {
@@ -558,7 +560,7 @@ pub fn overrun(
 /// Queues a raw `XADD key [MAXLEN max_len] * ids IDS rows ROWS` (an entry as a publisher of any
 /// language writes it, or a malformed one), with an exact trim when `max_len` is given.
 pub fn xadd(ops: &mut remote::Ops, key: &str, max_len: Option<usize>, ids: &[u8], rows: &[u8]) {
-    let mut cmd = redis::cmd("XADD");
+    let mut cmd = ember_redis::cmd("XADD");
     cmd.arg(key);
     if let Some(n) = max_len {
         cmd.arg("MAXLEN").arg(n);
@@ -568,7 +570,7 @@ pub fn xadd(ops: &mut remote::Ops, key: &str, max_len: Option<usize>, ids: &[u8]
 }
 
 /// `cmd` run once through `cl` on the node of `key`, with a 5 s deadline.
-fn one(cl: &mut Cluster, key: &str, cmd: &redis::Cmd) -> Result<redis::Value, String> {
+fn one(cl: &mut Cluster, key: &str, cmd: &ember_redis::Cmd) -> Result<ember_redis::Value, String> {
     let mut ops = remote::Ops::default();
     ops.push(key.as_bytes(), cmd);
     cl.run(&ops, false, Instant::now() + Duration::from_secs(5))
@@ -592,17 +594,18 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
     let vals = values(45);
     let (mut cl, version) = pushed(&url, "lost", &vals);
     let rb = DIM * 4;
-    let rpb = ember_embed::storage::remote::layout::rows_per_block(ROWS, rb);
-    let prefix = ember_embed::storage::remote::layout::block_prefix("lost", version, "t");
+    let rpb = ember_registry::layout::rows_per_block(ROWS, rb);
+    let prefix = ember_registry::layout::block_prefix("lost", version, "t");
     let (gone, kept) = (3usize, 5usize);
     let gone_key = format!("{prefix}{gone}");
     let kept_key = format!("{prefix}{kept}");
-    one(&mut cl, &gone_key, redis::cmd("DEL").arg(&gone_key)).unwrap();
+    one(&mut cl, &gone_key, ember_redis::cmd("DEL").arg(&gone_key)).unwrap();
     // The last row of the lost block with a row of a block that is there.
     let ids = [(gone * rpb + rpb - 1) as u64, (kept * rpb) as u64];
     let new = values(46);
     let rows = encode(&new, &ids, DType::F32);
-    let e = updates::publish(&mut cl, "lost", None, "t", &ids, &rows, 1000).unwrap_err();
+    let e = ember_registry::updates::publish(&mut cl, "lost", None, "t", &ids, &rows, 1000)
+        .unwrap_err();
     let EmbedError::UpdateRefused { table, found, .. } = &e else {
         panic!("an update over a lost block is refused, writing nothing: {e}");
     };
@@ -614,10 +617,11 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
         e.to_string().contains("nothing of this update was written"),
         "{e}"
     );
-    let strlen = |cl: &mut Cluster, key: &str| match one(cl, key, redis::cmd("STRLEN").arg(key)) {
-        Ok(redis::Value::Int(n)) => n as usize,
-        other => panic!("STRLEN {key}: {other:?}"),
-    };
+    let strlen =
+        |cl: &mut Cluster, key: &str| match one(cl, key, ember_redis::cmd("STRLEN").arg(key)) {
+            Ok(ember_redis::Value::Int(n)) => n as usize,
+            other => panic!("STRLEN {key}: {other:?}"),
+        };
     assert_eq!(
         strlen(&mut cl, &gone_key),
         0,
@@ -626,9 +630,12 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
     let kept_row = match one(
         &mut cl,
         &kept_key,
-        redis::cmd("GETRANGE").arg(&kept_key).arg(0).arg(rb - 1),
+        ember_redis::cmd("GETRANGE")
+            .arg(&kept_key)
+            .arg(0)
+            .arg(rb - 1),
     ) {
-        Ok(redis::Value::BulkString(b)) => b,
+        Ok(ember_redis::Value::BulkString(b)) => b,
         other => panic!("{other:?}"),
     };
     assert_eq!(
@@ -654,12 +661,13 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
     one(
         &mut cl,
         &kept_key,
-        redis::cmd("SET").arg(&kept_key).arg(&kept_row[..]),
+        ember_redis::cmd("SET").arg(&kept_key).arg(&kept_row[..]),
     )
     .unwrap();
-    let e = updates::publish(&mut cl, "lost", None, "t", &ids[1..], &rows[rb..], 1000)
-        .unwrap_err()
-        .to_string();
+    let e =
+        ember_registry::updates::publish(&mut cl, "lost", None, "t", &ids[1..], &rows[rb..], 1000)
+            .unwrap_err()
+            .to_string();
     assert!(
         e.contains(&format!("block {kept} holds {rb} bytes, not {}", rpb * rb)),
         "{e}"
@@ -668,8 +676,8 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
     // The write script by itself (what a producer in another language runs): refuses a missing
     // or short block with EMBERBLOCK, writes into a whole one.
     let script = |key: &str, len: usize| {
-        redis::cmd("EVAL")
-            .arg(updates::WRITE_ROWS)
+        ember_redis::cmd("EVAL")
+            .arg(ember_registry::updates::WRITE_ROWS)
             .arg(1)
             .arg(key)
             .arg(len)
@@ -687,9 +695,12 @@ fn an_update_to_a_block_the_store_lost_is_refused_and_writes_nothing() {
     match one(
         &mut cl,
         &whole,
-        redis::cmd("GETRANGE").arg(&whole).arg(rb).arg(2 * rb - 1),
+        ember_redis::cmd("GETRANGE")
+            .arg(&whole)
+            .arg(rb)
+            .arg(2 * rb - 1),
     ) {
-        Ok(redis::Value::BulkString(b)) => assert_eq!(b, &rows[rb..]),
+        Ok(ember_redis::Value::BulkString(b)) => assert_eq!(b, &rows[rb..]),
         other => panic!("{other:?}"),
     }
     assert_eq!(strlen(&mut cl, &whole), rpb * rb);
@@ -720,10 +731,10 @@ fn a_stream_that_vanishes_or_goes_back_resets_the_reader() {
         }],
     )
     .unwrap();
-    let key = updates::updates_key("gone", version, "t");
+    let key = ember_registry::layout::updates_key("gone", version, "t");
     let publish = |cl: &mut Cluster, id: u64| {
         let rows = encode(&vals, &[id], DType::F32);
-        updates::publish(cl, "gone", None, "t", &[id], &rows, 1000).unwrap();
+        ember_registry::updates::publish(cl, "gone", None, "t", &[id], &rows, 1000).unwrap();
     };
     let rows_of = |polled: &[Polled]| -> Vec<u64> {
         polled
@@ -739,7 +750,7 @@ fn a_stream_that_vanishes_or_goes_back_resets_the_reader() {
     }
     assert_eq!(rows_of(&reader.poll().unwrap()), [1, 2, 3]);
     // Gone.
-    one(&mut cl, &key, redis::cmd("DEL").arg(&key)).unwrap();
+    one(&mut cl, &key, ember_redis::cmd("DEL").arg(&key)).unwrap();
     let polled = reader.poll().unwrap();
     assert!(
         matches!(polled[..], [Polled::Reset { table: 0, .. }]),
@@ -754,7 +765,7 @@ fn a_stream_that_vanishes_or_goes_back_resets_the_reader() {
     publish(&mut cl, 5);
     assert_eq!(rows_of(&reader.poll().unwrap()), [4, 5]);
     // Back to fewer entries than were read (deleted and recreated between two polls).
-    one(&mut cl, &key, redis::cmd("DEL").arg(&key)).unwrap();
+    one(&mut cl, &key, ember_redis::cmd("DEL").arg(&key)).unwrap();
     publish(&mut cl, 6);
     let polled = reader.poll().unwrap();
     assert!(

@@ -36,8 +36,8 @@ use crate::dedup::DedupScratch;
 use crate::error::{EmbedError, Result};
 use crate::isa::Isa;
 use crate::jagged::{Ids, KeyedJagged, RowIndex};
+use crate::staged::StagedBatch;
 use crate::table::Placement;
-use crate::tier::StagedBatch;
 use auto::AutoDedup;
 use distance::AutoPrefetch;
 pub use distance::{CANDIDATES as PREFETCH_CANDIDATES, Prefetch};
@@ -303,7 +303,7 @@ impl Pooler {
     }
 
     /// Pools `batch` into `out`, reading the SSD tier's tables from `staged` (what
-    /// [`crate::tier::Stager::stage`] returned for this batch) and the others from memory.
+    /// `ember_tier::Stager::stage` returned for this batch) and the others from memory.
     pub fn run_staged(
         &self,
         coll: &EmbeddingCollection,
@@ -391,7 +391,7 @@ impl Pooler {
         Ok(total)
     }
 
-    /// Adds the sums of rows pooled on a remote store's nodes (`crate::tier` staged them, with
+    /// Adds the sums of rows pooled on a remote store's nodes (`ember-tier` staged them, with
     /// zeros in their place for the kernel) to each bag of their features, divided by the bag's
     /// length under mean pooling.
     fn add_remote_sums(

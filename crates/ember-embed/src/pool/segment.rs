@@ -64,7 +64,7 @@ impl<'a> Rows<'a> {
     /// # Safety
     /// While `'a` lasts, nothing writes the rows that the segment's ids name (the slots its batch
     /// holds); the slab outlives `'a`.
-    pub(crate) unsafe fn of_slab(slab: &'a crate::cache::Slab) -> Self {
+    pub(crate) unsafe fn of_slab(slab: &'a crate::staged::Slab) -> Self {
         Rows {
             ptr: slab.as_ptr(),
             len: slab.len(),

@@ -5,7 +5,7 @@
 use super::{Dedup, PoolStats, Pooler, Rows, Segment};
 use crate::dedup::DedupScratch;
 use crate::jagged::RowIndex;
-use crate::tier::{StagedFeature, StagedRows};
+use crate::staged::{StagedFeature, StagedRows};
 
 /// Where a unit of a table on the tier sits in what was staged: ids `local` of the staged
 /// feature `sf` (feature `feature` of the collection); `whole` when the unit is the whole

@@ -4,7 +4,7 @@
 use super::segment::OutPtr;
 use crate::collection::EmbeddingCollection;
 use crate::jagged::KeyedJagged;
-use crate::tier::StagedBatch;
+use crate::staged::StagedBatch;
 
 /// What every unit of one pooling call reads and writes: the tables, the batch, the rows the
 /// tier staged for it, and the output.

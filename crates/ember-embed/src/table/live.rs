@@ -1,5 +1,5 @@
 //! In-memory tables whose rows change while they serve (streaming row updates,
-//! `crate::storage::remote::updates`): the buffer is behind a reader-writer lock, so that a
+//! `ember_tier::storage::remote::updates`): the buffer is behind a reader-writer lock, so that a
 //! reader (one pooling unit: one feature over a range of bags) sees every row entirely old or
 //! entirely new, and a writer rewrites rows only while no unit reads the table.
 //!

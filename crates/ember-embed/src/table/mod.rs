@@ -3,10 +3,10 @@
 //!
 //! - `dram`: in memory, in a [`RowBuf`] (huge pages by default);
 //! - `mmap`: a plain read-only mapping of a row file's data, paged in by the OS on first touch;
-//! - `ssd`: in a row file read by a [`crate::storage::RowStore`] through a [`crate::tier::Stager`]
+//! - `ssd`: in a row file read by a `ember_tier::RowStore` through a `ember_tier::Stager`
 //!   and its cache;
 //!   such a table has no resident bytes, and lookups must be staged first;
-//! - `remote`: in a Redis Cluster ([`crate::storage::remote`]), read like `ssd` through the
+//! - `remote`: in a Redis Cluster (`ember_tier::storage::remote`), read like `ssd` through the
 //!   stager and its cache; the table holds only its shape.
 
 mod live;
@@ -14,7 +14,7 @@ mod live;
 use crate::alloc::{PagePolicy, RowBuf};
 use crate::dtype::DType;
 use crate::error::{EmbedError, Result};
-use crate::storage::{MappedRows, RowFile};
+use crate::rowfile::{MappedRows, RowFile};
 use live::LiveRows;
 pub use live::RowsRef;
 use rayon::prelude::*;
@@ -156,15 +156,15 @@ impl EmbeddingTable {
     }
 
     /// A table on the tier read from the row file at `path`, checked at open (see
-    /// [`crate::storage::rowfile`]): an `ssd` table, or the local copy of a `remote` one (see
-    /// [`Self::remote_with_copy`]). Lookups go through a [`crate::tier::Stager`].
+    /// [`crate::rowfile`]): an `ssd` table, or the local copy of a `remote` one (see
+    /// [`Self::remote_with_copy`]). Lookups go through a `ember_tier::Stager`.
     pub fn open_row_file(path: &Path) -> Result<Self> {
         let file = Arc::new(RowFile::open(path)?);
         Ok(Self::over_file(file.clone(), Storage::Disk(file)))
     }
 
     /// A table whose rows live in a remote store (placement `remote`): only its shape is held
-    /// here; lookups go through a [`crate::tier::Stager`] opened with the store's address.
+    /// here; lookups go through a `ember_tier::Stager` opened with the store's address.
     pub fn remote(name: &str, rows: usize, dim: usize, dtype: DType) -> Result<Self> {
         if dim == 0 {
             return Err(EmbedError::BadTable {

@@ -6,4 +6,3 @@ mod common;
 
 mod checked;
 mod pool_props;
-mod tier_props;

@@ -31,7 +31,8 @@ mod zmm;
 use crate::error::Invalid;
 use std::path::Path;
 
-use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Stager, TierOptions};
+use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy};
+use ember_tier::{Stager, TierOptions};
 
 pub use config::{AttentionNorm, HstuModelConfig, TaskType, TimeBucketClamp};
 pub use forward::{HstuPredictor, HstuScores, HstuTimes};
@@ -162,7 +163,7 @@ impl HstuModel {
             })
             .collect();
         let mut embeddings = EmbeddingCollection::new(tables, features)?;
-        embeddings.prepare_updates(&tier)?;
+        ember_tier::prepare_updates(&mut embeddings, &tier)?;
         let stager = Stager::new(&embeddings, tier)?;
         DenseIsa::selected(config.dense_dtype)?;
         let model = HstuModel {
@@ -204,7 +205,7 @@ impl HstuModel {
     /// with `tier`, as [`crate::Model::set_tier`] does; `dir` is the model directory.
     pub fn set_tier(&mut self, dir: &Path, tier: crate::config::TierConfig) -> Result<()> {
         let opts = crate::model::tier_options(dir, Some(&tier), self.config.remote.as_ref())?;
-        self.embeddings.prepare_updates(&opts)?;
+        ember_tier::prepare_updates(&mut self.embeddings, &opts)?;
         self.stager = Stager::new(&self.embeddings, opts)?;
         self.config.tier = Some(tier);
         Ok(())

@@ -273,7 +273,7 @@ fn tables_on_the_ssd_tier_score_exactly_as_in_memory() {
             t.read_row(r, row).unwrap();
         }
         let path = tmp.join("rows").join(format!("{}.rows", t.name()));
-        ember_embed::storage::write_row_file(&path, t.name(), t.rows(), t.dim(), t.dtype(), &bytes)
+        ember_embed::rowfile::write_row_file(&path, t.name(), t.rows(), t.dim(), t.dtype(), &bytes)
             .unwrap();
     }
     let opts = LoadOptions {

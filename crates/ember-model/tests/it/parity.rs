@@ -281,7 +281,7 @@ fn broken_model_directories_name_the_problem() {
 #[test]
 fn tables_on_the_ssd_tier_or_mapped_score_like_dram() {
     use ember_embed::Placement;
-    use ember_embed::storage::write_row_file;
+    use ember_embed::rowfile::write_row_file;
     use ember_model::run_ahead;
     use ember_model::weights::row_file_path;
     for name in ["dlrm_dot", "torchrec_dcn", "dlrm_dot_int8"] {

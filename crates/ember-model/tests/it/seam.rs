@@ -261,7 +261,7 @@ fn a_batch_of_one_model_is_refused_by_another() {
 #[test]
 fn prepare_stages_tier_rows_and_inline_staging_is_counted() {
     use ember_embed::Placement;
-    use ember_embed::storage::write_row_file;
+    use ember_embed::rowfile::write_row_file;
     use ember_model::weights::row_file_path;
     let tmp = std::env::temp_dir().join(format!("ember-seam-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);

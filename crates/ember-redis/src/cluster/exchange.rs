@@ -8,7 +8,7 @@ use super::{Cluster, Outcome};
 use crate::error::Failure;
 use crate::ops::Ops;
 use crate::resp::Reply;
-use redis::Value;
+use crate::value::Value;
 use std::time::Instant;
 
 /// Bytes of commands written to one node before the next node's turn.

@@ -135,7 +135,7 @@ pub struct Repository {
     /// Set when the server stops: nothing is swapped in after.
     stopped: AtomicBool,
     /// The registry a model is followed in (`--from-registry`), once connected.
-    registry_conn: Mutex<Option<ember_registry::RegistryModel>>,
+    registry_conn: Mutex<Option<ember_model::registry::RegistryModel>>,
 }
 
 impl Repository {

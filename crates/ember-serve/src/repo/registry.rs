@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ember_registry::RegistryModel;
+use ember_model::registry::RegistryModel;
 
 use super::{Repository, State};
 use crate::error::{Result, ServeError};

@@ -4,9 +4,9 @@
 
 use anyhow::{Context, Result, bail};
 use ember_bench::stats::quantile;
-use ember_embed::storage::remote::{self, ClusterOptions, Reply, slot::key_slot};
+use ember_redis::Value;
+use ember_tier::storage::remote::{self, ClusterOptions, Reply, slot::key_slot};
 use rand::{Rng, SeedableRng};
-use redis::Value;
 use std::time::{Duration, Instant};
 
 /// A plain loop: `rows` random rows per batch as `GETRANGE`s, one pipeline per primary (all
@@ -15,7 +15,7 @@ pub(super) fn ceiling_loop(
     url: &str,
     model: &str,
     version: u64,
-    manifest: &remote::Manifest,
+    manifest: &ember_registry::Manifest,
     rows: usize,
     secs: f64,
     seed: u64,
@@ -49,7 +49,7 @@ pub(super) fn ceiling_loop(
             let row = rng.random_range(0..t.rows);
             let key = format!(
                 "{}{}",
-                remote::layout::block_prefix(model, version, &t.name),
+                ember_registry::layout::block_prefix(model, version, &t.name),
                 row / t.rows_per_block
             );
             let off = (row % t.rows_per_block) * t.row_bytes;
@@ -60,11 +60,12 @@ pub(super) fn ceiling_loop(
                 .context("slot not covered")?
                 .2;
             let i = conns.iter().position(|c| &c.0 == node).expect("connected");
-            redis::cmd("GETRANGE")
+            let getrange = ember_redis::cmd("GETRANGE")
                 .arg(&key)
                 .arg(off)
                 .arg(off + t.row_bytes - 1)
-                .write_packed_command(&mut bufs[i].0);
+                .packed();
+            bufs[i].0.extend_from_slice(&getrange);
             bufs[i].1 += 1;
         }
         let b0 = Instant::now();
@@ -92,8 +93,12 @@ pub(super) fn ceiling_loop(
 
 /// `(first slot, last slot, primary host:port)` from `CLUSTER SLOTS`.
 fn slot_map(seed: &str) -> Result<Vec<(u16, u16, String)>> {
-    let mut c = redis::Client::open(format!("redis://{seed}/"))?.get_connection()?;
-    let Value::Array(ranges) = redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(&mut c)? else {
+    let slots = ember_redis::query_node(
+        seed,
+        ember_redis::cmd("CLUSTER").arg("SLOTS"),
+        Duration::from_secs(5),
+    )?;
+    let Value::Array(ranges) = slots else {
         bail!("CLUSTER SLOTS: unexpected reply");
     };
     let mut out = Vec::new();

@@ -3,7 +3,7 @@
 //! (`INFO memory`) and fetch rate, then removed.
 
 use anyhow::Result;
-use ember_embed::storage::remote::{self, Cluster, Ops};
+use ember_tier::storage::remote::{Cluster, Ops};
 use rand::{Rng, SeedableRng};
 use serde_json::{Value as Json, json};
 use std::time::{Duration, Instant};
@@ -52,7 +52,7 @@ fn one_layout(
         name: layout,
         rows,
         rb,
-        rpb: remote::layout::rows_per_block(rows, rb),
+        rpb: ember_registry::layout::rows_per_block(rows, rb),
         partitions: primaries.len() * 4,
     };
     let mem0 = used_memory(primaries)?;
@@ -121,7 +121,7 @@ impl Layout<'_> {
                     match field {
                         Some(f) => ops.push(
                             k.as_bytes(),
-                            redis::cmd("HSET").arg(&k).arg(&f[..]).arg(&row),
+                            ember_redis::cmd("HSET").arg(&k).arg(&f[..]).arg(&row),
                         ),
                         None => ops.set(k.as_bytes(), &row),
                     }
@@ -171,7 +171,7 @@ impl Layout<'_> {
                     .for_each(|&r| by[r % partitions].push((r as u64).to_le_bytes()));
                 for (p, fields) in by.iter().enumerate().filter(|(_, f)| !f.is_empty()) {
                     let k = format!("ember-layout:h:{{p{p}}}");
-                    let mut c = redis::cmd("HMGET");
+                    let mut c = ember_redis::cmd("HMGET");
                     c.arg(&k);
                     fields.iter().for_each(|f| {
                         c.arg(&f[..]);
@@ -181,7 +181,7 @@ impl Layout<'_> {
             }
             _ => ids.iter().for_each(|&r| {
                 let k = self.key(r).0;
-                ops.push(k.as_bytes(), redis::cmd("GET").arg(&k))
+                ops.push(k.as_bytes(), ember_redis::cmd("GET").arg(&k))
             }),
         }
     }
@@ -199,7 +199,7 @@ impl Layout<'_> {
             _ => (0..self.rows).map(|r| self.key(r).0).collect(),
         };
         for k in keys {
-            ops.push(k.as_bytes(), redis::cmd("UNLINK").arg(&k));
+            ops.push(k.as_bytes(), ember_redis::cmd("UNLINK").arg(&k));
             if ops.len() >= 4096 {
                 flush(cluster, &mut ops)?;
             }

@@ -16,9 +16,10 @@ use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::redis_cluster::{self, LocalCluster};
 use ember_bench::stats::median;
-use ember_embed::storage::remote::{self, Cluster, ClusterOptions, RemoteSource};
-use ember_embed::{CachePolicy, EmbeddingCollection, EmbeddingTable, KeyedJagged};
+use ember_embed::{EmbeddingCollection, EmbeddingTable, KeyedJagged};
 use ember_registry::PushOptions;
+use ember_tier::CachePolicy;
+use ember_tier::storage::remote::{Cluster, ClusterOptions, RemoteSource};
 use serde_json::{Value as Json, json};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -207,7 +208,7 @@ struct Pushed {
     rep: ember_registry::PushReport,
     push_s: f64,
     stored: u64,
-    manifest: remote::Manifest,
+    manifest: ember_registry::Manifest,
     block_bytes: usize,
     bench_set: Option<f64>,
     bench_overwrite: Option<f64>,
@@ -239,7 +240,7 @@ fn push_tables(
     dram: &EmbeddingCollection,
     total: usize,
 ) -> Result<Pushed> {
-    if let Ok(vs) = remote::versions(admin, model) {
+    if let Ok(vs) = ember_registry::versions(admin, model) {
         for (v, _) in vs {
             ember_registry::remove(admin, model, v, Duration::from_secs(60))?;
         }
@@ -256,7 +257,7 @@ fn push_tables(
     )?;
     let push_s = t0.elapsed().as_secs_f64();
     let stored = used_memory(primaries)?.saturating_sub(mem0);
-    let manifest = remote::read_manifest(admin, model, rep.version)?;
+    let manifest = ember_registry::read_manifest(admin, model, rep.version)?;
     let block_bytes = manifest.tables[0].rows_per_block * manifest.tables[0].row_bytes;
     eprintln!(
         "push: {} in {push_s:.2} s, {:.0} MB/s ({} blocks of {}; reading back {:.2} s of it), {:.3} x the raw bytes in INFO memory",

@@ -4,10 +4,9 @@
 
 use anyhow::{Result, ensure};
 use ember_bench::stats::{median, quantile};
-use ember_embed::storage::remote::RemoteSource;
-use ember_embed::{
-    CachePolicy, EmbeddingCollection, KeyedJagged, Pooler, Stager, TierOptions, TierStats,
-};
+use ember_embed::{EmbeddingCollection, KeyedJagged, Pooler};
+use ember_tier::storage::remote::RemoteSource;
+use ember_tier::{CachePolicy, Stager, TierOptions, TierStats};
 use serde_json::{Value as Json, json};
 
 use super::RemoteArgs;

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use ember_embed::DType;
-use ember_embed::storage::{RowFile, RowFileWriter, RowLayout};
+use ember_embed::rowfile::{RowFile, RowFileWriter, RowLayout};
 use ember_model::random::seeded_row;
 use std::path::Path;
 use std::time::Instant;

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use ember_bench::workload::IdSource;
-use ember_embed::storage::{LayoutSummary, RowLayout};
+use ember_embed::rowfile::{LayoutSummary, RowLayout};
 use ember_embed::trace::load_trace;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -22,10 +22,11 @@ use clap::Args;
 use ember_bench::disk::random_read_rate;
 use ember_bench::stats::median;
 use ember_bench::workload::IdSource;
-use ember_embed::storage::io::IoEngine;
-use ember_embed::storage::{BLOCK, RowFile};
+use ember_embed::rowfile::{BLOCK, RowFile};
 use ember_embed::trace::load_trace;
-use ember_embed::{CachePolicy, EmbeddingCollection, IoMode, KeyedJagged, Pooler};
+use ember_embed::{EmbeddingCollection, KeyedJagged, Pooler};
+use ember_tier::storage::io::IoEngine;
+use ember_tier::{CachePolicy, IoMode};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -248,7 +249,7 @@ fn measure_mmap(
 fn row_files(
     t: &TieredArgs,
     s: Shape,
-    layout: Option<(&ember_embed::storage::RowLayout, &str)>,
+    layout: Option<(&ember_embed::rowfile::RowLayout, &str)>,
 ) -> Result<Vec<PathBuf>> {
     let a = &t.embed;
     std::fs::create_dir_all(&t.dir).with_context(|| format!("creating {}", t.dir.display()))?;

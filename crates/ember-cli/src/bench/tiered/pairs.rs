@@ -2,8 +2,9 @@
 //! remote`): [`run_tier`], [`WarmPairs`] and the batches each timed run is warmed on.
 
 use anyhow::Result;
-use ember_embed::tier::pipeline;
-use ember_embed::{EmbeddingCollection, KeyedJagged, Pooler, Stager, TierStats};
+use ember_embed::{EmbeddingCollection, KeyedJagged, Pooler};
+use ember_tier::pipeline;
+use ember_tier::{Stager, TierStats};
 use std::time::Instant;
 
 /// Pools `batches` through the tier, `depth` batches staged ahead; keeps the last output in

@@ -4,9 +4,8 @@
 
 use anyhow::Result;
 use ember_bench::stats::median;
-use ember_embed::{
-    CachePolicy, EmbeddingCollection, EmbeddingTable, Pooler, Stager, TierOptions, TierStats,
-};
+use ember_embed::{EmbeddingCollection, EmbeddingTable, Pooler};
+use ember_tier::{CachePolicy, Stager, TierOptions, TierStats};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;

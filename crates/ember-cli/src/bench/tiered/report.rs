@@ -6,7 +6,7 @@ use ember_bench::stats::median;
 
 use crate::units::human_bytes;
 use ember_embed::Isa;
-use ember_embed::storage::BLOCK;
+use ember_embed::rowfile::BLOCK;
 use serde_json::{Value, json};
 
 use super::TieredArgs;
