@@ -49,11 +49,13 @@ impl RowBuf {
     }
 
     /// The buffer.
+    #[inline]
     pub fn as_slice(&self) -> &[u8] {
         &self.map[self.offset..self.offset + self.len]
     }
 
     /// The buffer, mutably.
+    #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.map[self.offset..self.offset + self.len]
     }

@@ -151,6 +151,21 @@ pub enum EmbedError {
     /// or its header or checksum table damaged.
     #[error("row file {path}: {reason}")]
     RowFile { path: String, reason: String },
+    /// A row file whose header cannot be used: not a row file, a version this build does not
+    /// read, damaged, or fields that disagree.
+    #[error("row file {path}: {cause}")]
+    RowFileHeader {
+        path: String,
+        #[source]
+        cause: HeaderError,
+    },
+    /// A laid-out row file whose stored positions are not a permutation of its rows.
+    #[error("row file {path}: layout is not a permutation: {cause}")]
+    RowFileLayout {
+        path: String,
+        #[source]
+        cause: LayoutError,
+    },
     /// A block of a row file does not match its checksum: the file was damaged after it was
     /// written. No row of that block is returned.
     #[error(
@@ -249,6 +264,69 @@ pub enum EmbedError {
         /// The I/O error.
         #[source]
         cause: Cause,
+    },
+}
+
+/// Why a row file's header cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{len} bytes, shorter than the {header}-byte header (truncated, or not a row file)")]
+    Short { len: usize, header: usize },
+    #[error("not a row file (bad magic; write one with `ember convert`)")]
+    Magic,
+    #[error("format version {found}, this build reads versions {} and {}", reads.0, reads.1)]
+    Version { found: u32, reads: (u32, u32) },
+    #[error(
+        "header checksum mismatch (stored {stored:08x}, computed {actual:08x}): the header is damaged"
+    )]
+    Checksum { stored: u32, actual: u32 },
+    #[error("unknown dtype code {code}")]
+    DType { code: u32 },
+    #[error("name length {len} is over {max}")]
+    NameLength { len: usize, max: usize },
+    #[error("table name is not UTF-8")]
+    NameNotUtf8,
+    #[error("{what} too large")]
+    TooLarge { what: &'static str },
+    /// The shape it states cannot be laid out (the layout's own error).
+    #[error("{0}")]
+    Shape(#[source] Box<EmbedError>),
+    #[error("header fields are inconsistent with {rows} rows x dim {dim} {dtype}")]
+    Inconsistent {
+        rows: usize,
+        dim: usize,
+        dtype: &'static str,
+    },
+}
+
+/// Why rows and positions are not a layout: not a permutation of a table's rows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{rows} rows: a layout covers at most {max}")]
+    TooManyRows { rows: usize, max: usize },
+    /// In an order: position `position` names a row past the table.
+    #[error("position {position} holds row {row}, past the {rows} rows")]
+    RowPastEnd {
+        position: usize,
+        row: u32,
+        rows: usize,
+    },
+    /// In an order: row `row` at two positions.
+    #[error("row {row} is placed twice (positions {first} and {second})")]
+    RowTwice { row: u32, first: u32, second: usize },
+    /// In stored positions: row `row` placed past the data.
+    #[error("row {row} is at position {position}, past the {rows} rows")]
+    PositionPastEnd {
+        row: usize,
+        position: u32,
+        rows: usize,
+    },
+    /// In stored positions: two rows at one position.
+    #[error("position {position} holds two rows ({first} and {second})")]
+    PositionTwice {
+        position: u32,
+        first: u32,
+        second: usize,
     },
 }
 

@@ -7,6 +7,13 @@ pub enum PlanError {
     /// line).
     #[error("{path}: {reason}")]
     Spec { path: String, reason: String },
+    /// A table list (a spec file's, or a plan's) that breaks a rule of its format.
+    #[error("{path}: {cause}")]
+    Tables {
+        path: String,
+        #[source]
+        cause: SpecError,
+    },
     /// A table, device, plan or locality file could not be read or written.
     #[error("{path}: {source}")]
     SpecIo {
@@ -91,4 +98,49 @@ mod tests {
             format!("cost model {}: {parse}", path.display())
         );
     }
+}
+
+/// Why tables cannot be planned as given: a rule of the table list, or a line of its CSV form.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    #[error("no tables")]
+    NoTables,
+    #[error("a table has no name")]
+    Unnamed,
+    #[error("table {table}: rows and dim must be at least 1")]
+    Empty { table: String },
+    #[error("table {table}: pooling must be a finite number >= 0, not {pooling}")]
+    Pooling { table: String, pooling: f64 },
+    #[error("table {table} is listed twice")]
+    Twice { table: String },
+    #[error("no header line")]
+    NoHeader,
+    #[error("line {line}: no {column} column")]
+    NoColumn { line: usize, column: &'static str },
+    #[error("line {line}: {found} fields, the header has {want}")]
+    Fields {
+        line: usize,
+        found: usize,
+        want: usize,
+    },
+    #[error("line {line}: {what} '{value}' is not a number")]
+    NotNumber {
+        line: usize,
+        what: &'static str,
+        value: String,
+    },
+    #[error("line {line}: {what} '{value}' is not a whole number")]
+    NotWhole {
+        line: usize,
+        what: &'static str,
+        value: String,
+    },
+    #[error("line {line}: dim {dim} is too large")]
+    DimTooLarge { line: usize, dim: u64 },
+    #[error("line {line}: {cause}")]
+    DType {
+        line: usize,
+        #[source]
+        cause: Box<ember_embed::EmbedError>,
+    },
 }

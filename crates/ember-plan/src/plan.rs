@@ -153,7 +153,10 @@ impl PlanFile {
             path: path.display().to_string(),
             source,
         })?;
-        crate::spec::check_tables(&f.tables).map_err(bad)?;
+        crate::spec::check_tables(&f.tables).map_err(|cause| PlanError::Tables {
+            path: path.display().to_string(),
+            cause,
+        })?;
         Plan {
             shards: f.shards.clone(),
         }

@@ -5,6 +5,7 @@
 //! comments), as in `../shared/data/tables/mlperf_dlrm_dcnv2_tables.csv`, or from JSON (an array
 //! of objects with the same fields).
 
+pub use crate::error::SpecError;
 use std::path::Path;
 
 use ember_embed::DType;
@@ -50,21 +51,20 @@ impl TableSpec {
         self.pooling * self.dtype.row_bytes(self.dim as usize) as f64
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
+    fn check(&self) -> std::result::Result<(), SpecError> {
         if self.name.is_empty() {
-            return Err("a table has no name".into());
+            return Err(SpecError::Unnamed);
         }
         if self.rows == 0 || self.dim == 0 {
-            return Err(format!(
-                "table {}: rows and dim must be at least 1",
-                self.name
-            ));
+            return Err(SpecError::Empty {
+                table: self.name.clone(),
+            });
         }
         if !(self.pooling.is_finite() && self.pooling >= 0.0) {
-            return Err(format!(
-                "table {}: pooling must be a finite number >= 0, not {}",
-                self.name, self.pooling
-            ));
+            return Err(SpecError::Pooling {
+                table: self.name.clone(),
+                pooling: self.pooling,
+            });
         }
         Ok(())
     }
@@ -83,9 +83,9 @@ pub struct DeviceSpec {
 
 /// Reads tables from a CSV or JSON file (by extension; JSON when it starts with `[`).
 pub fn read_tables(path: &Path) -> Result<Vec<TableSpec>> {
-    let err = |reason: String| PlanError::Spec {
+    let err = |cause: SpecError| PlanError::Tables {
         path: path.display().to_string(),
-        reason,
+        cause,
     };
     let text = ember_embed::files::read_text(path, "table spec", ember_embed::files::TEXT_LIMIT)
         .map_err(|source| PlanError::SpecIo {
@@ -105,61 +105,78 @@ pub fn read_tables(path: &Path) -> Result<Vec<TableSpec>> {
 }
 
 /// Checks every table and that names are distinct.
-pub fn check_tables(tables: &[TableSpec]) -> std::result::Result<(), String> {
+pub fn check_tables(tables: &[TableSpec]) -> std::result::Result<(), SpecError> {
     if tables.is_empty() {
-        return Err("no tables".into());
+        return Err(SpecError::NoTables);
     }
     let mut names = std::collections::HashSet::new();
     for t in tables {
         t.check()?;
         if !names.insert(t.name.as_str()) {
-            return Err(format!("table {} is listed twice", t.name));
+            return Err(SpecError::Twice {
+                table: t.name.clone(),
+            });
         }
     }
     Ok(())
 }
 
 /// Parses the CSV form.
-pub fn parse_csv(text: &str) -> std::result::Result<Vec<TableSpec>, String> {
+pub fn parse_csv(text: &str) -> std::result::Result<Vec<TableSpec>, SpecError> {
     let mut lines = text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
-    let (hl, header) = lines.next().ok_or("no header line")?;
+    let (hl, header) = lines.next().ok_or(SpecError::NoHeader)?;
     let cols: Vec<String> = header.split(',').map(|c| c.trim().to_lowercase()).collect();
-    let find = |names: &[&str]| cols.iter().position(|c| names.contains(&c.as_str()));
-    let name = find(&["name", "table"]).ok_or(format!("line {}: no name column", hl + 1))?;
-    let rows =
-        find(&["rows", "num_embeddings"]).ok_or(format!("line {}: no rows column", hl + 1))?;
-    let dim = find(&["dim", "embedding_dim"]).ok_or(format!("line {}: no dim column", hl + 1))?;
-    let dtype = find(&["dtype"]);
-    let pooling = find(&["pooling", "pooling_factor"]);
+    let find = |names: &[&str], column| {
+        cols.iter()
+            .position(|c| names.contains(&c.as_str()))
+            .ok_or(SpecError::NoColumn {
+                line: hl + 1,
+                column,
+            })
+    };
+    let name = find(&["name", "table"], "name")?;
+    let rows = find(&["rows", "num_embeddings"], "rows")?;
+    let dim = find(&["dim", "embedding_dim"], "dim")?;
+    let dtype = find(&["dtype"], "dtype").ok();
+    let pooling = find(&["pooling", "pooling_factor"], "pooling").ok();
     let mut out = Vec::new();
     for (i, line) in lines {
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let line = i + 1;
         if f.len() != cols.len() {
-            return Err(format!(
-                "line {}: {} fields, the header has {}",
-                i + 1,
-                f.len(),
-                cols.len()
-            ));
+            return Err(SpecError::Fields {
+                line,
+                found: f.len(),
+                want: cols.len(),
+            });
         }
-        let num = |k: usize, what: &str| -> std::result::Result<f64, String> {
-            f[k].parse::<f64>()
-                .map_err(|_| format!("line {}: {what} '{}' is not a number", i + 1, f[k]))
+        let num = |k: usize, what| {
+            f[k].parse::<f64>().map_err(|_| SpecError::NotNumber {
+                line,
+                what,
+                value: f[k].to_string(),
+            })
         };
-        let int = |k: usize, what: &str| -> std::result::Result<u64, String> {
-            f[k].parse::<u64>()
-                .map_err(|_| format!("line {}: {what} '{}' is not a whole number", i + 1, f[k]))
+        let int = |k: usize, what| {
+            f[k].parse::<u64>().map_err(|_| SpecError::NotWhole {
+                line,
+                what,
+                value: f[k].to_string(),
+            })
         };
         let d = int(dim, "dim")?;
         out.push(TableSpec {
             name: f[name].to_string(),
             rows: int(rows, "rows")?,
-            dim: u32::try_from(d).map_err(|_| format!("line {}: dim {d} is too large", i + 1))?,
+            dim: u32::try_from(d).map_err(|_| SpecError::DimTooLarge { line, dim: d })?,
             dtype: match dtype {
-                Some(k) => f[k].parse().map_err(|e| format!("line {}: {e}", i + 1))?,
+                Some(k) => f[k].parse().map_err(|cause| SpecError::DType {
+                    line,
+                    cause: Box::new(cause),
+                })?,
                 None => DType::F32,
             },
             pooling: match pooling {
@@ -216,13 +233,30 @@ mod tests {
             ("rows,dim\n1,2\n", "no name column"),
             ("", "no header"),
         ] {
-            let e = parse_csv(text).unwrap_err();
+            let e = parse_csv(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
+        assert_eq!(
+            parse_csv("name,rows,dim\na,ten,4\n").unwrap_err(),
+            SpecError::NotWhole {
+                line: 2,
+                what: "rows",
+                value: "ten".into()
+            }
+        );
+        let e = parse_csv("name,rows,dim,dtype\na,1,4,f64\n").unwrap_err();
+        assert!(matches!(e, SpecError::DType { line: 2, .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
         let dup = parse_csv("name,rows,dim\na,1,4\na,2,4\n").unwrap();
-        assert!(check_tables(&dup).unwrap_err().contains("twice"));
+        assert_eq!(
+            check_tables(&dup).unwrap_err(),
+            SpecError::Twice { table: "a".into() }
+        );
         let zero = parse_csv("name,rows,dim\na,0,4\n").unwrap();
-        assert!(check_tables(&zero).is_err());
+        assert_eq!(
+            check_tables(&zero).unwrap_err(),
+            SpecError::Empty { table: "a".into() }
+        );
     }
 
     #[test]

@@ -16,10 +16,18 @@
 //!    (co-access);
 //! 3. **cold**: rows the profile never met, in id order.
 
-use crate::error::{EmbedError, Result};
+use crate::error::{EmbedError, LayoutError, Result};
 
 /// Largest table a layout covers (positions are stored as `u32`).
 pub const MAX_LAYOUT_ROWS: usize = u32::MAX as usize;
+
+/// Why a vector is not a permutation (see [`invert`]).
+enum NotPermutation {
+    /// `v[i]` is past `v.len()`: `(i, v[i])`.
+    Past(usize, u32),
+    /// `v[i]` was met first at `first`: `(v[i], first, i)`.
+    Twice(u32, u32, usize),
+}
 
 /// A permutation of a table's rows: where each row lies in the data, and which row each
 /// position holds. Checked to be a permutation when built.
@@ -47,18 +55,24 @@ pub struct LayoutSummary {
 impl RowLayout {
     /// The layout from `order` (`order[p]` is the row at position `p`), checked to hold every
     /// row of a `rows`-row table exactly once.
-    pub fn from_order(order: Vec<u32>) -> std::result::Result<Self, String> {
+    pub fn from_order(order: Vec<u32>) -> std::result::Result<Self, LayoutError> {
         let rows = order.len();
         if rows > MAX_LAYOUT_ROWS {
-            return Err(format!(
-                "{rows} rows: a layout covers at most {MAX_LAYOUT_ROWS}"
-            ));
+            return Err(LayoutError::TooManyRows {
+                rows,
+                max: MAX_LAYOUT_ROWS,
+            });
         }
-        let slot = invert(
-            &order,
-            |p, id| format!("position {p} holds row {id}, past the {rows} rows"),
-            |id, first, p| format!("row {id} is placed twice (positions {first} and {p})"),
-        )?;
+        let slot = invert(&order).map_err(|e| match e {
+            NotPermutation::Past(position, row) => LayoutError::RowPastEnd {
+                position,
+                row,
+                rows,
+            },
+            NotPermutation::Twice(row, first, second) => {
+                LayoutError::RowTwice { row, first, second }
+            }
+        })?;
         Ok(RowLayout {
             slot: slot.into(),
             order: order.into(),
@@ -66,13 +80,20 @@ impl RowLayout {
     }
 
     /// The layout from stored positions (`slot[id]`, as a layout section holds them), checked.
-    pub fn from_slots(slot: &[u32]) -> std::result::Result<Self, String> {
+    pub fn from_slots(slot: &[u32]) -> std::result::Result<Self, LayoutError> {
         let rows = slot.len();
-        let order = invert(
-            slot,
-            |id, p| format!("row {id} is at position {p}, past the {rows} rows"),
-            |p, first, id| format!("position {p} holds two rows ({first} and {id})"),
-        )?;
+        let order = invert(slot).map_err(|e| match e {
+            NotPermutation::Past(row, position) => LayoutError::PositionPastEnd {
+                row,
+                position,
+                rows,
+            },
+            NotPermutation::Twice(position, first, second) => LayoutError::PositionTwice {
+                position,
+                first,
+                second,
+            },
+        })?;
         Ok(RowLayout {
             slot: slot.into(),
             order: order.into(),
@@ -127,10 +148,9 @@ impl RowLayout {
         }
         let warm = order.len() - hot_n;
         order.extend((0..rows as u32).filter(|&id| !placed[id as usize]));
-        let layout = Self::from_order(order).map_err(|reason| EmbedError::BadOption {
-            option: "layout",
-            reason,
-        })?;
+        // Hot, then warm (each met row once), then cold (every row not placed): a permutation by
+        // construction, and `rows` was checked above.
+        let layout = Self::from_order(order).expect("a profile's order places every row once");
         Ok((
             layout,
             LayoutSummary {
@@ -175,18 +195,14 @@ impl RowLayout {
     }
 }
 
-/// The inverse of the permutation `v` (`inv[v[i]] == i`), refusing a value past `v.len()`
-/// (`past(i, v[i])`) or met twice (`twice(v[i], first i, i)`).
-fn invert(
-    v: &[u32],
-    past: impl Fn(usize, u32) -> String,
-    twice: impl Fn(u32, u32, usize) -> String,
-) -> std::result::Result<Vec<u32>, String> {
+/// The inverse of the permutation `v` (`inv[v[i]] == i`), refusing a value past `v.len()` or
+/// met twice.
+fn invert(v: &[u32]) -> std::result::Result<Vec<u32>, NotPermutation> {
     let mut inv = vec![u32::MAX; v.len()];
     for (i, &x) in v.iter().enumerate() {
-        let slot = inv.get_mut(x as usize).ok_or_else(|| past(i, x))?;
+        let slot = inv.get_mut(x as usize).ok_or(NotPermutation::Past(i, x))?;
         if *slot != u32::MAX {
-            return Err(twice(x, *slot, i));
+            return Err(NotPermutation::Twice(x, *slot, i));
         }
         *slot = i as u32;
     }
@@ -232,13 +248,43 @@ mod tests {
     fn a_layout_must_be_a_permutation() {
         assert!(RowLayout::from_order(vec![2, 0, 1]).is_ok());
         let e = RowLayout::from_order(vec![0, 0, 1]).unwrap_err();
-        assert!(e.contains("row 0 is placed twice"), "{e}");
+        assert_eq!(
+            e,
+            LayoutError::RowTwice {
+                row: 0,
+                first: 0,
+                second: 1
+            }
+        );
+        assert_eq!(e.to_string(), "row 0 is placed twice (positions 0 and 1)");
         let e = RowLayout::from_order(vec![0, 3, 1]).unwrap_err();
-        assert!(e.contains("past the 3 rows"), "{e}");
+        assert_eq!(
+            e,
+            LayoutError::RowPastEnd {
+                position: 1,
+                row: 3,
+                rows: 3
+            }
+        );
         let e = RowLayout::from_slots(&[1, 1, 0]).unwrap_err();
-        assert!(e.contains("position 1 holds two rows"), "{e}");
+        assert_eq!(
+            e,
+            LayoutError::PositionTwice {
+                position: 1,
+                first: 0,
+                second: 1
+            }
+        );
+        assert_eq!(e.to_string(), "position 1 holds two rows (0 and 1)");
         let e = RowLayout::from_slots(&[0, 5, 1]).unwrap_err();
-        assert!(e.contains("past the 3 rows"), "{e}");
+        assert_eq!(
+            e,
+            LayoutError::PositionPastEnd {
+                row: 1,
+                position: 5,
+                rows: 3
+            }
+        );
         let l = RowLayout::from_slots(&[2, 0, 1]).unwrap();
         assert_eq!(l.order(), &[1, 2, 0]);
         assert_eq!(RowLayout::from_order(vec![1, 2, 0]).unwrap(), l);

@@ -36,6 +36,7 @@ mod mapped;
 mod read;
 mod write;
 
+pub use crate::error::{HeaderError, LayoutError};
 pub use aligned::{AlignedBuf, read_full_at};
 pub use layout::{LayoutSummary, RowLayout};
 pub use mapped::MappedRows;
@@ -62,6 +63,7 @@ pub(crate) const HEADER: usize = 4096;
 const HEADER_CRC_AT: usize = HEADER - 4;
 /// Longest table name stored.
 const MAX_NAME: usize = 1024;
+
 /// Largest dim a row file takes (a 64 MiB f32 row; keeps every size computation far from
 /// overflow).
 const MAX_DIM: usize = 1 << 24;
@@ -202,41 +204,41 @@ impl RowFileHeader {
         h
     }
 
-    pub(crate) fn decode(h: &[u8]) -> std::result::Result<Self, String> {
+    pub(crate) fn decode(h: &[u8]) -> std::result::Result<Self, HeaderError> {
         if h.len() < HEADER {
-            return Err(format!(
-                "{} bytes, shorter than the {HEADER}-byte header (truncated, or not a row file)",
-                h.len()
-            ));
+            return Err(HeaderError::Short {
+                len: h.len(),
+                header: HEADER,
+            });
         }
         if h[0..8] != MAGIC {
-            return Err("not a row file (bad magic; write one with `ember convert`)".into());
+            return Err(HeaderError::Magic);
         }
         let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap_or([0; 4]));
         let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap_or([0; 8]));
         let version = u32_at(8);
         if version != VERSION && version != VERSION_LAID_OUT {
-            return Err(format!(
-                "format version {version}, this build reads versions {VERSION} and \
-                 {VERSION_LAID_OUT}"
-            ));
+            return Err(HeaderError::Version {
+                found: version,
+                reads: (VERSION, VERSION_LAID_OUT),
+            });
         }
         let laid_out = version == VERSION_LAID_OUT;
         let stored = u32_at(HEADER_CRC_AT);
         let actual = crc32fast::hash(&h[..HEADER_CRC_AT]);
         if stored != actual {
-            return Err(format!(
-                "header checksum mismatch (stored {stored:08x}, computed {actual:08x}): the header is damaged"
-            ));
+            return Err(HeaderError::Checksum { stored, actual });
         }
-        let dtype = DType::from_code(u32_at(12))
-            .ok_or_else(|| format!("unknown dtype code {}", u32_at(12)))?;
+        let dtype = DType::from_code(u32_at(12)).ok_or(HeaderError::DType { code: u32_at(12) })?;
         let name_len = u32_at(76) as usize;
         if name_len > MAX_NAME {
-            return Err(format!("name length {name_len} is over {MAX_NAME}"));
+            return Err(HeaderError::NameLength {
+                len: name_len,
+                max: MAX_NAME,
+            });
         }
         let name = std::str::from_utf8(&h[80..80 + name_len])
-            .map_err(|_| "table name is not UTF-8".to_string())?
+            .map_err(|_| HeaderError::NameNotUtf8)?
             .to_string();
         let got = RowFileHeader {
             name,
@@ -253,19 +255,22 @@ impl RowFileHeader {
             layout_crc: if laid_out { u32_at(LAYOUT_AT + 8) } else { 0 },
         };
         // The layout is a function of the shape: anything else is a damaged or foreign file.
-        let rows = usize::try_from(got.rows).map_err(|_| "row count too large".to_string())?;
-        let dim = usize::try_from(got.dim).map_err(|_| "dim too large".to_string())?;
-        let want =
-            Self::for_shape(&got.name, rows, dim, dtype, laid_out).map_err(|e| e.to_string())?;
+        let too_large = |what| HeaderError::TooLarge { what };
+        let rows = usize::try_from(got.rows).map_err(|_| too_large("row count"))?;
+        let dim = usize::try_from(got.dim).map_err(|_| too_large("dim"))?;
+        let want = Self::for_shape(&got.name, rows, dim, dtype, laid_out)
+            .map_err(|e| HeaderError::Shape(Box::new(e)))?;
         let want = RowFileHeader {
             sums_crc: got.sums_crc,
             layout_crc: got.layout_crc,
             ..want
         };
         if want != got {
-            return Err(format!(
-                "header fields are inconsistent with {rows} rows x dim {dim} {dtype}"
-            ));
+            return Err(HeaderError::Inconsistent {
+                rows,
+                dim,
+                dtype: dtype.name(),
+            });
         }
         Ok(got)
     }

@@ -57,7 +57,12 @@ impl RowFile {
         let len = file.metadata().map_err(|e| io_err(path, "stat", e))?.len();
         let mut head = AlignedBuf::new(HEADER).map_err(|e| io_err(path, "allocate", e))?;
         let n = read_full_at(&file, head.bytes_mut(), 0).map_err(|e| io_err(path, "read", e))?;
-        let header = RowFileHeader::decode(&head.bytes()[..n]).map_err(bad)?;
+        let header = RowFileHeader::decode(&head.bytes()[..n]).map_err(|cause| {
+            EmbedError::RowFileHeader {
+                path: path.display().to_string(),
+                cause,
+            }
+        })?;
         if len != header.file_bytes() {
             return Err(bad(format!(
                 "{len} bytes on disk, but its header describes {} ({} rows x {} bytes in {} \
@@ -94,7 +99,7 @@ impl RowFile {
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         let layout = match header.laid_out() {
-            true => Some(Self::read_layout(&file, &header).map_err(bad)?),
+            true => Some(Self::read_layout(path, &file, &header)?),
             false => None,
         };
         Ok(RowFile {
@@ -109,28 +114,35 @@ impl RowFile {
 
     /// Reads and checks the positions of a version-2 file (their CRC, and that they are a
     /// permutation of the rows).
-    fn read_layout(file: &File, h: &RowFileHeader) -> std::result::Result<RowLayout, String> {
+    fn read_layout(path: &Path, file: &File, h: &RowFileHeader) -> Result<RowLayout> {
+        let bad = |reason: String| EmbedError::RowFile {
+            path: path.display().to_string(),
+            reason,
+        };
         let len = (h.data_offset - h.layout_offset) as usize;
         let used = 4 * h.rows as usize;
-        let mut raw = AlignedBuf::new(len).map_err(|e| format!("allocating the layout: {e}"))?;
+        let mut raw = AlignedBuf::new(len).map_err(|e| io_err(path, "allocate the layout", e))?;
         let n = read_full_at(file, raw.bytes_mut(), h.layout_offset)
-            .map_err(|e| format!("reading the layout: {e}"))?;
+            .map_err(|e| io_err(path, "read the layout", e))?;
         if n != len {
-            return Err("layout truncated".into());
+            return Err(bad("layout truncated".into()));
         }
         let bytes = &raw.bytes()[..used];
         let crc = crc32fast::hash(bytes);
         if crc != h.layout_crc {
-            return Err(format!(
+            return Err(bad(format!(
                 "layout damaged (stored CRC {:08x}, computed {crc:08x})",
                 h.layout_crc
-            ));
+            )));
         }
         let slots: Vec<u32> = bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        RowLayout::from_slots(&slots).map_err(|e| format!("layout is not a permutation: {e}"))
+        RowLayout::from_slots(&slots).map_err(|cause| EmbedError::RowFileLayout {
+            path: path.display().to_string(),
+            cause,
+        })
     }
 
     /// Where the rows lie, when not in id order (a version-2 file).

@@ -16,6 +16,7 @@ pub struct PinEpoch(Arc<()>);
 
 impl PinEpoch {
     /// Whether a batch still keeps a clone of this epoch.
+    #[inline]
     pub fn shared(&self) -> bool {
         if Arc::strong_count(&self.0) > 1 {
             return true;
@@ -61,16 +62,19 @@ impl Slab {
     }
 
     /// Start of the bytes (valid for [`Slab::len`] bytes while the slab lives).
+    #[inline]
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
 
     /// Bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether it holds no bytes.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -80,6 +84,7 @@ impl Slab {
     /// # Safety
     /// Nothing may write those bytes while the returned slice lives (they belong to a slot the
     /// caller holds, or the caller is the only writer and holds it off).
+    #[inline]
     pub unsafe fn bytes(&self, start: usize, n: usize) -> &[u8] {
         assert!(start <= self.len && n <= self.len - start, "slab range");
         // SAFETY: in bounds (asserted); the caller rules out concurrent writes.
@@ -91,6 +96,7 @@ impl Slab {
     /// # Safety
     /// No one may read or write those bytes meanwhile (they belong to a slot no batch holds, and
     /// the caller is the slab's only writer).
+    #[inline]
     pub unsafe fn write(&self, start: usize, src: &[u8]) {
         assert!(
             start <= self.len && src.len() <= self.len - start,
