@@ -3,6 +3,9 @@
 # stage (`bench embed --preset rm1`), the whole model (`bench model --preset rm1`), the SSD tier
 # (`bench tiered`, 8 tables x 500K rows, the best cache policy), the remote tier (`bench remote`,
 # 4 tables x 200K rows on a 3+3 Redis Cluster it starts, LFU with 10% of the rows cached), and the
+# sums on the cluster's nodes (`bench remote-pool`, RM1's shape, zipf ids, 10% cached: EMBER.POOL
+# through the Ember Redis module found beside each binary, `libember_redis_module.so` in its
+# directory or the one above, so that old and new each run their own module), and the
 # server over /v1/score (`serve` + `loadgen --format tsv`, the same load generator for both): its
 # highest rate within a 10 ms p99 (`--find-max`, 10 s a step) and its p50 / p99 at a fixed rate
 # (`RATE`, 5000 requests/s by default). Rounds alternate which binary goes first, so
@@ -10,11 +13,11 @@
 #
 #   bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]     (from the repository root)
 #   PARTS="remote serve" bench/compare_binaries.sh ...          (only those of embed, model,
-#                                                                tiered, remote, serve)
+#                                                                tiered, remote, pool, serve)
 #
 # Each round builds RM1's 4 GB of tables twice (about 30 s), runs the tiers' benchmarks (about a
 # minute each) and two find-max searches of about 90 s each: 3 rounds take about 20 minutes on a
-# 2-core machine. `bench remote` needs `redis-server` on the PATH.
+# 2-core machine. `bench remote` and `bench remote-pool` need `redis-server` on the PATH.
 set -euo pipefail
 
 OLD=${1:?usage: bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]}
@@ -22,7 +25,7 @@ NEW=${2:?usage: bench/compare_binaries.sh OLD_EMBER NEW_EMBER [ROUNDS]}
 ROUNDS=${3:-3}
 PORT=${PORT:-18080}
 RATE=${RATE:-5000}
-PARTS=${PARTS:-embed model tiered remote serve}
+PARTS=${PARTS:-embed model tiered remote pool serve}
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"; [ -n "${SERVER:-}" ] && kill "$SERVER" 2>/dev/null || true' EXIT
 
@@ -47,6 +50,9 @@ run_one() { # which binary
     --json 2>/dev/null | tail -1 | python3 -c 'import json, sys
 print(next(p["lookups_per_s"] for p in json.load(sys.stdin)["policies"] if p["policy"] == "lfu"))' \
     >> "$OUT/$which.remote"
+  want pool && "$bin" bench remote-pool --shapes rm1 --ids zipf:1.05 --cache-fractions 0.1 --runs 3 \
+    --json 2>/dev/null | tail -1 | python3 -c 'import json, sys
+print(json.load(sys.stdin)["results"][0]["pooled"]["lookups_per_s"])' >> "$OUT/$which.pool"
   want serve || return 0
   "$bin" serve --http "127.0.0.1:$PORT" --grpc off 2>/dev/null &
   SERVER=$!
@@ -76,7 +82,8 @@ done
 printf '%-44s %14s %14s %9s\n' "" old new "new/old"
 for m in "embed:bench embed rm1, lookups/s" "ceiling:bench embed rm1, fraction of ceiling" \
          "model:bench model rm1, samples/s" "tiered:bench tiered 8x500K, lookups/s" \
-         "remote:bench remote 4x200K lfu 10%, lookups/s" "serve:serve /v1/score find-max, samples/s" \
+         "remote:bench remote 4x200K lfu 10%, lookups/s" "pool:bench remote-pool rm1 zipf 10%, lookups/s" \
+         "serve:serve /v1/score find-max, samples/s" \
          "p50:serve /v1/score at $RATE/s, p50 ms" "p99:serve /v1/score at $RATE/s, p99 ms"; do
   key=${m%%:*}
   [ -s "$OUT/old.$key" ] || continue

@@ -127,7 +127,7 @@ impl PeakKind {
     /// `Ok` when this CPU (and this process's permissions) can run the instruction, else why
     /// not. AMX asks Linux for the tile permission on first use (once per process). This is
     /// the hardware's peak: `EMBER_ISA` / `EMBER_DENSE_ISA` do not restrict it.
-    pub fn available(self) -> Result<(), String> {
+    pub fn available(self) -> Result<(), Missing> {
         Features::detect().check(self)
     }
 }
@@ -185,13 +185,33 @@ impl Peak {
     }
 }
 
+/// What this machine lacks to run an instruction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missing {
+    /// A CPU feature (its name: "AVX-512F", "AVX512_BF16", ...).
+    Feature(&'static str),
+    /// AMX tiles: the CPU has none, or Linux refused this process the permission (its words).
+    Tiles(String),
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Missing::Feature(what) => write!(f, "the CPU has no {what}"),
+            Missing::Tiles(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Missing {}
+
 /// A kind this machine cannot run, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable {
     /// The instruction asked for.
     pub kind: PeakKind,
     /// Why it cannot run here.
-    pub reason: String,
+    pub reason: Missing,
 }
 
 impl fmt::Display for Unavailable {
@@ -206,7 +226,11 @@ impl fmt::Display for Unavailable {
     }
 }
 
-impl std::error::Error for Unavailable {}
+impl std::error::Error for Unavailable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.reason)
+    }
+}
 
 /// The outcome of one measurement: a peak, or the reason the kind cannot run here.
 pub type PeakResult = Result<Peak, Unavailable>;
@@ -310,7 +334,7 @@ struct Features {
     avx512bf16: bool,
     avx512vnni: bool,
     /// `Err(why)` when AMX tiles cannot run (no AMX, or Linux refused the permission).
-    amx: Result<(), String>,
+    amx: Result<(), Missing>,
 }
 
 impl Features {
@@ -320,9 +344,11 @@ impl Features {
         let amx = if cpu::amx_permitted() {
             Ok(())
         } else {
-            Err(cpu::amx_refusal()
-                .unwrap_or("the CPU has no AMX tiles")
-                .to_string())
+            Err(Missing::Tiles(
+                cpu::amx_refusal()
+                    .unwrap_or("the CPU has no AMX tiles")
+                    .to_string(),
+            ))
         };
         Features {
             avx512f: std::is_x86_feature_detected!("avx512f"),
@@ -346,16 +372,16 @@ impl Features {
             avx2: false,
             avx512bf16: false,
             avx512vnni: false,
-            amx: Err(why.to_string()),
+            amx: Err(Missing::Tiles(why.to_string())),
         }
     }
 
-    fn check(&self, kind: PeakKind) -> Result<(), String> {
-        let need = |ok: bool, what: &str| {
+    fn check(&self, kind: PeakKind) -> Result<(), Missing> {
+        let need = |ok: bool, what: &'static str| {
             if ok {
                 Ok(())
             } else {
-                Err(format!("the CPU has no {what}"))
+                Err(Missing::Feature(what))
             }
         };
         match kind {
@@ -486,7 +512,7 @@ mod tests {
                     }
                     Err(u) => {
                         assert_eq!(u.kind, kind);
-                        assert!(!u.reason.is_empty());
+                        assert!(!u.reason.to_string().is_empty());
                         assert_eq!(kind.available(), Err(u.reason.clone()));
                     }
                 }
@@ -501,7 +527,7 @@ mod tests {
             let r = measure_on(&none, kind, 2, SHORT);
             let u = r.expect_err("nothing is available");
             assert_eq!(u.kind, kind);
-            assert!(!u.reason.is_empty());
+            assert!(!u.reason.to_string().is_empty());
             assert!(u.to_string().contains(kind.name()));
         }
         let text = table(&[measure_on(&none, PeakKind::AmxBf16, 1, SHORT)]);
@@ -515,16 +541,21 @@ mod tests {
             ..none
         };
         assert!(f.check(PeakKind::Fma32).is_ok());
-        assert!(f.check(PeakKind::Fma32Avx2).unwrap_err().contains("AVX2"));
-        assert!(
-            f.check(PeakKind::Avx512Bf16)
-                .unwrap_err()
-                .contains("AVX512_BF16")
+        assert_eq!(
+            f.check(PeakKind::Fma32Avx2),
+            Err(Missing::Feature("AVX2 / FMA"))
         );
-        assert!(
-            f.check(PeakKind::Avx512Vnni)
-                .unwrap_err()
-                .contains("AVX512_VNNI")
+        assert_eq!(
+            f.check(PeakKind::Avx512Bf16),
+            Err(Missing::Feature("AVX512_BF16"))
+        );
+        assert_eq!(
+            f.check(PeakKind::Avx512Vnni),
+            Err(Missing::Feature("AVX512_VNNI"))
+        );
+        assert_eq!(
+            f.check(PeakKind::Fma32Avx2).unwrap_err().to_string(),
+            "the CPU has no AVX2 / FMA"
         );
     }
 

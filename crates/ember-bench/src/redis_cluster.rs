@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Whether `redis-server` and `redis-cli` can be run; `Err` says what is missing.
-pub fn available() -> std::result::Result<(), String> {
+pub fn available() -> Result<()> {
     for bin in ["redis-server", "redis-cli"] {
         let ok = Command::new(bin)
             .arg("--version")
@@ -20,11 +20,10 @@ pub fn available() -> std::result::Result<(), String> {
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
-        if !ok {
-            return Err(format!(
-                "`{bin}` is not installed (apt-get install -y redis-server)"
-            ));
-        }
+        ensure!(
+            ok,
+            "`{bin}` is not installed (apt-get install -y redis-server)"
+        );
     }
     Ok(())
 }

@@ -10,14 +10,16 @@ use cudarc::nvrtc::Ptx;
 use crate::error::{CudaError, DriverCtx, Result};
 use crate::nvrtc::{compile_cubin, nvrtc_available};
 
-/// Whether a CUDA device can be used here; the reason when not (tests print it and skip).
-pub fn cuda_available() -> std::result::Result<(), String> {
+/// Whether a CUDA device can be used here; why not when not (tests print it and skip).
+pub fn cuda_available() -> Result<()> {
     // SAFETY: only tries to dlopen libcuda by its candidate names.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err("the CUDA driver library (libcuda.so) is not installed".into());
+        return Err(CudaError::Unavailable(
+            "the CUDA driver library (libcuda.so) is not installed".into(),
+        ));
     }
     if !nvrtc_available() {
-        return Err(CudaError::NoNvrtc.to_string());
+        return Err(CudaError::NoNvrtc);
     }
     // cudarc's CUDA 13 bindings call entry points (e.g. cuEventElapsedTime_v2) that older
     // drivers lack; they would panic at the call rather than return an error.
@@ -25,19 +27,27 @@ pub fn cuda_available() -> std::result::Result<(), String> {
     // SAFETY: the library is present (checked above); cuDriverGetVersion needs no cuInit.
     let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
     if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("the CUDA driver does not answer: {r:?}"));
+        return Err(CudaError::Driver {
+            what: "asking the driver's version",
+            source: cudarc::driver::DriverError(r),
+        });
     }
     if version < 12080 {
-        return Err(format!(
+        return Err(CudaError::Unavailable(format!(
             "the CUDA driver supports CUDA {}.{}; Ember needs 12.8 or later",
             version / 1000,
             version % 1000 / 10
-        ));
+        )));
     }
     match CudaContext::device_count() {
         Ok(n) if n > 0 => Ok(()),
-        Ok(_) => Err("the CUDA driver reports no device".into()),
-        Err(e) => Err(format!("the CUDA driver failed to start: {e}")),
+        Ok(_) => Err(CudaError::Unavailable(
+            "the CUDA driver reports no device".into(),
+        )),
+        Err(source) => Err(CudaError::Driver {
+            what: "starting the driver",
+            source,
+        }),
     }
 }
 
@@ -72,7 +82,7 @@ pub struct Gpu {
 impl Gpu {
     /// Opens device `ordinal`. Fails, saying what is missing, where there is no CUDA.
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>> {
-        cuda_available().map_err(CudaError::Unavailable)?;
+        cuda_available()?;
         let n = CudaContext::device_count().ctx("counting devices")?;
         if ordinal >= n.max(0) as usize {
             return Err(CudaError::Unavailable(format!(

@@ -75,7 +75,7 @@ impl CudaError {
             CudaError::Model(e) => e,
             e => ModelError::Device {
                 device,
-                reason: e.to_string(),
+                source: Box::new(e),
             },
         }
     }

@@ -127,7 +127,7 @@ pub enum EmbedError {
     WrongCollection,
     /// A sharding plan that does not fit the tables (coverage, overlap, ranges).
     #[error("sharding plan: {0}")]
-    Sharding(String),
+    Sharding(#[source] ShardError),
     /// An ISA was requested that this CPU does not have.
     #[error("instruction set {isa} is not available on this CPU")]
     IsaUnavailable { isa: &'static str },
@@ -265,6 +265,46 @@ pub enum EmbedError {
         #[source]
         cause: Cause,
     },
+}
+
+/// Why a sharding plan does not fit its tables, or a device's part of it failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardError {
+    /// A shard names a table past the list.
+    #[error("a shard names table {table}, there are {tables}")]
+    NoTable { table: usize, tables: usize },
+    /// A shard is empty or reaches outside its table.
+    #[error(
+        "shard rows {rows:?} cols {cols:?} is empty or outside table {table} ({table_rows} x {dim})"
+    )]
+    Outside {
+        rows: (u64, u64),
+        cols: (u32, u32),
+        table: String,
+        table_rows: u64,
+        dim: u32,
+    },
+    /// Two shards of a table share cells.
+    #[error("two shards of table {table} overlap")]
+    Overlap { table: String },
+    /// The shards of a table leave cells out (their areas do not add up to the table's).
+    #[error("the shards of table {table} do not cover it exactly")]
+    NotCovered { table: String },
+    /// A device was given a different number of tables than shards.
+    #[error("{tables} tables for {shards} shards")]
+    Count { tables: usize, shards: usize },
+    /// A device's table is not the shape of its shard.
+    #[error("table {table} is {rows} x {dim}, its shard rows {shard_rows:?} cols {shard_cols:?}")]
+    Shape {
+        table: String,
+        rows: usize,
+        dim: usize,
+        shard_rows: (u64, u64),
+        shard_cols: (u32, u32),
+    },
+    /// A device's pooling thread panicked (a bug).
+    #[error("a device's pooling panicked")]
+    Panicked,
 }
 
 /// Why a row file's header cannot be used.

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::alloc::PagePolicy;
 use crate::checked::CheckedBatch;
 use crate::collection::{CheckedView, CollectionId, EmbeddingCollection, Feature};
+pub use crate::error::ShardError;
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
 use crate::pool::{PoolOptions, PoolStats, Pooler, Pooling};
@@ -44,24 +45,24 @@ impl Shard {
 /// non-empty and inside its table, no two overlapping, areas adding up. The message names the
 /// table.
 pub fn check_cover(shards: &[Shard], tables: &[(u64, u32)], names: &[String]) -> Result<()> {
-    let bad = |m: String| Err(EmbedError::Sharding(m));
+    let bad = |e: ShardError| Err(EmbedError::Sharding(e));
     let name = |t: usize| names.get(t).cloned().unwrap_or_else(|| format!("#{t}"));
     let mut per: Vec<Vec<&Shard>> = vec![Vec::new(); tables.len()];
     for s in shards {
         let Some(&(rows, dim)) = tables.get(s.table) else {
-            return bad(format!(
-                "a shard names table {}, there are {}",
-                s.table,
-                tables.len()
-            ));
+            return bad(ShardError::NoTable {
+                table: s.table,
+                tables: tables.len(),
+            });
         };
         if s.rows.0 >= s.rows.1 || s.rows.1 > rows || s.cols.0 >= s.cols.1 || s.cols.1 > dim {
-            return bad(format!(
-                "shard rows {:?} cols {:?} is empty or outside table {} ({rows} x {dim})",
-                s.rows,
-                s.cols,
-                name(s.table)
-            ));
+            return bad(ShardError::Outside {
+                rows: s.rows,
+                cols: s.cols,
+                table: name(s.table),
+                table_rows: rows,
+                dim,
+            });
         }
         per[s.table].push(s);
     }
@@ -73,7 +74,7 @@ pub fn check_cover(shards: &[Shard], tables: &[(u64, u32)], names: &[String]) ->
                     && a.cols.0 < b.cols.1
                     && b.cols.0 < a.cols.1
                 {
-                    return bad(format!("two shards of table {} overlap", name(t)));
+                    return bad(ShardError::Overlap { table: name(t) });
                 }
             }
         }
@@ -82,10 +83,7 @@ pub fn check_cover(shards: &[Shard], tables: &[(u64, u32)], names: &[String]) ->
             .map(|s| u128::from(s.num_rows()) * u128::from(s.num_cols()))
             .sum();
         if area != u128::from(tables[t].0) * u128::from(tables[t].1) {
-            return bad(format!(
-                "the shards of table {} do not cover it exactly",
-                name(t)
-            ));
+            return bad(ShardError::NotCovered { table: name(t) });
         }
     }
     Ok(())
@@ -120,22 +118,20 @@ impl DeviceShards {
         opts: PoolOptions,
     ) -> Result<Self> {
         if tables.len() != shards.len() {
-            return Err(EmbedError::Sharding(format!(
-                "{} tables for {} shards",
-                tables.len(),
-                shards.len()
-            )));
+            return Err(EmbedError::Sharding(ShardError::Count {
+                tables: tables.len(),
+                shards: shards.len(),
+            }));
         }
         for (t, s) in tables.iter().zip(shards) {
             if t.rows() as u64 != s.num_rows() || t.dim() as u32 != s.num_cols() {
-                return Err(EmbedError::Sharding(format!(
-                    "table {} is {} x {}, its shard rows {:?} cols {:?}",
-                    t.name(),
-                    t.rows(),
-                    t.dim(),
-                    s.rows,
-                    s.cols
-                )));
+                return Err(EmbedError::Sharding(ShardError::Shape {
+                    table: t.name().to_string(),
+                    rows: t.rows(),
+                    dim: t.dim(),
+                    shard_rows: s.rows,
+                    shard_cols: s.cols,
+                }));
             }
         }
         let mut feats = Vec::new();
@@ -343,9 +339,8 @@ impl ShardedEmbeddings {
                 handles
                     .into_iter()
                     .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(EmbedError::Sharding("a device's pooling panicked".into()))
-                        })
+                        h.join()
+                            .unwrap_or_else(|_| Err(EmbedError::Sharding(ShardError::Panicked)))
                     })
                     .collect()
             })

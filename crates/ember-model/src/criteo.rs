@@ -200,11 +200,10 @@ impl<R: BufRead> CriteoReader<R> {
             let n = (&mut self.inner)
                 .take(LINE_LIMIT + 1)
                 .read_line(&mut self.buf)
-                .map_err(|e| ModelError::Criteo {
+                .map_err(|source| ModelError::CriteoIo {
                     source_name: self.source.clone(),
                     line: self.line_no + 1,
-                    column: 0,
-                    reason: format!("read failed: {e}"),
+                    source,
                 })?;
             if n == 0 {
                 break;

@@ -62,18 +62,55 @@ pub enum ModelError {
         column: usize,
         reason: String,
     },
+    /// Reading Criteo TSV data failed (the file, not the text: kept as the I/O error).
+    #[error("{source_name}, line {line}: read failed: {source}")]
+    CriteoIo {
+        source_name: String,
+        line: u64,
+        #[source]
+        source: std::io::Error,
+    },
     /// An option is out of range.
     #[error("bad option {option}: {reason}")]
     BadOption {
         option: &'static str,
         reason: String,
     },
+    /// `EMBER_DENSE_ISA` names a family that is unknown or that this machine lacks.
+    #[error("bad option EMBER_DENSE_ISA: {0}")]
+    DenseIsa(#[source] IsaError),
     /// From the embedding stage.
     #[error(transparent)]
     Embed(#[from] EmbedError),
-    /// A device (a GPU) failed running a batch.
-    #[error("{device}: {reason}")]
-    Device { device: String, reason: String },
+    /// A device (a GPU) failed running a batch: the backend's error (a driver call, a kernel's
+    /// compile), kept whole.
+    #[error("{device}: {source}")]
+    Device {
+        device: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// Why a dense kernel family cannot be used as asked (`EMBER_DENSE_ISA`, a benchmark's choice).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsaError {
+    /// A name that is no family.
+    #[error("'{0}' is not one of emulated, avx512, amx")]
+    Unknown(String),
+    /// A family this machine cannot run `dtype` with (for AMX, the kernel's refusal when it
+    /// refused the tiles).
+    #[error(
+        "this CPU cannot run {dtype} dense layers on {isa}{}",
+        refusal.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+    )]
+    Lacking {
+        /// The dense dtype's name (`DenseDType::name`).
+        dtype: &'static str,
+        /// The family's name (`DenseIsa::name`).
+        isa: &'static str,
+        refusal: Option<String>,
+    },
 }
 
 /// A rule of a format broken, said in words: what a check of a model's config found, where

@@ -53,7 +53,7 @@ pub use ember_embed::{DType, KeyedJagged, Placement, Shard, StagedBatch};
 pub use ember_embed::{Ids, Lengths};
 pub use ember_tier::TierStats;
 pub use engine::{Engine, LayerTime, StageTimes};
-pub use error::{ErrorKind, Invalid, ModelError, Result};
+pub use error::{ErrorKind, Invalid, IsaError, ModelError, Result};
 pub use family::{AnyConfig, AnyModel};
 pub use inputs::{Batch, Inputs, Prepared, Samples};
 pub use mlp::sigmoid;

@@ -13,6 +13,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
+pub use crate::error::LocalityError;
 use crate::error::{PlanError, Result};
 
 /// One dataset of a locality statistics file.
@@ -47,22 +48,25 @@ pub fn read_locality(path: &Path) -> Result<Vec<Locality>> {
             source,
         }
     })?;
-    parse_locality(&text).map_err(|reason| PlanError::Spec {
+    parse_locality(&text).map_err(|cause| PlanError::Locality {
         path: path.display().to_string(),
-        reason,
+        cause,
     })
 }
 
 /// Parses the text of a locality statistics file.
-pub fn parse_locality(text: &str) -> std::result::Result<Vec<Locality>, String> {
+pub fn parse_locality(text: &str) -> std::result::Result<Vec<Locality>, LocalityError> {
     let mut out: Vec<Locality> = Vec::new();
     let mut in_hist = false;
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
-        let num = |s: &str| -> std::result::Result<f64, String> {
+        let num = |s: &str| {
             s.trim()
                 .parse::<f64>()
-                .map_err(|_| format!("line {}: '{}' is not a number", i + 1, s.trim()))
+                .map_err(|_| LocalityError::NotNumber {
+                    line: i + 1,
+                    value: s.trim().to_string(),
+                })
         };
         if line.ends_with(".pt") {
             let field = |key: &str| {
@@ -93,7 +97,7 @@ pub fn parse_locality(text: &str) -> std::result::Result<Vec<Locality>, String> 
             let (range, p) = line
                 .split_once("]:")
                 .or_else(|| line.split_once("+:"))
-                .ok_or(format!("line {}: not a histogram bucket", i + 1))?;
+                .ok_or(LocalityError::NotBucket { line: i + 1 })?;
             let range = range.trim_start_matches('(');
             let (lo, hi) = match range.split_once(',') {
                 Some((a, b)) => (num(a)?, num(b)?),
@@ -106,7 +110,7 @@ pub fn parse_locality(text: &str) -> std::result::Result<Vec<Locality>, String> 
     }
     out.retain(|l| !l.col_sizes.is_empty() && l.indices > 0.0);
     if out.is_empty() {
-        return Err("no dataset with a column-size histogram".into());
+        return Err(LocalityError::NoHistogram);
     }
     Ok(out)
 }

@@ -28,12 +28,29 @@ pub enum PlanError {
         #[source]
         source: serde_json::Error,
     },
-    /// A plan breaks a rule (coverage, memory, ranges).
+    /// A locality statistics file that does not parse.
+    #[error("{path}: {cause}")]
+    Locality {
+        path: String,
+        #[source]
+        cause: LocalityError,
+    },
+    /// A plan breaks a rule (memory, devices, ranges).
     #[error("invalid plan: {0}")]
     Invalid(String),
-    /// Running a measurement failed.
+    /// A plan's shards do not cover the tables once each (the shard check's error).
+    #[error("invalid plan: {0}")]
+    Cover(#[source] ember_embed::EmbedError),
+    /// A plan file whose plan breaks a rule (the rule's error).
+    #[error("{path}: {cause}")]
+    PlanFile {
+        path: String,
+        #[source]
+        cause: Box<PlanError>,
+    },
+    /// Running a measurement failed (the embedding stage's error).
     #[error("measurement failed: {0}")]
-    Measure(String),
+    Measure(#[source] ember_embed::EmbedError),
     /// A cost model that cannot be used (its coefficients out of range).
     #[error("cost model {path}: {reason}")]
     Profile { path: String, reason: String },
@@ -143,4 +160,16 @@ pub enum SpecError {
         #[source]
         cause: Box<ember_embed::EmbedError>,
     },
+}
+
+/// Why a locality statistics file (Meta's format: datasets, their averages and column-size
+/// histograms) does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LocalityError {
+    #[error("line {line}: '{value}' is not a number")]
+    NotNumber { line: usize, value: String },
+    #[error("line {line}: not a histogram bucket")]
+    NotBucket { line: usize },
+    #[error("no dataset with a column-size histogram")]
+    NoHistogram,
 }

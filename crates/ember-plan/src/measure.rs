@@ -58,7 +58,7 @@ pub struct Bench<'a> {
 }
 
 fn err(e: ember_embed::EmbedError) -> PlanError {
-    PlanError::Measure(e.to_string())
+    PlanError::Measure(e)
 }
 
 impl<'a> Bench<'a> {

@@ -68,8 +68,7 @@ impl Plan {
         }
         let dims: Vec<(u64, u32)> = tables.iter().map(|t| (t.rows, t.dim)).collect();
         let names: Vec<String> = tables.iter().map(|t| t.name.clone()).collect();
-        ember_embed::shard::check_cover(&self.shards, &dims, &names)
-            .map_err(|e| PlanError::Invalid(e.to_string()))?;
+        ember_embed::shard::check_cover(&self.shards, &dims, &names).map_err(PlanError::Cover)?;
         for (d, b) in self.device_bytes(tables, dev.count).iter().enumerate() {
             if *b > dev.memory_bytes {
                 return bad(format!(
@@ -140,10 +139,6 @@ pub struct PlanFile {
 impl PlanFile {
     /// Reads and checks a plan file (coverage and memory).
     pub fn read(path: &std::path::Path) -> Result<PlanFile> {
-        let bad = |reason: String| PlanError::Spec {
-            path: path.display().to_string(),
-            reason,
-        };
         let text = ember_embed::files::read_text(path, "plan", ember_embed::files::TEXT_LIMIT)
             .map_err(|source| PlanError::SpecIo {
                 path: path.display().to_string(),
@@ -161,7 +156,10 @@ impl PlanFile {
             shards: f.shards.clone(),
         }
         .check(&f.tables, &f.devices)
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|cause| PlanError::PlanFile {
+            path: path.display().to_string(),
+            cause: Box::new(cause),
+        })?;
         Ok(f)
     }
 

@@ -182,7 +182,7 @@ mod tests {
         );
         let device = ServeError::from(ModelError::Device {
             device: "cuda:0".into(),
-            reason: "launch failed".into(),
+            source: "launch failed".into(),
         });
         assert_eq!(device, ServeError::Internal("cuda:0: launch failed".into()));
         assert_eq!(device.status().as_u16(), 500);

@@ -62,7 +62,7 @@ pub enum LoadError {
     Model(#[from] ModelError),
     /// A loader of the caller's own failed (its error, whatever its type).
     #[error("{0}")]
-    Loader(Box<dyn std::error::Error + Send + Sync>),
+    Loader(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A runner of the loaded model could not be made.
     #[error("building the predictor: {0}")]
     Predictor(#[source] ModelError),

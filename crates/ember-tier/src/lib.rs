@@ -29,6 +29,26 @@ pub mod metric_names {
     };
 }
 
+/// A name that is none of an option's values (`'{value}' is not {expected}`): what parsing a
+/// [`CachePolicy`], an [`IoMode`] or a [`storage::remote::PoolRemote`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{value}' is not {expected}")]
+pub struct UnknownName {
+    /// The name given.
+    pub value: String,
+    /// The names read, in words ("lru, lfu or pinned").
+    pub expected: &'static str,
+}
+
+impl UnknownName {
+    pub(crate) fn new(value: &str, expected: &'static str) -> Self {
+        UnknownName {
+            value: value.to_string(),
+            expected,
+        }
+    }
+}
+
 pub use cache::{CachePolicy, Marked, RowCache, Updated};
 pub use storage::{IoKind, IoMode, RowStore};
 pub use tier::{

@@ -461,7 +461,7 @@ pub fn run(a: RemotePoolArgs) -> Result<()> {
         a.runs >= 2,
         "--runs must be at least 2 (the first run is checked, not timed)"
     );
-    redis_cluster::available().map_err(anyhow::Error::msg)?;
+    redis_cluster::available()?;
     let module = redis_cluster::pool_module()?;
     eprint!(
         "starting a local Redis Cluster ({} primaries x {} replicas) with {}... ",

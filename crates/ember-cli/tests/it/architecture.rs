@@ -25,11 +25,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-const CRATES: [&str; 12] = [
+pub(crate) const CRATES: [&str; 12] = [
     "ember-redis",
     "ember-pool-command",
     "ember-redis-module",
@@ -65,7 +65,7 @@ const LARGE: [(&str, &str); 0] = [];
 /// The non-test code of a file: every item under `#[cfg(test)]` (or `#[cfg(all(test, ...))]`)
 /// removed wherever it stands, a `mod tests;` line or a whole `mod tests { ... }` block (braces
 /// counted outside comments, strings and char literals).
-fn code_of(text: &str) -> String {
+pub(crate) fn code_of(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
@@ -150,7 +150,7 @@ fn strip_comment(line: &str) -> &str {
 }
 
 /// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -594,7 +594,7 @@ const LONG_FN: usize = 100;
 /// `code` with comments, string and char literals blanked to spaces, its lines kept: the text
 /// that braces and keywords are read from. Handles block comments, strings over several lines,
 /// escapes, raw strings (`r#"..."#`, `br"..."`), char literals and lifetimes.
-fn blank_literals(code: &str) -> String {
+pub(crate) fn blank_literals(code: &str) -> String {
     let b = code.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let keep = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });

@@ -7,6 +7,7 @@ mod common;
 
 mod architecture;
 mod cli;
+mod error_messages;
 mod hstu_cli;
 mod model_cli;
 mod plan_cli;

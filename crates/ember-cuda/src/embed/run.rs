@@ -167,9 +167,7 @@ impl EmbedRun {
             ));
         }
         // The CPU's rule: weighted_sum needs weights, sum and mean refuse them.
-        self.pooling
-            .check_weights(kj)
-            .map_err(|e| CudaError::Input(e.to_string()))?;
+        self.pooling.check_weights(kj).map_err(CudaError::Embed)?;
         let gpu = self.gpu.clone();
         let stream = &self.upload_stream();
         fits_one_launch(kj.batch_size(), kj.num_ids())?;

@@ -12,7 +12,7 @@ use std::str::FromStr;
 use std::sync::OnceLock;
 
 use super::DenseDType;
-use crate::error::{ModelError, Result};
+use crate::error::{IsaError, ModelError, Result};
 
 /// The kernel family that runs the reduced-precision dense layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,41 +73,32 @@ impl DenseIsa {
     /// The family to run `dtype` with: `EMBER_DENSE_ISA` if set (an error if it names an
     /// unknown family or one this machine lacks), else the best. Read once per process.
     pub fn selected(dtype: DenseDType) -> Result<DenseIsa> {
-        // Kept as words: the error is cached for the process, and a ModelError is not Clone.
-        type Chosen = std::result::Result<DenseIsa, crate::Invalid>;
+        type Chosen = std::result::Result<DenseIsa, IsaError>;
         static CHOSEN: OnceLock<[Chosen; 3]> = OnceLock::new();
         let all = CHOSEN.get_or_init(|| {
             let var = std::env::var("EMBER_DENSE_ISA")
                 .ok()
                 .filter(|v| !v.is_empty());
             DenseDType::ALL.map(|d| match &var {
-                Some(v) => v
-                    .parse::<DenseIsa>()
-                    .and_then(|i| i.require(d))
-                    .map_err(|e| crate::Invalid(e.to_string())),
+                Some(v) => v.parse::<DenseIsa>().and_then(|i| i.require(d)),
                 None => Ok(DenseIsa::best(d)),
             })
         });
-        all[dtype as usize]
-            .clone()
-            .map_err(|crate::Invalid(reason)| ModelError::BadOption {
-                option: "EMBER_DENSE_ISA",
-                reason,
-            })
+        all[dtype as usize].clone().map_err(ModelError::DenseIsa)
     }
 
     /// `Ok(self)` if this machine can run `dtype` with it, else an error naming both.
-    pub fn require(self, dtype: DenseDType) -> Result<DenseIsa> {
+    pub fn require(self, dtype: DenseDType) -> std::result::Result<DenseIsa, IsaError> {
         if self.available(dtype) {
             return Ok(self);
         }
-        let why = match (self, amx_refusal()) {
-            (DenseIsa::Amx, Some(r)) => format!(": {r}"),
-            _ => String::new(),
-        };
-        Err(ModelError::BadOption {
-            option: "EMBER_DENSE_ISA",
-            reason: format!("this CPU cannot run {dtype} dense layers on {self}{why}"),
+        Err(IsaError::Lacking {
+            dtype: dtype.name(),
+            isa: self.name(),
+            refusal: match self {
+                DenseIsa::Amx => amx_refusal().map(str::to_string),
+                _ => None,
+            },
         })
     }
 
@@ -142,16 +133,13 @@ impl fmt::Display for DenseIsa {
 }
 
 impl FromStr for DenseIsa {
-    type Err = ModelError;
-    fn from_str(s: &str) -> Result<Self> {
+    type Err = IsaError;
+    fn from_str(s: &str) -> std::result::Result<Self, IsaError> {
         match s.to_ascii_lowercase().as_str() {
             "emulated" | "scalar" => Ok(DenseIsa::Emulated),
             "avx512" | "avx-512" => Ok(DenseIsa::Avx512),
             "amx" => Ok(DenseIsa::Amx),
-            _ => Err(ModelError::BadOption {
-                option: "EMBER_DENSE_ISA",
-                reason: format!("'{s}' is not one of emulated, avx512, amx"),
-            }),
+            _ => Err(IsaError::Unknown(s.to_string())),
         }
     }
 }

@@ -219,7 +219,7 @@ fn errors_say_who_is_at_fault() {
     );
     let device = ModelError::Device {
         device: "cuda:0".into(),
-        reason: "launch failed".into(),
+        source: std::io::Error::other("launch failed").into(),
     };
     assert_eq!(device.kind(), ErrorKind::Internal);
     assert_eq!(device.to_string(), "cuda:0: launch failed");

@@ -101,14 +101,14 @@ impl CachePolicy {
 }
 
 impl FromStr for CachePolicy {
-    type Err = String;
+    type Err = crate::UnknownName;
 
     /// Parses a policy name (ASCII case-insensitive).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         CachePolicy::ALL
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("'{s}' is not lru, lfu or pinned"))
+            .ok_or_else(|| crate::UnknownName::new(s, "lru, lfu or pinned"))
     }
 }
 

@@ -438,10 +438,9 @@ fn policy_names_round_trip() {
         assert_eq!(p.to_string(), p.name());
     }
     assert_eq!("LRU".parse::<CachePolicy>(), Ok(CachePolicy::Lru));
-    assert_eq!(
-        "x".parse::<CachePolicy>(),
-        Err("'x' is not lru, lfu or pinned".to_string())
-    );
+    let e = "x".parse::<CachePolicy>().unwrap_err();
+    assert_eq!(e.value, "x");
+    assert_eq!(e.to_string(), "'x' is not lru, lfu or pinned");
 }
 
 /// A cache with room for every id keeps id `i` in slot `i`, answers marked lookups of resident

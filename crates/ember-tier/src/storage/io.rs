@@ -44,14 +44,14 @@ impl IoMode {
 }
 
 impl FromStr for IoMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(IoMode::Auto),
             "uring" | "io_uring" => Ok(IoMode::Uring),
             "pread" => Ok(IoMode::Pread),
             "mmap" => Ok(IoMode::Mmap),
-            _ => Err(format!("'{s}' is not auto, uring, pread or mmap")),
+            _ => Err(crate::UnknownName::new(s, "auto, uring, pread or mmap")),
         }
     }
 }

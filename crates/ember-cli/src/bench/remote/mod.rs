@@ -190,7 +190,7 @@ fn cluster(r: &RemoteArgs) -> Result<(Option<LocalCluster>, String)> {
     if let Some(url) = &r.redis {
         return Ok((None, url.clone()));
     }
-    redis_cluster::available().map_err(anyhow::Error::msg)?;
+    redis_cluster::available()?;
     eprint!(
         "starting a local Redis Cluster ({} primaries x {} replicas)... ",
         r.primaries, r.replicas

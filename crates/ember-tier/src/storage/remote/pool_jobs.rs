@@ -33,13 +33,13 @@ impl PoolRemote {
 }
 
 impl FromStr for PoolRemote {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = crate::UnknownName;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(PoolRemote::Auto),
             "on" | "true" => Ok(PoolRemote::On),
             "off" | "false" => Ok(PoolRemote::Off),
-            _ => Err(format!("'{s}' is not auto, on or off")),
+            _ => Err(crate::UnknownName::new(s, "auto, on or off")),
         }
     }
 }
