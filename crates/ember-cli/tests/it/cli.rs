@@ -328,3 +328,22 @@ fn the_registry_s_old_names_still_parse() {
     let (ok, out, err) = ember(&["store", "--help"]);
     assert!(ok && out.contains("promote"), "{out}{err}");
 }
+
+/// An error is said once, with its cause: `EMBER_DENSE_ISA` naming no family names the option
+/// once (its reason was wrapped in the same option's words twice, through a cached string).
+#[test]
+fn a_bad_dense_isa_is_said_once() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .arg("predict")
+        .env("EMBER_DENSE_ISA", "tiles")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .expect("run ember");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("bad option EMBER_DENSE_ISA: 'tiles' is not one of emulated, avx512, amx"),
+        "{err}"
+    );
+    assert_eq!(err.matches("EMBER_DENSE_ISA").count(), 1, "{err}");
+}
