@@ -145,6 +145,22 @@ pub enum ErrorKind {
 }
 
 impl ModelError {
+    /// A store the model reads from did not answer (`kind`: the metrics' label, "connect",
+    /// "timeout", ...; `detail`: what it met): [`ErrorKind::Unavailable`], a 503. For loaders
+    /// and stores of a caller's own, which have no [`EmbedError`] to give.
+    pub fn store_unavailable(
+        store: impl Into<String>,
+        kind: &'static str,
+        detail: impl Into<String>,
+    ) -> ModelError {
+        ModelError::Embed(EmbedError::StoreUnavailable {
+            store: store.into(),
+            kind,
+            node: String::new(),
+            detail: detail.into(),
+        })
+    }
+
     /// Whether the caller or the engine is at fault.
     pub fn kind(&self) -> ErrorKind {
         use EmbedError as E;

@@ -80,6 +80,23 @@ pub enum LoadError {
     Stopping,
 }
 
+impl LoadError {
+    /// The answer to a load request that failed with this error, saying `message`: a store the
+    /// model reads from did not answer (503, as a request it fails would be), the server is
+    /// stopping (503), else the model cannot be served (400, as Triton answers a failed load).
+    pub(crate) fn answer(&self, message: String) -> ServeError {
+        match self {
+            LoadError::Model(e) | LoadError::Predictor(e) | LoadError::Warm(e)
+                if e.kind() == ember_model::ErrorKind::Unavailable =>
+            {
+                ServeError::Unavailable(message)
+            }
+            LoadError::Stopping => ServeError::ShuttingDown,
+            _ => ServeError::BadRequest(message),
+        }
+    }
+}
+
 /// `Result` with [`ServerError`].
 pub type ServerResult<T> = std::result::Result<T, ServerError>;
 
@@ -112,5 +129,31 @@ mod tests {
         let warm = ServerError::Warm(ModelError::Input("sample 0 is empty".into()));
         let model = warm.source().unwrap().downcast_ref::<ModelError>().unwrap();
         assert_eq!(model.kind(), ember_model::ErrorKind::Input);
+    }
+
+    #[test]
+    fn a_load_that_met_an_unavailable_store_answers_503() {
+        let down = || {
+            ModelError::store_unavailable("redis://127.0.0.1:1", "connect", "connection refused")
+        };
+        for e in [
+            LoadError::Model(down()),
+            LoadError::Predictor(down()),
+            LoadError::Warm(down()),
+        ] {
+            let a = e.answer(format!("m failed to load: {e}"));
+            assert_eq!(a.status().as_u16(), 503, "{a}");
+            assert!(a.to_string().contains("connection refused"), "{a}");
+        }
+        let bad = LoadError::Model(ModelError::Input("no tables".into()));
+        assert_eq!(bad.answer("m failed".into()).status().as_u16(), 400);
+        assert_eq!(
+            LoadError::Stopping.answer("m".into()),
+            ServeError::ShuttingDown
+        );
+        assert_eq!(
+            LoadError::Panicked.answer("m".into()).status().as_u16(),
+            400
+        );
     }
 }

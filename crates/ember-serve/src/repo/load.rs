@@ -262,7 +262,7 @@ impl Repository {
                 self.set_status(name, version, State::Unavailable, reason.clone());
                 m::model_load(name, false, took);
                 tracing::warn!("model '{name}' version {version} failed to load: {reason}");
-                return Err(ServeError::bad(format!(
+                return Err(e.answer(format!(
                     "model '{name}' version {version} failed to load: {reason}"
                 )));
             }
