@@ -29,7 +29,7 @@ use super::config::AttentionNorm;
 pub use super::head::HstuScores;
 use super::head::{HeadScratch, head};
 use super::layers::{DenseCtx, for_rows, moments, silu};
-use super::plan;
+use super::plan::{self, AsOf};
 use super::request::HstuBatch;
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
@@ -172,6 +172,50 @@ impl HstuPredictor {
         batch: &HstuBatch,
         staged: Option<&StagedBatch>,
     ) -> Result<(HstuScores, HstuTimes)> {
+        self.pass(batch, staged, &[])
+    }
+
+    /// Scores `batch` with each user's first tokens as a cache computed at an earlier request
+    /// would hold them (`as_of`, one entry per user; `None` computes the user afresh): the
+    /// scores a cache of history states reused without recomputing would give, to measure
+    /// against [`HstuPredictor::run`]. Each user's own length is the divisor (`alone`).
+    pub fn run_as_of(
+        &mut self,
+        batch: &HstuBatch,
+        as_of: &[Option<AsOf>],
+    ) -> Result<(HstuScores, HstuTimes)> {
+        let bad = |reason: String| ModelError::BadOption {
+            option: "as_of",
+            reason,
+        };
+        if as_of.len() != batch.users().len() {
+            return Err(bad(format!(
+                "{} entries for {} users",
+                as_of.len(),
+                batch.users().len()
+            )));
+        }
+        if self.norm != AttentionNorm::Alone {
+            return Err(bad("needs attention_norm alone".into()));
+        }
+        for (k, (a, u)) in as_of.iter().zip(batch.users()).enumerate() {
+            if let Some(a) = a.filter(|a| a.history > u.history) {
+                return Err(bad(format!(
+                    "user {k}: {} earlier history items, {} now",
+                    a.history, u.history
+                )));
+            }
+        }
+        let staged = self.stage(batch)?;
+        self.pass(batch, staged.as_ref(), as_of)
+    }
+
+    fn pass(
+        &mut self,
+        batch: &HstuBatch,
+        staged: Option<&StagedBatch>,
+        as_of: &[Option<AsOf>],
+    ) -> Result<(HstuScores, HstuTimes)> {
         let HstuPredictor {
             model,
             pooler,
@@ -179,10 +223,31 @@ impl HstuPredictor {
             norm,
             s,
         } = self;
-        let norm = *norm;
+        let on = On {
+            batch,
+            staged,
+            norm: *norm,
+            as_of,
+        };
         let pooler_ref: &Pooler = pooler;
-        pooler.install(|| forward(model, pooler_ref, dense, s, batch, staged, norm))
+        pooler.install(|| forward(model, pooler_ref, dense, s, on))
     }
+}
+
+/// What one pass runs on: the batch, its staged rows, the divisor, and the users' tokens held
+/// as of an earlier request (empty: none).
+struct On<'a> {
+    batch: &'a HstuBatch,
+    staged: Option<&'a StagedBatch>,
+    norm: AttentionNorm,
+    as_of: &'a [Option<AsOf>],
+}
+
+/// The layers' view of the users: their sequences, and the rows whose attention is divided by
+/// an earlier request's length instead (`(first token, end, factor)`).
+struct Users<'a> {
+    seqs: &'a [Seq],
+    earlier: &'a [(usize, usize, f32)],
 }
 
 /// The whole pass; see the module's doc for the steps.
@@ -191,10 +256,9 @@ fn forward(
     pooler: &Pooler,
     dense: &mut DenseCtx,
     s: &mut Scratch,
-    batch: &HstuBatch,
-    staged: Option<&StagedBatch>,
-    norm: AttentionNorm,
+    on: On<'_>,
 ) -> Result<(HstuScores, HstuTimes)> {
+    let (batch, staged, norm) = (on.batch, on.staged, on.norm);
     let start = Instant::now();
     let mut times = HstuTimes::default();
     let coll = model.embeddings();
@@ -210,16 +274,28 @@ fn forward(
     let t = Instant::now();
     inputs(model, dense, s, batch);
     contextual(model, s, batch);
-    encodings(model, s, batch);
+    encodings(model, s, batch, on.as_of);
     times.preprocess = t.elapsed();
     let seqs = plan::sequences(batch, norm);
+    let earlier: Vec<(usize, usize, f32)> = (seqs.iter().zip(on.as_of))
+        .filter_map(|(q, a)| {
+            let a = (*a)?;
+            let cached = batch.slots() + a.history;
+            let then = (cached + a.candidates) as f32;
+            Some((q.start, q.start + cached, q.norm / then))
+        })
+        .collect();
+    let users = Users {
+        seqs: &seqs,
+        earlier: &earlier,
+    };
     let layers = model.weights.layers.len();
     for l in 0..layers {
         let queries = match l + 1 == layers {
             true => Queries::Candidates,
             false => Queries::All,
         };
-        stu_layer(model, l, dense, s, &seqs, queries, &mut times);
+        stu_layer(model, l, dense, s, &users, queries, &mut times);
     }
     let t = Instant::now();
     let scores = head(model, dense, &s.x, &s.emb, batch, &mut s.head);
@@ -305,12 +381,13 @@ fn contextual(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
     });
 }
 
-/// Step 3: `x = x * sqrt(D) + (time[bucket] + position[p])` for every token.
-fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
+/// Step 3: `x = x * sqrt(D) + (time[bucket] + position[p])` for every token (the first tokens
+/// of a user in `as_of` encoded as of its earlier request).
+fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch, as_of: &[Option<AsOf>]) {
     let w = &model.weights;
     let d = model.config.dim();
     let alpha = (d as f64).sqrt() as f32;
-    plan::encoding_rows(model, batch, |t, p, b| {
+    plan::encoding_rows_as_of(model, batch, as_of, |t, p, b| {
         let x = &mut s.x[t * d..(t + 1) * d];
         let pe = &w.positions[p * d..(p + 1) * d];
         let te = &w.times[b * d..(b + 1) * d];
@@ -329,10 +406,11 @@ fn stu_layer(
     l: usize,
     dense: &mut DenseCtx,
     s: &mut Scratch,
-    seqs: &[Seq],
+    users: &Users<'_>,
     queries: Queries,
     times: &mut HstuTimes,
 ) {
+    let seqs = users.seqs;
     let h = &model.config.hstu;
     let layer = &model.weights.layers[l];
     let d = model.config.dim();
@@ -370,6 +448,14 @@ fn stu_layer(
     s.attn.resize(tokens * n, 0.0);
     let alpha = (1.0 / (shape.qk as f64).sqrt()) as f32;
     attention::attention_of(shape, &s.uvqk, seqs, alpha, &mut s.attn, th, queries);
+    if queries == Queries::All {
+        // Rows held as of an earlier request: its length divided them (`out = sum / n`).
+        for &(from, to, factor) in users.earlier {
+            s.attn[from * n..to * n]
+                .iter_mut()
+                .for_each(|a| *a *= factor);
+        }
+    }
     times.attention += t.elapsed();
     let t = Instant::now();
     // Each carried row's gate input: `[silu(u), attn, silu(u) * norm(attn)]`.
@@ -403,18 +489,23 @@ fn stu_layer(
     s.tmp.resize(carried * d, 0.0);
     dense.linear(&layer.output, &s.y, 3 * n, carried, &mut s.tmp);
     times.projections += t.elapsed();
-    let tmp = &s.tmp;
-    match all {
-        true => for_rows(th, &mut s.x, d, |i, x| {
+    add_rows(th, &mut s.x, &s.tmp, d, (!all).then_some(&rows[..]));
+}
+
+/// The residual: `x += out`, every row (`rows` `None`), or row `rows[k]` of `x` by row `k` of
+/// `out`.
+fn add_rows(th: usize, x: &mut [f32], out: &[f32], d: usize, rows: Option<&[usize]>) {
+    match rows {
+        None => for_rows(th, x, d, |i, x| {
             x.iter_mut()
-                .zip(&tmp[i * d..(i + 1) * d])
+                .zip(&out[i * d..(i + 1) * d])
                 .for_each(|(x, y)| *x += y)
         }),
-        false => {
+        Some(rows) => {
             for (k, &i) in rows.iter().enumerate() {
-                let x = &mut s.x[i * d..(i + 1) * d];
-                x.iter_mut()
-                    .zip(&tmp[k * d..(k + 1) * d])
+                x[i * d..(i + 1) * d]
+                    .iter_mut()
+                    .zip(&out[k * d..(k + 1) * d])
                     .for_each(|(x, y)| *x += y);
             }
         }

@@ -36,7 +36,7 @@ use ember_tier::{Stager, TierOptions};
 
 pub use config::{AttentionNorm, HstuModelConfig, TaskType, TimeBucketClamp};
 pub use forward::{HstuPredictor, HstuScores, HstuTimes};
-pub use plan::{Columns, ContextualSlot, TokenPlan};
+pub use plan::{AsOf, Columns, ContextualSlot, TokenPlan};
 pub use request::{HstuBatch, User, UserSpan};
 pub use weights::{ActionEncoder, HstuWeights, Postprocessor, StuLayer, random_dense_tensors};
 

@@ -106,10 +106,39 @@ impl HstuModel {
     }
 }
 
+/// A user's first tokens as a cache would hold them, computed at an earlier request of the
+/// same user: its contextual slots and first `history` history items, with the positions, time
+/// buckets and attention divisor of that request (`history` items, `candidates` candidates,
+/// query time `query`). No token sees a later one, so a pass that gives these tokens the
+/// earlier request's encodings and divisor computes exactly the states such a cache holds
+/// ([`crate::hstu::HstuPredictor::run_as_of`]): the approximate reuse, measured without a cache.
+/// (The contextual slot's gate, history plus candidates against the feature's minimum length,
+/// is this request's.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsOf {
+    /// History items of the earlier request (a prefix of this request's history).
+    pub history: usize,
+    /// Candidates of the earlier request.
+    pub candidates: usize,
+    /// The earlier request's query time (its last candidate's).
+    pub query: i64,
+}
+
 /// Step 3's rows for every token: `f(token, position row, time-bucket row)`.
 pub(crate) fn encoding_rows(
     model: &HstuModel,
     batch: &HstuBatch,
+    f: impl FnMut(usize, usize, usize),
+) {
+    encoding_rows_as_of(model, batch, &[], f)
+}
+
+/// [`encoding_rows`], each user's first tokens as of an earlier request where `as_of` (one
+/// entry per user, or empty) says so.
+pub(crate) fn encoding_rows_as_of(
+    model: &HstuModel,
+    batch: &HstuBatch,
+    as_of: &[Option<AsOf>],
     mut f: impl FnMut(usize, usize, usize),
 ) {
     let h = &model.config.hstu;
@@ -119,11 +148,15 @@ pub(crate) fn encoding_rows(
     } as i64;
     let slots = batch.slots();
     let last_pos = h.num_position_buckets - 1;
-    for u in batch.users() {
+    for (k, u) in batch.users().iter().enumerate() {
         let len = batch.len_of(u);
-        let high = slots + u.history;
-        let query = batch.times[u.start + len - 1];
+        let now = (slots + u.history, batch.times[u.start + len - 1]);
+        let then = as_of.get(k).copied().flatten();
         for i in 0..len {
+            let (high, query) = match then {
+                Some(a) if i < slots + a.history => (slots + a.history, a.query),
+                _ => now,
+            };
             let t = u.start + i;
             let p = if i < slots {
                 i

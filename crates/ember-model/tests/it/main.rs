@@ -4,5 +4,6 @@
 
 mod dense_dtype;
 mod hstu;
+mod hstu_as_of;
 mod parity;
 mod seam;
