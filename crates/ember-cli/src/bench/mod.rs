@@ -12,12 +12,14 @@
 //! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
 //! | `remote_pool.rs` | `bench remote-pool`: pooling on the cluster's nodes (`EMBER.POOL`) against row fetches |
 //! | `model.rs` (+ `model_args.rs`, `model_report.rs`, `model_gpu.rs`, `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass of a model of any family through the serving seam (`model_gpu.rs`: a GPU engine that keeps batches in flight); stages and bf16 / int8 layers against the dense ceiling |
+//! | `history_reuse.rs` | `bench history-reuse`: HSTU history states reused as of the user's previous request against recomputed (the AUC / NE kept) |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
 mod check;
 mod dense_layers;
 mod embed;
 mod gpu;
+mod history_reuse;
 mod load;
 mod model;
 mod model_args;
@@ -47,6 +49,10 @@ pub enum Bench {
     /// Pooling next to the rows (the EMBER.POOL Redis module) against row fetches: bytes per
     /// batch, lookups/s and the nodes' CPU, on a local cluster started with the module.
     RemotePool(remote_pool::RemotePoolArgs),
+    /// HSTU: a user's history states reused as of its previous request against recomputed,
+    /// the scores' error and the AUC / NE kept (no cache needed: the states are recomputed as
+    /// they were then).
+    HistoryReuse(history_reuse::HistoryReuseArgs),
 }
 
 pub fn run(cmd: Bench) -> Result<()> {
@@ -56,6 +62,7 @@ pub fn run(cmd: Bench) -> Result<()> {
         Bench::Tiered(a) => tiered::run(a),
         Bench::Remote(a) => remote::run(a),
         Bench::RemotePool(a) => remote_pool::run(a),
+        Bench::HistoryReuse(a) => history_reuse::run(a),
     }
 }
 

@@ -162,16 +162,16 @@ impl Accuracy {
     }
 
     /// The share of f32's AUC kept.
-    fn auc_kept(&self) -> f64 {
+    pub(super) fn auc_kept(&self) -> f64 {
         self.auc.1 / self.auc.0
     }
 
     /// The share of f32's NE kept (lower NE is better).
-    fn ne_kept(&self) -> f64 {
+    pub(super) fn ne_kept(&self) -> f64 {
         self.ne.0 / self.ne.1
     }
 
-    fn verdict(&self) -> &'static str {
+    pub(super) fn verdict(&self) -> &'static str {
         let worst = self.auc_kept().min(self.ne_kept());
         if worst >= 0.999 {
             "meets MLPerf's 99.9% target"

@@ -284,3 +284,40 @@ fn serve_scores_users_as_predict_does() {
     child.wait().unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `bench history-reuse` scores every request twice and reports how close stale came to
+/// fresh; an unknown preset is refused by name.
+#[test]
+fn bench_history_reuse_reports_the_accuracy_kept() {
+    let args = [
+        "bench",
+        "history-reuse",
+        "--users",
+        "2",
+        "--requests",
+        "3",
+        "--history",
+        "30",
+        "--candidates",
+        "5",
+        "--threads",
+        "1",
+        "--json",
+    ];
+    let (ok, out, err) = ember(&args);
+    assert!(ok, "{err}");
+    let j = json_of(&out);
+    assert_eq!(j["scores"], 15, "{j}");
+    assert!(j["mean_appended"].as_f64().unwrap() >= 1.0, "{j}");
+    let max = j["max_abs"].as_f64().unwrap();
+    assert!(
+        max.is_finite() && max >= j["mean_abs"].as_f64().unwrap(),
+        "{j}"
+    );
+    for m in ["auc", "ne"] {
+        let kept = j[m]["kept"].as_f64().unwrap();
+        assert!(kept > 0.5 && kept < 2.0, "{m}: {j}");
+    }
+    let (ok, _, err) = ember(&["bench", "history-reuse", "--preset", "nope"]);
+    assert!(!ok && err.contains("unknown --preset 'nope'"), "{err}");
+}
