@@ -142,7 +142,6 @@ fn says_its_causes(e: &(dyn std::error::Error + 'static)) -> bool {
         return true;
     }
     e.is::<ember_embed::EmbedError>()
-        || e.is::<ember_embed::rowfile::HeaderError>()
         || e.is::<ember_model::ModelError>()
         || e.is::<ember_plan::PlanError>()
         || e.is::<ember_plan::spec::SpecError>()

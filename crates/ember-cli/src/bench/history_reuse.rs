@@ -19,7 +19,7 @@ use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_embed::DType;
 use ember_model::hstu::presets::{UserStream, preset};
-use ember_model::hstu::{AsOf, HstuModel, HstuPredictor, User};
+use ember_model::hstu::{AsOf, HstuBatch, HstuModel, HstuPredictor, User};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -57,18 +57,6 @@ pub struct HistoryReuseArgs {
     json: bool,
 }
 
-/// A request as a cache would remember it: its history, candidates and query time.
-fn as_of(u: &User) -> Result<AsOf> {
-    let len = |m: &std::collections::BTreeMap<String, Vec<i64>>, k: &str| m.get(k).map(Vec::len);
-    Ok(AsOf {
-        history: len(&u.uih, "item_id").context("a user without item_id")?,
-        candidates: len(&u.candidates, "item_candidate_id").context("no candidates")?,
-        query: *u.candidates["item_query_time"]
-            .last()
-            .context("no query time")?,
-    })
-}
-
 pub fn run(a: HistoryReuseArgs) -> Result<()> {
     ensure!(
         a.users > 0 && a.requests > 0,
@@ -80,15 +68,23 @@ pub fn run(a: HistoryReuseArgs) -> Result<()> {
     let mut p = HstuPredictor::new(model.clone(), a.threads)?;
     let mut stream = UserStream::new(&cfg, a.users, a.seed);
     // No cap on the history: a capped one drops its oldest items, and the cached prefix with them.
+    let check = |user: &User| -> Result<HstuBatch> {
+        Ok(model.check_users(std::slice::from_ref(user), 0)?)
+    };
     let mut last: Vec<AsOf> = (0..a.users)
-        .map(|u| as_of(&stream.user(u, a.history, a.candidates)))
+        .map(|u| {
+            Ok(AsOf::of(
+                &check(&stream.user(u, a.history, a.candidates))?,
+                0,
+            ))
+        })
         .collect::<Result<_>>()?;
     let (mut fresh, mut stale) = (Vec::new(), Vec::new());
     let (mut appended, mut seconds, mut tokens) = (0usize, 0f64, 0usize);
     for _ in 0..a.requests {
         let (u, user) = stream.next_request(a.grow, a.candidates, usize::MAX);
-        let now = as_of(&user)?;
-        let batch = model.check_users(std::slice::from_ref(&user), 0)?;
+        let batch = check(&user)?;
+        let now = AsOf::of(&batch, 0);
         let f = p.run(&batch)?.0;
         let s = p.run_as_of(&batch, &[Some(last[u])])?.0;
         fresh.extend_from_slice(&f.scores[0]);

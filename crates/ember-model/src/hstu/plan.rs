@@ -124,6 +124,19 @@ pub struct AsOf {
     pub query: i64,
 }
 
+impl AsOf {
+    /// User `user` of `batch` as this request has it, for a later request of the same user
+    /// to be scored as of this one.
+    pub fn of(batch: &HstuBatch, user: usize) -> AsOf {
+        let u = &batch.users()[user];
+        AsOf {
+            history: u.history,
+            candidates: u.candidates,
+            query: batch.times[u.start + batch.len_of(u) - 1],
+        }
+    }
+}
+
 /// Step 3's rows for every token: `f(token, position row, time-bucket row)`.
 pub(crate) fn encoding_rows(
     model: &HstuModel,

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use ember_embed::DType;
 use ember_model::hstu::presets::{UserStream, preset};
-use ember_model::hstu::{AsOf, AttentionNorm, HstuModel, HstuPredictor, HstuScores, User};
+use ember_model::hstu::{
+    AsOf, AttentionNorm, HstuBatch, HstuModel, HstuPredictor, HstuScores, User,
+};
 
 fn model(position_buckets: Option<usize>) -> Arc<HstuModel> {
     let mut cfg = preset("hstu-small", 1e-2, DType::F32).unwrap();
@@ -24,13 +26,19 @@ fn users(m: &HstuModel, n: usize, history: usize, candidates: usize) -> Vec<User
     (0..n).map(|u| s.user(u, history, candidates)).collect()
 }
 
-/// A user's request as of itself: its history, candidates and query time.
-fn as_of_itself(u: &User) -> AsOf {
-    AsOf {
-        history: u.uih["item_id"].len(),
-        candidates: u.candidates["item_candidate_id"].len(),
-        query: *u.candidates["item_query_time"].last().unwrap(),
-    }
+/// A model, `n` users of it checked as one batch, and a predictor on `threads` threads.
+fn setup(
+    positions: Option<usize>,
+    n: usize,
+    history: usize,
+    candidates: usize,
+    threads: usize,
+) -> (Arc<HstuModel>, Vec<User>, HstuBatch, HstuPredictor) {
+    let m = model(positions);
+    let us = users(&m, n, history, candidates);
+    let batch = m.check_users(&us, 0).unwrap();
+    let p = HstuPredictor::new(m.clone(), threads).unwrap();
+    (m, us, batch, p)
 }
 
 fn flat(s: &HstuScores) -> Vec<f32> {
@@ -50,24 +58,18 @@ fn close(a: &[f32], b: &[f32], tol: f32) -> f32 {
 
 #[test]
 fn as_of_the_same_request_is_the_fresh_pass() {
-    let m = model(None);
-    let us = users(&m, 3, 40, 5);
-    let batch = m.check_users(&us, 0).unwrap();
-    let mut p = HstuPredictor::new(m.clone(), 2).unwrap();
+    let (_, _, batch, mut p) = setup(None, 3, 40, 5, 2);
     let fresh = flat(&p.run(&batch).unwrap().0);
-    let as_of: Vec<Option<AsOf>> =
-        vec![Some(as_of_itself(&us[0])), None, Some(as_of_itself(&us[2]))];
+    let as_of: Vec<Option<AsOf>> = vec![Some(AsOf::of(&batch, 0)), None, Some(AsOf::of(&batch, 2))];
     let got = flat(&p.run_as_of(&batch, &as_of).unwrap().0);
     assert_eq!(got, fresh);
 }
 
 #[test]
 fn as_of_another_query_time_is_the_history_shifted_in_time() {
-    let m = model(None);
-    let us = users(&m, 2, 60, 4);
-    let mut p = HstuPredictor::new(m.clone(), 1).unwrap();
+    let (m, us, all, mut p) = setup(None, 2, 60, 4, 1);
     for shift in [7_200i64, 86_400 * 3] {
-        let mut then = as_of_itself(&us[1]);
+        let mut then = AsOf::of(&all, 1);
         then.query += shift;
         // The same buckets: every history time moved back by the shift, the query kept.
         let mut moved = us[1].clone();
@@ -86,11 +88,8 @@ fn as_of_another_query_time_is_the_history_shifted_in_time() {
 #[test]
 fn a_prefix_at_the_position_clamp_with_the_same_divisor_is_the_fresh_pass() {
     // Two position buckets: every history token at the clamp, now and then.
-    let m = model(Some(2));
-    let us = users(&m, 1, 50, 6);
-    let batch = m.check_users(&us, 0).unwrap();
-    let mut p = HstuPredictor::new(m.clone(), 1).unwrap();
-    let now = as_of_itself(&us[0]);
+    let (_, _, batch, mut p) = setup(Some(2), 1, 50, 6, 1);
+    let now = AsOf::of(&batch, 0);
     // 8 fewer history items then, 8 more candidates: the same length, the same query.
     let then = AsOf {
         history: now.history - 8,
@@ -104,11 +103,8 @@ fn a_prefix_at_the_position_clamp_with_the_same_divisor_is_the_fresh_pass() {
 
 #[test]
 fn a_stale_prefix_moves_the_scores_and_bad_ones_are_refused() {
-    let m = model(None);
-    let us = users(&m, 1, 64, 8);
-    let batch = m.check_users(&us, 0).unwrap();
-    let mut p = HstuPredictor::new(m.clone(), 1).unwrap();
-    let now = as_of_itself(&us[0]);
+    let (_, _, batch, mut p) = setup(None, 1, 64, 8, 1);
+    let now = AsOf::of(&batch, 0);
     let fresh = flat(&p.run(&batch).unwrap().0);
     // Cached at an earlier request with 4 fewer items and 2 candidates: positions, divisor and
     // query time all differ for the prefix.
