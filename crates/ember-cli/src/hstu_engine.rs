@@ -37,7 +37,18 @@ impl HstuEngine {
         norm: Option<AttentionNorm>,
     ) -> Result<HstuEngine> {
         let servable: Arc<dyn Servable> = model.clone();
+        if model.history_cache().is_some() && norm == Some(AttentionNorm::BatchMax) {
+            anyhow::bail!(
+                "--history-cache-mb needs --attention-norm alone (a batch's longest length \
+                 changes with its users)"
+            );
+        }
         let pass = if gpu.is_cuda() {
+            if model.history_cache().is_some() {
+                anyhow::bail!(
+                    "--history-cache-mb runs on the CPU; --device cuda has no history cache yet"
+                );
+            }
             Self::gpu(gpu, model, dense, norm)?
         } else {
             let mut p = HstuPredictor::new(model, threads)?;
@@ -114,7 +125,7 @@ impl Runner for HstuEngine {
     fn run(&mut self, batch: &Batched, out: &mut Outputs) -> ember_model::Result<Times> {
         let pass = &mut self.pass;
         ember_model::serving::run_staged_users(batch, out, |users, staged| match pass {
-            Pass::Cpu(p) => p.run_staged(users, staged),
+            Pass::Cpu(p) => p.run_served(users, staged),
             #[cfg(feature = "cuda")]
             Pass::Gpu(p) => {
                 if staged.is_some() {

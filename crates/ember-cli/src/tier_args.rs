@@ -64,6 +64,18 @@ pub struct TierArgs {
     /// whole) [default: config.json's remote.pool_remote, else auto].
     #[arg(long, value_name = "MODE")]
     pool_remote: Option<ember_tier::storage::remote::PoolRemote>,
+    /// HSTU models: a cache of users' history states of this many MiB (0: none), so that a
+    /// returning user's request computes only its new actions and its candidates
+    /// (docs/hstu.md, "A cache of users' histories").
+    #[arg(long, default_value_t = 0, value_name = "MIB")]
+    history_cache_mb: usize,
+    /// Which entry the history cache evicts first: lru or lfu.
+    #[arg(long, default_value = "lru")]
+    history_cache_eviction: ember_model::hstu::Eviction,
+    /// What a cached entry may stand for: stale (states computed at the user's earlier
+    /// requests, within 256 appended actions and 7 days) or exact (a repeat only).
+    #[arg(long, default_value = "stale")]
+    history_reuse: ember_model::hstu::Reuse,
 }
 
 impl TierArgs {
@@ -94,7 +106,17 @@ impl TierArgs {
             },
             pace: Default::default(),
             name: None,
+            history_cache: self.history_cache(),
         }
+    }
+
+    /// The history cache the flags ask for.
+    fn history_cache(&self) -> Option<ember_model::hstu::HistoryCacheConfig> {
+        (self.history_cache_mb > 0).then_some(ember_model::hstu::HistoryCacheConfig {
+            bytes: self.history_cache_mb << 20,
+            eviction: self.history_cache_eviction,
+            reuse: self.history_reuse,
+        })
     }
 
     /// Applies the tier flags to a loaded model (a fresh cache when any is given).
@@ -119,6 +141,13 @@ impl TierArgs {
         if ember_model::hstu::HstuModel::is_hstu_dir(dir) {
             return Ok(std::sync::Arc::new(self.load_hstu(dir, opts)?));
         }
+        if opts.history_cache.is_some() {
+            anyhow::bail!(
+                "--history-cache-mb caches users' histories of an hstu model; {} is not one \
+                 (leave it out)",
+                dir.display()
+            );
+        }
         let mut model =
             Model::load(dir, opts).with_context(|| format!("loading model {}", dir.display()))?;
         self.apply(&mut model, dir)?;
@@ -133,6 +162,15 @@ impl TierArgs {
             .with_context(|| format!("loading model {}", dir.display()))?;
         if let Some(t) = self.tier_config(model.config().tier.as_ref())? {
             model.set_tier(dir, t).context("setting up the SSD tier")?;
+        }
+        if let Some(c) = model.history_cache() {
+            let c = c.config();
+            tracing::info!(
+                "history cache: {} MiB, {:?} eviction, reuse {}",
+                c.bytes >> 20,
+                c.eviction,
+                c.reuse
+            );
         }
         Ok(model)
     }

@@ -40,6 +40,19 @@ impl CheckedBatch {
         self.kj.batch_size()
     }
 
+    /// The batch of samples `samples` (in that order), still valid for its collection: every
+    /// id it holds was checked.
+    pub fn select(&self, samples: &[usize]) -> CheckedBatch {
+        for &s in samples {
+            assert!(
+                s < self.kj.batch_size(),
+                "sample {s} of {}",
+                self.kj.batch_size()
+            );
+        }
+        CheckedBatch::trusted(self.kj.select(samples), self.coll)
+    }
+
     /// A batch valid for `coll` by construction.
     pub(crate) fn trusted(kj: KeyedJagged, coll: CollectionId) -> Self {
         CheckedBatch { kj, coll }

@@ -249,6 +249,31 @@ impl KeyedJagged {
         }
     }
 
+    /// The batch of samples `samples` (in that order, a sample may repeat): each feature's
+    /// bags of those samples, their ids and weights copied.
+    pub fn select(&self, samples: &[usize]) -> KeyedJagged {
+        let b = self.batch_size;
+        let mut offsets = Vec::with_capacity(self.keys.len() * samples.len() + 1);
+        offsets.push(0);
+        let mut ids = Ids::with_capacity(matches!(self.ids, Ids::U32(_)), samples.len());
+        let mut weights = self.weights.as_ref().map(|_| Vec::new());
+        for f in 0..self.keys.len() {
+            for &s in samples {
+                let r = self.offsets[f * b + s]..self.offsets[f * b + s + 1];
+                match (&mut ids, &self.ids) {
+                    (Ids::U32(o), Ids::U32(v)) => o.extend_from_slice(&v[r.clone()]),
+                    (Ids::I64(o), Ids::I64(v)) => o.extend_from_slice(&v[r.clone()]),
+                    (o, v) => r.clone().for_each(|i| o.push(v.get(i))),
+                }
+                if let (Some(o), Some(w)) = (&mut weights, &self.weights) {
+                    o.extend_from_slice(&w[r.clone()]);
+                }
+                offsets.push(ids.len());
+            }
+        }
+        KeyedJagged::trusted(self.keys.clone(), samples.len(), offsets, ids, weights)
+    }
+
     /// The same batch carrying `weights` (one per id) instead of its current weights.
     pub fn with_weights(self, weights: Vec<f32>) -> Result<Self> {
         Self::checked(
@@ -378,6 +403,46 @@ mod tests {
         )
         .unwrap();
         assert_eq!(kj, again);
+    }
+
+    #[test]
+    fn select_keeps_each_chosen_samples_bags_in_order() {
+        // Random lengths over 3 features and 7 samples, ids numbering the positions.
+        let mut rng = 0x9e37_79b9_u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (f, b) = (3, 7);
+        let lengths: Vec<usize> = (0..f * b).map(|_| (next() % 4) as usize).collect();
+        let n: usize = lengths.iter().sum();
+        let weights: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        for narrow in [true, false] {
+            let ids = match narrow {
+                true => Ids::U32((0..n as u32).collect()),
+                false => Ids::I64((0..n as i64).collect()),
+            };
+            let kj = KeyedJagged::from_lengths(keys(f), b, &lengths, ids, Some(weights.clone()))
+                .unwrap();
+            for samples in [vec![], vec![6], vec![4, 0, 4, 2]] {
+                let got = kj.select(&samples);
+                assert_eq!(got.batch_size(), samples.len());
+                assert_eq!(matches!(got.ids(), Ids::U32(_)), narrow);
+                for ft in 0..f {
+                    for (k, &s) in samples.iter().enumerate() {
+                        let want: Vec<i64> = kj.bag(ft, s).map(|i| kj.ids().get(i)).collect();
+                        let have: Vec<i64> = got.bag(ft, k).map(|i| got.ids().get(i)).collect();
+                        assert_eq!(have, want, "feature {ft}, sample {s}");
+                        let ww: Vec<f32> = kj.bag(ft, s).map(|i| weights[i]).collect();
+                        let gw: Vec<f32> =
+                            got.bag(ft, k).map(|i| got.weights().unwrap()[i]).collect();
+                        assert_eq!(gw, ww);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -51,4 +51,4 @@ pub use pool::{
 pub use prefetch::PrefetchLevel;
 pub use shard::{Shard, ShardedEmbeddings};
 pub use staged::StagedBatch;
-pub use table::{EmbeddingTable, Placement, RowsRef};
+pub use table::{EmbeddingTable, Placement, RowsRef, UpdateLog};

@@ -39,6 +39,8 @@ pub struct LoadOptions {
     /// a repository): the default name of its `remote` tables' model in the store (config.json's
     /// `remote.model` and `RemoteOverride::model` win over it).
     pub name: Option<String>,
+    /// An HSTU model's cache of users' histories (`None`: none; other families ignore it).
+    pub history_cache: Option<crate::history::HistoryCacheConfig>,
 }
 
 impl LoadOptions {

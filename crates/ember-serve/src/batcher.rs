@@ -188,7 +188,7 @@ impl Batcher {
             queued: queued.clone(),
             load: load.clone(),
             abandon_at: abandon_at.clone(),
-            tier_metrics: m::TierMetrics::of(name, engines[0].servable().tier()).map(Arc::new),
+            model_metrics: m::ModelMetrics::of(name, engines[0].servable().as_ref()).map(Arc::new),
             stats: stats.clone(),
         };
         let worker = std::thread::Builder::new()
@@ -397,8 +397,8 @@ struct Shared {
     queued: Arc<AtomicUsize>,
     load: Arc<Load>,
     abandon_at: Arc<Mutex<Option<Instant>>>,
-    /// The model's tier metrics (none without a tier).
-    tier_metrics: Option<Arc<m::TierMetrics>>,
+    /// The model's tier and history cache metrics (none without either).
+    model_metrics: Option<Arc<m::ModelMetrics>>,
     stats: Arc<Stats>,
 }
 

@@ -64,6 +64,15 @@ pub const TIER_READS_DEPRECATED: &str = "ember_tier_ssd_reads_total";
 /// when rows are read inline (`prefetch_depth` 0); with a forward thread, waiting for rows and
 /// waiting for requests look alike, and are not counted.
 pub const TIER_STALL: &str = "ember_tier_stall_seconds";
+/// HSTU history cache: users served from their entry, users without one, users whose entry
+/// was refused (a history that changed, past the staleness bound, damaged), entries evicted.
+pub const HISTORY_HITS: &str = "ember_history_cache_hits_total";
+pub const HISTORY_MISSES: &str = "ember_history_cache_misses_total";
+pub const HISTORY_REFUSED: &str = "ember_history_cache_refused_total";
+pub const HISTORY_EVICTIONS: &str = "ember_history_cache_evictions_total";
+/// HSTU history cache: bytes and entries (users) held now.
+pub const HISTORY_BYTES: &str = "ember_history_cache_bytes";
+pub const HISTORY_ENTRIES: &str = "ember_history_cache_entries";
 /// SSD tier: bytes of rows the cache holds now.
 pub const TIER_CACHE_BYTES: &str = "ember_tier_cache_bytes";
 
@@ -138,6 +147,7 @@ fn spawn_upkeep(handle: PrometheusHandle, every: std::time::Duration) {
 fn describe() {
     describe_requests();
     describe_tier();
+    describe_history();
     describe_remote();
     describe_updates();
     describe_models();
@@ -183,6 +193,26 @@ fn describe_requests() {
     describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
     describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Samples per batch");
+}
+
+/// The HSTU history cache.
+fn describe_history() {
+    describe_counter!(
+        HISTORY_HITS,
+        "HSTU history cache: users served from their entry"
+    );
+    describe_counter!(HISTORY_MISSES, "HSTU history cache: users with no entry");
+    describe_counter!(
+        HISTORY_REFUSED,
+        "HSTU history cache: users whose entry was not used (history changed, past the staleness bound, damaged)"
+    );
+    describe_counter!(HISTORY_EVICTIONS, "HSTU history cache: entries evicted");
+    describe_gauge!(
+        HISTORY_BYTES,
+        Unit::Bytes,
+        "HSTU history cache: bytes held now"
+    );
+    describe_gauge!(HISTORY_ENTRIES, "HSTU history cache: users held now");
 }
 
 /// The SSD tier: its row cache, its reads, the batches' waits.
@@ -311,9 +341,15 @@ fn describe_models() {
     );
 }
 
-/// The tier's metrics of one served model: registered once, when its batcher is made (after
-/// the recorder), then set after each batch with neither a registry lookup nor an allocation.
-pub(crate) struct TierMetrics {
+/// The tier's and the history cache's metrics of one served model: registered once, when its
+/// batcher is made (after the recorder), then set after each batch with neither a registry
+/// lookup nor an allocation.
+pub(crate) struct ModelMetrics {
+    tier: Option<TierGauges>,
+    history: Option<HistoryGauges>,
+}
+
+struct TierGauges {
     hits: metrics::Counter,
     lookups: metrics::Counter,
     hit_ratio: metrics::Gauge,
@@ -325,15 +361,24 @@ pub(crate) struct TierMetrics {
     cache_bytes: metrics::Gauge,
 }
 
-impl TierMetrics {
-    /// The metrics of the model served as `name`, or `None` when no table of it is on the
-    /// tier (nothing is published then).
-    pub(crate) fn of(name: &str, tier: ember_model::Tier<'_>) -> Option<TierMetrics> {
-        if !tier.is_active() {
-            return None;
-        }
+struct HistoryGauges {
+    hits: metrics::Counter,
+    misses: metrics::Counter,
+    refused: metrics::Counter,
+    evictions: metrics::Counter,
+    bytes: metrics::Gauge,
+    entries: metrics::Gauge,
+}
+
+impl ModelMetrics {
+    /// The metrics of the model served as `name`, or `None` when it has neither tables on
+    /// the tier nor a history cache (nothing is published then).
+    pub(crate) fn of(
+        name: &str,
+        model: &dyn ember_model::serving::Servable,
+    ) -> Option<ModelMetrics> {
         let l = [("model", name.to_string())];
-        Some(TierMetrics {
+        let tier = model.tier().is_active().then(|| TierGauges {
             hits: metrics::counter!(TIER_HITS, &l),
             lookups: metrics::counter!(TIER_LOOKUPS, &l),
             hit_ratio: metrics::gauge!(TIER_HIT_RATIO, &l),
@@ -343,21 +388,40 @@ impl TierMetrics {
             reads_deprecated: metrics::counter!(TIER_READS_DEPRECATED, &l),
             stall: metrics::gauge!(TIER_STALL, &l),
             cache_bytes: metrics::gauge!(TIER_CACHE_BYTES, &l),
-        })
+        });
+        let history = model.history_cache().map(|_| HistoryGauges {
+            hits: metrics::counter!(HISTORY_HITS, &l),
+            misses: metrics::counter!(HISTORY_MISSES, &l),
+            refused: metrics::counter!(HISTORY_REFUSED, &l),
+            evictions: metrics::counter!(HISTORY_EVICTIONS, &l),
+            bytes: metrics::gauge!(HISTORY_BYTES, &l),
+            entries: metrics::gauge!(HISTORY_ENTRIES, &l),
+        });
+        (tier.is_some() || history.is_some()).then_some(ModelMetrics { tier, history })
     }
 
-    /// Publishes the tier's counters now.
-    pub(crate) fn record(&self, tier: ember_model::Tier<'_>) {
-        let s = tier.counters();
-        self.hits.absolute(s.hits);
-        self.lookups.absolute(s.lookups);
-        self.hit_ratio.set(s.hit_ratio);
-        self.bytes.absolute(s.bytes_read);
-        self.reads.absolute(s.reads);
-        self.bytes_deprecated.absolute(s.bytes_read);
-        self.reads_deprecated.absolute(s.reads);
-        self.stall.set(s.stall.as_secs_f64());
-        self.cache_bytes.set(s.cache_bytes as f64);
+    /// Publishes the tier's and the history cache's counters now.
+    pub(crate) fn record(&self, model: &dyn ember_model::serving::Servable) {
+        if let Some(g) = &self.tier {
+            let s = model.tier().counters();
+            g.hits.absolute(s.hits);
+            g.lookups.absolute(s.lookups);
+            g.hit_ratio.set(s.hit_ratio);
+            g.bytes.absolute(s.bytes_read);
+            g.reads.absolute(s.reads);
+            g.bytes_deprecated.absolute(s.bytes_read);
+            g.reads_deprecated.absolute(s.reads);
+            g.stall.set(s.stall.as_secs_f64());
+            g.cache_bytes.set(s.cache_bytes as f64);
+        }
+        if let (Some(g), Some(s)) = (&self.history, model.history_cache()) {
+            g.hits.absolute(s.hits);
+            g.misses.absolute(s.misses);
+            g.refused.absolute(s.refused);
+            g.evictions.absolute(s.evictions);
+            g.bytes.set(s.bytes as f64);
+            g.entries.set(s.entries as f64);
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 //! | `remote.rs` | `bench remote`: tables in a Redis Cluster against DRAM and the cluster's own rate |
 //! | `remote_pool.rs` | `bench remote-pool`: pooling on the cluster's nodes (`EMBER.POOL`) against row fetches |
 //! | `model.rs` (+ `model_args.rs`, `model_report.rs`, `model_gpu.rs`, `dense_layers.rs`, `load.rs`) | `bench model`: the whole forward pass of a model of any family through the serving seam (`model_gpu.rs`: a GPU engine that keeps batches in flight); stages and bf16 / int8 layers against the dense ceiling |
+//! | `history_cache.rs` | `bench history-cache`: HSTU requests with the cache of users' histories against the full recompute (speed, AUC / NE kept, hit rate on a streaming replay) |
 //! | `history_reuse.rs` | `bench history-reuse`: HSTU history states reused as of the user's previous request against recomputed (the AUC / NE kept) |
 //! | `setup.rs` | the embedding benchmarks' flags, tables and batches |
 
@@ -19,6 +20,7 @@ mod check;
 mod dense_layers;
 mod embed;
 mod gpu;
+mod history_cache;
 mod history_reuse;
 mod load;
 mod model;
@@ -53,6 +55,10 @@ pub enum Bench {
     /// the scores' error and the AUC / NE kept (no cache needed: the states are recomputed as
     /// they were then).
     HistoryReuse(history_reuse::HistoryReuseArgs),
+    /// HSTU: requests served with the cache of users' histories against the full recompute,
+    /// in the same run (speed per history x candidates, the AUC / NE kept, hit rate and bytes
+    /// per user on a streaming replay).
+    HistoryCache(history_cache::HistoryCacheArgs),
 }
 
 pub fn run(cmd: Bench) -> Result<()> {
@@ -63,6 +69,7 @@ pub fn run(cmd: Bench) -> Result<()> {
         Bench::Remote(a) => remote::run(a),
         Bench::RemotePool(a) => remote_pool::run(a),
         Bench::HistoryReuse(a) => history_reuse::run(a),
+        Bench::HistoryCache(a) => history_cache::run(a),
     }
 }
 

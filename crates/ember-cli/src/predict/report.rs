@@ -81,6 +81,19 @@ pub(super) fn print(
             tier.engine().unwrap_or("none"),
         );
     }
+    if let Some(h) = spec.servable().history_cache() {
+        println!(
+            "history cache {} of {} users served from their entry ({} refused, {} uncached), {} \
+             entries, {} held, {} evictions",
+            h.hits,
+            h.hits + h.misses + h.refused + h.uncached,
+            h.refused,
+            h.uncached,
+            h.entries,
+            human_bytes(h.bytes as usize),
+            h.evictions
+        );
+    }
     if a.json {
         println!("{}", to_json(a, spec, s, a_uc, ll, depth));
     }
@@ -105,7 +118,13 @@ fn to_json(
         .iter()
         .map(|(k, d)| (k.to_string(), json!(d.as_secs_f64())))
         .collect();
+    let history = spec.servable().history_cache();
     json!({
+        "history_cache": history.map(|h| json!({
+            "hits": h.hits, "misses": h.misses, "refused": h.refused, "uncached": h.uncached,
+            "entries": h.entries, "bytes": h.bytes, "evictions": h.evictions,
+            "inserts": h.inserts, "too_large": h.too_large,
+        })),
         "tier": tier.is_active().then(|| json!({
             "hit_rate": c.hit_ratio,
             "ssd_bytes_read": c.bytes_read,

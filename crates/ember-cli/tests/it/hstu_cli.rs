@@ -321,3 +321,76 @@ fn bench_history_reuse_reports_the_accuracy_kept() {
     let (ok, _, err) = ember(&["bench", "history-reuse", "--preset", "nope"]);
     assert!(!ok && err.contains("unknown --preset 'nope'"), "{err}");
 }
+
+/// `predict --history-cache-mb`: each user of a file given twice is served from its entry the
+/// second time, with the scores of the pass without a cache (a repeat is exact, to f32
+/// rounding); the report
+/// counts it; a DLRM model is refused naming the flag.
+#[test]
+fn predict_with_a_history_cache_serves_repeats_from_their_entry() {
+    let fx = fixture("hstu_small");
+    let dir = tmp("history");
+    let users = std::fs::read_to_string(fx.join("users.jsonl")).unwrap();
+    let twice = dir.join("twice.jsonl");
+    std::fs::write(&twice, format!("{users}{users}")).unwrap();
+    let run = |out: &Path, cache: Option<&str>| {
+        let mut args = vec![
+            "predict",
+            "--model",
+            fx.to_str().unwrap(),
+            "--data",
+            twice.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--json",
+        ];
+        if let Some(mb) = cache {
+            args.extend(["--history-cache-mb", mb]);
+        }
+        let (ok, stdout, stderr) = ember(&args);
+        assert!(ok, "{stderr}");
+        (json_of(&stdout), std::fs::read_to_string(out).unwrap())
+    };
+    let (plain, want) = run(&dir.join("plain.jsonl"), None);
+    assert!(plain["history_cache"].is_null());
+    let (j, got) = run(&dir.join("cached.jsonl"), Some("16"));
+    // The same scores to f32 rounding (the projections run over fewer rows).
+    let numbers = |text: &str| -> Vec<f64> {
+        let mut out = Vec::new();
+        for l in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            for task in v["scores"].as_object().unwrap().values() {
+                out.extend(task.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()));
+            }
+        }
+        out
+    };
+    let (got, want) = (numbers(&got), numbers(&want));
+    assert_eq!(got.len(), want.len());
+    let worst = (got.iter().zip(&want)).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst <= 1e-6, "scores differ by {worst}");
+    // The fixture's 8 users have 7 ids: two users share id 35 with other histories, so each
+    // of their 3 later requests finds the other's entry and is refused (and replaces it).
+    let h = &j["history_cache"];
+    let counts = |k: &str| h[k].as_u64().unwrap();
+    assert_eq!(
+        (counts("hits"), counts("misses"), counts("refused")),
+        (6, 7, 3),
+        "{j}"
+    );
+    assert_eq!(counts("entries"), 7);
+    let dlrm = fixture("dlrm_dot");
+    let (ok, _, stderr) = ember(&[
+        "predict",
+        "--model",
+        dlrm.to_str().unwrap(),
+        "--data",
+        twice.to_str().unwrap(),
+        "--history-cache-mb",
+        "16",
+    ]);
+    assert!(!ok && stderr.contains("--history-cache-mb"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

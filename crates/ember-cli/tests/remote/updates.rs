@@ -223,6 +223,10 @@ fn updates_reach_every_server_and_the_last_write_wins() {
             assert_eq!(pool(&kj, &staged), dram(&vals, &kj));
         }
     }
+    // The table's log of updates names the rows written and no other (an HSTU model's
+    // history cache retires the entries that read them).
+    let log = coll.tables()[0].updates();
+    assert!(log.any_since(0, [5, 105]) && !log.any_since(0, [300, ROWS as u64 - 1]));
     // The batches staged before the updates still read their old rows, whole.
     for staged in &in_flight {
         assert_eq!(pool(&before, staged), old);
@@ -518,6 +522,8 @@ fn a_server_behind_a_trimmed_stream_drops_its_cache_and_reads_the_store() {
     }
     assert_eq!(stager.held_slots(), 0);
     stager.check_invariants(usize::MAX);
+    // Updates were lost: the log answers "changed" for every row written before the reset.
+    assert!(coll.tables()[0].updates().any_since(0, [ROWS as u64 - 1]));
 }
 
 /// Writes `rows` (f32 rows of `DIM`) of `ids` of `table` straight into their blocks, then

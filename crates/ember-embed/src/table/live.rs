@@ -134,6 +134,11 @@ impl EmbeddingTable {
         };
         Ok(())
     }
+    /// Its row updates: which rows were rewritten since an epoch.
+    pub fn updates(&self) -> &super::UpdateLog {
+        &self.updates
+    }
+
     /// Whether [`Self::make_live`] made it live.
     pub fn is_live(&self) -> bool {
         matches!(self.data, Storage::Live(_))
@@ -160,6 +165,7 @@ impl EmbeddingTable {
             return Err(bad(format!("row {id} is outside its {} rows", self.rows())));
         }
         live.write(ids, rows, self.stride());
+        self.updates().wrote(ids);
         Ok(())
     }
 }

@@ -10,6 +10,8 @@
 //!   stager and its cache; the table holds only its shape.
 
 mod live;
+mod updates;
+pub use updates::UpdateLog;
 
 use crate::alloc::{PagePolicy, RowBuf};
 use crate::dtype::DType;
@@ -112,6 +114,8 @@ pub struct EmbeddingTable {
     dtype: DType,
     stride: usize,
     pub(crate) data: Storage,
+    /// Its row updates (live tables, or rows of the tier's cache).
+    updates: UpdateLog,
 }
 
 impl EmbeddingTable {
@@ -147,6 +151,7 @@ impl EmbeddingTable {
             dim,
             dtype,
             stride,
+            updates: UpdateLog::default(),
             data: Storage::Memory {
                 buf: Arc::new(data),
                 offset: 0,
@@ -179,6 +184,7 @@ impl EmbeddingTable {
             dtype,
             stride: dtype.row_bytes(dim),
             data: Storage::Remote(None),
+            updates: UpdateLog::default(),
         })
     }
 
@@ -248,6 +254,7 @@ impl EmbeddingTable {
             dtype: file.dtype(),
             stride: file.row_bytes(),
             data,
+            updates: UpdateLog::default(),
         }
     }
 
@@ -382,6 +389,7 @@ impl EmbeddingTable {
             dtype: self.dtype,
             stride: self.stride,
             data,
+            updates: UpdateLog::default(),
         })
     }
 

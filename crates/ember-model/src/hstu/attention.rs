@@ -133,14 +133,16 @@ pub fn attention(
     attention_of(shape, uvqk, seqs, alpha, out, threads, Queries::All)
 }
 
-/// Which rows' attention a pass needs.
+/// Which rows' attention a pass needs (the rows it does not compute are left as they were).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Queries {
+pub enum Queries<'a> {
     /// Every token's.
     All,
-    /// The candidates' only (the last layer: nothing reads another row of its output); the
-    /// other rows of `out` are left as they were.
+    /// The candidates' only (the last layer: nothing reads another row of its output).
     Candidates,
+    /// Sequence `k`'s rows from its row `from[k]` on (its earlier rows' keys and values held
+    /// by a cache of its history).
+    From(&'a [usize]),
 }
 
 /// [`attention`] for the rows `queries` names.
@@ -151,7 +153,7 @@ pub fn attention_of(
     alpha: f32,
     out: &mut [f32],
     threads: usize,
-    queries: Queries,
+    queries: Queries<'_>,
 ) {
     let o = shape.out_row();
     // Units: (sequence, query block), each owning its rows of `out`. Sequences are in row order
@@ -159,11 +161,15 @@ pub fn attention_of(
     let mut units: Vec<(Seq, usize, &mut [f32])> = Vec::new();
     let mut rest: &mut [f32] = out;
     let mut row = 0;
-    for s in seqs {
+    if let Queries::From(from) = queries {
+        assert_eq!(from.len(), seqs.len(), "one first row per sequence");
+    }
+    for (k, s) in seqs.iter().enumerate() {
         assert_eq!(s.start, row, "sequences are contiguous from row 0");
         let first = match queries {
             Queries::All => 0,
             Queries::Candidates => s.history(),
+            Queries::From(from) => from[k].min(s.len),
         };
         rest = std::mem::take(&mut rest).split_at_mut(first * o).1;
         for i0 in (first..s.len).step_by(BQ) {
@@ -580,6 +586,30 @@ mod tests {
                 let (c, g) = (&cand[i * o..(i + 1) * o], &got[i * o..(i + 1) * o]);
                 match i >= s.start + s.history() {
                     true => assert_eq!(c, g, "{shape:?} {lens:?} row {i}"),
+                    false => assert!(c.iter().all(|v| v.is_nan()), "{lens:?} row {i}"),
+                }
+            }
+        }
+        // Each sequence's rows from a first row on (0, inside its history or candidates, or
+        // past its end): the same values there, its earlier rows untouched.
+        let from: Vec<usize> = (seqs.iter().enumerate())
+            .map(|(k, s)| (k * 7 + seed as usize * 3) % (s.len + 2))
+            .collect();
+        let mut part = vec![f32::NAN; total * o];
+        attention_of(
+            shape,
+            &uvqk,
+            &seqs,
+            alpha,
+            &mut part,
+            threads,
+            Queries::From(&from),
+        );
+        for (s, &f) in seqs.iter().zip(&from) {
+            for i in s.start..s.start + s.len {
+                let (c, g) = (&part[i * o..(i + 1) * o], &got[i * o..(i + 1) * o]);
+                match i >= s.start + f {
+                    true => assert_eq!(c, g, "{shape:?} {lens:?} row {i} from {f}"),
                     false => assert!(c.iter().all(|v| v.is_nan()), "{lens:?} row {i}"),
                 }
             }

@@ -19,51 +19,21 @@
 //!    ([`super::head`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ember_embed::{Dedup, PoolOptions, Pooler, Pooling, StagedBatch};
+use ember_embed::{CheckedBatch, Dedup, PoolOptions, Pooler, Pooling, StagedBatch};
 
 use super::HstuModel;
-use super::attention::{self, Queries, Seq, Shape};
 use super::config::AttentionNorm;
 pub use super::head::HstuScores;
 use super::head::{HeadScratch, head};
-use super::layers::{DenseCtx, for_rows, moments, silu};
+use super::layers::DenseCtx;
 use super::plan::{self, AsOf};
 use super::request::HstuBatch;
+use super::stu::{Held, LayerScratch, Layers, Rows, Users};
+pub use super::times::HstuTimes;
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
-
-/// Where a forward pass spent its time.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct HstuTimes {
-    /// The embedding lookups (staging from a tier included when it ran inline).
-    pub lookups: Duration,
-    /// The input MLPs, the contextual slots and the encodings.
-    pub preprocess: Duration,
-    /// The STU layers' two projections.
-    pub projections: Duration,
-    pub attention: Duration,
-    /// The STU layers' norms and elementwise work.
-    pub pointwise: Duration,
-    /// Postprocessor, item MLP and head.
-    pub head: Duration,
-    pub wall: Duration,
-}
-
-impl HstuTimes {
-    pub fn plus(self, o: HstuTimes) -> HstuTimes {
-        HstuTimes {
-            lookups: self.lookups + o.lookups,
-            preprocess: self.preprocess + o.preprocess,
-            projections: self.projections + o.projections,
-            attention: self.attention + o.attention,
-            pointwise: self.pointwise + o.pointwise,
-            head: self.head + o.head,
-            wall: self.wall + o.wall,
-        }
-    }
-}
 
 /// Buffers reused across batches.
 #[derive(Debug, Default)]
@@ -72,10 +42,7 @@ struct Scratch {
     input: Vec<f32>,
     x: Vec<f32>,
     tmp: Vec<f32>,
-    xn: Vec<f32>,
-    uvqk: Vec<f32>,
-    attn: Vec<f32>,
-    y: Vec<f32>,
+    layers: LayerScratch,
     head: HeadScratch,
 }
 
@@ -131,6 +98,11 @@ impl HstuPredictor {
 
     pub fn dense_dtype(&self) -> DenseDType {
         self.dense.dtype
+    }
+
+    /// What attention is divided by.
+    pub fn attention_norm(&self) -> AttentionNorm {
+        self.norm
     }
 
     /// What attention is divided by from now on.
@@ -216,6 +188,21 @@ impl HstuPredictor {
         staged: Option<&StagedBatch>,
         as_of: &[Option<AsOf>],
     ) -> Result<(HstuScores, HstuTimes)> {
+        let rows = Rows::all(batch);
+        self.pass_rows(batch, None, staged, as_of, &rows, &mut Held::none())
+    }
+
+    /// A pass computing `rows` only (their lookups `lookups`, `None`: the batch's own): the
+    /// other tokens' keys and values read from `held`, which keeps those it names.
+    pub(crate) fn pass_rows(
+        &mut self,
+        batch: &HstuBatch,
+        lookups: Option<&CheckedBatch>,
+        staged: Option<&StagedBatch>,
+        as_of: &[Option<AsOf>],
+        rows: &Rows,
+        held: &mut Held,
+    ) -> Result<(HstuScores, HstuTimes)> {
         let HstuPredictor {
             model,
             pooler,
@@ -225,29 +212,27 @@ impl HstuPredictor {
         } = self;
         let on = On {
             batch,
+            lookups: lookups.unwrap_or(&batch.lookups),
             staged,
             norm: *norm,
             as_of,
+            rows,
         };
         let pooler_ref: &Pooler = pooler;
-        pooler.install(|| forward(model, pooler_ref, dense, s, on))
+        pooler.install(|| forward(model, pooler_ref, dense, s, on, held))
     }
 }
 
-/// What one pass runs on: the batch, its staged rows, the divisor, and the users' tokens held
-/// as of an earlier request (empty: none).
+/// What one pass runs on: the batch, the lookups of the rows it computes and their staged
+/// rows, the divisor, the users' tokens held as of an earlier request (empty: none), and the
+/// rows it computes.
 struct On<'a> {
     batch: &'a HstuBatch,
+    lookups: &'a CheckedBatch,
     staged: Option<&'a StagedBatch>,
     norm: AttentionNorm,
     as_of: &'a [Option<AsOf>],
-}
-
-/// The layers' view of the users: their sequences, and the rows whose attention is divided by
-/// an earlier request's length instead (`(first token, end, factor)`).
-struct Users<'a> {
-    seqs: &'a [Seq],
-    earlier: &'a [(usize, usize, f32)],
+    rows: &'a Rows,
 }
 
 /// The whole pass; see the module's doc for the steps.
@@ -257,24 +242,25 @@ fn forward(
     dense: &mut DenseCtx,
     s: &mut Scratch,
     on: On<'_>,
+    held: &mut Held,
 ) -> Result<(HstuScores, HstuTimes)> {
-    let (batch, staged, norm) = (on.batch, on.staged, on.norm);
+    let (batch, staged, norm, rows) = (on.batch, on.staged, on.norm, on.rows);
     let start = Instant::now();
     let mut times = HstuTimes::default();
     let coll = model.embeddings();
-    let tokens = batch.tokens();
+    let m = rows.len(batch);
     s.emb.clear();
-    s.emb.resize(tokens * coll.total_dim(), 0.0);
-    let view = batch.lookups.view();
+    s.emb.resize(m * coll.total_dim(), 0.0);
+    let view = on.lookups.view();
     match staged {
         Some(st) => pooler.run_staged(coll, view, st, &mut s.emb)?,
         None => pooler.run(coll, view, &mut s.emb)?,
     };
     times.lookups = start.elapsed();
     let t = Instant::now();
-    inputs(model, dense, s, batch);
-    contextual(model, s, batch);
-    encodings(model, s, batch, on.as_of);
+    inputs(model, dense, s, batch, rows);
+    contextual(model, s, batch, rows);
+    encodings(model, s, batch, on.as_of, rows);
     times.preprocess = t.elapsed();
     let seqs = plan::sequences(batch, norm);
     let earlier: Vec<(usize, usize, f32)> = (seqs.iter().zip(on.as_of))
@@ -285,30 +271,38 @@ fn forward(
             Some((q.start, q.start + cached, q.norm / then))
         })
         .collect();
-    let users = Users {
-        seqs: &seqs,
-        earlier: &earlier,
+    let mut layers = Layers {
+        model,
+        dense,
+        s: &mut s.layers,
+        users: Users {
+            seqs: &seqs,
+            earlier: &earlier,
+            rows,
+        },
+        held,
+        times: &mut times,
     };
-    let layers = model.weights.layers.len();
-    for l in 0..layers {
-        let queries = match l + 1 == layers {
-            true => Queries::Candidates,
-            false => Queries::All,
-        };
-        stu_layer(model, l, dense, s, &users, queries, &mut times);
-    }
+    layers.run(&mut s.x);
     let t = Instant::now();
-    let scores = head(model, dense, &s.x, &s.emb, batch, &mut s.head);
+    let at = |t: usize| rows.row(t).expect("a candidate is computed");
+    let scores = head(model, dense, &s.x, &s.emb, batch, &at, &mut s.head);
     times.head = t.elapsed();
     times.wall = start.elapsed();
     Ok((scores, times))
 }
 
-/// Step 2 for every token: `x = content(post) + additional(merged) + action(bits)` (the
+/// Step 2 for every computed row: `x = content(post) + additional(merged) + action(bits)` (the
 /// contextual slots' rows are overwritten by [`contextual`]).
-fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &HstuBatch) {
+fn inputs(
+    model: &HstuModel,
+    dense: &mut DenseCtx,
+    s: &mut Scratch,
+    batch: &HstuBatch,
+    rows: &Rows,
+) {
     let (roles, w) = (&model.roles, &model.weights);
-    let tokens = batch.tokens();
+    let tokens = rows.len(batch);
     let td = model.config.hstu.hstu_embedding_table_dim;
     let total = model.embeddings().total_dim();
     let d = model.config.dim();
@@ -349,8 +343,14 @@ fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &Hstu
     if let Some(a) = &w.action {
         let width = a.mlp.in_dim();
         s.input.clear();
-        s.input.resize(tokens * width, 0.0);
+        s.input.resize(batch.tokens() * width, 0.0);
         plan::action_rows(model, batch, &mut s.input);
+        if !rows.is_all() {
+            for (k, &t) in rows.tokens().iter().enumerate() {
+                s.input.copy_within(t * width..(t + 1) * width, k * width);
+            }
+            s.input.truncate(tokens * width);
+        }
         s.tmp.resize(tokens * d, 0.0);
         a.mlp.forward(dense, &s.input, width, tokens, &mut s.tmp);
         s.x.iter_mut().zip(&s.tmp).for_each(|(x, a)| *x += a);
@@ -359,13 +359,16 @@ fn inputs(model: &HstuModel, dense: &mut DenseCtx, s: &mut Scratch, batch: &Hstu
 
 /// Step 2 for the contextual slots: `bias[s] + row @ W[s]`, the row zeroed for a user shorter
 /// than the feature's minimum (or without the value).
-fn contextual(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
+fn contextual(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch, rows: &Rows) {
     let w = &model.weights;
     let td = model.config.hstu.hstu_embedding_table_dim;
     let total = model.embeddings().total_dim();
     let d = model.config.dim();
     plan::contextual_slots(model, batch, |c| {
-        let (t, slot) = (c.token, c.slot);
+        let Some(t) = rows.row(c.token) else {
+            return;
+        };
+        let slot = c.slot;
         let out = &mut s.x[t * d..(t + 1) * d];
         out.copy_from_slice(&w.contextual_b[slot * d..(slot + 1) * d]);
         let Some(col) = c.col else {
@@ -383,11 +386,20 @@ fn contextual(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch) {
 
 /// Step 3: `x = x * sqrt(D) + (time[bucket] + position[p])` for every token (the first tokens
 /// of a user in `as_of` encoded as of its earlier request).
-fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch, as_of: &[Option<AsOf>]) {
+fn encodings(
+    model: &HstuModel,
+    s: &mut Scratch,
+    batch: &HstuBatch,
+    as_of: &[Option<AsOf>],
+    rows: &Rows,
+) {
     let w = &model.weights;
     let d = model.config.dim();
     let alpha = (d as f64).sqrt() as f32;
     plan::encoding_rows_as_of(model, batch, as_of, |t, p, b| {
+        let Some(t) = rows.row(t) else {
+            return;
+        };
         let x = &mut s.x[t * d..(t + 1) * d];
         let pe = &w.positions[p * d..(p + 1) * d];
         let te = &w.times[b * d..(b + 1) * d];
@@ -395,119 +407,4 @@ fn encodings(model: &HstuModel, s: &mut Scratch, batch: &HstuBatch, as_of: &[Opt
             *x = *x * alpha + (tv + pv);
         }
     });
-}
-
-/// Step 4, layer `l`. In the last layer (`queries` [`Queries::Candidates`]) only the
-/// candidates' rows are carried past the projection: the head reads no other row, so their
-/// attention, gate and output projection are skipped (every token's keys and values are still
-/// computed, the candidates attend to them); the other rows of `x` are left stale.
-fn stu_layer(
-    model: &HstuModel,
-    l: usize,
-    dense: &mut DenseCtx,
-    s: &mut Scratch,
-    users: &Users<'_>,
-    queries: Queries,
-    times: &mut HstuTimes,
-) {
-    let seqs = users.seqs;
-    let h = &model.config.hstu;
-    let layer = &model.weights.layers[l];
-    let d = model.config.dim();
-    let tokens = s.x.len() / d;
-    let shape = Shape {
-        heads: h.hstu_num_heads,
-        hid: h.hstu_attn_linear_dim,
-        qk: h.hstu_attn_qk_dim,
-    };
-    let (w, n) = (shape.row(), shape.out_row());
-    let th = dense.threads();
-    // The rows carried on: every token, or the candidates' rows in token order.
-    let rows: Vec<usize> = match queries {
-        Queries::All => Vec::new(),
-        Queries::Candidates => seqs
-            .iter()
-            .flat_map(|q| q.start + q.history()..q.start + q.len)
-            .collect(),
-    };
-    let all = queries == Queries::All;
-    let carried = if all { tokens } else { rows.len() };
-    let row_of = |k: usize| if all { k } else { rows[k] };
-    let t = Instant::now();
-    s.xn.resize(tokens * d, 0.0);
-    let x = &s.x;
-    for_rows(th, &mut s.xn, d, |i, y| {
-        layer.input_norm.row(&x[i * d..(i + 1) * d], y)
-    });
-    times.pointwise += t.elapsed();
-    let t = Instant::now();
-    s.uvqk.resize(tokens * w, 0.0);
-    dense.linear(&layer.uvqk, &s.xn, d, tokens, &mut s.uvqk);
-    times.projections += t.elapsed();
-    let t = Instant::now();
-    s.attn.resize(tokens * n, 0.0);
-    let alpha = (1.0 / (shape.qk as f64).sqrt()) as f32;
-    attention::attention_of(shape, &s.uvqk, seqs, alpha, &mut s.attn, th, queries);
-    if queries == Queries::All {
-        // Rows held as of an earlier request: its length divided them (`out = sum / n`).
-        for &(from, to, factor) in users.earlier {
-            s.attn[from * n..to * n]
-                .iter_mut()
-                .for_each(|a| *a *= factor);
-        }
-    }
-    times.attention += t.elapsed();
-    let t = Instant::now();
-    // Each carried row's gate input: `[silu(u), attn, silu(u) * norm(attn)]`.
-    s.y.resize(carried * 3 * n, 0.0);
-    let group = h.hstu_group_norm;
-    let (attn, uvqk) = (&s.attn, &s.uvqk);
-    for_rows(th, &mut s.y, 3 * n, |k, y| {
-        let i = row_of(k);
-        let (a, u) = (&attn[i * n..(i + 1) * n], &uvqk[i * w..i * w + n]);
-        y[..n].iter_mut().zip(u).for_each(|(y, &u)| *y = silu(u));
-        y[n..2 * n].copy_from_slice(a);
-        let (u, z) = y.split_at_mut(2 * n);
-        let u = &u[..n];
-        if group {
-            let hid = shape.hid;
-            for hd in 0..shape.heads {
-                let r = hd * hid..(hd + 1) * hid;
-                let (mean, rstd) = moments(&a[r.clone()], layer.output_norm.eps);
-                let (gw, gb) = (layer.output_norm.weight[hd], layer.output_norm.bias[hd]);
-                for ((z, &a), &u) in z[r.clone()].iter_mut().zip(&a[r.clone()]).zip(&u[r]) {
-                    *z = u * ((a - mean) * rstd * gw + gb);
-                }
-            }
-        } else {
-            layer.output_norm.row(a, z);
-            z.iter_mut().zip(u).for_each(|(z, &u)| *z *= u);
-        }
-    });
-    times.pointwise += t.elapsed();
-    let t = Instant::now();
-    s.tmp.resize(carried * d, 0.0);
-    dense.linear(&layer.output, &s.y, 3 * n, carried, &mut s.tmp);
-    times.projections += t.elapsed();
-    add_rows(th, &mut s.x, &s.tmp, d, (!all).then_some(&rows[..]));
-}
-
-/// The residual: `x += out`, every row (`rows` `None`), or row `rows[k]` of `x` by row `k` of
-/// `out`.
-fn add_rows(th: usize, x: &mut [f32], out: &[f32], d: usize, rows: Option<&[usize]>) {
-    match rows {
-        None => for_rows(th, x, d, |i, x| {
-            x.iter_mut()
-                .zip(&out[i * d..(i + 1) * d])
-                .for_each(|(x, y)| *x += y)
-        }),
-        Some(rows) => {
-            for (k, &i) in rows.iter().enumerate() {
-                x[i * d..(i + 1) * d]
-                    .iter_mut()
-                    .zip(&out[k * d..(k + 1) * d])
-                    .for_each(|(x, y)| *x += y);
-            }
-        }
-    }
 }

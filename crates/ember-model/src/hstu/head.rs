@@ -36,13 +36,14 @@ pub(crate) struct HeadScratch {
     logits: Vec<f32>,
 }
 
-/// Step 5: the candidates' scores.
+/// Step 5: the candidates' scores (`x` and `emb` hold candidate token `t` at row `at(t)`).
 pub(crate) fn head(
     model: &HstuModel,
     dense: &mut DenseCtx,
     x: &[f32],
     emb: &[f32],
     batch: &HstuBatch,
+    at: &dyn Fn(usize) -> usize,
     s: &mut HeadScratch,
 ) -> HstuScores {
     let (roles, w) = (&model.roles, &model.weights);
@@ -57,9 +58,10 @@ pub(crate) fn head(
     let item_cols: Vec<_> = roles.items.iter().map(|&f| model.cols(f)).collect();
     let mut qtimes = Vec::with_capacity(n);
     let offsets = candidate_tokens(batch, |t| {
-        s.cand.extend_from_slice(&x[t * d..(t + 1) * d]);
         qtimes.push(batch.times[t]);
-        let row = &emb[t * total..(t + 1) * total];
+        let r = at(t);
+        s.cand.extend_from_slice(&x[r * d..(r + 1) * d]);
+        let row = &emb[r * total..(r + 1) * total];
         for c in &item_cols {
             s.item.extend_from_slice(&row[c.clone()]);
         }

@@ -17,6 +17,7 @@
 //! generative-recommenders` writes them; `docs/model-format.md` lists them).
 
 pub mod attention;
+pub mod cache;
 pub mod config;
 pub mod forward;
 mod head;
@@ -24,6 +25,9 @@ pub mod layers;
 pub mod plan;
 pub mod presets;
 pub mod request;
+mod reuse;
+mod stu;
+mod times;
 mod weights;
 mod ymm;
 mod zmm;
@@ -34,10 +38,12 @@ use std::path::Path;
 use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy};
 use ember_tier::{Stager, TierOptions};
 
+pub use cache::{CacheStats, Eviction, HistoryCache, HistoryCacheConfig, Reuse};
 pub use config::{AttentionNorm, HstuModelConfig, TaskType, TimeBucketClamp};
 pub use forward::{HstuPredictor, HstuScores, HstuTimes};
 pub use plan::{AsOf, Columns, ContextualSlot, TokenPlan};
 pub use request::{HstuBatch, User, UserSpan};
+pub use reuse::CacheUse;
 pub use weights::{ActionEncoder, HstuWeights, Postprocessor, StuLayer, random_dense_tensors};
 
 use crate::dense::{DenseDType, DenseIsa};
@@ -65,6 +71,8 @@ pub struct HstuModel {
     embeddings: EmbeddingCollection,
     stager: Stager,
     weights: HstuWeights,
+    /// The cache of users' histories, this loaded version's own.
+    history: Option<std::sync::Arc<HistoryCache>>,
 }
 
 impl HstuModel {
@@ -114,7 +122,9 @@ impl HstuModel {
             config.tables.iter_mut().for_each(|t| t.dtype = d);
         }
         let tier = crate::model::tier_options(dir, config.tier.as_ref(), config.remote.as_ref())?;
-        Self::assemble(config, weights, tables, tier)
+        let mut model = Self::assemble(config, weights, tables, tier)?;
+        model.set_history_cache(opts.history_cache)?;
+        Ok(model)
     }
 
     /// A model of `config`'s shape with random weights (for benchmarks and `ember data model`):
@@ -172,6 +182,7 @@ impl HstuModel {
             embeddings,
             stager,
             weights,
+            history: None,
         };
         model.prepare_dense(model.config.dense_dtype);
         Ok(model)
@@ -209,6 +220,33 @@ impl HstuModel {
         self.stager = Stager::new(&self.embeddings, opts)?;
         self.config.tier = Some(tier);
         Ok(())
+    }
+
+    /// Makes its in-memory tables live: their rows may then be rewritten while it serves
+    /// (`embeddings().tables()[t].write_rows`, as the remote tier's streaming updates do), and
+    /// a history cache retires the entries that read a rewritten row.
+    pub fn make_tables_live(&mut self) -> Result<()> {
+        Ok(self.embeddings.make_dram_tables_live()?)
+    }
+
+    /// Gives the model a new, empty cache of users' histories (`None`: none), which its
+    /// runners use from then on ([`HstuPredictor::run_cached`]). Refused for a model whose
+    /// attention divides by the batch's longest length (`attention_norm: batch_max`): a user's
+    /// states would change with its batch-mates.
+    pub fn set_history_cache(&mut self, config: Option<HistoryCacheConfig>) -> Result<()> {
+        if config.is_some() && self.config.attention_norm != AttentionNorm::Alone {
+            return Err(ModelError::BadOption {
+                option: "history_cache",
+                reason: "needs attention_norm alone (this model's config says batch_max)".into(),
+            });
+        }
+        self.history = config.map(|c| std::sync::Arc::new(HistoryCache::new(c)));
+        Ok(())
+    }
+
+    /// Its cache of users' histories, if it has one.
+    pub fn history_cache(&self) -> Option<&std::sync::Arc<HistoryCache>> {
+        self.history.as_ref()
     }
 
     /// Frees the model with `pause` after each table, as [`crate::Model::release`] does.

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
-use crate::hstu::{HstuBatch, HstuModel, HstuPredictor, HstuScores, HstuTimes, User};
+use crate::hstu::{CacheStats, HstuBatch, HstuModel, HstuPredictor, HstuScores, HstuTimes, User};
 use crate::tier::Tier;
 
 /// The output of where each user's candidates start.
@@ -199,7 +199,8 @@ impl Servable for HstuModel {
         }
         let batch = self.check_users(&users, 0)?;
         let t = Instant::now();
-        let staged = match self.stager().is_active() {
+        // With a cache of histories the pass stages only the rows it computes.
+        let staged = match self.stager().is_active() && self.history_cache().is_none() {
             true => Some(
                 self.stager()
                     .stage(self.embeddings(), batch.lookups.view())?,
@@ -227,7 +228,16 @@ impl Servable for HstuModel {
         let room = h
             .max_seq_len
             .saturating_sub(self.config().contextual_slots() + candidates);
-        let users = self.random_users(most.clamp(1, 2), room.min(64), candidates, seed);
+        let mut users = self.random_users(most.clamp(1, 2), room.min(64), candidates, seed);
+        if self.history_cache().is_some() {
+            // Without their contextual ids warm users are never cached: they take no place
+            // from the users served.
+            for u in &mut users {
+                for c in &self.roles.contextual {
+                    u.uih.remove(&self.roles.features[c.feature].name);
+                }
+            }
+        }
         Box::new(Users(users))
     }
 
@@ -294,6 +304,10 @@ impl Servable for HstuModel {
 
     fn dense_dtype(&self) -> DenseDType {
         self.config().dense_dtype
+    }
+
+    fn history_cache(&self) -> Option<CacheStats> {
+        HstuModel::history_cache(self).map(|c| c.stats())
     }
 
     fn cpu_runner(self: Arc<Self>, threads: usize) -> Result<Box<dyn Runner>> {
@@ -431,7 +445,7 @@ impl Runner for HstuRunner {
 
     fn run(&mut self, batch: &Batched, out: &mut Outputs) -> Result<Times> {
         let p = &mut self.predictor;
-        run_staged_users(batch, out, |users, staged| p.run_staged(users, staged))
+        run_staged_users(batch, out, |users, staged| p.run_served(users, staged))
     }
 
     fn device(&self) -> String {

@@ -185,6 +185,12 @@ pub trait Servable: Send + Sync + Debug + 'static {
     /// The precision of its dense layers.
     fn dense_dtype(&self) -> DenseDType;
 
+    /// Its cache of users' histories' counters, where it has one (an HSTU model with
+    /// `history_cache` in its load options).
+    fn history_cache(&self) -> Option<crate::hstu::CacheStats> {
+        None
+    }
+
     /// Whether it can record its lookups for a placement profile (`ember serve --profile-dir`).
     fn records_lookups(&self) -> bool {
         false

@@ -5,5 +5,6 @@
 mod dense_dtype;
 mod hstu;
 mod hstu_as_of;
+mod hstu_cache;
 mod parity;
 mod seam;

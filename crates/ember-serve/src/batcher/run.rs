@@ -25,12 +25,12 @@ pub(super) struct Ready {
 }
 
 /// Where a batch runs and is accounted: the instance's runner and outputs buffer, the model,
-/// and the model's tier metrics, statistics and load model.
+/// and the model's tier and history cache metrics, statistics and load model.
 pub(super) struct RunOn<'a> {
     pub engine: &'a mut dyn Runner,
     pub model: &'a dyn Servable,
     pub outputs: &'a mut Outputs,
-    pub tier_metrics: Option<&'a m::TierMetrics>,
+    pub model_metrics: Option<&'a m::ModelMetrics>,
     pub stats: &'a Stats,
     pub load: &'a Load,
 }
@@ -40,7 +40,7 @@ pub(super) struct RunOn<'a> {
 pub(super) struct Instance {
     model: Arc<dyn Servable>,
     outputs: Outputs,
-    tier_metrics: Option<Arc<m::TierMetrics>>,
+    model_metrics: Option<Arc<m::ModelMetrics>>,
     stats: Arc<Stats>,
     load: Arc<Load>,
 }
@@ -51,7 +51,7 @@ impl Shared {
         Instance {
             model,
             outputs: Outputs::default(),
-            tier_metrics: self.tier_metrics.clone(),
+            model_metrics: self.model_metrics.clone(),
             stats: self.stats.clone(),
             load: self.load.clone(),
         }
@@ -65,7 +65,7 @@ impl Instance {
             engine,
             model: self.model.as_ref(),
             outputs: &mut self.outputs,
-            tier_metrics: self.tier_metrics.as_deref(),
+            model_metrics: self.model_metrics.as_deref(),
             stats: &self.stats,
             load: &self.load,
         };
@@ -178,7 +178,7 @@ pub(super) fn run_batch(on: RunOn<'_>, ready: Ready) {
         engine,
         model,
         outputs,
-        tier_metrics,
+        model_metrics,
         stats,
         load,
     } = on;
@@ -194,8 +194,8 @@ pub(super) fn run_batch(on: RunOn<'_>, ready: Ready) {
     let ok = result.is_ok();
     if ok {
         // Before the answers: a client that reads /metrics after its answer sees its batch.
-        if let Some(t) = tier_metrics {
-            t.record(model.tier());
+        if let Some(t) = model_metrics {
+            t.record(model);
         }
     }
     load.observe(n, start.elapsed());

@@ -8,5 +8,6 @@ mod checks_once;
 mod fuzz_decoders;
 mod grpc;
 mod hstu;
+mod hstu_cache;
 mod http;
 mod repository;

@@ -99,6 +99,9 @@ pub(super) struct Inner {
     /// Bumped whenever row updates are applied to the caches (`fill.rs` drops rows read
     /// across one).
     pub(super) update_gen: u64,
+    /// Each tier table's index in the collection (whose tables' logs of updates say which
+    /// rows changed).
+    pub(super) in_coll: Vec<usize>,
 }
 
 /// Staging slots of a tier table's cache: rows of batches in flight that the policy did not keep
@@ -129,6 +132,8 @@ impl Inner {
         }
         self.update_gen += 1;
         let mut touched = vec![false; self.tables.len()];
+        let in_coll = self.in_coll.clone();
+        let log = |d: usize| in_coll.get(d).map(|&t| coll.tables()[t].updates());
         for p in polled {
             match p {
                 Polled::Rows {
@@ -163,12 +168,18 @@ impl Inner {
                     if let TierStore::Remote(s) = &mut self.stores[t.store] {
                         s.updated(t.table, &ids, &rows);
                     }
+                    if let Some(log) = log(d) {
+                        log.wrote(&ids);
+                    }
                     touched[d] = true;
                     f.applied(applied, absent, published_ms);
                 }
                 Polled::Reset { table, now_at } => {
                     // A live table is read again by the update thread (its rows follow).
                     if let Target::Cache(d) = f.targets[table] {
+                        if let Some(log) = log(d) {
+                            log.reset();
+                        }
                         let t = &mut self.tables[d];
                         t.cache.drop_all();
                         if let TierStore::Remote(s) = &mut self.stores[t.store] {

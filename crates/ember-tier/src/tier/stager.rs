@@ -222,6 +222,7 @@ impl Stager {
                 misses: Vec::new(),
                 requests: Vec::new(),
                 update_gen: 0,
+                in_coll: tier.to_vec(),
             })),
             collection: coll.id(),
             features_of,

@@ -1,0 +1,292 @@
+//! `ember bench history-cache`: HSTU requests served with the cache of users' histories
+//! (`ember_model::hstu::cache`) against the full recompute, in the same run
+//! (`docs/hstu.md`, "A cache of users' histories").
+//!
+//! - **Cells** (`--cells HISTORY:CANDIDATES,...`): users with a history of `HISTORY` items fill
+//!   their entries, then come back `--rounds` times with `--new` new actions and `CANDIDATES`
+//!   new candidates each; every request is scored by the full recompute
+//!   ([`HstuPredictor::run`]) and with the cache ([`HstuPredictor::run_cached`], which extends the
+//!   entry), alternating which goes first. Reported per cell: the medians, their ratio, the
+//!   scores' difference and the AUC / NE the cached scores keep (labels drawn from the fresh
+//!   probabilities), and the bytes an entry holds.
+//! - **Replay** (`--replay N`): `N` requests of streaming users ([`UserStream`]: random users
+//!   return with 1 to `--grow` new actions) through a cache of `--cache-mb`, each also scored
+//!   fresh: hit rate, evictions, bytes per user, time per request and the AUC / NE kept with
+//!   entries extended over many requests.
+
+use anyhow::{Context, Result, ensure};
+use clap::Args;
+use ember_bench::stats::median;
+use ember_embed::DType;
+use ember_model::dense::DenseDType;
+use ember_model::hstu::presets::{UserStream, preset};
+use ember_model::hstu::{
+    Eviction, HistoryCache, HistoryCacheConfig, HstuModel, HstuPredictor, Reuse, User,
+};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::model_report::Accuracy;
+
+#[derive(Debug, Args)]
+pub struct HistoryCacheArgs {
+    /// Model shape with random weights: dlrm-v3 or hstu-small.
+    #[arg(long, default_value = "dlrm-v3")]
+    preset: String,
+    /// Multiplies every table's rows (dlrm-v3's item table has 1e9).
+    #[arg(long, default_value_t = 1e-5)]
+    rows_scale: f64,
+    /// HISTORY:CANDIDATES cells, comma-separated.
+    #[arg(
+        long,
+        default_value = "1024:64,1024:512,1024:2048,4096:64,4096:512,4096:2048"
+    )]
+    cells: String,
+    /// Users per cell.
+    #[arg(long, default_value_t = 2)]
+    users: usize,
+    /// Returns per user and cell.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// New actions a return.
+    #[arg(long, default_value_t = 8)]
+    new: usize,
+    /// What an entry may stand for: exact, stale (the default bound) or
+    /// stale:APPENDED:DAYS.
+    #[arg(long, default_value = "stale")]
+    reuse: Reuse,
+    /// LRU or LFU.
+    #[arg(long, default_value = "lru")]
+    eviction: Eviction,
+    /// The dense layers' precision: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    dense_dtype: String,
+    /// Requests of streaming users to replay instead of the cells.
+    #[arg(long)]
+    replay: Option<usize>,
+    /// Replay: the cache's size.
+    #[arg(long, default_value_t = 1024)]
+    cache_mb: usize,
+    /// Replay: users, their history before the stream, new actions a return (1 to this).
+    #[arg(long, default_value_t = 16)]
+    replay_users: usize,
+    #[arg(long, default_value_t = 256)]
+    replay_history: usize,
+    #[arg(long, default_value_t = 8)]
+    grow: usize,
+    /// Replay: candidates a request.
+    #[arg(long, default_value_t = 64)]
+    candidates: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print each pass's stage times (cells).
+    #[arg(long)]
+    stages: bool,
+    /// Print one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_cells(s: &str) -> Result<Vec<(usize, usize)>> {
+    s.split(',')
+        .map(|c| {
+            let (h, k) = c
+                .split_once(':')
+                .with_context(|| format!("--cells '{c}': expected HISTORY:CANDIDATES"))?;
+            Ok((h.trim().parse()?, k.trim().parse()?))
+        })
+        .collect()
+}
+
+pub fn run(a: HistoryCacheArgs) -> Result<()> {
+    ensure!(
+        a.users > 0 && a.rounds > 0,
+        "--users and --rounds must be at least 1"
+    );
+    let reuse = a.reuse;
+    let dtype: DenseDType = a.dense_dtype.parse()?;
+    let cfg = preset(&a.preset, a.rows_scale, DType::F16)
+        .with_context(|| format!("unknown --preset '{}' (dlrm-v3, hstu-small)", a.preset))?;
+    let model = Arc::new(HstuModel::random(cfg, a.seed, a.threads)?);
+    let mut p = HstuPredictor::new(model.clone(), a.threads)?;
+    p.set_dense_dtype(dtype)?;
+    let cpu = super::cpu_name();
+    eprintln!(
+        "{} (rows x {}), {} dense layers, {} threads, reuse {reuse:?}; {cpu}",
+        a.preset, a.rows_scale, a.dense_dtype, a.threads
+    );
+    let report = match a.replay {
+        Some(n) => replay(&a, &model, &mut p, reuse, n)?,
+        None => cells(&a, &model, &mut p, reuse)?,
+    };
+    if a.json {
+        let mut r = report;
+        r["bench"] = json!("history-cache");
+        r["preset"] = json!(a.preset);
+        r["rows_scale"] = json!(a.rows_scale);
+        r["cpu"] = json!(cpu);
+        r["threads"] = json!(a.threads);
+        r["dense_dtype"] = json!(a.dense_dtype);
+        r["reuse"] = json!(a.reuse.to_string());
+        println!("{r}");
+    }
+    Ok(())
+}
+
+fn check(model: &HstuModel, user: &User) -> Result<ember_model::hstu::HstuBatch> {
+    Ok(model.check_users(std::slice::from_ref(user), 0)?)
+}
+
+fn cells(
+    a: &HistoryCacheArgs,
+    model: &Arc<HstuModel>,
+    p: &mut HstuPredictor,
+    reuse: Reuse,
+) -> Result<Value> {
+    let mut out = Vec::new();
+    eprintln!(
+        "{:>7} {:>6}  {:>10} {:>10} {:>7}  {:>9} {:>9} {:>9}  {:>8}",
+        "history",
+        "cands",
+        "fresh ms",
+        "cached ms",
+        "x",
+        "max diff",
+        "AUC kept",
+        "NE kept",
+        "MiB/user"
+    );
+    for (history, candidates) in parse_cells(&a.cells)? {
+        let cache = HistoryCache::new(HistoryCacheConfig {
+            bytes: usize::MAX / 2,
+            eviction: a.eviction,
+            reuse,
+        });
+        let mut stream = UserStream::new(model.config(), a.users, a.seed ^ history as u64);
+        for u in 0..a.users {
+            p.run_cached(&check(model, &stream.user(u, history, candidates))?, &cache)?;
+        }
+        let bytes = cache.stats().bytes as f64 / a.users as f64;
+        let (mut tf, mut tc, mut fresh, mut cached) = (vec![], vec![], vec![], vec![]);
+        let mut hits = 0;
+        for r in 0..a.rounds {
+            for u in 0..a.users {
+                let h = history + a.new * (r + 1);
+                let batch = check(model, &stream.user(u, h, candidates))?;
+                for first in [(r + u) % 2 == 0, (r + u) % 2 == 1] {
+                    let t = Instant::now();
+                    if first {
+                        let (s, times) = p.run(&batch)?;
+                        if a.stages {
+                            eprintln!("fresh {times:?}");
+                        }
+                        tf.push(t.elapsed().as_secs_f64());
+                        fresh.extend_from_slice(&s.scores[0]);
+                    } else {
+                        let (s, times, used) = p.run_cached(&batch, &cache)?;
+                        if a.stages {
+                            eprintln!("cached {times:?}");
+                        }
+                        tc.push(t.elapsed().as_secs_f64());
+                        cached.extend_from_slice(&s.scores[0]);
+                        hits += used.hits;
+                    }
+                }
+            }
+        }
+        let acc = Accuracy::of(fresh.len(), &fresh, &cached, a.seed);
+        let (f, c) = (median(&tf) * 1e3, median(&tc) * 1e3);
+        eprintln!(
+            "{history:>7} {candidates:>6}  {f:>10.1} {c:>10.1} {:>6.2}x  {:>9.2e} {:>8.4}% {:>8.4}%  {:>8.1}",
+            f / c,
+            acc.max_abs,
+            100.0 * acc.auc_kept(),
+            100.0 * acc.ne_kept(),
+            bytes / (1 << 20) as f64
+        );
+        out.push(json!({
+            "history": history, "candidates": candidates, "new": a.new,
+            "fresh_ms": f, "cached_ms": c, "speedup": f / c, "hits": hits,
+            "requests": tf.len(), "bytes_per_user": bytes,
+            "max_abs": acc.max_abs, "mean_abs": acc.mean_abs,
+            "auc": {"fresh": acc.auc.0, "cached": acc.auc.1, "kept": acc.auc_kept()},
+            "ne": {"fresh": acc.ne.0, "cached": acc.ne.1, "kept": acc.ne_kept()},
+        }));
+    }
+    Ok(json!({ "cells": out }))
+}
+
+fn replay(
+    a: &HistoryCacheArgs,
+    model: &Arc<HstuModel>,
+    p: &mut HstuPredictor,
+    reuse: Reuse,
+    n: usize,
+) -> Result<Value> {
+    let cache = HistoryCache::new(HistoryCacheConfig {
+        bytes: a.cache_mb << 20,
+        eviction: a.eviction,
+        reuse,
+    });
+    let mut stream = UserStream::new(model.config(), a.replay_users, a.seed);
+    for u in 0..a.replay_users {
+        stream.user(u, a.replay_history, a.candidates);
+    }
+    let (mut tf, mut tc, mut fresh, mut cached) = (vec![], vec![], vec![], vec![]);
+    let mut tokens = 0usize;
+    for _ in 0..n {
+        let (_, user) = stream.next_request(a.grow, a.candidates, usize::MAX);
+        let batch = check(model, &user)?;
+        tokens += batch.users()[0].history;
+        let t = Instant::now();
+        let (s, _, _) = p.run_cached(&batch, &cache)?;
+        tc.push(t.elapsed().as_secs_f64());
+        cached.extend_from_slice(&s.scores[0]);
+        let t = Instant::now();
+        fresh.extend_from_slice(&p.run(&batch)?.0.scores[0]);
+        tf.push(t.elapsed().as_secs_f64());
+    }
+    let st = cache.stats();
+    let acc = Accuracy::of(fresh.len(), &fresh, &cached, a.seed);
+    let lookups = (st.hits + st.misses + st.refused).max(1) as f64;
+    let per_user = st.bytes as f64 / st.entries.max(1) as f64;
+    eprintln!(
+        "{n} requests of {} users ({:.0} history items on average, 1-{} new a return, {} \
+         candidates), cache {} MiB {:?}: hits {:.1}% ({} hits, {} misses, {} refused), {} \
+         evictions, {} entries of {:.2} MiB on average; fresh {:.1} ms, cached {:.1} ms a request \
+         (medians, {:.2}x); scores within {:.2e}, AUC {:.4}% kept, NE {:.4}% kept: {}",
+        a.replay_users,
+        tokens as f64 / n.max(1) as f64,
+        a.grow,
+        a.candidates,
+        a.cache_mb,
+        a.eviction,
+        100.0 * st.hits as f64 / lookups,
+        st.hits,
+        st.misses,
+        st.refused,
+        st.evictions,
+        st.entries,
+        per_user / (1 << 20) as f64,
+        median(&tf) * 1e3,
+        median(&tc) * 1e3,
+        median(&tf) / median(&tc),
+        acc.max_abs,
+        100.0 * acc.auc_kept(),
+        100.0 * acc.ne_kept(),
+        acc.verdict()
+    );
+    Ok(json!({
+        "replay": n, "users": a.replay_users, "grow": a.grow, "candidates": a.candidates,
+        "cache_mb": a.cache_mb, "mean_history": tokens as f64 / n.max(1) as f64,
+        "hits": st.hits, "misses": st.misses, "refused": st.refused,
+        "evictions": st.evictions, "entries": st.entries, "bytes_per_user": per_user,
+        "fresh_ms": median(&tf) * 1e3, "cached_ms": median(&tc) * 1e3,
+        "max_abs": acc.max_abs, "mean_abs": acc.mean_abs,
+        "auc": {"fresh": acc.auc.0, "cached": acc.auc.1, "kept": acc.auc_kept()},
+        "ne": {"fresh": acc.ne.0, "cached": acc.ne.1, "kept": acc.ne_kept()},
+    }))
+}

@@ -1,0 +1,151 @@
+//! The forward pass with a cache of users' histories ([`super::cache`]): a user whose entry the
+//! cache lets stand computes only its tokens past the entry (new history items and
+//! candidates: their lookups, inputs, projections, attention against the held keys and
+//! values); every user's slots and history are kept for its next request.
+
+use std::time::Instant;
+
+use super::cache::{Entry, HistoryCache, Plan, Segment, epochs, fingerprint};
+use super::config::AttentionNorm;
+use super::forward::{HstuPredictor, HstuScores, HstuTimes};
+use super::plan::AsOf;
+use super::request::HstuBatch;
+use super::stu::{Held, Rows, kv_width, shape_of};
+use crate::error::{ModelError, Result};
+
+/// What one cached pass reused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheUse {
+    /// Users whose entry was read.
+    pub hits: usize,
+    /// Tokens read from entries (not computed).
+    pub held_tokens: usize,
+    /// Tokens computed.
+    pub computed_tokens: usize,
+}
+
+impl HstuPredictor {
+    /// Scores a served batch: through the model's cache of users' histories where it has one
+    /// (the batch then staged by the pass itself, only the rows it computes), else as
+    /// [`HstuPredictor::run_staged`] with `staged`.
+    pub fn run_served(
+        &mut self,
+        batch: &HstuBatch,
+        staged: Option<&ember_embed::StagedBatch>,
+    ) -> Result<(HstuScores, HstuTimes)> {
+        match self.model().history_cache().cloned() {
+            Some(cache) => self.run_cached(batch, &cache).map(|(s, t, _)| (s, t)),
+            None => self.run_staged(batch, staged),
+        }
+    }
+
+    /// Scores `batch` with `cache` (see the module's doc): what each user reused is in the
+    /// [`CacheUse`]. Each user's own length is the divisor (`attention_norm` `alone`).
+    pub fn run_cached(
+        &mut self,
+        batch: &HstuBatch,
+        cache: &HistoryCache,
+    ) -> Result<(HstuScores, HstuTimes, CacheUse)> {
+        if self.attention_norm() != AttentionNorm::Alone {
+            return Err(ModelError::BadOption {
+                option: "history_cache",
+                reason: "needs attention_norm alone (a batch's longest length changes with its \
+                         users)"
+                    .into(),
+            });
+        }
+        let model = self.model().clone();
+        let layers = model.weights().layers.len();
+        let kvw = kv_width(shape_of(&model));
+        let slots = batch.slots();
+        // Before any row is read: an update landing during the pass is newer than the entry.
+        let now = epochs(&model);
+        let mut held = Held::none();
+        let mut firsts = Vec::with_capacity(batch.len());
+        let mut plans = Vec::with_capacity(batch.len());
+        for (u, span) in batch.users().iter().enumerate() {
+            let mut plan = cache.plan(&model, batch, u);
+            if let Plan::Reuse { key, entry } = &plan
+                && !whole(entry, slots, layers * kvw)
+            {
+                // A damaged entry is recomputed, never read.
+                plan = Plan::Fresh { key: *key };
+            }
+            let (first, read) = match &plan {
+                Plan::Reuse { entry, .. } => (slots + entry.history, entry.segments.clone()),
+                _ => (0, Vec::new()),
+            };
+            let keep = match &plan {
+                Plan::Uncached => 0..0,
+                _ => first..slots + span.history,
+            };
+            held.kept.push(vec![0.0; layers * keep.len() * kvw]);
+            held.keep.push(keep);
+            held.read.push(read);
+            firsts.push(first);
+            plans.push(plan);
+        }
+        let rows = Rows::from(batch, firsts);
+        let t0 = Instant::now();
+        let lookups = (!rows.is_all()).then(|| batch.lookups.select(rows.tokens()));
+        let view = lookups.as_ref().unwrap_or(&batch.lookups);
+        let staged = match model.stager().is_active() {
+            true => Some(model.stager().stage(model.embeddings(), view.view())?),
+            false => None,
+        };
+        let staging = t0.elapsed();
+        let (scores, mut times) = self.pass_rows(
+            batch,
+            lookups.as_ref(),
+            staged.as_ref(),
+            &[],
+            &rows,
+            &mut held,
+        )?;
+        times.lookups += staging;
+        times.wall += staging;
+        let mut used = CacheUse {
+            computed_tokens: rows.len(batch),
+            ..CacheUse::default()
+        };
+        let kept = held.keep.into_iter().zip(held.kept);
+        for ((u, plan), (keep, kv)) in plans.into_iter().enumerate().zip(kept) {
+            let span = batch.users()[u];
+            let (key, mut segments) = match plan {
+                Plan::Uncached => continue,
+                Plan::Fresh { key } => (key, Vec::new()),
+                Plan::Reuse { key, entry } => {
+                    used.hits += 1;
+                    used.held_tokens += slots + entry.history;
+                    (key, entry.segments.clone())
+                }
+            };
+            if keep.is_empty() {
+                continue;
+            }
+            segments.push(std::sync::Arc::new(Segment {
+                tokens: keep.len(),
+                as_of: AsOf::of(batch, u),
+                kv,
+            }));
+            let entry = Entry {
+                history: span.history,
+                fingerprint: fingerprint(batch, u, span.history),
+                epochs: now.clone(),
+                segments,
+            };
+            cache.insert(key, entry);
+        }
+        Ok((scores, times, used))
+    }
+}
+
+/// Whether `entry` holds its slots and history whole: every segment's values there
+/// (`per_token`: layers x values per token), adding up to its tokens.
+fn whole(entry: &Entry, slots: usize, per_token: usize) -> bool {
+    entry.tokens() == slots + entry.history
+        && entry
+            .segments
+            .iter()
+            .all(|s| s.kv.len() == s.tokens * per_token)
+}
