@@ -76,6 +76,13 @@ pub struct TierArgs {
     /// requests, within 256 appended actions and 7 days) or exact (a repeat only).
     #[arg(long, default_value = "stale")]
     history_reuse: ember_model::hstu::Reuse,
+    /// Spill history entries evicted from DRAM to files under this directory (on an SSD),
+    /// read back when their user returns (checksummed; a damaged file is recomputed).
+    #[arg(long, value_name = "DIR")]
+    history_spill_dir: Option<PathBuf>,
+    /// The most MiB the spilled history entries hold.
+    #[arg(long, default_value_t = 16384, value_name = "MIB")]
+    history_spill_mb: u64,
 }
 
 impl TierArgs {
@@ -112,10 +119,14 @@ impl TierArgs {
 
     /// The history cache the flags ask for.
     fn history_cache(&self) -> Option<ember_model::hstu::HistoryCacheConfig> {
-        (self.history_cache_mb > 0).then_some(ember_model::hstu::HistoryCacheConfig {
+        (self.history_cache_mb > 0).then(|| ember_model::hstu::HistoryCacheConfig {
             bytes: self.history_cache_mb << 20,
             eviction: self.history_cache_eviction,
             reuse: self.history_reuse,
+            spill: (self.history_spill_dir.clone()).map(|dir| ember_model::hstu::SpillConfig {
+                dir,
+                bytes: self.history_spill_mb << 20,
+            }),
         })
     }
 

@@ -102,10 +102,20 @@ impl Default for Reuse {
 }
 
 /// A cache's settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryCacheConfig {
-    /// The most bytes its entries hold.
+    /// The most bytes its entries hold in DRAM.
     pub bytes: usize,
     pub eviction: Eviction,
     pub reuse: Reuse,
+    /// Where entries evicted from DRAM go (`None`: they are dropped).
+    pub spill: Option<SpillConfig>,
+}
+
+/// The cache's disk tier: a directory (the cache writes under a directory of its own in it)
+/// and the most bytes its files hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpillConfig {
+    pub dir: std::path::PathBuf,
+    pub bytes: u64,
 }

@@ -21,7 +21,7 @@ use ember_embed::DType;
 use ember_model::dense::DenseDType;
 use ember_model::hstu::presets::{UserStream, preset};
 use ember_model::hstu::{
-    Eviction, HistoryCache, HistoryCacheConfig, HstuModel, HstuPredictor, Reuse, User,
+    Eviction, HistoryCache, HistoryCacheConfig, HstuModel, HstuPredictor, Reuse, SpillConfig, User,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -68,6 +68,12 @@ pub struct HistoryCacheArgs {
     /// Replay: the cache's size.
     #[arg(long, default_value_t = 1024)]
     cache_mb: usize,
+    /// Replay: spill entries evicted from DRAM to this directory.
+    #[arg(long)]
+    spill_dir: Option<std::path::PathBuf>,
+    /// Replay: the spill directory's bound.
+    #[arg(long, default_value_t = 8192)]
+    spill_mb: u64,
     /// Replay: users, their history before the stream, new actions a return (1 to this).
     #[arg(long, default_value_t = 16)]
     replay_users: usize,
@@ -164,7 +170,8 @@ fn cells(
             bytes: usize::MAX / 2,
             eviction: a.eviction,
             reuse,
-        });
+            spill: None,
+        })?;
         let mut stream = UserStream::new(model.config(), a.users, a.seed ^ history as u64);
         for u in 0..a.users {
             p.run_cached(&check(model, &stream.user(u, history, candidates))?, &cache)?;
@@ -230,7 +237,11 @@ fn replay(
         bytes: a.cache_mb << 20,
         eviction: a.eviction,
         reuse,
-    });
+        spill: a.spill_dir.clone().map(|dir| SpillConfig {
+            dir,
+            bytes: a.spill_mb << 20,
+        }),
+    })?;
     let mut stream = UserStream::new(model.config(), a.replay_users, a.seed);
     for u in 0..a.replay_users {
         stream.user(u, a.replay_history, a.candidates);
@@ -253,6 +264,18 @@ fn replay(
     let acc = Accuracy::of(fresh.len(), &fresh, &cached, a.seed);
     let lookups = (st.hits + st.misses + st.refused).max(1) as f64;
     let per_user = st.bytes as f64 / st.entries.max(1) as f64;
+    if st.disk_hits > 0 {
+        let ms = st.disk_read_ns as f64 / 1e6 / st.disk_hits as f64;
+        eprintln!(
+            "disk tier: {} entries spilled, {} read back in {ms:.1} ms each ({:.0} MiB/s, \
+             checksum included; the full recompute: {:.1} ms a request), {} damaged",
+            st.spilled,
+            st.disk_hits,
+            per_user / (1 << 20) as f64 / (ms / 1e3),
+            median(&tf) * 1e3,
+            st.damaged
+        );
+    }
     eprintln!(
         "{n} requests of {} users ({:.0} history items on average, 1-{} new a return, {} \
          candidates), cache {} MiB {:?}: hits {:.1}% ({} hits, {} misses, {} refused), {} \
@@ -284,6 +307,8 @@ fn replay(
         "cache_mb": a.cache_mb, "mean_history": tokens as f64 / n.max(1) as f64,
         "hits": st.hits, "misses": st.misses, "refused": st.refused,
         "evictions": st.evictions, "entries": st.entries, "bytes_per_user": per_user,
+        "spilled": st.spilled, "disk_hits": st.disk_hits, "damaged": st.damaged,
+        "disk_bytes": st.disk_bytes, "disk_read_ms": st.disk_read_ns as f64 / 1e6,
         "fresh_ms": median(&tf) * 1e3, "cached_ms": median(&tc) * 1e3,
         "max_abs": acc.max_abs, "mean_abs": acc.mean_abs,
         "auc": {"fresh": acc.auc.0, "cached": acc.auc.1, "kept": acc.auc_kept()},

@@ -22,53 +22,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use crate::history::{Eviction, HistoryCacheConfig, Reuse};
+pub use crate::history::{Eviction, HistoryCacheConfig, Reuse, SpillConfig};
 
 use super::HstuModel;
+pub use super::entry::{Entry, Segment};
 use super::plan::AsOf;
 use super::request::HstuBatch;
-
-/// Tokens of one user computed at one request: every layer's keys and values.
-#[derive(Debug)]
-pub struct Segment {
-    /// Tokens held.
-    pub tokens: usize,
-    /// The request that computed them.
-    pub as_of: AsOf,
-    /// `[layers][tokens][v (H x hid) | k (H x qk)]`.
-    pub kv: Vec<f32>,
-}
-
-impl Segment {
-    fn bytes(&self) -> usize {
-        self.kv.len() * 4 + std::mem::size_of::<Segment>()
-    }
-}
-
-/// One user's held tokens: its contextual slots and first `history` history items.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    /// History items held (the slots come first).
-    pub history: usize,
-    /// Every input of the held tokens ([`fingerprint`]).
-    pub fingerprint: u64,
-    /// Per table of the model: its update epoch when the entry's newest segment was computed
-    /// ([`ember_embed::UpdateLog`]); a held token's row written since retires the entry.
-    pub epochs: Vec<u64>,
-    pub segments: Vec<Arc<Segment>>,
-}
-
-impl Entry {
-    /// Bytes it holds.
-    pub fn bytes(&self) -> usize {
-        self.segments.iter().map(|s| s.bytes()).sum::<usize>() + std::mem::size_of::<Entry>()
-    }
-
-    /// Tokens it holds (slots and history items).
-    pub fn tokens(&self) -> usize {
-        self.segments.iter().map(|s| s.tokens).sum()
-    }
-}
+use super::spill::Spill;
 
 /// What the cache did, counted since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -91,6 +51,14 @@ pub struct CacheStats {
     /// Bytes and entries held now.
     pub bytes: u64,
     pub entries: u64,
+    /// The disk tier: entries written there on eviction, read back, found damaged (and
+    /// recomputed), and bytes held there now.
+    pub spilled: u64,
+    pub disk_hits: u64,
+    pub damaged: u64,
+    pub disk_bytes: u64,
+    /// Nanoseconds spent reading entries back (and checking them).
+    pub disk_read_ns: u64,
 }
 
 #[derive(Debug)]
@@ -115,7 +83,8 @@ struct Inner {
 pub struct HistoryCache {
     config: HistoryCacheConfig,
     inner: Mutex<Inner>,
-    counts: [AtomicU64; 8],
+    counts: [AtomicU64; 12],
+    spill: Option<Spill>,
 }
 
 const HITS: usize = 0;
@@ -126,6 +95,10 @@ const INSERTS: usize = 4;
 const EVICTIONS: usize = 5;
 const TOO_LARGE: usize = 6;
 const UPDATED: usize = 7;
+const SPILLED: usize = 8;
+const DISK_HITS: usize = 9;
+const DAMAGED: usize = 10;
+const DISK_READ_NS: usize = 11;
 
 /// What a request does with a user's entry.
 #[derive(Debug, Clone)]
@@ -139,12 +112,18 @@ pub enum Plan {
 }
 
 impl HistoryCache {
-    pub fn new(config: HistoryCacheConfig) -> HistoryCache {
-        HistoryCache {
+    /// A cache of `config`; an error where its spill directory cannot be made.
+    pub fn new(config: HistoryCacheConfig) -> std::io::Result<HistoryCache> {
+        let spill = match &config.spill {
+            Some(s) => Some(Spill::open(&s.dir, s.bytes)?),
+            None => None,
+        };
+        Ok(HistoryCache {
             config,
             inner: Mutex::new(Inner::default()),
             counts: Default::default(),
-        }
+            spill,
+        })
     }
 
     pub fn config(&self) -> &HistoryCacheConfig {
@@ -170,6 +149,11 @@ impl HistoryCache {
             evictions: c(EVICTIONS),
             too_large: c(TOO_LARGE),
             updated: c(UPDATED),
+            spilled: c(SPILLED),
+            disk_hits: c(DISK_HITS),
+            damaged: c(DAMAGED),
+            disk_bytes: self.spill.as_ref().map_or(0, |s| s.held()),
+            disk_read_ns: c(DISK_READ_NS),
             bytes,
             entries,
         }
@@ -187,7 +171,7 @@ impl HistoryCache {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             g.touch(key, self.config.eviction)
         };
-        let Some(entry) = entry else {
+        let Some(entry) = entry.or_else(|| self.read_back(key)) else {
             self.count(MISSES);
             return Plan::Fresh { key };
         };
@@ -234,13 +218,14 @@ impl HistoryCache {
             // An entry replaced keeps its uses (LFU).
             let uses = g.map.get(&key).map_or(0, |h| h.rank.0);
             g.remove(key);
-            let mut evicted = 0;
+            let mut evicted = Vec::new();
             while g.bytes + bytes > self.config.bytes {
                 let Some((_, victim)) = g.order.pop_first() else {
                     break;
                 };
-                g.remove(victim);
-                evicted += 1;
+                if let Some(e) = g.remove(victim) {
+                    evicted.push((victim, e));
+                }
             }
             g.clock += 1;
             let rank = match self.config.eviction {
@@ -253,8 +238,38 @@ impl HistoryCache {
             g.map.insert(key, Held { entry, bytes, rank });
             evicted
         };
-        self.counts[EVICTIONS].fetch_add(evicted, Ordering::Relaxed);
+        self.counts[EVICTIONS].fetch_add(evicted.len() as u64, Ordering::Relaxed);
         self.count(INSERTS);
+        // Written outside the lock: the other runners go on.
+        if let Some(spill) = &self.spill {
+            for (key, e) in evicted {
+                if spill.put(key, &e).is_ok() {
+                    self.count(SPILLED);
+                }
+            }
+        }
+    }
+
+    /// The entry `key` spilled to disk, read back into DRAM; `None` where there is none or
+    /// its file is damaged (deleted, counted, the user recomputed).
+    fn read_back(&self, key: u64) -> Option<Arc<Entry>> {
+        let t = std::time::Instant::now();
+        let read = self.spill.as_ref()?.take(key);
+        let ns = t.elapsed().as_nanos() as u64;
+        self.counts[DISK_READ_NS].fetch_add(ns, Ordering::Relaxed);
+        match read {
+            Ok(Some(e)) => {
+                self.count(DISK_HITS);
+                self.insert(key, e);
+                let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                g.map.get(&key).map(|h| h.entry.clone())
+            }
+            Ok(None) => None,
+            Err(_) => {
+                self.count(DAMAGED);
+                None
+            }
+        }
     }
 
     /// Drops every entry.
@@ -282,11 +297,11 @@ impl Inner {
         Some(held.entry.clone())
     }
 
-    fn remove(&mut self, key: u64) {
-        if let Some(h) = self.map.remove(&key) {
-            self.order.remove(&h.rank);
-            self.bytes -= h.bytes;
-        }
+    fn remove(&mut self, key: u64) -> Option<Arc<Entry>> {
+        let h = self.map.remove(&key)?;
+        self.order.remove(&h.rank);
+        self.bytes -= h.bytes;
+        Some(h.entry)
     }
 }
 
@@ -423,7 +438,9 @@ mod tests {
             bytes: 3 * size,
             eviction,
             reuse: Reuse::DEFAULT,
-        });
+            spill: None,
+        })
+        .unwrap();
         (c, size)
     }
 

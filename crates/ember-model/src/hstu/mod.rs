@@ -19,6 +19,7 @@
 pub mod attention;
 pub mod cache;
 pub mod config;
+mod entry;
 pub mod forward;
 mod head;
 pub mod layers;
@@ -26,6 +27,7 @@ pub mod plan;
 pub mod presets;
 pub mod request;
 mod reuse;
+mod spill;
 mod stu;
 mod times;
 mod weights;
@@ -38,7 +40,7 @@ use std::path::Path;
 use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy};
 use ember_tier::{Stager, TierOptions};
 
-pub use cache::{CacheStats, Eviction, HistoryCache, HistoryCacheConfig, Reuse};
+pub use cache::{CacheStats, Eviction, HistoryCache, HistoryCacheConfig, Reuse, SpillConfig};
 pub use config::{AttentionNorm, HstuModelConfig, TaskType, TimeBucketClamp};
 pub use forward::{HstuPredictor, HstuScores, HstuTimes};
 pub use plan::{AsOf, Columns, ContextualSlot, TokenPlan};
@@ -240,7 +242,20 @@ impl HstuModel {
                 reason: "needs attention_norm alone (this model's config says batch_max)".into(),
             });
         }
-        self.history = config.map(|c| std::sync::Arc::new(HistoryCache::new(c)));
+        self.history = match config {
+            Some(c) => {
+                let dir = c.spill.as_ref().map(|s| s.dir.clone());
+                let cache = HistoryCache::new(c).map_err(|e| ModelError::BadOption {
+                    option: "history_cache",
+                    reason: format!(
+                        "making its spill directory under {}: {e}",
+                        dir.unwrap_or_default().display()
+                    ),
+                })?;
+                Some(std::sync::Arc::new(cache))
+            }
+            None => None,
+        };
         Ok(())
     }
 

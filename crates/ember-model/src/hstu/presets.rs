@@ -198,7 +198,8 @@ pub struct UserStream {
 const EPOCH: i64 = 1_704_067_200;
 
 impl UserStream {
-    /// `n` users of `cfg`'s tables (`item_id`, `item_category_id`, `user_id`).
+    /// `n` users of `cfg`'s tables (`item_id`, `item_category_id`, `user_id`), with distinct
+    /// user ids where the table has `n` rows.
     pub fn new(cfg: &HstuModelConfig, n: usize, seed: u64) -> UserStream {
         let rows = |t: &str| {
             cfg.tables
@@ -208,9 +209,16 @@ impl UserStream {
         };
         let mut rng = Rng(seed ^ 0x5EED_0F05_7AEA_0001);
         let user_rows = rows("user_id");
+        // Distinct ids while the table has rows for them (users are distinct people).
+        let mut taken = std::collections::HashSet::new();
         let users = (0..n)
-            .map(|_| StreamUser {
-                id: rng.below(user_rows) as i64,
+            .map(|k| StreamUser {
+                id: loop {
+                    let id = rng.below(user_rows) as i64;
+                    if taken.insert(id) || k as u64 >= user_rows {
+                        break id;
+                    }
+                },
                 items: Vec::new(),
                 actions: Vec::new(),
                 times: Vec::new(),

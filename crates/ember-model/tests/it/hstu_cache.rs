@@ -26,7 +26,9 @@ fn cache(reuse: Reuse) -> HistoryCache {
         bytes: 1 << 30,
         eviction: Eviction::Lru,
         reuse,
+        spill: None,
     })
+    .unwrap()
 }
 
 fn flat(s: &HstuScores) -> Vec<f32> {
@@ -295,4 +297,74 @@ fn a_row_update_retires_the_entries_that_read_the_row_and_no_other() {
     let again = s.user(0, 47, 5);
     let batch = m.check_users(std::slice::from_ref(&again), 0).unwrap();
     assert_eq!(p.run_cached(&batch, &c).unwrap().2.hits, 1);
+}
+
+#[test]
+fn an_entry_spilled_to_disk_reads_back_and_a_damaged_one_is_recomputed() {
+    let m = model();
+    let mut s = UserStream::new(m.config(), 2, 31);
+    let mut p = HstuPredictor::new(m.clone(), 1).unwrap();
+    let parent = std::env::temp_dir().join(format!("ember-spill-test-{}", std::process::id()));
+    // DRAM for one entry: the second user's evicts the first's to disk.
+    let first = s.user(0, 40, 4);
+    let batch = m.check_users(std::slice::from_ref(&first), 0).unwrap();
+    let c = cache(Reuse::Exact);
+    p.run_cached(&batch, &c).unwrap();
+    let one = c.stats().bytes as usize;
+    let c = HistoryCache::new(HistoryCacheConfig {
+        bytes: one + one / 2,
+        eviction: Eviction::Lru,
+        reuse: Reuse::Stale {
+            max_appended: 1000,
+            max_age_s: i64::MAX,
+        },
+        spill: Some(ember_model::hstu::SpillConfig {
+            dir: parent.clone(),
+            bytes: 1 << 30,
+        }),
+    })
+    .unwrap();
+    p.run_cached(&batch, &c).unwrap();
+    p.run_cached(&m.check_users(&[s.user(1, 40, 4)], 0).unwrap(), &c)
+        .unwrap();
+    let st = c.stats();
+    assert_eq!((st.evictions, st.spilled, st.entries), (1, 1, 1));
+    assert!(st.disk_bytes > 0);
+    // The first user returns: its entry comes back from disk, scored as of its first request.
+    let back = s.user(0, 44, 5);
+    let next = m.check_users(std::slice::from_ref(&back), 0).unwrap();
+    let (got, _, used) = p.run_cached(&next, &c).unwrap();
+    assert_eq!(used.hits, 1);
+    let want = p.run_as_of(&next, &[Some(AsOf::of(&batch, 0))]).unwrap().0;
+    close(&flat(&got), &flat(&want), 1e-6);
+    assert_eq!(c.stats().disk_hits, 1);
+    // Now the second user's entry is on disk: damage its file; its return is recomputed.
+    let files: Vec<_> = walk(&parent);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&files[0], bytes).unwrap();
+    let u = s.user(1, 43, 4);
+    let (got, _, used) = p
+        .run_cached(&m.check_users(std::slice::from_ref(&u), 0).unwrap(), &c)
+        .unwrap();
+    assert_eq!(used.hits, 0);
+    close(&flat(&got), &fresh(&m, &mut p, &[u]), 1e-6);
+    assert_eq!(c.stats().damaged, 1);
+    drop(c);
+    assert!(walk(&parent).is_empty(), "the cache's files go with it");
+    let _ = std::fs::remove_dir_all(&parent);
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match e.file_type().unwrap().is_dir() {
+            true => out.extend(walk(&e.path())),
+            false => out.push(e.path()),
+        }
+    }
+    out
 }

@@ -59,6 +59,7 @@ async fn a_returning_user_is_served_from_its_entry() {
             bytes: 64 << 20,
             eviction: Eviction::Lru,
             reuse: Reuse::DEFAULT,
+            spill: None,
         }),
         ..LoadOptions::default()
     };

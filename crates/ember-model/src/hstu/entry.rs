@@ -1,0 +1,48 @@
+//! One user's entry in the cache of histories: its held tokens' keys and values, in segments
+//! each computed by one request (`cache.rs` keeps entries, `spill.rs` writes them to disk).
+
+use std::sync::Arc;
+
+use super::plan::AsOf;
+
+/// Tokens of one user computed at one request: every layer's keys and values.
+#[derive(Debug)]
+pub struct Segment {
+    /// Tokens held.
+    pub tokens: usize,
+    /// The request that computed them.
+    pub as_of: AsOf,
+    /// `[layers][tokens][v (H x hid) | k (H x qk)]`.
+    pub kv: Vec<f32>,
+}
+
+impl Segment {
+    fn bytes(&self) -> usize {
+        self.kv.len() * 4 + std::mem::size_of::<Segment>()
+    }
+}
+
+/// One user's held tokens: its contextual slots and first `history` history items.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// History items held (the slots come first).
+    pub history: usize,
+    /// Every input of the held tokens ([`fingerprint`]).
+    pub fingerprint: u64,
+    /// Per table of the model: its update epoch when the entry's newest segment was computed
+    /// ([`ember_embed::UpdateLog`]); a held token's row written since retires the entry.
+    pub epochs: Vec<u64>,
+    pub segments: Vec<Arc<Segment>>,
+}
+
+impl Entry {
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.segments.iter().map(|s| s.bytes()).sum::<usize>() + std::mem::size_of::<Entry>()
+    }
+
+    /// Tokens it holds (slots and history items).
+    pub fn tokens(&self) -> usize {
+        self.segments.iter().map(|s| s.tokens).sum()
+    }
+}
