@@ -43,6 +43,15 @@ pub struct UsersArgs {
     candidates: usize,
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// After each user's first request, this many returns: a random user comes back with 1 to
+    /// --grow new actions and new candidates, carrying its whole history (a streaming replay
+    /// for `ember loadgen --format users` and a history cache). Each user's requests are in its
+    /// time order.
+    #[arg(long, default_value_t = 0)]
+    returns: usize,
+    /// New actions a return: 1 to this many.
+    #[arg(long, default_value_t = 8)]
+    grow: usize,
     /// Output file (JSON lines).
     #[arg(long)]
     out: PathBuf,
@@ -122,8 +131,17 @@ fn users(a: UsersArgs) -> Result<()> {
     let path = a.model.join("config.json");
     let cfg = ember_model::hstu::HstuModelConfig::read(&path)
         .with_context(|| format!("reading {} (an hstu model's)", path.display()))?;
-    let users =
+    let mut users =
         ember_model::hstu::presets::synthetic_users(&cfg, a.users, a.history, a.candidates, a.seed);
+    if a.returns > 0 {
+        let mut s = ember_model::hstu::presets::UserStream::new(&cfg, a.users, a.seed);
+        users = (0..a.users)
+            .map(|u| s.user(u, a.history, a.candidates))
+            .collect();
+        for _ in 0..a.returns {
+            users.push(s.next_request(a.grow, a.candidates, usize::MAX).1);
+        }
+    }
     let f =
         std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut w = BufWriter::new(f);
@@ -133,10 +151,14 @@ fn users(a: UsersArgs) -> Result<()> {
     }
     w.flush()?;
     eprintln!(
-        "wrote {} users of {} history items and {} candidates to {}",
+        "wrote {} users of {} history items and {} candidates{} to {}",
         a.users,
         a.history,
         a.candidates,
+        match a.returns {
+            0 => String::new(),
+            n => format!(", then {n} returns of 1-{} new actions each", a.grow),
+        },
         a.out.display()
     );
     Ok(())

@@ -8,7 +8,8 @@
 //! `--format kserve` (the default) sends KServe v2 JSON to `/v2/models/{name}/infer`,
 //! `--format binary` the same with the values after the JSON as bytes (Triton's binary tensor
 //! data extension, what Triton's HTTP client sends), and `--format tsv` Criteo TSV rows to
-//! `/v1/score` (Criteo-shaped models only). Over gRPC
+//! `/v1/score` (Criteo-shaped models only), and `--format users` an HSTU model's users from
+//! `--users` (JSON lines) to `/v1/score`, in the file's order. Over gRPC
 //! (`--protocol grpc`), `ModelInfer` calls carry their tensors in `raw_input_contents`, as
 //! Triton's clients send them, over a few HTTP/2 connections.
 //!
@@ -87,10 +88,15 @@ pub struct LoadgenArgs {
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// HTTP request format: kserve (JSON to /v2/models/NAME/infer), binary (the same with
-    /// Triton's binary tensor data extension, as Triton's HTTP client sends by default) or tsv
-    /// (Criteo rows to /v1/score).
+    /// Triton's binary tensor data extension, as Triton's HTTP client sends by default), tsv
+    /// (Criteo rows to /v1/score) or users (an HSTU model's users of --users to /v1/score, in
+    /// the file's order: a streaming replay from `ember data users --returns`).
     #[arg(long, default_value = "kserve")]
     format: String,
+    /// --format users: the users file (JSON lines). Requests go in its order, from its start
+    /// again when the run outlasts it.
+    #[arg(long, value_name = "FILE")]
+    users: Option<std::path::PathBuf>,
     /// Rates one after the other instead of --qps / --duration: `RATE:SECONDS,...` (e.g.
     /// `20000:60,4000:10`: an overload, then the normal rate). All of them are measured.
     #[arg(long, conflicts_with = "find_max")]

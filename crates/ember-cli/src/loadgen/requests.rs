@@ -142,3 +142,22 @@ pub(super) fn tsv_bodies(shape: &Shape, a: &LoadgenArgs) -> anyhow::Result<Vec<V
     }
     Ok(out)
 }
+
+/// `--format users`: the lines of `--users` (an HSTU model's users as JSON, one a line, as
+/// `ember data users` writes them), each a `/v1/score` body, sent in the file's order.
+pub(super) fn user_bodies(a: &LoadgenArgs) -> anyhow::Result<Vec<Vec<u8>>> {
+    let path = a
+        .users
+        .as_ref()
+        .context("--format users needs --users FILE (JSON lines, from `ember data users`)")?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading --users {}", path.display()))?;
+    let lines: Vec<Vec<u8>> = (text.lines())
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.as_bytes().to_vec())
+        .collect();
+    if lines.is_empty() {
+        bail!("--users {}: no users in it", path.display());
+    }
+    Ok(lines)
+}

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::LoadgenArgs;
 use super::h2grpc::{self, Lean};
 use super::http1;
-use super::requests::{Shape, binary_bodies, bodies, draws, json_shape, tsv_bodies};
+use super::requests::{Shape, binary_bodies, bodies, draws, json_shape, tsv_bodies, user_bodies};
 
 /// Where requests go, and the requests.
 pub(super) enum Target {
@@ -286,7 +286,6 @@ async fn http_server(
         );
     }
     let meta: Value = r.json().await?;
-    let shape = json_shape(&meta)?;
     let hostport = base
         .strip_prefix("http://")
         .context("--url must start with http://")?
@@ -301,12 +300,13 @@ async fn http_server(
         .with_context(|| format!("{hostport} resolves to no address"))?;
     let infer = format!("/v2/models/{}/infer", a.model);
     let no_head = |b: Vec<Vec<u8>>| b.into_iter().map(|b| (b, None)).collect::<Vec<_>>();
+    let shape = || json_shape(&meta);
     let (path, ctype, payloads) = match a.format.as_str() {
-        "kserve" => (infer, "application/json", no_head(bodies(&shape, a))),
+        "kserve" => (infer, "application/json", no_head(bodies(&shape()?, a))),
         "binary" => (
             infer,
             "application/octet-stream",
-            binary_bodies(&shape, a)
+            binary_bodies(&shape()?, a)
                 .into_iter()
                 .map(|(b, h)| (b, Some(h)))
                 .collect(),
@@ -314,9 +314,14 @@ async fn http_server(
         "tsv" => (
             "/v1/score".to_string(),
             "text/tab-separated-values",
-            no_head(tsv_bodies(&shape, a)?),
+            no_head(tsv_bodies(&shape()?, a)?),
         ),
-        f => bail!("unknown --format '{f}' (kserve, binary or tsv)"),
+        "users" => (
+            "/v1/score".to_string(),
+            "application/json",
+            no_head(user_bodies(a)?),
+        ),
+        f => bail!("unknown --format '{f}' (kserve, binary, tsv or users)"),
     };
     let requests = payloads
         .iter()

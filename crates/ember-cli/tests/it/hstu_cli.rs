@@ -214,7 +214,6 @@ fn post_json(addr: &str, path: &str, body: &str) -> (u16, String) {
 
 #[test]
 fn serve_scores_users_as_predict_does() {
-    use std::io::BufRead;
     let fx = fixture("hstu_small");
     let dir = tmp("serve");
     let out = dir.join("scores.jsonl");
@@ -229,26 +228,8 @@ fn serve_scores_users_as_predict_does() {
         out.to_str().unwrap(),
     ]);
     assert!(ok, "{stderr}");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["serve", "--http", "127.0.0.1:0", "--grpc", "off", "--model"])
-        .arg(&fx)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    for _ in 0..64 {
-        line.clear();
-        if err.read_line(&mut line).unwrap() == 0 || line.contains("http://") {
-            break;
-        }
-    }
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let server = common::serve(&["--model", fx.to_str().unwrap()]);
+    let addr = server.addr.clone();
     // Each user of the file, one request each, as `predict` scored it.
     let want: Vec<serde_json::Value> = std::fs::read_to_string(&out)
         .unwrap()
@@ -280,8 +261,7 @@ fn serve_scores_users_as_predict_does() {
         "{body}"
     );
     assert_eq!(post_json(&addr, "/v1/score", lines[0]).0, 200);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(server);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -393,4 +373,70 @@ fn predict_with_a_history_cache_serves_repeats_from_their_entry() {
     ]);
     assert!(!ok && stderr.contains("--history-cache-mb"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A streaming replay (`data users --returns`) sent by `loadgen --format users` to a server
+/// with a history cache: every request answered, and returning users served from their
+/// entries (`/metrics`).
+#[test]
+fn loadgen_replays_streaming_users_into_a_history_cache() {
+    let fx = fixture("hstu_small");
+    let dir = tmp("replay");
+    let stream = dir.join("stream.jsonl");
+    let (ok, _, stderr) = ember(&[
+        "data",
+        "users",
+        "--model",
+        fx.to_str().unwrap(),
+        "--users",
+        "4",
+        "--history",
+        "20",
+        "--candidates",
+        "3",
+        "--returns",
+        "60",
+        "--out",
+        stream.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&stream).unwrap().lines().count(),
+        64
+    );
+    let server = common::serve(&["--history-cache-mb", "16", "--model", fx.to_str().unwrap()]);
+    let addr = server.addr.clone();
+    let url = format!("http://{addr}");
+    let base = [
+        "loadgen",
+        "--url",
+        &url,
+        "--model",
+        "hstu_small",
+        "--format",
+        "users",
+    ];
+    let mut args = base.to_vec();
+    let path = stream.to_str().unwrap();
+    args.extend(["--users", path, "--qps", "100", "--duration", "0.5"]);
+    args.extend(["--warmup", "0.1", "--json"]);
+    let (ok, stdout, stderr) = ember(&args);
+    assert!(ok, "{stderr}");
+    let v = json_of(&stdout);
+    assert_eq!(v["errors"], 0, "{v}");
+    assert!(v["ok"].as_u64().unwrap() > 10, "{v}");
+    let page = common::get(&addr, "/metrics");
+    let hits: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("ember_history_cache_hits_total{model=\"hstu_small\"} "))
+        .unwrap_or_else(|| panic!("no history cache hits in /metrics"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(hits > 0.0, "returning users were served from their entries");
+    // --format users without --users: refused naming the flag.
+    let (ok, _, stderr) = ember(&base);
+    assert!(!ok && stderr.contains("--users"), "{stderr}");
+    drop(server);
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,13 +1,12 @@
 //! `ember serve` as a user runs it: the binary on a free port, scored over HTTP, stopped with
 //! SIGTERM while requests are in flight (they are answered; the exit code is 0).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStderr, Command, Stdio};
 
 use crate::common;
 
-use common::{post, post_with};
+use common::{get, post, post_with};
 use std::time::{Duration, Instant};
 
 /// Polls `ready` until it holds; panics naming `what` after `limit`.
@@ -107,24 +106,9 @@ fn start_server(extra: &[&str]) -> Started {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let mut before = Vec::new();
     // "serving model 'default' v1 on http://127.0.0.1:PORT  (...", after a repository's
     // "ember: loading model ..." lines.
-    for _ in 0..64 {
-        if !line.is_empty() {
-            before.push(std::mem::take(&mut line));
-        }
-        if err.read_line(&mut line).unwrap() == 0 || line.contains("http://") {
-            break;
-        }
-    }
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let (addr, line, before) = common::address_line(&mut err);
     // "gRPC (inference.GRPCInferenceService) on 127.0.0.1:PORT"
     let mut gline = String::new();
     err.read_line(&mut gline).unwrap();
@@ -257,19 +241,6 @@ fn loadgen_measures_a_live_server_over_http_and_grpc() {
         err.contains("asking") && err.contains("connecting"),
         "{err}"
     );
-}
-
-fn get(addr: &str, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    resp
 }
 
 /// `serve --placement ssd` on a converted copy of the shipped model: the same scores as in DRAM,

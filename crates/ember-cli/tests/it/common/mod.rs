@@ -1,7 +1,7 @@
 //! Helpers shared by the end-to-end tests of the `ember` binary (each test file uses some).
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::process::Command;
 
 /// Runs `ember args` in the current directory: (success, stdout, stderr).
@@ -27,6 +27,21 @@ pub fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
     post_with(addr, path, "", body)
 }
 
+/// GETs `path` on `addr` over a fresh HTTP/1.1 connection: the whole response, head and body.
+pub fn get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp
+}
+
 /// As [`post`], with `headers` (each ending in CRLF).
 pub fn post_with(addr: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -46,4 +61,53 @@ pub fn post_with(addr: &str, path: &str, headers: &str, body: &str) -> (u16, Str
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Reads a starting `ember serve`'s stderr up to the line that names its HTTP address
+/// ("... on http://127.0.0.1:PORT ..."): (its `host:port`, that line, the lines before it).
+pub fn address_line(err: &mut impl BufRead) -> (String, String, Vec<String>) {
+    let mut line = String::new();
+    let mut before = Vec::new();
+    for _ in 0..64 {
+        if !line.is_empty() {
+            before.push(std::mem::take(&mut line));
+        }
+        if err.read_line(&mut line).unwrap() == 0 || line.contains("http://") {
+            break;
+        }
+    }
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (addr, line, before)
+}
+
+/// `ember serve ARGS --http 127.0.0.1:0 --grpc off`, killed when dropped (a failing test
+/// leaves no server running).
+pub struct Served {
+    pub child: std::process::Child,
+    /// Its HTTP `host:port`.
+    pub addr: String,
+}
+
+pub fn serve(args: &[&str]) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["serve", "--http", "127.0.0.1:0", "--grpc", "off"])
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (addr, _, _) = address_line(&mut err);
+    Served { child, addr }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
