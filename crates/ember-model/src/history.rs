@@ -88,7 +88,8 @@ impl std::fmt::Display for Reuse {
                 max_age_s,
             } => write!(
                 f,
-                "stale (states kept from earlier requests while at most {max_appended} actions                  were appended and {:.1} days passed since the oldest)",
+                "stale (states kept from earlier requests while at most {max_appended} actions \
+                 were appended and {:.1} days passed since the oldest)",
                 *max_age_s as f64 / 86_400.0
             ),
         }

@@ -401,6 +401,12 @@ mod tests {
                 max_age_s: 43_200
             }
         );
+        // What the server says at start-up, in one line of single spaces.
+        let said = Reuse::DEFAULT.to_string();
+        assert!(
+            said.contains("at most 256 actions were appended and 7.0 days"),
+            "{said}"
+        );
         for bad in [
             "",
             "fresh",
