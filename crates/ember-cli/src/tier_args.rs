@@ -1,5 +1,6 @@
-//! Flags of the SSD tier shared by `predict` and `serve`: they override config.json's table
-//! placement and `tier` object.
+//! Flags of the tiers shared by `predict` and `serve`: they override config.json's table
+//! placement and `tier` object, and set an HSTU model's cache of users' histories (DRAM and
+//! its disk spill).
 
 use anyhow::{Context, Result};
 use clap::Args;

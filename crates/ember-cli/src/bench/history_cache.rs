@@ -17,9 +17,8 @@
 use anyhow::{Context, Result, ensure};
 use clap::Args;
 use ember_bench::stats::median;
-use ember_embed::DType;
 use ember_model::dense::DenseDType;
-use ember_model::hstu::presets::{UserStream, preset};
+use ember_model::hstu::presets::UserStream;
 use ember_model::hstu::{
     Eviction, HistoryCache, HistoryCacheConfig, HstuModel, HstuPredictor, Reuse, SpillConfig, User,
 };
@@ -27,6 +26,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::history_reuse::random_model;
 use super::model_report::Accuracy;
 
 #[derive(Debug, Args)]
@@ -114,10 +114,7 @@ pub fn run(a: HistoryCacheArgs) -> Result<()> {
     );
     let reuse = a.reuse;
     let dtype: DenseDType = a.dense_dtype.parse()?;
-    let cfg = preset(&a.preset, a.rows_scale, DType::F16)
-        .with_context(|| format!("unknown --preset '{}' (dlrm-v3, hstu-small)", a.preset))?;
-    let model = Arc::new(HstuModel::random(cfg, a.seed, a.threads)?);
-    let mut p = HstuPredictor::new(model.clone(), a.threads)?;
+    let (model, mut p) = random_model(&a.preset, a.rows_scale, a.seed, a.threads)?;
     p.set_dense_dtype(dtype)?;
     let cpu = super::cpu_name();
     eprintln!(

@@ -57,16 +57,28 @@ pub struct HistoryReuseArgs {
     json: bool,
 }
 
+/// The HSTU model of preset `name` with random weights (f16 tables, rows scaled by
+/// `rows_scale`) and a predictor of it on `threads` threads: the history benchmarks' model.
+pub(super) fn random_model(
+    name: &str,
+    rows_scale: f64,
+    seed: u64,
+    threads: usize,
+) -> Result<(Arc<HstuModel>, HstuPredictor)> {
+    let cfg = preset(name, rows_scale, DType::F16)
+        .with_context(|| format!("unknown --preset '{name}' (dlrm-v3, hstu-small)"))?;
+    let model = Arc::new(HstuModel::random(cfg, seed, threads)?);
+    let p = HstuPredictor::new(model.clone(), threads)?;
+    Ok((model, p))
+}
+
 pub fn run(a: HistoryReuseArgs) -> Result<()> {
     ensure!(
         a.users > 0 && a.requests > 0,
         "--users and --requests must be at least 1"
     );
-    let cfg = preset(&a.preset, a.rows_scale, DType::F16)
-        .with_context(|| format!("unknown --preset '{}' (dlrm-v3, hstu-small)", a.preset))?;
-    let model = Arc::new(HstuModel::random(cfg.clone(), a.seed, a.threads)?);
-    let mut p = HstuPredictor::new(model.clone(), a.threads)?;
-    let mut stream = UserStream::new(&cfg, a.users, a.seed);
+    let (model, mut p) = random_model(&a.preset, a.rows_scale, a.seed, a.threads)?;
+    let mut stream = UserStream::new(model.config(), a.users, a.seed);
     // No cap on the history: a capped one drops its oldest items, and the cached prefix with them.
     let check = |user: &User| -> Result<HstuBatch> {
         Ok(model.check_users(std::slice::from_ref(user), 0)?)

@@ -62,15 +62,16 @@ impl UpdateLog {
         if self.epoch() <= since {
             return false;
         }
+        // The caller's ids (a user's history) are fewer than the log's rows: they are the set,
+        // built before the lock, and the log's recent rows are scanned under it.
+        let ids: HashSet<u64> = ids.into_iter().collect();
         let g = self.log.lock().unwrap_or_else(|p| p.into_inner());
         if since < g.forgotten {
             return true;
         }
-        let recent: HashSet<u64> = (g.rows.iter().rev())
+        (g.rows.iter().rev())
             .take_while(|(e, _)| *e > since)
-            .map(|&(_, id)| id)
-            .collect();
-        ids.into_iter().any(|id| recent.contains(&id))
+            .any(|(_, id)| ids.contains(id))
     }
 }
 

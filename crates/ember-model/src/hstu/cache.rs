@@ -29,6 +29,7 @@ pub use super::entry::{Entry, Segment};
 use super::plan::AsOf;
 use super::request::HstuBatch;
 use super::spill::Spill;
+use super::stu::{kv_width, shape_of};
 
 /// What the cache did, counted since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,8 +52,8 @@ pub struct CacheStats {
     /// Bytes and entries held now.
     pub bytes: u64,
     pub entries: u64,
-    /// The disk tier: entries written there on eviction, read back, found damaged (and
-    /// recomputed), and bytes held there now.
+    /// The disk tier: entries written there on eviction, read back, and bytes held there
+    /// now; and entries found damaged (a file on disk, or an entry in DRAM: recomputed).
     pub spilled: u64,
     pub disk_hits: u64,
     pub damaged: u64,
@@ -83,22 +84,31 @@ struct Inner {
 pub struct HistoryCache {
     config: HistoryCacheConfig,
     inner: Mutex<Inner>,
-    counts: [AtomicU64; 12],
+    counts: Counts,
     spill: Option<Spill>,
 }
 
-const HITS: usize = 0;
-const MISSES: usize = 1;
-const REFUSED: usize = 2;
-const UNCACHED: usize = 3;
-const INSERTS: usize = 4;
-const EVICTIONS: usize = 5;
-const TOO_LARGE: usize = 6;
-const UPDATED: usize = 7;
-const SPILLED: usize = 8;
-const DISK_HITS: usize = 9;
-const DAMAGED: usize = 10;
-const DISK_READ_NS: usize = 11;
+/// The counters of [`CacheStats`] as they are kept (each field's meaning is there).
+#[derive(Debug, Default)]
+struct Counts {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    refused: AtomicU64,
+    uncached: AtomicU64,
+    inserts: AtomicU64,
+    evictions: AtomicU64,
+    too_large: AtomicU64,
+    updated: AtomicU64,
+    spilled: AtomicU64,
+    disk_hits: AtomicU64,
+    damaged: AtomicU64,
+    disk_read_ns: AtomicU64,
+}
+
+/// Adds `n` to a counter.
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
 
 /// What a request does with a user's entry.
 #[derive(Debug, Clone)]
@@ -130,41 +140,39 @@ impl HistoryCache {
         &self.config
     }
 
-    fn count(&self, k: usize) {
-        self.counts[k].fetch_add(1, Ordering::Relaxed);
-    }
-
     pub fn stats(&self) -> CacheStats {
-        let c = |k: usize| self.counts[k].load(Ordering::Relaxed);
+        let c = &self.counts;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (bytes, entries) = {
             let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             (g.bytes as u64, g.map.len() as u64)
         };
         CacheStats {
-            hits: c(HITS),
-            misses: c(MISSES),
-            refused: c(REFUSED),
-            uncached: c(UNCACHED),
-            inserts: c(INSERTS),
-            evictions: c(EVICTIONS),
-            too_large: c(TOO_LARGE),
-            updated: c(UPDATED),
-            spilled: c(SPILLED),
-            disk_hits: c(DISK_HITS),
-            damaged: c(DAMAGED),
+            hits: n(&c.hits),
+            misses: n(&c.misses),
+            refused: n(&c.refused),
+            uncached: n(&c.uncached),
+            inserts: n(&c.inserts),
+            evictions: n(&c.evictions),
+            too_large: n(&c.too_large),
+            updated: n(&c.updated),
+            spilled: n(&c.spilled),
+            disk_hits: n(&c.disk_hits),
+            damaged: n(&c.damaged),
             disk_bytes: self.spill.as_ref().map_or(0, |s| s.held()),
-            disk_read_ns: c(DISK_READ_NS),
+            disk_read_ns: n(&c.disk_read_ns),
             bytes,
             entries,
         }
     }
 
     /// What to do for user `u` of `batch` (a batch of `model`): reuse its entry where the
-    /// entry's inputs are the request's first tokens', [`Reuse`] allows it, and no row its
-    /// tokens read was updated since.
+    /// entry is whole, its inputs are the request's first tokens', [`Reuse`] allows it, and
+    /// no row its tokens read was updated since.
     pub fn plan(&self, model: &HstuModel, batch: &HstuBatch, u: usize) -> Plan {
+        let c = &self.counts;
         let Some(key) = user_key(batch, u) else {
-            self.count(UNCACHED);
+            add(&c.uncached, 1);
             return Plan::Uncached;
         };
         let entry = {
@@ -172,9 +180,16 @@ impl HistoryCache {
             g.touch(key, self.config.eviction)
         };
         let Some(entry) = entry.or_else(|| self.read_back(key)) else {
-            self.count(MISSES);
+            add(&c.misses, 1);
             return Plan::Fresh { key };
         };
+        let per_token = model.weights().layers.len() * kv_width(shape_of(model));
+        if !entry.is_whole(batch.slots(), per_token) {
+            // A damaged entry is recomputed, never read.
+            add(&c.refused, 1);
+            add(&c.damaged, 1);
+            return Plan::Fresh { key };
+        }
         let span = batch.users()[u];
         let now = AsOf::of(batch, u);
         let first = entry.segments[0].as_of;
@@ -192,27 +207,34 @@ impl HistoryCache {
             || !within
             || fingerprint(batch, u, entry.history) != entry.fingerprint
         {
-            self.count(REFUSED);
+            add(&c.refused, 1);
             return Plan::Fresh { key };
         }
         if updated_since(model, batch, u, &entry) {
-            self.count(REFUSED);
-            self.count(UPDATED);
+            add(&c.refused, 1);
+            add(&c.updated, 1);
             return Plan::Fresh { key };
         }
-        self.count(HITS);
+        add(&c.hits, 1);
         Plan::Reuse { key, entry }
     }
 
     /// Keeps `entry` for `key` (replacing what was held), evicting others to make room.
     pub fn insert(&self, key: u64, entry: Entry) {
+        self.keep(key, entry);
+    }
+
+    /// [`HistoryCache::insert`], giving back the entry as held (`None`: too large to keep).
+    fn keep(&self, key: u64, entry: Entry) -> Option<Arc<Entry>> {
+        let c = &self.counts;
         let bytes = entry.bytes();
         if bytes > self.config.bytes {
-            self.count(TOO_LARGE);
+            add(&c.too_large, 1);
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             g.remove(key);
-            return;
+            return None;
         }
+        let entry = Arc::new(entry);
         let evicted = {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             // An entry replaced keeps its uses (LFU).
@@ -234,39 +256,45 @@ impl HistoryCache {
             };
             g.order.insert(rank, key);
             g.bytes += bytes;
-            let entry = Arc::new(entry);
-            g.map.insert(key, Held { entry, bytes, rank });
+            let held = entry.clone();
+            g.map.insert(
+                key,
+                Held {
+                    entry: held,
+                    bytes,
+                    rank,
+                },
+            );
             evicted
         };
-        self.counts[EVICTIONS].fetch_add(evicted.len() as u64, Ordering::Relaxed);
-        self.count(INSERTS);
+        add(&c.evictions, evicted.len() as u64);
+        add(&c.inserts, 1);
         // Written outside the lock: the other runners go on.
         if let Some(spill) = &self.spill {
             for (key, e) in evicted {
                 if spill.put(key, &e).is_ok() {
-                    self.count(SPILLED);
+                    add(&c.spilled, 1);
                 }
             }
         }
+        Some(entry)
     }
 
     /// The entry `key` spilled to disk, read back into DRAM; `None` where there is none or
     /// its file is damaged (deleted, counted, the user recomputed).
     fn read_back(&self, key: u64) -> Option<Arc<Entry>> {
+        let c = &self.counts;
         let t = std::time::Instant::now();
         let read = self.spill.as_ref()?.take(key);
-        let ns = t.elapsed().as_nanos() as u64;
-        self.counts[DISK_READ_NS].fetch_add(ns, Ordering::Relaxed);
+        add(&c.disk_read_ns, t.elapsed().as_nanos() as u64);
         match read {
             Ok(Some(e)) => {
-                self.count(DISK_HITS);
-                self.insert(key, e);
-                let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                g.map.get(&key).map(|h| h.entry.clone())
+                add(&c.disk_hits, 1);
+                self.keep(key, e)
             }
             Ok(None) => None,
             Err(_) => {
-                self.count(DAMAGED);
+                add(&c.damaged, 1);
                 None
             }
         }

@@ -27,7 +27,7 @@ impl Segment {
 pub struct Entry {
     /// History items held (the slots come first).
     pub history: usize,
-    /// Every input of the held tokens ([`fingerprint`]).
+    /// Every input of the held tokens ([`super::cache::fingerprint`]).
     pub fingerprint: u64,
     /// Per table of the model: its update epoch when the entry's newest segment was computed
     /// ([`ember_embed::UpdateLog`]); a held token's row written since retires the entry.
@@ -44,5 +44,13 @@ impl Entry {
     /// Tokens it holds (slots and history items).
     pub fn tokens(&self) -> usize {
         self.segments.iter().map(|s| s.tokens).sum()
+    }
+
+    /// Whether it holds its `slots` and history whole: some segment, every segment's values
+    /// there (`per_token`: layers x values per token), adding up to its tokens.
+    pub(crate) fn is_whole(&self, slots: usize, per_token: usize) -> bool {
+        !self.segments.is_empty()
+            && self.tokens() == slots + self.history
+            && (self.segments.iter()).all(|s| s.kv.len() == s.tokens * per_token)
     }
 }

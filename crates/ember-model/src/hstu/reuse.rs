@@ -55,8 +55,7 @@ impl HstuPredictor {
             });
         }
         let model = self.model().clone();
-        let layers = model.weights().layers.len();
-        let kvw = kv_width(shape_of(&model));
+        let per_token = model.weights().layers.len() * kv_width(shape_of(&model));
         let slots = batch.slots();
         // Before any row is read: an update landing during the pass is newer than the entry.
         let now = epochs(&model);
@@ -64,13 +63,7 @@ impl HstuPredictor {
         let mut firsts = Vec::with_capacity(batch.len());
         let mut plans = Vec::with_capacity(batch.len());
         for (u, span) in batch.users().iter().enumerate() {
-            let mut plan = cache.plan(&model, batch, u);
-            if let Plan::Reuse { key, entry } = &plan
-                && !whole(entry, slots, layers * kvw)
-            {
-                // A damaged entry is recomputed, never read.
-                plan = Plan::Fresh { key: *key };
-            }
+            let plan = cache.plan(&model, batch, u);
             let (first, read) = match &plan {
                 Plan::Reuse { entry, .. } => (slots + entry.history, entry.segments.clone()),
                 _ => (0, Vec::new()),
@@ -79,7 +72,7 @@ impl HstuPredictor {
                 Plan::Uncached => 0..0,
                 _ => first..slots + span.history,
             };
-            held.kept.push(vec![0.0; layers * keep.len() * kvw]);
+            held.kept.push(vec![0.0; keep.len() * per_token]);
             held.keep.push(keep);
             held.read.push(read);
             firsts.push(first);
@@ -108,16 +101,17 @@ impl HstuPredictor {
             computed_tokens: rows.len(batch),
             ..CacheUse::default()
         };
-        let kept = held.keep.into_iter().zip(held.kept);
-        for ((u, plan), (keep, kv)) in plans.into_iter().enumerate().zip(kept) {
+        // Each user's entry from now on: the segments it read, and the one it kept.
+        let kept = (held.keep.into_iter().zip(held.kept)).zip(held.read);
+        for ((u, plan), ((keep, kv), mut segments)) in plans.into_iter().enumerate().zip(kept) {
             let span = batch.users()[u];
-            let (key, mut segments) = match plan {
+            let key = match plan {
                 Plan::Uncached => continue,
-                Plan::Fresh { key } => (key, Vec::new()),
+                Plan::Fresh { key } => key,
                 Plan::Reuse { key, entry } => {
                     used.hits += 1;
                     used.held_tokens += slots + entry.history;
-                    (key, entry.segments.clone())
+                    key
                 }
             };
             if keep.is_empty() {
@@ -138,14 +132,4 @@ impl HstuPredictor {
         }
         Ok((scores, times, used))
     }
-}
-
-/// Whether `entry` holds its slots and history whole: every segment's values there
-/// (`per_token`: layers x values per token), adding up to its tokens.
-fn whole(entry: &Entry, slots: usize, per_token: usize) -> bool {
-    entry.tokens() == slots + entry.history
-        && entry
-            .segments
-            .iter()
-            .all(|s| s.kv.len() == s.tokens * per_token)
 }

@@ -76,16 +76,13 @@ impl Spill {
     /// Writes `entry` for `key` (replacing its file), deleting the least recently spilled
     /// files to stay within the bound; returns how many it deleted.
     pub fn put(&self, key: u64, entry: &Entry) -> io::Result<u64> {
-        let bytes = encode(key, entry);
-        let size = bytes.len() as u64;
+        let size = encoded_len(entry);
         if size > self.bytes {
             self.forget(key);
             return Ok(0);
         }
         let tmp = self.dir.join(format!("{key:016x}.tmp"));
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        drop(f);
+        encode(key, entry, fs::File::create(&tmp)?)?;
         fs::rename(&tmp, self.path(key))?;
         let mut g = self.index.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((b, r)) = g.map.remove(&key) {
@@ -151,34 +148,63 @@ impl Drop for Spill {
     }
 }
 
-fn put_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(&v.to_le_bytes());
+/// Bytes of `entry`'s file.
+fn encoded_len(entry: &Entry) -> u64 {
+    let values: usize = entry.segments.iter().map(|s| s.kv.len()).sum();
+    (8 + 8 * (3 + 1 + entry.epochs.len() + 1 + 5 * entry.segments.len()) + 4 * values + 4) as u64
 }
 
-/// `entry` as its file's bytes.
-fn encode(key: u64, entry: &Entry) -> Vec<u8> {
-    let values: usize = entry.segments.iter().map(|s| s.kv.len()).sum();
-    let mut out = Vec::with_capacity(128 + 48 * entry.segments.len() + 4 * values);
-    out.extend_from_slice(MAGIC);
-    for v in [key, entry.history as u64, entry.fingerprint] {
-        put_u64(&mut out, v);
+/// A writer that keeps the CRC-32 of what it wrote.
+struct Summed<W: Write> {
+    out: W,
+    crc: crc32fast::Hasher,
+}
+
+impl<W: Write> Summed<W> {
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.crc.update(bytes);
+        self.out.write_all(bytes)
     }
-    put_u64(&mut out, entry.epochs.len() as u64);
-    entry.epochs.iter().for_each(|&e| put_u64(&mut out, e));
-    put_u64(&mut out, entry.segments.len() as u64);
+
+    fn u64(&mut self, v: u64) -> io::Result<()> {
+        self.put(&v.to_le_bytes())
+    }
+}
+
+/// Writes `entry`'s file to `out`, streamed: the values are not copied into one buffer first.
+fn encode(key: u64, entry: &Entry, out: impl Write) -> io::Result<()> {
+    let mut w = Summed {
+        out: io::BufWriter::with_capacity(1 << 20, out),
+        crc: crc32fast::Hasher::new(),
+    };
+    w.put(MAGIC)?;
+    for v in [key, entry.history as u64, entry.fingerprint] {
+        w.u64(v)?;
+    }
+    w.u64(entry.epochs.len() as u64)?;
+    for &e in &entry.epochs {
+        w.u64(e)?;
+    }
+    w.u64(entry.segments.len() as u64)?;
     for s in &entry.segments {
         let a = s.as_of;
-        let head = [s.tokens as u64, a.history as u64, a.candidates as u64];
-        head.into_iter().for_each(|v| put_u64(&mut out, v));
-        put_u64(&mut out, a.query as u64);
-        put_u64(&mut out, s.kv.len() as u64);
+        for v in [s.tokens as u64, a.history as u64, a.candidates as u64] {
+            w.u64(v)?;
+        }
+        w.u64(a.query as u64)?;
+        w.u64(s.kv.len() as u64)?;
     }
+    let mut chunk = Vec::with_capacity(1 << 16);
     for s in &entry.segments {
-        out.extend(s.kv.iter().flat_map(|v| v.to_le_bytes()));
+        for part in s.kv.chunks(1 << 14) {
+            chunk.clear();
+            chunk.extend(part.iter().flat_map(|v| v.to_le_bytes()));
+            w.put(&chunk)?;
+        }
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
+    let crc = w.crc.finalize();
+    w.out.write_all(&crc.to_le_bytes())?;
+    w.out.flush()
 }
 
 /// A reader of a file's fields, each bounds-checked.
@@ -296,7 +322,9 @@ mod tests {
     #[test]
     fn an_entry_reads_back_as_written_and_a_damaged_one_is_refused() {
         let e = entry();
-        let bytes = encode(9, &e);
+        let mut bytes = Vec::new();
+        encode(9, &e, &mut bytes).unwrap();
+        assert_eq!(bytes.len() as u64, encoded_len(&e));
         same(&decode(9, &bytes).unwrap(), &e);
         assert_eq!(decode(8, &bytes).unwrap_err(), "another user's entry");
         for at in [0, 9, 40, bytes.len() / 2, bytes.len() - 1] {
@@ -316,7 +344,7 @@ mod tests {
     #[test]
     fn spilled_entries_are_bounded_taken_once_and_damage_is_named() {
         let dir = std::env::temp_dir();
-        let size = encode(1, &entry()).len() as u64;
+        let size = encoded_len(&entry());
         let s = Spill::open(&dir, 2 * size).unwrap();
         assert_eq!(s.put(1, &entry()).unwrap(), 0);
         assert_eq!(s.put(2, &entry()).unwrap(), 0);

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::HstuModel;
 use super::attention::{self, Queries, Seq, Shape};
-use super::cache::Segment;
+use super::entry::Segment;
 use super::layers::{DenseCtx, for_rows, moments, silu};
 use super::request::HstuBatch;
 use super::times::HstuTimes;
