@@ -25,6 +25,7 @@ import urllib.request
 
 import numpy as np
 
+import dlrm_v3 as v3
 import mlperf_common as mc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -165,8 +166,10 @@ class GrpcSut:
 
     RETRYABLE = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
 
-    def __init__(self, lg, channel, lib, timeout_s):
+    def __init__(self, lg, channel, lib, timeout_s, ordered=None):
         self.lg, self.lib, self.timeout_s = lg, lib, timeout_s
+        # dlrm-v3: LoadGen's indices are ignored; each query sent carries the stream's next request
+        self.ordered = getattr(lib, "ordered", False) if ordered is None else ordered
         self.call = channel.unary_unary(mc.MODEL_INFER)  # bytes in, bytes out
         self.lock = threading.Lock()
         self.reset(accuracy=False, max_inflight=0, retry=False)
@@ -186,7 +189,9 @@ class GrpcSut:
 
     # LoadGen callbacks
     def issue_queries(self, query_samples):
-        items = [(q.id, q.index) for q in query_samples]
+        # ordered: the stream position is taken when the query is sent (None until then), so that
+        # Offline's queue goes out in the stream's order and a retried query keeps its position
+        items = [(q.id, None if self.ordered else q.index) for q in query_samples]
         if self.max_inflight:
             with self.lock:
                 self.pending.extend(items)
@@ -208,6 +213,8 @@ class GrpcSut:
             self._send(qid, idx, time.perf_counter_ns(), counted=True)
 
     def _send(self, qid, idx, t0, counted=False):
+        if idx is None:
+            idx = self.lib.next_position()
         self.sent += 1
         fut = self.call.future(self.lib.requests[idx], timeout=self.timeout_s)
         fut.add_done_callback(lambda f: self._done(f, qid, idx, t0, counted))
@@ -239,6 +246,8 @@ class GrpcSut:
             if self.accuracy:
                 scores = mc.decode_scores(self.lib.pb, fut.result())
                 self.scores[idx] = scores
+                if self.ordered:  # the accuracy log is matched by the position it carries
+                    scores = np.concatenate([np.asarray([idx], dtype=np.float32), scores])
                 self._complete(qid, scores)
             else:
                 self._complete(qid, None)
@@ -304,7 +313,7 @@ class _Q:
 def score_all(channel, lib, indices, inflight, timeout_s):
     """Scores of each query on a server (the reference), at most `inflight` calls at a time, calls
     refused for load sent again (the Offline sender without LoadGen)."""
-    sut = GrpcSut(_NoLoadGen, channel, lib, timeout_s)
+    sut = GrpcSut(_NoLoadGen, channel, lib, timeout_s, ordered=False)
     sut.reset(accuracy=True, max_inflight=inflight, retry=True)
     indices = list(indices)
     lib.load(indices)
@@ -384,7 +393,7 @@ def breakdown(before, after, queries):
         out["mean_batch_size"] = bs / bn
         out["batches"] = bn
     for name in sorted(after):
-        if name.startswith(("ember_tier_", "ember_remote_")) and not name.endswith("_bucket"):
+        if name.startswith(("ember_tier_", "ember_remote_", "ember_history_cache_")) and not name.endswith("_bucket"):
             out["counters"][name] = d(name)
     hits = sum(v for k, v in out["counters"].items() if "hit" in k)
     reads = sum(v for k, v in out["counters"].items() if "read" in k or "miss" in k)
@@ -446,18 +455,19 @@ class Bench:
         self.sut_h = lg.ConstructSUT(self.sut.issue_queries, self.sut.flush_queries)
         self.qsl_h = lg.ConstructQSL(lib.n, lib.n, lib.load, lib.unload)
         self.runs = []
+        self.official_model = v3.OFFICIAL_MODEL if args.workload == "dlrm-v3" else OFFICIAL_MODEL
 
     def close(self):
         self.lg.DestroyQSL(self.qsl_h)
         self.lg.DestroySUT(self.sut_h)
 
     def official(self, scenario, outdir):
-        """LoadGen's own mlperf.conf values for dlrm-v2 in this scenario (conf_type 0: mlperf.conf only;
+        """LoadGen's own mlperf.conf values for the workload in this scenario (conf_type 0: mlperf.conf only;
         the user.conf call alone does not reload it after the first run in a process)."""
         s = self.lg.TestSettings()
         empty = os.path.join(outdir, "empty.conf")
         open(empty, "w").close()
-        s.FromConfig(empty, OFFICIAL_MODEL, scenario, 0)
+        s.FromConfig(empty, self.official_model, scenario, 0)
         return s
 
     def settings(self, scenario, mode, target_qps, duration_s, outdir):
@@ -468,10 +478,10 @@ class Bench:
             s = self.official(scenario, outdir)
             user = os.path.join(outdir, "user.conf")
             with open(user, "w") as f:
-                f.write(f"{OFFICIAL_MODEL}.{scenario}.target_qps = {target_qps}\n")
-                f.write(f"{OFFICIAL_MODEL}.{scenario}.performance_sample_count_override = {self.lib.n}\n")
-            s.FromConfig(user, OFFICIAL_MODEL, scenario, 1)
-            notes.append(f"official LoadGen settings (mlperf.conf for {OFFICIAL_MODEL}: min_duration "
+                f.write(f"{self.official_model}.{scenario}.target_qps = {target_qps}\n")
+                f.write(f"{self.official_model}.{scenario}.performance_sample_count_override = {self.lib.n}\n")
+            s.FromConfig(user, self.official_model, scenario, 1)
+            notes.append(f"official LoadGen settings (mlperf.conf for {self.official_model}: min_duration "
                          f"{off.min_duration_ms / 1000:g} s, min_query_count {off.min_query_count}), except "
                          f"performance_sample_count = {self.lib.n}, the library's size (official "
                          f"{off.performance_sample_count_override})")
@@ -578,7 +588,9 @@ class Bench:
         per_core = r["samples_per_s_per_core"]
         log(f"   samples/s {r['samples_per_s']:.2f} ({(r['pairs_per_s'] or 0):,.0f} pairs/s); per server core "
             f"{per_core:.2f} ({a.server_cores} core(s){' [' + a.cores_note + ']' if a.cores_note else ''}; "
-            f"best published CPU: {BEST_CPU_PER_CORE:.1f})")
+            
+            + (f"beside ~{v3.B200_PER_GPU:,.0f} per B200 GPU, MLPerf v6.0: a GPU, not a CPU core)"
+               if a.workload == "dlrm-v3" else f"best published CPU: {BEST_CPU_PER_CORE:.1f})"))
         p99 = f"{r['p99_ms']:.2f} ms" if r["p99_ms"] is not None else "n/a"
         log(f"   p99 latency (LoadGen) {p99}; client p50 {c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms; "
             f"{c['queries']} queries, {c['pairs']:,} pairs")
@@ -662,6 +674,8 @@ def read_accuracy_log(path):
 
 
 def accuracy(bench, ref_channel, args):
+    if args.workload == "dlrm-v3":
+        return accuracy_v3(bench, ref_channel, args)
     r = bench.run(args.scenario, args.target_qps or 1.0, 0.0, "accuracy", accuracy=True)
     acc_log = os.path.join(r["outdir"], "mlperf_log_accuracy.json")
     sut = read_accuracy_log(acc_log)
@@ -703,6 +717,49 @@ def accuracy(bench, ref_channel, args):
     return out
 
 
+def accuracy_v3(bench, ref_channel, args):
+    """dlrm-v3: every stream request scored by the SUT under LoadGen (in the stream's order), then by
+    the f32 reference server (the same requests, one at a time, in order, no cache); labels drawn
+    from the reference's probabilities (u < p, u seeded by position); NE, accuracy and AUC of both."""
+    lib = bench.lib
+    start = lib.position()
+    r = bench.run(args.scenario, args.target_qps or 1.0, 0.0, "accuracy", accuracy=True)
+    acc_log = os.path.join(r["outdir"], "mlperf_log_accuracy.json")
+    sut = v3.read_accuracy_log(acc_log)
+    pos = sorted(sut)
+    log(f"\n== accuracy: {len(pos)} requests ({lib.pairs(pos):,} candidates) in {acc_log}, stream positions "
+        f"{start}.. in order")
+    bad = [i for i in pos if len(sut[i]) != lib.sizes[i]]
+    if bad:
+        raise SystemExit(f"request {bad[0]}: {len(sut[bad[0]])} scores for {lib.sizes[bad[0]]} candidates")
+    s = np.concatenate([sut[i] for i in pos])
+    out = {"requests": len(pos), "candidates": int(len(s)), "sut_mean": float(s.mean())}
+    if ref_channel is None:
+        log("   no --reference-grpc: no f32 scores to draw labels from; only the SUT's scores are summarised")
+        return out
+    t = time.perf_counter()
+    ref_lib = lib if args.reference_model == args.model else lib.renamed(args.reference_model)
+    ref = score_all(ref_channel, ref_lib, pos, 1, args.timeout)
+    f = np.concatenate([ref[i] for i in pos])
+    labels = np.concatenate([np.random.default_rng([args.seed, 3, i]).random(len(ref[i])) < ref[i] for i in pos])
+    m = {"auc": (mc.auc(s, labels), mc.auc(f, labels)), "ne": (v3.ne(s, labels), v3.ne(f, labels)),
+         "accuracy": (v3.accuracy_rate(s, labels), v3.accuracy_rate(f, labels))}
+    # kept: the SUT's share of the reference's quality (NE: lower is better, so f32 / SUT)
+    kept = {"auc": m["auc"][0] / m["auc"][1], "ne": m["ne"][1] / m["ne"][0],
+            "accuracy": m["accuracy"][0] / m["accuracy"][1]}
+    diff = np.abs(s.astype(np.float64) - f)
+    out.update({"reference_s": time.perf_counter() - t, "positives": int(labels.sum()),
+                "metrics": {k: {"sut": v[0], "f32": v[1], "kept": kept[k]} for k, v in m.items()},
+                "keeps_99_9": bool(min(kept.values()) >= 0.999),
+                "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())})
+    log(f"   labels: u < p_f32 (seeded u), {int(labels.sum()):,} positives of {len(labels):,}")
+    for k, (a_s, a_f) in m.items():
+        log(f"   {k:<8} SUT {a_s:.6f}   f32 reference {a_f:.6f}   kept {100 * kept[k]:.4f}%")
+    log(f"   keeps 99.9% of f32 on all three: {'yes' if out['keeps_99_9'] else 'NO'}")
+    log(f"   |score - f32 score|: max {diff.max():.3e}, mean {diff.mean():.3e}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 
 def write_calibration(path, queries):
@@ -727,7 +784,15 @@ def main(argv=None):
                     help="LoadGen target (samples = queries per s) [default: measured by a short closed-loop run]")
     ap.add_argument("--duration", type=float, default=60.0, help="min_duration in seconds (official: 600)")
     ap.add_argument("--official", action="store_true", help="LoadGen's official dlrm-v2 settings (600 s ...)")
-    ap.add_argument("--latency-ms", type=float, default=LATENCY_BOUND_MS, help="Server p99 bound")
+    ap.add_argument("--latency-ms", type=float, default=None,
+                    help=f"Server p99 bound [default: {LATENCY_BOUND_MS:g} ms, dlrm-v3 {v3.LATENCY_BOUND_MS:g} ms]")
+    ap.add_argument("--workload", choices=["dlrm-v2", "dlrm-v3"], default="dlrm-v2",
+                    help="dlrm-v2: DLRM queries of 100-700 pairs; dlrm-v3: HSTU users from --users, in stream order")
+    ap.add_argument("--users", default=None, metavar="STREAM.jsonl",
+                    help="dlrm-v3: a streaming replay from `ember data users --returns N` (one user request a line)")
+    ap.add_argument("--warm-lines", type=int, default=0,
+                    help="dlrm-v3: the stream's first N lines are sent once, in order, before any measured run "
+                    "(first visits fill a history cache, as the reference warms up)"),
     ap.add_argument("--min-queries", type=int, default=700,
                     help="Server min_query_count when not --official (LoadGen's early stopping needs ~700 queries to judge a p99)")
     ap.add_argument("--find-max", action="store_true", help="Server: highest VALID rate by bisection + confirm")
@@ -771,7 +836,12 @@ def main(argv=None):
     import mlperf_loadgen as lg
     from tritonclient.grpc import service_pb2 as pb
 
-    args.model = args.model or OFFICIAL_MODEL
+    v3_mode = args.workload == "dlrm-v3"
+    args.model = args.model or (v3.OFFICIAL_MODEL if v3_mode else OFFICIAL_MODEL)
+    if args.latency_ms is None:
+        args.latency_ms = v3.LATENCY_BOUND_MS if v3_mode else LATENCY_BOUND_MS
+    if v3_mode and not args.users:
+        raise SystemExit("--workload dlrm-v3 needs --users STREAM.jsonl (ember data users --returns N)")
     args.reference_model = args.reference_model or args.model
     args.cores_note = ""
     if args.server_cores is None:
@@ -782,7 +852,7 @@ def main(argv=None):
         kind = "accuracy" if args.accuracy else (args.scenario + ("-findmax" if args.find_max else ""))
         args.out = os.path.join(HERE, "runs", f"{stamp}-{kind}")
     os.makedirs(args.out, exist_ok=True)
-    if args.queries is None:
+    if args.queries is None and not v3_mode:
         args.queries = 256 if args.accuracy else 1024
     if args.find_max:
         args.scenario = "Server"
@@ -804,6 +874,48 @@ def main(argv=None):
         md = model_metadata(pb, channel, args.model, args.model_version)
     except grpc.RpcError as e:
         raise SystemExit(f"{args.grpc}: ModelMetadata({args.model!r}) failed: {e.code().name}: {e.details()}")
+    if v3_mode:
+        lib, results = stream_library(args, pb, channel, md)
+    else:
+        lib, results = query_library(args, pb, channel, md, entry)
+        if lib is None:
+            return
+    run_all(args, lg, pb, channel, opts, lib, results)
+
+
+def stream_library(args, pb, channel, md):
+    """dlrm-v3: the stream's requests after --warm-lines (those sent first, unmeasured)."""
+    feats, output = v3.hstu_inputs(md)
+    log(f"server {args.grpc}: model {md.name!r} ({md.platform}), {len(feats)} history and candidate features, "
+        f"output {output!r}")
+    t = time.perf_counter()
+    users = v3.read_stream(args.users, 0, None if args.queries is None else args.warm_lines + args.queries)
+    if args.warm_lines >= len(users):
+        raise SystemExit(f"--warm-lines {args.warm_lines}: the stream has only {len(users)} lines")
+    lib = v3.StreamLibrary(pb, users[args.warm_lines:], feats, args.model, output, args.model_version,
+                           first=args.warm_lines)
+    nbytes = sum(len(b) for b in lib.requests.values())
+    log(f"library: {lib.n} user requests (stream lines {args.warm_lines}..), history {lib.history.min()}-"
+        f"{lib.history.max()} items (mean {lib.history.mean():.0f}), {lib.sizes.mean():.0f} candidates a request, "
+        f"requests {nbytes / 2**20:.1f} MiB, built in {time.perf_counter() - t:.2f} s")
+    results = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
+               "args": {k: v for k, v in vars(args).items()}, "server": args.grpc, "model": args.model,
+               "workload": "dlrm-v3",
+               "library": {"queries": lib.n, "pairs": lib.pairs(range(lib.n)), "request_bytes": nbytes,
+                           "ids": f"stream {os.path.basename(args.users)}", "locality_entry": None,
+                           "history_mean": float(lib.history.mean()), "candidates_mean": float(lib.sizes.mean())}}
+    if args.warm_lines:
+        warm = v3.StreamLibrary(pb, users[:args.warm_lines], feats, args.model, output, args.model_version)
+        t = time.perf_counter()
+        score_all(channel, warm, range(warm.n), 1, args.timeout)
+        log(f"warm-up: the stream's first {warm.n} lines sent in order, one at a time, in "
+            f"{time.perf_counter() - t:.1f} s (not measured)")
+        results["warm_lines"] = warm.n
+    return lib, results
+
+
+def query_library(args, pb, channel, md, entry):
+    """dlrm-v2: the synthetic query library (None when only a calibration file was asked for)."""
     md_feats, output = server_features(md)
     log(f"server {args.grpc}: model {md.name!r} ({md.platform}), {len(md_feats)} sparse features, output {output!r}")
     features = resolve_features(args, md_feats)
@@ -817,7 +929,7 @@ def main(argv=None):
         cal = QueryLibrary(pb, args.calibration_queries, args.seed + 1_000_003, features, samplers,
                            args.model, output, args.id_dtype, args.model_version)
         write_calibration(args.write_calibration, [cal.query(i) for i in range(cal.n)])
-        return
+        return None, None
 
     t = time.perf_counter()
     lib.load(range(lib.n))
@@ -831,7 +943,11 @@ def main(argv=None):
                "library": {"queries": lib.n, "pairs": lib.pairs(range(lib.n)), "request_bytes": nbytes,
                            "ids": args.ids, "locality_entry": entry["name"] if entry else None,
                            "features": [{"name": f, "rows": r, "pooling": p} for f, r, p in features]}}
+    return lib, results
 
+
+def run_all(args, lg, pb, channel, opts, lib, results):
+    import grpc
     est = None
     if not args.accuracy and (args.target_qps is None or args.find_max):
         qps, pps, refused, lat = closed_loop(channel, lib, list(range(lib.n)), args.calib_seconds,
@@ -857,6 +973,11 @@ def main(argv=None):
     finally:
         bench.close()
     results["runs"] = bench.runs
+    if getattr(lib, "ordered", False):
+        results["stream"] = {"next_position": lib.position(), "wraps": lib.wraps}
+        if lib.wraps:
+            log(f"   note: the stream ran out {lib.wraps} time(s) and started over: replayed users found entries "
+                "newer than their requests (refused by a history cache); write a longer stream")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
     import report

@@ -6,8 +6,10 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dlrm_v3 as v3  # noqa: E402
 import mlperf_common as mc  # noqa: E402
 
 
@@ -115,8 +117,63 @@ def test_prometheus_parse():
     assert "ember_dense_stage_seconds_bucket" not in m
 
 
+def test_ne_and_accuracy_rate():
+    rng = np.random.default_rng(4)
+    y = rng.random(5000) < 0.3
+    # the base rate itself has NE 1; a perfect-ish predictor far less; a constant wrong one more
+    assert abs(v3.ne(np.full(5000, y.mean()), y) - 1.0) < 1e-9
+    assert v3.ne(np.where(y, 0.99, 0.01), y) < 0.1
+    assert v3.ne(np.full(5000, 0.9), y) > 1.0
+    # by hand on four labels
+    p, lab = np.array([0.9, 0.2, 0.6, 0.4]), np.array([1, 0, 0, 1])
+    ll = -np.mean([np.log(0.9), np.log(0.8), np.log(0.4), np.log(0.4)])
+    assert abs(v3.ne(p, lab) - ll / np.log(2)) < 1e-12
+    assert v3.accuracy_rate(p, lab) == 0.5
+
+
+def test_dlrm_v3_request_and_order():
+    from tritonclient.grpc import service_pb2 as pb
+    md = pb.ModelMetadataResponse(name="hstu")
+    for n in ("item_id_lengths", "item_id_ids", "ts_lengths", "ts_values", "cand_lengths", "cand_ids",
+              "ctx_lengths", "ctx_ids"):
+        md.inputs.add().name = n
+    for n in ("candidate_offsets", "ctr"):
+        md.outputs.add().name = n
+    feats, output = v3.hstu_inputs(md)
+    assert feats == [("item_id", "item_id_ids"), ("ts", "ts_values"), ("cand", "cand_ids"), ("ctx", "ctx_ids")]
+    assert output == "ctr"
+    users = [{"uih": {"item_id": [5, 6, 7], "ts": [1, 2, 3]}, "candidates": {"cand": [9, 8]}},
+             {"uih": {"item_id": [5], "ts": [4]}, "candidates": {"cand": [1]}}]
+    lib = v3.StreamLibrary(pb, users, feats, "hstu", output)
+    assert list(lib.history) == [3, 1] and list(lib.sizes) == [2, 1]
+    name, t = mc.decode_request(pb, lib.requests[0])
+    assert name == "hstu" and "ctx_lengths" not in t  # a feature the user leaves out is not sent
+    assert t["item_id_lengths"].tolist() == [3] and t["item_id_ids"].tolist() == [5, 6, 7]
+    assert t["ts_values"].tolist() == [1, 2, 3] and t["cand_ids"].tolist() == [9, 8]
+    assert mc.decode_request(pb, lib.renamed("ref").requests[1])[0] == "ref"
+    # positions go in the stream's order, wrapping (counted)
+    assert [lib.next_position() for _ in range(5)] == [0, 1, 0, 1, 0] and lib.wraps == 2
+    with pytest.raises(SystemExit):
+        v3.hstu_inputs(pb.ModelMetadataResponse(name="dlrm"))
+
+
+def test_dlrm_v3_accuracy_log_is_matched_by_position(tmp_path):
+    rows = [np.array([7, 0.25, 0.5], dtype="<f4"), np.array([3, 0.75], dtype="<f4")]
+    entries = [{"qsl_idx": 0, "data": r.tobytes().hex()} for r in rows]
+    path = tmp_path / "acc.json"
+    path.write_text(__import__("json").dumps(entries))
+    got = v3.read_accuracy_log(str(path))
+    assert sorted(got) == [3, 7] and got[7].tolist() == [0.25, 0.5] and got[3].tolist() == [0.75]
+
+
 if __name__ == "__main__":
     for name, fn in sorted(globals().items()):
         if name.startswith("test_") and callable(fn):
-            fn()
+            if "tmp_path" in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
+                import pathlib
+                import tempfile
+                with tempfile.TemporaryDirectory() as d:
+                    fn(pathlib.Path(d))
+            else:
+                fn()
             print("ok", name)

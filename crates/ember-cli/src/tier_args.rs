@@ -84,6 +84,17 @@ pub struct TierArgs {
     /// The most MiB the spilled history entries hold.
     #[arg(long, default_value_t = 16384, value_name = "MIB")]
     history_spill_mb: u64,
+    /// Share history entries with other replicas of the model through this Redis Cluster
+    /// (redis://[user:password@]host:port[,host:port...]): a user's states are found whichever
+    /// replica computed them. Refused for tables that take row updates.
+    #[arg(long, value_name = "URL")]
+    history_share: Option<String>,
+    /// Seconds a shared entry stays in the cluster after its last write.
+    #[arg(long, default_value_t = 86_400, value_name = "S")]
+    history_share_ttl_s: u64,
+    /// Deadline of one read or write of a shared entry; past it the user is recomputed.
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    history_share_timeout_ms: u64,
 }
 
 impl TierArgs {
@@ -127,6 +138,11 @@ impl TierArgs {
             spill: (self.history_spill_dir.clone()).map(|dir| ember_model::hstu::SpillConfig {
                 dir,
                 bytes: self.history_spill_mb << 20,
+            }),
+            share: (self.history_share.clone()).map(|url| ember_model::hstu::ShareConfig {
+                url,
+                ttl_s: self.history_share_ttl_s,
+                timeout: std::time::Duration::from_millis(self.history_share_timeout_ms),
             }),
         })
     }

@@ -111,6 +111,17 @@ pub struct HistoryCacheConfig {
     pub reuse: Reuse,
     /// Where entries evicted from DRAM go (`None`: they are dropped).
     pub spill: Option<SpillConfig>,
+    /// A Redis Cluster that replicas of the model share entries through (`None`: not shared).
+    pub share: Option<ShareConfig>,
+}
+
+/// The cache's shared tier (`hstu/share.rs`): a Redis Cluster's URL, how long an entry stays
+/// there after its last write, and the deadline of one read or write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareConfig {
+    pub url: String,
+    pub ttl_s: u64,
+    pub timeout: std::time::Duration,
 }
 
 /// The cache's disk tier: a directory (the cache writes under a directory of its own in it)

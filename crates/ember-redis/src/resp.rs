@@ -28,6 +28,8 @@ const READ_CHUNK: usize = 256 << 10;
 const MAX_BULK: usize = 512 << 20;
 /// The longest header line accepted (`+`, `-`, `:`, `$`, `*` lines).
 const MAX_LINE: usize = 64 << 10;
+/// Past this size a reply grows the read buffer to its own size only.
+const BIG_REPLY: usize = 4 << 20;
 /// How far the socket's read timeout may drift from the time left: it is re-set only when it
 /// differs by more (one `setsockopt` per millisecond or so, not one per reply).
 const SLACK: Duration = Duration::from_millis(1);
@@ -207,7 +209,14 @@ impl Conn {
             self.pos = 0;
         }
         if self.buf.len() < need {
-            self.buf.resize((4 * need).max(READ_CHUNK), 0);
+            // Room for a few replies that size; a very large one (a history cache's entry, tens
+            // of MiB) gets its size and a read's worth more: zeroing 4x of it cost more than
+            // reading it.
+            let room = match need > BIG_REPLY {
+                true => need + READ_CHUNK,
+                false => (4 * need).max(READ_CHUNK),
+            };
+            self.buf.resize(room, 0);
         }
         let need = self.pos + need;
         while self.end < need {

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ember_model::serving::{Outputs, Request, Runner};
+use ember_model::serving::{Outputs, Request, Runner, Servable};
 use tokio::sync::oneshot;
 
 use crate::error::{Result, ServeError};
@@ -94,6 +94,8 @@ struct Job {
     samples: Request,
     /// `samples.weight()`, taken once (the queue reads it under its lock).
     weight: usize,
+    /// Its expected cost (`Servable::cost`), counted in the admission model.
+    cost: u64,
     deadline: Option<(Instant, u64)>,
     enqueued: Instant,
     reply: oneshot::Sender<Result<Reply>>,
@@ -101,19 +103,19 @@ struct Job {
     _pending: Pending,
 }
 
-/// Samples counted in [`Load`] until dropped.
-struct Pending(Arc<Load>, usize);
+/// Samples and their expected cost, counted in [`Load`] until dropped.
+struct Pending(Arc<Load>, usize, u64);
 
 impl Pending {
-    fn new(load: &Arc<Load>, n: usize) -> Self {
-        load.add(n);
-        Pending(load.clone(), n)
+    fn new(load: &Arc<Load>, n: usize, cost: u64) -> Self {
+        load.add(n, cost);
+        Pending(load.clone(), n, cost)
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.done(self.1);
+        self.0.done(self.1, self.2);
     }
 }
 
@@ -155,6 +157,10 @@ pub struct Batcher {
     queued: Arc<AtomicUsize>,
     cfg: BatchConfig,
     load: Arc<Load>,
+    /// The model (its requests' costs).
+    model: Arc<dyn Servable>,
+    /// Its metrics' label.
+    name: String,
     /// When set, queued requests not yet started then are answered `ShuttingDown`.
     abandon_at: Arc<Mutex<Option<Instant>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -184,6 +190,7 @@ impl Batcher {
         let load = Arc::new(Load::new(cfg.max_batch, cfg.instances));
         let abandon_at = Arc::new(Mutex::new(None));
         let stats = Arc::new(Stats::default());
+        let model = engines[0].servable().clone();
         let shared = Shared {
             queued: queued.clone(),
             load: load.clone(),
@@ -207,6 +214,8 @@ impl Batcher {
             queued,
             cfg,
             load,
+            model,
+            name: name.to_string(),
             abandon_at,
             worker: Mutex::new(Some(worker)),
             stats,
@@ -228,8 +237,17 @@ impl Batcher {
     /// request expected to wait past its deadline or the queue-delay bound is refused at once.
     pub async fn submit(&self, samples: Request, timeout_us: Option<u64>) -> Result<Reply> {
         let (t0, n) = (Instant::now(), samples.len());
+        let classes = samples.classes();
         let r = self.submit_counted(samples, timeout_us).await;
-        self.stats.request(r.is_ok(), n, t0.elapsed());
+        let took = t0.elapsed();
+        self.stats.request(r.is_ok(), n, took);
+        if r.is_ok() {
+            // Each item waited for the whole request: its latency is the request's.
+            for class in classes {
+                metrics::histogram!(m::ITEM_SECONDS, "model" => self.name.clone(), "history" => class)
+                    .record(took.as_secs_f64());
+            }
+        }
         r
     }
 
@@ -245,19 +263,24 @@ impl Batcher {
         // The first piece is admitted and counted in one atomic step, so that requests
         // arriving together cannot all pass on the same count; the later pieces of an admitted
         // request are counted when they are queued.
-        let first = samples.len().min(self.cfg.max_batch);
-        let held = self.reserve(first, timeout_us)?;
         if samples.len() <= self.cfg.max_batch {
+            let cost = self.model.cost(samples.as_ref());
+            let held = self.reserve(samples.len(), cost, timeout_us)?;
             return self.enqueue(samples, deadline, held).await;
         }
+        let first = samples
+            .pieces(self.cfg.max_batch)
+            .next()
+            .map_or(0, |p| self.model.cost(p.as_ref()));
+        let held = self.reserve(self.cfg.max_batch, first, timeout_us)?;
         // One piece in the queue at a time: requests that arrive meanwhile run between them.
         let mut outputs = Outputs::default();
         let mut batch = 0;
         let mut held = Some(held);
         for piece in samples.pieces(self.cfg.max_batch) {
-            let counted = held
-                .take()
-                .unwrap_or_else(|| Pending::new(&self.load, piece.len()));
+            let counted = held.take().unwrap_or_else(|| {
+                Pending::new(&self.load, piece.len(), self.model.cost(piece.as_ref()))
+            });
             let r = self.enqueue(piece, deadline, counted).await?;
             outputs.append(&r.outputs);
             batch = batch.max(r.batch);
@@ -273,13 +296,14 @@ impl Batcher {
         }
     }
 
-    /// Admits `n` samples and counts them as pending, or refuses them as [`Batcher::admit`].
-    fn reserve(&self, n: usize, timeout_us: Option<u64>) -> Result<Pending> {
+    /// Admits `n` samples of expected `cost` and counts them as pending, or refuses them as
+    /// [`Batcher::admit`].
+    fn reserve(&self, n: usize, cost: u64, timeout_us: Option<u64>) -> Result<Pending> {
         let Some(bound) = self.bound(timeout_us) else {
-            return Ok(Pending::new(&self.load, n));
+            return Ok(Pending::new(&self.load, n, cost));
         };
-        match self.load.try_add(n, bound) {
-            Ok(()) => Ok(Pending(self.load.clone(), n)),
+        match self.load.try_add(n, cost, bound) {
+            Ok(()) => Ok(Pending(self.load.clone(), n, cost)),
             Err(wait) => Err(self.refusal(wait, bound)),
         }
     }
@@ -322,6 +346,7 @@ impl Batcher {
     ) -> Result<Reply> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
+            cost: counted.2,
             _pending: counted,
             weight: samples.weight(),
             samples,
@@ -351,11 +376,11 @@ impl Batcher {
             .unwrap_or_else(|_| Err(ServeError::Internal("the batcher stopped".into())))
     }
 
-    /// Starts the admission model from batches the engine ran before serving (`(samples,
-    /// time)` each, from warming it): without them, the first batches of a fresh server, slow
+    /// Starts the admission model from batches the engine ran before serving (`(cost, time)`
+    /// each, [`Servable::cost`] of the batch, from warming it): without them, the first batches of a fresh server, slow
     /// while caches and pages fill, would be all the model knows, and the first burst of
     /// requests would be refused for an expected wait that never comes.
-    pub fn prime(&self, batches: &[(usize, Duration)]) {
+    pub fn prime(&self, batches: &[(u64, Duration)]) {
         for &(n, t) in batches {
             self.load.observe(n, t);
         }
@@ -369,6 +394,11 @@ impl Batcher {
     /// Samples submitted and not yet answered.
     pub fn pending_samples(&self) -> usize {
         self.load.pending()
+    }
+
+    /// Expected cost ([`Servable::cost`]) submitted and not yet answered.
+    pub fn pending_cost(&self) -> u64 {
+        self.load.pending_cost()
     }
 
     /// The wait a request arriving now is expected to have before its batch starts.

@@ -18,6 +18,10 @@ pub const QUEUE_DEPTH: &str = "ember_queue_depth";
 pub const REQUEST_SECONDS: &str = "ember_request_duration_seconds";
 /// Seconds from a request's start to its refusal for load (503 / RESOURCE_EXHAUSTED).
 pub const REFUSAL_SECONDS: &str = "ember_refusal_seconds";
+/// Seconds from arrival to the answer, per user of an HSTU request (a request of `k` users
+/// counts `k` times), by `model` and `history` (the bucket of the user's history length:
+/// `64`, `256`, `1024`, `4096`, `16384`, `+Inf`); its p99 is each history class's per-user p99.
+pub const ITEM_SECONDS: &str = "ember_user_request_duration_seconds";
 /// Seconds a request waited in the queue before its batch started.
 pub const QUEUE_WAIT: &str = "ember_queue_wait_seconds";
 /// Histogram: a request's tensors decoded and checked (ids against their tables), by protocol.
@@ -70,6 +74,11 @@ pub const HISTORY_HITS: &str = "ember_history_cache_hits_total";
 pub const HISTORY_MISSES: &str = "ember_history_cache_misses_total";
 pub const HISTORY_REFUSED: &str = "ember_history_cache_refused_total";
 pub const HISTORY_EVICTIONS: &str = "ember_history_cache_evictions_total";
+/// HSTU history cache, shared tier (`--history-share`): entries read from the cluster, written
+/// to it, and calls that failed (the user recomputed).
+pub const HISTORY_SHARED_HITS: &str = "ember_history_cache_shared_hits_total";
+pub const HISTORY_SHARED_WRITES: &str = "ember_history_cache_shared_writes_total";
+pub const HISTORY_SHARE_ERRORS: &str = "ember_history_cache_share_errors_total";
 /// HSTU history cache: bytes and entries (users) held now.
 pub const HISTORY_BYTES: &str = "ember_history_cache_bytes";
 pub const HISTORY_ENTRIES: &str = "ember_history_cache_entries";
@@ -99,6 +108,11 @@ const SECONDS: [f64; 16] = [
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 4e-3, 6e-3, 8e-3, 10e-3, 15e-3, 25e-3, 50e-3,
     100e-3, 1.0,
 ];
+/// Buckets of per-user latency: an HSTU user takes tens of ms to seconds.
+const USER_SECONDS: [f64; 16] = [
+    5e-3, 10e-3, 20e-3, 40e-3, 60e-3, 80e-3, 100e-3, 150e-3, 200e-3, 300e-3, 500e-3, 750e-3, 1.0,
+    2.0, 5.0, 10.0,
+];
 const SIZES: [f64; 12] = [
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
 ];
@@ -110,6 +124,10 @@ pub fn handle() -> &'static PrometheusHandle {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &SIZES))
+            // A full name wins over the suffix's buckets.
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(ITEM_SECONDS.into()), &USER_SECONDS)
+            })
             .expect("bucket lists are not empty");
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
@@ -190,6 +208,11 @@ fn describe_requests() {
         Unit::Seconds,
         "Request tensors decoded and checked (ids against their tables), per request"
     );
+    describe_histogram!(
+        ITEM_SECONDS,
+        Unit::Seconds,
+        "Arrival to answer, per user of an HSTU request, by history length"
+    );
     describe_histogram!(EMBEDDING_STAGE, Unit::Seconds, "Embedding stage, per batch");
     describe_histogram!(DENSE_STAGE, Unit::Seconds, "Dense stage, per batch");
     describe_histogram!(BATCH_SIZE, Unit::Count, "Samples per batch");
@@ -207,6 +230,18 @@ fn describe_history() {
         "HSTU history cache: users whose entry was not used (history changed, past the staleness bound, damaged)"
     );
     describe_counter!(HISTORY_EVICTIONS, "HSTU history cache: entries evicted");
+    describe_counter!(
+        HISTORY_SHARED_HITS,
+        "HSTU history cache: entries read from the shared tier"
+    );
+    describe_counter!(
+        HISTORY_SHARED_WRITES,
+        "HSTU history cache: entries written to the shared tier"
+    );
+    describe_counter!(
+        HISTORY_SHARE_ERRORS,
+        "HSTU history cache: shared-tier calls that failed (users recomputed)"
+    );
     describe_gauge!(
         HISTORY_BYTES,
         Unit::Bytes,
@@ -368,6 +403,9 @@ struct HistoryGauges {
     evictions: metrics::Counter,
     bytes: metrics::Gauge,
     entries: metrics::Gauge,
+    shared_hits: metrics::Counter,
+    shared_writes: metrics::Counter,
+    share_errors: metrics::Counter,
 }
 
 impl ModelMetrics {
@@ -396,6 +434,9 @@ impl ModelMetrics {
             evictions: metrics::counter!(HISTORY_EVICTIONS, &l),
             bytes: metrics::gauge!(HISTORY_BYTES, &l),
             entries: metrics::gauge!(HISTORY_ENTRIES, &l),
+            shared_hits: metrics::counter!(HISTORY_SHARED_HITS, &l),
+            shared_writes: metrics::counter!(HISTORY_SHARED_WRITES, &l),
+            share_errors: metrics::counter!(HISTORY_SHARE_ERRORS, &l),
         });
         (tier.is_some() || history.is_some()).then_some(ModelMetrics { tier, history })
     }
@@ -421,6 +462,9 @@ impl ModelMetrics {
             g.evictions.absolute(s.evictions);
             g.bytes.set(s.bytes as f64);
             g.entries.set(s.entries as f64);
+            g.shared_hits.absolute(s.shared_hits);
+            g.shared_writes.absolute(s.shared_writes);
+            g.share_errors.absolute(s.share_errors);
         }
     }
 }

@@ -84,6 +84,14 @@ pub struct HistoryCacheArgs {
     /// Replay: candidates a request.
     #[arg(long, default_value_t = 64)]
     candidates: usize,
+    /// Replay: replicas of the model, each with its own cache; each request goes to one at
+    /// random (a load balancer without user affinity).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Replay: share the replicas' entries through a Redis Cluster: `local` (3 primaries of
+    /// `redis-server` started on free loopback ports for the run) or a redis:// URL.
+    #[arg(long, value_name = "local|URL")]
+    share: Option<String>,
     #[arg(long, default_value_t = 2)]
     threads: usize,
     #[arg(long, default_value_t = 42)]
@@ -168,6 +176,7 @@ fn cells(
             eviction: a.eviction,
             reuse,
             spill: None,
+            share: None,
         })?;
         let mut stream = UserStream::new(model.config(), a.users, a.seed ^ history as u64);
         for u in 0..a.users {
@@ -230,7 +239,10 @@ fn replay(
     reuse: Reuse,
     n: usize,
 ) -> Result<Value> {
-    let cache = HistoryCache::new(HistoryCacheConfig {
+    ensure!(a.replicas > 0, "--replicas must be at least 1");
+    // Held for the run: the cluster stops when it drops.
+    let (_cluster, share) = share_of(a)?;
+    let config = HistoryCacheConfig {
         bytes: a.cache_mb << 20,
         eviction: a.eviction,
         reuse,
@@ -238,7 +250,12 @@ fn replay(
             dir,
             bytes: a.spill_mb << 20,
         }),
-    })?;
+        share,
+    };
+    let caches = (0..a.replicas)
+        .map(|_| model.new_history_cache(config.clone()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut pick = a.seed | 1;
     let mut stream = UserStream::new(model.config(), a.replay_users, a.seed);
     for u in 0..a.replay_users {
         stream.user(u, a.replay_history, a.candidates);
@@ -249,16 +266,51 @@ fn replay(
         let (_, user) = stream.next_request(a.grow, a.candidates, usize::MAX);
         let batch = check(model, &user)?;
         tokens += batch.users()[0].history;
+        // xorshift: the replica a load balancer sends the request to.
+        pick ^= pick << 13;
+        pick ^= pick >> 7;
+        pick ^= pick << 17;
+        let cache = &caches[(pick % a.replicas as u64) as usize];
         let t = Instant::now();
-        let (s, _, _) = p.run_cached(&batch, &cache)?;
+        let (s, _, _) = p.run_cached(&batch, cache)?;
         tc.push(t.elapsed().as_secs_f64());
         cached.extend_from_slice(&s.scores[0]);
         let t = Instant::now();
         fresh.extend_from_slice(&p.run(&batch)?.0.scores[0]);
         tf.push(t.elapsed().as_secs_f64());
     }
-    let st = cache.stats();
+    let st = sum_stats(&caches);
     let acc = Accuracy::of(fresh.len(), &fresh, &cached, a.seed);
+    let mean_history = tokens as f64 / n.max(1) as f64;
+    Ok(replay_report(a, n, mean_history, &st, &acc, (&tf, &tc)))
+}
+
+/// Prints a replay's figures (`times`: the fresh and the cached passes' seconds) and gives
+/// them as JSON.
+fn replay_report(
+    a: &HistoryCacheArgs,
+    n: usize,
+    mean_history: f64,
+    st: &ember_model::hstu::CacheStats,
+    acc: &Accuracy,
+    times: (&[f64], &[f64]),
+) -> Value {
+    let (tf, tc) = times;
+    if a.share.is_some() {
+        let rd = st.share_read_ns as f64 / 1e6 / st.shared_hits.max(1) as f64;
+        let wr = st.share_write_ns as f64 / 1e6 / st.shared_writes.max(1) as f64;
+        eprintln!(
+            "shared tier ({} replicas): {} entries read from the cluster, {} writes, {} \
+             errors; {rd:.1} ms an entry read, {wr:.1} ms a write (a first visit writes it whole, a \
+             return its new segment); \
+             the full recompute: {:.1} ms a request",
+            a.replicas,
+            st.shared_hits,
+            st.shared_writes,
+            st.share_errors,
+            median(tf) * 1e3
+        );
+    }
     let lookups = (st.hits + st.misses + st.refused).max(1) as f64;
     let per_user = st.bytes as f64 / st.entries.max(1) as f64;
     if st.disk_hits > 0 {
@@ -269,7 +321,7 @@ fn replay(
             st.spilled,
             st.disk_hits,
             per_user / (1 << 20) as f64 / (ms / 1e3),
-            median(&tf) * 1e3,
+            median(tf) * 1e3,
             st.damaged
         );
     }
@@ -279,7 +331,7 @@ fn replay(
          evictions, {} entries of {:.2} MiB on average; fresh {:.1} ms, cached {:.1} ms a request \
          (medians, {:.2}x); scores within {:.2e}, AUC {:.4}% kept, NE {:.4}% kept: {}",
         a.replay_users,
-        tokens as f64 / n.max(1) as f64,
+        mean_history,
         a.grow,
         a.candidates,
         a.cache_mb,
@@ -291,24 +343,79 @@ fn replay(
         st.evictions,
         st.entries,
         per_user / (1 << 20) as f64,
-        median(&tf) * 1e3,
-        median(&tc) * 1e3,
-        median(&tf) / median(&tc),
+        median(tf) * 1e3,
+        median(tc) * 1e3,
+        median(tf) / median(tc),
         acc.max_abs,
         100.0 * acc.auc_kept(),
         100.0 * acc.ne_kept(),
         acc.verdict()
     );
-    Ok(json!({
+    json!({
         "replay": n, "users": a.replay_users, "grow": a.grow, "candidates": a.candidates,
-        "cache_mb": a.cache_mb, "mean_history": tokens as f64 / n.max(1) as f64,
+        "cache_mb": a.cache_mb, "mean_history": mean_history,
         "hits": st.hits, "misses": st.misses, "refused": st.refused,
         "evictions": st.evictions, "entries": st.entries, "bytes_per_user": per_user,
         "spilled": st.spilled, "disk_hits": st.disk_hits, "damaged": st.damaged,
         "disk_bytes": st.disk_bytes, "disk_read_ms": st.disk_read_ns as f64 / 1e6,
-        "fresh_ms": median(&tf) * 1e3, "cached_ms": median(&tc) * 1e3,
+        "replicas": a.replicas, "shared_hits": st.shared_hits, "shared_writes": st.shared_writes,
+        "share_errors": st.share_errors, "share_read_ms": st.share_read_ns as f64 / 1e6,
+        "share_write_ms": st.share_write_ns as f64 / 1e6,
+        "fresh_ms": median(tf) * 1e3, "cached_ms": median(tc) * 1e3,
         "max_abs": acc.max_abs, "mean_abs": acc.mean_abs,
         "auc": {"fresh": acc.auc.0, "cached": acc.auc.1, "kept": acc.auc_kept()},
         "ne": {"fresh": acc.ne.0, "cached": acc.ne.1, "kept": acc.ne_kept()},
-    }))
+    })
+}
+
+/// The shared tier `--share` asks for, and the cluster started for it (`local`).
+fn share_of(
+    a: &HistoryCacheArgs,
+) -> Result<(
+    Option<ember_bench::redis_cluster::LocalCluster>,
+    Option<ember_model::hstu::ShareConfig>,
+)> {
+    let Some(s) = &a.share else {
+        return Ok((None, None));
+    };
+    let (cluster, url) = if s == "local" {
+        ember_bench::redis_cluster::available()?;
+        let c = ember_bench::redis_cluster::LocalCluster::start(3, 0, 1000)?;
+        c.wait_healthy(std::time::Duration::from_secs(20))?;
+        let url = c.url();
+        (Some(c), url)
+    } else {
+        (None, s.clone())
+    };
+    let cfg = ember_model::hstu::ShareConfig {
+        url,
+        ttl_s: 3600,
+        timeout: std::time::Duration::from_secs(2),
+    };
+    Ok((cluster, Some(cfg)))
+}
+
+/// The replicas' counters added up.
+fn sum_stats(caches: &[HistoryCache]) -> ember_model::hstu::CacheStats {
+    let mut t = ember_model::hstu::CacheStats::default();
+    for c in caches {
+        let s = c.stats();
+        t.hits += s.hits;
+        t.misses += s.misses;
+        t.refused += s.refused;
+        t.evictions += s.evictions;
+        t.bytes += s.bytes;
+        t.entries += s.entries;
+        t.spilled += s.spilled;
+        t.disk_hits += s.disk_hits;
+        t.damaged += s.damaged;
+        t.disk_bytes += s.disk_bytes;
+        t.disk_read_ns += s.disk_read_ns;
+        t.shared_hits += s.shared_hits;
+        t.shared_writes += s.shared_writes;
+        t.share_errors += s.share_errors;
+        t.share_read_ns += s.share_read_ns;
+        t.share_write_ns += s.share_write_ns;
+    }
+    t
 }

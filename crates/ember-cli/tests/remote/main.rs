@@ -9,6 +9,7 @@ mod cli;
 mod fallback;
 mod faults;
 mod freshness;
+mod history_share;
 mod hstu;
 mod live;
 mod load;

@@ -22,12 +22,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub use crate::history::{Eviction, HistoryCacheConfig, Reuse, SpillConfig};
+pub use crate::history::{Eviction, HistoryCacheConfig, Reuse, ShareConfig, SpillConfig};
 
 use super::HstuModel;
 pub use super::entry::{Entry, Segment};
 use super::plan::AsOf;
 use super::request::HstuBatch;
+use super::share::Share;
 use super::spill::Spill;
 use super::stu::{kv_width, shape_of};
 
@@ -60,6 +61,14 @@ pub struct CacheStats {
     pub disk_bytes: u64,
     /// Nanoseconds spent reading entries back (and checking them).
     pub disk_read_ns: u64,
+    /// The shared tier (a Redis Cluster): entries read from it, entries written to it, calls
+    /// that failed (no answer within the deadline, an error; the user recomputed), and
+    /// nanoseconds spent reading (and checking) the entries it gave, and writing.
+    pub shared_hits: u64,
+    pub shared_writes: u64,
+    pub share_errors: u64,
+    pub share_read_ns: u64,
+    pub share_write_ns: u64,
 }
 
 #[derive(Debug)]
@@ -86,6 +95,7 @@ pub struct HistoryCache {
     inner: Mutex<Inner>,
     counts: Counts,
     spill: Option<Spill>,
+    share: Option<Share>,
 }
 
 /// The counters of [`CacheStats`] as they are kept (each field's meaning is there).
@@ -103,6 +113,21 @@ struct Counts {
     disk_hits: AtomicU64,
     damaged: AtomicU64,
     disk_read_ns: AtomicU64,
+    shared_hits: AtomicU64,
+    shared_writes: AtomicU64,
+    share_errors: AtomicU64,
+    share_read_ns: AtomicU64,
+    share_write_ns: AtomicU64,
+}
+
+/// A shared tier's failure, on stderr at most once a minute (each is counted).
+fn tracing_warn(e: &super::share::ShareError) {
+    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+        *last = Some(std::time::Instant::now());
+        eprintln!("warning: history cache: {e} (users recomputed; counted in share_errors)");
+    }
 }
 
 /// Adds `n` to a counter.
@@ -133,7 +158,18 @@ impl HistoryCache {
             inner: Mutex::new(Inner::default()),
             counts: Default::default(),
             spill,
+            share: None,
         })
+    }
+
+    /// Shares its entries through `share` (reads on a miss, writes what it keeps).
+    pub(crate) fn attach_share(&mut self, share: Share) {
+        self.share = Some(share);
+    }
+
+    /// Whether it shares its entries with other replicas.
+    pub fn is_shared(&self) -> bool {
+        self.share.is_some()
     }
 
     pub fn config(&self) -> &HistoryCacheConfig {
@@ -161,6 +197,11 @@ impl HistoryCache {
             damaged: n(&c.damaged),
             disk_bytes: self.spill.as_ref().map_or(0, |s| s.held()),
             disk_read_ns: n(&c.disk_read_ns),
+            shared_hits: n(&c.shared_hits),
+            shared_writes: n(&c.shared_writes),
+            share_errors: n(&c.share_errors),
+            share_read_ns: n(&c.share_read_ns),
+            share_write_ns: n(&c.share_write_ns),
             bytes,
             entries,
         }
@@ -179,7 +220,8 @@ impl HistoryCache {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             g.touch(key, self.config.eviction)
         };
-        let Some(entry) = entry.or_else(|| self.read_back(key)) else {
+        let entry = entry.or_else(|| self.read_back(key));
+        let Some(entry) = entry.or_else(|| self.read_shared(key, model)) else {
             add(&c.misses, 1);
             return Plan::Fresh { key };
         };
@@ -219,9 +261,52 @@ impl HistoryCache {
         Plan::Reuse { key, entry }
     }
 
-    /// Keeps `entry` for `key` (replacing what was held), evicting others to make room.
+    /// Keeps `entry` for `key` (replacing what was held), evicting others to make room, and
+    /// writes it to the shared tier where there is one (on the caller's thread: a return
+    /// writes only its new segment).
     pub fn insert(&self, key: u64, entry: Entry) {
+        let Some(share) = &self.share else {
+            self.keep(key, entry);
+            return;
+        };
+        let c = &self.counts;
+        let t = std::time::Instant::now();
+        let written = share.put(key, &entry);
+        add(&c.share_write_ns, t.elapsed().as_nanos() as u64);
+        match written {
+            Ok(()) => add(&c.shared_writes, 1),
+            Err(e) => {
+                add(&c.share_errors, 1);
+                tracing_warn(&e);
+            }
+        }
         self.keep(key, entry);
+    }
+
+    /// The entry `key` in the shared tier, checked and kept in DRAM; `None` where there is
+    /// none, it is damaged (counted, recomputed) or the cluster did not answer in time.
+    fn read_shared(&self, key: u64, model: &HstuModel) -> Option<Arc<Entry>> {
+        let c = &self.counts;
+        let share = self.share.as_ref()?;
+        let t = std::time::Instant::now();
+        let read = share.get(key, epochs(model));
+        match read {
+            Ok(Some(e)) => {
+                add(&c.share_read_ns, t.elapsed().as_nanos() as u64);
+                add(&c.shared_hits, 1);
+                self.keep(key, e)
+            }
+            Ok(None) => None,
+            Err(super::share::ShareError::Damaged { .. }) => {
+                add(&c.damaged, 1);
+                None
+            }
+            Err(e) => {
+                add(&c.share_errors, 1);
+                tracing_warn(&e);
+                None
+            }
+        }
     }
 
     /// [`HistoryCache::insert`], giving back the entry as held (`None`: too large to keep).
@@ -473,6 +558,7 @@ mod tests {
             eviction,
             reuse: Reuse::DEFAULT,
             spill: None,
+            share: None,
         })
         .unwrap();
         (c, size)

@@ -27,6 +27,7 @@ pub mod plan;
 pub mod presets;
 pub mod request;
 mod reuse;
+mod share;
 mod spill;
 mod stu;
 mod times;
@@ -40,12 +41,15 @@ use std::path::Path;
 use ember_embed::{EmbeddingCollection, EmbeddingTable, Feature, PagePolicy};
 use ember_tier::{Stager, TierOptions};
 
-pub use cache::{CacheStats, Eviction, HistoryCache, HistoryCacheConfig, Reuse, SpillConfig};
+pub use cache::{
+    CacheStats, Eviction, HistoryCache, HistoryCacheConfig, Reuse, ShareConfig, SpillConfig,
+};
 pub use config::{AttentionNorm, HstuModelConfig, TaskType, TimeBucketClamp};
 pub use forward::{HstuPredictor, HstuScores, HstuTimes};
 pub use plan::{AsOf, Columns, ContextualSlot, TokenPlan};
 pub use request::{HstuBatch, User, UserSpan};
 pub use reuse::CacheUse;
+pub use share::{ShareError, model_id};
 pub use weights::{ActionEncoder, HstuWeights, Postprocessor, StuLayer, random_dense_tensors};
 
 use crate::dense::{DenseDType, DenseIsa};
@@ -228,6 +232,12 @@ impl HstuModel {
     /// (`embeddings().tables()[t].write_rows`, as the remote tier's streaming updates do), and
     /// a history cache retires the entries that read a rewritten row.
     pub fn make_tables_live(&mut self) -> Result<()> {
+        if self.history.as_ref().is_some_and(|h| h.is_shared()) {
+            return Err(ModelError::BadOption {
+                option: "history_share",
+                reason: "a model whose history cache is shared cannot take row updates".into(),
+            });
+        }
         Ok(self.embeddings.make_dram_tables_live()?)
     }
 
@@ -243,20 +253,55 @@ impl HstuModel {
             });
         }
         self.history = match config {
-            Some(c) => {
-                let dir = c.spill.as_ref().map(|s| s.dir.clone());
-                let cache = HistoryCache::new(c).map_err(|e| ModelError::BadOption {
-                    option: "history_cache",
-                    reason: format!(
-                        "making its spill directory under {}: {e}",
-                        dir.unwrap_or_default().display()
-                    ),
-                })?;
-                Some(std::sync::Arc::new(cache))
-            }
+            Some(c) => Some(std::sync::Arc::new(self.new_history_cache(c)?)),
             None => None,
         };
         Ok(())
+    }
+
+    /// A new cache of `config` for this model (its spill directory made, its shared tier
+    /// connected), not given to the model: a tool that runs several (replicas) holds them.
+    pub fn new_history_cache(&self, config: HistoryCacheConfig) -> Result<HistoryCache> {
+        let dir = config.spill.as_ref().map(|s| s.dir.clone());
+        let share = config.share.clone();
+        let mut cache = HistoryCache::new(config).map_err(|e| ModelError::BadOption {
+            option: "history_cache",
+            reason: format!(
+                "making its spill directory under {}: {e}",
+                dir.unwrap_or_default().display()
+            ),
+        })?;
+        if let Some(s) = share {
+            cache.attach_share(self.share_for(&s)?);
+        }
+        Ok(cache)
+    }
+
+    /// The shared tier of `cfg` for this model; refused where its tables take row updates
+    /// (the remote placement follows the cluster's update streams; live tables are written):
+    /// a replica cannot tell which of another's entries read a row written since.
+    fn share_for(&self, cfg: &ShareConfig) -> Result<share::Share> {
+        let refuse = |reason: String| ModelError::BadOption {
+            option: "history_share",
+            reason,
+        };
+        let tables = self.embeddings.tables();
+        if let Some(t) = tables.iter().find(|t| t.is_live()) {
+            return Err(refuse(format!(
+                "table '{}' takes row updates; shared entries cannot be retired when a row \
+                 they read changes",
+                t.name()
+            )));
+        }
+        if let Some(t) = (self.config.tables.iter()).find(|t| t.placement.name() == "remote") {
+            return Err(refuse(format!(
+                "table '{}' is on the remote tier, which follows row updates; shared entries \
+                 cannot be retired when a row they read changes",
+                t.name
+            )));
+        }
+        share::Share::connect(cfg, model_id(self))
+            .map_err(|e| refuse(format!("connecting to {}: {e}", cfg.url)))
     }
 
     /// Its cache of users' histories, if it has one.

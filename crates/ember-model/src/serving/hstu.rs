@@ -56,6 +56,14 @@ impl Items for Users {
     fn weight(&self) -> usize {
         self.0.iter().map(User::tokens).sum()
     }
+    /// Each user's history bucket: the least of [`HISTORY_CLASSES`] at or over its history's
+    /// length (its longest history feature), `"+Inf"` past the last.
+    fn classes(&self) -> Vec<&'static str> {
+        self.0
+            .iter()
+            .map(|u| history_class(u.uih.values().map(Vec::len).max().unwrap_or(0)))
+            .collect()
+    }
     fn pieces(&self, max: usize) -> Box<dyn Iterator<Item = Request> + Send + '_> {
         Box::new(
             self.0
@@ -69,6 +77,24 @@ impl Items for Users {
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
+}
+
+/// The history buckets of per-user latency metrics (upper bounds, in history items).
+pub const HISTORY_CLASSES: [(usize, &str); 6] = [
+    (64, "64"),
+    (256, "256"),
+    (1024, "1024"),
+    (4096, "4096"),
+    (16384, "16384"),
+    (usize::MAX, "+Inf"),
+];
+
+/// The bucket of a history of `n` items.
+fn history_class(n: usize) -> &'static str {
+    HISTORY_CLASSES
+        .iter()
+        .find(|(most, _)| n <= *most)
+        .map_or("+Inf", |c| c.1)
 }
 
 /// A merged batch, its tier rows staged.
@@ -274,6 +300,29 @@ impl Servable for HstuModel {
             (p + f.0, a + f.1)
         });
         vec![(STAGES[2], p), (STAGES[3], a)]
+    }
+
+    /// The users' forward passes in MFLOP (the dense layers' and the attention's, from the
+    /// model's dims): a user's grows with its history's square and with its history times its
+    /// candidates. Users served from the history cache cost less than this; the admission
+    /// model's fitted rate per MFLOP follows the hit rate.
+    fn cost(&self, items: &dyn Items) -> u64 {
+        let Some(users) = items.as_any().downcast_ref::<Users>() else {
+            return items.len() as u64;
+        };
+        let name = &self.config().hstu.uih_post_id_feature_name;
+        let cand = &self.config().hstu.candidates_querytime_feature_name;
+        let flops: f64 = users
+            .0
+            .iter()
+            .map(|u| {
+                let n = u.uih.get(name).map_or(0, Vec::len);
+                let c = u.candidates.get(cand).map_or(0, Vec::len);
+                let (dense, attention) = self.macs(n, c);
+                2.0 * (dense + attention)
+            })
+            .sum();
+        ((flops / 1e6).ceil() as u64).max(u64::from(!users.0.is_empty()))
     }
 
     fn tier(&self) -> Tier<'_> {

@@ -114,6 +114,11 @@ pub trait Items: Send + Sync + Debug + 'static {
     fn weight(&self) -> usize {
         self.len()
     }
+    /// A class per item for per-item latency metrics (an HSTU user: the bucket of its history's
+    /// length, `"1024"` for 257 to 1,024 items); empty where the family has none.
+    fn classes(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
     /// The items in pieces of at most `max`, in order, each still checked; each piece is made
     /// when it is asked for.
     fn pieces(&self, max: usize) -> Box<dyn Iterator<Item = Request> + Send + '_>;
@@ -171,6 +176,14 @@ pub trait Servable: Send + Sync + Debug + 'static {
     /// the family does not count them.
     fn flops(&self, _items: &dyn Items) -> Vec<(&'static str, f64)> {
         Vec::new()
+    }
+
+    /// What running `items` is expected to cost, in the unit of a server's admission model
+    /// (`ember-serve`'s `batcher/admit.rs` fits a batch's time as `a + b * cost`): one per item
+    /// by default (a DLRM sample); an HSTU user its forward pass's MFLOP, which grows with its
+    /// history times its candidates. At least 1 for items that are not empty.
+    fn cost(&self, items: &dyn Items) -> u64 {
+        items.len() as u64
     }
 
     /// Its SSD / remote tier.

@@ -316,3 +316,72 @@ fn batches_merged_into_reused_buffers_score_as_fresh_ones() {
         );
     }
 }
+
+/// Admission weighs an HSTU request by its forward pass's MFLOP (`Servable::cost`): a user's
+/// cost is the model's count for its history and candidates, grows with history times
+/// candidates, and a request's is its users' sum; a DLRM request costs its samples. Each user
+/// is classed by its history's length for the per-user latency metric.
+#[test]
+fn an_hstu_users_cost_follows_history_times_candidates() {
+    use crate::family::AnyPreset;
+    use crate::presets::RowsOptions;
+    let rows = RowsOptions {
+        scale: 0.01,
+        max_rows: None,
+    };
+    let hp = AnyPreset::new("hstu-small", ember_embed::DType::F32, rows).unwrap();
+    let hstu = servable(hp.build(3, 1).unwrap());
+    let model = hstu.clone().into_any_arc().downcast::<HstuModel>().unwrap();
+    let request = |items, history, candidates| {
+        let w = Workload {
+            items: Some(items),
+            history: Some(history),
+            candidates: Some(candidates),
+            ..Workload::default()
+        };
+        hstu.synthetic(&w, 7).unwrap()
+    };
+    let mut last = 0;
+    for (h, c) in [
+        (1, 1),
+        (64, 8),
+        (64, 64),
+        (300, 64),
+        (1500, 64),
+        (1500, 512),
+    ] {
+        let r = request(1, h, c);
+        let (dense, attention) = model.macs(h, c);
+        let want = (2.0 * (dense + attention) / 1e6).ceil().max(1.0) as u64;
+        assert_eq!(hstu.cost(&*r), want, "{h} x {c}");
+        assert!(want > last, "{h} x {c}: {want} after {last}");
+        last = want;
+    }
+    // The attention's pairs: four times the history costs more than four times as much.
+    let (short, long) = (
+        hstu.cost(&*request(1, 256, 64)),
+        hstu.cost(&*request(1, 1024, 64)),
+    );
+    assert!(long > 4 * short, "{short} {long}");
+    // More candidates over a long history cost more than over a short one.
+    let extra = |h| hstu.cost(&*request(1, h, 512)) - hstu.cost(&*request(1, h, 64));
+    assert!(extra(1500) > extra(100), "{} {}", extra(1500), extra(100));
+    // A request of three users: the sum of theirs (each rounded up once).
+    let three = request(3, 300, 64);
+    let one = hstu.cost(&*request(1, 300, 64));
+    assert!((3 * one - 2..=3 * one).contains(&hstu.cost(&*three)));
+    assert_eq!(three.classes(), vec!["1024"; 3]);
+    assert_eq!(request(1, 64, 4).classes(), vec!["64"]);
+    assert_eq!(request(1, 65, 4).classes(), vec!["256"]);
+    assert_eq!(request(1, 5000, 4).classes(), vec!["16384"]);
+    // DLRM: one per sample, no classes.
+    let small = AnyPreset::new("small", ember_embed::DType::F32, rows).unwrap();
+    let dlrm = servable(small.build(3, 1).unwrap());
+    let w = Workload {
+        items: Some(5),
+        ..Workload::default()
+    };
+    let r = dlrm.synthetic(&w, 1).unwrap();
+    assert_eq!(dlrm.cost(&*r), 5);
+    assert!(r.classes().is_empty());
+}

@@ -27,6 +27,7 @@ fn cache(reuse: Reuse) -> HistoryCache {
         eviction: Eviction::Lru,
         reuse,
         spill: None,
+        share: None,
     })
     .unwrap()
 }
@@ -322,6 +323,7 @@ fn an_entry_spilled_to_disk_reads_back_and_a_damaged_one_is_recomputed() {
             dir: parent.clone(),
             bytes: 1 << 30,
         }),
+        share: None,
     })
     .unwrap();
     p.run_cached(&batch, &c).unwrap();

@@ -5,11 +5,13 @@
 //! offered load the requests taken then wait at most about the bound, and the queue (and the
 //! memory it holds) stays as long as the bound allows.
 //!
-//! The wait is predicted from the samples ahead of the request (submitted, not yet answered) and
-//! a batch cost model `t(n) = a + b n` fitted to the batches the engine ran (least squares with
-//! exponential forgetting, so it follows the model's real speed, tier misses included):
-//! `wait = (ceil(P / max_batch) a + P b) / instances` for `P` samples ahead and `instances`
-//! batches running side by side.
+//! The wait is predicted from the work ahead of the request (submitted, not yet answered) and
+//! a batch cost model `t(c) = a + b c` fitted to the batches the engine ran (least squares with
+//! exponential forgetting, so it follows the model's real speed, tier misses included), where
+//! `c` is a batch's expected cost (`Servable::cost`: its samples for a DLRM model, its users'
+//! MFLOP for an HSTU one, so that a user of 4,096 history items and 512 candidates weighs what
+//! it costs, not one sample): `wait = (ceil(P / max_batch) a + C b) / instances` for `P`
+//! samples and cost `C` ahead and `instances` batches running side by side.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -23,11 +25,13 @@ const FORGET: f64 = 0.967;
 pub(crate) struct Load {
     /// Samples submitted and not yet answered (queued, forming, or running).
     pending: AtomicUsize,
+    /// Their expected cost (`Servable::cost`).
+    pending_cost: AtomicU64,
     max_batch: usize,
     /// Batches that run at once (model instances).
     instances: usize,
-    /// The fitted cost per batch (`a`) and per sample (`b`), in ns, as f64 bits; read without a
-    /// lock on every request.
+    /// The fitted time per batch (`a`) and per unit of cost (`b`), in ns, as f64 bits; read
+    /// without a lock on every request.
     a_ns: AtomicU64,
     b_ns: AtomicU64,
     fit: Mutex<Fit>,
@@ -37,6 +41,7 @@ impl Load {
     pub(crate) fn new(max_batch: usize, instances: usize) -> Self {
         Load {
             pending: AtomicUsize::new(0),
+            pending_cost: AtomicU64::new(0),
             max_batch: max_batch.max(1),
             instances: instances.max(1),
             a_ns: AtomicU64::new(0f64.to_bits()),
@@ -50,49 +55,59 @@ impl Load {
         self.pending.load(Relaxed)
     }
 
-    /// `n` more samples wait (undone by [`Load::done`]).
-    pub(crate) fn add(&self, n: usize) {
+    /// Expected cost submitted and not yet answered.
+    pub(crate) fn pending_cost(&self) -> u64 {
+        self.pending_cost.load(Relaxed)
+    }
+
+    /// `n` more samples of expected `cost` wait (undone by [`Load::done`]).
+    pub(crate) fn add(&self, n: usize, cost: u64) {
+        self.pending_cost.fetch_add(cost, Relaxed);
         self.pending.fetch_add(n, Relaxed);
     }
 
-    /// `n` samples were answered.
-    pub(crate) fn done(&self, n: usize) {
+    /// `n` samples of expected `cost` were answered.
+    pub(crate) fn done(&self, n: usize, cost: u64) {
         self.pending.fetch_sub(n, Relaxed);
+        self.pending_cost.fetch_sub(cost, Relaxed);
     }
 
     /// The predicted wait of a request arriving now, before its batch starts.
     pub(crate) fn expected_wait(&self) -> Duration {
-        self.wait_behind(self.pending())
+        self.wait_behind(self.pending(), self.pending_cost())
     }
 
-    /// The predicted wait behind `pending` samples.
-    fn wait_behind(&self, pending: usize) -> Duration {
-        let p = pending as f64;
+    /// The predicted wait behind `pending` samples of expected `cost`.
+    fn wait_behind(&self, pending: usize, cost: u64) -> Duration {
         let a = f64::from_bits(self.a_ns.load(Relaxed));
         let b = f64::from_bits(self.b_ns.load(Relaxed));
-        let batches = (p / self.max_batch as f64).ceil();
-        // Instances run batches side by side: the samples ahead drain that many times as fast.
-        Duration::from_nanos(((batches * a + p * b) / self.instances as f64).max(0.0) as u64)
+        let batches = (pending as f64 / self.max_batch as f64).ceil();
+        // Instances run batches side by side: the work ahead drains that many times as fast.
+        let ns = (batches * a + cost as f64 * b) / self.instances as f64;
+        Duration::from_nanos(ns.max(0.0) as u64)
     }
 
-    /// Counts `n` more pending samples if the wait behind those pending now is within `bound`;
-    /// otherwise that wait. One atomic step: of requests arriving together, each is judged on
-    /// the count that includes those admitted before it.
-    pub(crate) fn try_add(&self, n: usize, bound: Duration) -> Result<(), Duration> {
+    /// Counts `n` more pending samples of expected `cost` if the wait behind those pending now
+    /// is within `bound`; otherwise that wait. One atomic step on the pending cost: of requests
+    /// arriving together, each is judged on the cost that includes those admitted before it
+    /// (the sample count, which only sets the per-batch term, follows just after).
+    pub(crate) fn try_add(&self, n: usize, cost: u64, bound: Duration) -> Result<(), Duration> {
         let mut wait = Duration::ZERO;
-        self.pending
-            .fetch_update(Relaxed, Relaxed, |p| {
-                wait = self.wait_behind(p);
-                (wait <= bound).then_some(p + n)
+        self.pending_cost
+            .fetch_update(Relaxed, Relaxed, |c| {
+                wait = self.wait_behind(self.pending(), c);
+                (wait <= bound).then_some(c + cost)
             })
-            .map(drop)
+            .map(|_| {
+                self.pending.fetch_add(n, Relaxed);
+            })
             .map_err(|_| wait)
     }
 
-    /// A batch of `n` samples took `t` to run.
-    pub(crate) fn observe(&self, n: usize, t: Duration) {
+    /// A batch of expected `cost` took `t` to run.
+    pub(crate) fn observe(&self, cost: u64, t: Duration) {
         let mut fit = self.fit.lock().unwrap_or_else(|p| p.into_inner());
-        fit.add(n as f64, t.as_nanos() as f64);
+        fit.add(cost as f64, t.as_nanos() as f64);
         let (a, b) = fit.solve();
         self.a_ns.store(a.to_bits(), Relaxed);
         self.b_ns.store(b.to_bits(), Relaxed);
@@ -163,7 +178,7 @@ mod tests {
         let bound = Duration::from_millis(50);
         let cold = Load::new(256, 1);
         cold.observe(1, Duration::from_millis(40));
-        cold.add(2);
+        cold.add(2, 2);
         assert!(cold.expected_wait() > bound, "{:?}", cold.expected_wait());
 
         let primed = Load::new(256, 1);
@@ -173,7 +188,7 @@ mod tests {
         primed.observe(1, Duration::from_millis(40));
         for k in 0..64 {
             assert!(
-                primed.try_add(1, bound).is_ok(),
+                primed.try_add(1, 1, bound).is_ok(),
                 "sample {k} of the burst refused: wait {:?}",
                 primed.expected_wait()
             );
@@ -218,16 +233,19 @@ mod tests {
             let load = Load::new(100, instances);
             assert_eq!(load.expected_wait(), Duration::ZERO);
             for n in [1usize, 10, 50, 100, 100, 20, 70] {
-                load.observe(n, Duration::from_nanos(1_000_000 + 10_000 * n as u64));
+                load.observe(
+                    n as u64,
+                    Duration::from_nanos(1_000_000 + 10_000 * n as u64),
+                );
             }
-            load.add(250);
+            load.add(250, 250);
             // 3 batches ahead: 3 ms + 250 x 10 us = 5.5 ms, shared by the instances.
             let w = load.expected_wait().as_secs_f64();
             assert!(
                 (w - 5.5e-3 / instances as f64).abs() < 1e-6,
                 "{instances}: {w}"
             );
-            load.done(250);
+            load.done(250, 250);
             assert_eq!(load.pending(), 0);
             assert_eq!(load.expected_wait(), Duration::ZERO);
         }
@@ -247,7 +265,11 @@ mod tests {
             let hs: Vec<_> = (0..8)
                 .map(|_| {
                     let load = load.clone();
-                    s.spawn(move || (0..100).filter(|_| load.try_add(1, bound).is_ok()).count())
+                    s.spawn(move || {
+                        (0..100)
+                            .filter(|_| load.try_add(1, 1, bound).is_ok())
+                            .count()
+                    })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).sum()
@@ -255,7 +277,38 @@ mod tests {
         assert_eq!(admitted, 11);
         assert_eq!(load.pending(), 11);
         // A refusal reports the wait it saw.
-        let w = load.try_add(1, bound).unwrap_err();
+        let w = load.try_add(1, 1, bound).unwrap_err();
         assert!((w.as_secs_f64() - 0.011).abs() < 1e-6, "{w:?}");
+    }
+
+    /// Admission weighs requests by their cost, not their count: with the engine's time
+    /// fitted per unit of cost, one costly request ahead (an HSTU user of 4,096 items) delays
+    /// a newcomer as much as the many cheap ones of the same cost, and a costly request is
+    /// refused where as many cheap ones would be admitted.
+    #[test]
+    fn the_wait_follows_the_cost_ahead_not_the_requests() {
+        let load = Load::new(64, 1);
+        // Batches of 1 to 8 users whose cost is 100 units each: 50 us a unit, 1 ms a batch.
+        for users in [1u64, 4, 2, 8, 3] {
+            let cost = 100 * users;
+            load.observe(cost, Duration::from_nanos(1_000_000 + 50_000 * cost));
+        }
+        let bound = Duration::from_millis(30);
+        // One user of cost 1,000 ahead: 1 batch + 1,000 x 50 us = 51 ms.
+        load.add(1, 1000);
+        let w = load.expected_wait().as_secs_f64();
+        assert!((w - 0.051).abs() < 1e-6, "{w}");
+        assert!(load.try_add(1, 10, bound).is_err());
+        load.done(1, 1000);
+        // Ten users of cost 10 ahead: 1 batch + 100 x 50 us = 6 ms, and a newcomer is taken.
+        load.add(10, 100);
+        let w = load.expected_wait().as_secs_f64();
+        assert!((w - 0.006).abs() < 1e-6, "{w}");
+        assert!(load.try_add(1, 1000, bound).is_ok());
+        assert_eq!((load.pending(), load.pending_cost()), (11, 1100));
+        // Now the costly one is ahead, the next is refused, naming the wait it saw.
+        let w = load.try_add(1, 1, bound).unwrap_err().as_secs_f64();
+        assert!((w - 0.056).abs() < 1e-6, "{w}");
+        assert_eq!((load.pending(), load.pending_cost()), (11, 1100));
     }
 }

@@ -188,6 +188,7 @@ pub(super) fn run_batch(on: RunOn<'_>, ready: Ready) {
         input,
     } = ready;
     let n: usize = live.iter().map(|j| j.samples.len()).sum();
+    let cost: u64 = live.iter().map(|j| j.cost).sum();
     let start = Instant::now();
     let result = prepared.and_then(|p| engine.run(&p, outputs));
     let infer = start.elapsed();
@@ -198,7 +199,7 @@ pub(super) fn run_batch(on: RunOn<'_>, ready: Ready) {
             t.record(model);
         }
     }
-    load.observe(n, start.elapsed());
+    load.observe(cost, start.elapsed());
     let requests = live.len();
     let answered = Instant::now();
     answer(live, n, outputs, result);

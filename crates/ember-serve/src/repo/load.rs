@@ -398,7 +398,7 @@ pub(crate) fn warm_all(
     engines: &mut [Box<dyn Runner>],
     batch: &crate::batcher::BatchConfig,
     batches: usize,
-) -> ember_model::Result<Vec<(usize, Duration)>> {
+) -> ember_model::Result<Vec<(u64, Duration)>> {
     let n = batch.max_batch.min(128);
     let mut took = Vec::new();
     for e in engines {
@@ -417,7 +417,7 @@ fn warm(
     engine: &mut dyn Runner,
     n: usize,
     batches: usize,
-) -> ember_model::Result<Vec<(usize, Duration)>> {
+) -> ember_model::Result<Vec<(u64, Duration)>> {
     let model = engine.servable().clone();
     let mut out = Outputs::default();
     let mut slow = None;
@@ -430,7 +430,7 @@ fn warm(
             r => {
                 r?;
                 if b > 0 {
-                    took.push((request.len(), start.elapsed()));
+                    took.push((model.cost(request.as_ref()), start.elapsed()));
                 }
             }
         }

@@ -41,9 +41,9 @@ async fn score(c: &reqwest::Client, url: &str, u: &User, tasks: &[String]) -> Ve
         .collect()
 }
 
-/// The metric's value in a Prometheus text page, for the model `hstu`.
+/// The metric's value in a Prometheus text page, for the model `hstu-cached`.
 fn metric(page: &str, name: &str) -> f64 {
-    let prefix = format!("{name}{{model=\"hstu\"}} ");
+    let prefix = format!("{name}{{model=\"hstu-cached\"}} ");
     page.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
@@ -60,12 +60,13 @@ async fn a_returning_user_is_served_from_its_entry() {
             eviction: Eviction::Lru,
             reuse: Reuse::DEFAULT,
             spill: None,
+            share: None,
         }),
         ..LoadOptions::default()
     };
     let s: Arc<dyn Servable> = ember_model::serving::load(&fixture(), opts).unwrap();
     let mut cfg = common::config();
-    cfg.model_name = "hstu".into();
+    cfg.model_name = "hstu-cached".into();
     let server = Server::start_servable(s, cfg).await.unwrap();
     let url = format!("http://{}", server.addr());
     let c = reqwest::Client::new();
@@ -103,5 +104,23 @@ async fn a_returning_user_is_served_from_its_entry() {
     assert_eq!(metric(&page, "ember_history_cache_misses_total"), 2.0);
     assert_eq!(metric(&page, "ember_history_cache_entries"), 2.0);
     assert!(metric(&page, "ember_history_cache_bytes") > 0.0);
+    // Per-user latency, by history class: three users of 25 to 36 items, all of class 64.
+    let count = |class: &str| -> f64 {
+        page.lines()
+            .filter(|l| l.starts_with("ember_user_request_duration_seconds_count{"))
+            .filter(|l| {
+                l.contains("model=\"hstu-cached\"") && l.contains(&format!("history=\"{class}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert_eq!((count("64"), count("256")), (3.0, 0.0), "{page}");
+    let p99_bucket = page.lines().find(|l| {
+        l.starts_with("ember_user_request_duration_seconds_bucket{") && l.contains("le=\"0.08\"")
+    });
+    assert!(
+        p99_bucket.is_some(),
+        "the per-user buckets include 80 ms: {page}"
+    );
     server.shutdown().await.unwrap();
 }
