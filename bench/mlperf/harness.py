@@ -898,12 +898,11 @@ def stream_library(args, pb, channel, md):
     log(f"library: {lib.n} user requests (stream lines {args.warm_lines}..), history {lib.history.min()}-"
         f"{lib.history.max()} items (mean {lib.history.mean():.0f}), {lib.sizes.mean():.0f} candidates a request, "
         f"requests {nbytes / 2**20:.1f} MiB, built in {time.perf_counter() - t:.2f} s")
-    results = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
-               "args": {k: v for k, v in vars(args).items()}, "server": args.grpc, "model": args.model,
-               "workload": "dlrm-v3",
-               "library": {"queries": lib.n, "pairs": lib.pairs(range(lib.n)), "request_bytes": nbytes,
-                           "ids": f"stream {os.path.basename(args.users)}", "locality_entry": None,
-                           "history_mean": float(lib.history.mean()), "candidates_mean": float(lib.sizes.mean())}}
+    results = results_head(args, lib, nbytes, {"ids": f"stream {os.path.basename(args.users)}",
+                                               "locality_entry": None,
+                                               "history_mean": float(lib.history.mean()),
+                                               "candidates_mean": float(lib.sizes.mean())})
+    results["workload"] = "dlrm-v3"
     if args.warm_lines:
         warm = v3.StreamLibrary(pb, users[:args.warm_lines], feats, args.model, output, args.model_version)
         t = time.perf_counter()
@@ -938,12 +937,18 @@ def query_library(args, pb, channel, md, entry):
         f"{sum(p for _, _, p in features)} ids a pair, requests {nbytes / 2**20:.1f} MiB "
         f"({nbytes / lib.n / 1024:.0f} KiB a query), built in {time.perf_counter() - t:.2f} s (seed {args.seed})")
 
-    results = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
-               "args": {k: v for k, v in vars(args).items()}, "server": args.grpc, "model": args.model,
-               "library": {"queries": lib.n, "pairs": lib.pairs(range(lib.n)), "request_bytes": nbytes,
-                           "ids": args.ids, "locality_entry": entry["name"] if entry else None,
-                           "features": [{"name": f, "rows": r, "pooling": p} for f, r, p in features]}}
+    results = results_head(args, lib, nbytes, {
+        "ids": args.ids, "locality_entry": entry["name"] if entry else None,
+        "features": [{"name": f, "rows": r, "pooling": p} for f, r, p in features]})
     return lib, results
+
+
+def results_head(args, lib, nbytes, library):
+    """The results' opening: when, the command, the server and the sample library (`library`: what
+    the workload adds about it)."""
+    return {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv,
+            "args": {k: v for k, v in vars(args).items()}, "server": args.grpc, "model": args.model,
+            "library": {"queries": lib.n, "pairs": lib.pairs(range(lib.n)), "request_bytes": nbytes, **library}}
 
 
 def run_all(args, lg, pb, channel, opts, lib, results):

@@ -534,20 +534,7 @@ mod tests {
     }
 
     fn entry(bytes: usize) -> Entry {
-        Entry {
-            history: 0,
-            fingerprint: 0,
-            epochs: Vec::new(),
-            segments: vec![Arc::new(Segment {
-                tokens: 1,
-                as_of: AsOf {
-                    history: 0,
-                    candidates: 1,
-                    query: 0,
-                },
-                kv: vec![0.0; bytes / 4],
-            })],
-        }
+        super::super::entry::fixtures::entry(&[(1, 0, 0.0)], bytes / 4, 0)
     }
 
     /// A cache of room for three entries of `size` bytes.

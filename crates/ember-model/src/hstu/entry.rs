@@ -54,3 +54,32 @@ impl Entry {
             && (self.segments.iter()).all(|s| s.kv.len() == s.tokens * per_token)
     }
 }
+
+/// Entries for the tests of the cache and its tiers.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    /// An entry of segments `(tokens, its request's history, scale)`, each with `width` values
+    /// a token (value `i` is `i * scale`) and its request's query time `query0 + history`; the
+    /// entry holds the last segment's history, fingerprint `0xfeed`, epochs `[0, 4]`.
+    pub fn entry(segments: &[(usize, usize, f32)], width: usize, query0: i64) -> Entry {
+        let seg = |&(tokens, history, k): &(usize, usize, f32)| {
+            Arc::new(Segment {
+                tokens,
+                as_of: AsOf {
+                    history,
+                    candidates: 3,
+                    query: query0 + history as i64,
+                },
+                kv: (0..tokens * width).map(|i| i as f32 * k).collect(),
+            })
+        };
+        Entry {
+            history: segments.last().map_or(0, |s| s.1),
+            fingerprint: 0xfeed,
+            epochs: vec![0, 4],
+            segments: segments.iter().map(seg).collect(),
+        }
+    }
+}

@@ -304,16 +304,7 @@ fn from_bytes(bytes: &[u8]) -> Vec<f32> {
 }
 
 fn decode_head(user: u64, buf: &[u8]) -> Result<Head, &'static str> {
-    let (body, crc) = buf
-        .split_at_checked(buf.len().saturating_sub(4))
-        .ok_or("short")?;
-    if crc.len() != 4 || crc32fast::hash(body).to_le_bytes() != crc {
-        return Err("checksum mismatch");
-    }
-    let (magic, rest) = body.split_at_checked(8).ok_or("short")?;
-    if magic != MAGIC {
-        return Err("not a shared history entry");
-    }
+    let (body, rest) = super::spill::checked(buf, MAGIC, "not a shared history entry")?;
     let mut words = rest
         .chunks_exact(8)
         .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
@@ -388,23 +379,7 @@ mod tests {
     use super::*;
 
     fn entry() -> Entry {
-        let seg = |tokens: usize, h: usize, k: f32| {
-            Arc::new(Segment {
-                tokens,
-                as_of: AsOf {
-                    history: h,
-                    candidates: 3,
-                    query: 100 + h as i64,
-                },
-                kv: (0..tokens * 40).map(|i| i as f32 * k).collect(),
-            })
-        };
-        Entry {
-            history: 7,
-            fingerprint: 0xfeed,
-            epochs: vec![],
-            segments: vec![seg(5, 4, 0.5), seg(3, 7, -1.25)],
-        }
+        crate::hstu::entry::fixtures::entry(&[(5, 4, 0.5), (3, 7, -1.25)], 40, 100)
     }
 
     #[test]
@@ -413,20 +388,8 @@ mod tests {
         let bytes: Vec<u8> = kv.iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(from_bytes(&bytes), kv);
         // The head's checksum of a segment is that of its little-endian bytes.
-        let e = Entry {
-            history: 0,
-            fingerprint: 0,
-            epochs: vec![],
-            segments: vec![Arc::new(Segment {
-                tokens: 1,
-                as_of: AsOf {
-                    history: 0,
-                    candidates: 1,
-                    query: 0,
-                },
-                kv: kv.clone(),
-            })],
-        };
+        let mut e = crate::hstu::entry::fixtures::entry(&[(1, 0, 0.0)], 1, 0);
+        Arc::get_mut(&mut e.segments[0]).expect("one owner").kv = kv.clone();
         let h = decode_head(3, &encode_head(3, &e)).unwrap();
         assert_eq!(h.segments[0].crc, crc32fast::hash(&bytes));
         assert!(from_bytes(&[]).is_empty());

@@ -225,18 +225,29 @@ impl Fields<'_> {
     }
 }
 
-/// The entry of a file's bytes, checked: magic, key, checksum, and every length.
-fn decode(key: u64, buf: &[u8]) -> Result<Entry, &'static str> {
+/// `buf` checked against its trailing CRC-32 and its leading `magic`: its body (checksum
+/// off) and what follows the magic; `other` names a buffer of another magic.
+pub(super) fn checked<'a>(
+    buf: &'a [u8],
+    magic: &[u8; 8],
+    other: &'static str,
+) -> Result<(&'a [u8], &'a [u8]), &'static str> {
     let (body, crc) = buf
         .split_at_checked(buf.len().saturating_sub(4))
         .ok_or("short")?;
     if crc.len() != 4 || crc32fast::hash(body).to_le_bytes() != crc {
         return Err("checksum mismatch");
     }
-    let (magic, rest) = body.split_at_checked(8).ok_or("short")?;
-    if magic != MAGIC {
-        return Err("not a spilled history entry");
+    let (head, rest) = body.split_at_checked(8).ok_or("short")?;
+    if head != magic {
+        return Err(other);
     }
+    Ok((body, rest))
+}
+
+/// The entry of a file's bytes, checked: magic, key, checksum, and every length.
+fn decode(key: u64, buf: &[u8]) -> Result<Entry, &'static str> {
+    let (body, rest) = checked(buf, MAGIC, "not a spilled history entry")?;
     let mut f = Fields(rest);
     if f.u64()? != key {
         return Err("another user's entry");
@@ -289,23 +300,7 @@ mod tests {
     use super::*;
 
     fn entry() -> Entry {
-        let seg = |tokens: usize, h: usize, k: f32| {
-            Arc::new(Segment {
-                tokens,
-                as_of: AsOf {
-                    history: h,
-                    candidates: 3,
-                    query: -5 + h as i64,
-                },
-                kv: (0..tokens * 600).map(|i| i as f32 * k).collect(),
-            })
-        };
-        Entry {
-            history: 7,
-            fingerprint: 0xfeed,
-            epochs: vec![0, 4],
-            segments: vec![seg(5, 4, 0.5), seg(3, 7, -1.25)],
-        }
+        crate::hstu::entry::fixtures::entry(&[(5, 4, 0.5), (3, 7, -1.25)], 600, -5)
     }
 
     fn same(a: &Entry, b: &Entry) {
