@@ -268,19 +268,15 @@ impl Batcher {
             let held = self.reserve(samples.len(), cost, timeout_us)?;
             return self.enqueue(samples, deadline, held).await;
         }
-        let first = samples
-            .pieces(self.cfg.max_batch)
-            .next()
-            .map_or(0, |p| self.model.cost(p.as_ref()));
-        let held = self.reserve(self.cfg.max_batch, first, timeout_us)?;
         // One piece in the queue at a time: requests that arrive meanwhile run between them.
         let mut outputs = Outputs::default();
         let mut batch = 0;
-        let mut held = Some(held);
-        for piece in samples.pieces(self.cfg.max_batch) {
-            let counted = held.take().unwrap_or_else(|| {
-                Pending::new(&self.load, piece.len(), self.model.cost(piece.as_ref()))
-            });
+        for (i, piece) in samples.pieces(self.cfg.max_batch).enumerate() {
+            let cost = self.model.cost(piece.as_ref());
+            let counted = match i {
+                0 => self.reserve(piece.len(), cost, timeout_us)?,
+                _ => Pending::new(&self.load, piece.len(), cost),
+            };
             let r = self.enqueue(piece, deadline, counted).await?;
             outputs.append(&r.outputs);
             batch = batch.max(r.batch);

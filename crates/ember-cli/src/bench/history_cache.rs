@@ -399,23 +399,7 @@ fn share_of(
 fn sum_stats(caches: &[HistoryCache]) -> ember_model::hstu::CacheStats {
     let mut t = ember_model::hstu::CacheStats::default();
     for c in caches {
-        let s = c.stats();
-        t.hits += s.hits;
-        t.misses += s.misses;
-        t.refused += s.refused;
-        t.evictions += s.evictions;
-        t.bytes += s.bytes;
-        t.entries += s.entries;
-        t.spilled += s.spilled;
-        t.disk_hits += s.disk_hits;
-        t.damaged += s.damaged;
-        t.disk_bytes += s.disk_bytes;
-        t.disk_read_ns += s.disk_read_ns;
-        t.shared_hits += s.shared_hits;
-        t.shared_writes += s.shared_writes;
-        t.share_errors += s.share_errors;
-        t.share_read_ns += s.share_read_ns;
-        t.share_write_ns += s.share_write_ns;
+        t += c.stats();
     }
     t
 }

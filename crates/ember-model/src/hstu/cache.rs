@@ -71,6 +71,58 @@ pub struct CacheStats {
     pub share_write_ns: u64,
 }
 
+impl std::ops::AddAssign for CacheStats {
+    /// Adds another cache's counters (several replicas' caches as one).
+    fn add_assign(&mut self, o: CacheStats) {
+        let CacheStats {
+            hits,
+            misses,
+            refused,
+            uncached,
+            updated,
+            inserts,
+            evictions,
+            too_large,
+            bytes,
+            entries,
+            spilled,
+            disk_hits,
+            damaged,
+            disk_bytes,
+            disk_read_ns,
+            shared_hits,
+            shared_writes,
+            share_errors,
+            share_read_ns,
+            share_write_ns,
+        } = o;
+        for (a, b) in [
+            (&mut self.hits, hits),
+            (&mut self.misses, misses),
+            (&mut self.refused, refused),
+            (&mut self.uncached, uncached),
+            (&mut self.updated, updated),
+            (&mut self.inserts, inserts),
+            (&mut self.evictions, evictions),
+            (&mut self.too_large, too_large),
+            (&mut self.bytes, bytes),
+            (&mut self.entries, entries),
+            (&mut self.spilled, spilled),
+            (&mut self.disk_hits, disk_hits),
+            (&mut self.damaged, damaged),
+            (&mut self.disk_bytes, disk_bytes),
+            (&mut self.disk_read_ns, disk_read_ns),
+            (&mut self.shared_hits, shared_hits),
+            (&mut self.shared_writes, shared_writes),
+            (&mut self.share_errors, share_errors),
+            (&mut self.share_read_ns, share_read_ns),
+            (&mut self.share_write_ns, share_write_ns),
+        ] {
+            *a += b;
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Held {
     entry: Arc<Entry>,
@@ -121,7 +173,7 @@ struct Counts {
 }
 
 /// A shared tier's failure, on stderr at most once a minute (each is counted).
-fn tracing_warn(e: &super::share::ShareError) {
+fn warn_share_failure(e: &super::share::ShareError) {
     static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
     let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
     if last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
@@ -277,7 +329,7 @@ impl HistoryCache {
             Ok(()) => add(&c.shared_writes, 1),
             Err(e) => {
                 add(&c.share_errors, 1);
-                tracing_warn(&e);
+                warn_share_failure(&e);
             }
         }
         self.keep(key, entry);
@@ -303,7 +355,7 @@ impl HistoryCache {
             }
             Err(e) => {
                 add(&c.share_errors, 1);
-                tracing_warn(&e);
+                warn_share_failure(&e);
                 None
             }
         }

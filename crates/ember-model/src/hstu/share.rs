@@ -82,10 +82,12 @@ impl Share {
         format!("ember:hist:{{{:016x}-{user:016x}}}:m", self.model)
     }
 
-    fn segment_key(&self, user: u64, start: usize, s: &Segment) -> String {
+    /// The key of `user`'s segment of `tokens` from token `start`, computed at query time
+    /// `query`.
+    fn segment_key(&self, user: u64, start: usize, tokens: usize, query: i64) -> String {
         format!(
-            "ember:hist:{{{:016x}-{user:016x}}}:s:{start}:{}:{}",
-            self.model, s.tokens, s.as_of.query
+            "ember:hist:{{{:016x}-{user:016x}}}:s:{start}:{tokens}:{query}",
+            self.model
         )
     }
 
@@ -114,7 +116,7 @@ impl Share {
         let mut ops = Ops::default();
         let mut start = 0;
         for s in &h.segments {
-            let k = self.segment_key(user, start, &s.as_segment());
+            let k = self.segment_key(user, start, s.tokens, s.as_of.query);
             ops.push(k.as_bytes(), cmd("GET").arg(k.as_str()));
             start += s.tokens;
         }
@@ -166,7 +168,7 @@ impl Share {
         let mut start = 0;
         let ttl = self.ttl_s.to_string();
         for (i, s) in entry.segments.iter().enumerate() {
-            let k = self.segment_key(user, start, s);
+            let k = self.segment_key(user, start, s.tokens, s.as_of.query);
             let listed = there.contains(&(start, s.tokens, s.as_of.query, s.kv.len()));
             if i >= known && !listed {
                 write_values(&mut ops, k.as_bytes(), &s.kv);
@@ -226,17 +228,6 @@ struct SegmentHead {
     as_of: AsOf,
     len: usize,
     crc: u32,
-}
-
-impl SegmentHead {
-    /// A segment of no values with its place (for its key).
-    fn as_segment(&self) -> Segment {
-        Segment {
-            tokens: self.tokens,
-            as_of: self.as_of,
-            kv: Vec::new(),
-        }
-    }
 }
 
 struct Head {
