@@ -232,7 +232,7 @@ extern "C" __global__ void hstu_mul(float* x, const float* y, i64 total) {
     }
 }
 
-// ----- attention (crates/ember-model/src/hstu/attention.rs, the spec) -----
+// ----- attention (crates/ember-model/src/hstu/attention/mod.rs, the spec) -----
 //
 // out[i, h] = sum over valid j of silu(alpha <q_i, k_j>) / norm * v_j, valid(i, j) = (i == j)
 // or min(i, M) > min(j, M), M = len - candidates. Sequences: seq[4s .. 4s + 4) = (first token,

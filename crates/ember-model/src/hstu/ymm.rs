@@ -1,4 +1,4 @@
-//! The attention kernel's two inner loops (`attention.rs`) in AVX2 / FMA intrinsics, for the
+//! The attention kernel's two inner loops (`attention/block.rs`) in AVX2 / FMA intrinsics, for the
 //! CPUs without AVX-512 (AMD Zen 2 / 3, older Xeons). The portable loops compiled for AVX2 ran
 //! the whole kernel at 14.5 GFLOP/s a core on an AMD EPYC (Zen 3) at 4,096 history items x
 //! 2,048 candidates: the compiler kept their 4 x 64 sums on the stack. A 4 x 64 block is 32 ymm
@@ -6,7 +6,7 @@
 //! 2 broadcasts in registers), each a pass over the shared dimension.
 
 #[cfg(target_arch = "x86_64")]
-pub use x86::{scores_4x64, values_4x64};
+pub use x86::{scores_4x64, silu_scaled, values_4x64};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -183,5 +183,60 @@ mod x86 {
                 }
             }
         }
+    }
+    /// `dst[r] = silu(alpha * src[r]) * inv` for every `r` (a multiple of 8 of them): the
+    /// kernel's step from sums to scores, as [`crate::hstu::layers::silu`] computes it, the
+    /// same operations in the same order (no fused multiply-add), so bit for bit the same.
+    /// (The compiler left that loop scalar: 20 scalar operations and a division a score, a
+    /// third of the kernel's time.)
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_scaled(src: &[f32], dst: &mut [f32], alpha: f32, inv: f32) {
+        assert!(src.len() == dst.len() && src.len().is_multiple_of(8));
+        let set = _mm256_set1_ps;
+        let (alpha, inv) = (set(alpha), set(inv));
+        for i in (0..src.len()).step_by(8) {
+            // SAFETY: `i + 8 <= len` of both (asserted above).
+            let a = unsafe { _mm256_loadu_ps(src.as_ptr().add(i)) };
+            let x = _mm256_mul_ps(alpha, a);
+            let e = exp_fast(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(set(1.0), e));
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(s, inv)) };
+        }
+    }
+
+    /// [`crate::hstu::layers::exp_fast`] on 8 lanes, operation for operation.
+    #[target_feature(enable = "avx2,fma")]
+    fn exp_fast(x: __m256) -> __m256 {
+        const SHIFTER: f32 = 12_582_912.0;
+        let (mul, add, sub, set) = (_mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_set1_ps);
+        // `clamp`: a NaN stays NaN (the second operand is returned where one is NaN).
+        let x = _mm256_min_ps(set(88.3), _mm256_max_ps(set(-87.3), x));
+        let t = add(mul(x, set(std::f32::consts::LOG2_E)), set(SHIFTER));
+        let n = sub(t, set(SHIFTER));
+        let r = add(
+            sub(x, mul(n, set(0.693_359_4))),
+            mul(n, set(2.121_944_4e-4)),
+        );
+        let mut p = set(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = add(mul(p, r), set(c));
+        }
+        let y = add(add(mul(mul(p, r), r), r), set(1.0));
+        let bits = _mm256_sub_epi32(
+            _mm256_castps_si256(t),
+            _mm256_set1_epi32(SHIFTER.to_bits() as i32),
+        );
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(bits, _mm256_set1_epi32(127)));
+        mul(y, _mm256_castsi256_ps(bits))
     }
 }
