@@ -10,7 +10,7 @@ use super::config::AttentionNorm;
 use super::forward::{HstuPredictor, HstuScores, HstuTimes};
 use super::plan::AsOf;
 use super::request::HstuBatch;
-use super::stu::{Held, Rows, kv_width, shape_of};
+use super::stu::{Held, Rows, shape_of};
 use crate::error::{ModelError, Result};
 
 /// What one cached pass reused.
@@ -55,7 +55,7 @@ impl HstuPredictor {
             });
         }
         let model = self.model().clone();
-        let per_token = model.weights().layers.len() * kv_width(shape_of(&model));
+        let per_token = model.weights().layers.len() * shape_of(&model).kv_row();
         let slots = batch.slots();
         // Before any row is read: an update landing during the pass is newer than the entry.
         let now = epochs(&model);

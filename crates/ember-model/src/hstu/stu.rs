@@ -118,11 +118,6 @@ impl Held {
     }
 }
 
-/// Values a token's keys and values take: `[v (H x hid) | k (H x qk)]`.
-pub(crate) fn kv_width(shape: Shape) -> usize {
-    shape.heads * (shape.hid + shape.qk)
-}
-
 /// The layers' view of the users: their sequences, the rows whose attention is divided by an
 /// earlier request's length instead (`(first token, end, factor)`), the rows computed.
 pub(crate) struct Users<'a> {
@@ -221,7 +216,7 @@ impl Layers<'_> {
         times.projections += t.elapsed();
         let t = Instant::now();
         keep(model, l, &s.uvqk, seqs, held);
-        let kvw = kv_width(shape);
+        let kvw = shape.kv_row();
         let runs: Vec<Vec<HeldKv<'_>>> = (held.read.iter())
             .map(|segs| {
                 (segs.iter())
@@ -308,7 +303,7 @@ fn gate_inputs(
 /// reads are read in place by the attention.)
 fn keep(model: &HstuModel, l: usize, uvqk: &[f32], seqs: &[Seq], held: &mut Held) {
     let shape = shape_of(model);
-    let (w, kvw) = (shape.row(), kv_width(shape));
+    let (w, kvw) = (shape.row(), shape.kv_row());
     let (v0, k0) = (shape.v_col(0), shape.k_col(0));
     let (nv, nk) = (shape.heads * shape.hid, shape.heads * shape.qk);
     for (u, keep) in held.keep.iter().enumerate() {

@@ -75,6 +75,12 @@ impl Shape {
         2 * self.heads * self.hid + self.heads * self.qk + h * self.qk
     }
 
+    /// Values a token's keys and values take where they are held (a cache's segments,
+    /// [`HeldKv`]): `[v (H x hid) | k (H x qk)]`.
+    pub fn kv_row(&self) -> usize {
+        self.heads * (self.hid + self.qk)
+    }
+
     /// Values per row of the output (`H x hid`).
     pub fn out_row(&self) -> usize {
         self.heads * self.hid
@@ -130,7 +136,7 @@ impl<'a> Span<'a> {
 
 /// The spans of sequence `s`: its held runs, then its rows of `uvqk` (`seq`).
 fn spans_of<'a>(shape: Shape, seq: &'a [f32], s: Seq, held: &[HeldKv<'a>]) -> Vec<Span<'a>> {
-    let (w, kvw) = (shape.row(), shape.heads * (shape.hid + shape.qk));
+    let (w, kvw) = (shape.row(), shape.kv_row());
     let mut spans = Vec::with_capacity(held.len() + 1);
     let mut from = 0;
     for run in held {
@@ -431,11 +437,7 @@ mod tests {
         want: &[f32],
         threads: usize,
     ) {
-        let (w, o, kvw) = (
-            shape.row(),
-            shape.out_row(),
-            shape.heads * (shape.hid + shape.qk),
-        );
+        let (w, o, kvw) = (shape.row(), shape.out_row(), shape.kv_row());
         let (nv, nk) = (shape.heads * shape.hid, shape.heads * shape.qk);
         let (v0, k0) = (shape.v_col(0), shape.k_col(0));
         let mut hidden = uvqk.to_vec();
