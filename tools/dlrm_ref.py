@@ -29,6 +29,7 @@ a TorchRec KeyedJaggedTensor.
 """
 
 import json
+import importlib
 import logging
 import os
 import sys
@@ -212,6 +213,17 @@ def torchrec_classes():
             mod = types.ModuleType(pkg)
             mod.__path__ = [os.path.join(SITE, *pkg.split("."))]
             sys.modules[pkg] = mod
+    # torchrec's models import ModelInput (a test helper, for their *Wrapper classes) from
+    # torchrec.distributed.test_utils, which imports fbgemm's native ops; the models themselves
+    # do not need it, so a placeholder stands in when that import fails.
+    for name in ["torchrec.distributed.test_utils.model_input", "torchrec.distributed.test_utils.test_input"]:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 (fbgemm's native library missing or built for another torch)
+                stub = types.ModuleType(name)
+                stub.ModelInput = type("ModelInput", (), {})
+                sys.modules[name] = stub
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # torchrec's is_fx_tracing notice
     from torchrec.models.dlrm import DLRM, DLRM_DCN
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType

@@ -663,9 +663,21 @@ def load_state_dict(path, trust=False):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "PATH"), required=True,
-                    help="KIND is dlrm (facebookresearch/dlrm), torchrec (DLRM / DLRM_DCN state_dict) or "
-                         "generative-recommenders (DlrmHSTU state_dict)")
+                    help="KIND is dlrm (facebookresearch/dlrm), torchrec (DLRM / DLRM_DCN state_dict), "
+                         "generative-recommenders (DlrmHSTU state_dict) or torch-module (FILE.py:FACTORY: any "
+                         "model over TorchRec EmbeddingBagCollections, its dense part as ONNX)")
     ap.add_argument("--out", required=True, help="model directory to write")
+    g = ap.add_argument_group("torch-module (any model whose sparse part is TorchRec EmbeddingBagCollections; "
+                              "PATH is FILE.py:FACTORY; see tools/torch_module.py)")
+    g.add_argument("--state", metavar="STATE.pt", help="a state_dict to load into FACTORY()'s model")
+    g.add_argument("--example", metavar="INPUTS.pt",
+                   help="torch.save of {dense [B, n], keys [F], lengths [F * B] feature-major, values}: the "
+                        "batch the graph is checked on [default: 8 random samples]")
+    g.add_argument("--dense-in", type=int, help="the dense features' width, for the random example batch")
+    g.add_argument("--outputs", help="comma-separated names of the model's outputs [default: a dict's keys, "
+                                     "'score' for one tensor, output_0.. for a tuple]")
+    g.add_argument("--rtol", type=float, default=1e-5, help="largest relative error of the graph against the "
+                                                            "model on the example (default 1e-5)")
     ap.add_argument("--dtype", choices=DTYPES, default="f32", help="table element type (default f32)")
     ap.add_argument("--feature-names", help="comma-separated feature names, one per table")
     ap.add_argument("--trust-checkpoint", action="store_true",
@@ -691,6 +703,21 @@ def main(argv=None):
     kind, path = a.source
     names = a.feature_names.split(",") if a.feature_names else None
     try:
+        if kind == "torch-module":
+            import torch_module
+
+            cfg, tensors, data, rep = torch_module.export_module(
+                path, a.state, a.example, a.dtype, a.outputs.split(",") if a.outputs else None, a.rtol,
+                a.trust_checkpoint, a.dense_in)
+            torch_module.write(a.out, cfg, tensors, data)
+            t = cfg["tables"]
+            errs = ", ".join(f"{n} {e:.1e}" for n, e in rep["errors"])
+            print(f"wrote {a.out}: graph ({rep['exporter']}), {len(t)} tables ({sum(x['rows'] for x in t)} rows, "
+                  f"{a.dtype}), {len(cfg['features'])} features, outputs {cfg['graph']['outputs']}; checked with "
+                  f"{rep['checked_with']} on {len(rep['example']['dense'])} samples, largest relative error {errs}")
+            return
+        if a.state or a.example or a.outputs or a.dense_in:
+            raise ExportError("--state, --example, --dense-in and --outputs are for --from torch-module")
         if kind == "generative-recommenders":
             if a.feature_names or a.features or a.pooling != "sum" or a.arch_mlp_bot or a.arch_mlp_top \
                     or a.arch_sparse_feature_size or a.arch_interaction_itself or a.arch_interaction_op != "dot":
@@ -728,7 +755,7 @@ def main(argv=None):
                     raise ExportError(f"--features {a.features!r}: expected table:feature,...")
             cfg, tensors = export_torchrec(sd, a.dtype, feats, names, a.pooling)
         else:
-            raise ExportError(f"--from {kind}: expected dlrm, torchrec or generative-recommenders")
+            raise ExportError(f"--from {kind}: expected dlrm, torchrec, generative-recommenders or torch-module")
         write_model(a.out, cfg, tensors)
     except ExportError as e:
         sys.exit(f"export_torch.py: error: {e}")

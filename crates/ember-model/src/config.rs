@@ -296,6 +296,25 @@ pub(crate) fn read_config_text(path: &Path) -> Result<String> {
     })
 }
 
+/// Why a config whose `family` is `graph` is refused: that family (`docs/graph-models.md`) is
+/// not behind the serving seam yet.
+pub(crate) fn refuse_graph_family(text: &str, path: &Path) -> Result<()> {
+    #[derive(Deserialize)]
+    struct Family {
+        family: Option<String>,
+    }
+    match serde_json::from_str::<Family>(text) {
+        Ok(f) if f.family.as_deref() == Some("graph") => Err(ModelError::Config {
+            path: path.into(),
+            reason: "a graph model (its dense part as dense.onnx, from `tools/export_torch.py \
+                     --from torch-module`) cannot be served or scored by this build yet; \
+                     `ember bench graph` runs its dense part (docs/graph-models.md)"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn is_hstu_family(text: &str) -> bool {
     #[derive(Deserialize)]
     struct Family {
@@ -313,6 +332,7 @@ impl ModelConfig {
     /// Reads and checks `path`.
     pub fn read(path: &Path) -> Result<Self> {
         let text = read_config_text(path)?;
+        refuse_graph_family(&text, path)?;
         if is_hstu_family(&text) {
             return Err(ModelError::Config {
                 path: path.into(),

@@ -20,6 +20,7 @@ pub mod eval;
 pub mod family;
 #[cfg(target_arch = "x86_64")]
 mod gemm;
+pub mod graph;
 pub mod history;
 pub mod hstu;
 mod inputs;

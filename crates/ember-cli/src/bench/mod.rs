@@ -20,6 +20,7 @@ mod check;
 mod dense_layers;
 mod embed;
 mod gpu;
+mod graph;
 mod history_cache;
 mod history_reuse;
 mod load;
@@ -59,6 +60,9 @@ pub enum Bench {
     /// in the same run (speed per history x candidates, the AUC / NE kept, hit rate and bytes
     /// per user on a streaming replay).
     HistoryCache(history_cache::HistoryCacheArgs),
+    /// A graph model's dense part (dense.onnx) on Ember's graph runtime, per batch and thread
+    /// count (`bench/compare_onnx.py` runs ONNX Runtime beside it).
+    Graph(graph::GraphArgs),
 }
 
 pub fn run(cmd: Bench) -> Result<()> {
@@ -70,6 +74,7 @@ pub fn run(cmd: Bench) -> Result<()> {
         Bench::RemotePool(a) => remote_pool::run(a),
         Bench::HistoryReuse(a) => history_reuse::run(a),
         Bench::HistoryCache(a) => history_cache::run(a),
+        Bench::Graph(a) => graph::run(a),
     }
 }
 

@@ -1,0 +1,157 @@
+//! `ember bench graph`: a graph model's dense part (`dense.onnx`) on Ember's graph runtime, per
+//! batch size and thread count, on random inputs of the widths its config declares. The peer,
+//! ONNX Runtime on the same file, is `bench/compare_onnx.py`, which runs this with `--json` and
+//! alternates.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use clap::Args;
+use ember_model::DenseDType;
+use ember_model::graph::{Graph, Tensor};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::json;
+
+#[derive(Debug, Args)]
+pub struct GraphArgs {
+    /// A graph model directory (config.json with `"family": "graph"`, dense.onnx).
+    #[arg(long)]
+    model: PathBuf,
+    /// Batch sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "256,2048")]
+    batch: Vec<usize>,
+    /// Thread counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<usize>,
+    /// Timed rounds per cell (the median is reported); each round runs for about 0.2 s.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// The linear layers' precision: f32, bf16 or int8 (int8 is not calibrated here).
+    #[arg(long, default_value = "f32")]
+    dense_dtype: String,
+    /// Print one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `dense_in` and the sum of the features' table dims, from config.json.
+fn widths(model: &std::path::Path) -> Result<(usize, usize, String)> {
+    let path = model.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    let c: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+    ensure!(
+        c["family"] == "graph",
+        "{}: not a graph model (family {})",
+        path.display(),
+        c["family"]
+    );
+    let dims: std::collections::HashMap<&str, usize> = c["tables"]
+        .as_array()
+        .context("no tables")?
+        .iter()
+        .filter_map(|t| Some((t["name"].as_str()?, t["dim"].as_u64()? as usize)))
+        .collect();
+    let sparse = c["features"]
+        .as_array()
+        .context("no features")?
+        .iter()
+        .map(|f| {
+            f["table"]
+                .as_str()
+                .and_then(|t| dims.get(t).copied())
+                .context("a feature's table")
+        })
+        .sum::<Result<usize>>()?;
+    let file = c["graph"]["file"]
+        .as_str()
+        .unwrap_or("dense.onnx")
+        .to_owned();
+    Ok((
+        c["dense_in"].as_u64().context("dense_in")? as usize,
+        sparse,
+        file,
+    ))
+}
+
+pub fn run(a: GraphArgs) -> Result<()> {
+    let (dense_in, sparse_w, file) = widths(&a.model)?;
+    let mut g = Graph::load(&a.model.join(&file))?;
+    let dtype: DenseDType = a
+        .dense_dtype
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--dense-dtype: {e}"))?;
+    g.set_dense_dtype(dtype)?;
+    let (lin, ops) = g.steps();
+    let cpu = super::cpu_name();
+    if !a.json {
+        println!(
+            "graph {}: {lin} linear layers on Ember's kernels ({}), {ops} other ops; {cpu}",
+            a.model.display(),
+            dtype.name()
+        );
+    }
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut cells = Vec::new();
+    for &batch in &a.batch {
+        let dense: Vec<f32> = (0..batch * dense_in)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let sparse: Vec<f32> = (0..batch * sparse_w)
+            .map(|_| rng.random_range(-0.5..0.5))
+            .collect();
+        let inputs = [
+            (
+                "dense",
+                Tensor::f32(vec![batch, dense_in], dense).map_err(anyhow::Error::msg)?,
+            ),
+            (
+                "sparse",
+                Tensor::f32(vec![batch, sparse_w], sparse).map_err(anyhow::Error::msg)?,
+            ),
+        ];
+        let given: Vec<(&str, &Tensor)> = inputs
+            .iter()
+            .filter(|(n, _)| g.inputs().contains(n))
+            .map(|(n, t)| (*n, t))
+            .collect();
+        for &threads in &a.threads {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()?;
+            let ms = pool.install(|| -> Result<Vec<f64>> {
+                g.run(&given, threads)?; // warm-up
+                let t = Instant::now();
+                g.run(&given, threads)?;
+                let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
+                let mut rounds = Vec::new();
+                for _ in 0..a.rounds {
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        g.run(&given, threads)?;
+                    }
+                    rounds.push(t.elapsed().as_secs_f64() * 1e3 / iters as f64);
+                }
+                Ok(rounds)
+            })?;
+            let mut sorted = ms.clone();
+            sorted.sort_by(f64::total_cmp);
+            let med = sorted[sorted.len() / 2];
+            if !a.json {
+                println!(
+                    "  batch {batch:>5}, {threads} thread(s): {med:8.3} ms a batch, {:>10.0} samples/s",
+                    batch as f64 / med * 1e3
+                );
+            }
+            cells.push(json!({"batch": batch, "threads": threads, "ms": med, "rounds_ms": ms}));
+        }
+    }
+    if a.json {
+        println!(
+            "{}",
+            json!({"cpu": cpu, "dtype": dtype.name(), "linear_layers": lin, "ops": ops, "cells": cells})
+        );
+    }
+    Ok(())
+}

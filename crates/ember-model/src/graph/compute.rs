@@ -1,0 +1,359 @@
+//! The arithmetic of `ops.rs`'s ops on [`Tensor`]s, each by its definition in the ONNX
+//! operator spec: plain loops (the linear layers, where a dense part's time goes, run on Ember's
+//! kernels instead, `plan.rs`).
+
+use rayon::prelude::*;
+
+use super::pool;
+use super::tensor::{Tensor, axis, broadcast, floats, scalar_f32, strides_in, zip_with};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    Relu,
+    Sigmoid,
+    Tanh,
+    Exp,
+    Log,
+    Neg,
+    Sqrt,
+    Abs,
+    Identity,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reduce {
+    Sum,
+    Mean,
+    Max,
+    L2,
+}
+
+pub(super) fn unary(u: Unary, t: &Tensor) -> Result<Tensor, String> {
+    if u == Unary::Identity {
+        return Ok(t.clone());
+    }
+    let f: fn(f32) -> f32 = match u {
+        Unary::Relu => |v| if v > 0.0 { v } else { 0.0 },
+        Unary::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
+        Unary::Tanh => f32::tanh,
+        Unary::Exp => f32::exp,
+        Unary::Log => f32::ln,
+        Unary::Neg => |v| -v,
+        Unary::Sqrt => f32::sqrt,
+        Unary::Abs => f32::abs,
+        Unary::Identity => |v| v,
+    };
+    let v = floats(t)?;
+    let mut out = pool::take(v.len());
+    if v.len() >= PAR_MIN && rayon::current_num_threads() > 1 {
+        out.resize(v.len(), 0.0);
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(v.par_chunks(PAR_CHUNK))
+            .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)));
+    } else {
+        out.extend(v.iter().map(|&v| f(v)));
+    }
+    Tensor::f32(t.shape.clone(), out)
+}
+
+pub(super) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> Result<Tensor, String> {
+    if let (Some(p), Some(q)) = (x.as_i64(), y.as_i64()) {
+        let f = |a: i64, c: i64| match b {
+            Binary::Add => a.wrapping_add(c),
+            Binary::Sub => a.wrapping_sub(c),
+            Binary::Mul => a.wrapping_mul(c),
+            Binary::Div => a.checked_div(c).unwrap_or(0),
+            Binary::Pow => a.checked_pow(c.clamp(0, 63) as u32).unwrap_or(0),
+        };
+        let (s, v) = zip_with((&x.shape, p), (&y.shape, q), f, Vec::new())?;
+        return Tensor::i64(s, v);
+    }
+    let (p, q) = (x.to_f32(), y.to_f32());
+    let f = |a: f32, c: f32| match b {
+        Binary::Add => a + c,
+        Binary::Sub => a - c,
+        Binary::Mul => a * c,
+        Binary::Div => a / c,
+        Binary::Pow => a.powf(c),
+    };
+    let n = p.len().max(q.len());
+    if let Some(t) = par_binary(x, y, &p, &q, f) {
+        return t;
+    }
+    let (s, v) = zip_with((&x.shape, &p), (&y.shape, &q), f, pool::take(n))?;
+    Tensor::f32(s, v)
+}
+
+/// Elementwise ops on at least this many values split them over the caller's rayon pool (below
+/// it, waking the other threads costs more than the work).
+const PAR_MIN: usize = 1 << 15;
+/// Values per task of a split elementwise op.
+const PAR_CHUNK: usize = 1 << 13;
+
+/// [`binary`] over the caller's rayon pool, where both operands have the output's shape or one
+/// is a row repeated along the other's leading dims; `None` otherwise (or when small).
+fn par_binary(
+    x: &Tensor,
+    y: &Tensor,
+    p: &[f32],
+    q: &[f32],
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Option<Result<Tensor, String>> {
+    let n = p.len().max(q.len());
+    if n < PAR_MIN || rayon::current_num_threads() == 1 {
+        return None;
+    }
+    let shape = broadcast(&x.shape, &y.shape).ok()?;
+    let ys = &y.shape[y.shape.iter().take_while(|&&d| d == 1).count()..];
+    // The second operand's values: each chunk of `w` output values reads `q` from the start
+    // (a row repeated; `w` a multiple of its length) or its own chunk of `q` (same shape).
+    let (w, repeat) = if x.shape == y.shape {
+        (PAR_CHUNK, false)
+    } else if x.shape == shape && !q.is_empty() && !ys.is_empty() && shape.ends_with(ys) {
+        (q.len() * (PAR_CHUNK / q.len()).max(1), true)
+    } else {
+        return None;
+    };
+    let mut out = pool::zeros(n);
+    out.par_chunks_mut(w)
+        .zip(p.par_chunks(w))
+        .enumerate()
+        .for_each(|(c, (o, a))| {
+            let zip = |o: &mut [f32], a: &[f32], b: &[f32]| {
+                o.iter_mut()
+                    .zip(a.iter().zip(b))
+                    .for_each(|(o, (&a, &b))| *o = f(a, b))
+            };
+            if repeat {
+                for (o, a) in o.chunks_mut(q.len()).zip(a.chunks(q.len())) {
+                    zip(o, a, q);
+                }
+            } else {
+                zip(o, a, &q[c * w..]);
+            }
+        });
+    Some(Tensor::f32(shape, out))
+}
+
+/// `alpha * op(A) op(B) + beta * C`, A and B 2-D.
+pub(super) fn gemm(
+    a: &Tensor,
+    b: &Tensor,
+    c: Option<&Tensor>,
+    alpha: f32,
+    beta: f32,
+    ta: bool,
+    tb: bool,
+) -> Result<Tensor, String> {
+    let (av, bv) = (floats(a)?, floats(b)?);
+    if a.shape.len() != 2 || b.shape.len() != 2 {
+        return Err(format!(
+            "Gemm of shapes {:?} and {:?} (both must be 2-D)",
+            a.shape, b.shape
+        ));
+    }
+    let (m, k) = if ta {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (k2, n) = if tb {
+        (b.shape[1], b.shape[0])
+    } else {
+        (b.shape[0], b.shape[1])
+    };
+    if k != k2 {
+        return Err(format!(
+            "Gemm of shapes {:?} and {:?} (transA {ta}, transB {tb}): inner dims differ",
+            a.shape, b.shape
+        ));
+    }
+    let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
+    let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
+    let mut y = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f32;
+            for p in 0..k {
+                s += at(i, p) * bt(p, j);
+            }
+            y[i * n + j] = alpha * s;
+        }
+    }
+    if let Some(c) = c {
+        let (_, cv) = zip_with(
+            (&[m, n], &y),
+            (&c.shape, &c.to_f32()),
+            |yy, cc| yy + beta * cc,
+            Vec::new(),
+        )?;
+        y = cv;
+    }
+    Tensor::f32(vec![m, n], y)
+}
+
+/// numpy's matmul for operands of rank 2 or more (batch dims broadcast).
+pub(super) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    let (av, bv) = (floats(a)?, floats(b)?);
+    let (ra, rb) = (a.shape.len(), b.shape.len());
+    if ra < 2 || rb < 2 {
+        return Err(format!(
+            "MatMul of shapes {:?} and {:?}: operands of rank 1 are not supported",
+            a.shape, b.shape
+        ));
+    }
+    let (m, k, k2, n) = (
+        a.shape[ra - 2],
+        a.shape[ra - 1],
+        b.shape[rb - 2],
+        b.shape[rb - 1],
+    );
+    if k != k2 {
+        return Err(format!(
+            "MatMul of shapes {:?} and {:?}: inner dims differ",
+            a.shape, b.shape
+        ));
+    }
+    let batch = broadcast(&a.shape[..ra - 2], &b.shape[..rb - 2])?;
+    let nb: usize = batch.iter().product();
+    // Each operand's matrix index per output batch index (broadcast over its own batch dims).
+    let idx = |shape: &[usize]| -> Vec<usize> {
+        let z: Vec<usize> = (0..shape.iter().product::<usize>()).collect();
+        let zero = vec![0usize; nb];
+        zip_with((shape, &z), (&batch, &zero), |i, _| i, Vec::new())
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    };
+    let (ia, ib) = (idx(&a.shape[..ra - 2]), idx(&b.shape[..rb - 2]));
+    let mut y = vec![0.0f32; nb * m * n];
+    for t in 0..nb {
+        let (pa, pb) = (&av[ia[t] * m * k..][..m * k], &bv[ib[t] * k * n..][..k * n]);
+        let out = &mut y[t * m * n..][..m * n];
+        for i in 0..m {
+            for p in 0..k {
+                let x = pa[i * k + p];
+                for j in 0..n {
+                    out[i * n + j] += x * pb[p * n + j];
+                }
+            }
+        }
+    }
+    let mut shape = batch;
+    shape.extend([m, n]);
+    Tensor::f32(shape, y)
+}
+
+pub(super) fn reduce(
+    kind: Reduce,
+    t: &Tensor,
+    axes: Option<&[i64]>,
+    keepdims: bool,
+) -> Result<Tensor, String> {
+    let v = floats(t)?;
+    let r = t.shape.len();
+    let on: Vec<bool> = match axes {
+        Some(a) if !a.is_empty() => {
+            let mut on = vec![false; r];
+            for &x in a {
+                on[axis(x, r)?] = true;
+            }
+            on
+        }
+        _ => vec![true; r],
+    };
+    let out_full: Vec<usize> = (0..r).map(|i| if on[i] { 1 } else { t.shape[i] }).collect();
+    let n_out: usize = out_full.iter().product();
+    let count = (t.len() / n_out.max(1)).max(1) as f32;
+    let init = if kind == Reduce::Max {
+        f32::NEG_INFINITY
+    } else {
+        0.0
+    };
+    let mut acc = vec![init; n_out];
+    let strides = strides_in(&out_full, &t.shape);
+    let mut idx = vec![0usize; r];
+    let mut o = 0usize;
+    for &x in v {
+        match kind {
+            Reduce::Sum | Reduce::Mean => acc[o] += x,
+            Reduce::Max => acc[o] = acc[o].max(x),
+            Reduce::L2 => acc[o] += x * x,
+        }
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            o += strides[d];
+            if idx[d] < t.shape[d] {
+                break;
+            }
+            o -= strides[d] * t.shape[d];
+            idx[d] = 0;
+        }
+    }
+    match kind {
+        Reduce::Mean => acc.iter_mut().for_each(|a| *a /= count),
+        Reduce::L2 => acc.iter_mut().for_each(|a| *a = a.sqrt()),
+        _ => {}
+    }
+    let shape = if keepdims {
+        out_full
+    } else {
+        (0..r).filter(|&i| !on[i]).map(|i| t.shape[i]).collect()
+    };
+    Tensor::f32(shape, acc)
+}
+
+pub(super) fn softmax(t: &Tensor, ax: i64) -> Result<Tensor, String> {
+    let a = axis(ax, t.shape.len())?;
+    let v = floats(t)?;
+    let (d, inner) = (t.shape[a], t.shape[a + 1..].iter().product::<usize>());
+    let outer: usize = t.shape[..a].iter().product();
+    let mut out = pool::take(v.len());
+    out.extend_from_slice(v);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * d + j) * inner + i;
+            let m = (0..d).map(|j| v[at(j)]).fold(f32::NEG_INFINITY, f32::max);
+            let mut s = 0.0f32;
+            for j in 0..d {
+                out[at(j)] = (v[at(j)] - m).exp();
+                s += out[at(j)];
+            }
+            for j in 0..d {
+                out[at(j)] /= s;
+            }
+        }
+    }
+    Tensor::f32(t.shape.clone(), out)
+}
+
+/// Clip: bounds from the inputs (opset 11+) or the attributes (older).
+pub(super) fn clip(
+    x: &[Option<&Tensor>],
+    min: Option<f32>,
+    max: Option<f32>,
+) -> Result<Tensor, String> {
+    let bound = |i: usize, d: Option<f32>| -> Result<Option<f32>, String> {
+        match x.get(i).copied().flatten() {
+            Some(t) => scalar_f32(t).map(Some),
+            None => Ok(d),
+        }
+    };
+    let (lo, hi) = (bound(1, min)?, bound(2, max)?);
+    let t = x.first().copied().flatten().ok_or("input 0 is missing")?;
+    let v = floats(t)?;
+    let mut out = pool::take(v.len());
+    out.extend(v.iter().map(|&v| {
+        let v = lo.map_or(v, |l| if v < l { l } else { v });
+        hi.map_or(v, |h| if v > h { h } else { v })
+    }));
+    Tensor::f32(t.shape.clone(), out)
+}

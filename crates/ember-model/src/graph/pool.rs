@@ -1,0 +1,74 @@
+//! Buffers of f32 reused between a thread's graph runs.
+//!
+//! Why: the binary's allocator (mimalloc, purge delay 0, `crates/ember-cli/src/main.rs`) hands
+//! freed memory back to the OS at once, so every large buffer allocated afresh is zeroed page by
+//! page by the kernel on first touch: on `dcn_mlperf` at batch 256 that was 52% of the graph's
+//! time (`perf`: `clear_page_erms`). A thread's runs instead take their values' buffers from, and
+//! give them back to, this pool: after the first run of a batch size, a run faults no pages. The
+//! pool holds at most [`KEEP`] buffers (a graph's largest working set, per thread that runs it).
+
+use std::cell::RefCell;
+
+/// The most buffers a thread keeps.
+const KEEP: usize = 48;
+
+thread_local! {
+    static FREE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer with room for `cap` values: the smallest kept one that fits, else a new one.
+pub(super) fn take(cap: usize) -> Vec<f32> {
+    FREE.with_borrow_mut(|free| {
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= cap)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut v = free.swap_remove(i);
+                v.clear();
+                v
+            }
+            None => Vec::with_capacity(cap),
+        }
+    })
+}
+
+/// A buffer of `n` zeros.
+pub(super) fn zeros(n: usize) -> Vec<f32> {
+    let mut v = take(n);
+    v.resize(n, 0.0);
+    v
+}
+
+/// Gives a buffer back (when the pool is full, the smallest of the pool and it is dropped).
+pub(super) fn give(v: Vec<f32>) {
+    if v.capacity() < 1024 {
+        return;
+    }
+    FREE.with_borrow_mut(|free| {
+        free.push(v);
+        if free.len() > KEEP {
+            let i = (0..free.len())
+                .min_by_key(|&i| free[i].capacity())
+                .unwrap_or(0);
+            free.swap_remove(i);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_buffer_given_back_is_taken_again() {
+        let v = super::zeros(5000);
+        let p = v.as_ptr();
+        super::give(v);
+        let w = super::take(4000);
+        assert!(w.is_empty() && w.capacity() >= 5000);
+        assert_eq!(w.as_ptr(), p, "the kept buffer is reused");
+        assert_eq!(super::zeros(10), vec![0.0; 10]);
+    }
+}

@@ -1,0 +1,639 @@
+//! The graph runtime against PyTorch (the fixtures of `tools/graph_fixtures.py`: real TorchRec
+//! models exported by `export_torch.py --from torch-module`) and each op against a plain
+//! reference on random inputs.
+
+use prost::Message;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+use super::onnx::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+use super::*;
+
+fn fixture(name: &str) -> (Graph, serde_json::Value) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let g = Graph::load(&dir.join("dense.onnx")).unwrap();
+    let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+    (g, serde_json::from_str(&text).unwrap())
+}
+
+fn matrix(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
+    let rows: Vec<Vec<f32>> = serde_json::from_value(v.clone()).unwrap();
+    let w = rows.first().map_or(0, Vec::len);
+    (vec![rows.len(), w], rows.concat())
+}
+
+fn close(got: &[f32], want: &[f32], rtol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1e-3);
+        assert!(
+            err <= rtol,
+            "{what}[{i}]: {g} against {w} (relative {err:.2e})"
+        );
+    }
+}
+
+/// Every fixture's outputs within 1e-5 (relative) of PyTorch's: the whole batch, each sample
+/// alone (batch 1), and an empty batch; on 1 and 2 threads.
+#[test]
+fn the_fixtures_score_as_pytorch() {
+    for name in [
+        "graph_deepfm",
+        "graph_mmoe",
+        "graph_two_tower",
+        "graph_dlrm_dcn",
+    ] {
+        let (g, exp) = fixture(name);
+        assert_eq!(g.inputs(), ["dense", "sparse"], "{name}");
+        let (lin, _) = g.steps();
+        assert!(
+            lin >= 2,
+            "{name}: the linear layers run on Ember's kernels ({lin})"
+        );
+        let (ds, dv) = matrix(&exp["dense"]);
+        let (ss, sv) = matrix(&exp["sparse"]);
+        let b = ds[0];
+        for threads in [1, 2] {
+            let out = g
+                .run(
+                    &[
+                        ("dense", &Tensor::f32(ds.clone(), dv.clone()).unwrap()),
+                        ("sparse", &Tensor::f32(ss.clone(), sv.clone()).unwrap()),
+                    ],
+                    threads,
+                )
+                .unwrap();
+            for (o, name_o) in out.iter().zip(g.outputs()) {
+                let want: Vec<f32> =
+                    serde_json::from_value(exp["outputs"][name_o].clone()).unwrap();
+                close(
+                    o.as_f32().unwrap(),
+                    &want,
+                    1e-5,
+                    &format!("{name} {name_o}"),
+                );
+            }
+        }
+        for (i, rows) in [(0..1), (3..4), (b - 1..b), (0..0)].into_iter().enumerate() {
+            let n = rows.len();
+            let pick = |v: &[f32], w: usize| v[rows.start * w..rows.end * w].to_vec();
+            let out = g
+                .run(
+                    &[
+                        (
+                            "dense",
+                            &Tensor::f32(vec![n, ds[1]], pick(&dv, ds[1])).unwrap(),
+                        ),
+                        (
+                            "sparse",
+                            &Tensor::f32(vec![n, ss[1]], pick(&sv, ss[1])).unwrap(),
+                        ),
+                    ],
+                    1,
+                )
+                .unwrap();
+            for (o, name_o) in out.iter().zip(g.outputs()) {
+                let want: Vec<f32> =
+                    serde_json::from_value(exp["outputs"][name_o].clone()).unwrap();
+                close(
+                    o.as_f32().unwrap(),
+                    &want[rows.clone()],
+                    1e-5,
+                    &format!("{name} {name_o} part {i}"),
+                );
+            }
+        }
+    }
+}
+
+// ---- hand-built graphs --------------------------------------------------------------------
+
+fn tensor_proto(name: &str, shape: &[usize], v: &[f32]) -> TensorProto {
+    TensorProto {
+        dims: shape.iter().map(|&d| d as i64).collect(),
+        data_type: 1,
+        float_data: v.to_vec(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+fn ints_proto(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+fn attr_int(name: &str, i: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: 2,
+        i,
+        ..Default::default()
+    }
+}
+
+fn attr_float(name: &str, f: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: 1,
+        f,
+        ..Default::default()
+    }
+}
+
+fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: 7,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: outs.iter().map(|s| s.to_string()).collect(),
+        name: format!("{op}_0"),
+        op_type: op.into(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, ins: &[&str], outs: &[&str]) -> Vec<u8> {
+    let vi = |n: &&str| ValueInfoProto {
+        name: n.to_string(),
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![super::onnx::OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        producer_name: "test".into(),
+        graph: Some(GraphProto {
+            node: nodes,
+            initializer: inits,
+            input: ins.iter().map(vi).collect(),
+            output: outs.iter().map(vi).collect(),
+            ..Default::default()
+        }),
+    }
+    .encode_to_vec()
+}
+
+fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+}
+
+fn run1(bytes: &[u8], x: Tensor) -> Tensor {
+    let g = Graph::from_bytes(bytes).unwrap();
+    g.run(&[("x", &x)], 1).unwrap().remove(0)
+}
+
+/// MatMul + Add + Relu on constants becomes one of Ember's linear layers, and scores as the
+/// plain formula; so does Gemm with transB, alpha and a [1, out] bias; batches 0, 1, 2 and 37.
+#[test]
+fn linear_layers_are_fused_and_exact() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (k, n) = (19, 11);
+    let w = random(&mut rng, k * n); // [k, n] for MatMul
+    let b = random(&mut rng, n);
+    let mm = model(
+        vec![
+            node("MatMul", &["x", "w"], &["h"], vec![]),
+            node("Add", &["b", "h"], &["hb"], vec![]),
+            node("Relu", &["hb"], &["y"], vec![]),
+        ],
+        vec![tensor_proto("w", &[k, n], &w), tensor_proto("b", &[n], &b)],
+        &["x"],
+        &["y"],
+    );
+    let g = Graph::from_bytes(&mm).unwrap();
+    assert_eq!(g.steps(), (1, 0), "MatMul + Add + Relu is one linear layer");
+    let wt: Vec<f32> = (0..n * k).map(|i| w[(i % k) * n + i / k]).collect(); // [n, k]
+    let gemm = model(
+        vec![node(
+            "Gemm",
+            &["x", "wt", "c"],
+            &["y"],
+            vec![attr_int("transB", 1), attr_float("alpha", 0.5)],
+        )],
+        vec![
+            tensor_proto("wt", &[n, k], &wt),
+            tensor_proto("c", &[1, n], &b),
+        ],
+        &["x"],
+        &["y"],
+    );
+    for rows in [0, 1, 2, 37] {
+        let x = random(&mut rng, rows * k);
+        let y = run1(&mm, Tensor::f32(vec![rows, k], x.clone()).unwrap());
+        let z = run1(&gemm, Tensor::f32(vec![rows, k], x.clone()).unwrap());
+        assert_eq!(y.shape, vec![rows, n]);
+        for r in 0..rows {
+            for j in 0..n {
+                let dot: f32 = (0..k).map(|p| x[r * k + p] * w[p * n + j]).sum();
+                let want = (dot + b[j]).max(0.0);
+                let got = y.as_f32().unwrap()[r * n + j];
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{got} {want}"
+                );
+                let want = 0.5 * dot + b[j];
+                let got = z.as_f32().unwrap()[r * n + j];
+                assert!(
+                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{got} {want}"
+                );
+            }
+        }
+    }
+}
+
+/// An op this build lacks, a custom domain, an unknown attribute and a node reading a value
+/// not yet computed are errors at load naming the node.
+#[test]
+fn what_cannot_run_is_refused_at_load_naming_the_node() {
+    let bad = model(
+        vec![node("LSTM", &["x"], &["y"], vec![])],
+        vec![],
+        &["x"],
+        &["y"],
+    );
+    let e = Graph::from_bytes(&bad).unwrap_err().to_string();
+    assert!(
+        e.contains("LSTM_0") && e.contains("\"LSTM\"") && e.contains("Gemm"),
+        "{e}"
+    );
+    let mut custom = node("Relu", &["x"], &["y"], vec![]);
+    custom.domain = "com.microsoft".into();
+    let e = Graph::from_bytes(&model(vec![custom], vec![], &["x"], &["y"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("com.microsoft") && e.contains("Relu_0"), "{e}");
+    let attr = node(
+        "Softmax",
+        &["x"],
+        &["y"],
+        vec![attr_int("axis", 1), attr_int("fast", 1)],
+    );
+    let e = Graph::from_bytes(&model(vec![attr], vec![], &["x"], &["y"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"fast\"") && e.contains("Softmax_0"), "{e}");
+    let order = model(
+        vec![
+            node("Relu", &["h"], &["y"], vec![]),
+            node("Relu", &["x"], &["h"], vec![]),
+        ],
+        vec![],
+        &["x"],
+        &["y"],
+    );
+    let e = Graph::from_bytes(&order).unwrap_err().to_string();
+    assert!(e.contains("topological"), "{e}");
+    assert!(Graph::from_bytes(b"\xff\xff\xff").is_err());
+    // A shape that does not fit is an error of the run, naming the node; nothing panics.
+    let g = Graph::from_bytes(&model(
+        vec![node("MatMul", &["x", "x"], &["y"], vec![])],
+        vec![],
+        &["x"],
+        &["y"],
+    ))
+    .unwrap();
+    let e = g
+        .run(&[("x", &Tensor::f32(vec![2, 3], vec![0.0; 6]).unwrap())], 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("MatMul_0") && e.contains("inner dims"), "{e}");
+}
+
+/// Shape ops against their definitions on a random [2, 3, 4] tensor.
+#[test]
+fn shape_ops_follow_the_spec() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let v = random(&mut rng, 24);
+    let x = || Tensor::f32(vec![2, 3, 4], v.clone()).unwrap();
+    let at = |i: usize, j: usize, k: usize| v[(i * 3 + j) * 4 + k];
+    // Transpose [2, 0, 1] -> [4, 2, 3].
+    let t = run1(
+        &model(
+            vec![node(
+                "Transpose",
+                &["x"],
+                &["y"],
+                vec![attr_ints("perm", &[2, 0, 1])],
+            )],
+            vec![],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(t.shape, vec![4, 2, 3]);
+    for (k, i, j) in (0..4).flat_map(|k| (0..2).flat_map(move |i| (0..3).map(move |j| (k, i, j)))) {
+        assert_eq!(t.as_f32().unwrap()[(k * 2 + i) * 3 + j], at(i, j, k));
+    }
+    // Slice axis -1 from -3 to 4 step 2 -> k in {1, 3}.
+    let s = run1(
+        &model(
+            vec![node("Slice", &["x", "s", "e", "a", "st"], &["y"], vec![])],
+            vec![
+                ints_proto("s", &[-3]),
+                ints_proto("e", &[100]),
+                ints_proto("a", &[-1]),
+                ints_proto("st", &[2]),
+            ],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(s.shape, vec![2, 3, 2]);
+    for (i, j, q) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..2).map(move |q| (i, j, q)))) {
+        assert_eq!(
+            s.as_f32().unwrap()[(i * 3 + j) * 2 + q],
+            at(i, j, 1 + 2 * q)
+        );
+    }
+    // Gather axis 1 with [[2, 0]] -> [2, 1, 2, 4]; negative index -1 is 2.
+    let g = run1(
+        &model(
+            vec![node(
+                "Gather",
+                &["x", "i"],
+                &["y"],
+                vec![attr_int("axis", 1)],
+            )],
+            vec![TensorProto {
+                dims: vec![1, 2],
+                ..ints_proto("i", &[-1, 0])
+            }],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(g.shape, vec![2, 1, 2, 4]);
+    for (i, q, k) in (0..2).flat_map(|i| (0..2).flat_map(move |q| (0..4).map(move |k| (i, q, k)))) {
+        assert_eq!(
+            g.as_f32().unwrap()[(i * 2 + q) * 4 + k],
+            at(i, [2, 0][q], k)
+        );
+    }
+    // Split axis 2 into [1, 3], then Concat them back in the other order.
+    let c = run1(
+        &model(
+            vec![
+                node(
+                    "Split",
+                    &["x", "sp"],
+                    &["p", "q"],
+                    vec![attr_int("axis", 2)],
+                ),
+                node("Concat", &["q", "p"], &["y"], vec![attr_int("axis", -1)]),
+            ],
+            vec![ints_proto("sp", &[1, 3])],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    for (i, j, k) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..4).map(move |k| (i, j, k)))) {
+        assert_eq!(
+            c.as_f32().unwrap()[(i * 3 + j) * 4 + k],
+            at(i, j, (k + 1) % 4)
+        );
+    }
+    // Unsqueeze then Squeeze, Flatten, Reshape with 0 and -1, Shape.
+    let r = run1(
+        &model(
+            vec![
+                node("Unsqueeze", &["x", "ax"], &["u"], vec![]),
+                node("Squeeze", &["u", "ax"], &["s"], vec![]),
+                node("Flatten", &["s"], &["f"], vec![attr_int("axis", 2)]),
+                node("Reshape", &["f", "sh"], &["r"], vec![]),
+                node("Reshape", &["r", "sh2"], &["y"], vec![]),
+            ],
+            vec![
+                ints_proto("ax", &[1]),
+                ints_proto("sh", &[2, -1]),
+                ints_proto("sh2", &[0, 3, -1]),
+            ],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    // Flatten at 2: [6, 4]; [2, -1]: [2, 12]; [0, 3, -1] (0 copies dim 0): [2, 3, 4].
+    assert_eq!(
+        (r.shape.clone(), r.as_f32().unwrap()),
+        (vec![2, 3, 4], &v[..])
+    );
+    // Expand [2, 3, 4] to [2, 2, 3, 4]: the tensor repeated along the new leading dim.
+    let e = run1(
+        &model(
+            vec![node("Expand", &["x", "to"], &["y"], vec![])],
+            vec![ints_proto("to", &[2, 1, 3, 4])],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(e.shape, vec![2, 2, 3, 4]);
+    assert_eq!(e.as_f32().unwrap(), [v.clone(), v.clone()].concat());
+    let sh = run1(
+        &model(
+            vec![node("Shape", &["x"], &["y"], vec![attr_int("start", -2)])],
+            vec![],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(sh.as_i64().unwrap(), [3, 4]);
+}
+
+/// Reductions, softmax, broadcasting arithmetic, clip, batched MatMul against plain loops.
+#[test]
+fn math_ops_follow_the_spec() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let v = random(&mut rng, 24);
+    let x = || Tensor::f32(vec![2, 3, 4], v.clone()).unwrap();
+    let at = |i: usize, j: usize, k: usize| v[(i * 3 + j) * 4 + k];
+    for (op, f) in [
+        (
+            "ReduceSum",
+            (|s: &[f32]| s.iter().sum::<f32>()) as fn(&[f32]) -> f32,
+        ),
+        ("ReduceMean", |s| s.iter().sum::<f32>() / s.len() as f32),
+        ("ReduceMax", |s| {
+            s.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        }),
+        ("ReduceL2", |s| s.iter().map(|x| x * x).sum::<f32>().sqrt()),
+    ] {
+        let y = run1(
+            &model(
+                vec![node(op, &["x", "a"], &["y"], vec![attr_int("keepdims", 0)])],
+                vec![ints_proto("a", &[1])],
+                &["x"],
+                &["y"],
+            ),
+            x(),
+        );
+        assert_eq!(y.shape, vec![2, 4], "{op}");
+        for (i, k) in (0..2).flat_map(|i| (0..4).map(move |k| (i, k))) {
+            let want = f(&[at(i, 0, k), at(i, 1, k), at(i, 2, k)]);
+            assert!((y.as_f32().unwrap()[i * 4 + k] - want).abs() < 1e-5, "{op}");
+        }
+    }
+    let sm = run1(
+        &model(
+            vec![node("Softmax", &["x"], &["y"], vec![attr_int("axis", 1)])],
+            vec![],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    for (i, k) in (0..2).flat_map(|i| (0..4).map(move |k| (i, k))) {
+        let e: Vec<f32> = (0..3).map(|j| at(i, j, k).exp()).collect();
+        for j in 0..3 {
+            let want = e[j] / e.iter().sum::<f32>();
+            assert!((sm.as_f32().unwrap()[(i * 3 + j) * 4 + k] - want).abs() < 1e-6);
+        }
+    }
+    // x [2, 3, 4] * w [3, 1] - 1, clipped to [-1, 0.5], then divided by 2 (an int constant).
+    let w = random(&mut rng, 3);
+    let y = run1(
+        &model(
+            vec![
+                node("Mul", &["x", "w"], &["m"], vec![]),
+                node("Sub", &["m", "one"], &["s"], vec![]),
+                node("Clip", &["s", "lo", "hi"], &["c"], vec![]),
+                node("Div", &["c", "two"], &["y"], vec![]),
+            ],
+            vec![
+                tensor_proto("w", &[3, 1], &w),
+                tensor_proto("one", &[], &[1.0]),
+                tensor_proto("lo", &[], &[-1.0]),
+                tensor_proto("hi", &[], &[0.5]),
+                TensorProto {
+                    dims: vec![],
+                    ..ints_proto("two", &[2])
+                },
+            ],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    for (i, j, k) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..4).map(move |k| (i, j, k)))) {
+        let want = (at(i, j, k) * w[j] - 1.0).clamp(-1.0, 0.5) / 2.0;
+        assert_eq!(y.as_f32().unwrap()[(i * 3 + j) * 4 + k], want);
+    }
+    // Batched MatMul [2, 3, 4] x [4, 5] (the constant broadcast over the batch; 3-D input to
+    // a fused linear layer) and [2, 3, 4] x [2, 4, 2] (both batched: the general op).
+    let b = random(&mut rng, 20);
+    let y = run1(
+        &model(
+            vec![node("MatMul", &["x", "b"], &["y"], vec![])],
+            vec![tensor_proto("b", &[4, 5], &b)],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(y.shape, vec![2, 3, 5]);
+    for (i, j, q) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..5).map(move |q| (i, j, q)))) {
+        let want: f32 = (0..4).map(|k| at(i, j, k) * b[k * 5 + q]).sum();
+        assert!((y.as_f32().unwrap()[(i * 3 + j) * 5 + q] - want).abs() < 1e-5);
+    }
+    let c = random(&mut rng, 16);
+    let y = run1(
+        &model(
+            vec![
+                node("Tanh", &["c"], &["t"], vec![]),
+                node("MatMul", &["x", "t"], &["y"], vec![]),
+            ],
+            vec![tensor_proto("c", &[2, 4, 2], &c)],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    for (i, j, q) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..2).map(move |q| (i, j, q)))) {
+        let want: f32 = (0..4)
+            .map(|k| at(i, j, k) * c[(i * 4 + k) * 2 + q].tanh())
+            .sum();
+        assert!((y.as_f32().unwrap()[(i * 3 + j) * 2 + q] - want).abs() < 1e-5);
+    }
+}
+
+/// Elementwise ops large enough to be split over the caller's threads give, bit for bit, the
+/// plain loop's values: same shapes, a row repeated (its length not dividing the chunk) and a
+/// unary op, in a pool of 2 threads and of 1.
+#[test]
+fn large_elementwise_ops_split_over_threads_match_the_plain_loop() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let (rows, w) = (301, 217);
+    let x = random(&mut rng, rows * w);
+    let r = random(&mut rng, w);
+    let bytes = model(
+        vec![
+            node("Mul", &["x", "x"], &["m"], vec![]),
+            node("Add", &["m", "r"], &["a"], vec![]),
+            node("Sigmoid", &["a"], &["y"], vec![]),
+        ],
+        vec![tensor_proto("r", &[1, w], &r)],
+        &["x"],
+        &["y"],
+    );
+    let g = Graph::from_bytes(&bytes).unwrap();
+    let t = Tensor::f32(vec![rows, w], x.clone()).unwrap();
+    for threads in [2, 1] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let y = pool.install(|| g.run(&[("x", &t)], threads).unwrap().remove(0));
+        for i in 0..rows {
+            for j in 0..w {
+                let v = x[i * w + j] * x[i * w + j] + r[j];
+                let want = 1.0 / (1.0 + (-v).exp());
+                assert_eq!(
+                    y.as_f32().unwrap()[i * w + j],
+                    want,
+                    "({i}, {j}), {threads} threads"
+                );
+            }
+        }
+    }
+}
+
+/// A graph model directory is refused by the loaders with a message that says what it is and
+/// what runs it (until the family is behind the serving seam), not a parse error.
+#[test]
+fn a_graph_model_is_refused_by_the_loaders_saying_why() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/graph_mmoe/config.json");
+    let e = crate::AnyConfig::read(&cfg).unwrap_err().to_string();
+    assert!(
+        e.contains("a graph model") && e.contains("ember bench graph"),
+        "{e}"
+    );
+    let e = crate::ModelConfig::read(&cfg).unwrap_err().to_string();
+    assert!(e.contains("a graph model"), "{e}");
+    let bytes = std::fs::read(&cfg).unwrap();
+    let e = crate::AnyConfig::from_slice(&bytes, &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a graph model"), "{e}");
+}

@@ -1,0 +1,151 @@
+"""Models of users' own, written with TorchRec's classes, for `export_torch.py --from torch-module`
+(and its fixtures, tools/graph_fixtures.py). Each factory builds its model with seeded random
+weights; `--state` would load trained ones.
+
+    deepfm     TorchRec's SimpleDeepFMNN (a DeepFM, its factorization machine and deep arch)
+    mmoe       a multi-task model: 3 shared experts, a softmax gate and a tower per task (ctr, cvr)
+    two_tower  a user tower and an item tower over their own EmbeddingBagCollections; the score is
+               the sigmoid of their (L2-normalised, scaled) dot product
+    dlrm_dcn   TorchRec's DLRM_DCN (the low-rank cross net), through the ONNX route
+
+Every dim differs between them (a mix-up fails a test) and the sizes are small (fixtures ship).
+"""
+
+import torch
+from torch import nn
+
+from dlrm_ref import torchrec_classes
+
+TR = torchrec_classes()
+from torchrec.models.deepfm import SimpleDeepFMNN  # noqa: E402 (after the import shim)
+from torchrec.modules.mlp import MLP  # noqa: E402
+
+DENSE_IN = 13
+
+
+def _ebc(tables, dim, rows, features=None, seed=0):
+    torch.manual_seed(seed)
+    cfgs = [TR.EmbeddingBagConfig(name=t, embedding_dim=dim if isinstance(dim, int) else dim[i],
+                                  num_embeddings=rows[i], feature_names=(features or {}).get(t, [f"f_{t}"]))
+            for i, t in enumerate(tables)]
+    ebc = TR.EmbeddingBagCollection(tables=cfgs, device=torch.device("cpu"))
+    for cfg in cfgs:
+        nn.init.uniform_(ebc.embedding_bags[cfg.name].weight, -0.5, 0.5)
+    return ebc
+
+
+def deepfm():
+    ebc = _ebc(["t0", "t1", "t2"], 8, [50, 31, 17], features={"t0": ["f_t0", "f_t0b"]}, seed=1)
+    torch.manual_seed(11)
+    return SimpleDeepFMNN(num_dense_features=DENSE_IN, embedding_bag_collection=ebc, hidden_layer_size=20,
+                          deep_fm_dimension=6).eval()
+
+
+class MMoE(nn.Module):
+    """Shared-bottom experts mixed per task by a softmax gate (Ma et al., KDD 2018)."""
+
+    def __init__(self, ebc, dense_in, experts=3, expert_dim=12, tasks=("ctr", "cvr")):
+        super().__init__()
+        self.ebc = ebc
+        d = sum(c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs())
+        self.dense = MLP(dense_in, [16, 10])
+        n = d + 10
+        self.experts = nn.ModuleList(MLP(n, [24, expert_dim]) for _ in range(experts))
+        self.gates = nn.ModuleDict({t: nn.Linear(n, experts) for t in tasks})
+        self.towers = nn.ModuleDict({t: nn.Sequential(MLP(expert_dim, [7]), nn.Linear(7, 1)) for t in tasks})
+        self.tasks = list(tasks)
+
+    def forward(self, dense_features, sparse_features):
+        x = torch.cat([self.dense(dense_features), self.ebc(sparse_features).values()], dim=1)
+        e = torch.stack([m(x) for m in self.experts], dim=1)  # [B, E, D]
+        out = {}
+        for t in self.tasks:
+            g = torch.softmax(self.gates[t](x), dim=1).unsqueeze(2)  # [B, E, 1]
+            out[t] = torch.sigmoid(self.towers[t]((g * e).sum(dim=1)))
+        return out
+
+
+def mmoe():
+    ebc = _ebc(["u", "ad", "ctx", "cat"], [6, 9, 4, 5], [40, 60, 9, 23], seed=2)
+    torch.manual_seed(12)
+    return MMoE(ebc, DENSE_IN).eval()
+
+
+class TwoTower(nn.Module):
+    """A user tower and an item tower, scored by the cosine of their outputs times a temperature."""
+
+    def __init__(self, user_ebc, item_ebc, dense_in, out=11):
+        super().__init__()
+        self.user_ebc, self.item_ebc = user_ebc, item_ebc
+        du = sum(c.embedding_dim * len(c.feature_names) for c in user_ebc.embedding_bag_configs())
+        di = sum(c.embedding_dim * len(c.feature_names) for c in item_ebc.embedding_bag_configs())
+        self.user = MLP(du + dense_in, [18, out], activation=nn.ReLU)
+        self.item = nn.Sequential(MLP(di, [15]), nn.Linear(15, out))
+        self.scale = nn.Parameter(torch.tensor(4.0))
+
+    def forward(self, dense_features, sparse_features):
+        u = self.user(torch.cat([dense_features, self.user_ebc(sparse_features).values()], dim=1))
+        i = self.item(self.item_ebc(sparse_features).values())
+        u = u / u.norm(dim=1, keepdim=True).clamp_min(1e-6)
+        i = i / i.norm(dim=1, keepdim=True).clamp_min(1e-6)
+        return torch.sigmoid(self.scale * (u * i).sum(dim=1))
+
+
+def two_tower():
+    user = _ebc(["user_id", "user_geo"], [7, 3], [45, 8], seed=3)
+    item = _ebc(["item_id", "item_cat"], [7, 4], [70, 13], seed=4)
+    torch.manual_seed(13)
+    return TwoTower(user, item, DENSE_IN).eval()
+
+
+def dlrm_dcn():
+    ebc = _ebc(["c0", "c1", "c2", "c3"], 4, [20, 33, 14, 9], seed=5)
+    torch.manual_seed(14)
+    m = TR.DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=DENSE_IN, dense_arch_layer_sizes=[10, 4],
+                    over_arch_layer_sizes=[9, 1], dcn_num_layers=2, dcn_low_rank_dim=3,
+                    dense_device=torch.device("cpu"))
+    return Sigmoid(m).eval()
+
+
+class Sigmoid(nn.Module):
+    """TorchRec's DLRM models give logits; served models give probabilities."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, dense_features, sparse_features):
+        return torch.sigmoid(self.model(dense_features, sparse_features))
+
+
+MODELS = {"deepfm": deepfm, "mmoe": mmoe, "two_tower": two_tower, "dlrm_dcn": dlrm_dcn}
+
+
+# ---- benchmark sizes (bench/compare_onnx.py; not fixtures) ----------------------------------
+
+
+def dcn_mlperf():
+    """DLRM_DCN at MLPerf DLRM-v2's dense dims (13 dense features -> 512-256-128, 26 features
+    of dim 128, 3 cross layers of rank 512, over arch 1024-1024-512-256-1); 100-row tables (the
+    dense part's speed does not depend on them)."""
+    names = [f"c{i}" for i in range(26)]
+    ebc = _ebc(names, 128, [100] * 26, seed=6)
+    torch.manual_seed(15)
+    m = TR.DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=DENSE_IN,
+                    dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
+                    dcn_num_layers=3, dcn_low_rank_dim=512, dense_device=torch.device("cpu"))
+    return Sigmoid(m).eval()
+
+
+def mmoe_large():
+    """The MMoE above at a production-like width: 8 features of dim 64, 4 experts of 512-256,
+    gates and towers (256-1) for ctr, cvr and dwell."""
+    ebc = _ebc([f"s{i}" for i in range(8)], 64, [100] * 8, seed=7)
+    torch.manual_seed(16)
+    m = MMoE(ebc, DENSE_IN, experts=4, expert_dim=256, tasks=("ctr", "cvr", "dwell"))
+    m.experts = nn.ModuleList(MLP(512 + 10, [512, 256]) for _ in range(4))
+    m.towers = nn.ModuleDict({t: nn.Sequential(MLP(256, [256]), nn.Linear(256, 1)) for t in m.tasks})
+    return m.eval()
+
+
+BENCH = {"dcn_mlperf": dcn_mlperf, "mmoe_large": mmoe_large}
