@@ -48,12 +48,17 @@ def load_factory(spec):
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         mspec.loader.exec_module(mod)
+    except Exception as e:  # noqa: BLE001 (the user's file: its error is reported, named)
+        raise ExportError(f"{path}: importing it failed: {type(e).__name__}: {e}") from None
     finally:
         sys.path.pop(0)
     factory = getattr(mod, name, None)
     if not callable(factory):
         raise ExportError(f"{path} has no callable {name!r}")
-    model = factory()
+    try:
+        model = factory()
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(f"{spec}: calling it failed: {type(e).__name__}: {e}") from None
     if not isinstance(model, torch.nn.Module):
         raise ExportError(f"{spec}: returned {type(model).__name__}, not an nn.Module")
     return model.eval()

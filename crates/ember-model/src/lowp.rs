@@ -286,6 +286,49 @@ fn mlp_int8(
     }
 }
 
+/// One int8 layer on `m` rows of f32 at stride `ldx`, its f32 output written to `out` (`[m,
+/// out]`, dense): the rows quantized with their own scales, as [`mlp`]'s int8 layers but the
+/// last. (A model's graph calls its layers one at a time, `crate::graph`.)
+pub fn linear_int8(
+    x: Exec,
+    l: &Linear,
+    input: &[f32],
+    ldx: usize,
+    m: usize,
+    out: &mut [f32],
+    s: &mut LowpScratch,
+) {
+    let w = l.packed_int8();
+    let rows = RowsF32 {
+        x: input,
+        m,
+        k: l.in_dim(),
+        ld: ldx,
+    };
+    let q = Quant {
+        unsigned: x.kernels.unsigned_i8(),
+        smooth: l.int8_inv_smooth(),
+    };
+    acts::quantize_rows(rows, q, &mut s.q, w.kp(), &mut s.sx);
+    let a = ActsI8 {
+        ptr: s.q.as_ptr(),
+        lda: w.kp(),
+    };
+    assert!(out.len() >= m * l.out_dim());
+    let ep = Epilogue {
+        bias: l.bias(),
+        relu: l.relu(),
+        cross: None,
+        f32_out: Some(MatF32 {
+            ptr: out.as_mut_ptr(),
+            ld: l.out_dim(),
+        }),
+        bf16_out: None,
+    };
+    let k = x.kernels;
+    s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, w, &ep, x.threads));
+}
+
 /// The DCNv2 cross net as `x` says: `x_L` of `x0` (`[m, n]`) written to `xl` (whose contents on
 /// entry are not read: the first layer's residual is `x0` itself). In bf16, `x_L` is also left
 /// in bf16 in the scratch ([`Input::Bf16Ready`] for the top MLP).

@@ -30,6 +30,10 @@ pub struct GraphArgs {
     /// The linear layers' precision: f32, bf16 or int8 (int8 is not calibrated here).
     #[arg(long, default_value = "f32")]
     dense_dtype: String,
+    /// Also score this many random samples in f32 and in --dense-dtype and report what the
+    /// lower precision keeps of f32's AUC per output (labels drawn from f32's probabilities).
+    #[arg(long, default_value_t = 0)]
+    accuracy: usize,
     /// Print one JSON object on the last line.
     #[arg(long)]
     json: bool,
@@ -147,11 +151,82 @@ pub fn run(a: GraphArgs) -> Result<()> {
             cells.push(json!({"batch": batch, "threads": threads, "ms": med, "rounds_ms": ms}));
         }
     }
+    let acc = match a.accuracy {
+        0 => None,
+        n => Some(accuracy(&a, &file, dense_in, sparse_w, dtype, n)?),
+    };
     if a.json {
         println!(
             "{}",
-            json!({"cpu": cpu, "dtype": dtype.name(), "linear_layers": lin, "ops": ops, "cells": cells})
+            json!({"cpu": cpu, "dtype": dtype.name(), "linear_layers": lin, "ops": ops, "cells": cells,
+                   "accuracy": acc})
         );
     }
     Ok(())
+}
+
+/// Per output: the AUC `dtype` keeps of f32's and the largest |difference|, over `n` random
+/// samples (batches of 256, 2 threads), labels drawn from f32's scores clamped to [0, 1].
+fn accuracy(
+    a: &GraphArgs,
+    file: &str,
+    dense_in: usize,
+    sparse_w: usize,
+    dtype: DenseDType,
+    n: usize,
+) -> Result<serde_json::Value> {
+    use ember_model::eval::auc;
+    let reference = Graph::load(&a.model.join(file))?;
+    let mut low = Graph::load(&a.model.join(file))?;
+    low.set_dense_dtype(dtype)?;
+    let outs = reference.outputs().len();
+    let (mut f, mut l) = (vec![Vec::new(); outs], vec![Vec::new(); outs]);
+    let mut rng = StdRng::seed_from_u64(7);
+    for start in (0..n).step_by(256) {
+        let b = 256.min(n - start);
+        let dense: Vec<f32> = (0..b * dense_in)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let sparse: Vec<f32> = (0..b * sparse_w)
+            .map(|_| rng.random_range(-0.5..0.5))
+            .collect();
+        let d = Tensor::f32(vec![b, dense_in], dense).map_err(anyhow::Error::msg)?;
+        let s = Tensor::f32(vec![b, sparse_w], sparse).map_err(anyhow::Error::msg)?;
+        let given: Vec<(&str, &Tensor)> = [("dense", &d), ("sparse", &s)]
+            .into_iter()
+            .filter(|(name, _)| reference.inputs().contains(name))
+            .collect();
+        let (x, y) = (reference.run(&given, 2)?, low.run(&given, 2)?);
+        for (k, (x, y)) in x.iter().zip(&y).enumerate() {
+            f[k].extend_from_slice(x.as_f32().context("a float output")?);
+            l[k].extend_from_slice(y.as_f32().context("a float output")?);
+        }
+    }
+    let mut per = Vec::new();
+    for (k, name) in reference.outputs().iter().enumerate() {
+        let labels: Vec<f32> = f[k]
+            .iter()
+            .map(|&p| f32::from(rng.random::<f32>() < p.clamp(0.0, 1.0)))
+            .collect();
+        let (af, al) = (auc(&labels, &f[k]), auc(&labels, &l[k]));
+        let max_abs = f[k]
+            .iter()
+            .zip(&l[k])
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        let kept = af.zip(al).map(|(af, al)| al / af);
+        if !a.json {
+            match kept {
+                Some(r) => println!(
+                    "  accuracy, {name}: {} keeps {:.4}% of f32's AUC over {n} samples \
+                     (largest |difference| {max_abs:.2e})",
+                    dtype.name(),
+                    r * 100.0
+                ),
+                None => println!("  accuracy, {name}: labels of one class only; no AUC"),
+            }
+        }
+        per.push(json!({"output": name, "auc_kept": kept, "max_abs": max_abs}));
+    }
+    Ok(json!(per))
 }

@@ -278,16 +278,37 @@ pub(super) fn reduce(
     } else {
         0.0
     };
-    let mut acc = vec![init; n_out];
+    let mut acc = pool::take(n_out);
+    acc.resize(n_out, init);
+    let step = |a: &mut f32, x: f32| match kind {
+        Reduce::Sum | Reduce::Mean => *a += x,
+        Reduce::Max => *a = a.max(x),
+        Reduce::L2 => *a += x * x,
+    };
+    let one_axis = (0..r)
+        .filter(|&i| on[i] && t.shape[i] != 1)
+        .collect::<Vec<_>>();
+    if let [a] = one_axis[..] {
+        // One axis: for each outer index, its rows summed into the output's row in order (the
+        // same order as the general loop below, so the same sums).
+        let (d, inner) = (t.shape[a], t.shape[a + 1..].iter().product::<usize>());
+        for (o, dst) in acc
+            .chunks_mut(inner.max(1))
+            .enumerate()
+            .take(n_out / inner.max(1))
+        {
+            for j in 0..d {
+                let src = &v[(o * d + j) * inner..][..inner];
+                dst.iter_mut().zip(src).for_each(|(a, &x)| step(a, x));
+            }
+        }
+        return finish_reduce(kind, acc, count, t, &on, out_full, keepdims);
+    }
     let strides = strides_in(&out_full, &t.shape);
     let mut idx = vec![0usize; r];
     let mut o = 0usize;
     for &x in v {
-        match kind {
-            Reduce::Sum | Reduce::Mean => acc[o] += x,
-            Reduce::Max => acc[o] = acc[o].max(x),
-            Reduce::L2 => acc[o] += x * x,
-        }
+        step(&mut acc[o], x);
         for d in (0..r).rev() {
             idx[d] += 1;
             o += strides[d];
@@ -298,6 +319,19 @@ pub(super) fn reduce(
             idx[d] = 0;
         }
     }
+    finish_reduce(kind, acc, count, t, &on, out_full, keepdims)
+}
+
+/// A reduction's sums made its values (a mean divided, an L2 norm's root taken), shaped.
+fn finish_reduce(
+    kind: Reduce,
+    mut acc: Vec<f32>,
+    count: f32,
+    t: &Tensor,
+    on: &[bool],
+    out_full: Vec<usize>,
+    keepdims: bool,
+) -> Result<Tensor, String> {
     match kind {
         Reduce::Mean => acc.iter_mut().for_each(|a| *a /= count),
         Reduce::L2 => acc.iter_mut().for_each(|a| *a = a.sqrt()),
@@ -306,7 +340,10 @@ pub(super) fn reduce(
     let shape = if keepdims {
         out_full
     } else {
-        (0..r).filter(|&i| !on[i]).map(|i| t.shape[i]).collect()
+        (0..on.len())
+            .filter(|&i| !on[i])
+            .map(|i| t.shape[i])
+            .collect()
     };
     Tensor::f32(shape, acc)
 }

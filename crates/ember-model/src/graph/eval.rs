@@ -10,7 +10,11 @@ use super::plan::{Kind, Plan, Step};
 use super::pool;
 use super::tensor::{Data, Tensor};
 use super::{GraphError, Result};
+use crate::dense::DenseDType;
 use crate::lowp::{self, LowpScratch};
+
+/// In int8, layers of at most this many outputs (a head's logits) run in bf16.
+const HEAD_OUTPUTS: usize = 16;
 
 pub(super) fn run(
     plan: &Plan,
@@ -136,8 +140,14 @@ fn step(
                         dtype: run.dense.dtype,
                         threads: run.threads,
                     };
-                    let input = lowp::Input::F32(xv, l.in_dim());
-                    lowp::mlp(exec, std::slice::from_ref(&**l), input, rows, &mut y, s);
+                    // int8 but for a head's few outputs, which run in bf16 as the DLRM
+                    // path's last layer does (their error goes straight to the score).
+                    if run.dense.dtype == DenseDType::Int8 && l.out_dim() > HEAD_OUTPUTS {
+                        lowp::linear_int8(exec, l, xv, l.in_dim(), rows, &mut y, s);
+                    } else {
+                        let input = lowp::Input::F32(xv, l.in_dim());
+                        lowp::mlp(exec, std::slice::from_ref(&**l), input, rows, &mut y, s);
+                    }
                 }),
             }
             let mut shape = x.shape.clone();

@@ -156,14 +156,27 @@ pub fn zip_with<T: Copy, U>(
         for row in b.1.chunks_exact(a.1.len()) {
             out.extend(a.1.iter().zip(row).map(|(&x, &y)| f(x, y)));
         }
-    } else {
+    } else if n > 0 {
+        // Row by row along the last dim (each operand's is contiguous or one value repeated),
+        // an odometer over the others moving both operands' offsets.
         let (sa, sb) = (strides_in(a.0, &shape), strides_in(b.0, &shape));
-        let mut idx = vec![0usize; shape.len()];
+        let r = shape.len();
+        let last = shape[r - 1];
+        let mut idx = vec![0usize; r - 1];
         let (mut ia, mut ib) = (0usize, 0usize);
-        for _ in 0..n {
-            out.push(f(a.1[ia], b.1[ib]));
-            // Odometer over the output's index, moving both operands' offsets with it.
-            for d in (0..shape.len()).rev() {
+        for _ in 0..n / last {
+            match (sa[r - 1], sb[r - 1]) {
+                (0, 0) => out.extend((0..last).map(|_| f(a.1[ia], b.1[ib]))),
+                (0, _) => out.extend(b.1[ib..ib + last].iter().map(|&y| f(a.1[ia], y))),
+                (_, 0) => out.extend(a.1[ia..ia + last].iter().map(|&x| f(x, b.1[ib]))),
+                _ => out.extend(
+                    a.1[ia..ia + last]
+                        .iter()
+                        .zip(&b.1[ib..ib + last])
+                        .map(|(&x, &y)| f(x, y)),
+                ),
+            }
+            for d in (0..r - 1).rev() {
                 idx[d] += 1;
                 ia += sa[d];
                 ib += sb[d];

@@ -495,6 +495,43 @@ fn math_ops_follow_the_spec() {
             assert!((y.as_f32().unwrap()[i * 4 + k] - want).abs() < 1e-5, "{op}");
         }
     }
+    // Two axes at once (the general loop) and a gate per row times rows ([2, 3, 1] * x).
+    let y = run1(
+        &model(
+            vec![
+                node("ReduceSum", &["x", "a"], &["s"], vec![]),
+                node("Mul", &["s", "x"], &["y"], vec![]),
+            ],
+            vec![ints_proto("a", &[0, 2])],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    assert_eq!(y.shape, vec![2, 3, 4]);
+    for (i, j, k) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..4).map(move |k| (i, j, k)))) {
+        let s: f32 = (0..2)
+            .flat_map(|p| (0..4).map(move |q| (p, q)))
+            .map(|(p, q)| at(p, j, q))
+            .sum();
+        assert!((y.as_f32().unwrap()[(i * 3 + j) * 4 + k] - s * at(i, j, k)).abs() < 1e-5);
+    }
+    let g = random(&mut rng, 6);
+    let y = run1(
+        &model(
+            vec![node("Mul", &["g", "x"], &["y"], vec![])],
+            vec![tensor_proto("g", &[2, 3, 1], &g)],
+            &["x"],
+            &["y"],
+        ),
+        x(),
+    );
+    for (i, j, k) in (0..2).flat_map(|i| (0..3).flat_map(move |j| (0..4).map(move |k| (i, j, k)))) {
+        assert_eq!(
+            y.as_f32().unwrap()[(i * 3 + j) * 4 + k],
+            g[i * 3 + j] * at(i, j, k)
+        );
+    }
     let sm = run1(
         &model(
             vec![node("Softmax", &["x"], &["y"], vec![attr_int("axis", 1)])],
@@ -636,4 +673,50 @@ fn a_graph_model_is_refused_by_the_loaders_saying_why() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("a graph model"), "{e}");
+}
+
+/// bf16 and int8 linear layers (the kernels this CPU has, else the emulated ones) stay within
+/// 1e-2 of f32's scores on every fixture, and differ from them (the lower precision really
+/// runs); batch 1 and an empty batch too.
+#[test]
+fn bf16_and_int8_layers_score_near_f32() {
+    for name in [
+        "graph_deepfm",
+        "graph_mmoe",
+        "graph_two_tower",
+        "graph_dlrm_dcn",
+    ] {
+        let (mut g, exp) = fixture(name);
+        let (ds, dv) = matrix(&exp["dense"]);
+        let (ss, sv) = matrix(&exp["sparse"]);
+        let d = Tensor::f32(ds.clone(), dv).unwrap();
+        let s = Tensor::f32(ss.clone(), sv).unwrap();
+        let f32s = g.run(&[("dense", &d), ("sparse", &s)], 2).unwrap();
+        for dtype in [crate::DenseDType::Bf16, crate::DenseDType::Int8] {
+            g.set_dense_dtype(dtype).unwrap();
+            let low = g.run(&[("dense", &d), ("sparse", &s)], 2).unwrap();
+            let mut largest = 0.0f32;
+            for (a, b) in f32s.iter().zip(&low) {
+                for (x, y) in a.as_f32().unwrap().iter().zip(b.as_f32().unwrap()) {
+                    largest = largest.max((x - y).abs());
+                }
+            }
+            assert!(largest <= 1e-2, "{name} {dtype:?}: {largest}");
+            assert!(largest > 0.0, "{name} {dtype:?}: the same scores as f32");
+            for n in [1, 0] {
+                let d1 =
+                    Tensor::f32(vec![n, ds[1]], d.as_f32().unwrap()[..n * ds[1]].to_vec()).unwrap();
+                let s1 =
+                    Tensor::f32(vec![n, ss[1]], s.as_f32().unwrap()[..n * ss[1]].to_vec()).unwrap();
+                let one = g.run(&[("dense", &d1), ("sparse", &s1)], 1).unwrap();
+                for (a, b) in one.iter().zip(&low) {
+                    assert_eq!(a.len(), n);
+                    for (x, y) in a.as_f32().unwrap().iter().zip(b.as_f32().unwrap()) {
+                        assert!((x - y).abs() <= 1e-2, "{name} {dtype:?} batch {n}");
+                    }
+                }
+            }
+            g.set_dense_dtype(crate::DenseDType::F32).unwrap();
+        }
+    }
 }
