@@ -121,15 +121,20 @@ class Sigmoid(nn.Module):
 MODELS = {"deepfm": deepfm, "mmoe": mmoe, "two_tower": two_tower, "dlrm_dcn": dlrm_dcn}
 
 
-# ---- benchmark sizes (bench/compare_onnx.py; not fixtures) ----------------------------------
+# ---- benchmark sizes (bench/compare_onnx.py, bench/compare_torch_graph.py; not fixtures) ----
+
+import os  # noqa: E402
+
+#: Rows of each table of the benchmark models (`EMBER_GRAPH_ROWS`, default 100): the dense part's
+#: speed does not depend on it, the whole model's embedding stage does.
+ROWS = int(os.environ.get("EMBER_GRAPH_ROWS", "100"))
 
 
 def dcn_mlperf():
     """DLRM_DCN at MLPerf DLRM-v2's dense dims (13 dense features -> 512-256-128, 26 features
-    of dim 128, 3 cross layers of rank 512, over arch 1024-1024-512-256-1); 100-row tables (the
-    dense part's speed does not depend on them)."""
+    of dim 128, 3 cross layers of rank 512, over arch 1024-1024-512-256-1); tables of ROWS rows."""
     names = [f"c{i}" for i in range(26)]
-    ebc = _ebc(names, 128, [100] * 26, seed=6)
+    ebc = _ebc(names, 128, [ROWS] * 26, seed=6)
     torch.manual_seed(15)
     m = TR.DLRM_DCN(embedding_bag_collection=ebc, dense_in_features=DENSE_IN,
                     dense_arch_layer_sizes=[512, 256, 128], over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
@@ -140,7 +145,7 @@ def dcn_mlperf():
 def mmoe_large():
     """The MMoE above at a production-like width: 8 features of dim 64, 4 experts of 512-256,
     gates and towers (256-1) for ctr, cvr and dwell."""
-    ebc = _ebc([f"s{i}" for i in range(8)], 64, [100] * 8, seed=7)
+    ebc = _ebc([f"s{i}" for i in range(8)], 64, [ROWS] * 8, seed=7)
     torch.manual_seed(16)
     m = MMoE(ebc, DENSE_IN, experts=4, expert_dim=256, tasks=("ctr", "cvr", "dwell"))
     m.experts = nn.ModuleList(MLP(512 + 10, [512, 256]) for _ in range(4))

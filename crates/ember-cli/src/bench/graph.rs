@@ -34,6 +34,13 @@ pub struct GraphArgs {
     /// lower precision keeps of f32's AUC per output (labels drawn from f32's probabilities).
     #[arg(long, default_value_t = 0)]
     accuracy: usize,
+    /// Time the whole model from ids (the tables pooled by Ember's embedding stage, then the
+    /// graph), not the dense part alone: ids drawn uniformly from each table.
+    #[arg(long)]
+    whole: bool,
+    /// With --whole: ids per (feature, sample).
+    #[arg(long, default_value_t = 1)]
+    ids_per_bag: usize,
     /// Print one JSON object on the last line.
     #[arg(long)]
     json: bool,
@@ -96,6 +103,44 @@ pub fn run(a: GraphArgs) -> Result<()> {
             dtype.name()
         );
     }
+    let raw = match a.whole {
+        true => whole(&a, dtype)?,
+        false => dense_only(&a, &g, dense_in, sparse_w)?,
+    };
+    let mut cells = Vec::new();
+    for (batch, threads, ms) in raw {
+        let mut sorted = ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let med = sorted[sorted.len() / 2];
+        if !a.json {
+            println!(
+                "  batch {batch:>5}, {threads} thread(s): {med:8.3} ms a batch, {:>10.0} samples/s",
+                batch as f64 / med * 1e3
+            );
+        }
+        cells.push(json!({"batch": batch, "threads": threads, "ms": med, "rounds_ms": ms}));
+    }
+    let acc = match a.accuracy {
+        0 => None,
+        n => Some(accuracy(&a, &file, dense_in, sparse_w, dtype, n)?),
+    };
+    if a.json {
+        println!(
+            "{}",
+            json!({"cpu": cpu, "dtype": dtype.name(), "linear_layers": lin, "ops": ops, "cells": cells,
+                   "accuracy": acc})
+        );
+    }
+    Ok(())
+}
+
+/// The dense part alone on random inputs: (batch, threads, rounds' ms) per cell.
+fn dense_only(
+    a: &GraphArgs,
+    g: &Graph,
+    dense_in: usize,
+    sparse_w: usize,
+) -> Result<Vec<(usize, usize, Vec<f64>)>> {
     let mut rng = StdRng::seed_from_u64(1);
     let mut cells = Vec::new();
     for &batch in &a.batch {
@@ -129,40 +174,76 @@ pub fn run(a: GraphArgs) -> Result<()> {
                 let t = Instant::now();
                 g.run(&given, threads)?;
                 let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
-                let mut rounds = Vec::new();
-                for _ in 0..a.rounds {
-                    let t = Instant::now();
-                    for _ in 0..iters {
-                        g.run(&given, threads)?;
-                    }
-                    rounds.push(t.elapsed().as_secs_f64() * 1e3 / iters as f64);
-                }
-                Ok(rounds)
+                (0..a.rounds)
+                    .map(|_| {
+                        let t = Instant::now();
+                        for _ in 0..iters {
+                            g.run(&given, threads)?;
+                        }
+                        Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
+                    })
+                    .collect()
             })?;
-            let mut sorted = ms.clone();
-            sorted.sort_by(f64::total_cmp);
-            let med = sorted[sorted.len() / 2];
-            if !a.json {
-                println!(
-                    "  batch {batch:>5}, {threads} thread(s): {med:8.3} ms a batch, {:>10.0} samples/s",
-                    batch as f64 / med * 1e3
-                );
-            }
-            cells.push(json!({"batch": batch, "threads": threads, "ms": med, "rounds_ms": ms}));
+            cells.push((batch, threads, ms));
         }
     }
-    let acc = match a.accuracy {
-        0 => None,
-        n => Some(accuracy(&a, &file, dense_in, sparse_w, dtype, n)?),
-    };
-    if a.json {
-        println!(
-            "{}",
-            json!({"cpu": cpu, "dtype": dtype.name(), "linear_layers": lin, "ops": ops, "cells": cells,
-                   "accuracy": acc})
-        );
+    Ok(cells)
+}
+
+/// `--whole`: the model from ids, per thread count and batch size: (batch, threads, rounds' ms).
+fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>)>> {
+    use ember_model::graph::GraphModel;
+    let mut cells = Vec::new();
+    for &threads in &a.threads {
+        let mut m = GraphModel::load(&a.model, threads)?;
+        m.set_dense_dtype(dtype)?;
+        let rows: Vec<u64> = m
+            .embeddings()
+            .features()
+            .iter()
+            .map(|f| m.embeddings().tables()[f.table].rows() as u64)
+            .collect();
+        let keys = m.embeddings().feature_names();
+        let mut rng = StdRng::seed_from_u64(3);
+        for &batch in &a.batch {
+            let dense: Vec<f32> = (0..batch * m.config().dense_in)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let ids: Vec<i64> = rows
+                .iter()
+                .flat_map(|&r| (0..batch * a.ids_per_bag).map(move |_| r))
+                .map(|r| rng.random_range(0..r) as i64)
+                .collect();
+            let lengths = vec![a.ids_per_bag; keys.len() * batch];
+            let kj = ember_embed::KeyedJagged::from_lengths(
+                keys.clone(),
+                batch,
+                &lengths,
+                ids.into(),
+                None,
+            )?;
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()?;
+            let ms = pool.install(|| -> Result<Vec<f64>> {
+                m.score(&dense, &kj, threads)?;
+                let t = Instant::now();
+                m.score(&dense, &kj, threads)?;
+                let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
+                (0..a.rounds)
+                    .map(|_| {
+                        let t = Instant::now();
+                        for _ in 0..iters {
+                            m.score(&dense, &kj, threads)?;
+                        }
+                        Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
+                    })
+                    .collect()
+            })?;
+            cells.push((batch, threads, ms));
+        }
     }
-    Ok(())
+    Ok(cells)
 }
 
 /// Per output: the AUC `dtype` keeps of f32's and the largest |difference|, over `n` random

@@ -16,11 +16,13 @@
 //! - `compute.rs`: the ops' arithmetic, `layout.rs` the ops that move values, by the ONNX
 //!   spec;
 //! - `plan.rs`: the graph checked, folded, its linear layers fused, its values' lifetimes;
-//! - `eval.rs`: a plan run on a batch; `pool.rs`: the buffers its runs reuse.
+//! - `eval.rs`: a plan run on a batch; `pool.rs`: the buffers its runs reuse;
+//! - `model.rs`: a graph model, its tables and its graph, from ids to scores.
 
 mod compute;
 mod eval;
 mod layout;
+mod model;
 mod onnx;
 mod ops;
 mod plan;
@@ -36,6 +38,7 @@ use prost::Message;
 use crate::dense::DenseDType;
 use crate::dense::driver::Kernels;
 
+pub use model::{GraphModel, GraphModelConfig, GraphSpec};
 pub use ops::SUPPORTED as SUPPORTED_OPS;
 pub use tensor::Tensor;
 

@@ -720,3 +720,98 @@ fn bf16_and_int8_layers_score_near_f32() {
         }
     }
 }
+
+fn fixture_batch(exp: &serde_json::Value) -> (Vec<f32>, ember_embed::KeyedJagged) {
+    let (ds, dense) = matrix(&exp["dense"]);
+    let keys: Vec<String> = serde_json::from_value(exp["keys"].clone()).unwrap();
+    let lengths: Vec<usize> = serde_json::from_value(exp["lengths"].clone()).unwrap();
+    let values: Vec<i64> = serde_json::from_value(exp["values"].clone()).unwrap();
+    let kj =
+        ember_embed::KeyedJagged::from_lengths(keys, ds[0], &lengths, values.into(), None).unwrap();
+    (dense, kj)
+}
+
+/// The whole model from ids: each fixture's tables pooled by Ember's embedding stage, then
+/// its graph, within 1e-5 (relative) of PyTorch's outputs on the batch (empty bags, a sample
+/// with no ids), on 1 and 2 threads.
+#[test]
+fn graph_models_score_ids_as_pytorch() {
+    for name in [
+        "graph_deepfm",
+        "graph_mmoe",
+        "graph_two_tower",
+        "graph_dlrm_dcn",
+    ] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let exp: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
+                .unwrap();
+        let (dense, kj) = fixture_batch(&exp);
+        for threads in [1, 2] {
+            let m = GraphModel::load(&dir, threads).unwrap();
+            let out = m.score(&dense, &kj, threads).unwrap();
+            assert_eq!(out.len(), m.config().graph.outputs.len());
+            for (o, name_o) in out.iter().zip(&m.config().graph.outputs) {
+                let want: Vec<f32> =
+                    serde_json::from_value(exp["outputs"][name_o].clone()).unwrap();
+                close(o, &want, 1e-5, &format!("{name} {name_o} from ids"));
+            }
+        }
+    }
+}
+
+/// Load refuses a graph that does not fit the tables (a table's dim changed), an output the
+/// config does not name, and a batch with an id past its table or the wrong dense width, each
+/// saying what; the model keeps scoring after a refused batch.
+#[test]
+fn graph_models_refuse_what_does_not_fit() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/graph_mmoe");
+    let dir = std::env::temp_dir().join(format!("ember-graph-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["dense.onnx", "model.safetensors", "expected.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let write = |c: &serde_json::Value| {
+        std::fs::write(dir.join("config.json"), serde_json::to_string(c).unwrap()).unwrap()
+    };
+    // An output the graph does not give.
+    let mut c = cfg.clone();
+    c["graph"]["outputs"] = serde_json::json!(["ctr", "dwell"]);
+    write(&c);
+    let e = GraphModel::load(&dir, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("\"dwell\"") && e.contains("config.json names"),
+        "{e}"
+    );
+    // A feature dropped: the pooled row is 19 wide (6 + 9 + 4), not the graph's 24.
+    let mut c = cfg.clone();
+    c["features"].as_array_mut().unwrap().pop();
+    write(&c);
+    let e = GraphModel::load(&dir, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("does not run on dense") && e.contains("pooled rows [1, 19]"),
+        "{e}"
+    );
+    // The shipped config: bad batches are refused, good ones score.
+    write(&cfg);
+    let m = GraphModel::load(&dir, 1).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let (dense, kj) = fixture_batch(&exp);
+    let e = m.score(&dense[1..], &kj, 1).unwrap_err().to_string();
+    assert!(e.contains("dense values"), "{e}");
+    let keys: Vec<String> = serde_json::from_value(exp["keys"].clone()).unwrap();
+    let mut lengths = vec![0usize; keys.len() * 7];
+    lengths[0] = 1;
+    let far =
+        ember_embed::KeyedJagged::from_lengths(keys, 7, &lengths, vec![1_000_000i64].into(), None)
+            .unwrap();
+    let e = m.score(&dense, &far, 1).unwrap_err().to_string();
+    assert!(e.contains("1000000"), "{e}");
+    assert!(m.score(&dense, &kj, 1).is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
