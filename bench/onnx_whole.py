@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""ONNX Runtime running a graph model whole (its embedding bags as graph ops) against Ember's
+`bench graph --whole`, same batch sizes and thread counts, alternating, medians
+(docs/graph-models.md).
+
+    EMBER_GRAPH_ROWS=100000 ~/.venvs/graph/bin/python bench/onnx_whole.py \\
+        --factory tools/graph_models.py:mmoe_large --model DIR [--batch 256,2048] [--threads 1,2] [--reps 3]
+
+One id per (feature, sample), as `ember bench graph --whole --ids-per-bag 1` draws them: each
+EmbeddingBagCollection is replaced by a module that gathers its tables' rows by the ids
+(`[B, features]`), which is what a bag of one id pools to, and the whole model is exported with
+torch.onnx.export (tables as initializers, external data). Ember's side is the model directory
+that `export_torch.py --from torch-module` wrote from the same factory and EMBER_GRAPH_ROWS.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+
+
+class Gathered(torch.nn.Module):
+    """An EmbeddingBagCollection for bags of one id: its KeyedTensor from the ids' rows."""
+
+    def __init__(self, ebc, holder, lo):
+        super().__init__()
+        self.keys, self.dims, self.tables = [], [], torch.nn.ParameterList()
+        for cfg in ebc.embedding_bag_configs():
+            for f in cfg.feature_names:
+                self.keys.append(f)
+                self.dims.append(cfg.embedding_dim)
+                self.tables.append(ebc.embedding_bags[cfg.name].weight)
+        self.holder, self.lo = holder, lo
+
+    def forward(self, features):
+        import torch_module
+
+        ids = self.holder["ids"]
+        rows = [t[ids[:, self.lo + i]] for i, t in enumerate(self.tables)]
+        return torch_module._tr().KeyedTensor(keys=self.keys, length_per_key=self.dims, values=torch.cat(rows, 1))
+
+
+class Whole(torch.nn.Module):
+    def __init__(self, model, holder, kjt):
+        super().__init__()
+        self.model, self.holder, self.kjt = model, holder, kjt
+
+    def forward(self, dense, ids):
+        import torch_module
+
+        self.holder["ids"] = ids
+        out = self.model(dense, self.kjt)
+        return tuple(o.reshape(o.shape[0], -1) for o in torch_module.flatten_outputs(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--factory", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch", default="256,2048")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--ember", default=os.path.join(HERE, "..", "target", "release", "ember"))
+    ap.add_argument("--dense-dtype", default="int8")
+    a = ap.parse_args()
+    import onnxruntime as ort
+    import torch_module
+
+    model = torch_module.load_factory(a.factory)
+    bags = torch_module.find_bags(model)
+    keys = [f for _, _, fs in bags for f, _ in fs]
+    rows = [cfg.num_embeddings for _, _, fs in bags for _, cfg in fs]
+    # The model's own scores on a small batch, to check the whole-model graph against.
+    g = torch.Generator().manual_seed(5)
+    check_ids = torch.stack([torch.randint(0, r, (4,), generator=g) for r in rows], 1)
+    check_dense = torch.rand(4, json.load(open(os.path.join(a.model, "config.json")))["dense_in"], generator=g)
+    check_kjt = torch_module.to_kjt({"keys": keys, "lengths": torch.ones(len(keys) * 4, dtype=torch.long),
+                                     "values": check_ids.t().reshape(-1)})
+    with torch.no_grad():
+        want = [o.reshape(-1) for o in torch_module.flatten_outputs(model(check_dense, check_kjt))]
+    holder, lo = {}, 0
+    for path, m, fs in bags:
+        parent, _, leaf = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, Gathered(m, holder, lo))
+        lo += len(fs)
+    dense_in = json.load(open(os.path.join(a.model, "config.json")))["dense_in"]
+    kjt = torch_module.to_kjt({"keys": keys, "lengths": torch.ones(len(keys) * 2, dtype=torch.long),
+                               "values": torch.zeros(len(keys) * 2, dtype=torch.long)})
+    whole = Whole(model, holder, kjt).eval()
+    b = torch.export.Dim("batch", min=1)
+    x = (torch.rand(2, dense_in), torch.zeros(2, len(keys), dtype=torch.long))
+    path = os.path.join(tempfile.mkdtemp(), "whole.onnx")
+    with torch.no_grad():
+        prog = torch.onnx.export(whole, x, dynamo=True, input_names=["dense", "ids"],
+                                 dynamic_shapes=({0: b}, {0: b}), external_data=True)
+    prog.save(path, external_data=True)
+    batches = [int(v) for v in a.batch.split(",")]
+    threads = [int(v) for v in a.threads.split(",")]
+    rng = np.random.default_rng(3)
+    feeds = {n: {"dense": rng.uniform(-1, 1, (n, dense_in)).astype(np.float32),
+                 "ids": np.stack([rng.integers(0, r, n) for r in rows], 1).astype(np.int64)} for n in batches}
+    sessions = {}
+    for t in threads:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = t, 1
+        sessions[t] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    got = sessions[threads[0]].run(None, {"dense": check_dense.numpy(), "ids": check_ids.numpy()})
+    for w, o in zip(want, got):
+        err = float(((torch.from_numpy(o).reshape(-1) - w).abs() / w.abs().clamp_min(1e-6)).max())
+        if not err <= 1e-4:
+            sys.exit(f"the whole-model graph is {err:.2e} from the model (relative): not a fair peer")
+    res = {}
+    for _ in range(a.reps):
+        r = subprocess.run([a.ember, "bench", "graph", "--whole", "--model", a.model, "--batch", a.batch, "--threads",
+                            a.threads, "--rounds", "1", "--dense-dtype", a.dense_dtype, "--json"],
+                           capture_output=True, text=True, check=True)
+        for c in json.loads(r.stdout.strip().splitlines()[-1])["cells"]:
+            res.setdefault(("ember", c["batch"], c["threads"]), []).append(c["ms"])
+        for t, s in sessions.items():
+            for n in batches:
+                s.run(None, feeds[n])
+                t0 = time.perf_counter()
+                s.run(None, feeds[n])
+                iters = max(1, min(1000, int(0.3 / max(time.perf_counter() - t0, 1e-6))))
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    s.run(None, feeds[n])
+                res.setdefault(("ort", n, t), []).append((time.perf_counter() - t0) * 1e3 / iters)
+    print(f"{a.factory}: ONNX Runtime {ort.__version__} (whole model, f32) against Ember {a.dense_dtype} "
+          f"(--whole); ms a batch, medians of {a.reps} reps")
+    print("| batch | threads | ONNX Runtime | Ember | Ember / ORT |")
+    print("|---|---|---|---|---|")
+    for n in batches:
+        for t in threads:
+            o, e = float(np.median(res[("ort", n, t)])), float(np.median(res[("ember", n, t)]))
+            print(f"| {n} | {t} | {o:.2f} | {e:.2f} | {o / e:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
