@@ -16,9 +16,10 @@ import argparse
 import json
 import os
 import subprocess
-import time
 
 import numpy as np
+
+from timing import ms_per_call
 
 
 def widths(model):
@@ -44,14 +45,7 @@ def ort_cells(path, batches, threads, dense_in, sparse_w, budget=0.2):
             feeds = {"dense": rng.uniform(-1, 1, (b, dense_in)).astype(np.float32),
                      "sparse": rng.uniform(-0.5, 0.5, (b, sparse_w)).astype(np.float32)}
             feeds = {k: v for k, v in feeds.items() if k in names}
-            s.run(None, feeds)
-            t0 = time.perf_counter()
-            s.run(None, feeds)
-            iters = max(1, min(10_000, int(budget / max(time.perf_counter() - t0, 1e-6))))
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                s.run(None, feeds)
-            out[(b, t)] = (time.perf_counter() - t0) * 1e3 / iters
+            out[(b, t)] = ms_per_call(lambda: s.run(None, feeds), budget, cap=10_000)
     return out
 
 

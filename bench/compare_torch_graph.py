@@ -18,24 +18,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-
-
-def time_torch(fn, budget=0.3):
-    fn()
-    t = time.perf_counter()
-    fn()
-    iters = max(1, min(1000, int(budget / max(time.perf_counter() - t, 1e-6))))
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t) * 1e3 / iters
+sys.path.insert(0, HERE)
+from timing import ms_per_call  # noqa: E402
 
 
 def main():
@@ -89,14 +79,14 @@ def main():
                 x = inputs[b]
                 with torch.no_grad():
                     if "eager" in modes:
-                        res.setdefault(("eager", b, t), []).append(time_torch(lambda: model(*x)))
+                        res.setdefault(("eager", b, t), []).append(ms_per_call(lambda: model(*x)))
                     if "autocast" in modes:
                         def ac():
                             with torch.autocast("cpu", dtype=torch.bfloat16):
                                 return model(*x)
-                        res.setdefault(("autocast", b, t), []).append(time_torch(ac))
+                        res.setdefault(("autocast", b, t), []).append(ms_per_call(ac))
                     if compiled is not None:
-                        res.setdefault(("compile", b, t), []).append(time_torch(lambda: compiled(*x)))
+                        res.setdefault(("compile", b, t), []).append(ms_per_call(lambda: compiled(*x)))
     names = [m for m in ["eager", "autocast", "compile"] if any(k[0] == m for k in res)]
     ember = ["ember f32", "ember bf16", "ember int8"]
     print(f"{a.factory} ({a.model}), EMBER_GRAPH_ROWS={os.environ.get('EMBER_GRAPH_ROWS', '100')}, torch "

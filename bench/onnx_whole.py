@@ -19,13 +19,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, HERE)
+from timing import ms_per_call  # noqa: E402
 
 
 class Gathered(torch.nn.Module):
@@ -127,14 +128,7 @@ def main():
             res.setdefault(("ember", c["batch"], c["threads"]), []).append(c["ms"])
         for t, s in sessions.items():
             for n in batches:
-                s.run(None, feeds[n])
-                t0 = time.perf_counter()
-                s.run(None, feeds[n])
-                iters = max(1, min(1000, int(0.3 / max(time.perf_counter() - t0, 1e-6))))
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    s.run(None, feeds[n])
-                res.setdefault(("ort", n, t), []).append((time.perf_counter() - t0) * 1e3 / iters)
+                res.setdefault(("ort", n, t), []).append(ms_per_call(lambda: s.run(None, feeds[n])))
     print(f"{a.factory}: ONNX Runtime {ort.__version__} (whole model, f32) against Ember {a.dense_dtype} "
           f"(--whole); ms a batch, medians of {a.reps} reps")
     print("| batch | threads | ONNX Runtime | Ember | Ember / ORT |")

@@ -299,12 +299,8 @@ pub(crate) fn read_config_text(path: &Path) -> Result<String> {
 /// Why a config whose `family` is `graph` is refused: that family (`docs/graph-models.md`) is
 /// not behind the serving seam yet.
 pub(crate) fn refuse_graph_family(text: &str, path: &Path) -> Result<()> {
-    #[derive(Deserialize)]
-    struct Family {
-        family: Option<String>,
-    }
-    match serde_json::from_str::<Family>(text) {
-        Ok(f) if f.family.as_deref() == Some("graph") => Err(ModelError::Config {
+    match family_of(text).as_deref() {
+        Some("graph") => Err(ModelError::Config {
             path: path.into(),
             reason: "a graph model (its dense part as dense.onnx, from `tools/export_torch.py \
                      --from torch-module`) cannot be served or scored by this build yet; \
@@ -316,11 +312,16 @@ pub(crate) fn refuse_graph_family(text: &str, path: &Path) -> Result<()> {
 }
 
 pub(crate) fn is_hstu_family(text: &str) -> bool {
+    family_of(text).as_deref() == Some("hstu")
+}
+
+/// A config text's `family`, if it parses as JSON and names one.
+fn family_of(text: &str) -> Option<String> {
     #[derive(Deserialize)]
     struct Family {
         family: Option<String>,
     }
-    serde_json::from_str::<Family>(text).is_ok_and(|f| f.family.as_deref() == Some("hstu"))
+    serde_json::from_str::<Family>(text).ok()?.family
 }
 
 /// Whether `name` can be used as a file name inside a directory (no separators, not `.`/`..`).

@@ -223,7 +223,6 @@ fn mlp_int8(
         Input::F32(x, ldx) => (x, ldx),
         Input::Bf16Ready => unreachable!("int8 layers start from f32"),
     };
-    let u = k.unsigned_i8();
     let last = layers.len() - 1;
     // Every layer but the last in int8; the last (the logit, or the bottom MLP's output that
     // the interaction multiplies) in bf16, from the f32 outputs before it: its error goes
@@ -242,47 +241,55 @@ fn mlp_int8(
                 lda: w.kp(),
             };
             assert!(out.len() >= m * n);
-            let ep = Epilogue {
-                bias: l.bias(),
-                relu: l.relu(),
-                cross: None,
-                f32_out: Some(MatF32 {
-                    ptr: out.as_mut_ptr(),
-                    ld: n,
-                }),
-                bf16_out: None,
-            };
+            let ep = f32_epilogue(l, out.as_mut_ptr());
             s.timed(|_| driver::linear_bf16(k, a, m, w, &ep, threads));
             break;
         }
-        let w = l.packed_int8();
-        let rows = RowsF32 {
-            x: src,
-            m,
-            k: l.in_dim(),
-            ld: lds,
-        };
-        let q = Quant {
-            unsigned: u,
-            smooth: l.int8_inv_smooth(),
-        };
-        acts::quantize_rows(rows, q, &mut s.q, w.kp(), &mut s.sx);
-        let a = ActsI8 {
-            ptr: s.q.as_ptr(),
-            lda: w.kp(),
-        };
+        let a = quantize_for(k, l, (src, lds, m), &mut s.q, &mut s.sx);
         s.f.resize(m * n, 0.0);
-        let ep = Epilogue {
-            bias: l.bias(),
-            relu: l.relu(),
-            cross: None,
-            f32_out: Some(MatF32 {
-                ptr: s.f.as_mut_ptr(),
-                ld: n,
-            }),
-            bf16_out: None,
-        };
-        s.timed(|s| driver::linear_i8(k, a, &s.sx, m, w, &ep, threads));
+        let ep = f32_epilogue(l, s.f.as_mut_ptr());
+        s.timed(|s| driver::linear_i8(k, a, &s.sx, m, l.packed_int8(), &ep, threads));
+    }
+}
+
+/// `m` rows of f32 at a stride (`(x, ldx, m)`) quantized for int8 layer `l` into `q` (codes)
+/// and `sx` (the rows' scales): the layer's input.
+fn quantize_for(
+    k: &Kernels,
+    l: &Linear,
+    (x, ldx, m): (&[f32], usize, usize),
+    q: &mut Vec<u8>,
+    sx: &mut Vec<f32>,
+) -> ActsI8 {
+    let w = l.packed_int8();
+    let rows = RowsF32 {
+        x,
+        m,
+        k: l.in_dim(),
+        ld: ldx,
+    };
+    let quant = Quant {
+        unsigned: k.unsigned_i8(),
+        smooth: l.int8_inv_smooth(),
+    };
+    acts::quantize_rows(rows, quant, q, w.kp(), sx);
+    ActsI8 {
+        ptr: q.as_ptr(),
+        lda: w.kp(),
+    }
+}
+
+/// The epilogue of layer `l` writing its f32 outputs at `out` (`[m, l.out_dim()]`, dense).
+fn f32_epilogue(l: &Linear, out: *mut f32) -> Epilogue<'_> {
+    Epilogue {
+        bias: l.bias(),
+        relu: l.relu(),
+        cross: None,
+        f32_out: Some(MatF32 {
+            ptr: out,
+            ld: l.out_dim(),
+        }),
+        bf16_out: None,
     }
 }
 
@@ -298,35 +305,11 @@ pub fn linear_int8(
     out: &mut [f32],
     s: &mut LowpScratch,
 ) {
-    let w = l.packed_int8();
-    let rows = RowsF32 {
-        x: input,
-        m,
-        k: l.in_dim(),
-        ld: ldx,
-    };
-    let q = Quant {
-        unsigned: x.kernels.unsigned_i8(),
-        smooth: l.int8_inv_smooth(),
-    };
-    acts::quantize_rows(rows, q, &mut s.q, w.kp(), &mut s.sx);
-    let a = ActsI8 {
-        ptr: s.q.as_ptr(),
-        lda: w.kp(),
-    };
-    assert!(out.len() >= m * l.out_dim());
-    let ep = Epilogue {
-        bias: l.bias(),
-        relu: l.relu(),
-        cross: None,
-        f32_out: Some(MatF32 {
-            ptr: out.as_mut_ptr(),
-            ld: l.out_dim(),
-        }),
-        bf16_out: None,
-    };
     let k = x.kernels;
-    s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, w, &ep, x.threads));
+    let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
+    assert!(out.len() >= m * l.out_dim());
+    let ep = f32_epilogue(l, out.as_mut_ptr());
+    s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
 }
 
 /// The DCNv2 cross net as `x` says: `x_L` of `x0` (`[m, n]`) written to `xl` (whose contents on

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use clap::Args;
 use ember_model::DenseDType;
 use ember_model::graph::{Graph, Tensor};
@@ -48,42 +48,8 @@ pub struct GraphArgs {
 
 /// `dense_in` and the sum of the features' table dims, from config.json.
 fn widths(model: &std::path::Path) -> Result<(usize, usize, String)> {
-    let path = model.join("config.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
-    let c: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
-    ensure!(
-        c["family"] == "graph",
-        "{}: not a graph model (family {})",
-        path.display(),
-        c["family"]
-    );
-    let dims: std::collections::HashMap<&str, usize> = c["tables"]
-        .as_array()
-        .context("no tables")?
-        .iter()
-        .filter_map(|t| Some((t["name"].as_str()?, t["dim"].as_u64()? as usize)))
-        .collect();
-    let sparse = c["features"]
-        .as_array()
-        .context("no features")?
-        .iter()
-        .map(|f| {
-            f["table"]
-                .as_str()
-                .and_then(|t| dims.get(t).copied())
-                .context("a feature's table")
-        })
-        .sum::<Result<usize>>()?;
-    let file = c["graph"]["file"]
-        .as_str()
-        .unwrap_or("dense.onnx")
-        .to_owned();
-    Ok((
-        c["dense_in"].as_u64().context("dense_in")? as usize,
-        sparse,
-        file,
-    ))
+    let c = ember_model::graph::GraphModelConfig::read(&model.join("config.json"))?;
+    Ok((c.dense_in, c.sparse_width(), c.graph.file))
 }
 
 pub fn run(a: GraphArgs) -> Result<()> {

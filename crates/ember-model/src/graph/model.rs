@@ -66,13 +66,7 @@ impl GraphModel {
             path: path.clone(),
             reason,
         };
-        let text = read_config_text(&path)?;
-        let config: GraphModelConfig =
-            serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
-                path: path.clone(),
-                source,
-            })?;
-        config.check().map_err(bad)?;
+        let config = GraphModelConfig::read(&path)?;
         let weights = dir.join("model.safetensors");
         let map = map_weights(&weights)?;
         let mut r = Reader::new(&weights, &map)?;
@@ -227,6 +221,32 @@ impl GraphModel {
 }
 
 impl GraphModelConfig {
+    /// Reads and checks the config at `path`.
+    pub fn read(path: &Path) -> Result<GraphModelConfig> {
+        let text = read_config_text(path)?;
+        let config: GraphModelConfig =
+            serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
+                path: path.into(),
+                source,
+            })?;
+        config.check().map_err(|reason| ModelError::Config {
+            path: path.into(),
+            reason,
+        })?;
+        Ok(config)
+    }
+
+    /// The width of a sample's pooled row, the graph's `sparse` input: its features' table
+    /// dims added up (`check` has made sure every feature's table exists).
+    pub fn sparse_width(&self) -> usize {
+        let dims: HashMap<&str, usize> = self
+            .tables
+            .iter()
+            .map(|t| (t.name.as_str(), t.dim))
+            .collect();
+        self.features.iter().map(|f| dims[f.table.as_str()]).sum()
+    }
+
     /// What load needs before it reads anything.
     pub fn check(&self) -> std::result::Result<(), String> {
         if self.format != FORMAT || self.format_version != 1 || self.family != "graph" {
