@@ -25,7 +25,7 @@ from timing import ms_per_call
 def widths(model):
     c = json.load(open(os.path.join(model, "config.json")))
     dims = {t["name"]: t["dim"] for t in c["tables"]}
-    return c["dense_in"], sum(dims[f["table"]] for f in c["features"]), c["graph"]["file"]
+    return c["dense_in"], sum(dims[f["table"]] for f in c["features"]), c["interaction"]["file"]
 
 
 def ort_cells(path, batches, threads, dense_in, sparse_w, budget=0.2):

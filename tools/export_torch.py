@@ -713,7 +713,7 @@ def main(argv=None):
             t = cfg["tables"]
             errs = ", ".join(f"{n} {e:.1e}" for n, e in rep["errors"])
             print(f"wrote {a.out}: graph ({rep['exporter']}), {len(t)} tables ({sum(x['rows'] for x in t)} rows, "
-                  f"{a.dtype}), {len(cfg['features'])} features, outputs {cfg['graph']['outputs']}; checked with "
+                  f"{a.dtype}), {len(cfg['features'])} features, outputs {cfg['interaction']['outputs']}; checked with "
                   f"{rep['checked_with']} on {len(rep['example']['dense'])} samples, largest relative error {errs}")
             return
         if a.state or a.example or a.outputs or a.dense_in:

@@ -74,7 +74,7 @@ def write(name, seed):
     with torch.no_grad():
         out = model(ex["dense"], kjt)
         cfg = json.load(open(os.path.join(d, "config.json")))
-        names = cfg["graph"]["outputs"]
+        names = cfg["interaction"]["outputs"]
         outs = torch_module.flatten_outputs(out, names if isinstance(out, dict) else None)
         sparse = torch_module.pooled(bags, kjt)
     exp = {

@@ -66,7 +66,7 @@ def test_a_model_exports_with_its_tables_and_graph(tmp_path):
                         "--dense-in", "3", "--dtype", "bf16")
     assert rc == 0, out
     cfg = json.load(open(d / "config.json"))
-    assert cfg["family"] == "graph" and cfg["dense_in"] == 3 and cfg["graph"]["outputs"] == ["score"]
+    assert cfg["family"] == "graph" and cfg["dense_in"] == 3 and cfg["interaction"]["outputs"] == ["score"]
     assert [t["name"] for t in cfg["tables"]] == ["t0", "t1"] and {t["dtype"] for t in cfg["tables"]} == {"bf16"}
     assert [f["name"] for f in cfg["features"]] == ["f_t0", "f_t1"]
     assert (d / "dense.onnx").stat().st_size > 0 and (d / "model.safetensors").stat().st_size > 0

@@ -11,8 +11,11 @@ What is written (docs/graph-models.md):
 - `dense.onnx`: the rest of the model, taking `dense` [B, n] and `sparse` [B, sum of the features'
   dims], the pooled embeddings of every feature side by side (each EBC's KeyedTensor values, the
   EBCs in module order), and giving one output per head;
-- config.json: {"format": "ember-graph", "family": "graph", "dense_in", "tables", "features",
-  "pooling", "graph": {"file": "dense.onnx", "outputs": [names]}}.
+- config.json: an `ember-dlrm` config of family "graph" whose interaction is the graph:
+  {"format": "ember-dlrm", "family": "graph", "dense_in", "interaction": {"kind": "graph",
+  "file": "dense.onnx", "outputs": [names]}, "tables", "features", "pooling"} (no bottom_mlp /
+  top_mlp: the graph is the whole dense part), so that everything Ember does with a DLRM model
+  (placements and tiers, row updates, the registry, serving) it does with this one.
 
 How the graph is cut out: each EmbeddingBagCollection is replaced by a module that returns a
 KeyedTensor over its columns of `sparse`, and the model is exported with torch.onnx.export (the
@@ -281,14 +284,14 @@ def export_module(spec, state=None, example=None, dtype="f32", names=None, rtol=
             tables.append({"name": cfg.name, "rows": int(w.shape[0]), "dim": int(w.shape[1]), "dtype": dtype})
             tensors[f"tables.{cfg.name}"] = encode_table(w, dtype)
     config = {
-        "format": "ember-graph",
+        "format": "ember-dlrm",
         "format_version": 1,
         "family": "graph",
         "dense_in": int(dense.shape[1]),
+        "interaction": {"kind": "graph", "file": "dense.onnx", "outputs": names},
         "tables": tables,
         "features": [{"name": f, "table": cfg.name} for _, _, fs in bags for f, cfg in fs],
         "pooling": pooling,
-        "graph": {"file": "dense.onnx", "outputs": names},
     }
     return config, tensors, data, {"exporter": how, "checked_with": runner, "errors": report, "example": ex,
                                    "expected": want}
@@ -323,6 +326,6 @@ def write(out, config, tensors, data):
     from export_torch import write_model
 
     write_model(out, config, tensors)
-    with open(os.path.join(out, config["graph"]["file"]), "wb") as f:
+    with open(os.path.join(out, config["interaction"]["file"]), "wb") as f:
         f.write(data)
 

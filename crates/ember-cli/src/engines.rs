@@ -107,6 +107,10 @@ pub(crate) fn calibrate_int8(
     let Ok(m) = model.clone().into_any_arc().downcast::<Model>() else {
         return Ok(());
     };
+    if m.graph().is_some() {
+        // Its int8 layers quantize each batch's activations as they run.
+        return Ok(());
+    }
     let samples: Vec<ember_model::Samples> = requests
         .iter()
         .filter_map(|r| r.as_any().downcast_ref::<ember_model::Samples>().cloned())

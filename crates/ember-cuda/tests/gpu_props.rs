@@ -309,7 +309,7 @@ fn whole_models_match_the_cpu_predictor() {
             (DType::F32, PoolingName::Sum),
             (DType::Int8, PoolingName::Mean),
         ] {
-            let cfg = model_config(inter, dtype, pooling);
+            let cfg = model_config(inter.clone(), dtype, pooling);
             let model = Arc::new(Model::random(cfg.clone(), 11 + k as u64, 1).unwrap());
             let gm = Arc::new(GpuModel::upload(&gpu, model.clone(), None).unwrap());
             for variant in [Variant::Baseline, Variant::Combined, Variant::Dedup] {
@@ -422,7 +422,7 @@ fn bf16_dense_layers_score_within_bf16_tolerance_of_f32() {
         },
     ];
     for (k, inter) in interactions.into_iter().enumerate() {
-        let cfg = model_config(inter, DType::F32, PoolingName::Sum);
+        let cfg = model_config(inter.clone(), DType::F32, PoolingName::Sum);
         let model = Arc::new(Model::random(cfg.clone(), 31 + k as u64, 1).unwrap());
         let gm = GpuModel::upload_dense(&gpu, model.clone(), None, ember_model::DenseDType::Bf16);
         let gm = Arc::new(gm.unwrap());

@@ -11,6 +11,7 @@ use ember_embed::KeyedJagged;
 use crate::error::Result;
 use crate::inputs::Prepared;
 use crate::model::Model;
+use crate::outputs::Outputs;
 
 /// Runs a model's forward pass on prepared batches (see [`Model::prepare`] for how a batch is
 /// checked and prepared). Errors are typed: [`crate::ModelError::kind`] tells a caller's mistake
@@ -22,6 +23,14 @@ pub trait Engine: Send {
     /// Runs `batch`: each sample's probability into `scores` (one per sample). The times are
     /// the forward pass's; staging the batch is not in them (see [`Engine::score`]).
     fn run(&mut self, batch: &Prepared<'_>, scores: &mut [f32]) -> Result<StageTimes>;
+
+    /// Runs `batch`: each of the model's outputs ([`crate::ModelConfig::output_names`]), one
+    /// value per sample, into `out`. By default the one output of [`Engine::run`].
+    fn run_outputs(&mut self, batch: &Prepared<'_>, out: &mut Outputs) -> Result<StageTimes> {
+        out.reset(1);
+        out.values[0].resize(batch.len(), 0.0);
+        self.run(batch, &mut out.values[0])
+    }
 
     /// The device it runs on, for logs (`cpu (2 threads)`, `cuda:0 NVIDIA H100 ...`).
     fn device(&self) -> String;
@@ -47,6 +56,19 @@ pub trait Engine: Send {
         let model = self.model().clone();
         let prepared = model.prepare(model.batch(dense, sparse)?)?;
         let times = self.run(&prepared, scores)?;
+        Ok(model.staged_inline(&prepared, times))
+    }
+
+    /// [`Engine::score`] of every output ([`Engine::run_outputs`]).
+    fn score_outputs(
+        &mut self,
+        dense: &[f32],
+        sparse: &KeyedJagged,
+        out: &mut Outputs,
+    ) -> Result<StageTimes> {
+        let model = self.model().clone();
+        let prepared = model.prepare(model.batch(dense, sparse)?)?;
+        let times = self.run_outputs(&prepared, out)?;
         Ok(model.staged_inline(&prepared, times))
     }
 }
@@ -75,6 +97,8 @@ pub struct StageTimes {
     pub bottom_mlp: Duration,
     pub interaction: Duration,
     pub top_mlp: Duration,
+    /// A graph model's dense part (its graph; the MLPs and the interaction are then zero).
+    pub graph: Duration,
     /// The whole forward pass.
     pub wall: Duration,
     pub bottom_overlapped: bool,
@@ -94,8 +118,8 @@ impl StageTimes {
     /// MLP when it did not run beside the embedding stage.
     pub fn dense(&self) -> Duration {
         match self.bottom_overlapped {
-            true => self.interaction + self.top_mlp,
-            false => self.bottom_mlp + self.interaction + self.top_mlp,
+            true => self.interaction + self.top_mlp + self.graph,
+            false => self.bottom_mlp + self.interaction + self.top_mlp + self.graph,
         }
     }
 
@@ -106,6 +130,7 @@ impl StageTimes {
             bottom_mlp: self.bottom_mlp + o.bottom_mlp,
             interaction: self.interaction + o.interaction,
             top_mlp: self.top_mlp + o.top_mlp,
+            graph: self.graph + o.graph,
             wall: self.wall + o.wall,
             bottom_overlapped: self.bottom_overlapped || o.bottom_overlapped,
             copy_in: self.copy_in + o.copy_in,

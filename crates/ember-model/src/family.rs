@@ -10,7 +10,6 @@ use ember_embed::{DType, EmbeddingCollection};
 
 use crate::config::{
     ModelConfig, RemoteConfig, TableConfig, TierConfig, is_hstu_family, read_config_text,
-    refuse_graph_family,
 };
 use crate::error::{ModelError, Result};
 use crate::hstu::{HstuModel, HstuModelConfig};
@@ -28,7 +27,6 @@ impl AnyConfig {
     /// Reads and checks the config at `path`, whichever family it is.
     pub fn read(path: &Path) -> Result<AnyConfig> {
         let text = read_config_text(path)?;
-        refuse_graph_family(&text, path)?;
         match is_hstu_family(&text) {
             true => Ok(AnyConfig::Hstu(Box::new(HstuModelConfig::read(path)?))),
             false => Ok(AnyConfig::Dlrm(Box::new(ModelConfig::read(path)?))),
@@ -42,7 +40,6 @@ impl AnyConfig {
             source,
         };
         let text = std::str::from_utf8(bytes).unwrap_or("");
-        refuse_graph_family(text, from)?;
         let cfg = match is_hstu_family(text) {
             true => AnyConfig::Hstu(Box::new(serde_json::from_slice(bytes).map_err(json)?)),
             false => AnyConfig::Dlrm(Box::new(serde_json::from_slice(bytes).map_err(json)?)),

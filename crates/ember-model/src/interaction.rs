@@ -37,9 +37,18 @@ pub struct CrossLayer {
 /// A built interaction.
 #[derive(Debug, Clone)]
 pub enum Interaction {
-    Dot { pairs: Vec<(u32, u32)>, d: usize },
+    Dot {
+        pairs: Vec<(u32, u32)>,
+        d: usize,
+    },
     Cat,
-    Dcn { layers: Vec<CrossLayer> },
+    Dcn {
+        layers: Vec<CrossLayer>,
+    },
+    /// A graph model's: its dense part is its graph ([`crate::Model::graph`]), which the
+    /// predictor runs itself (it gives the model's outputs, not a top MLP's input);
+    /// [`Interaction::forward`] does nothing.
+    Graph,
 }
 
 /// A sample's `T`, `Z` and `T^T` buffers for the dot interaction.
@@ -168,6 +177,7 @@ impl Interaction {
                 }
                 out.copy_from_slice(xl);
             }
+            Interaction::Graph => {}
         }
     }
 }

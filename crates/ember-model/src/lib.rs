@@ -28,6 +28,7 @@ pub mod interaction;
 pub mod lowp;
 pub mod mlp;
 mod model;
+mod outputs;
 mod predictor;
 pub mod presets;
 pub mod random;

@@ -12,6 +12,7 @@ use ember_embed::trace::{self, AccessRecorder, load_trace};
 use ember_embed::{DType, EmbeddingCollection, EmbeddingTable, Feature, PagePolicy, Placement};
 use ember_tier::{Stager, TierOptions};
 
+pub use crate::config::RemoteOverride;
 use crate::config::{InteractionConfig, ModelConfig, RemoteConfig, TierConfig};
 use crate::dense::{DenseDType, DenseIsa};
 use crate::error::{ModelError, Result};
@@ -65,57 +66,6 @@ impl LoadOptions {
     }
 }
 
-/// What a command line overrides in config.json's `remote` object; `redis` is needed where the
-/// config has none.
-#[derive(Debug, Clone, Default)]
-pub struct RemoteOverride {
-    pub redis: Option<String>,
-    pub model: Option<String>,
-    pub version: Option<u64>,
-    pub timeout_ms: Option<u64>,
-    pub retries: Option<u32>,
-    pub read_from_replicas: Option<bool>,
-    pub fallback_local: Option<bool>,
-    pub pool_remote: Option<ember_tier::storage::remote::PoolRemote>,
-}
-
-impl RemoteOverride {
-    /// `config` with these overrides (`None` when neither gives a cluster).
-    pub fn apply(&self, config: Option<RemoteConfig>) -> Option<RemoteConfig> {
-        let mut c = match (config, &self.redis) {
-            (Some(mut c), Some(url)) => {
-                c.redis = url.clone();
-                c
-            }
-            (Some(c), None) => c,
-            (None, Some(url)) => RemoteConfig::new(url),
-            (None, None) => return None,
-        };
-        if let Some(m) = &self.model {
-            c.model = Some(m.clone());
-        }
-        if let Some(v) = self.version {
-            c.version = Some(v);
-        }
-        if let Some(v) = self.timeout_ms {
-            c.timeout_ms = v;
-        }
-        if let Some(v) = self.retries {
-            c.retries = v;
-        }
-        if let Some(v) = self.read_from_replicas {
-            c.read_from_replicas = v;
-        }
-        if let Some(v) = self.fallback_local {
-            c.fallback_local = v;
-        }
-        if let Some(v) = self.pool_remote {
-            c.pool_remote = v.name().into();
-        }
-        Some(c)
-    }
-}
-
 /// What [`Model::record_accesses`] records of the batches [`Model::prepare`] sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordOptions {
@@ -143,6 +93,8 @@ pub struct Model {
     bottom: Mlp,
     top: Mlp,
     interaction: Interaction,
+    /// A graph model's dense part (`Interaction::Graph`).
+    graph: Option<crate::graph::Graph>,
     embeddings: EmbeddingCollection,
     /// Stages lookups of the tables on the SSD tier (inactive when there are none).
     stager: Stager,
@@ -233,12 +185,20 @@ impl Model {
             &mut config.remote,
             &mut config.dense_dtype,
         );
-        let w = read_weights(
+        let mut w = read_weights(
             &dir.join("model.safetensors"),
             &config,
             opts.table_dtype,
             opts.pace,
         )?;
+        if let Some((file, _)) = config.graph() {
+            let graph =
+                crate::graph::Graph::load(&dir.join(file)).map_err(|e| ModelError::Config {
+                    path: dir.join("config.json"),
+                    reason: format!("interaction.file {file:?}: {e}"),
+                })?;
+            w.graph = Some(graph);
+        }
         if let Some(d) = opts.table_dtype {
             config.tables.iter_mut().for_each(|t| t.dtype = d);
         }
@@ -275,6 +235,7 @@ impl Model {
             .collect();
         let mut embeddings = EmbeddingCollection::new(w.tables, features)?;
         ember_tier::prepare_updates(&mut embeddings, &tier)?;
+        let mut graph = None;
         let interaction = match config.interaction {
             InteractionConfig::Dot {
                 self_interaction,
@@ -285,6 +246,16 @@ impl Model {
             },
             InteractionConfig::Cat {} => Interaction::Cat,
             InteractionConfig::Dcn { .. } => Interaction::Dcn { layers: w.cross },
+            InteractionConfig::Graph { ref outputs, .. } => {
+                let g = w.graph.ok_or_else(|| {
+                    config_error("a graph model is loaded from its directory (dense.onnx)".into())
+                })?;
+                let sparse = embeddings.total_dim();
+                crate::graph::model_check(&g, config.dense_in, sparse, outputs)
+                    .map_err(|e| config_error(e.into()))?;
+                graph = Some(g);
+                Interaction::Graph
+            }
         };
         let stager = Stager::new(&embeddings, tier)?;
         // Fails here, at load, when EMBER_DENSE_ISA names a family this CPU lacks.
@@ -294,6 +265,7 @@ impl Model {
             bottom: w.bottom,
             top: w.top,
             interaction,
+            graph,
             embeddings,
             stager,
             recorder: OnceLock::new(),
@@ -313,6 +285,9 @@ impl Model {
         let layers = self.bottom.layers().iter().chain(self.top.layers());
         for l in layers.chain(cross.iter().flat_map(|c| [&c.v, &c.w])) {
             l.prepare(dtype);
+        }
+        if let Some(g) = self.graph() {
+            g.prepare(dtype);
         }
         // int8 runs each MLP's last layer in bf16 (`lowp::mlp`).
         if dtype == DenseDType::Int8 {
@@ -349,6 +324,11 @@ impl Model {
     /// [`seeded_row`]), for benchmarks. Tables are filled on `threads` threads.
     pub fn random(config: ModelConfig, seed: u64, threads: usize) -> Result<Model> {
         config.check().map_err(config_error)?;
+        if config.is_graph() {
+            return Err(config_error(
+                "a graph model's dense part is its dense.onnx: it has no random weights".into(),
+            ));
+        }
         let (bottom, top, cross) = random_dense(&config, seed);
         let mut tables = Vec::with_capacity(config.tables.len());
         for (i, t) in config.tables.iter().enumerate() {
@@ -364,6 +344,7 @@ impl Model {
                 top,
                 cross,
                 tables,
+                graph: None,
             },
             TierOptions::default(),
         )
@@ -390,6 +371,11 @@ impl Model {
 
     pub fn bottom_mlp(&self) -> &Mlp {
         &self.bottom
+    }
+
+    /// A graph model's dense part (`None` for DLRM and DCNv2).
+    pub fn graph(&self) -> Option<&crate::graph::Graph> {
+        self.graph.as_ref()
     }
 
     /// The feature interaction between the bottom MLP and the top MLP.

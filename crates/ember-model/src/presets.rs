@@ -238,7 +238,8 @@ pub fn stage_macs(cfg: &ModelConfig) -> [usize; 3] {
             };
             pairs * cfg.bottom_out()
         }
-        InteractionConfig::Cat { .. } => 0,
+        // A graph's work is not in its config: not counted.
+        InteractionConfig::Cat { .. } | InteractionConfig::Graph { .. } => 0,
         InteractionConfig::Dcn { layers, low_rank } => layers * 2 * cfg.top_in() * low_rank,
     };
     [

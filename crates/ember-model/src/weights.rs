@@ -19,6 +19,8 @@ pub struct Weights {
     pub top: Mlp,
     pub cross: Vec<CrossLayer>,
     pub tables: Vec<EmbeddingTable>,
+    /// A graph model's dense part (`dense.onnx`), read beside the weights.
+    pub graph: Option<crate::graph::Graph>,
 }
 
 /// Reads a mapped `model.safetensors`, remembering which tensors were read so that
@@ -124,6 +126,7 @@ pub fn read_weights(
         top,
         cross,
         tables,
+        graph: None,
     })
 }
 

@@ -272,6 +272,7 @@ pub fn remove(
         layout::done_key(model, version),
         layout::file_key(model, version, "config"),
         layout::file_key(model, version, "dense"),
+        layout::file_key(model, version, "graph"),
         layout::manifest_key(model, version),
     ] {
         call(cluster, &key, ember_redis::cmd("UNLINK").arg(&key), false).map_err(store_error)?;

@@ -1,6 +1,7 @@
 //! A version's `config.json` and dense weights (a safetensors file of every tensor but the
-//! tables), stored beside its tables by `ember registry push` so that a server can build the
-//! version from the registry alone; their sizes and CRC-32s are in the manifest's `files`.
+//! tables), and a graph model's graph (its `dense.onnx`), stored beside its tables by `ember
+//! registry push` so that a server can build the version from the registry alone; their sizes
+//! and CRC-32s are in the manifest's `files`.
 //!
 //! `ember_model::registry::files_of` reads them from a model directory, [`write_files`] stores
 //! them under a version and [`read_files`] reads them back, checked.
@@ -20,6 +21,8 @@ pub struct ModelFilesData {
     pub config: Vec<u8>,
     /// The dense weights: a safetensors file.
     pub dense: Vec<u8>,
+    /// A graph model's dense part: the ONNX file its config names.
+    pub graph: Option<Vec<u8>>,
 }
 
 /// Stores `files` under `version`; returns what the manifest records of them.
@@ -29,7 +32,11 @@ pub fn write_files(
     version: u64,
     files: &ModelFilesData,
 ) -> ember_embed::Result<ModelFiles> {
-    for (name, bytes) in [("config", &files.config), ("dense", &files.dense)] {
+    let graph = files.graph.as_ref().map(|g| ("graph", g));
+    for (name, bytes) in [("config", &files.config), ("dense", &files.dense)]
+        .into_iter()
+        .chain(graph)
+    {
         let key = layout::file_key(model, version, name);
         call(
             cluster,
@@ -44,6 +51,8 @@ pub fn write_files(
         config_crc: crc32fast::hash(&files.config),
         dense_bytes: files.dense.len(),
         dense_crc: crc32fast::hash(&files.dense),
+        graph_bytes: files.graph.as_ref().map(Vec::len),
+        graph_crc: files.graph.as_deref().map(crc32fast::hash),
     })
 }
 
@@ -86,5 +95,9 @@ pub fn read_files(
     Ok(ModelFilesData {
         config: read("config", f.config_bytes, f.config_crc)?,
         dense: read("dense", f.dense_bytes, f.dense_crc)?,
+        graph: match (f.graph_bytes, f.graph_crc) {
+            (Some(bytes), Some(crc)) => Some(read("graph", bytes, crc)?),
+            _ => None,
+        },
     })
 }

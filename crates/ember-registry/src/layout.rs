@@ -79,7 +79,8 @@ pub fn served_key(model: &str) -> String {
     format!("ember:{model}:served")
 }
 
-/// A version's stored file: `config` or `dense` (no block key ends so: theirs end in a number).
+/// A version's stored file: `config`, `dense` or `graph` (no block key ends so: theirs end in a
+/// number).
 pub fn file_key(model: &str, version: u64, file: &str) -> String {
     format!("ember:{model}:v{version}:{file}")
 }

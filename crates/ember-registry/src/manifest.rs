@@ -70,6 +70,11 @@ pub struct ModelFiles {
     pub config_crc: u32,
     pub dense_bytes: usize,
     pub dense_crc: u32,
+    /// A graph model's graph (key `ember:<model>:v<N>:graph`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_bytes: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph_crc: Option<u32>,
 }
 
 impl Manifest {

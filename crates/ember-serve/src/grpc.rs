@@ -311,7 +311,8 @@ impl Grpc {
         let samples = decode(&served.spec, &req)?;
         crate::metrics::decoded("grpc", t0);
         let scored = served.batcher.submit(samples, timeout).await?;
-        let outs = kserve::outputs(&served.spec, &scored);
+        let asked: Vec<String> = req.outputs.iter().map(|o| o.name.clone()).collect();
+        let outs = kserve::requested(kserve::outputs(&served.spec, &scored), &asked);
         let mut outputs = Vec::with_capacity(outs.len());
         let mut raw_output_contents = Vec::with_capacity(outs.len());
         for o in &outs {

@@ -264,7 +264,7 @@ async fn infer_on(
     let n = d.samples.len();
     let scored = served.batcher.submit(d.samples, d.timeout).await?;
     let (id, binary_out) = (d.id, d.binary_out);
-    let outs = kserve::outputs(&served.spec, &scored);
+    let outs = kserve::requested(kserve::outputs(&served.spec, &scored), &d.requested);
     let mut resp = InferResponse {
         model_name: served.spec.name.clone(),
         model_version: served.version_str.clone(),
@@ -312,6 +312,8 @@ struct Decoded {
     timeout: Option<u64>,
     id: Option<String>,
     binary_out: bool,
+    /// The outputs asked for (empty: every output).
+    requested: Vec<String>,
 }
 
 /// Decodes a KServe request body: JSON, then its binary tensor data if any.
@@ -341,6 +343,12 @@ fn decode_infer(spec: &ModelSpec, headers: &HeaderMap, bytes: &[u8]) -> Result<D
         timeout: kjson::timeout_us(&req)?,
         samples: kjson::decode_with_binary(spec, &req, binary)?,
         binary_out: kjson::binary_output(&req),
+        requested: req
+            .outputs
+            .iter()
+            .flatten()
+            .map(|o| o.name.to_string())
+            .collect(),
         id: req.id,
     })
 }
@@ -442,8 +450,9 @@ fn decode_score(
 }
 
 /// `/v1/score`'s answer: `{"scores": [...]}` to a JSON request, else one score per line. A
-/// model of several outputs, or of a run of values per item, answers JSON
-/// `{"scores": [{"<output>": [...], ...} per item]}`.
+/// model of several outputs answers JSON `{"scores": [{"<output>": value, ...} per item]}`
+/// (a multi-task graph model), and one of a run of values per item `{"scores":
+/// [{"<output>": [...], ...} per item]}` (an HSTU model's candidates).
 fn score_response(spec: &ModelSpec, reply: &crate::Reply, json: bool) -> Response {
     let sig = &spec.signature;
     if sig.outputs.len() != 1 || sig.offsets.is_some() {
@@ -457,7 +466,13 @@ fn score_response(spec: &ModelSpec, reply: &crate::Reply, json: bool) -> Respons
                     .outputs
                     .iter()
                     .zip(&o.values)
-                    .map(|(name, v)| (name.clone(), json!(&v[a..b])))
+                    .map(|(name, v)| {
+                        let value = match sig.offsets {
+                            Some(_) => json!(&v[a..b]),
+                            None => json!(v[a]),
+                        };
+                        (name.clone(), value)
+                    })
                     .collect();
                 serde_json::Value::Object(m)
             })

@@ -46,10 +46,17 @@ pub struct GraphArgs {
     json: bool,
 }
 
-/// `dense_in` and the sum of the features' table dims, from config.json.
+/// `dense_in`, the sum of the features' table dims and the graph's file, from config.json.
 fn widths(model: &std::path::Path) -> Result<(usize, usize, String)> {
-    let c = ember_model::graph::GraphModelConfig::read(&model.join("config.json"))?;
-    Ok((c.dense_in, c.sparse_width(), c.graph.file))
+    let c = ember_model::ModelConfig::read(&model.join("config.json"))?;
+    let Some((file, _)) = c.graph() else {
+        anyhow::bail!(
+            "{}: not a graph model (its interaction is not \"graph\"); `ember bench model` \
+             runs any model",
+            model.display()
+        );
+    };
+    Ok((c.dense_in, c.pooled_width(), file.to_string()))
 }
 
 pub fn run(a: GraphArgs) -> Result<()> {
@@ -158,11 +165,17 @@ fn dense_only(
 
 /// `--whole`: the model from ids, per thread count and batch size: (batch, threads, rounds' ms).
 fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>)>> {
-    use ember_model::graph::GraphModel;
+    use ember_model::serving::Outputs;
+    use ember_model::{Engine, LoadOptions, Model, Predictor};
+    let opts = LoadOptions {
+        dense_dtype: Some(dtype),
+        ..LoadOptions::default()
+    };
+    let m = std::sync::Arc::new(Model::load(&a.model, opts)?);
     let mut cells = Vec::new();
+    let mut out = Outputs::default();
     for &threads in &a.threads {
-        let mut m = GraphModel::load(&a.model, threads)?;
-        m.set_dense_dtype(dtype)?;
+        let mut p = Predictor::new(m.clone(), threads)?;
         let rows: Vec<u64> = m
             .embeddings()
             .features()
@@ -188,24 +201,20 @@ fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>
                 ids.into(),
                 None,
             )?;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()?;
-            let ms = pool.install(|| -> Result<Vec<f64>> {
-                m.score(&dense, &kj, threads)?;
-                let t = Instant::now();
-                m.score(&dense, &kj, threads)?;
-                let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
-                (0..a.rounds)
-                    .map(|_| {
-                        let t = Instant::now();
-                        for _ in 0..iters {
-                            m.score(&dense, &kj, threads)?;
-                        }
-                        Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
-                    })
-                    .collect()
-            })?;
+            let mut score = || p.score_outputs(&dense, &kj, &mut out).map(|_| ());
+            score()?; // warm-up
+            let t = Instant::now();
+            score()?;
+            let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
+            let ms = (0..a.rounds)
+                .map(|_| {
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        score()?;
+                    }
+                    Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
+                })
+                .collect::<Result<Vec<f64>>>()?;
             cells.push((batch, threads, ms));
         }
     }

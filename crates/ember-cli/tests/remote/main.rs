@@ -9,6 +9,7 @@ mod cli;
 mod fallback;
 mod faults;
 mod freshness;
+mod graph;
 mod history_share;
 mod hstu;
 mod live;

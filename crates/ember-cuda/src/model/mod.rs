@@ -120,6 +120,13 @@ impl GpuModel {
                 "int8 dense layers do not run on the GPU: use --dense-dtype f32 or bf16".into(),
             ));
         }
+        if model.graph().is_some() {
+            return Err(crate::error::CudaError::Input(
+                "a graph model (its dense part an ONNX graph) runs on the CPU: leave out \
+                 --device cuda"
+                    .into(),
+            ));
+        }
         let emb = GpuEmbeddings::upload(gpu, model.embeddings(), plan)?;
         let lin = |ls: &[Linear]| -> Result<Vec<DevLinear>> {
             ls.iter()
@@ -146,6 +153,7 @@ impl GpuModel {
                 }
             }
             Interaction::Cat => DevInteraction::Cat,
+            Interaction::Graph => unreachable!("refused above"),
             Interaction::Dcn { layers } => DevInteraction::Dcn {
                 layers: layers
                     .iter()

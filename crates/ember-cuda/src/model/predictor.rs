@@ -445,6 +445,7 @@ impl GpuPredictor {
             bottom_mlp: ms(1, 2)?,
             interaction: ms(2, 3)?,
             top_mlp: ms(3, 4)?,
+            graph: Duration::ZERO,
             wall: ms(0, 4)?,
             bottom_overlapped: false,
             copy_in: copy_ms(0, 1)?,

@@ -17,7 +17,8 @@
 //!   spec;
 //! - `plan.rs`: the graph checked, folded, its linear layers fused, its values' lifetimes;
 //! - `eval.rs`: a plan run on a batch; `pool.rs`: the buffers its runs reuse;
-//! - `model.rs`: a graph model, its tables and its graph, from ids to scores.
+//! - `model.rs`: the graph as a [`crate::Model`]'s dense part: checked against its tables, run
+//!   on a batch's dense features and pooled rows.
 
 mod compute;
 mod eval;
@@ -38,7 +39,8 @@ use prost::Message;
 use crate::dense::DenseDType;
 use crate::dense::driver::Kernels;
 
-pub use model::{GraphModel, GraphModelConfig, GraphSpec};
+pub use model::{DENSE_INPUT, SPARSE_INPUT};
+pub(crate) use model::{Widths, check as model_check, pooled_buffer, run as model_run};
 pub use ops::SUPPORTED as SUPPORTED_OPS;
 pub use tensor::Tensor;
 
@@ -148,13 +150,19 @@ impl Graph {
             DenseDType::F32 => None,
             d => Some(Kernels::selected(d)?),
         };
+        self.prepare(dtype);
+        self.dense = Dense { dtype, kernels };
+        Ok(())
+    }
+
+    /// Converts and packs the linear layers' weights for `dtype` (a model's predictors then
+    /// run it with [`Graph::run_in`]).
+    pub fn prepare(&self, dtype: DenseDType) {
         for s in &self.plan.steps {
             if let Kind::Linear(l) = &s.kind {
                 l.prepare(dtype);
             }
         }
-        self.dense = Dense { dtype, kernels };
-        Ok(())
     }
 
     pub fn dense_dtype(&self) -> DenseDType {
@@ -165,5 +173,16 @@ impl Graph {
     /// The linear layers run on `threads` threads of the caller's rayon pool.
     pub fn run(&self, inputs: &[(&str, &Tensor)], threads: usize) -> Result<Vec<Tensor>> {
         eval::run(&self.plan, self.dense, inputs, threads)
+    }
+
+    /// [`Graph::run`] with the linear layers in `dense`'s precision (a predictor's, its
+    /// weights packed by [`Graph::prepare`]).
+    pub(crate) fn run_in(
+        &self,
+        dense: Dense,
+        inputs: &[(&str, &Tensor)],
+        threads: usize,
+    ) -> Result<Vec<Tensor>> {
+        eval::run(&self.plan, dense, inputs, threads)
     }
 }

@@ -656,23 +656,62 @@ fn large_elementwise_ops_split_over_threads_match_the_plain_loop() {
     }
 }
 
-/// A graph model directory is refused by the loaders with a message that says what it is and
-/// what runs it (until the family is behind the serving seam), not a parse error.
+/// A graph model's config is a DLRM-family config whose interaction is the graph: every loader
+/// reads it (so the registry, `convert` and the server take it), and what cannot describe a
+/// graph model is refused saying what.
 #[test]
-fn a_graph_model_is_refused_by_the_loaders_saying_why() {
+fn a_graph_config_reads_as_a_dlrm_family_config_and_bad_ones_are_refused() {
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/graph_mmoe/config.json");
-    let e = crate::AnyConfig::read(&cfg).unwrap_err().to_string();
-    assert!(
-        e.contains("a graph model") && e.contains("ember bench graph"),
-        "{e}"
+    match crate::AnyConfig::read(&cfg).unwrap() {
+        crate::AnyConfig::Dlrm(c) => {
+            assert!(c.is_graph());
+            assert_eq!(c.output_names(), ["ctr", "cvr"]);
+            assert_eq!(c.pooled_width(), 6 + 9 + 4 + 5);
+        }
+        other => panic!("{other:?}"),
+    }
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let refused = |edit: &dyn Fn(&mut serde_json::Value), want: &str| {
+        let mut c = good.clone();
+        edit(&mut c);
+        let bytes = serde_json::to_vec(&c).unwrap();
+        let e = crate::AnyConfig::from_slice(&bytes, &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    };
+    refused(
+        &|c| c["top_mlp"] = serde_json::json!([4, 1]),
+        "must be empty",
     );
-    let e = crate::ModelConfig::read(&cfg).unwrap_err().to_string();
-    assert!(e.contains("a graph model"), "{e}");
-    let bytes = std::fs::read(&cfg).unwrap();
-    let e = crate::AnyConfig::from_slice(&bytes, &cfg)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("a graph model"), "{e}");
+    refused(
+        &|c| c["bottom_mlp"] = serde_json::json!([4]),
+        "must be empty",
+    );
+    refused(
+        &|c| c["interaction"]["outputs"] = serde_json::json!(["ctr", "ctr"]),
+        "appears twice",
+    );
+    refused(
+        &|c| c["interaction"]["outputs"] = serde_json::json!([]),
+        "at least one output",
+    );
+    refused(
+        &|c| c["interaction"]["file"] = serde_json::json!("../dense.onnx"),
+        "not a file name",
+    );
+    refused(
+        &|c| c["interaction"]["extra"] = serde_json::json!(1),
+        "unknown field",
+    );
+    // A DLRM config still needs its top MLP (the default of a missing one is empty).
+    refused(
+        &|c| {
+            c["interaction"] = serde_json::json!({"kind": "cat"});
+        },
+        "top_mlp must end",
+    );
 }
 
 /// bf16 and int8 linear layers (the kernels this CPU has, else the emulated ones) stay within
@@ -731,9 +770,28 @@ fn fixture_batch(exp: &serde_json::Value) -> (Vec<f32>, ember_embed::KeyedJagged
     (dense, kj)
 }
 
+/// A graph model loaded as a [`crate::Model`] (tables in DRAM, its graph's layers in f32).
+fn load_model(dir: &Path) -> crate::Result<std::sync::Arc<crate::Model>> {
+    crate::Model::load(dir, crate::LoadOptions::default()).map(std::sync::Arc::new)
+}
+
+/// Every output of `m` on `dense` and `kj`, on a predictor of `threads` threads.
+fn score(
+    m: &std::sync::Arc<crate::Model>,
+    dense: &[f32],
+    kj: &ember_embed::KeyedJagged,
+    threads: usize,
+) -> crate::Result<Vec<Vec<f32>>> {
+    use crate::Engine;
+    let mut p = crate::Predictor::new(m.clone(), threads)?;
+    let mut out = crate::serving::Outputs::default();
+    p.score_outputs(dense, kj, &mut out)?;
+    Ok(out.values)
+}
+
 /// The whole model from ids: each fixture's tables pooled by Ember's embedding stage, then
 /// its graph, within 1e-5 (relative) of PyTorch's outputs on the batch (empty bags, a sample
-/// with no ids), on 1 and 2 threads.
+/// with no ids), on 1 and 2 threads; a one-output model's `Engine::run` gives that output.
 #[test]
 fn graph_models_score_ids_as_pytorch() {
     for name in [
@@ -749,14 +807,28 @@ fn graph_models_score_ids_as_pytorch() {
             serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
                 .unwrap();
         let (dense, kj) = fixture_batch(&exp);
+        let m = load_model(&dir).unwrap();
+        let names = m.config().output_names();
         for threads in [1, 2] {
-            let m = GraphModel::load(&dir, threads).unwrap();
-            let out = m.score(&dense, &kj, threads).unwrap();
-            assert_eq!(out.len(), m.config().graph.outputs.len());
-            for (o, name_o) in out.iter().zip(&m.config().graph.outputs) {
+            let out = score(&m, &dense, &kj, threads).unwrap();
+            assert_eq!(out.len(), names.len());
+            for (o, name_o) in out.iter().zip(&names) {
                 let want: Vec<f32> =
                     serde_json::from_value(exp["outputs"][name_o].clone()).unwrap();
                 close(o, &want, 1e-5, &format!("{name} {name_o} from ids"));
+            }
+            use crate::Engine;
+            let mut p = crate::Predictor::new(m.clone(), threads).unwrap();
+            let mut one = vec![0.0; kj.batch_size()];
+            match p.score(&dense, &kj, &mut one) {
+                Ok(_) => {
+                    assert_eq!(names.len(), 1, "{name}");
+                    assert_eq!(one, out[0], "{name}");
+                }
+                Err(e) => {
+                    assert!(names.len() > 1, "{name}: {e}");
+                    assert!(e.to_string().contains("outputs"), "{e}");
+                }
             }
         }
     }
@@ -780,38 +852,50 @@ fn graph_models_refuse_what_does_not_fit() {
     };
     // An output the graph does not give.
     let mut c = cfg.clone();
-    c["graph"]["outputs"] = serde_json::json!(["ctr", "dwell"]);
+    c["interaction"]["outputs"] = serde_json::json!(["ctr", "dwell"]);
     write(&c);
-    let e = GraphModel::load(&dir, 1).unwrap_err().to_string();
+    let e = load_model(&dir).unwrap_err().to_string();
     assert!(
         e.contains("\"dwell\"") && e.contains("config.json names"),
         "{e}"
     );
-    // A feature dropped: the pooled row is 19 wide (6 + 9 + 4), not the graph's 24.
+    // A feature dropped (its table too): the pooled row is 19 wide (6 + 9 + 4), not the
+    // graph's 24.
     let mut c = cfg.clone();
     c["features"].as_array_mut().unwrap().pop();
     write(&c);
-    let e = GraphModel::load(&dir, 1).unwrap_err().to_string();
+    let e = load_model(&dir).unwrap_err().to_string();
     assert!(
         e.contains("does not run on dense") && e.contains("pooled rows [1, 19]"),
         "{e}"
     );
+    let mut c = cfg.clone();
+    c["tables"][3]["dim"] = serde_json::json!(2);
+    write(&c);
+    let e = load_model(&dir).unwrap_err().to_string();
+    assert!(e.contains("tables.cat"), "{e}");
+    // The graph file missing.
+    let mut c = cfg.clone();
+    c["interaction"]["file"] = serde_json::json!("other.onnx");
+    write(&c);
+    let e = load_model(&dir).unwrap_err().to_string();
+    assert!(e.contains("other.onnx"), "{e}");
     // The shipped config: bad batches are refused, good ones score.
     write(&cfg);
-    let m = GraphModel::load(&dir, 1).unwrap();
+    let m = load_model(&dir).unwrap();
     let exp: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let (dense, kj) = fixture_batch(&exp);
-    let e = m.score(&dense[1..], &kj, 1).unwrap_err().to_string();
-    assert!(e.contains("dense values"), "{e}");
+    let e = score(&m, &dense[1..], &kj, 1).unwrap_err().to_string();
+    assert!(e.contains("dense"), "{e}");
     let keys: Vec<String> = serde_json::from_value(exp["keys"].clone()).unwrap();
     let mut lengths = vec![0usize; keys.len() * 7];
     lengths[0] = 1;
     let far =
         ember_embed::KeyedJagged::from_lengths(keys, 7, &lengths, vec![1_000_000i64].into(), None)
             .unwrap();
-    let e = m.score(&dense, &far, 1).unwrap_err().to_string();
+    let e = score(&m, &dense, &far, 1).unwrap_err().to_string();
     assert!(e.contains("1000000"), "{e}");
-    assert!(m.score(&dense, &kj, 1).is_ok());
+    assert!(score(&m, &dense, &kj, 1).is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -87,6 +87,21 @@ impl RegistryModel {
         let table_bytes = self.write_weights(&manifest, &weights, &files.dense, &weights_path)?;
         let cfg_path = part.join("config.json");
         std::fs::write(&cfg_path, config.to_json()).map_err(io_err(&cfg_path))?;
+        if let AnyConfig::Dlrm(c) = &config
+            && let Some((file, _)) = c.graph()
+        {
+            let Some(g) = &files.graph else {
+                return Err(ModelError::Config {
+                    path: cfg_path,
+                    reason: format!(
+                        "a graph model pushed without its graph ({file}): push the model \
+                         directory again"
+                    ),
+                });
+            };
+            let p = part.join(file);
+            std::fs::write(&p, g).map_err(io_err(&p))?;
+        }
         let _ = std::fs::remove_dir_all(dir);
         std::fs::rename(&part, dir).map_err(io_err(dir))?;
         Ok(Fetched {

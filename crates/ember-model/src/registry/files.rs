@@ -1,6 +1,6 @@
-//! What `ember registry push` stores of a model directory beside its tables: its `config.json`
-//! and its dense weights (`ember_registry::ModelFilesData`, written and read back by the
-//! registry).
+//! What `ember registry push` stores of a model directory beside its tables: its `config.json`,
+//! its dense weights and a graph model's graph (`ember_registry::ModelFilesData`, written and
+//! read back by the registry).
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -38,9 +38,21 @@ pub fn files_of(dir: &Path) -> crate::Result<ModelFilesData> {
         )
         .map_err(io)?;
     }
+    let graph = match &config {
+        AnyConfig::Dlrm(c) => match c.graph() {
+            Some((file, _)) => {
+                let p = dir.join(file);
+                let g = std::fs::read(&p).map_err(|source| ModelError::Io { path: p, source })?;
+                Some(g)
+            }
+            None => None,
+        },
+        AnyConfig::Hstu(_) => None,
+    };
     Ok(ModelFilesData {
         config: config.to_json(),
         dense: out,
+        graph,
     })
 }
 

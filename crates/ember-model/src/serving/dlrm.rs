@@ -18,13 +18,15 @@ use crate::model::{Model, Spare};
 use crate::tier::Tier;
 
 /// The output's name.
-pub const SCORES: &str = "scores";
+pub use crate::config::SCORES;
 
 /// Samples a synthetic request holds unless asked otherwise.
 const DEFAULT_SAMPLES: usize = 64;
 
 /// The stages of [`StageTimes`].
 const STAGES: [&str; 4] = ["embedding", "bottom_mlp", "interaction", "top_mlp"];
+/// A graph model's stages.
+const GRAPH_STAGES: [&str; 2] = ["embedding", "graph"];
 
 impl Items for Samples {
     fn len(&self) -> usize {
@@ -47,7 +49,8 @@ pub fn into_samples(r: Request) -> Option<Samples> {
 }
 
 /// The signature of a model taking `inputs`: `dense` FP32 `[n, dense_in]`, then per sparse
-/// feature `F`, `F_lengths` and `F_ids`; one output, `scores`.
+/// feature `F`, `F_lengths` and `F_ids`; one output, `scores` (a graph model: its named
+/// outputs, one value per sample each, and its own stages, [`with_outputs`]).
 pub(crate) fn signature(inputs: &Inputs) -> Signature {
     let mut v = vec![InputSpec {
         name: "dense".into(),
@@ -81,9 +84,18 @@ pub(crate) fn signature(inputs: &Inputs) -> Signature {
     }
 }
 
+/// `sig` with `model`'s outputs and stages.
+fn with_outputs(mut sig: Signature, model: &Model) -> Signature {
+    if model.graph().is_some() {
+        sig.outputs = model.config().output_names();
+        sig.stages = GRAPH_STAGES.to_vec();
+    }
+    sig
+}
+
 impl Servable for Model {
     fn signature(&self) -> Signature {
-        signature(&self.inputs())
+        with_outputs(signature(&self.inputs()), self)
     }
 
     fn check(&self, c: InputColumns) -> Result<Request> {
@@ -157,6 +169,9 @@ impl Servable for Model {
     }
 
     fn flops(&self, items: &dyn Items) -> Vec<(&'static str, f64)> {
+        if self.graph().is_some() {
+            return Vec::new();
+        }
         let n = items.len() as f64;
         let macs = crate::presets::stage_macs(self.config());
         STAGES[1..]
@@ -173,10 +188,18 @@ impl Servable for Model {
     fn parameters(&self) -> Vec<(&'static str, String)> {
         let dtype = self.dense_dtype();
         let kernels = DenseIsa::selected(dtype).map_or("?", |i| i.describe(dtype));
-        vec![
+        let mut v = vec![
             ("dense_dtype", dtype.name().to_string()),
             ("dense_kernels", kernels.to_string()),
-        ]
+        ];
+        if let Some(g) = self.graph() {
+            let (linear, ops) = g.steps();
+            v.push((
+                "dense_graph",
+                format!("{linear} linear layers on Ember's kernels, {ops} other ops"),
+            ));
+        }
+        v
     }
 
     fn placements(&self) -> Vec<&'static str> {
@@ -276,6 +299,8 @@ pub struct EngineRunner {
     engine: Box<dyn Engine>,
     servable: Arc<dyn Servable>,
     depth: usize,
+    /// Whether the model is a graph model (its times in [`GRAPH_STAGES`]).
+    graph: bool,
 }
 
 impl std::fmt::Debug for EngineRunner {
@@ -290,10 +315,12 @@ impl EngineRunner {
     pub fn new(engine: Box<dyn Engine>) -> Self {
         let model = engine.model().clone();
         let depth = model.prefetch_depth();
+        let graph = model.graph().is_some();
         EngineRunner {
             engine,
             servable: model,
             depth,
+            graph,
         }
     }
 }
@@ -308,15 +335,16 @@ impl Runner for EngineRunner {
             .downcast_ref::<PreparedBatch>()
             .and_then(|b| b.prepared.as_ref())
             .ok_or_else(|| ModelError::Input("a batch of another model's family".into()))?;
-        out.reset(1);
-        out.values[0].resize(p.len(), 0.0);
-        let times = self.engine.run(p, &mut out.values[0])?;
+        let times = self.engine.run_outputs(p, out)?;
         // Staged on this thread (no prefetch): staging is part of the embedding stage.
         let times = match self.depth {
             0 => self.engine.model().staged_inline(p, times),
             _ => times,
         };
-        Ok(times.into())
+        Ok(match self.graph {
+            true => graph_times(times),
+            false => times.into(),
+        })
     }
 
     fn time_layers(&mut self) {
@@ -349,6 +377,22 @@ impl From<StageTimes> for Times {
                 false => Vec::new(),
             },
         }
+    }
+}
+
+/// A graph model's times: the embedding stage, then its graph.
+fn graph_times(t: StageTimes) -> Times {
+    Times {
+        wall: t.wall,
+        embedding: t.embedding,
+        dense: t.dense(),
+        copy_in: t.copy_in,
+        copy_out: t.copy_out,
+        stages: GRAPH_STAGES
+            .into_iter()
+            .zip([t.embedding, t.graph])
+            .collect(),
+        overlapped: Vec::new(),
     }
 }
 

@@ -296,6 +296,15 @@ pub fn outputs<'a>(spec: &'a ModelSpec, reply: &'a crate::Reply) -> Vec<Output<'
     v
 }
 
+/// The outputs a request asked for by name (`asked`, checked by [`check_outputs`]), in the
+/// model's order; every output when it named none (the KServe v2 rule).
+pub fn requested<'a>(mut outs: Vec<Output<'a>>, asked: &[String]) -> Vec<Output<'a>> {
+    if !asked.is_empty() {
+        outs.retain(|o| asked.iter().any(|a| a == o.name));
+    }
+    outs
+}
+
 /// Refuses requested outputs the model does not have.
 pub fn check_outputs<'a>(spec: &ModelSpec, mut names: impl Iterator<Item = &'a str>) -> Result<()> {
     let sig = &spec.signature;

@@ -6,6 +6,7 @@ mod common;
 
 mod checks_once;
 mod fuzz_decoders;
+mod graph;
 mod grpc;
 mod hstu;
 mod hstu_cache;

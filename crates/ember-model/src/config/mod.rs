@@ -6,16 +6,20 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use ember_embed::{DType, Placement, Pooling};
-use ember_tier::{CachePolicy, IoMode, TierOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::dense::DenseDType;
 use crate::error::{ModelError, Result};
 
+mod stores;
+pub use stores::{RemoteConfig, RemoteOverride, TierConfig};
+
 /// The value of `format`.
 pub const FORMAT: &str = "ember-dlrm";
 /// The only `format_version` this build reads.
 pub const FORMAT_VERSION: u32 = 1;
+/// The output of a DLRM or DCNv2 model: one probability per sample.
+pub const SCORES: &str = "scores";
 
 /// A model's architecture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,10 +31,13 @@ pub struct ModelConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family: Option<String>,
     pub dense_in: usize,
-    /// Output sizes of the bottom MLP (ReLU after every layer).
+    /// Output sizes of the bottom MLP (ReLU after every layer); empty in a graph model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bottom_mlp: Vec<usize>,
     pub interaction: InteractionConfig,
-    /// Output sizes of the top MLP (ReLU after every layer but the last, which has size 1).
+    /// Output sizes of the top MLP (ReLU after every layer but the last, which has size 1);
+    /// empty in a graph model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top_mlp: Vec<usize>,
     pub tables: Vec<TableConfig>,
     /// Sparse features in input order; default one per table, named after it.
@@ -48,166 +55,6 @@ pub struct ModelConfig {
     /// Where tables placed `remote` live (a Redis Cluster); they are cached as `tier` says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteConfig>,
-}
-
-/// The `remote` object: the Redis Cluster holding the tables placed `remote` (pushed there by
-/// `ember registry push`), and how long a fetch may take.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RemoteConfig {
-    /// `redis://[user:password@]host:port[,host:port...]`: any nodes of the cluster.
-    pub redis: String,
-    /// The model's name in the store [default: the model directory's name].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// The version to serve [default: the newest ready one at start].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<u64>,
-    /// Deadline of one batch's fetch, retries included, in milliseconds.
-    #[serde(default = "default_remote_timeout_ms")]
-    pub timeout_ms: u64,
-    /// Retries of a failed fetch within its deadline.
-    #[serde(default = "default_remote_retries")]
-    pub retries: u32,
-    /// Spread reads over the replicas as well as the primaries.
-    #[serde(default)]
-    pub read_from_replicas: bool,
-    /// Also open each remote table's local row file (`rows/NAME.rows`, written by `ember
-    /// convert`) and read it while the cluster cannot answer: serving goes on through a node
-    /// failure or a whole-cluster outage, and back to the cluster once it answers.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub fallback_local: bool,
-    /// Pool a batch's missing rows on the nodes that hold them (`EMBER.POOL`, the Redis module
-    /// `crates/ember-redis-module`): `auto` where the nodes have the module, `on` (a server
-    /// refuses to start when a primary lacks it), `off` (rows read whole).
-    #[serde(default = "default_pool_remote")]
-    pub pool_remote: String,
-}
-
-fn default_pool_remote() -> String {
-    "auto".into()
-}
-
-fn default_remote_timeout_ms() -> u64 {
-    100
-}
-fn default_remote_retries() -> u32 {
-    2
-}
-
-impl RemoteConfig {
-    /// A config for the cluster at `redis` with the defaults.
-    pub fn new(redis: &str) -> Self {
-        RemoteConfig {
-            redis: redis.into(),
-            model: None,
-            version: None,
-            timeout_ms: default_remote_timeout_ms(),
-            retries: default_remote_retries(),
-            read_from_replicas: false,
-            fallback_local: false,
-            pool_remote: default_pool_remote(),
-        }
-    }
-
-    /// The stager's source: `dir_name` names the model when `model` does not.
-    pub fn source(
-        &self,
-        dir_name: &str,
-    ) -> std::result::Result<ember_tier::storage::remote::RemoteSource, Invalid> {
-        let mut cluster = ember_tier::storage::remote::ClusterOptions::parse(&self.redis)
-            .map_err(|e| format!("remote.redis: {e}"))?;
-        if self.timeout_ms == 0 {
-            return Err("remote.timeout_ms must be at least 1".into());
-        }
-        cluster.timeout = std::time::Duration::from_millis(self.timeout_ms);
-        cluster.retries = self.retries;
-        cluster.read_from_replicas = self.read_from_replicas;
-        Ok(ember_tier::storage::remote::RemoteSource {
-            cluster,
-            model: self.model.clone().unwrap_or_else(|| dir_name.to_string()),
-            version: self.version,
-        })
-    }
-}
-
-/// The `tier` object: settings of the SSD tier (used when a table has `"placement": "ssd"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TierConfig {
-    /// DRAM budget of the row cache in MiB, shared by the tier tables.
-    #[serde(default = "default_cache_mb")]
-    pub cache_mb: usize,
-    /// `lru`, `lfu` (LFU with TinyLFU admission) or `pinned`.
-    #[serde(default = "default_policy")]
-    pub policy: String,
-    /// Batches staged ahead of the one being computed where batches are known ahead (`predict`).
-    #[serde(default = "default_depth")]
-    pub prefetch_depth: usize,
-    /// `auto`, `uring`, `pread` or `mmap`.
-    #[serde(default = "default_io")]
-    pub io: String,
-    /// Reads in flight at most.
-    #[serde(default = "default_queue_depth")]
-    pub queue_depth: usize,
-    /// An id trace (one id per line, relative to the model directory) profiled for the pinned set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pin_trace: Option<String>,
-    /// Re-pin from live counts every this many batches (0: never).
-    #[serde(default)]
-    pub refresh_batches: usize,
-}
-
-fn default_cache_mb() -> usize {
-    1024
-}
-fn default_policy() -> String {
-    "lfu".into()
-}
-fn default_depth() -> usize {
-    1
-}
-fn default_io() -> String {
-    "auto".into()
-}
-fn default_queue_depth() -> usize {
-    128
-}
-
-impl Default for TierConfig {
-    fn default() -> Self {
-        TierConfig {
-            cache_mb: default_cache_mb(),
-            policy: default_policy(),
-            prefetch_depth: default_depth(),
-            io: default_io(),
-            queue_depth: default_queue_depth(),
-            pin_trace: None,
-            refresh_batches: 0,
-        }
-    }
-}
-
-impl TierConfig {
-    /// The options of a [`ember_tier::Stager`] (the pin trace is read by the caller).
-    pub fn options(&self) -> std::result::Result<TierOptions, Invalid> {
-        let policy: CachePolicy = self
-            .policy
-            .parse()
-            .map_err(|e| format!("tier.policy: {e}"))?;
-        let io: IoMode = self.io.parse().map_err(|e| format!("tier.io: {e}"))?;
-        if self.queue_depth == 0 {
-            return Err("tier.queue_depth must be at least 1".into());
-        }
-        Ok(TierOptions {
-            cache_bytes: self.cache_mb.saturating_mul(1 << 20),
-            policy,
-            io,
-            queue_depth: self.queue_depth,
-            refresh_batches: self.refresh_batches,
-            ..TierOptions::default()
-        })
-    }
 }
 
 /// One embedding table.
@@ -238,7 +85,7 @@ pub struct FeatureConfig {
 }
 
 /// How pooled embeddings and the bottom MLP output meet.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InteractionConfig {
     /// Pairwise dot products (facebookresearch/dlrm `dot`, TorchRec `InteractionArch`).
@@ -253,6 +100,16 @@ pub enum InteractionConfig {
     Cat {},
     /// DCNv2 low-rank cross network (TorchRec `DLRM_DCN`).
     Dcn { layers: usize, low_rank: usize },
+    /// A graph model's whole dense part (`docs/graph-models.md`): an ONNX graph taking
+    /// `dense` (`[n, dense_in]`) and `sparse` (every feature's pooled row side by side,
+    /// `[n, sum of dims]`) and giving `outputs`, one value per sample each; `bottom_mlp` and
+    /// `top_mlp` are empty.
+    Graph {
+        /// The ONNX file, in the model directory.
+        file: String,
+        /// The graph's outputs, in order: the model's named outputs.
+        outputs: Vec<String>,
+    },
 }
 
 /// The order in which dot-interaction pairs are listed.
@@ -296,21 +153,6 @@ pub(crate) fn read_config_text(path: &Path) -> Result<String> {
     })
 }
 
-/// Why a config whose `family` is `graph` is refused: that family (`docs/graph-models.md`) is
-/// not behind the serving seam yet.
-pub(crate) fn refuse_graph_family(text: &str, path: &Path) -> Result<()> {
-    match family_of(text).as_deref() {
-        Some("graph") => Err(ModelError::Config {
-            path: path.into(),
-            reason: "a graph model (its dense part as dense.onnx, from `tools/export_torch.py \
-                     --from torch-module`) cannot be served or scored by this build yet; \
-                     `ember bench graph` runs its dense part (docs/graph-models.md)"
-                .into(),
-        }),
-        _ => Ok(()),
-    }
-}
-
 pub(crate) fn is_hstu_family(text: &str) -> bool {
     family_of(text).as_deref() == Some("hstu")
 }
@@ -333,7 +175,6 @@ impl ModelConfig {
     /// Reads and checks `path`.
     pub fn read(path: &Path) -> Result<Self> {
         let text = read_config_text(path)?;
-        refuse_graph_family(&text, path)?;
         if is_hstu_family(&text) {
             return Err(ModelError::Config {
                 path: path.into(),
@@ -393,6 +234,34 @@ impl ModelConfig {
             .collect()
     }
 
+    /// Whether the dense part is an ONNX graph (`InteractionConfig::Graph`).
+    pub fn is_graph(&self) -> bool {
+        matches!(self.interaction, InteractionConfig::Graph { .. })
+    }
+
+    /// The graph's file and outputs, in a graph model.
+    pub fn graph(&self) -> Option<(&str, &[String])> {
+        match &self.interaction {
+            InteractionConfig::Graph { file, outputs } => Some((file, outputs)),
+            _ => None,
+        }
+    }
+
+    /// The model's outputs: a graph model's named ones, else `scores`.
+    pub fn output_names(&self) -> Vec<String> {
+        match self.graph() {
+            Some((_, outputs)) => outputs.to_vec(),
+            None => vec![SCORES.into()],
+        }
+    }
+
+    /// Values of a sample's pooled row: its features' table dims added up (0 for a config
+    /// whose features name unknown tables, which [`ModelConfig::check`] refuses).
+    pub fn pooled_width(&self) -> usize {
+        self.feature_tables()
+            .map_or(0, |t| t.iter().map(|&i| self.tables[i].dim).sum())
+    }
+
     /// Output size of the bottom MLP.
     pub fn bottom_out(&self) -> usize {
         self.bottom_mlp.last().copied().unwrap_or(self.dense_in)
@@ -421,7 +290,10 @@ impl ModelConfig {
                 let m = if self_interaction { n + 1 } else { n - 1 };
                 d.checked_add(n.checked_mul(m)? / 2)
             }
-            InteractionConfig::Cat {} => dims.iter().try_fold(d, |a, &b| a.checked_add(b)),
+            // A graph's inputs, side by side.
+            InteractionConfig::Cat {} | InteractionConfig::Graph { .. } => {
+                dims.iter().try_fold(d, |a, &b| a.checked_add(b))
+            }
             InteractionConfig::Dcn { .. } => n.checked_mul(d),
         }
     }
@@ -467,6 +339,16 @@ impl ModelConfig {
         }
         if let Some(i) = self.top_mlp.iter().position(|&s| s == 0) {
             return Err(Invalid(format!("top_mlp[{i}] is 0")));
+        }
+        if self.is_graph() {
+            if !self.bottom_mlp.is_empty() || !self.top_mlp.is_empty() {
+                return Err(
+                    "a graph model's dense part is its graph: bottom_mlp and top_mlp \
+                            must be empty"
+                        .into(),
+                );
+            }
+            return Ok(());
         }
         if self.top_mlp.last() != Some(&1) {
             return Err(Invalid(format!(
@@ -562,6 +444,10 @@ impl ModelConfig {
                 self.check_equal_dims(tables, d, "dot")?;
             }
             InteractionConfig::Cat {} => {}
+            InteractionConfig::Graph {
+                ref file,
+                ref outputs,
+            } => check_graph_names(file, outputs)?,
             InteractionConfig::Dcn { layers, low_rank } => {
                 if layers == 0 || low_rank == 0 {
                     return Err("dcn needs layers >= 1 and low_rank >= 1".into());
@@ -591,6 +477,30 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+/// A graph's file is a file name in the model directory, and its outputs are named, each once.
+fn check_graph_names(file: &str, outputs: &[String]) -> std::result::Result<(), Invalid> {
+    if !safe_file_name(file) {
+        return Err(Invalid(format!(
+            "interaction.file {file:?} is not a file name in the model directory"
+        )));
+    }
+    if outputs.is_empty() {
+        return Err("interaction.outputs is empty: a graph model gives at least one output".into());
+    }
+    let mut seen = HashSet::new();
+    for o in outputs {
+        if o.is_empty() || o.contains(|c: char| c.is_control()) {
+            return Err(Invalid(format!(
+                "interaction.outputs: {o:?} cannot name an output"
+            )));
+        }
+        if !seen.insert(o.as_str()) {
+            return Err(Invalid(format!("interaction.outputs: {o:?} appears twice")));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

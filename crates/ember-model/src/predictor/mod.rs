@@ -1,7 +1,8 @@
 //! [`Predictor`]: the CPU engine. It runs a model's forward pass with a fixed number of
 //! threads and reuses its buffers across calls: the embedding stage on a [`Pooler`] (or a
 //! sharded stage, one worker pool per device of a plan), the bottom MLP beside it on one thread
-//! when there are several, then the interaction and the top MLP.
+//! when there are several, then the interaction and the top MLP; a graph model's graph after
+//! the embedding stage in their place.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +22,9 @@ use crate::interaction::{Interaction, InteractionScratch, concat};
 use crate::lowp::{self as net, LowpScratch};
 use crate::mlp::{Linear, MlpScratch, sigmoid};
 use crate::model::Model;
+use crate::outputs::Outputs;
+
+mod graph;
 
 #[derive(Debug, Default)]
 struct Scratch {
@@ -55,11 +59,7 @@ struct HeadScratch {
 type Named<'a> = Vec<(String, &'a Linear)>;
 
 /// The precision the dense layers run in, with its kernels (`None` for f32).
-#[derive(Debug, Clone, Copy)]
-struct Dense {
-    dtype: DenseDType,
-    kernels: Option<Kernels>,
-}
+use crate::graph::Dense;
 
 /// Runs a model's forward pass with a fixed number of threads; reuses its buffers across calls.
 /// One `Predictor` per concurrent caller; they can share the `Arc<Model>`.
@@ -160,6 +160,14 @@ impl Predictor {
         threads: usize,
         feed: impl FnOnce(&mut Predictor) -> Result<()>,
     ) -> Result<()> {
+        if model.graph().is_some() {
+            return Err(ModelError::BadOption {
+                option: "calibrate",
+                reason: "a graph model's int8 layers quantize each batch's activations as they \
+                         run: there is no calibration to set (docs/graph-models.md)"
+                    .into(),
+            });
+        }
         if model.int8_packed() {
             return Ok(());
         }
@@ -294,11 +302,17 @@ impl Predictor {
         self.threads
     }
 
-    /// Writes each sample's logit (the top MLP output, before the sigmoid) into `logits`.
+    /// Writes each sample's logit (the top MLP output, before the sigmoid) into `logits`; a
+    /// graph model has none (its outputs are what its graph gives: [`Engine::run_outputs`]).
     pub fn logits(&mut self, batch: &Prepared<'_>, logits: &mut [f32]) -> Result<StageTimes> {
         let b = batch.batch();
         if b.valid().collection() != self.model.embeddings().id() {
             return Err(EmbedError::WrongCollection.into());
+        }
+        if self.model.graph().is_some() {
+            return Err(ModelError::Input(
+                "a graph model gives its graph's outputs, not a logit (run_outputs)".into(),
+            ));
         }
         check_out(logits, b.len())?;
         self.forward(b.dense(), b.len(), b.valid(), batch.staged(), logits)
@@ -506,9 +520,21 @@ impl Engine for Predictor {
     }
 
     fn run(&mut self, batch: &Prepared<'_>, scores: &mut [f32]) -> Result<StageTimes> {
+        if self.model.graph().is_some() {
+            return self.run_graph_one(batch, scores);
+        }
         let t = self.logits(batch, scores)?;
         scores.iter_mut().for_each(|v| *v = sigmoid(*v));
         Ok(t)
+    }
+
+    fn run_outputs(&mut self, batch: &Prepared<'_>, out: &mut Outputs) -> Result<StageTimes> {
+        if self.model.graph().is_some() {
+            return self.forward_graph(batch, out);
+        }
+        out.reset(1);
+        out.values[0].resize(batch.len(), 0.0);
+        self.run(batch, &mut out.values[0])
     }
 
     fn device(&self) -> String {
