@@ -312,6 +312,55 @@ pub fn linear_int8(
     s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
 }
 
+/// One layer on `m` rows of f32 at stride `ldx` whose epilogue is the cross net's step, `out =
+/// x0 * (W input + b) + xl` (`x0`, `xl` and `out` dense `[m, out]`), in bf16 or int8 as `x`
+/// says: a graph's DCN step (`graph/plan.rs`), one pass where the layer, a `Mul` and an `Add`
+/// were three.
+pub fn linear_cross(
+    x: Exec,
+    l: &Linear,
+    (input, ldx): (&[f32], usize),
+    m: usize,
+    (x0, xl): (&[f32], &[f32]),
+    out: &mut [f32],
+    s: &mut LowpScratch,
+) {
+    let n = l.out_dim();
+    assert!(x0.len() >= m * n && xl.len() >= m * n && out.len() >= m * n);
+    // The driver only reads the cross matrices.
+    let mat = |v: &[f32]| MatF32 {
+        ptr: v.as_ptr().cast_mut(),
+        ld: n,
+    };
+    let ep = Epilogue {
+        bias: l.bias(),
+        relu: false,
+        cross: Some((mat(x0), mat(xl))),
+        f32_out: Some(MatF32 {
+            ptr: out.as_mut_ptr(),
+            ld: n,
+        }),
+        bf16_out: None,
+    };
+    let k = x.kernels;
+    match x.dtype {
+        DenseDType::Int8 => {
+            let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
+            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
+        }
+        DenseDType::Bf16 => {
+            let w = l.packed_bf16();
+            acts::to_bf16_rows(input, m, l.in_dim(), ldx, &mut s.b0, w.kp());
+            let a = ActsBf16 {
+                ptr: s.b0.as_ptr(),
+                lda: w.kp(),
+            };
+            s.timed(|_| driver::linear_bf16(&k, a, m, w, &ep, x.threads));
+        }
+        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
+    }
+}
+
 /// The DCNv2 cross net as `x` says: `x_L` of `x0` (`[m, n]`) written to `xl` (whose contents on
 /// entry are not read: the first layer's residual is `x0` itself). In bf16, `x_L` is also left
 /// in bf16 in the scratch ([`Input::Bf16Ready`] for the top MLP).

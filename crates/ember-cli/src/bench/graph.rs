@@ -44,6 +44,24 @@ pub struct GraphArgs {
     /// Print one JSON object on the last line.
     #[arg(long)]
     json: bool,
+    /// Also print each step of the dense part (its op, or a linear layer on Ember's kernels)
+    /// with its mean time per run and share, slowest first (the dense part alone, not with
+    /// --whole).
+    #[arg(long)]
+    profile: bool,
+}
+
+/// The timed rounds' steps ([`Graph::profile_take`]), the 12 slowest.
+fn print_profile(g: &Graph, batch: usize, threads: usize) {
+    let steps = g.profile_take();
+    println!("  steps, batch {batch}, {threads} thread(s) (mean a run, share of the steps' time):");
+    for (what, t, share) in steps.iter().take(12) {
+        println!(
+            "    {:8.3} ms {:5.1}%  {what}",
+            t.as_secs_f64() * 1e3,
+            share * 100.0
+        );
+    }
 }
 
 /// `dense_in`, the sum of the features' table dims and the graph's file, from config.json.
@@ -147,6 +165,9 @@ fn dense_only(
                 let t = Instant::now();
                 g.run(&given, threads)?;
                 let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
+                if a.profile {
+                    Graph::profile_start();
+                }
                 (0..a.rounds)
                     .map(|_| {
                         let t = Instant::now();
@@ -155,7 +176,12 @@ fn dense_only(
                         }
                         Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
                     })
-                    .collect()
+                    .collect::<Result<Vec<f64>>>()
+                    .inspect(|_| {
+                        if a.profile {
+                            print_profile(g, batch, threads);
+                        }
+                    })
             })?;
             cells.push((batch, threads, ms));
         }

@@ -99,8 +99,9 @@ const PAR_MIN: usize = 1 << 15;
 /// Values per task of a split elementwise op.
 const PAR_CHUNK: usize = 1 << 13;
 
-/// [`binary`] over the caller's rayon pool, where both operands have the output's shape or one
-/// is a row repeated along the other's leading dims; `None` otherwise (or when small).
+/// [`binary`] over the caller's rayon pool: both operands of the output's shape or one a row
+/// repeated along the other's leading dims in chunks of values, any other broadcast row by row
+/// ([`par_rows`]); `None` when small or on one thread.
 fn par_binary(
     x: &Tensor,
     y: &Tensor,
@@ -121,7 +122,9 @@ fn par_binary(
     } else if x.shape == shape && !q.is_empty() && !ys.is_empty() && shape.ends_with(ys) {
         (q.len() * (PAR_CHUNK / q.len()).max(1), true)
     } else {
-        return None;
+        let mut out = pool::zeros(n);
+        par_rows(&shape, (&x.shape, p), (&y.shape, q), f, &mut out);
+        return Some(Tensor::f32(shape, out));
     };
     let mut out = pool::zeros(n);
     out.par_chunks_mut(w)
@@ -142,6 +145,65 @@ fn par_binary(
             }
         });
     Some(Tensor::f32(shape, out))
+}
+
+/// `f(a, b)` broadcast to `shape` into `out`, row by row along the last dim as `zip_with`'s
+/// general case reads them (each operand's row contiguous or one value repeated), the rows
+/// split over the caller's rayon pool: a gate `[B, E, 1]` times experts `[B, E, D]` ran on one
+/// thread before (`docs/graph-models.md`). Every value is `f` of the same two values as there.
+fn par_rows(
+    shape: &[usize],
+    (xs, p): (&[usize], &[f32]),
+    (ys, q): (&[usize], &[f32]),
+    f: impl Fn(f32, f32) -> f32 + Sync,
+    out: &mut [f32],
+) {
+    let r = shape.len();
+    let last = shape.last().copied().unwrap_or(1);
+    if r == 0 || last == 0 {
+        return;
+    }
+    let (sa, sb) = (strides_in(xs, shape), strides_in(ys, shape));
+    let rows_per = (PAR_CHUNK / last).max(1);
+    out.par_chunks_mut(rows_per * last)
+        .enumerate()
+        .for_each(|(c, o)| {
+            // The first row's index and offsets, then an odometer over the leading dims.
+            let mut idx = vec![0usize; r - 1];
+            let (mut ia, mut ib, mut rest) = (0usize, 0usize, c * rows_per);
+            for d in (0..r - 1).rev() {
+                idx[d] = rest % shape[d];
+                rest /= shape[d];
+                ia += idx[d] * sa[d];
+                ib += idx[d] * sb[d];
+            }
+            for row in o.chunks_mut(last) {
+                match (sa[r - 1], sb[r - 1]) {
+                    (0, 0) => row.fill(f(p[ia], q[ib])),
+                    (0, _) => zip_row(row, &q[ib..ib + last], |y| f(p[ia], y)),
+                    (_, 0) => zip_row(row, &p[ia..ia + last], |x| f(x, q[ib])),
+                    _ => row
+                        .iter_mut()
+                        .zip(p[ia..ia + last].iter().zip(&q[ib..ib + last]))
+                        .for_each(|(o, (&x, &y))| *o = f(x, y)),
+                }
+                for d in (0..r - 1).rev() {
+                    idx[d] += 1;
+                    ia += sa[d];
+                    ib += sb[d];
+                    if idx[d] < shape[d] {
+                        break;
+                    }
+                    ia -= sa[d] * shape[d];
+                    ib -= sb[d] * shape[d];
+                    idx[d] = 0;
+                }
+            }
+        });
+}
+
+fn zip_row(row: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
+    row.iter_mut().zip(src).for_each(|(o, &v)| *o = f(v));
 }
 
 /// `alpha * op(A) op(B) + beta * C`, A and B 2-D.
@@ -292,15 +354,27 @@ pub(super) fn reduce(
         // One axis: for each outer index, its rows summed into the output's row in order (the
         // same order as the general loop below, so the same sums).
         let (d, inner) = (t.shape[a], t.shape[a + 1..].iter().product::<usize>());
-        for (o, dst) in acc
-            .chunks_mut(inner.max(1))
-            .enumerate()
-            .take(n_out / inner.max(1))
-        {
-            for j in 0..d {
-                let src = &v[(o * d + j) * inner..][..inner];
-                dst.iter_mut().zip(src).for_each(|(a, &x)| step(a, x));
+        let inner = inner.max(1);
+        let rows = |o0: usize, part: &mut [f32]| {
+            for (k, dst) in part.chunks_mut(inner).enumerate() {
+                let o = o0 + k;
+                for j in 0..d {
+                    let src = &v[(o * d + j) * inner..][..inner];
+                    dst.iter_mut().zip(src).for_each(|(a, &x)| step(a, x));
+                }
             }
+        };
+        let acc_len = (n_out / inner) * inner;
+        if v.len() >= PAR_MIN && rayon::current_num_threads() > 1 {
+            // Outer indices split over the caller's pool: each output value still sums its
+            // rows in order.
+            let per = (PAR_CHUNK / (inner * d).max(1)).max(1);
+            acc[..acc_len]
+                .par_chunks_mut(per * inner)
+                .enumerate()
+                .for_each(|(c, part)| rows(c * per, part));
+        } else {
+            rows(0, &mut acc[..acc_len]);
         }
         return finish_reduce(kind, acc, count, t, &on, out_full, keepdims);
     }
@@ -320,6 +394,54 @@ pub(super) fn reduce(
         }
     }
     finish_reduce(kind, acc, count, t, &on, out_full, keepdims)
+}
+
+/// `ReduceSum(a * b, axes)` without the product written, where one operand is a gate `[B, E, 1]`
+/// and the other experts `[B, E, D]` and `axes` is the experts' axis: `out[b, :] = sum over e
+/// of gate[b, e] * experts[b, e, :]`, each product rounded and added in order from zero as the
+/// two ops do; `None` (the two ops run) for any other shapes. Samples split over the caller's
+/// rayon pool.
+pub(super) fn gated_sum(
+    a: &Tensor,
+    b: &Tensor,
+    axes: Option<&[i64]>,
+    keepdims: bool,
+) -> Option<Result<Tensor, String>> {
+    let (g, x) = match (a.shape.as_slice(), b.shape.as_slice()) {
+        ([_, _, 1], [_, _, d]) if *d != 1 => (a, b),
+        ([_, _, d], [_, _, 1]) if *d != 1 => (b, a),
+        _ => return None,
+    };
+    let (bn, e, d) = (x.shape[0], x.shape[1], x.shape[2]);
+    let on_experts = matches!(axes, Some([ax]) if axis(*ax, 3).ok() == Some(1));
+    if g.shape[..2] != [bn, e] || !on_experts || e == 0 || d == 0 {
+        return None;
+    }
+    let (gv, xv) = (g.as_f32()?, x.as_f32()?);
+    let mut out = pool::zeros(bn * d);
+    let rows = |b0: usize, part: &mut [f32]| {
+        for (k, acc) in part.chunks_mut(d).enumerate() {
+            let b = b0 + k;
+            for j in 0..e {
+                let w = gv[b * e + j];
+                let src = &xv[(b * e + j) * d..][..d];
+                acc.iter_mut().zip(src).for_each(|(a, &v)| *a += w * v);
+            }
+        }
+    };
+    if xv.len() >= PAR_MIN && rayon::current_num_threads() > 1 {
+        let per = (PAR_CHUNK / (e * d)).max(1);
+        out.par_chunks_mut(per * d)
+            .enumerate()
+            .for_each(|(c, part)| rows(c * per, part));
+    } else {
+        rows(0, &mut out);
+    }
+    let shape = match keepdims {
+        true => vec![bn, 1, d],
+        false => vec![bn, d],
+    };
+    Some(Tensor::f32(shape, out))
 }
 
 /// A reduction's sums made its values (a mean divided, an L2 norm's root taken), shaped.

@@ -51,7 +51,15 @@ pub(super) fn run(
             threads,
             par,
         };
+        let t0 = std::time::Instant::now();
         let outs = step(plan, &given, s, &plan.frees[k], &mut vals, run).map_err(fail)?;
+        STEPS.with_borrow_mut(|p| {
+            if let Some(p) = p {
+                p.resize(p.len().max(plan.steps.len()), Default::default());
+                p[k].0 += t0.elapsed();
+                p[k].1 += 1;
+            }
+        });
         for (o, t) in s.outputs.iter().zip(outs) {
             vals[*o] = Some(t);
         }
@@ -64,7 +72,8 @@ pub(super) fn run(
             }
         }
     }
-    plan.outputs
+    let outs = plan
+        .outputs
         .iter()
         .map(|(name, id)| {
             vals[*id]
@@ -73,7 +82,15 @@ pub(super) fn run(
                 .or_else(|| plan.consts[*id].clone())
                 .ok_or_else(|| GraphError::Run(format!("output {name:?} was not computed")))
         })
-        .collect()
+        .collect();
+    // What is left (the outputs, values no step reads) goes back to the pool, not to the
+    // allocator, which would hand it to the OS and fault it in afresh on the next run.
+    for v in vals.into_iter().flatten() {
+        if let Data::F32(v) = v.data {
+            pool::give(v);
+        }
+    }
+    outs
 }
 
 /// How the linear layers run.
@@ -84,7 +101,18 @@ struct Run {
     par: Par,
 }
 
+/// Each step's time and runs on this thread since [`profile`] started it.
+pub(super) type StepTimes = Vec<(std::time::Duration, u64)>;
+
+/// Starts (`true`, from zero) or stops timing each step of this thread's runs; returns what
+/// was timed since the last start.
+pub(super) fn profile(on: bool) -> StepTimes {
+    STEPS.with_borrow_mut(|p| std::mem::replace(p, on.then(Vec::new)).unwrap_or_default())
+}
+
 thread_local! {
+    /// Each step's time, while [`profile`] times them.
+    static STEPS: std::cell::RefCell<Option<StepTimes>> = const { std::cell::RefCell::new(None) };
     /// The bf16 / int8 layers' activations, reused by the thread's runs (as `pool.rs` keeps the
     /// values' buffers).
     static LOWP: std::cell::RefCell<LowpScratch> = std::cell::RefCell::new(LowpScratch::default());
@@ -118,41 +146,146 @@ fn step(
             };
             Ok(vec![t.reshaped(shape)?])
         }
-        Kind::Linear(l) => {
-            let x = args[0].ok_or("its input is missing")?;
-            let xv = x
-                .as_f32()
-                .ok_or_else(|| format!("input is {}, not float", x.kind()))?;
-            if x.shape.last() != Some(&l.in_dim()) {
-                return Err(format!(
-                    "input of shape {:?} for a layer of {} inputs",
-                    x.shape,
-                    l.in_dim()
-                ));
+        Kind::Linear(l) => Ok(vec![linear(
+            l,
+            args[0].ok_or("its input is missing")?,
+            run,
+        )?]),
+        Kind::GatedSum { axes, keepdims } => {
+            let (Some(a), Some(b)) = (args[0], args[1]) else {
+                return Err("an input of the gated sum is missing".into());
+            };
+            let axes = super::ops::axes_of(args.get(2).copied().flatten(), axes)?;
+            if let Some(t) = super::compute::gated_sum(a, b, axes.as_deref(), *keepdims) {
+                return Ok(vec![t?]);
             }
-            let rows = x.len() / l.in_dim().max(1);
-            let mut y = pool::zeros(rows * l.out_dim());
-            match run.dense.kernels {
-                None => l.forward(xv, rows, &mut y, run.par),
-                Some(kernels) => LOWP.with_borrow_mut(|s| {
-                    let exec = lowp::Exec {
-                        kernels,
-                        dtype: run.dense.dtype,
-                        threads: run.threads,
-                    };
-                    // int8 but for a head's few outputs, which run in bf16 as the DLRM
-                    // path's last layer does (their error goes straight to the score).
-                    if run.dense.dtype == DenseDType::Int8 && l.out_dim() > HEAD_OUTPUTS {
-                        lowp::linear_int8(exec, l, xv, l.in_dim(), rows, &mut y, s);
-                    } else {
-                        let input = lowp::Input::F32(xv, l.in_dim());
-                        lowp::mlp(exec, std::slice::from_ref(&**l), input, rows, &mut y, s);
-                    }
-                }),
+            let m = super::compute::binary(super::compute::Binary::Mul, a, b)?;
+            let r =
+                super::compute::reduce(super::compute::Reduce::Sum, &m, axes.as_deref(), *keepdims);
+            if let Data::F32(v) = m.data {
+                pool::give(v);
             }
-            let mut shape = x.shape.clone();
-            *shape.last_mut().unwrap() = l.out_dim();
-            Ok(vec![Tensor::f32(shape, y)?])
+            Ok(vec![r?])
+        }
+        Kind::Cross(l) => {
+            let [Some(x), Some(x0), Some(xl)] = args[..] else {
+                return Err("an input of the cross step is missing".into());
+            };
+            Ok(vec![cross(l, x, (x0, xl), run)?])
         }
     }
+}
+
+/// Layer `l` on `x` (`[.., in]`): `[.., out]`.
+fn linear(l: &crate::mlp::Linear, x: &Tensor, run: Run) -> std::result::Result<Tensor, String> {
+    let xv = layer_input(l, x)?;
+    let rows = x.len() / l.in_dim().max(1);
+    let mut y = pool::zeros(rows * l.out_dim());
+    match run.dense.kernels {
+        None => l.forward(xv, rows, &mut y, run.par),
+        Some(kernels) => LOWP.with_borrow_mut(|s| {
+            let exec = lowp::Exec {
+                kernels,
+                dtype: run.dense.dtype,
+                threads: run.threads,
+            };
+            // int8 but for a head's few outputs, which run in bf16 as the DLRM
+            // path's last layer does (their error goes straight to the score).
+            if run.dense.dtype == DenseDType::Int8 && l.out_dim() > HEAD_OUTPUTS {
+                lowp::linear_int8(exec, l, xv, l.in_dim(), rows, &mut y, s);
+            } else {
+                let input = lowp::Input::F32(xv, l.in_dim());
+                lowp::mlp(exec, std::slice::from_ref(l), input, rows, &mut y, s);
+            }
+        }),
+    }
+    Tensor::f32(out_shape(l, x), y)
+}
+
+/// `x`'s values, checked as layer `l`'s input.
+fn layer_input<'a>(
+    l: &crate::mlp::Linear,
+    x: &'a Tensor,
+) -> std::result::Result<&'a [f32], String> {
+    let xv = x
+        .as_f32()
+        .ok_or_else(|| format!("input is {}, not float", x.kind()))?;
+    if x.shape.last() != Some(&l.in_dim()) {
+        return Err(format!(
+            "input of shape {:?} for a layer of {} inputs",
+            x.shape,
+            l.in_dim()
+        ));
+    }
+    Ok(xv)
+}
+
+fn out_shape(l: &crate::mlp::Linear, x: &Tensor) -> Vec<usize> {
+    let mut shape = x.shape.clone();
+    if let Some(d) = shape.last_mut() {
+        *d = l.out_dim();
+    }
+    shape
+}
+
+/// The cross step `x0 * (l x) + xl` ([`Kind::Cross`]): where `x0` and `xl` have the layer's
+/// output shape, in the layer's epilogue (bf16, and int8 but for a head's few outputs), else
+/// in one loop after the layer, each value rounded as the separate `Mul` and `Add` round it;
+/// with broadcasting, as the three ops.
+fn cross(
+    l: &crate::mlp::Linear,
+    x: &Tensor,
+    (x0, xl): (&Tensor, &Tensor),
+    run: Run,
+) -> std::result::Result<Tensor, String> {
+    let shape = out_shape(l, x);
+    let (Some(a), Some(b)) = (x0.as_f32(), xl.as_f32()) else {
+        return Err(format!(
+            "x0 is {} and xl {}, not float",
+            x0.kind(),
+            xl.kind()
+        ));
+    };
+    if x0.shape != shape || xl.shape != shape {
+        let y = linear(l, x, run)?;
+        let m = super::compute::binary(super::compute::Binary::Mul, x0, &y)?;
+        return super::compute::binary(super::compute::Binary::Add, &m, xl);
+    }
+    let xv = layer_input(l, x)?;
+    let rows = x.len() / l.in_dim().max(1);
+    let low = run
+        .dense
+        .kernels
+        .filter(|_| l.out_dim() > HEAD_OUTPUTS || run.dense.dtype == DenseDType::Bf16);
+    let Some(kernels) = low else {
+        let y = linear(l, x, run)?;
+        let mut v = match y.data {
+            Data::F32(v) => v,
+            Data::I64(_) => return Err("a layer gave integers".into()),
+        };
+        let step = |o: &mut [f32], p: &[f32], q: &[f32]| {
+            o.iter_mut()
+                .zip(p.iter().zip(q))
+                .for_each(|(o, (&p, &q))| *o = p * *o + q)
+        };
+        if v.len() >= 1 << 15 && run.threads > 1 {
+            use rayon::prelude::*;
+            v.par_chunks_mut(1 << 13)
+                .zip(a.par_chunks(1 << 13).zip(b.par_chunks(1 << 13)))
+                .for_each(|(o, (p, q))| step(o, p, q));
+        } else {
+            step(&mut v, a, b);
+        }
+        return Tensor::f32(shape, v);
+    };
+    let mut out = pool::zeros(rows * l.out_dim());
+    LOWP.with_borrow_mut(|s| {
+        let exec = lowp::Exec {
+            kernels,
+            dtype: run.dense.dtype,
+            threads: run.threads,
+        };
+        lowp::linear_cross(exec, l, (xv, l.in_dim()), rows, (a, b), &mut out, s);
+    });
+    Tensor::f32(shape, out)
 }

@@ -42,10 +42,52 @@ pub(super) fn concat(ts: &[&Tensor], ax: i64) -> Result<Tensor, String> {
             Tensor::$make(shape, v)
         }};
     }
+    let n: usize = shape.iter().product();
     match first.data {
+        Data::F32(_) if n >= PAR_MIN && rayon::current_num_threads() > 1 => {
+            par_concat(ts, a, outer, inner, n).and_then(|v| Tensor::f32(shape, v))
+        }
         Data::F32(_) => cat!(as_f32, f32, pool::take),
         Data::I64(_) => cat!(as_i64, i64, Vec::with_capacity),
     }
+}
+
+/// Concatenations of at least this many values split their outer rows over the caller's pool.
+const PAR_MIN: usize = 1 << 15;
+
+/// [`concat`] of f32 tensors (checked there) with the outer rows split over the caller's rayon
+/// pool: MMoE's stack of its experts' outputs, `[B, E, D]`, ran on one thread before.
+fn par_concat(
+    ts: &[&Tensor],
+    a: usize,
+    outer: usize,
+    inner: usize,
+    n: usize,
+) -> Result<Vec<f32>, String> {
+    use rayon::prelude::*;
+    let parts: Vec<(&[f32], usize)> = ts
+        .iter()
+        .map(|t| Ok((super::tensor::floats(t)?, t.shape[a] * inner)))
+        .collect::<Result<_, String>>()?;
+    let row: usize = parts.iter().map(|p| p.1).sum();
+    let mut v = pool::zeros(n);
+    if row == 0 || outer == 0 {
+        return Ok(v);
+    }
+    let per = ((1 << 13) / row).max(1);
+    v.par_chunks_mut(per * row)
+        .enumerate()
+        .for_each(|(c, dst)| {
+            for (k, out_row) in dst.chunks_mut(row).enumerate() {
+                let o = c * per + k;
+                let mut at = 0;
+                for &(src, w) in &parts {
+                    out_row[at..at + w].copy_from_slice(&src[o * w..(o + 1) * w]);
+                    at += w;
+                }
+            }
+        });
+    Ok(v)
 }
 
 /// `len` elements from `start` with `step` along axis `a`.

@@ -138,7 +138,7 @@ impl Graph {
             .plan
             .steps
             .iter()
-            .filter(|s| matches!(s.kind, Kind::Linear(_)))
+            .filter(|s| matches!(s.kind, Kind::Linear(_) | Kind::Cross(_)))
             .count();
         (lin, self.plan.steps.len() - lin)
     }
@@ -159,10 +159,37 @@ impl Graph {
     /// run it with [`Graph::run_in`]).
     pub fn prepare(&self, dtype: DenseDType) {
         for s in &self.plan.steps {
-            if let Kind::Linear(l) = &s.kind {
+            if let Kind::Linear(l) | Kind::Cross(l) = &s.kind {
                 l.prepare(dtype);
             }
         }
+    }
+
+    /// Starts timing each step of the graph runs on the calling thread (`ember bench graph
+    /// --profile`), from zero.
+    pub fn profile_start() {
+        eval::profile(true);
+    }
+
+    /// Stops timing steps on the calling thread: each step that ran, as `node NAME (OP)` (a
+    /// linear layer on Ember's kernels keeps its node's name), its mean time per run, and its
+    /// share of the steps' total, slowest first.
+    pub fn profile_take(&self) -> Vec<(String, std::time::Duration, f64)> {
+        let times = eval::profile(false);
+        let total: f64 = times.iter().map(|t| t.0.as_secs_f64()).sum();
+        let mut v: Vec<_> = self
+            .plan
+            .steps
+            .iter()
+            .zip(&times)
+            .filter(|(_, t)| t.1 > 0)
+            .map(|(s, t)| {
+                let share = t.0.as_secs_f64() / total.max(f64::MIN_POSITIVE);
+                (s.what.clone(), t.0 / t.1 as u32, share)
+            })
+            .collect();
+        v.sort_by_key(|s| std::cmp::Reverse(s.1));
+        v
     }
 
     pub fn dense_dtype(&self) -> DenseDType {

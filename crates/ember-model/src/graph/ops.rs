@@ -391,7 +391,10 @@ fn constant(a: &Attrs<'_>) -> Result<Tensor, String> {
 }
 
 /// Axes from the input (opset 13+) or the attribute (older opsets).
-fn axes_of(input: Option<&Tensor>, attr: &Option<Vec<i64>>) -> Result<Option<Vec<i64>>, String> {
+pub(super) fn axes_of(
+    input: Option<&Tensor>,
+    attr: &Option<Vec<i64>>,
+) -> Result<Option<Vec<i64>>, String> {
     match input {
         Some(t) => Ok(Some(ints(t)?.to_vec())),
         None => Ok(attr.clone()),

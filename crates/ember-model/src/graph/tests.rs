@@ -656,6 +656,371 @@ fn large_elementwise_ops_split_over_threads_match_the_plain_loop() {
     }
 }
 
+/// A gate per row times rows (`[B, E, 1] * [B, E, D]`, MMoE's), a row per sample broadcast
+/// over the middle axis, their sum over one axis and their join: split over 2 threads, each
+/// value bit for bit the one-thread run's and the index formula's; batch 1 and an empty batch.
+#[test]
+fn broadcasts_sums_and_joins_split_over_threads_match_one_thread() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let (e, d) = (5, 97);
+    let bytes = model(
+        vec![
+            node("Mul", &["g", "x"], &["m"], vec![]),
+            node("Mul", &["x", "h"], &["k"], vec![]),
+            node(
+                "ReduceSum",
+                &["m", "ax"],
+                &["s"],
+                vec![attr_int("keepdims", 0)],
+            ),
+            node("Concat", &["m", "k"], &["c"], vec![attr_int("axis", 1)]),
+        ],
+        vec![ints_proto("ax", &[1])],
+        &["g", "x", "h"],
+        &["s", "c"],
+    );
+    let graph = Graph::from_bytes(&bytes).unwrap();
+    for b in [301, 1, 0] {
+        let (gv, xv, hv) = (
+            random(&mut rng, b * e),
+            random(&mut rng, b * e * d),
+            random(&mut rng, b * d),
+        );
+        let g = Tensor::f32(vec![b, e, 1], gv.clone()).unwrap();
+        let x = Tensor::f32(vec![b, e, d], xv.clone()).unwrap();
+        let h = Tensor::f32(vec![b, 1, d], hv.clone()).unwrap();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| graph.run(&[("g", &g), ("x", &x), ("h", &h)], threads))
+                .unwrap()
+        };
+        let (two, one) = (run(2), run(1));
+        for (a, c) in two.iter().zip(&one) {
+            assert_eq!(a.shape, c.shape, "batch {b}");
+            assert_eq!(a.as_f32().unwrap(), c.as_f32().unwrap(), "batch {b}");
+        }
+        let (sum, cat) = (two[0].as_f32().unwrap(), two[1].as_f32().unwrap());
+        assert_eq!(two[1].shape, vec![b, 2 * e, d]);
+        for i in 0..b {
+            for k in 0..d {
+                let mut want = 0.0f32;
+                for j in 0..e {
+                    let m = gv[i * e + j] * xv[(i * e + j) * d + k];
+                    want += m;
+                    assert_eq!(cat[(i * 2 * e + j) * d + k], m);
+                    let kk = xv[(i * e + j) * d + k] * hv[i * d + k];
+                    assert_eq!(cat[(i * 2 * e + e + j) * d + k], kk);
+                }
+                assert_eq!(sum[i * d + k], want, "sum ({i}, {k})");
+            }
+        }
+    }
+}
+
+/// A Concat that joins every part of a Split back in order, on the same axis, reads the
+/// split's input (the split is gone from the plan when nothing else reads its parts); a join
+/// in another order, or a part read elsewhere, keeps the split; each as the plain formula.
+#[test]
+fn a_split_joined_back_whole_is_not_copied() {
+    let x = Tensor::f32(vec![3, 8], (0..24).map(|v| v as f32).collect()).unwrap();
+    let plan = |nodes: Vec<NodeProto>, outs: &[&str]| {
+        let bytes = model(nodes, vec![ints_proto("sp", &[3, 5])], &["x", "d"], outs);
+        Graph::from_bytes(&bytes).unwrap()
+    };
+    let split = || {
+        node(
+            "Split",
+            &["x", "sp"],
+            &["p", "q"],
+            vec![attr_int("axis", 1)],
+        )
+    };
+    let d = Tensor::f32(vec![3, 2], vec![-1.0; 6]).unwrap();
+    let ops = |g: &Graph| {
+        g.plan
+            .steps
+            .iter()
+            .map(|s| s.what.clone())
+            .collect::<Vec<_>>()
+    };
+    // [d, p, q] -> [d, x]: the split is dropped.
+    let g = plan(
+        vec![
+            split(),
+            node(
+                "Concat",
+                &["d", "p", "q"],
+                &["y"],
+                vec![attr_int("axis", 1)],
+            ),
+        ],
+        &["y"],
+    );
+    assert!(
+        !ops(&g).iter().any(|w| w.contains("Split")),
+        "{:?}",
+        ops(&g)
+    );
+    let y = g.run(&[("x", &x), ("d", &d)], 1).unwrap().remove(0);
+    assert_eq!(y.shape, vec![3, 10]);
+    for i in 0..3 {
+        let want: Vec<f32> = [-1.0, -1.0]
+            .into_iter()
+            .chain((0..8).map(|k| (i * 8 + k) as f32))
+            .collect();
+        assert_eq!(&y.as_f32().unwrap()[i * 10..(i + 1) * 10], want.as_slice());
+    }
+    // [q, p]: another order, the split stays; and a part also read by a Neg keeps it too.
+    for (nodes, outs) in [
+        (
+            vec![
+                split(),
+                node("Concat", &["q", "p"], &["y"], vec![attr_int("axis", 1)]),
+            ],
+            vec!["y"],
+        ),
+        (
+            vec![
+                split(),
+                node("Concat", &["p", "q"], &["y"], vec![attr_int("axis", 1)]),
+                node("Neg", &["p"], &["n"], vec![]),
+            ],
+            vec!["y", "n"],
+        ),
+    ] {
+        let g = plan(nodes, &outs);
+        assert!(ops(&g).iter().any(|w| w.contains("Split")), "{:?}", ops(&g));
+        let got = g.run(&[("x", &x), ("d", &d)], 1).unwrap();
+        let y = got[0].as_f32().unwrap();
+        let reordered = outs.len() == 1;
+        for i in 0..3 {
+            for k in 0..8 {
+                let src = match reordered {
+                    true => (k + 3) % 8,
+                    false => k,
+                };
+                assert_eq!(y[i * 8 + k], (i * 8 + src) as f32);
+            }
+        }
+        if let Some(n) = got.get(1) {
+            assert_eq!(n.shape, vec![3, 3]);
+            assert_eq!(n.as_f32().unwrap()[4], -9.0);
+        }
+    }
+}
+
+/// The cross net's step, `x0 * (x W + b) + xl`, is one step: in f32 bit for bit the plain
+/// formula (each product and sum rounded as the separate ops round them), in bf16 and int8
+/// near it; an `x0` that broadcasts runs the three ops; a product read elsewhere is not fused.
+#[test]
+fn a_cross_step_is_one_pass_and_exact_in_f32() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let (n, r) = (40, 24);
+    let w = random(&mut rng, r * n);
+    let b = random(&mut rng, n);
+    let nodes = |x0: &str, extra: bool| {
+        let mut v = vec![
+            node("MatMul", &["x", "w"], &["y0"], vec![]),
+            node("Add", &["y0", "b"], &["y"], vec![]),
+            node("Mul", &[x0, "y"], &["m"], vec![]),
+            node("Add", &["xl", "m"], &["z"], vec![]),
+        ];
+        if extra {
+            v.push(node("Neg", &["m"], &["e"], vec![]));
+        }
+        v
+    };
+    let inits = || vec![tensor_proto("w", &[r, n], &w), tensor_proto("b", &[n], &b)];
+    let plan = |x0: &str, extra: bool| {
+        let outs: &[&str] = if extra { &["z", "e"] } else { &["z"] };
+        Graph::from_bytes(&model(nodes(x0, extra), inits(), &["x", x0, "xl"], outs)).unwrap()
+    };
+    let crosses = |g: &Graph| {
+        g.plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, super::plan::Kind::Cross(_)))
+            .count()
+    };
+    for rows in [37, 1, 0] {
+        let (xv, x0v, xlv) = (
+            random(&mut rng, rows * r),
+            random(&mut rng, rows * n),
+            random(&mut rng, rows * n),
+        );
+        let x = Tensor::f32(vec![rows, r], xv.clone()).unwrap();
+        let x0 = Tensor::f32(vec![rows, n], x0v.clone()).unwrap();
+        let xl = Tensor::f32(vec![rows, n], xlv.clone()).unwrap();
+        let lin: Vec<f32> = (0..rows * n)
+            .map(|i| {
+                let (row, o) = (i / n, i % n);
+                let acc: f32 = (0..r).map(|k| xv[row * r + k] * w[k * n + o]).sum();
+                acc + b[o]
+            })
+            .collect();
+        let want: Vec<f32> = (0..rows * n).map(|i| x0v[i] * lin[i] + xlv[i]).collect();
+        let mut g = plan("x0", false);
+        assert_eq!(crosses(&g), 1);
+        assert_eq!(g.steps(), (1, 0));
+        let inputs = [("x", &x), ("x0", &x0), ("xl", &xl)];
+        for threads in [1, 2] {
+            let z = g.run(&inputs, threads).unwrap().remove(0);
+            assert_eq!(z.shape, vec![rows, n]);
+            // The layer's sums in their own order: within rounding of the formula's.
+            for (i, (&got, &w)) in z.as_f32().unwrap().iter().zip(&want).enumerate() {
+                assert!(
+                    (got - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{i}: {got} vs {w}"
+                );
+            }
+        }
+        // The same values as the three ops, unfused (the product also read elsewhere).
+        let unfused = plan("x0", true);
+        assert_eq!(crosses(&unfused), 0);
+        let u = unfused.run(&inputs, 1).unwrap().remove(0);
+        let f = g.run(&inputs, 1).unwrap().remove(0);
+        assert_eq!(f.as_f32().unwrap(), u.as_f32().unwrap(), "rows {rows}");
+        for dtype in [crate::DenseDType::Bf16, crate::DenseDType::Int8] {
+            g.set_dense_dtype(dtype).unwrap();
+            let z = g.run(&inputs, 2).unwrap().remove(0);
+            for (&got, &w) in z.as_f32().unwrap().iter().zip(&want) {
+                assert!(
+                    (got - w).abs() <= 0.1 * (1.0 + w.abs()),
+                    "{dtype:?}: {got} vs {w}"
+                );
+            }
+        }
+        // An x0 of one row, broadcast: the three ops, the formula with that row.
+        let g1 = plan("x0", false);
+        let row0 = Tensor::f32(vec![1, n], x0v[..n.min(x0v.len())].to_vec());
+        if let (Ok(row0), true) = (row0, rows > 0) {
+            let z = g1
+                .run(&[("x", &x), ("x0", &row0), ("xl", &xl)], 1)
+                .unwrap()
+                .remove(0);
+            let f = z.as_f32().unwrap();
+            for i in 0..rows * n {
+                let expect = x0v[i % n] * lin[i] + xlv[i];
+                assert!((f[i] - expect).abs() <= 1e-4 * (1.0 + expect.abs()), "{i}");
+            }
+        }
+    }
+}
+
+/// A gate times its experts summed over the experts (MMoE's `Mul` then `ReduceSum`) is one
+/// step, bit for bit the two ops' values (the product also read elsewhere keeps them apart):
+/// either operand order, keepdims or not, 1 and 2 threads; operands of other shapes (both
+/// `[B, E, D]`) and a sum over another axis give the two ops' values too.
+#[test]
+fn a_gated_sum_is_one_step_and_exact() {
+    let mut rng = StdRng::seed_from_u64(29);
+    let (e, d) = (3, 67);
+    let build = |ins: [&str; 2], keep: i64, ax: i64, extra: bool| {
+        let mut nodes = vec![
+            node("Mul", &ins, &["m"], vec![]),
+            node(
+                "ReduceSum",
+                &["m", "ax"],
+                &["s"],
+                vec![attr_int("keepdims", keep)],
+            ),
+        ];
+        let mut outs = vec!["s"];
+        if extra {
+            nodes.push(node("Neg", &["m"], &["n"], vec![]));
+            outs.push("n");
+        }
+        Graph::from_bytes(&model(
+            nodes,
+            vec![ints_proto("ax", &[ax])],
+            &["g", "x"],
+            &outs,
+        ))
+        .unwrap()
+    };
+    let gated = |g: &Graph| {
+        g.plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, super::plan::Kind::GatedSum { .. }))
+            .count()
+    };
+    for b in [211, 1, 0] {
+        let gv = random(&mut rng, b * e);
+        let xv = random(&mut rng, b * e * d);
+        for (gshape, ax) in [
+            (vec![b, e, 1], 1),
+            (vec![b, e, 1], -2),
+            (vec![b, e, d], 1),
+            (vec![b, e, 1], 2),
+        ] {
+            let gvals = match gshape[2] {
+                1 => gv.clone(),
+                _ => random(&mut rng, b * e * d),
+            };
+            let g = Tensor::f32(gshape.clone(), gvals).unwrap();
+            let x = Tensor::f32(vec![b, e, d], xv.clone()).unwrap();
+            for (ins, keep) in [(["g", "x"], 0), (["x", "g"], 1)] {
+                let fused = build(ins, keep, ax, false);
+                let apart = build(ins, keep, ax, true);
+                assert_eq!(gated(&fused), 1);
+                assert_eq!(gated(&apart), 0);
+                let want = apart.run(&[("g", &g), ("x", &x)], 1).unwrap().remove(0);
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let got = pool
+                        .install(|| fused.run(&[("g", &g), ("x", &x)], threads))
+                        .unwrap()
+                        .remove(0);
+                    assert_eq!(got.shape, want.shape, "{gshape:?} {ax} {ins:?}");
+                    assert_eq!(
+                        got.as_f32().unwrap(),
+                        want.as_f32().unwrap(),
+                        "{gshape:?} {ax}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `--profile`'s step times: every step that ran, counted on the thread that ran it, and
+/// nothing once stopped.
+#[test]
+fn the_profile_times_every_step_that_ran() {
+    let bytes = model(
+        vec![
+            node("Mul", &["x", "x"], &["m"], vec![]),
+            node("Sigmoid", &["m"], &["y"], vec![]),
+        ],
+        vec![],
+        &["x"],
+        &["y"],
+    );
+    let g = Graph::from_bytes(&bytes).unwrap();
+    let x = Tensor::f32(vec![4, 3], vec![0.5; 12]).unwrap();
+    Graph::profile_start();
+    for _ in 0..3 {
+        g.run(&[("x", &x)], 1).unwrap();
+    }
+    let p = g.profile_take();
+    let names: Vec<&str> = p.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(p.len(), 2, "{names:?}");
+    assert!(
+        names.iter().any(|n| n.contains("(Mul)")) && names.iter().any(|n| n.contains("(Sigmoid)"))
+    );
+    let shares: f64 = p.iter().map(|s| s.2).sum();
+    assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+    g.run(&[("x", &x)], 1).unwrap();
+    assert!(g.profile_take().is_empty(), "timed after it stopped");
+}
+
 /// A graph model's config is a DLRM-family config whose interaction is the graph: every loader
 /// reads it (so the registry, `convert` and the server take it), and what cannot describe a
 /// graph model is refused saying what.
