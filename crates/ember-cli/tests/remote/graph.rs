@@ -218,3 +218,60 @@ fn graph_model_tables_on_the_redis_and_ssd_tiers_score_as_in_memory_and_take_upd
     assert_eq!(small, dram, "scores with the SSD tier's flags");
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// Per sample, both heads, from `ember predict`'s lines, compared within `tol` (relative): rows
+/// pooled on the cluster's nodes are summed in another order than in memory.
+fn assert_heads_close(got: &str, want: &str, tol: f64, what: &str) {
+    let (g, w) = (predicted(got), predicted(want));
+    assert_eq!(g.len(), w.len(), "{what}");
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        for (x, y) in [(a.0, b.0), (a.1, b.1)] {
+            assert!(
+                (x - y).abs() <= tol * y.abs().max(1e-3),
+                "{what}: sample {i}: {x} vs {y}"
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn graph_model_bags_pooled_on_the_nodes_score_as_in_memory() {
+    let Some(c) = crate::cluster_with_module(0, &[]) else {
+        return;
+    };
+    let url = c.url();
+    let tmp = std::env::temp_dir().join(format!("ember-graph-pool-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let model = fixture_copy(&tmp);
+    let m = model.to_str().unwrap();
+    let dram = predict(&model, &tmp.join("dram.jsonl"), &[]);
+    crate::ok(&[
+        "registry",
+        "push",
+        "--redis",
+        &url,
+        "--model",
+        m,
+        "--replicas",
+        "0",
+    ]);
+    // No row cache: every bag's rows are pooled on the node that holds them (refused to start
+    // if a primary lacked the module).
+    let flags = [
+        "--placement",
+        "remote",
+        "--redis",
+        &url,
+        "--pool-remote",
+        "on",
+        "--cache-mb",
+        "0",
+    ];
+    let pooled = predict(&model, &tmp.join("pooled.jsonl"), &flags);
+    assert_heads_close(&pooled, &dram, 1e-5, "pooled on the nodes");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
