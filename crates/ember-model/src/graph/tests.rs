@@ -1199,6 +1199,25 @@ fn graph_models_score_ids_as_pytorch() {
     }
 }
 
+/// A graph model's int8 layers quantize each batch as they run: asking to calibrate them is
+/// refused saying so, and the model scores on after.
+#[test]
+fn calibrating_a_graph_model_is_refused_saying_why() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/graph_two_tower");
+    let m = load_model(&dir).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let (dense, kj) = fixture_batch(&exp);
+    let e = crate::Predictor::calibrate_int8(&m, 1, 1, |_| (dense.clone(), kj.clone()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("graph model") && e.contains("calibration"),
+        "{e}"
+    );
+    assert_eq!(score(&m, &dense, &kj, 1).unwrap()[0].len(), kj.batch_size());
+}
+
 /// Load refuses a graph that does not fit the tables (a table's dim changed), an output the
 /// config does not name, and a batch with an id past its table or the wrong dense width, each
 /// saying what; the model keeps scoring after a refused batch.
