@@ -15,11 +15,12 @@ pub fn accuracy_line(model: &Arc<Model>, name: &str, threads: usize) -> Option<(
             false,
             format!(
                 "model '{name}': {} dense layers ({}) keep {:.3}% of f32's AUC on {} random \
-                 samples (max |score error| {:.2e}, mean {:.2e})",
+                 samples{} (max |score error| {:.2e}, mean {:.2e})",
                 a.dtype,
                 a.isa.map_or("?", |i| i.describe(a.dtype)),
                 100.0 * a.ratio(),
                 a.samples,
+                worst_output(&a),
                 a.max_abs,
                 a.mean_abs
             ),
@@ -28,11 +29,12 @@ pub fn accuracy_line(model: &Arc<Model>, name: &str, threads: usize) -> Option<(
             true,
             format!(
                 "model '{name}': {} dense layers keep only {:.3}% of f32's AUC on {} random \
-                 samples, under MLPerf's 99.9% target (max |score error| {:.2e}): run it with \
+                 samples{}, under MLPerf's 99.9% target (max |score error| {:.2e}): run it with \
                  --dense-dtype f32{}",
                 a.dtype,
                 100.0 * a.ratio(),
                 a.samples,
+                worst_output(&a),
                 a.max_abs,
                 if a.dtype.name() == "int8" {
                     " or bf16"
@@ -50,6 +52,13 @@ pub fn accuracy_line(model: &Arc<Model>, name: &str, threads: usize) -> Option<(
             ),
         )),
     }
+}
+
+/// ` (its worst output, 'cvr')` for a model of several outputs, else nothing.
+fn worst_output(a: &ember_model::accuracy::DenseAccuracy) -> String {
+    a.output
+        .as_ref()
+        .map_or(String::new(), |o| format!(" (its worst output, '{o}')"))
 }
 
 /// [`accuracy_line`] through `tracing` (info, or warn).

@@ -1218,6 +1218,41 @@ fn calibrating_a_graph_model_is_refused_saying_why() {
     assert_eq!(score(&m, &dense, &kj, 1).unwrap()[0].len(), kj.batch_size());
 }
 
+/// The check at load of a graph model's bf16 / int8 layers (what `ember serve` logs) scores
+/// every output and reports the one that keeps least of f32's AUC; a one-output model names
+/// none.
+#[test]
+fn the_load_check_of_a_graph_models_low_precision_covers_every_output() {
+    for (name, outputs) in [("graph_mmoe", 2), ("graph_two_tower", 1)] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        for dtype in [crate::DenseDType::Bf16, crate::DenseDType::Int8] {
+            let opts = crate::LoadOptions {
+                dense_dtype: Some(dtype),
+                ..crate::LoadOptions::default()
+            };
+            let m = std::sync::Arc::new(crate::Model::load(&dir, opts).unwrap());
+            let a = crate::accuracy::check_at_load(&m, 1).unwrap().unwrap();
+            assert_eq!(a.samples, crate::accuracy::LOAD_CHECK_SAMPLES, "{name}");
+            assert!(
+                a.ratio() > 0.98 && a.ratio() < 1.02,
+                "{name} {dtype:?}: {}",
+                a.ratio()
+            );
+            assert!(a.max_abs > 0.0, "{name} {dtype:?}: the same scores as f32");
+            match outputs {
+                1 => assert_eq!(a.output, None),
+                _ => assert!(
+                    ["ctr", "cvr"].contains(&a.output.as_deref().unwrap_or("")),
+                    "{:?}",
+                    a.output
+                ),
+            }
+        }
+    }
+}
+
 /// Load refuses a graph that does not fit the tables (a table's dim changed), an output the
 /// config does not name, and a batch with an id past its table or the wrong dense width, each
 /// saying what; the model keeps scoring after a refused batch.
