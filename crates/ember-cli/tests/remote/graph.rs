@@ -50,19 +50,7 @@ fn fixture_copy(dir: &Path) -> PathBuf {
 
 /// `ember predict` of the model's samples with `extra` flags: the scores file's text.
 fn predict(model: &Path, out: &Path, extra: &[&str]) -> String {
-    let samples = model.join("samples.jsonl");
-    let mut args = vec![
-        "predict",
-        "--model",
-        model.to_str().unwrap(),
-        "--data",
-        samples.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    crate::ok(&args);
-    std::fs::read_to_string(out).unwrap()
+    crate::predict_file(model, "samples.jsonl", out, extra)
 }
 
 /// Per sample, its heads' scores, from `ember predict`'s lines or a `/v1/score` answer.

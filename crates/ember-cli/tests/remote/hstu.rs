@@ -23,19 +23,7 @@ fn fixture_copy(dir: &Path) -> PathBuf {
 
 /// `ember predict` of the model's users with `extra` flags: the scores file's text.
 fn predict(model: &Path, out: &Path, extra: &[&str]) -> String {
-    let users = model.join("users.jsonl");
-    let mut args = vec![
-        "predict",
-        "--model",
-        model.to_str().unwrap(),
-        "--data",
-        users.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    crate::ok(&args);
-    std::fs::read_to_string(out).unwrap()
+    crate::predict_file(model, "users.jsonl", out, extra)
 }
 
 #[test]

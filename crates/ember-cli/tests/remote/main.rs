@@ -170,6 +170,29 @@ pub fn ember(args: &[&str]) -> (bool, String) {
 }
 
 /// `ember ARGS`, which must succeed; what it printed.
+/// `ember predict` of the model directory's file `data` (JSON lines) with `extra` flags,
+/// scores written to `out`: the scores file's text.
+pub fn predict_file(
+    model: &std::path::Path,
+    data: &str,
+    out: &std::path::Path,
+    extra: &[&str],
+) -> String {
+    let data = model.join(data);
+    let mut args = vec![
+        "predict",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ok(&args);
+    std::fs::read_to_string(out).unwrap()
+}
+
 pub fn ok(args: &[&str]) -> String {
     let (done, text) = ember(args);
     assert!(done, "ember {args:?}: {text}");

@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use super::pool;
-use super::tensor::{Tensor, axis, broadcast, floats, scalar_f32, strides_in, zip_with};
+use super::tensor::{Tensor, axis, broadcast, floats, next_row, scalar_f32, strides_in, zip_with};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Unary {
@@ -187,17 +187,7 @@ fn par_rows(
                         .zip(p[ia..ia + last].iter().zip(&q[ib..ib + last]))
                         .for_each(|(o, (&x, &y))| *o = f(x, y)),
                 }
-                for d in (0..r - 1).rev() {
-                    idx[d] += 1;
-                    ia += sa[d];
-                    ib += sb[d];
-                    if idx[d] < shape[d] {
-                        break;
-                    }
-                    ia -= sa[d] * shape[d];
-                    ib -= sb[d] * shape[d];
-                    idx[d] = 0;
-                }
+                next_row(&mut idx, shape, (&sa, &sb), (&mut ia, &mut ib));
             }
         });
 }

@@ -247,9 +247,14 @@ fn cross(
         ));
     };
     if x0.shape != shape || xl.shape != shape {
+        use super::compute::{Binary, binary};
         let y = linear(l, x, run)?;
-        let m = super::compute::binary(super::compute::Binary::Mul, x0, &y)?;
-        return super::compute::binary(super::compute::Binary::Add, &m, xl);
+        let m = binary(Binary::Mul, x0, &y);
+        give(y);
+        let m = m?;
+        let z = binary(Binary::Add, &m, xl);
+        give(m);
+        return z;
     }
     let xv = layer_input(l, x)?;
     let rows = x.len() / l.in_dim().max(1);
@@ -288,4 +293,11 @@ fn cross(
         lowp::linear_cross(exec, l, (xv, l.in_dim()), rows, (a, b), &mut out, s);
     });
     Tensor::f32(shape, out)
+}
+
+/// `t`'s buffer back to the thread's pool (a value no later step reads).
+fn give(t: Tensor) {
+    if let Data::F32(v) = t.data {
+        pool::give(v);
+    }
 }

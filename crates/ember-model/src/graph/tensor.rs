@@ -176,20 +176,31 @@ pub fn zip_with<T: Copy, U>(
                         .map(|(&x, &y)| f(x, y)),
                 ),
             }
-            for d in (0..r - 1).rev() {
-                idx[d] += 1;
-                ia += sa[d];
-                ib += sb[d];
-                if idx[d] < shape[d] {
-                    break;
-                }
-                ia -= sa[d] * shape[d];
-                ib -= sb[d] * shape[d];
-                idx[d] = 0;
-            }
+            next_row(&mut idx, &shape, (&sa, &sb), (&mut ia, &mut ib));
         }
     }
     Ok((shape, out))
+}
+
+/// Moves an odometer over the leading dims of `shape` (all but the last; `idx` holds them) one
+/// row on, with two operands' offsets `ia` and `ib` at their strides `sa` and `sb`.
+pub fn next_row(
+    idx: &mut [usize],
+    shape: &[usize],
+    (sa, sb): (&[usize], &[usize]),
+    (ia, ib): (&mut usize, &mut usize),
+) {
+    for d in (0..idx.len()).rev() {
+        idx[d] += 1;
+        *ia += sa[d];
+        *ib += sb[d];
+        if idx[d] < shape[d] {
+            return;
+        }
+        *ia -= sa[d] * shape[d];
+        *ib -= sb[d] * shape[d];
+        idx[d] = 0;
+    }
 }
 
 /// Whether `s` (leading 1s aside) is the last dims of `full`: its values repeat whole along the

@@ -12,7 +12,7 @@ use crate::common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{Req, config, random_req};
+use common::{Req, config, kserve_body, random_req};
 use ember_model::serving::Outputs;
 use ember_model::{Engine, Ids, KeyedJagged, LoadOptions, Model, Predictor};
 use ember_serve::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -58,18 +58,6 @@ fn alone(m: &Arc<Model>, r: &Req) -> HashMap<String, Vec<f32>> {
         .into_iter()
         .zip(out.values)
         .collect()
-}
-
-fn kserve_body(m: &Model, r: &Req) -> Value {
-    let mut inputs =
-        vec![json!({"name": "dense", "shape": [r.n, 13], "datatype": "FP32", "data": r.dense})];
-    for (f, (l, ids)) in m.feature_names().iter().zip(&r.sparse) {
-        inputs.push(
-            json!({"name": format!("{f}_lengths"), "shape": [r.n], "datatype": "INT64", "data": l}),
-        );
-        inputs.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
-    }
-    json!({ "inputs": inputs })
 }
 
 /// `r`'s samples as `/v1/score` JSON.
@@ -119,6 +107,10 @@ fn check(got: &HashMap<String, Vec<f32>>, want: &HashMap<String, Vec<f32>>, what
     }
 }
 
+async fn get_json(c: &reqwest::Client, url: String) -> Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 async fn post(c: &reqwest::Client, url: String, body: &Value) -> (u16, String) {
     let r = c.post(url).json(body).send().await.unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
@@ -131,14 +123,7 @@ async fn every_head_is_served_over_kserve_grpc_and_v1_as_alone() {
     let infer = format!("{url}/v2/models/{NAME}/infer");
 
     // Metadata and Triton's config: the bag inputs and both heads.
-    let meta: Value = c
-        .get(format!("{url}/v2/models/{NAME}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let meta: Value = get_json(&c, format!("{url}/v2/models/{NAME}")).await;
     let outs: Vec<&str> = meta["outputs"]
         .as_array()
         .unwrap()
@@ -153,14 +138,7 @@ async fn every_head_is_served_over_kserve_grpc_and_v1_as_alone() {
         .map(|i| i["name"].as_str().unwrap())
         .collect();
     assert_eq!(inputs[..3], ["dense", "f_u_lengths", "f_u_ids"]);
-    let tconfig: Value = c
-        .get(format!("{url}/v2/models/{NAME}/config"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tconfig: Value = get_json(&c, format!("{url}/v2/models/{NAME}/config")).await;
     let touts: Vec<&str> = tconfig["output"]
         .as_array()
         .unwrap()

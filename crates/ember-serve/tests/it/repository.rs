@@ -85,18 +85,6 @@ fn load_model(dir: &Path) -> Arc<Model> {
     Arc::new(Model::load(dir, LoadOptions::default()).unwrap())
 }
 
-fn body(m: &Model, r: &Req) -> Value {
-    let mut inputs =
-        vec![json!({"name": "dense", "shape": [r.n, 13], "datatype": "FP32", "data": r.dense})];
-    for (f, (l, ids)) in m.feature_names().iter().zip(&r.sparse) {
-        inputs.push(
-            json!({"name": format!("{f}_lengths"), "shape": [r.n], "datatype": "INT64", "data": l}),
-        );
-        inputs.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
-    }
-    json!({ "inputs": inputs })
-}
-
 async fn post(c: &reqwest::Client, url: String, body: &Value) -> (u16, Value) {
     let r = c.post(url).json(body).send().await.unwrap();
     let code = r.status().as_u16();
@@ -139,14 +127,29 @@ async fn versions_swap_under_concurrent_requests_each_answer_from_one_version() 
     let reqs: Vec<Req> = (0..16)
         .map(|i| random_req(&ma, 1 + i % 5, 100 + i as u64))
         .collect();
-    let (code, ra) = post(&c, format!("{url}/v2/models/a/infer"), &body(&ma, &reqs[0])).await;
+    let (code, ra) = post(
+        &c,
+        format!("{url}/v2/models/a/infer"),
+        &kserve_body(&ma, &reqs[0]),
+    )
+    .await;
     assert_eq!(code, 200, "{ra}");
     assert_close(&scores_of(&ra), &direct(&ma, &reqs[0]));
-    let (_, rb) = post(&c, format!("{url}/v2/models/b/infer"), &body(&ma, &reqs[0])).await;
+    let (_, rb) = post(
+        &c,
+        format!("{url}/v2/models/b/infer"),
+        &kserve_body(&ma, &reqs[0]),
+    )
+    .await;
     assert_eq!(rb["model_version"], "1");
     assert_close(&scores_of(&rb), &direct(&mb1, &reqs[0]));
     assert_ne!(scores_of(&ra), scores_of(&rb));
-    let (code, v) = post(&c, format!("{url}/v2/models/c/infer"), &body(&ma, &reqs[0])).await;
+    let (code, v) = post(
+        &c,
+        format!("{url}/v2/models/c/infer"),
+        &kserve_body(&ma, &reqs[0]),
+    )
+    .await;
     assert_eq!(code, 404);
     assert!(v["error"].as_str().unwrap().contains("'a', 'b'"), "{v}");
     let idx = index(&c, &url).await;
@@ -162,7 +165,7 @@ async fn versions_swap_under_concurrent_requests_each_answer_from_one_version() 
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let bodies: Arc<Vec<Value>> = Arc::new(reqs.iter().map(|r| body(&ma, r)).collect());
+    let bodies: Arc<Vec<Value>> = Arc::new(reqs.iter().map(|r| kserve_body(&ma, r)).collect());
     let mut clients = Vec::new();
     for k in 0..3 {
         let (c, url, stop, bodies) = (c.clone(), url.clone(), stop.clone(), bodies.clone());
@@ -317,7 +320,7 @@ async fn failing_loads_keep_the_served_version_and_name_the_file() {
             "{msg}"
         );
         // Still served: version 1, its scores.
-        let (code, ok) = post(&c, format!("{url}/v2/models/m/infer"), &body(&m, &r)).await;
+        let (code, ok) = post(&c, format!("{url}/v2/models/m/infer"), &kserve_body(&m, &r)).await;
         assert_eq!(code, 200, "{ok}");
         assert_eq!(ok["model_version"], "1");
         assert_close(&scores_of(&ok), &direct(&m, &r));
@@ -343,7 +346,7 @@ async fn failing_loads_keep_the_served_version_and_name_the_file() {
     )
     .await;
     assert_eq!(code, 200, "{e}");
-    let (code, e) = post(&c, format!("{url}/v2/models/m/infer"), &body(&m, &r)).await;
+    let (code, e) = post(&c, format!("{url}/v2/models/m/infer"), &kserve_body(&m, &r)).await;
     assert_eq!(code, 404, "{e}");
     assert!(e["error"].as_str().unwrap().contains("unloaded"), "{e}");
     let ready = c
@@ -354,7 +357,7 @@ async fn failing_loads_keep_the_served_version_and_name_the_file() {
     assert_eq!(ready.status().as_u16(), 404);
     let (code, e) = load(c.clone(), url.clone()).await;
     assert_eq!((code, &e["version"]), (200, &json!("1")), "{e}");
-    let (code, _) = post(&c, format!("{url}/v2/models/m/infer"), &body(&m, &r)).await;
+    let (code, _) = post(&c, format!("{url}/v2/models/m/infer"), &kserve_body(&m, &r)).await;
     assert_eq!(code, 200);
     server.shutdown().await.unwrap();
 

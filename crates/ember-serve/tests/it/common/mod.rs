@@ -82,6 +82,21 @@ pub fn direct(m: &Arc<Model>, r: &Req) -> Vec<f32> {
     out
 }
 
+/// `r` as a KServe v2 JSON request of model `m`'s inputs (`dense`, then per feature its
+/// lengths and ids, all INT64).
+pub fn kserve_body(m: &Model, r: &Req) -> serde_json::Value {
+    use serde_json::json;
+    let mut inputs =
+        vec![json!({"name": "dense", "shape": [r.n, 13], "datatype": "FP32", "data": r.dense})];
+    for (f, (l, ids)) in m.feature_names().iter().zip(&r.sparse) {
+        inputs.push(
+            json!({"name": format!("{f}_lengths"), "shape": [r.n], "datatype": "INT64", "data": l}),
+        );
+        inputs.push(json!({"name": format!("{f}_ids"), "shape": [ids.len()], "datatype": "INT64", "data": ids}));
+    }
+    json!({ "inputs": inputs })
+}
+
 pub fn assert_close(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {
