@@ -10,7 +10,10 @@ torch.compile where it builds), same batch sizes and thread counts, alternating,
 
 DIR is what `tools/export_torch.py --from torch-module` wrote from the same factory with the same
 EMBER_GRAPH_ROWS (the factories are seeded, so the weights are the same). Both sides draw one id
-per (feature, sample) uniformly from each table and dense values uniform in [-1, 1).
+per (feature, sample) uniformly from each table (max_len ids per sequence feature: a full history,
+as `ember bench graph --whole` draws) and dense values uniform in [-1, 1). A model with sequence
+features needs fbgemm's native ops for TorchRec's JaggedTensor.to_padded_dense (the `tr`
+environment of docs/graph-models.md).
 """
 
 import argparse
@@ -41,10 +44,12 @@ def main():
     import torch_module
 
     model = torch_module.load_factory(a.factory)
-    bags = torch_module.find_bags(model)
-    keys = [f for _, _, fs in bags for f, _ in fs]
-    rows = [cfg.num_embeddings for _, _, fs in bags for _, cfg in fs]
-    dense_in = json.load(open(os.path.join(a.model, "config.json")))["dense_in"]
+    bags, seqs = torch_module.find_embeddings(model)
+    keys = [f for _, _, fs in bags + seqs for f, _ in fs]
+    rows = [cfg.num_embeddings for _, _, fs in bags + seqs for _, cfg in fs]
+    config = json.load(open(os.path.join(a.model, "config.json")))
+    dense_in = config["dense_in"]
+    per = [f.get("max_len", 1) for f in config["features"]]  # ids per sample, in keys' order
     batches = [int(x) for x in a.batch.split(",")]
     threads = [int(x) for x in a.threads.split(",")]
     modes = a.modes.split(",")
@@ -52,9 +57,9 @@ def main():
     inputs = {}
     for b in batches:
         dense = torch.rand(b, dense_in, generator=g) * 2 - 1
-        values = torch.cat([torch.randint(0, r, (b,), generator=g) for r in rows])
-        kjt = torch_module._tr().KeyedJaggedTensor.from_lengths_sync(
-            keys=keys, values=values, lengths=torch.ones(len(keys) * b, dtype=torch.long))
+        values = torch.cat([torch.randint(0, r, (b * p,), generator=g) for r, p in zip(rows, per)])
+        lengths = torch.cat([torch.full((b,), p, dtype=torch.long) for p in per])
+        kjt = torch_module._tr().KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
         inputs[b] = (dense, kjt)
     compiled = None
     if "compile" in modes:

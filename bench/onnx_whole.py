@@ -9,8 +9,11 @@
 One id per (feature, sample), as `ember bench graph --whole --ids-per-bag 1` draws them: each
 EmbeddingBagCollection is replaced by a module that gathers its tables' rows by the ids
 (`[B, features]`), which is what a bag of one id pools to, and the whole model is exported with
-torch.onnx.export (tables as initializers, external data). Ember's side is the model directory
-that `export_torch.py --from torch-module` wrote from the same factory and EMBER_GRAPH_ROWS.
+torch.onnx.export (tables as initializers, external data). A sequence feature has max_len ids a
+sample (a full history, as Ember's side draws): its EmbeddingCollection becomes a gather of
+`[B, max_len]` ids, padded as the model reads it, with the lengths a third input. Ember's side is
+the model directory that `export_torch.py --from torch-module` wrote from the same factory and
+EMBER_GRAPH_ROWS.
 """
 
 import argparse
@@ -50,15 +53,37 @@ class Gathered(torch.nn.Module):
         return torch_module._tr().KeyedTensor(keys=self.keys, length_per_key=self.dims, values=torch.cat(rows, 1))
 
 
+class GatheredSequences(torch.nn.Module):
+    """An EmbeddingCollection for full sequences: each feature's `[B, max_len, dim]` rows gathered
+    by its ids, with its lengths (column `s` of the `lengths` input)."""
+
+    def __init__(self, ec, holder, lo, s, max_len):
+        super().__init__()
+        self.feats, self.tables = [], torch.nn.ParameterList()
+        for cfg in ec.embedding_configs():
+            for f in cfg.feature_names:
+                self.feats.append((f, lo, s, max_len[f]))
+                self.tables.append(ec.embeddings[cfg.name].weight)
+                lo, s = lo + max_len[f], s + 1
+        self.holder = holder
+
+    def forward(self, features):
+        from torch_sequences import _Padded
+
+        ids, lengths = self.holder["ids"], self.holder["lengths"]
+        return {f: _Padded(f, t[ids[:, lo:lo + n]], lengths[:, s])
+                for (f, lo, s, n), t in zip(self.feats, self.tables)}
+
+
 class Whole(torch.nn.Module):
     def __init__(self, model, holder, kjt):
         super().__init__()
         self.model, self.holder, self.kjt = model, holder, kjt
 
-    def forward(self, dense, ids):
+    def forward(self, dense, ids, lengths=None):
         import torch_module
 
-        self.holder["ids"] = ids
+        self.holder["ids"], self.holder["lengths"] = ids, lengths
         out = self.model(dense, self.kjt)
         return tuple(o.reshape(o.shape[0], -1) for o in torch_module.flatten_outputs(out))
 
@@ -77,44 +102,65 @@ def main():
     import torch_module
 
     model = torch_module.load_factory(a.factory)
-    bags = torch_module.find_bags(model)
-    keys = [f for _, _, fs in bags for f, _ in fs]
-    rows = [cfg.num_embeddings for _, _, fs in bags for _, cfg in fs]
+    bags, seqs = torch_module.find_embeddings(model)
+    keys = [f for _, _, fs in bags + seqs for f, _ in fs]
+    rows = [cfg.num_embeddings for _, _, fs in bags + seqs for _, cfg in fs]
+    config = json.load(open(os.path.join(a.model, "config.json")))
+    dense_in = config["dense_in"]
+    per = [f.get("max_len", 1) for f in config["features"]]  # ids a sample, in keys' order
+    max_len = {f["name"]: f["max_len"] for f in config["features"] if "max_len" in f}
+
+    def draw(n, gen):
+        """`n` samples' ids `[n, sum of per]` (a feature's columns side by side)."""
+        return torch.cat([gen(r, (n, p)) for r, p in zip(rows, per)], 1)
+
+    def kjt_of(ids):
+        n = ids.shape[0]
+        cols = torch.split(ids, per, 1)
+        return torch_module.to_kjt({"keys": keys, "values": torch.cat([c.reshape(-1) for c in cols]),
+                                    "lengths": torch.cat([torch.full((n,), p) for p in per])})
+
     # The model's own scores on a small batch, to check the whole-model graph against.
     g = torch.Generator().manual_seed(5)
-    check_ids = torch.stack([torch.randint(0, r, (4,), generator=g) for r in rows], 1)
-    check_dense = torch.rand(4, json.load(open(os.path.join(a.model, "config.json")))["dense_in"], generator=g)
-    check_kjt = torch_module.to_kjt({"keys": keys, "lengths": torch.ones(len(keys) * 4, dtype=torch.long),
-                                     "values": check_ids.t().reshape(-1)})
+    check_ids = draw(4, lambda r, s: torch.randint(0, r, s, generator=g))
+    check_dense = torch.rand(4, dense_in, generator=g)
     with torch.no_grad():
-        want = [o.reshape(-1) for o in torch_module.flatten_outputs(model(check_dense, check_kjt))]
-    holder, lo = {}, 0
-    for path, m, fs in bags:
+        want = [o.reshape(-1) for o in torch_module.flatten_outputs(model(check_dense, kjt_of(check_ids)))]
+    holder, lo, s = {}, 0, 0
+    for path, m, fs in bags + seqs:
         parent, _, leaf = path.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, Gathered(m, holder, lo))
-        lo += len(fs)
-    dense_in = json.load(open(os.path.join(a.model, "config.json")))["dense_in"]
-    kjt = torch_module.to_kjt({"keys": keys, "lengths": torch.ones(len(keys) * 2, dtype=torch.long),
-                               "values": torch.zeros(len(keys) * 2, dtype=torch.long)})
-    whole = Whole(model, holder, kjt).eval()
+        seq = any(f in max_len for f, _ in fs)
+        stand_in = GatheredSequences(m, holder, lo, s, max_len) if seq else Gathered(m, holder, lo)
+        setattr(model.get_submodule(parent) if parent else model, leaf, stand_in)
+        lo += sum(max_len.get(f, 1) for f, _ in fs)
+        s += len(fs) if seq else 0
+    whole = Whole(model, holder, kjt_of(torch.zeros(2, sum(per), dtype=torch.long))).eval()
     b = torch.export.Dim("batch", min=1)
-    x = (torch.rand(2, dense_in), torch.zeros(2, len(keys), dtype=torch.long))
+    x = (torch.rand(2, dense_in), torch.zeros(2, sum(per), dtype=torch.long))
+    names = ["dense", "ids"]
+    if seqs:
+        x, names = x + (torch.full((2, len(max_len)), 1, dtype=torch.long),), names + ["lengths"]
     path = os.path.join(tempfile.mkdtemp(), "whole.onnx")
     with torch.no_grad():
-        prog = torch.onnx.export(whole, x, dynamo=True, input_names=["dense", "ids"],
-                                 dynamic_shapes=({0: b}, {0: b}), external_data=True)
+        prog = torch.onnx.export(whole, x, dynamo=True, input_names=names,
+                                 dynamic_shapes=tuple({0: b} for _ in x), external_data=True)
     prog.save(path, external_data=True)
     batches = [int(v) for v in a.batch.split(",")]
     threads = [int(v) for v in a.threads.split(",")]
     rng = np.random.default_rng(3)
+    full = np.array([max_len[f["name"]] for f in config["features"] if "max_len" in f], dtype=np.int64)
     feeds = {n: {"dense": rng.uniform(-1, 1, (n, dense_in)).astype(np.float32),
-                 "ids": np.stack([rng.integers(0, r, n) for r in rows], 1).astype(np.int64)} for n in batches}
+                 "ids": draw(n, lambda r, s: torch.from_numpy(rng.integers(0, r, s))).numpy().astype(np.int64),
+                 **({"lengths": np.tile(full, (n, 1))} if seqs else {})} for n in batches}
     sessions = {}
     for t in threads:
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = t, 1
         sessions[t] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    got = sessions[threads[0]].run(None, {"dense": check_dense.numpy(), "ids": check_ids.numpy()})
+    check = {"dense": check_dense.numpy(), "ids": check_ids.numpy()}
+    if seqs:
+        check["lengths"] = np.tile(full, (4, 1))
+    got = sessions[threads[0]].run(None, check)
     for w, o in zip(want, got):
         err = float(((torch.from_numpy(o).reshape(-1) - w).abs() / w.abs().clamp_min(1e-6)).max())
         if not err <= 1e-4:

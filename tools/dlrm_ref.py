@@ -207,6 +207,10 @@ def torchrec_classes():
     root = os.path.join(SITE, "torchrec")
     if not os.path.isdir(root):
         raise ImportError("torchrec is not installed: pip install torchrec")
+    try:  # fbgemm's native ops where they load (a torch it was built for): JaggedTensor's need them
+        import fbgemm_gpu  # noqa: F401
+    except Exception:  # noqa: BLE001 (missing, or built for another torch: its package is stubbed below)
+        pass
     for pkg in ["fbgemm_gpu", "torchrec", "torchrec.models", "torchrec.modules", "torchrec.sparse",
                 "torchrec.datasets", "torchrec.distributed", "torchrec.distributed.test_utils"]:
         if pkg not in sys.modules:

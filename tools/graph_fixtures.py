@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes the graph-family fixtures under crates/ember-model/tests/fixtures/graph_*/ and checks them.
 
-    ~/.venvs/graph/bin/python tools/graph_fixtures.py              # (re)writes all of them
-    ~/.venvs/graph/bin/python tools/graph_fixtures.py --only mmoe
+    ~/.venvs/tr/bin/python tools/graph_fixtures.py              # (re)writes all of them
+    ~/.venvs/tr/bin/python tools/graph_fixtures.py --only mmoe
 
 Environment (docs/graph-models.md): torch, numpy, safetensors, onnx, onnxruntime (the export's check
 and the peer), onnxscript (torch's ONNX exporter), and torchrec's Python classes (installed
---no-deps, as docs/dlrm-v2.md says; tools/dlrm_ref.py imports them without fbgemm's native library).
+--no-deps, as docs/dlrm-v2.md says; tools/dlrm_ref.py imports them without fbgemm's native library
+where it does not load). `din` needs fbgemm's native ops for its expected outputs (TorchRec's
+JaggedTensor.to_padded_dense): the `tr` environment, torch 2.14.1 with fbgemm-gpu-cpu 1.9.0.
 
 Each fixture directory is what a user gets from
 
@@ -15,8 +17,10 @@ Each fixture directory is what a user gets from
 run as a user would (the command line), plus `expected.json`: the example batch (`dense` [B, n],
 `keys`, `lengths` [F * B] feature-major, `values`), the pooled embeddings the model's own
 EmbeddingBagCollections give for it (`sparse` [B, sum of dims], the graph's second input) and the
-model's outputs in float32 (`outputs`: {name: [B]}). The batch has 7 samples, an empty bag in
-every feature and a sample with no ids at all.
+model's outputs in float32 (`outputs`: {name: [B]}); with sequence features, also the graph's
+`dense` input (`graph_dense`: the dense features, then each sequence's length), and `sparse` goes
+on with each sequence's padded rows. The batch has 7 samples, an empty bag in every feature, a
+sample with no ids at all, and (sequence features) a sequence of 12 ids, past every max_len.
 """
 
 import argparse
@@ -36,14 +40,16 @@ OUT = os.path.join(ROOT, "crates", "ember-model", "tests", "fixtures")
 def example(model, seed):
     import torch_module
 
-    bags = torch_module.find_bags(model)
-    ex = torch_module.random_example(bags, 13, batch=7, seed=seed)
+    bags, seqs = torch_module.find_embeddings(model)
+    ex = torch_module.random_example(bags, 13, batch=7, seed=seed, seqs=seqs)
     f = len(ex["keys"])
     lengths = ex["lengths"].reshape(f, 7).clone()
     lengths[:, 3] = 0  # a sample with no ids at all
     for i in range(f):
         lengths[i, (i + 1) % 7] = 0  # an empty bag in every feature
-    rows = {k: cfg.num_embeddings for _, _, fs in bags for k, cfg in fs}
+    for i in range(f - len(seqs), f):
+        lengths[i, 5] = 12  # a sequence longer than any max_len, cut
+    rows = {k: cfg.num_embeddings for _, _, fs in bags + seqs for k, cfg in fs}
     g = torch.Generator().manual_seed(seed + 100)
     ex["lengths"] = lengths.reshape(-1)
     ex["values"] = torch.cat([torch.randint(0, rows[k], (int(lengths[i].sum()),), generator=g)
@@ -69,16 +75,18 @@ def write(name, seed):
     print(r.stdout.strip().splitlines()[-1])
     os.remove(ex_path)
     model = graph_models.MODELS[name]()
-    bags = torch_module.find_bags(model)
+    bags, seqs = torch_module.find_embeddings(model)
     kjt = torch_module.to_kjt(ex)
     with torch.no_grad():
         out = model(ex["dense"], kjt)
         cfg = json.load(open(os.path.join(d, "config.json")))
         names = cfg["interaction"]["outputs"]
         outs = torch_module.flatten_outputs(out, names if isinstance(out, dict) else None)
-        sparse = torch_module.pooled(bags, kjt)
+        max_len = {f["name"]: f["max_len"] for f in cfg["features"] if "max_len" in f}
+        dense_x, sparse = torch_module.graph_inputs(bags, seqs, ex["dense"], kjt, max_len)
     exp = {
         "dense": ex["dense"].tolist(),
+        **({"graph_dense": dense_x.tolist()} if seqs else {}),
         "keys": list(ex["keys"]),
         "lengths": ex["lengths"].tolist(),
         "values": ex["values"].tolist(),

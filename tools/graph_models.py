@@ -7,6 +7,8 @@ weights; `--state` would load trained ones.
     two_tower  a user tower and an item tower over their own EmbeddingBagCollections; the score is
                the sigmoid of their (L2-normalised, scaled) dot product
     dlrm_dcn   TorchRec's DLRM_DCN (the low-rank cross net), through the ONNX route
+    din        sequence features (an EmbeddingCollection): the candidate's attention over the user's
+               item history, and the mean of a category history
 
 Every dim differs between them (a mix-up fails a test) and the sizes are small (fixtures ship).
 """
@@ -118,7 +120,58 @@ class Sigmoid(nn.Module):
         return torch.sigmoid(self.model(dense_features, sparse_features))
 
 
-MODELS = {"deepfm": deepfm, "mmoe": mmoe, "two_tower": two_tower, "dlrm_dcn": dlrm_dcn}
+class DIN(nn.Module):
+    """Target attention over the user's recent items (Zhou et al., "Deep Interest Network", KDD
+    2018): the candidate item attends over the item-history sequence (an MLP of [q, k, q*k, q-k],
+    padded positions masked by the sequence's lengths), plus the mean of a category-history
+    sequence over its ids (sum of the first `cats_len` over the sequence's full length)."""
+
+    def __init__(self, ebc, items, cats, dense_in, items_len=6, cats_len=4, dense=(12, 8), att=(10,),
+                 top=(16, 6)):
+        super().__init__()
+        self.ebc, self.items, self.cats = ebc, items, cats  # EmbeddingCollections: one dim each
+        self.items_len, self.cats_len = items_len, cats_len
+        d_item, d_cat = items.embedding_dim(), cats.embedding_dim()
+        d_bags = sum(c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs())
+        self.dense = MLP(dense_in, list(dense))
+        self.att = nn.Sequential(MLP(4 * d_item, list(att)), nn.Linear(att[-1], 1))
+        self.top = nn.Sequential(MLP(dense[-1] + d_bags + d_item + d_cat, list(top)), nn.Linear(top[-1], 1))
+
+    def forward(self, dense_features, sparse_features):
+        bags = self.ebc(sparse_features).to_dict()
+        seqs = {**self.items(sparse_features), **self.cats(sparse_features)}
+        items = seqs["hist_items"].to_padded_dense(self.items_len)  # [B, L, D]
+        n = seqs["hist_items"].lengths()
+        q = bags["target"].unsqueeze(1).expand_as(items)
+        a = self.att(torch.cat([q, items, q * items, q - items], dim=2)).squeeze(2)  # [B, L]
+        mask = torch.arange(self.items_len).unsqueeze(0) < n.unsqueeze(1)
+        a = torch.softmax(a.masked_fill(~mask, -1e9), dim=1) * mask  # no history: no interest
+        interest = (a.unsqueeze(2) * items).sum(dim=1)
+        cats = seqs["hist_cats"].to_padded_dense(self.cats_len).sum(dim=1)
+        cats = cats / seqs["hist_cats"].lengths().clamp(min=1).unsqueeze(1).float()
+        x = torch.cat([self.dense(dense_features), self.ebc(sparse_features).values(), interest, cats], dim=1)
+        return torch.sigmoid(self.top(x))
+
+
+def _ec(table, dim, rows, seed):
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    torch.manual_seed(seed)
+    cfg = EmbeddingConfig(name=table, embedding_dim=dim, num_embeddings=rows, feature_names=[table])
+    ec = EmbeddingCollection(tables=[cfg], device=torch.device("cpu"))
+    nn.init.uniform_(ec.embeddings[table].weight, -0.5, 0.5)
+    return ec
+
+
+def din():
+    ebc = _ebc(["user", "target", "ctx"], [5, 8, 3], [40, 70, 9], features={"target": ["target"]}, seed=8)
+    items, cats = _ec("hist_items", 8, 70, seed=9), _ec("hist_cats", 5, 13, seed=10)
+    torch.manual_seed(15)
+    return DIN(ebc, items, cats, DENSE_IN).eval()
+
+
+MODELS = {"deepfm": deepfm, "mmoe": mmoe, "two_tower": two_tower, "dlrm_dcn": dlrm_dcn, "din": din}
 
 
 # ---- benchmark sizes (bench/compare_onnx.py, bench/compare_torch_graph.py; not fixtures) ----
@@ -153,10 +206,22 @@ def mmoe_large():
     return _spread(m.eval(), [m.towers[t][-1] for t in m.tasks])
 
 
-def _spread(model, heads, std=1.5):
+def din_large():
+    """The DIN above at the paper's widths (Zhou et al. 2018: attention MLP 80-40, top MLP
+    200-80): bags of dim 64 (user, target item) and 16 (context), histories of 50 items (dim 64)
+    and 50 categories (dim 16), dense arch 256-64."""
+    ebc = _ebc(["user", "target", "ctx"], [64, 64, 16], [ROWS] * 3, features={"target": ["target"]}, seed=17)
+    items, cats = _ec("hist_items", 64, ROWS, seed=18), _ec("hist_cats", 16, ROWS, seed=19)
+    torch.manual_seed(20)
+    m = DIN(ebc, items, cats, DENSE_IN, items_len=50, cats_len=50, dense=(256, 64), att=(80, 40), top=(200, 80))
+    return _spread(m.eval(), [m.top[-1]], seqs={"hist_items": 50, "hist_cats": 50})
+
+
+def _spread(model, heads, std=1.5, seqs=None):
     """Scales each head's last Linear so that its logits spread as a trained model's do (std
     `std` on random inputs): with PyTorch's default init the scores sit within +-0.002 of 0.49,
-    where an AUC says nothing of what a lower precision keeps."""
+    where an AUC says nothing of what a lower precision keeps. `seqs`: each sequence feature's
+    length on the random inputs."""
     g = torch.Generator().manual_seed(0)
     dense = torch.rand(512, DENSE_IN, generator=g) * 2 - 1
     logits = {}
@@ -164,8 +229,16 @@ def _spread(model, heads, std=1.5):
     bags = [m for m in model.modules() if isinstance(m, TR.EmbeddingBagCollection)]
     keys = [f for b in bags for c in b.embedding_bag_configs() for f in c.feature_names]
     rows = {f: c.num_embeddings for b in bags for c in b.embedding_bag_configs() for f in c.feature_names}
-    lengths = torch.ones(len(keys) * 512, dtype=torch.long)
-    values = torch.cat([torch.randint(0, rows[k], (512,), generator=g) for k in keys])
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    per = {k: 1 for k in keys}
+    for ec in (m for m in model.modules() if isinstance(m, EmbeddingCollection)):
+        for c in ec.embedding_configs():
+            for f in c.feature_names:
+                keys.append(f)
+                rows[f], per[f] = c.num_embeddings, seqs[f]
+    lengths = torch.cat([torch.full((512,), per[k]) for k in keys])
+    values = torch.cat([torch.randint(0, rows[k], (512 * per[k],), generator=g) for k in keys])
     kjt = TR.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
     with torch.no_grad():
         model(dense, kjt)
@@ -179,4 +252,4 @@ def _spread(model, heads, std=1.5):
     return model
 
 
-BENCH = {"dcn_mlperf": dcn_mlperf, "mmoe_large": mmoe_large}
+BENCH = {"dcn_mlperf": dcn_mlperf, "mmoe_large": mmoe_large, "din_large": din_large}

@@ -74,7 +74,7 @@ def test_a_model_exports_with_its_tables_and_graph(tmp_path):
 
 
 @pytest.mark.parametrize("body,why", [
-    ("def build():\n    return nn.Linear(3, 1)\n", "no torchrec EmbeddingBagCollection"),
+    ("def build():\n    return nn.Linear(3, 1)\n", "no torchrec EmbeddingBagCollection or EmbeddingCollection"),
     ("def build():\n    return Net(mixed()).eval()\n", "pool differently"),
     ("def build():\n    return Net(ebc(weighted=True)).eval()\n", "weighted"),
     ("def build():\n    return Net(ebc(), heads=2).eval()\n", "each output must be [B] or [B, 1]"),
@@ -115,3 +115,57 @@ def test_the_example_must_list_the_models_features(tmp_path):
     rc, out, _ = export(tmp_path, HEADER + "\ndef build():\n    return Net(ebc()).eval()\n", "build",
                         "--example", str(ex))
     assert rc != 0 and "not the model's features" in out, out
+
+
+SEQ = HEADER + textwrap.dedent("""
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    def ec(name="hist", dim=4, rows=10):
+        return EmbeddingCollection(tables=[EmbeddingConfig(name=name, embedding_dim=dim, num_embeddings=rows,
+                                                           feature_names=[name])], device=torch.device("cpu"))
+
+    class Seq(nn.Module):
+        \"\"\"A pooled bag and a sequence read by `read(jt)` ([B, 5, 4] -> mean over positions).\"\"\"
+        def __init__(self, read):
+            super().__init__()
+            self.bags, self.seq, self.read = ebc(names=("t0",)), ec(), read
+            self.top = nn.Linear(3 + 4 + 4, 1)
+
+        def forward(self, dense_features, sparse_features):
+            x = self.read(self.seq(sparse_features)["hist"])
+            return torch.sigmoid(self.top(torch.cat([dense_features, self.bags(sparse_features).values(), x], 1)))
+""")
+
+
+def test_a_sequence_feature_exports_with_its_max_len(tmp_path):
+    # A padding value other than 0 and lengths() both reach the graph; the sequence's max_len is
+    # the longest desired_length the model asks for.
+    body = ("def read(jt):\n"
+            "    x = jt.to_padded_dense(5, padding_value=-1.0)\n"
+            "    y = jt.to_padded_dense(3)\n"
+            "    n = jt.lengths().clamp(min=1).unsqueeze(1).float()\n"
+            "    return x.sum(1) / n + y.mean(1)\n"
+            "def build():\n    return Seq(read).eval()\n")
+    rc, out, d = export(tmp_path, SEQ + body, "build", "--dense-in", "3")
+    assert rc == 0, out
+    cfg = json.load(open(d / "config.json"))
+    assert cfg["features"] == [{"name": "f_t0", "table": "t0"}, {"name": "hist", "table": "hist", "max_len": 5}]
+    assert [t["name"] for t in cfg["tables"]] == ["t0", "hist"]
+    import onnx
+    g = onnx.load(str(d / "dense.onnx")).graph
+    dims = {i.name: [x.dim_value or x.dim_param for x in i.type.tensor_type.shape.dim] for i in g.input}
+    assert dims == {"dense": ["batch", 4], "sparse": ["batch", 4 + 5 * 4]}, dims
+
+
+@pytest.mark.parametrize("read,why", [
+    ("jt.values().sum(0, keepdim=True).expand(jt.lengths().shape[0], 4)", "JaggedTensor.values()"),
+    ("torch.stack([t.sum(0) for t in jt.to_dense()])", "JaggedTensor.to_dense()"),
+    ("jt.to_padded_dense().sum(1)", "without desired_length"),
+    ("jt.lengths().float().unsqueeze(1).expand(-1, 4)", "never calls to_padded_dense"),
+])
+def test_a_sequence_read_another_way_is_refused_saying_why(tmp_path, read, why):
+    body = f"def build():\n    return Seq(lambda jt: {read}).eval()\n"
+    rc, out, d = export(tmp_path, SEQ + body, "build", "--dense-in", "3")
+    assert rc != 0 and why in out and "'hist'" in out, out
+    assert not (d / "config.json").exists(), "nothing is written"

@@ -1,5 +1,6 @@
 """`export_torch.py --from torch-module FILE.py:FACTORY`: any PyTorch recommendation model whose
-sparse part is TorchRec EmbeddingBagCollections, split into Ember tables and a dense ONNX graph.
+sparse part is TorchRec EmbeddingBagCollections (pooled features) and EmbeddingCollections
+(sequence features, torch_sequences.py), split into Ember tables and a dense ONNX graph.
 
 The model is what FACTORY() returns (an nn.Module; `--state STATE.pt` loads a state_dict into it),
 called as TorchRec's models are: `model(dense_features [B, n], sparse_features KeyedJaggedTensor)`.
@@ -7,10 +8,12 @@ Its outputs are a tensor, a tuple of tensors or a dict of them (a multi-task mod
 [B] or [B, 1].
 
 What is written (docs/graph-models.md):
-- the tables of every EmbeddingBagCollection in the model, as `tables.{name}` in --dtype;
+- the tables of every EmbeddingBagCollection and EmbeddingCollection in the model, as
+  `tables.{name}` in --dtype;
 - `dense.onnx`: the rest of the model, taking `dense` [B, n] and `sparse` [B, sum of the features'
   dims], the pooled embeddings of every feature side by side (each EBC's KeyedTensor values, the
-  EBCs in module order), and giving one output per head;
+  EBCs in module order), and giving one output per head. With sequence features, `sparse` goes on
+  with each sequence's max_len rows and `dense` with each sequence's length (torch_sequences.py);
 - config.json: an `ember-dlrm` config of family "graph" whose interaction is the graph:
   {"format": "ember-dlrm", "family": "graph", "dense_in", "interaction": {"kind": "graph",
   "file": "dense.onnx", "outputs": [names]}, "tables", "features", "pooling"} (no bottom_mlp /
@@ -23,10 +26,10 @@ torch.export-based exporter, `dynamo=True`; the batch dimension dynamic). Before
 written the graph is run (onnxruntime where installed, else onnx's reference evaluator) on the
 example inputs' pooled embeddings and checked against the model itself within --rtol.
 
-Refused, naming why: no EmbeddingBagCollection, an EmbeddingCollection (sequence features are not
-supported yet), weighted bags (per-id weights), tables pooled differently (Ember pools a model's
-features one way), a feature name used twice, outputs that are not [B] / [B, 1] tensors, a graph
-that does not match the model on the example.
+Refused, naming why: neither an EmbeddingBagCollection nor an EmbeddingCollection, a sequence read
+other than by to_padded_dense(desired_length) and lengths(), weighted bags (per-id weights), tables
+pooled differently (Ember pools a model's features one way), a feature name used twice, outputs
+that are not [B] / [B, 1] tensors, a graph that does not match the model on the example.
 """
 
 import importlib.util
@@ -37,6 +40,8 @@ import sys
 import torch
 
 from export_torch import ExportError, encode_table
+import torch_sequences
+from torch_sequences import find_sequences
 
 
 def load_factory(spec):
@@ -81,13 +86,11 @@ def _tr():
 
 
 def find_bags(model):
-    """The model's EmbeddingBagCollections in module order: [(path, ebc, [(feature, table cfg)])]."""
+    """The model's EmbeddingBagCollections in module order: [(path, ebc, [(feature, table cfg)])];
+    its EmbeddingCollections are torch_sequences.find_sequences'."""
     tr = _tr()
     bags, seen = [], set()
     for path, m in model.named_modules():
-        if isinstance(m, tr.EmbeddingCollection):
-            raise ExportError(f"{path}: an EmbeddingCollection (sequence features) is not supported yet; "
-                              "only EmbeddingBagCollection (pooled features)")
         if not isinstance(m, tr.EmbeddingBagCollection):
             continue
         if getattr(m, "is_weighted", lambda: False)():
@@ -100,15 +103,29 @@ def find_bags(model):
                 seen.add(f)
                 feats.append((f, cfg))
         bags.append((path, m, feats))
-    if not bags:
-        raise ExportError("the model has no torchrec EmbeddingBagCollection: nothing for Ember's tables")
     return bags
+
+
+def find_embeddings(model):
+    """(bags, sequences): the model's EmbeddingBagCollections and EmbeddingCollections, each in
+    module order; refused if it has neither or a feature is read twice."""
+    bags, seqs = find_bags(model), find_sequences(model)
+    if not bags and not seqs:
+        raise ExportError("the model has no torchrec EmbeddingBagCollection or EmbeddingCollection: nothing for "
+                          "Ember's tables")
+    seen = set()
+    for _, _, feats in bags + seqs:
+        for f, _ in feats:
+            if f in seen:
+                raise ExportError(f"feature {f!r} is read by two tables; Ember's feature names are unique")
+            seen.add(f)
+    return bags, seqs
 
 
 def _pooling(bags):
     tr = _tr()
     names = {tr.PoolingType.SUM: "sum", tr.PoolingType.MEAN: "mean"}
-    kinds = {}
+    kinds = {"sum": None} if not bags else {}
     for path, _, feats in bags:
         for _, cfg in feats:
             if cfg.pooling not in names:
@@ -133,15 +150,18 @@ class _PooledBags(torch.nn.Module):
 
 
 class _Dense(torch.nn.Module):
-    """The model with its bags stood in for: (dense, sparse) -> its outputs as a tuple."""
+    """The model with its bags and sequences stood in for: (dense, sparse) -> its outputs as a
+    tuple. `dense`'s columns from `dense_in` on are the sequences' lengths (torch_sequences.py)."""
 
-    def __init__(self, model, holder, kjt, names):
+    def __init__(self, model, holder, kjt, names, dense_in):
         super().__init__()
-        self.model, self.holder, self.kjt, self.names = model, holder, kjt, names
+        self.model, self.holder, self.kjt, self.names, self.dense_in = model, holder, kjt, names, dense_in
 
     def forward(self, dense, sparse):
         self.holder["sparse"] = sparse
-        return tuple(o.reshape(o.shape[0], -1) for o in flatten_outputs(self.model(dense, self.kjt), self.names))
+        self.holder["lengths"] = dense[:, self.dense_in:].to(torch.int64)
+        out = self.model(dense[:, :self.dense_in], self.kjt)
+        return tuple(o.reshape(o.shape[0], -1) for o in flatten_outputs(out, self.names))
 
 
 def flatten_outputs(out, names=None):
@@ -180,15 +200,17 @@ def pooled(bags, kjt):
     return torch.cat(parts, dim=1)
 
 
-def random_example(bags, dense_in, batch=8, seed=0):
-    """An example batch drawn at random: dense ~ N(0, 1), 0-3 ids per (feature, sample), some empty."""
+def random_example(bags, dense_in, batch=8, seed=0, seqs=()):
+    """An example batch drawn at random: dense ~ N(0, 1), 0-3 ids per (feature, sample) of a bag,
+    0-12 per sequence, some empty."""
     g = torch.Generator().manual_seed(seed)
-    keys = [f for _, _, feats in bags for f, _ in feats]
-    rows = {f: cfg.num_embeddings for _, _, feats in bags for f, cfg in feats}
-    lengths = torch.randint(0, 4, (len(keys), batch), generator=g)
-    values = torch.cat([torch.randint(0, rows[k], (int(lengths[i].sum()),), generator=g)
-                        for i, k in enumerate(keys)])
-    return {"dense": torch.randn(batch, dense_in, generator=g), "keys": keys,
+    feats = [(f, cfg.num_embeddings) for _, _, fs in bags + list(seqs) for f, cfg in fs]
+    nb = sum(len(fs) for _, _, fs in bags)
+    lengths = torch.cat([torch.randint(0, 4, (nb, batch), generator=g),
+                         torch.randint(0, 13, (len(feats) - nb, batch), generator=g)])
+    values = torch.cat([torch.randint(0, rows, (int(lengths[i].sum()),), generator=g)
+                        for i, (_, rows) in enumerate(feats)])
+    return {"dense": torch.randn(batch, dense_in, generator=g), "keys": [f for f, _ in feats],
             "lengths": lengths.reshape(-1), "values": values}
 
 
@@ -235,26 +257,27 @@ def export_module(spec, state=None, example=None, dtype="f32", names=None, rtol=
         missing, unexpected = model.load_state_dict(sd, strict=False)
         if missing or unexpected:
             raise ExportError(f"{state} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    bags = find_bags(model)
+    bags, seqs = find_embeddings(model)
     pooling = _pooling(bags)
     ex = read_example(example) if example else None
-    feats = [f for _, _, fs in bags for f, _ in fs]
+    feats = [f for _, _, fs in bags + seqs for f, _ in fs]
     if ex is None:
         if dense_in is None:
             raise ExportError("give --example INPUTS.pt, or --dense-in N to draw a random example batch (the "
                               "width of the dense features cannot be read off an arbitrary model)")
-        ex = random_example(bags, dense_in)
+        ex = random_example(bags, dense_in, seqs=seqs)
     if list(ex["keys"]) != feats:
-        raise ExportError(f"the example's keys {list(ex['keys'])} are not the model's features {feats} in order")
+        raise ExportError(f"the example's keys {list(ex['keys'])} are not the model's features {feats} in order "
+                          "(pooled features, then sequence features)")
     kjt = to_kjt(ex)
     dense = ex["dense"].float()
     with torch.no_grad():
-        want = model(dense, kjt)
+        want, max_len = _reference(model, seqs, dense, kjt)
         names = output_names(want, names)
         want = [o.reshape(-1) for o in flatten_outputs(want, names if isinstance(want, dict) else None)]
         if len(names) != len(want):
             raise ExportError(f"{len(names)} output names for {len(want)} outputs")
-        sparse = pooled(bags, kjt)
+        dense_x, sparse = graph_inputs(bags, seqs, dense, kjt, max_len)
     holder = {}
     lo = 0
     for path, m, fs in bags:
@@ -263,9 +286,10 @@ def export_module(spec, state=None, example=None, dtype="f32", names=None, rtol=
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, leaf, _PooledBags(holder, [f for f, _ in fs], dims, lo))
         lo += sum(dims)
-    wrapped = _Dense(model, holder, kjt, names if isinstance(names, list) else None)
-    data, how = _export_onnx(wrapped, dense, sparse, names)
-    got, runner = _run_onnx(data, {"dense": dense.numpy(), "sparse": sparse.numpy()})
+    torch_sequences.stand_in(model, seqs, holder, lo, max_len)
+    wrapped = _Dense(model, holder, kjt, names if isinstance(names, list) else None, dense.shape[1])
+    data, how = _export_onnx(wrapped, dense_x, sparse, names)
+    got, runner = _run_onnx(data, {"dense": dense_x.numpy(), "sparse": sparse.numpy()})
     report = []
     for n, w, g in zip(names, want, got):
         g = torch.from_numpy(g).reshape(-1)
@@ -274,15 +298,9 @@ def export_module(spec, state=None, example=None, dtype="f32", names=None, rtol=
         if not err <= rtol:
             raise ExportError(f"output {n!r}: the graph ({runner}) is {err:.2e} from the model (relative), more "
                               f"than --rtol {rtol:g}: the model does something the export cannot carry")
-    tables, tensors, seen = [], {}, set()
-    for path, m, fs in bags:
-        for cfg in m.embedding_bag_configs():
-            if cfg.name in seen:
-                raise ExportError(f"table name {cfg.name!r} is used twice")
-            seen.add(cfg.name)
-            w = m.embedding_bags[cfg.name].weight
-            tables.append({"name": cfg.name, "rows": int(w.shape[0]), "dim": int(w.shape[1]), "dtype": dtype})
-            tensors[f"tables.{cfg.name}"] = encode_table(w, dtype)
+    tables, tensors = _tables(bags, seqs, dtype)
+    features = [{"name": f, "table": cfg.name} for _, _, fs in bags for f, cfg in fs]
+    features += [{"name": f, "table": cfg.name, "max_len": max_len[f]} for _, _, fs in seqs for f, cfg in fs]
     config = {
         "format": "ember-dlrm",
         "format_version": 1,
@@ -290,11 +308,50 @@ def export_module(spec, state=None, example=None, dtype="f32", names=None, rtol=
         "dense_in": int(dense.shape[1]),
         "interaction": {"kind": "graph", "file": "dense.onnx", "outputs": names},
         "tables": tables,
-        "features": [{"name": f, "table": cfg.name} for _, _, fs in bags for f, cfg in fs],
+        "features": features,
         "pooling": pooling,
     }
     return config, tensors, data, {"exporter": how, "checked_with": runner, "errors": report, "example": ex,
-                                   "expected": want}
+                                   "expected": want, "max_len": max_len}
+
+
+def graph_inputs(bags, seqs, dense, kjt, max_len):
+    """The example as the graph takes it: (dense [B, n + sequences], sparse [B, pooled rows, then
+    each sequence's max_len rows]); torch_sequences.py says why."""
+    sparse = pooled(bags, kjt) if bags else torch.zeros(dense.shape[0], 0)
+    if not seqs:
+        return dense, sparse
+    rows, lengths = torch_sequences.inputs(seqs, kjt, max_len)
+    return torch.cat([dense, lengths.float()], dim=1), torch.cat([sparse, rows], dim=1)
+
+
+def _reference(model, seqs, dense, kjt):
+    """The model's outputs on the example, and each sequence feature's maximum length. With
+    sequences, the run that learns the lengths computes to_padded_dense in plain torch; where
+    fbgemm's native ops load, TorchRec's own run must give the same."""
+    if not seqs:
+        return model(dense, kjt), {}
+    out, max_len = torch_sequences.record(model, seqs, lambda: model(dense, kjt))
+    if torch_sequences.fbgemm_loaded():
+        real = model(dense, kjt)
+        for i, (a, b) in enumerate(zip(flatten_outputs(out), flatten_outputs(real))):
+            if not torch.allclose(a, b, rtol=1e-6, atol=0):
+                raise ExportError(f"output {i}: TorchRec's JaggedTensor and the export's stand-in disagree "
+                                  f"({(a - b).abs().max().item():.2e}); please report this model")
+    return out, max_len
+
+
+def _tables(bags, seqs, dtype):
+    """-> (config.json's tables, their tensors): every collection's tables, names unique."""
+    tables, tensors = [], {}
+    weights = [(cfg.name, m.embedding_bags[cfg.name].weight) for _, m, _ in bags for cfg in m.embedding_bag_configs()]
+    weights += [(cfg.name, m.embeddings[cfg.name].weight) for _, m, _ in seqs for cfg in m.embedding_configs()]
+    for name, w in weights:
+        if f"tables.{name}" in tensors:
+            raise ExportError(f"table name {name!r} is used twice")
+        tables.append({"name": name, "rows": int(w.shape[0]), "dim": int(w.shape[1]), "dtype": dtype})
+        tensors[f"tables.{name}"] = encode_table(w, dtype)
+    return tables, tensors
 
 
 def _export_onnx(wrapped, dense, sparse, names):

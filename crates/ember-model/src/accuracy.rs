@@ -141,8 +141,8 @@ fn compare(f32s: &[f32], lows: &[f32], rng: &mut StdRng) -> Result<DenseAccuracy
 pub const LOAD_CHECK_SAMPLES: usize = 4096;
 
 /// The check a model gets at load when its dense layers run in bf16 or int8: random inputs of
-/// its shape (dense values uniform in [-1, 1), one uniform id per feature), scored in f32 and in
-/// its dense dtype ([`dense_accuracy`]); `None` for f32.
+/// its shape (dense values uniform in [-1, 1), one uniform id per feature, `max_len` per
+/// sequence feature), scored in f32 and in its dense dtype ([`dense_accuracy`]); `None` for f32.
 pub fn check_at_load(model: &Arc<Model>, threads: usize) -> Result<Option<DenseAccuracy>> {
     let dtype = model.dense_dtype();
     if dtype == DenseDType::F32 {
@@ -150,7 +150,13 @@ pub fn check_at_load(model: &Arc<Model>, threads: usize) -> Result<Option<DenseA
     }
     let cfg = model.config().clone();
     let batch = 256;
-    let inputs = |i: usize| crate::presets::random_batch(&cfg, batch, 1, 0xacc0 + i as u64);
+    let ids: Vec<usize> = cfg
+        .features()
+        .iter()
+        .map(|f| f.max_len.unwrap_or(1))
+        .collect();
+    let inputs =
+        |i: usize| crate::presets::random_batch_pooled(&cfg, batch, &ids, 0xacc0 + i as u64);
     dense_accuracy(
         model,
         dtype,

@@ -196,10 +196,13 @@ impl Model {
         let coll = self.embeddings();
         Inputs {
             dense_in: self.config().dense_in,
-            features: coll.feature_names(),
-            rows: (0..coll.features().len())
-                .map(|f| coll.table_of(f).rows())
-                .collect(),
+            features: self.feature_names(),
+            rows: match self.sequences() {
+                Some(s) => s.rows().to_vec(),
+                None => (0..coll.features().len())
+                    .map(|f| coll.table_of(f).rows())
+                    .collect(),
+            },
             narrow_ids: coll.narrow_ids(),
         }
     }
@@ -222,11 +225,41 @@ impl Model {
             )));
         }
         check_finite(&dense, dense_in)?;
+        let (lengths, ids) = (lengths.into(), ids.into());
+        let Some(seqs) = self.sequences() else {
+            let sparse = self
+                .embeddings()
+                .check_samples(n, lengths, ids)
+                .map_err(request_error)?;
+            return Ok(Samples { dense, sparse });
+        };
+        let nf = seqs.names().len();
+        if let Lengths::Each(v) = &lengths
+            && v.len() != nf.saturating_mul(n)
+        {
+            return Err(request_error(EmbedError::LengthsCount {
+                got: v.len(),
+                features: nf,
+                batch_size: n,
+                expected: nf.saturating_mul(n),
+            }));
+        }
+        let s = seqs.spread(
+            n,
+            |i| match &lengths {
+                Lengths::Each(v) => v[i] as usize,
+                Lengths::Ones => 1,
+            },
+            &ids,
+        )?;
         let sparse = self
             .embeddings()
-            .check_samples(n, lengths, ids)
+            .check_samples(n, s.lengths, s.ids)
             .map_err(request_error)?;
-        Ok(Samples { dense, sparse })
+        Ok(Samples {
+            dense: seqs.widen(&dense, dense_in, &s.seq_lengths),
+            sparse,
+        })
     }
 
     /// Joins checked requests into one batch, their samples in order, without checking them
@@ -247,7 +280,7 @@ impl Model {
             None => (Vec::new(), None),
         };
         dense.clear();
-        dense.reserve(n * self.config().dense_in);
+        dense.reserve(n * self.dense_width());
         for p in parts {
             dense.extend_from_slice(&p.dense);
         }
@@ -262,6 +295,9 @@ impl Model {
     /// (the model's features, batch `B`, ids in range).
     pub fn batch<'a>(&self, dense: &'a [f32], sparse: &'a KeyedJagged) -> Result<Batch<'a>> {
         self.check_dense(dense, sparse.batch_size())?;
+        if self.sequences().is_some() {
+            return self.spread_batch(dense, sparse);
+        }
         Ok(Batch {
             dense: Cow::Borrowed(dense),
             sparse: Sparse::Borrowed(self.embeddings().check_view(sparse)?),
@@ -271,9 +307,40 @@ impl Model {
     /// [`Model::batch`] for a batch the caller hands over.
     pub fn batch_owned(&self, dense: Vec<f32>, sparse: KeyedJagged) -> Result<Batch<'static>> {
         self.check_dense(&dense, sparse.batch_size())?;
+        if self.sequences().is_some() {
+            return self.spread_batch(&dense, &sparse);
+        }
         Ok(Batch {
             dense: Cow::Owned(dense),
             sparse: Sparse::Owned(self.embeddings().check(sparse)?),
+        })
+    }
+
+    /// [`Model::batch`] of a model with sequence features: the batch spread over the embedding
+    /// stage's features (`sequence.rs`), its dense rows widened by the sequences' lengths.
+    fn spread_batch(&self, dense: &[f32], sparse: &KeyedJagged) -> Result<Batch<'static>> {
+        let seqs = self.sequences().expect("a model with sequence features");
+        if sparse.keys() != seqs.names() {
+            return Err(EmbedError::KeysMismatch {
+                expected: seqs.names().to_vec(),
+                got: sparse.keys().to_vec(),
+            }
+            .into());
+        }
+        if sparse.weights().is_some() {
+            return Err(ModelError::Input(
+                "per-id weights are not taken by a model with sequence features".into(),
+            ));
+        }
+        let n = sparse.batch_size();
+        let off = sparse.offsets();
+        let s = seqs.spread(n, |i| off[i + 1] - off[i], sparse.ids())?;
+        let lengths: Vec<usize> = s.lengths.iter().map(|&l| l as usize).collect();
+        let kj =
+            KeyedJagged::from_lengths(self.embeddings().feature_names(), n, &lengths, s.ids, None)?;
+        Ok(Batch {
+            dense: Cow::Owned(seqs.widen(dense, self.config().dense_in, &s.seq_lengths)),
+            sparse: Sparse::Owned(self.embeddings().check(kj)?),
         })
     }
 

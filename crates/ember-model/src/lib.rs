@@ -33,6 +33,7 @@ mod predictor;
 pub mod presets;
 pub mod random;
 pub mod registry;
+pub mod sequence;
 pub mod serving;
 mod simd;
 pub mod synth;

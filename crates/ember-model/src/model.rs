@@ -96,6 +96,8 @@ pub struct Model {
     /// A graph model's dense part (`Interaction::Graph`).
     graph: Option<crate::graph::Graph>,
     embeddings: EmbeddingCollection,
+    /// A graph model's sequence features, spread over the embedding stage's (`sequence.rs`).
+    sequences: Option<crate::sequence::Sequences>,
     /// Stages lookups of the tables on the SSD tier (inactive when there are none).
     stager: Stager,
     /// Records the lookups of prepared batches, once [`Model::record_accesses`] started it.
@@ -224,15 +226,15 @@ impl Model {
     ) -> Result<Model> {
         config.check().map_err(config_error)?;
         let feature_tables = config.feature_tables().map_err(config_error)?;
-        let features = config
-            .features()
+        let features = crate::sequence::Sequences::stage_features(&config)
             .into_iter()
-            .zip(feature_tables)
-            .map(|(f, table)| Feature {
-                name: f.name,
-                table,
+            .map(|(name, f)| Feature {
+                name,
+                table: feature_tables[f],
             })
             .collect();
+        let table_rows: Vec<usize> = feature_tables.iter().map(|&t| w.tables[t].rows()).collect();
+        let sequences = crate::sequence::Sequences::new(&config, &table_rows);
         let mut embeddings = EmbeddingCollection::new(w.tables, features)?;
         ember_tier::prepare_updates(&mut embeddings, &tier)?;
         let mut graph = None;
@@ -251,7 +253,8 @@ impl Model {
                     config_error("a graph model is loaded from its directory (dense.onnx)".into())
                 })?;
                 let sparse = embeddings.total_dim();
-                crate::graph::model_check(&g, config.dense_in, sparse, outputs)
+                let dense = config.dense_in + sequences.as_ref().map_or(0, |s| s.count());
+                crate::graph::model_check(&g, dense, sparse, outputs)
                     .map_err(|e| config_error(e.into()))?;
                 graph = Some(g);
                 Interaction::Graph
@@ -267,6 +270,7 @@ impl Model {
             interaction,
             graph,
             embeddings,
+            sequences,
             stager,
             recorder: OnceLock::new(),
             spare: Default::default(),
@@ -387,9 +391,24 @@ impl Model {
         &self.top
     }
 
-    /// Sparse feature names in input order.
+    /// Sparse feature names in input order, as requests name them (a sequence feature once).
     pub fn feature_names(&self) -> Vec<String> {
-        self.embeddings.feature_names()
+        match &self.sequences {
+            Some(s) => s.names().to_vec(),
+            None => self.embeddings.feature_names(),
+        }
+    }
+
+    /// A graph model's sequence features (`None` when it has none): how requests' features
+    /// reach the embedding stage, whose features are then not the requests'.
+    pub fn sequences(&self) -> Option<&crate::sequence::Sequences> {
+        self.sequences.as_ref()
+    }
+
+    /// The width of the dense rows of a checked batch: `dense_in`, plus one column per
+    /// sequence feature (its length).
+    pub fn dense_width(&self) -> usize {
+        self.config.dense_in + self.sequences.as_ref().map_or(0, |s| s.count())
     }
 
     /// Sets how many batches the SSD tier's rows are read ahead where batches are known ahead

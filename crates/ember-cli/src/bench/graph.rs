@@ -64,8 +64,34 @@ fn print_profile(g: &Graph, batch: usize, threads: usize) {
     }
 }
 
-/// `dense_in`, the sum of the features' table dims and the graph's file, from config.json.
-fn widths(model: &std::path::Path) -> Result<(usize, usize, String)> {
+/// The graph's inputs as config.json declares them.
+struct Widths {
+    dense_in: usize,
+    /// Each sequence feature's max_len (its length is a column of `dense` after `dense_in`).
+    seqs: Vec<usize>,
+    /// The pooled (and padded sequence) rows side by side.
+    sparse: usize,
+}
+
+impl Widths {
+    fn dense(&self) -> usize {
+        self.dense_in + self.seqs.len()
+    }
+
+    /// `b` samples of `dense`: values uniform in [-1, 1), then each sequence's length uniform
+    /// in 0..=max_len.
+    fn random_dense(&self, rng: &mut StdRng, b: usize) -> Vec<f32> {
+        let mut v = Vec::with_capacity(b * self.dense());
+        for _ in 0..b {
+            v.extend((0..self.dense_in).map(|_| rng.random_range(-1.0f32..1.0)));
+            v.extend(self.seqs.iter().map(|&l| rng.random_range(0..=l) as f32));
+        }
+        v
+    }
+}
+
+/// The graph's input widths and its file, from config.json.
+fn widths(model: &std::path::Path) -> Result<(Widths, String)> {
     let c = ember_model::ModelConfig::read(&model.join("config.json"))?;
     let Some((file, _)) = c.graph() else {
         anyhow::bail!(
@@ -74,11 +100,16 @@ fn widths(model: &std::path::Path) -> Result<(usize, usize, String)> {
             model.display()
         );
     };
-    Ok((c.dense_in, c.pooled_width(), file.to_string()))
+    let w = Widths {
+        dense_in: c.dense_in,
+        seqs: c.features().iter().filter_map(|f| f.max_len).collect(),
+        sparse: c.pooled_width(),
+    };
+    Ok((w, file.to_string()))
 }
 
 pub fn run(a: GraphArgs) -> Result<()> {
-    let (dense_in, sparse_w, file) = widths(&a.model)?;
+    let (w, file) = widths(&a.model)?;
     let mut g = Graph::load(&a.model.join(&file))?;
     let dtype: DenseDType = a
         .dense_dtype
@@ -96,7 +127,7 @@ pub fn run(a: GraphArgs) -> Result<()> {
     }
     let raw = match a.whole {
         true => whole(&a, dtype)?,
-        false => dense_only(&a, &g, dense_in, sparse_w)?,
+        false => dense_only(&a, &g, &w)?,
     };
     let mut cells = Vec::new();
     for (batch, threads, ms) in raw {
@@ -113,7 +144,7 @@ pub fn run(a: GraphArgs) -> Result<()> {
     }
     let acc = match a.accuracy {
         0 => None,
-        n => Some(accuracy(&a, &file, dense_in, sparse_w, dtype, n)?),
+        n => Some(accuracy(&a, &file, &w, dtype, n)?),
     };
     if a.json {
         println!(
@@ -126,29 +157,22 @@ pub fn run(a: GraphArgs) -> Result<()> {
 }
 
 /// The dense part alone on random inputs: (batch, threads, rounds' ms) per cell.
-fn dense_only(
-    a: &GraphArgs,
-    g: &Graph,
-    dense_in: usize,
-    sparse_w: usize,
-) -> Result<Vec<(usize, usize, Vec<f64>)>> {
+fn dense_only(a: &GraphArgs, g: &Graph, w: &Widths) -> Result<Vec<(usize, usize, Vec<f64>)>> {
     let mut rng = StdRng::seed_from_u64(1);
     let mut cells = Vec::new();
     for &batch in &a.batch {
-        let dense: Vec<f32> = (0..batch * dense_in)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let sparse: Vec<f32> = (0..batch * sparse_w)
+        let dense = w.random_dense(&mut rng, batch);
+        let sparse: Vec<f32> = (0..batch * w.sparse)
             .map(|_| rng.random_range(-0.5..0.5))
             .collect();
         let inputs = [
             (
                 "dense",
-                Tensor::f32(vec![batch, dense_in], dense).map_err(anyhow::Error::msg)?,
+                Tensor::f32(vec![batch, w.dense()], dense).map_err(anyhow::Error::msg)?,
             ),
             (
                 "sparse",
-                Tensor::f32(vec![batch, sparse_w], sparse).map_err(anyhow::Error::msg)?,
+                Tensor::f32(vec![batch, w.sparse], sparse).map_err(anyhow::Error::msg)?,
             ),
         ];
         let given: Vec<(&str, &Tensor)> = inputs
@@ -202,13 +226,17 @@ fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>
     let mut out = Outputs::default();
     for &threads in &a.threads {
         let mut p = Predictor::new(m.clone(), threads)?;
-        let rows: Vec<u64> = m
-            .embeddings()
+        let inputs = m.inputs();
+        let rows: Vec<u64> = inputs.rows.iter().map(|&r| r as u64).collect();
+        let keys = inputs.features.clone();
+        // Ids per sample: --ids-per-bag for a pooled feature, max_len for a sequence (a full
+        // history, as a long-time user's).
+        let per: Vec<usize> = m
+            .config()
             .features()
             .iter()
-            .map(|f| m.embeddings().tables()[f.table].rows() as u64)
+            .map(|f| f.max_len.unwrap_or(a.ids_per_bag))
             .collect();
-        let keys = m.embeddings().feature_names();
         let mut rng = StdRng::seed_from_u64(3);
         for &batch in &a.batch {
             let dense: Vec<f32> = (0..batch * m.config().dense_in)
@@ -216,10 +244,14 @@ fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>
                 .collect();
             let ids: Vec<i64> = rows
                 .iter()
-                .flat_map(|&r| (0..batch * a.ids_per_bag).map(move |_| r))
+                .zip(&per)
+                .flat_map(|(&r, &p)| (0..batch * p).map(move |_| r))
                 .map(|r| rng.random_range(0..r) as i64)
                 .collect();
-            let lengths = vec![a.ids_per_bag; keys.len() * batch];
+            let lengths: Vec<usize> = per
+                .iter()
+                .flat_map(|&p| std::iter::repeat_n(p, batch))
+                .collect();
             let kj = ember_embed::KeyedJagged::from_lengths(
                 keys.clone(),
                 batch,
@@ -252,8 +284,7 @@ fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>
 fn accuracy(
     a: &GraphArgs,
     file: &str,
-    dense_in: usize,
-    sparse_w: usize,
+    w: &Widths,
     dtype: DenseDType,
     n: usize,
 ) -> Result<serde_json::Value> {
@@ -266,14 +297,12 @@ fn accuracy(
     let mut rng = StdRng::seed_from_u64(7);
     for start in (0..n).step_by(256) {
         let b = 256.min(n - start);
-        let dense: Vec<f32> = (0..b * dense_in)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let sparse: Vec<f32> = (0..b * sparse_w)
+        let dense = w.random_dense(&mut rng, b);
+        let sparse: Vec<f32> = (0..b * w.sparse)
             .map(|_| rng.random_range(-0.5..0.5))
             .collect();
-        let d = Tensor::f32(vec![b, dense_in], dense).map_err(anyhow::Error::msg)?;
-        let s = Tensor::f32(vec![b, sparse_w], sparse).map_err(anyhow::Error::msg)?;
+        let d = Tensor::f32(vec![b, w.dense()], dense).map_err(anyhow::Error::msg)?;
+        let s = Tensor::f32(vec![b, w.sparse], sparse).map_err(anyhow::Error::msg)?;
         let given: Vec<(&str, &Tensor)> = [("dense", &d), ("sparse", &s)]
             .into_iter()
             .filter(|(name, _)| reference.inputs().contains(name))

@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 use ember_model::registry::RegistryModel;
 use rand::{Rng, SeedableRng};
 
-/// A copy of the fixture in `dir/graph_mmoe` (the name the registry gives it) with its batch
-/// as `samples.jsonl` (the form `ember predict` and `/v1/score` read).
-fn fixture_copy(dir: &Path) -> PathBuf {
-    let src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../ember-model/tests/fixtures/graph_mmoe");
-    let dst = dir.join("graph_mmoe");
+/// A copy of fixture `name` in `dir/name` (the name the registry gives it) with its batch as
+/// `samples.jsonl` (the form `ember predict` and `/v1/score` read).
+fn fixture_copy(dir: &Path, name: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../ember-model/tests/fixtures")
+        .join(name);
+    let dst = dir.join(name);
     std::fs::create_dir_all(&dst).unwrap();
     for f in ["config.json", "model.safetensors", "dense.onnx"] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
@@ -78,7 +79,7 @@ fn graph_model_tables_on_the_redis_and_ssd_tiers_score_as_in_memory_and_take_upd
     let url = c.url();
     let tmp = std::env::temp_dir().join(format!("ember-graph-tiers-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let model = fixture_copy(&tmp);
+    let model = fixture_copy(&tmp, "graph_mmoe");
     let m = model.to_str().unwrap();
     let dram = predict(&model, &tmp.join("dram.jsonl"), &[]);
     assert_eq!(predicted(&dram).len(), 7, "{dram}");
@@ -234,7 +235,7 @@ fn graph_model_bags_pooled_on_the_nodes_score_as_in_memory() {
     let url = c.url();
     let tmp = std::env::temp_dir().join(format!("ember-graph-pool-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let model = fixture_copy(&tmp);
+    let model = fixture_copy(&tmp, "graph_mmoe");
     let m = model.to_str().unwrap();
     let dram = predict(&model, &tmp.join("dram.jsonl"), &[]);
     crate::ok(&[
@@ -261,5 +262,81 @@ fn graph_model_bags_pooled_on_the_nodes_score_as_in_memory() {
     ];
     let pooled = predict(&model, &tmp.join("pooled.jsonl"), &flags);
     assert_heads_close(&pooled, &dram, 1e-5, "pooled on the nodes");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// `ember predict`'s scores of a one-output model: a number a line.
+fn scores(text: &str) -> Vec<f64> {
+    text.lines()
+        .map(|l| l.trim().parse().unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+/// A model with sequence features (the `graph_din` fixture: TorchRec `EmbeddingCollection`s
+/// under target attention), its tables in memory, on the Redis Cluster tier (rows fetched, then
+/// pooled on the nodes: each position of a sequence a bag of one row) and on the SSD tier:
+/// `ember predict` gives PyTorch's scores within 1e-5 in memory, and the same scores from each
+/// tier (within 1e-5 where the nodes sum a bag's rows in another order).
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn a_sequence_model_on_the_redis_and_ssd_tiers_scores_as_pytorch() {
+    let Some(c) = crate::cluster_with_module(0, &[]) else {
+        return;
+    };
+    let url = c.url();
+    let tmp = std::env::temp_dir().join(format!("ember-graph-seq-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let model = fixture_copy(&tmp, "graph_din");
+    let m = model.to_str().unwrap();
+    let exp: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../ember-model/tests/fixtures/graph_din/expected.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let want: Vec<f64> = serde_json::from_value(exp["outputs"]["score"].clone()).unwrap();
+    let dram = predict(&model, &tmp.join("dram.jsonl"), &[]);
+    let got = scores(&dram);
+    assert_eq!(got.len(), want.len(), "{dram}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs(),
+            "sample {i}: {g} vs PyTorch's {w}"
+        );
+    }
+    crate::ok(&[
+        "registry",
+        "push",
+        "--redis",
+        &url,
+        "--model",
+        m,
+        "--replicas",
+        "0",
+    ]);
+    let remote = ["--placement", "remote", "--redis", &url];
+    let fetched = predict(&model, &tmp.join("remote.jsonl"), &remote);
+    assert_eq!(fetched, dram, "scores with the tables on the Redis tier");
+    let pooled = [&remote[..], &["--pool-remote", "on", "--cache-mb", "0"]].concat();
+    let on_nodes = scores(&predict(&model, &tmp.join("pooled.jsonl"), &pooled));
+    for (i, (g, w)) in on_nodes.iter().zip(&got).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs(),
+            "pooled on the nodes, sample {i}: {g} vs {w}"
+        );
+    }
+    crate::ok(&["convert", "--model", m, "--placement", "ssd"]);
+    let config = std::fs::read_to_string(model.join("config.json")).unwrap();
+    assert!(
+        config.contains("\"ssd\"") && config.contains("\"max_len\": 6"),
+        "{config}"
+    );
+    let ssd = predict(&model, &tmp.join("ssd.jsonl"), &[]);
+    assert_eq!(ssd, dram, "scores with the tables on the SSD tier");
     std::fs::remove_dir_all(&tmp).unwrap();
 }

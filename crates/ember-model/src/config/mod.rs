@@ -14,6 +14,10 @@ use crate::error::{ModelError, Result};
 mod stores;
 pub use stores::{RemoteConfig, RemoteOverride, TierConfig};
 
+/// The longest sequence feature (`FeatureConfig::max_len`): each position is a feature of the
+/// embedding stage (`crate::sequence`).
+pub const MAX_SEQUENCE_LEN: usize = 4096;
+
 /// The value of `format`.
 pub const FORMAT: &str = "ember-dlrm";
 /// The only `format_version` this build reads.
@@ -82,6 +86,11 @@ fn is_dram(p: &Placement) -> bool {
 pub struct FeatureConfig {
     pub name: String,
     pub table: String,
+    /// A sequence feature (a graph model's; TorchRec's `EmbeddingCollection`): the graph gets
+    /// each sample's first `max_len` rows, unpooled, and the sequence's length
+    /// (`crate::sequence`). Absent: a pooled feature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
 }
 
 /// How pooled embeddings and the bottom MLP output meet.
@@ -206,6 +215,7 @@ impl ModelConfig {
                 .map(|t| FeatureConfig {
                     name: t.name.clone(),
                     table: t.name.clone(),
+                    max_len: None,
                 })
                 .collect(),
         }
@@ -255,11 +265,17 @@ impl ModelConfig {
         }
     }
 
-    /// Values of a sample's pooled row: its features' table dims added up (0 for a config
-    /// whose features name unknown tables, which [`ModelConfig::check`] refuses).
+    /// Values of a sample's pooled row: its features' table dims added up, times `max_len` for a
+    /// sequence feature (0 for a config whose features name unknown tables, which
+    /// [`ModelConfig::check`] refuses).
     pub fn pooled_width(&self) -> usize {
-        self.feature_tables()
-            .map_or(0, |t| t.iter().map(|&i| self.tables[i].dim).sum())
+        let feats = self.features();
+        self.feature_tables().map_or(0, |t| {
+            t.iter()
+                .zip(&feats)
+                .map(|(&i, f)| self.tables[i].dim * f.max_len.unwrap_or(1))
+                .sum()
+        })
     }
 
     /// Output size of the bottom MLP.
@@ -307,6 +323,7 @@ impl ModelConfig {
             t.options()?;
         }
         self.check_feature_names()?;
+        self.check_sequences()?;
         let tables = self.feature_tables()?;
         self.check_overflow()?;
         self.check_interaction(&tables)
@@ -395,6 +412,31 @@ impl ModelConfig {
         for f in &feats {
             if !feature_names.insert(f.name.as_str()) {
                 return Err(Invalid(format!("feature name '{}' appears twice", f.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sequence features (a `max_len`) only in a graph model, each `max_len` in
+    /// 1..=[`MAX_SEQUENCE_LEN`].
+    pub(crate) fn check_sequences(&self) -> std::result::Result<(), Invalid> {
+        let graph = matches!(self.interaction, InteractionConfig::Graph { .. });
+        for f in self.features() {
+            match f.max_len {
+                Some(_) if !graph => {
+                    return Err(Invalid(format!(
+                        "feature '{}' has a max_len (a sequence feature), which only a graph \
+                         model (interaction kind \"graph\") takes",
+                        f.name
+                    )));
+                }
+                Some(l) if !(1..=MAX_SEQUENCE_LEN).contains(&l) => {
+                    return Err(Invalid(format!(
+                        "feature '{}': max_len {l} is outside 1..={MAX_SEQUENCE_LEN}",
+                        f.name
+                    )));
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -53,15 +53,15 @@ pub(super) fn unary(u: Unary, t: &Tensor) -> Result<Tensor, String> {
         Unary::Identity => |v| v,
     };
     let v = floats(t)?;
-    let mut out = pool::take(v.len());
     if v.len() >= PAR_MIN && rayon::current_num_threads() > 1 {
-        out.resize(v.len(), 0.0);
+        let mut out = pool::scratch(v.len()); // every value written below
         out.par_chunks_mut(PAR_CHUNK)
             .zip(v.par_chunks(PAR_CHUNK))
             .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)));
-    } else {
-        out.extend(v.iter().map(|&v| f(v)));
+        return Tensor::f32(t.shape.clone(), out);
     }
+    let mut out = pool::take(v.len());
+    out.extend(v.iter().map(|&v| f(v)));
     Tensor::f32(t.shape.clone(), out)
 }
 
@@ -122,11 +122,11 @@ fn par_binary(
     } else if x.shape == shape && !q.is_empty() && !ys.is_empty() && shape.ends_with(ys) {
         (q.len() * (PAR_CHUNK / q.len()).max(1), true)
     } else {
-        let mut out = pool::zeros(n);
+        let mut out = pool::scratch(n); // par_rows writes every value
         par_rows(&shape, (&x.shape, p), (&y.shape, q), f, &mut out);
         return Some(Tensor::f32(shape, out));
     };
-    let mut out = pool::zeros(n);
+    let mut out = pool::scratch(n); // every chunk written below
     out.par_chunks_mut(w)
         .zip(p.par_chunks(w))
         .enumerate()
@@ -496,8 +496,21 @@ pub(super) fn clip(
             None => Ok(d),
         }
     };
-    let (lo, hi) = (bound(1, min)?, bound(2, max)?);
     let t = x.first().copied().flatten().ok_or("input 0 is missing")?;
+    if let Some(v) = t.as_i64() {
+        let bound = |i: usize, d: Option<f32>| -> Result<Option<i64>, String> {
+            match x.get(i).copied().flatten() {
+                Some(b) => match super::tensor::ints(b)? {
+                    [b] => Ok(Some(*b)),
+                    b => Err(format!("expected one value, got {}", b.len())),
+                },
+                None => Ok(d.map(|d| d as i64)),
+            }
+        };
+        let (lo, hi) = (bound(1, min)?, bound(2, max)?);
+        return Ok(super::logic::clip_ints(v, &t.shape, lo, hi));
+    }
+    let (lo, hi) = (bound(1, min)?, bound(2, max)?);
     let v = floats(t)?;
     let mut out = pool::take(v.len());
     out.extend(v.iter().map(|&v| {

@@ -3,7 +3,7 @@
 //! by its definition in the ONNX operator spec, on [`Tensor`]s of f32 or i64.
 
 use super::pool;
-use super::tensor::{Data, Tensor, axis, broadcast, ints, zip_with};
+use super::tensor::{Data, Tensor, axis, broadcast, ints};
 
 pub(super) fn concat(ts: &[&Tensor], ax: i64) -> Result<Tensor, String> {
     let first = ts.first().ok_or("Concat of nothing")?;
@@ -70,7 +70,8 @@ fn par_concat(
         .map(|t| Ok((super::tensor::floats(t)?, t.shape[a] * inner)))
         .collect::<Result<_, String>>()?;
     let row: usize = parts.iter().map(|p| p.1).sum();
-    let mut v = pool::zeros(n);
+    // Every value is written below: `outer` rows of `row`.
+    let mut v = pool::scratch(n);
     if row == 0 || outer == 0 {
         return Ok(v);
     }
@@ -103,13 +104,19 @@ pub(super) fn narrow(
     let d = t.shape[a];
     let mut shape = t.shape.clone();
     shape[a] = len;
+    // A step of 1 takes one run of `len * inner` values per outer index (a column block of a
+    // matrix: one copy a row, not one a value).
+    let (run, count) = match step {
+        1 => (len * inner, 1),
+        _ => (inner, len),
+    };
     macro_rules! pick {
         ($v:expr, $make:ident, $alloc:expr) => {{
             let mut out = $alloc(outer * len * inner);
             for o in 0..outer {
-                for i in 0..len {
+                for i in 0..count {
                     let at = (o * d + start + i * step) * inner;
-                    out.extend_from_slice(&$v[at..at + inner]);
+                    out.extend_from_slice(&$v[at..at + run]);
                 }
             }
             Tensor::$make(shape, out)
@@ -140,10 +147,12 @@ pub(super) fn slice(
     if e.len() != s.len() || axes.len() != s.len() || steps.len() != s.len() {
         return Err("Slice's starts, ends, axes and steps differ in length".into());
     }
-    let mut out = t.clone();
+    // Each axis narrows the last one's result; the input itself is never copied whole.
+    let mut out: Option<Tensor> = None;
     for i in 0..s.len() {
         let a = axis(axes[i], t.shape.len())?;
-        let d = out.shape[a] as i64;
+        let src = out.as_ref().unwrap_or(t);
+        let d = src.shape[a] as i64;
         if steps[i] <= 0 {
             return Err(format!(
                 "Slice step {} is not supported (positive steps are)",
@@ -157,9 +166,15 @@ pub(super) fn slice(
         } else {
             0
         };
-        out = narrow(&out, a, lo as usize, len as usize, steps[i] as usize)?;
+        let next = narrow(src, a, lo as usize, len as usize, steps[i] as usize)?;
+        if let Some(Tensor {
+            data: Data::F32(v), ..
+        }) = out.replace(next)
+        {
+            pool::give(v);
+        }
     }
-    Ok(out)
+    Ok(out.unwrap_or_else(|| t.clone()))
 }
 
 /// The shape Reshape gives a tensor of shape `from` (`0` copies a dim unless `allowzero`, one
@@ -337,6 +352,48 @@ pub(super) fn cast(t: &Tensor, to_float: bool) -> Result<Tensor, String> {
     }
 }
 
+/// `v` (of `shape`) broadcast to `out` (a shape it broadcasts to), appended to `dst`: the
+/// trailing dims the two share are one block, copied whole for each index of the dims before
+/// them (an index of a broadcast dim reads the input's one row).
+pub(super) fn broadcast_into<T: Copy>(shape: &[usize], v: &[T], out: &[usize], dst: &mut Vec<T>) {
+    let r = out.len();
+    let pad: Vec<usize> = std::iter::repeat_n(1, r - shape.len())
+        .chain(shape.iter().copied())
+        .collect();
+    let mut k = r;
+    while k > 0 && pad[k - 1] == out[k - 1] {
+        k -= 1;
+    }
+    let block: usize = out[k..].iter().product();
+    let mut strides = vec![0; r];
+    let mut acc = 1;
+    for d in (0..r).rev() {
+        strides[d] = if pad[d] == 1 { 0 } else { acc };
+        acc *= pad[d];
+    }
+    if out.contains(&0) {
+        return;
+    }
+    // The dims before the block, an odometer over them.
+    let mut idx = vec![0usize; k];
+    loop {
+        let at: usize = (0..k).map(|d| idx[d] * strides[d]).sum();
+        dst.extend_from_slice(&v[at..at + block]);
+        let mut d = k;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < out[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
 /// Expand: `t` broadcast to `shape` (numpy's rules: the result may be larger than `shape`).
 pub(super) fn expand(t: &Tensor, shape: &Tensor) -> Result<Tensor, String> {
     let want = ints(shape)?
@@ -347,12 +404,14 @@ pub(super) fn expand(t: &Tensor, shape: &Tensor) -> Result<Tensor, String> {
     let n = out.iter().product();
     match &t.data {
         Data::F32(v) => {
-            let (s, v) = zip_with((&t.shape, v), (&out, &vec![0.0; n]), |a, _| a, Vec::new())?;
-            Tensor::f32(s, v)
+            let mut dst = pool::take(n);
+            broadcast_into(&t.shape, v, &out, &mut dst);
+            Tensor::f32(out, dst)
         }
         Data::I64(v) => {
-            let (s, v) = zip_with((&t.shape, v), (&out, &vec![0; n]), |a, _| a, Vec::new())?;
-            Tensor::i64(s, v)
+            let mut dst = Vec::with_capacity(n);
+            broadcast_into(&t.shape, v, &out, &mut dst);
+            Tensor::i64(out, dst)
         }
     }
 }

@@ -23,6 +23,7 @@
 mod compute;
 mod eval;
 mod layout;
+mod logic;
 mod model;
 mod onnx;
 mod ops;

@@ -7,6 +7,8 @@
 use super::compute::*;
 pub use super::compute::{Binary, Reduce, Unary};
 use super::layout::*;
+use super::logic;
+pub use super::logic::{Cmp, Logic};
 use super::onnx::{Attrs, NodeProto};
 use super::tensor::ints;
 use super::tensor::{Tensor, axis};
@@ -68,16 +70,30 @@ pub enum Op {
     },
     Constant(Tensor),
     Cast {
-        to_float: bool,
+        to: CastTo,
     },
     Expand,
+    Compare(Cmp),
+    Logic(Logic),
+    Not,
+    Where,
+}
+
+/// What a `Cast` gives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CastTo {
+    Float,
+    Int64,
+    /// int64 0 or 1 (`logic.rs`)
+    Bool,
 }
 
 /// The op types this build runs, for the error that names one it does not.
-pub const SUPPORTED: &str = "Abs, Add, Cast, Clip, Concat, Constant, Div, Exp, Expand, Flatten, \
-     Gather, Gemm, Identity, Log, MatMul, Mul, Neg, Pow, ReduceL2, ReduceMax, ReduceMean, \
-     ReduceSum, Relu, Reshape, Shape, Sigmoid, Slice, Softmax, Split, Sqrt, Squeeze, Sub, Tanh, \
-     Transpose, Unsqueeze";
+pub const SUPPORTED: &str = "Abs, Add, And, Cast, Clip, Concat, Constant, Div, Equal, Exp, \
+     Expand, Flatten, Gather, Gemm, Greater, GreaterOrEqual, Identity, Less, LessOrEqual, Log, \
+     MatMul, Mul, Neg, Not, Or, Pow, ReduceL2, ReduceMax, ReduceMean, ReduceSum, Relu, Reshape, \
+     Shape, Sigmoid, Slice, Softmax, Split, Sqrt, Squeeze, Sub, Tanh, Transpose, Unsqueeze, Where, \
+     Xor";
 
 impl Op {
     /// The node's op, its attributes checked; `Err` names what is not supported.
@@ -160,10 +176,11 @@ impl Op {
             }),
             "Constant" => constant(&a).map(Op::Constant),
             "Cast" => match int("to", 0)? {
-                1 => Ok(Op::Cast { to_float: true }),
-                7 => Ok(Op::Cast { to_float: false }),
+                1 => Ok(Op::Cast { to: CastTo::Float }),
+                7 => Ok(Op::Cast { to: CastTo::Int64 }),
+                9 => Ok(Op::Cast { to: CastTo::Bool }),
                 t => Err(format!(
-                    "{what} (Cast): to {} is not supported (float and int64 are)",
+                    "{what} (Cast): to {} is not supported (float, int64 and bool are)",
                     super::onnx::type_name(t as i32)
                 )),
             },
@@ -178,8 +195,10 @@ impl Op {
     pub fn arity(&self) -> (usize, usize) {
         match self {
             Op::Unary(_) | Op::Flatten { .. } | Op::Softmax { .. } | Op::Shape { .. } => (1, 1),
-            Op::Cast { .. } | Op::Transpose { .. } => (1, 1),
+            Op::Cast { .. } | Op::Transpose { .. } | Op::Not => (1, 1),
             Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::Expand => (2, 2),
+            Op::Compare(_) | Op::Logic(_) => (2, 2),
+            Op::Where => (3, 3),
             Op::Reshape { .. } => (2, 2),
             Op::Clip { .. } => (1, 3),
             Op::Gemm { .. } => (2, 3),
@@ -316,8 +335,13 @@ impl Op {
             Op::Softmax { axis: ax } => one(softmax(req(0)?, *ax)),
             Op::Shape { start, end } => one(shape_of(req(0)?, *start, *end)),
             Op::Constant(t) => Ok(vec![t.clone()]),
-            Op::Cast { to_float } => one(cast(req(0)?, *to_float)),
+            Op::Cast { to: CastTo::Bool } => one(logic::to_bool(req(0)?)),
+            Op::Cast { to } => one(cast(req(0)?, *to == CastTo::Float)),
             Op::Expand => one(expand(req(0)?, req(1)?)),
+            Op::Compare(c) => one(logic::compare(*c, req(0)?, req(1)?)),
+            Op::Logic(l) => one(logic::logic(*l, req(0)?, req(1)?)),
+            Op::Not => one(logic::not(req(0)?)),
+            Op::Where => one(logic::select(req(0)?, req(1)?, req(2)?)),
         }
     }
 }
@@ -339,6 +363,16 @@ fn elementwise(op_type: &str) -> Option<Op> {
         "Mul" => Op::Binary(Binary::Mul),
         "Div" => Op::Binary(Binary::Div),
         "Pow" => Op::Binary(Binary::Pow),
+        "Less" => Op::Compare(Cmp::Less),
+        "LessOrEqual" => Op::Compare(Cmp::LessOrEqual),
+        "Greater" => Op::Compare(Cmp::Greater),
+        "GreaterOrEqual" => Op::Compare(Cmp::GreaterOrEqual),
+        "Equal" => Op::Compare(Cmp::Equal),
+        "And" => Op::Logic(Logic::And),
+        "Or" => Op::Logic(Logic::Or),
+        "Xor" => Op::Logic(Logic::Xor),
+        "Not" => Op::Not,
+        "Where" => Op::Where,
         _ => return None,
     })
 }

@@ -23,6 +23,12 @@ fn matrix(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
     (vec![rows.len(), w], rows.concat())
 }
 
+/// The graph's `dense` input: the dense features, then (a model with sequence features) each
+/// sequence's length.
+fn graph_dense(exp: &serde_json::Value) -> &serde_json::Value {
+    exp.get("graph_dense").unwrap_or(&exp["dense"])
+}
+
 fn close(got: &[f32], want: &[f32], rtol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -43,6 +49,7 @@ fn the_fixtures_score_as_pytorch() {
         "graph_mmoe",
         "graph_two_tower",
         "graph_dlrm_dcn",
+        "graph_din",
     ] {
         let (g, exp) = fixture(name);
         assert_eq!(g.inputs(), ["dense", "sparse"], "{name}");
@@ -51,7 +58,7 @@ fn the_fixtures_score_as_pytorch() {
             lin >= 2,
             "{name}: the linear layers run on Ember's kernels ({lin})"
         );
-        let (ds, dv) = matrix(&exp["dense"]);
+        let (ds, dv) = matrix(graph_dense(&exp));
         let (ss, sv) = matrix(&exp["sparse"]);
         let b = ds[0];
         for threads in [1, 2] {
@@ -460,6 +467,172 @@ fn shape_ops_follow_the_spec() {
         x(),
     );
     assert_eq!(sh.as_i64().unwrap(), [3, 4]);
+}
+
+/// Expand's block copy and Slice's runs against the plain per-value definitions, on random
+/// shapes (dims of 1 broadcast anywhere, ranks 0-4, empty dims; slices on every axis, steps 1-3).
+#[test]
+fn expand_and_slice_match_the_per_value_definitions() {
+    let mut rng = StdRng::seed_from_u64(12);
+    for case in 0..300 {
+        let r = rng.random_range(0..5);
+        let out: Vec<usize> = (0..r).map(|_| rng.random_range(0..5)).collect();
+        let keep = rng.random_range(0..=r);
+        let shape: Vec<usize> = out[r - keep..]
+            .iter()
+            .map(|&d| if rng.random_bool(0.4) { 1 } else { d })
+            .collect();
+        let v: Vec<f32> = random(&mut rng, shape.iter().product());
+        let n = out.iter().product();
+        let (want_s, want) =
+            super::tensor::zip_with((&shape, &v), (&out, &vec![0.0; n]), |a, _| a, Vec::new())
+                .unwrap();
+        let mut got = Vec::new();
+        super::layout::broadcast_into(&shape, &v, &want_s, &mut got);
+        assert_eq!(got, want, "case {case}: {shape:?} -> {out:?}");
+        if r == 0 {
+            continue;
+        }
+        let t = Tensor::f32(out.clone(), random(&mut rng, n)).unwrap();
+        let a = rng.random_range(0..r);
+        let d = out[a] as i64;
+        let (lo, hi, step) = (
+            rng.random_range(-d - 1..=d),
+            rng.random_range(-d - 1..=d + 1),
+            rng.random_range(1..4),
+        );
+        let i = |x: i64| Tensor::i64(vec![1], vec![x]).unwrap();
+        let got =
+            super::layout::slice(&t, &i(lo), &i(hi), Some(&i(a as i64)), Some(&i(step))).unwrap();
+        let clamp = |x: i64| (if x < 0 { x + d } else { x }).clamp(0, d) as usize;
+        let picked: Vec<usize> = (clamp(lo)..clamp(hi)).step_by(step as usize).collect();
+        let mut want_shape = out.clone();
+        want_shape[a] = picked.len();
+        let inner: usize = out[a + 1..].iter().product();
+        let outer: usize = out[..a].iter().product();
+        let tv = t.as_f32().unwrap();
+        let mut want = Vec::new();
+        for o in 0..outer {
+            for &p in &picked {
+                for k in 0..inner {
+                    want.push(tv[(o * out[a] + p) * inner + k]);
+                }
+            }
+        }
+        assert_eq!(got.shape, want_shape, "case {case}");
+        assert_eq!(
+            got.as_f32().unwrap(),
+            &want[..],
+            "case {case}: slice {lo}..{hi} step {step} axis {a}"
+        );
+    }
+}
+
+/// The ops of a sequence's mask (`arange(L) < lengths`, `Not`, `Where`, a bool cast to float,
+/// `lengths.clamp(min=1)` on int64) and the other comparisons and logic against plain loops,
+/// broadcasting a `[1, L]` row against a `[B, 1]` column; booleans are int64 0 / 1.
+#[test]
+fn comparisons_and_masks_follow_the_spec() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let (b, l) = (5, 4);
+    let lengths: Vec<i64> = (0..b).map(|_| rng.random_range(0..7)).collect();
+    let scores = random(&mut rng, b * l);
+    type Test = fn(i64, i64) -> bool;
+    let cmp: [(&str, Test); 5] = [
+        ("Less", |a, c| a < c),
+        ("LessOrEqual", |a, c| a <= c),
+        ("Greater", |a, c| a > c),
+        ("GreaterOrEqual", |a, c| a >= c),
+        ("Equal", |a, c| a == c),
+    ];
+    let pos = || TensorProto {
+        dims: vec![1, l as i64],
+        ..ints_proto("pos", &(0..l as i64).collect::<Vec<_>>())
+    };
+    let run = |nodes: Vec<NodeProto>, inits: Vec<TensorProto>, x: Tensor| {
+        let g = Graph::from_bytes(&model(nodes, inits, &["x", "s"], &["y"])).unwrap();
+        let s = Tensor::f32(vec![b, l], scores.clone()).unwrap();
+        g.run(&[("x", &x), ("s", &s)], 1).unwrap().remove(0)
+    };
+    let col = || Tensor::i64(vec![b, 1], lengths.clone()).unwrap();
+    for (op, f) in cmp {
+        let y = run(
+            vec![node(op, &["pos", "x"], &["y"], vec![])],
+            vec![pos()],
+            col(),
+        );
+        assert_eq!(y.shape, vec![b, l], "{op}");
+        for (i, j) in (0..b).flat_map(|i| (0..l).map(move |j| (i, j))) {
+            let want = i64::from(f(j as i64, lengths[i]));
+            assert_eq!(y.as_i64().unwrap()[i * l + j], want, "{op} [{i}, {j}]");
+        }
+    }
+    // The masked softmax's input: Where(Not(pos < n), -1e9, s); the mask as float times s.
+    let masked = run(
+        vec![
+            node("Less", &["pos", "x"], &["m"], vec![]),
+            node("Not", &["m"], &["nm"], vec![]),
+            node("Where", &["nm", "big", "s"], &["w"], vec![]),
+            node("Cast", &["m"], &["mf"], vec![attr_int("to", 1)]),
+            node("Mul", &["w", "mf"], &["y"], vec![]),
+        ],
+        vec![pos(), tensor_proto("big", &[], &[-1e9])],
+        col(),
+    );
+    for (i, j) in (0..b).flat_map(|i| (0..l).map(move |j| (i, j))) {
+        let inside = (j as i64) < lengths[i];
+        let want = if inside { scores[i * l + j] } else { -0.0 };
+        assert_eq!(masked.as_f32().unwrap()[i * l + j], want, "[{i}, {j}]");
+    }
+    // And / Or / Xor of two masks; Cast to bool of floats.
+    for (op, f) in [
+        ("And", (|a, c| a && c) as fn(bool, bool) -> bool),
+        ("Or", |a, c| a || c),
+        ("Xor", |a, c| a != c),
+    ] {
+        let y = run(
+            vec![
+                node("Less", &["pos", "x"], &["m"], vec![]),
+                node("Cast", &["s"], &["sb"], vec![attr_int("to", 9)]),
+                node("Greater", &["s", "zero"], &["p"], vec![]),
+                node(op, &["m", "p"], &["y"], vec![]),
+            ],
+            vec![pos(), tensor_proto("zero", &[], &[0.0])],
+            col(),
+        );
+        for (i, j) in (0..b).flat_map(|i| (0..l).map(move |j| (i, j))) {
+            let want = f((j as i64) < lengths[i], scores[i * l + j] > 0.0);
+            assert_eq!(y.as_i64().unwrap()[i * l + j], i64::from(want), "{op}");
+        }
+    }
+    // An int64 clip keeps int64 (a mean over a sequence: sum / lengths.clamp(min=1)).
+    let y = run(
+        vec![node("Clip", &["x", "one"], &["y"], vec![])],
+        vec![TensorProto {
+            dims: vec![],
+            ..ints_proto("one", &[1])
+        }],
+        col(),
+    );
+    let want: Vec<i64> = lengths.iter().map(|&n| n.max(1)).collect();
+    assert_eq!(y.as_i64().unwrap(), &want[..]);
+    // Where of a float and an int branch is refused, naming both.
+    let g = Graph::from_bytes(&model(
+        vec![
+            node("Less", &["pos", "x"], &["m"], vec![]),
+            node("Where", &["m", "x", "s"], &["y"], vec![]),
+        ],
+        vec![pos()],
+        &["x", "s"],
+        &["y"],
+    ))
+    .unwrap();
+    let s = Tensor::f32(vec![b, l], scores.clone()).unwrap();
+    let e = g
+        .run(&[("x", &col()), ("s", &s)], 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Where of a int64 and a float"), "{e}");
 }
 
 /// Reductions, softmax, broadcasting arithmetic, clip, batched MatMul against plain loops.
@@ -1089,9 +1262,10 @@ fn bf16_and_int8_layers_score_near_f32() {
         "graph_mmoe",
         "graph_two_tower",
         "graph_dlrm_dcn",
+        "graph_din",
     ] {
         let (mut g, exp) = fixture(name);
-        let (ds, dv) = matrix(&exp["dense"]);
+        let (ds, dv) = matrix(graph_dense(&exp));
         let (ss, sv) = matrix(&exp["sparse"]);
         let d = Tensor::f32(ds.clone(), dv).unwrap();
         let s = Tensor::f32(ss.clone(), sv).unwrap();
@@ -1164,6 +1338,7 @@ fn graph_models_score_ids_as_pytorch() {
         "graph_mmoe",
         "graph_two_tower",
         "graph_dlrm_dcn",
+        "graph_din",
     ] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures")

@@ -76,6 +76,7 @@ pub fn preset(name: &str, rows_scale: f64, dtype: DType) -> Option<HstuModelConf
     .map(|(f, t)| FeatureConfig {
         name: f.into(),
         table: t.into(),
+        max_len: None,
     })
     .collect();
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -32,7 +32,7 @@ impl Predictor {
         out.reset(outputs);
         let w = crate::graph::Widths {
             n: b.len(),
-            dense: m.config().dense_in,
+            dense: m.dense_width(),
             sparse: m.embeddings().total_dim(),
         };
         let embed = Embed {

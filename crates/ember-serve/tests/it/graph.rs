@@ -38,7 +38,7 @@ async fn start(mut cfg: ServeConfig) -> (Server, String, Arc<Model>) {
 }
 
 /// `r`'s ids as the model takes them.
-fn keyed(m: &Model, r: &Req) -> KeyedJagged {
+pub(crate) fn keyed(m: &Model, r: &Req) -> KeyedJagged {
     let lengths: Vec<usize> = r
         .sparse
         .iter()
@@ -49,7 +49,7 @@ fn keyed(m: &Model, r: &Req) -> KeyedJagged {
 }
 
 /// Each output of `r`'s samples run alone on a predictor: output name -> values.
-fn alone(m: &Arc<Model>, r: &Req) -> HashMap<String, Vec<f32>> {
+pub(crate) fn alone(m: &Arc<Model>, r: &Req) -> HashMap<String, Vec<f32>> {
     let mut p = Predictor::new(m.clone(), 1).unwrap();
     let mut out = Outputs::default();
     p.score_outputs(&r.dense, &keyed(m, r), &mut out).unwrap();
@@ -61,7 +61,7 @@ fn alone(m: &Arc<Model>, r: &Req) -> HashMap<String, Vec<f32>> {
 }
 
 /// `r`'s samples as `/v1/score` JSON.
-fn v1_body(m: &Model, r: &Req) -> Value {
+pub(crate) fn v1_body(m: &Model, r: &Req) -> Value {
     let names = m.feature_names();
     let mut at = vec![0usize; names.len()];
     let samples: Vec<Value> = (0..r.n)
@@ -83,7 +83,7 @@ fn v1_body(m: &Model, r: &Req) -> Value {
     json!(samples)
 }
 
-fn outputs_of(v: &Value) -> HashMap<String, Vec<f32>> {
+pub(crate) fn outputs_of(v: &Value) -> HashMap<String, Vec<f32>> {
     v["outputs"]
         .as_array()
         .unwrap_or_else(|| panic!("no outputs in {v}"))
@@ -96,7 +96,7 @@ fn outputs_of(v: &Value) -> HashMap<String, Vec<f32>> {
         .collect()
 }
 
-fn check(got: &HashMap<String, Vec<f32>>, want: &HashMap<String, Vec<f32>>, what: &str) {
+pub(crate) fn check(got: &HashMap<String, Vec<f32>>, want: &HashMap<String, Vec<f32>>, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: outputs {:?}", got.keys());
     for (name, w) in want {
         let g = &got[name];
@@ -111,7 +111,7 @@ async fn get_json(c: &reqwest::Client, url: String) -> Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
 }
 
-async fn post(c: &reqwest::Client, url: String, body: &Value) -> (u16, String) {
+pub(crate) async fn post(c: &reqwest::Client, url: String, body: &Value) -> (u16, String) {
     let r = c.post(url).json(body).send().await.unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
 }
@@ -346,7 +346,7 @@ async fn the_served_fixture_scores_as_pytorch() {
     server.shutdown().await.unwrap();
 }
 
-fn grpc_request(m: &Model, r: &Req, asked: &[&str]) -> pb::ModelInferRequest {
+pub(crate) fn grpc_request(m: &Model, r: &Req, asked: &[&str]) -> pb::ModelInferRequest {
     let mut inputs = vec![InferInputTensor {
         name: "dense".into(),
         datatype: "FP32".into(),

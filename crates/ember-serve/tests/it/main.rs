@@ -12,3 +12,4 @@ mod hstu;
 mod hstu_cache;
 mod http;
 mod repository;
+mod sequence;

@@ -55,10 +55,14 @@ pub fn random_req(m: &Model, n: usize, seed: u64) -> Req {
         s
     };
     let dense = (0..n * 13).map(|_| (next() % 800) as f32 / 100.0).collect();
-    let sparse = (0..m.feature_names().len())
+    let inputs = m.inputs();
+    let feats = m.config().features();
+    let sparse = (0..inputs.features.len())
         .map(|f| {
-            let rows = m.embeddings().table_of(f).rows() as u64;
-            let lengths: Vec<i64> = (0..n).map(|_| (next() % 3) as i64).collect();
+            let rows = inputs.rows[f] as u64;
+            // 0-2 ids a bag; 0 to twice max_len a sequence (cut past max_len).
+            let most = feats[f].max_len.map_or(3, |l| 2 * l as u64 + 1);
+            let lengths: Vec<i64> = (0..n).map(|_| (next() % most) as i64).collect();
             let total: i64 = lengths.iter().sum();
             let ids = (0..total).map(|_| (next() % rows) as i64).collect();
             (lengths, ids)
