@@ -23,14 +23,11 @@ pub use crate::config::MAX_SEQUENCE_LEN as MAX_LEN;
 /// How one of the model's features reaches the embedding stage.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Slot {
-    /// As itself: the embedding stage's feature `at`.
-    Pooled { at: usize },
-    /// As `max_len` features from `first` on, its length dense column `column`.
-    Sequence {
-        first: usize,
-        max_len: usize,
-        column: usize,
-    },
+    /// As itself.
+    Pooled,
+    /// As `max_len` features, one per position; its length is dense column `column` (counted
+    /// from the end of the dense features).
+    Sequence { max_len: usize, column: usize },
 }
 
 /// A model's features as requests name them, and how each reaches the embedding stage.
@@ -65,11 +62,10 @@ impl Sequences {
         let (mut slots, mut at, mut column) = (Vec::with_capacity(feats.len()), 0, 0);
         for f in &feats {
             slots.push(match f.max_len {
-                None => Slot::Pooled { at },
+                None => Slot::Pooled,
                 Some(max_len) => {
                     column += 1;
                     Slot::Sequence {
-                        first: at,
                         max_len,
                         column: column - 1,
                     }
@@ -140,29 +136,29 @@ impl Sequences {
         let mut keep = Vec::with_capacity(ids.len());
         let mut at = 0;
         for (f, slot) in self.slots.iter().enumerate() {
-            let starts: Vec<usize> = (0..n)
-                .scan(at, |s, b| {
-                    let here = *s;
-                    *s += len(f * n + b);
-                    Some(here)
-                })
-                .collect();
-            let end = at + (0..n).map(|b| len(f * n + b)).sum::<usize>();
+            let len_f = |b: usize| len(f * n + b);
+            let end = at + (0..n).map(len_f).sum::<usize>();
             match *slot {
-                Slot::Pooled { .. } => {
-                    lengths.extend((0..n).map(|b| len(f * n + b) as u32));
+                Slot::Pooled => {
+                    lengths.extend((0..n).map(|b| len_f(b) as u32));
                     keep.extend(at..end);
                 }
-                Slot::Sequence {
-                    max_len, column, ..
-                } => {
-                    self.check_ids(f, ids, &starts, |b| len(f * n + b))?;
+                Slot::Sequence { max_len, column } => {
+                    // Where each sample's ids start.
+                    let starts: Vec<usize> = (0..n)
+                        .scan(at, |s, b| {
+                            let here = *s;
+                            *s += len_f(b);
+                            Some(here)
+                        })
+                        .collect();
+                    self.check_ids(f, ids, &starts, len_f)?;
                     for b in 0..n {
-                        seq_lengths[b * self.seqs + column] = len(f * n + b) as f32;
+                        seq_lengths[b * self.seqs + column] = len_f(b) as f32;
                     }
                     for j in 0..max_len {
                         for (b, &s) in starts.iter().enumerate() {
-                            let here = j < len(f * n + b);
+                            let here = j < len_f(b);
                             lengths.push(u32::from(here));
                             if here {
                                 keep.push(s + j);
