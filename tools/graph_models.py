@@ -76,13 +76,13 @@ def mmoe():
 class TwoTower(nn.Module):
     """A user tower and an item tower, scored by the cosine of their outputs times a temperature."""
 
-    def __init__(self, user_ebc, item_ebc, dense_in, out=11):
+    def __init__(self, user_ebc, item_ebc, dense_in, out=11, user=(18,), item=(15,)):
         super().__init__()
         self.user_ebc, self.item_ebc = user_ebc, item_ebc
         du = sum(c.embedding_dim * len(c.feature_names) for c in user_ebc.embedding_bag_configs())
         di = sum(c.embedding_dim * len(c.feature_names) for c in item_ebc.embedding_bag_configs())
-        self.user = MLP(du + dense_in, [18, out], activation=nn.ReLU)
-        self.item = nn.Sequential(MLP(di, [15]), nn.Linear(15, out))
+        self.user = MLP(du + dense_in, [*user, out], activation=nn.ReLU)
+        self.item = nn.Sequential(MLP(di, list(item)), nn.Linear(item[-1], out))
         self.scale = nn.Parameter(torch.tensor(4.0))
 
     def forward(self, dense_features, sparse_features):
@@ -206,6 +206,26 @@ def mmoe_large():
     return _spread(m.eval(), [m.towers[t][-1] for t in m.tasks])
 
 
+def deepfm_large():
+    """TorchRec's SimpleDeepFMNN at a production-like width: 26 features of dim 64 (the factorization
+    machine over them and the dense arch's output), its deep part 1,728 -> 512, the dense arch
+    13 -> 512 -> 64."""
+    ebc = _ebc([f"c{i}" for i in range(26)], 64, [ROWS] * 26, seed=21)
+    torch.manual_seed(22)
+    m = SimpleDeepFMNN(num_dense_features=DENSE_IN, embedding_bag_collection=ebc, hidden_layer_size=512,
+                       deep_fm_dimension=512).eval()
+    return _spread(m, [m.over_arch.model[0]])
+
+
+def two_tower_large():
+    """The two-tower model above at a production-like width: 4 user and 4 item features of dim 64,
+    towers 512-256-128."""
+    user = _ebc([f"u{i}" for i in range(4)], 64, [ROWS] * 4, seed=23)
+    item = _ebc([f"i{i}" for i in range(4)], 64, [ROWS] * 4, seed=24)
+    torch.manual_seed(25)
+    return TwoTower(user, item, DENSE_IN, out=128, user=(512, 256), item=(512, 256)).eval()
+
+
 def din_large():
     """The DIN above at the paper's widths (Zhou et al. 2018: attention MLP 80-40, top MLP
     200-80): bags of dim 64 (user, target item) and 16 (context), histories of 50 items (dim 64)
@@ -252,4 +272,5 @@ def _spread(model, heads, std=1.5, seqs=None):
     return model
 
 
-BENCH = {"dcn_mlperf": dcn_mlperf, "mmoe_large": mmoe_large, "din_large": din_large}
+BENCH = {"dcn_mlperf": dcn_mlperf, "mmoe_large": mmoe_large, "din_large": din_large, "deepfm_large": deepfm_large,
+         "two_tower_large": two_tower_large}

@@ -45,8 +45,8 @@ pub struct GraphArgs {
     #[arg(long)]
     json: bool,
     /// Also print each step of the dense part (its op, or a linear layer on Ember's kernels)
-    /// with its mean time per run and share, slowest first (the dense part alone, not with
-    /// --whole).
+    /// with its mean time per run and share, slowest first (with --whole: the graph's steps
+    /// inside the whole model's runs).
     #[arg(long)]
     profile: bool,
 }
@@ -264,6 +264,9 @@ fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>
             let t = Instant::now();
             score()?;
             let iters = ((0.2 / t.elapsed().as_secs_f64().max(1e-6)) as usize).clamp(1, 10_000);
+            if a.profile {
+                Graph::profile_start();
+            }
             let ms = (0..a.rounds)
                 .map(|_| {
                     let t = Instant::now();
@@ -273,6 +276,9 @@ fn whole(a: &GraphArgs, dtype: DenseDType) -> Result<Vec<(usize, usize, Vec<f64>
                     Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
                 })
                 .collect::<Result<Vec<f64>>>()?;
+            if let Some(g) = m.graph().filter(|_| a.profile) {
+                print_profile(g, batch, threads);
+            }
             cells.push((batch, threads, ms));
         }
     }

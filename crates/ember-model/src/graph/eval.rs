@@ -3,6 +3,9 @@
 //! thread's pool, `pool.rs`), and a value that a reshape reads for the last time moved, not
 //! copied.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use faer::Par;
 
 use super::Dense;
@@ -53,13 +56,19 @@ pub(super) fn run(
         };
         let t0 = std::time::Instant::now();
         let outs = step(plan, &given, s, &plan.frees[k], &mut vals, run).map_err(fail)?;
-        STEPS.with_borrow_mut(|p| {
-            if let Some(p) = p {
-                p.resize(p.len().max(plan.steps.len()), Default::default());
-                p[k].0 += t0.elapsed();
-                p[k].1 += 1;
-            }
-        });
+        if PROFILING.load(Ordering::Relaxed) {
+            let mut all = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+            let key = plan as *const Plan as usize;
+            let i = match all.iter().position(|(p, _)| *p == key) {
+                Some(i) => i,
+                None => {
+                    all.push((key, vec![Default::default(); plan.steps.len()]));
+                    all.len() - 1
+                }
+            };
+            all[i].1[k].0 += t0.elapsed();
+            all[i].1[k].1 += 1;
+        }
         for (o, t) in s.outputs.iter().zip(outs) {
             vals[*o] = Some(t);
         }
@@ -101,18 +110,33 @@ struct Run {
     par: Par,
 }
 
-/// Each step's time and runs on this thread since [`profile`] started it.
+/// Each step's time and runs since [`profile_start`].
 pub(super) type StepTimes = Vec<(std::time::Duration, u64)>;
 
-/// Starts (`true`, from zero) or stops timing each step of this thread's runs; returns what
-/// was timed since the last start.
-pub(super) fn profile(on: bool) -> StepTimes {
-    STEPS.with_borrow_mut(|p| std::mem::replace(p, on.then(Vec::new)).unwrap_or_default())
+/// Whether steps are timed (`ember bench graph --profile`): on every thread, so that a graph
+/// run by a predictor's pool is timed too.
+static PROFILING: AtomicBool = AtomicBool::new(false);
+/// Per plan (by address: plans alive at once differ), each step's time and runs.
+static STEPS: Mutex<Vec<(usize, StepTimes)>> = Mutex::new(Vec::new());
+
+/// Starts timing each step of every graph's runs, from zero.
+pub(super) fn profile_start() {
+    STEPS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    PROFILING.store(true, Ordering::Relaxed);
+}
+
+/// Stops timing steps; returns what `plan`'s runs took since [`profile_start`].
+pub(super) fn profile_take(plan: &Plan) -> StepTimes {
+    PROFILING.store(false, Ordering::Relaxed);
+    let mut all = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let key = plan as *const Plan as usize;
+    match all.iter().position(|(p, _)| *p == key) {
+        Some(i) => all.swap_remove(i).1,
+        None => Vec::new(),
+    }
 }
 
 thread_local! {
-    /// Each step's time, while [`profile`] times them.
-    static STEPS: std::cell::RefCell<Option<StepTimes>> = const { std::cell::RefCell::new(None) };
     /// The bf16 / int8 layers' activations, reused by the thread's runs (as `pool.rs` keeps the
     /// values' buffers).
     static LOWP: std::cell::RefCell<LowpScratch> = std::cell::RefCell::new(LowpScratch::default());
@@ -151,6 +175,7 @@ fn step(
             args[0].ok_or("its input is missing")?,
             run,
         )?]),
+        Kind::Joined { axis, parts } => Ok(vec![super::layout::joined(&args, *axis, parts)?]),
         Kind::GatedSum { axes, keepdims } => {
             let (Some(a), Some(b)) = (args[0], args[1]) else {
                 return Err("an input of the gated sum is missing".into());

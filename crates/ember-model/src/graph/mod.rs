@@ -166,17 +166,17 @@ impl Graph {
         }
     }
 
-    /// Starts timing each step of the graph runs on the calling thread (`ember bench graph
+    /// Starts timing each step of the graph runs, on every thread (`ember bench graph
     /// --profile`), from zero.
     pub fn profile_start() {
-        eval::profile(true);
+        eval::profile_start();
     }
 
-    /// Stops timing steps on the calling thread: each step that ran, as `node NAME (OP)` (a
-    /// linear layer on Ember's kernels keeps its node's name), its mean time per run, and its
-    /// share of the steps' total, slowest first.
+    /// Stops timing steps: each step of this graph that ran, as `node NAME (OP)` (a linear
+    /// layer on Ember's kernels keeps its node's name), its mean time per run, and its share of
+    /// the steps' total, slowest first.
     pub fn profile_take(&self) -> Vec<(String, std::time::Duration, f64)> {
-        let times = eval::profile(false);
+        let times = eval::profile_take(&self.plan);
         let total: f64 = times.iter().map(|t| t.0.as_secs_f64()).sum();
         let mut v: Vec<_> = self
             .plan

@@ -27,6 +27,20 @@ pub(super) enum Kind {
         axes: Option<Vec<i64>>,
         keepdims: bool,
     },
+    /// A `Concat` on `axis` whose parts are its inputs or `Add` / `Sub` / `Mul` / `Div` of two
+    /// of them that only the join reads: each computed into its slot of the output
+    /// ([`Plan::joined_ops`]).
+    Joined {
+        axis: i64,
+        parts: Vec<Part>,
+    },
+}
+
+/// One part of a [`Kind::Joined`] step: input `i` as it is, or `op` of inputs `a` and `b`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Part {
+    Copy(usize),
+    Op(Binary, usize, usize),
 }
 
 #[derive(Debug)]
@@ -168,6 +182,7 @@ impl Plan {
         self.split_concat();
         self.crosses();
         self.gated_sums();
+        self.joined_ops();
         self.lifetimes();
     }
 
@@ -474,6 +489,67 @@ impl Plan {
                 }
             }
             i += 1;
+        }
+    }
+
+    /// A `Concat` of values some of which are `Add` / `Sub` / `Mul` / `Div` results that only it
+    /// reads -> one [`Kind::Joined`] step, the ops' steps dropped: each result is computed into
+    /// its slot of the join, never written apart. (DIN's activation unit joins `[q, k, q * k,
+    /// q - k]`, `[B, L, 4 D]`: the product and the difference were written and read again.)
+    fn joined_ops(&mut self) {
+        let mut c = 0;
+        while c < self.steps.len() {
+            let Kind::Op(Op::Concat { axis }) = self.steps[c].kind else {
+                c += 1;
+                continue;
+            };
+            let Some(vs) = self.steps[c]
+                .inputs
+                .iter()
+                .copied()
+                .collect::<Option<Vec<_>>>()
+            else {
+                c += 1;
+                continue;
+            };
+            let readers = self.readers();
+            let (mut inputs, mut parts, mut gone) = (Vec::new(), Vec::new(), Vec::new());
+            let at = |v: usize, inputs: &mut Vec<Option<usize>>| {
+                inputs.push(Some(v));
+                inputs.len() - 1
+            };
+            for v in vs {
+                let producer = (0..c).find(|&p| self.steps[p].outputs.contains(&v));
+                let fused = producer.filter(|_| readers[v] == 1).and_then(|p| {
+                    let s = &self.steps[p];
+                    match (&s.kind, &s.inputs[..]) {
+                        (Kind::Op(Op::Binary(b)), [Some(x), Some(y)]) if *b != Binary::Pow => {
+                            Some((p, *b, *x, *y))
+                        }
+                        _ => None,
+                    }
+                });
+                match fused {
+                    Some((p, b, x, y)) => {
+                        let (i, j) = (at(x, &mut inputs), at(y, &mut inputs));
+                        parts.push(Part::Op(b, i, j));
+                        gone.push(p);
+                    }
+                    None => parts.push(Part::Copy(at(v, &mut inputs))),
+                }
+            }
+            if gone.is_empty() {
+                c += 1;
+                continue;
+            }
+            let s = &mut self.steps[c];
+            s.kind = Kind::Joined { axis, parts };
+            s.inputs = inputs;
+            gone.sort_unstable();
+            for &p in gone.iter().rev() {
+                self.steps.remove(p);
+            }
+            c = c + 1 - gone.len(); // the join moved back by the steps dropped before it
         }
     }
 

@@ -469,6 +469,166 @@ fn shape_ops_follow_the_spec() {
     assert_eq!(sh.as_i64().unwrap(), [3, 4]);
 }
 
+/// Reductions over the last axis (a row at a time, in vector lanes) against the plain sum, max
+/// and norm of each row, on odd widths (below, at and past a vector) and batches (0, 1, past the
+/// threaded size); the same values on 1 and 2 threads; a `Mul` of two `[n, d]` tensors summed
+/// over rows (DeepFM's sum of squares) one step, bit for bit the two ops apart.
+#[test]
+fn last_axis_reductions_and_row_dots_match_the_plain_loops() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for (n, d) in [(0, 7), (1, 1), (3, 15), (5, 16), (7, 33), (40, 1728)] {
+        let v = random(&mut rng, n * d);
+        let w = random(&mut rng, n * d);
+        let x = || Tensor::f32(vec![n, d], v.clone()).unwrap();
+        for (op, f) in [
+            (
+                "ReduceSum",
+                (|r: &[f32]| r.iter().sum::<f32>()) as fn(&[f32]) -> f32,
+            ),
+            ("ReduceMean", |r| r.iter().sum::<f32>() / r.len() as f32),
+            ("ReduceMax", |r| {
+                r.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+            }),
+            ("ReduceL2", |r| r.iter().map(|x| x * x).sum::<f32>().sqrt()),
+        ] {
+            let bytes = model(
+                vec![node(op, &["x", "a"], &["y"], vec![attr_int("keepdims", 0)])],
+                vec![ints_proto("a", &[-1])],
+                &["x"],
+                &["y"],
+            );
+            let g = Graph::from_bytes(&bytes).unwrap();
+            let one = g.run(&[("x", &x())], 1).unwrap().remove(0);
+            let two = pool.install(|| g.run(&[("x", &x())], 2).unwrap().remove(0));
+            assert_eq!(one.shape, vec![n], "{op}");
+            assert_eq!(one.as_f32(), two.as_f32(), "{op} on 1 and 2 threads");
+            for (i, &got) in one.as_f32().unwrap().iter().enumerate() {
+                let want = f(&v[i * d..(i + 1) * d]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{op} [{n}, {d}] row {i}: {got} vs {want}"
+                );
+            }
+        }
+        let fused = model(
+            vec![
+                node("Mul", &["x", "w"], &["m"], vec![]),
+                node(
+                    "ReduceSum",
+                    &["m", "a"],
+                    &["y"],
+                    vec![attr_int("keepdims", 1)],
+                ),
+            ],
+            vec![ints_proto("a", &[1])],
+            &["x", "w"],
+            &["y"],
+        );
+        let apart = model(
+            vec![
+                node("Mul", &["x", "w"], &["m"], vec![]),
+                node(
+                    "ReduceSum",
+                    &["m", "a"],
+                    &["y"],
+                    vec![attr_int("keepdims", 1)],
+                ),
+            ],
+            vec![ints_proto("a", &[1])],
+            &["x", "w"],
+            &["y", "m"],
+        );
+        let wt = Tensor::f32(vec![n, d], w.clone()).unwrap();
+        let (gf, ga) = (
+            Graph::from_bytes(&fused).unwrap(),
+            Graph::from_bytes(&apart).unwrap(),
+        );
+        assert!(
+            gf.plan
+                .steps
+                .iter()
+                .any(|s| matches!(s.kind, super::plan::Kind::GatedSum { .. }))
+        );
+        let a = gf.run(&[("x", &x()), ("w", &wt)], 1).unwrap().remove(0);
+        let b = pool.install(|| gf.run(&[("x", &x()), ("w", &wt)], 2).unwrap().remove(0));
+        let c = ga.run(&[("x", &x()), ("w", &wt)], 1).unwrap().remove(0);
+        assert_eq!(a.shape, vec![n, 1]);
+        assert_eq!(a.as_f32(), b.as_f32(), "row dots on 1 and 2 threads");
+        assert_eq!(a.as_f32(), c.as_f32(), "row dots and the two ops apart");
+    }
+}
+
+/// A join of values and of products / differences only it reads (DIN's `[q, k, q * k, q - k]`)
+/// is one step computing each into its slot: bit for bit the ops apart (a graph that also
+/// outputs the product and difference keeps them apart), on 1 and 2 threads, batches 0, 1 and past the threaded
+/// size, on the last axis and on another; operands that broadcast take the ops-apart path.
+#[test]
+fn a_join_of_elementwise_ops_is_one_step_and_exact() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    // `m` is `q * k`, or `q * g` with `g` of shape [1, 1, d] (a broadcast).
+    let build = |axis: i64, keep: bool, by: &str| {
+        let mut outs = vec!["y"];
+        if keep {
+            outs.extend(["m", "d"]);
+        }
+        let nodes = vec![
+            node("Mul", &["q", by], &["m"], vec![]),
+            node("Sub", &["q", "k"], &["d"], vec![]),
+            node(
+                "Concat",
+                &["q", "k", "m", "d"],
+                &["y"],
+                vec![attr_int("axis", axis)],
+            ),
+        ];
+        Graph::from_bytes(&model(nodes, vec![], &["q", "k", "g"], &outs)).unwrap()
+    };
+    let joined = |g: &Graph| {
+        g.plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, super::plan::Kind::Joined { .. }))
+            .count()
+    };
+    for (axis, by) in [(2, "k"), (1, "k"), (2, "g")] {
+        let (fused, apart) = (build(axis, false, by), build(axis, true, by));
+        assert_eq!((joined(&fused), joined(&apart)), (1, 0), "axis {axis}");
+        assert_eq!(fused.plan.steps.len(), 1, "the Mul and Sub are gone");
+        for b in [0, 1, 300] {
+            let (l, d) = (5, 24);
+            let q = Tensor::f32(vec![b, l, d], random(&mut rng, b * l * d)).unwrap();
+            let k = Tensor::f32(vec![b, l, d], random(&mut rng, b * l * d)).unwrap();
+            let g = Tensor::f32(vec![1, 1, d], random(&mut rng, d)).unwrap();
+            let ins = [("q", &q), ("k", &k), ("g", &g)];
+            let want = apart.run(&ins, 1).unwrap().remove(0);
+            let one = fused.run(&ins, 1).unwrap().remove(0);
+            let two = pool.install(|| fused.run(&ins, 2).unwrap().remove(0));
+            let mut shape = vec![b, l, d];
+            shape[axis as usize] *= 4;
+            assert_eq!(want.shape, shape, "axis {axis} batch {b}");
+            assert_eq!(one.shape, want.shape, "axis {axis} batch {b}");
+            assert_eq!(
+                one.as_f32(),
+                want.as_f32(),
+                "axis {axis} batch {b}: 1 thread"
+            );
+            assert_eq!(
+                two.as_f32(),
+                want.as_f32(),
+                "axis {axis} batch {b}: 2 threads"
+            );
+        }
+    }
+}
+
 /// Expand's block copy and Slice's runs against the plain per-value definitions, on random
 /// shapes (dims of 1 broadcast anywhere, ranks 0-4, empty dims; slices on every axis, steps 1-3).
 #[test]
