@@ -29,13 +29,7 @@ pub enum Binary {
     Pow,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Reduce {
-    Sum,
-    Mean,
-    Max,
-    L2,
-}
+pub use super::rows::Reduce;
 
 pub(super) fn unary(u: Unary, t: &Tensor) -> Result<Tensor, String> {
     if u == Unary::Identity {
@@ -95,9 +89,9 @@ pub(super) fn binary(b: Binary, x: &Tensor, y: &Tensor) -> Result<Tensor, String
 
 /// Elementwise ops on at least this many values split them over the caller's rayon pool (below
 /// it, waking the other threads costs more than the work).
-const PAR_MIN: usize = 1 << 15;
+pub(super) const PAR_MIN: usize = 1 << 15;
 /// Values per task of a split elementwise op.
-const PAR_CHUNK: usize = 1 << 13;
+pub(super) const PAR_CHUNK: usize = 1 << 13;
 
 /// [`binary`] over the caller's rayon pool: both operands of the output's shape or one a row
 /// repeated along the other's leading dims in chunks of values, any other broadcast row by row
@@ -343,24 +337,7 @@ pub(super) fn reduce(
     if let [a] = one_axis[..]
         && a + 1 == r
     {
-        // The last axis: each output value reduces one contiguous row, in `LANES` running
-        // values (a vector's lanes) joined at the end; a row at a time, so one or more threads
-        // give the same values. (One value at a time, DeepFM's sum over its 1,728 columns at
-        // batch 2,048 took 6 ms on 2 threads.)
-        let d = t.shape[a];
-        let rows = |o0: usize, part: &mut [f32]| {
-            for (k, dst) in part.iter_mut().enumerate() {
-                *dst = reduce_row(kind, &v[(o0 + k) * d..][..d]);
-            }
-        };
-        if v.len() >= PAR_MIN && rayon::current_num_threads() > 1 {
-            let per = (PAR_CHUNK / d.max(1)).max(1);
-            acc.par_chunks_mut(per)
-                .enumerate()
-                .for_each(|(c, part)| rows(c * per, part));
-        } else {
-            rows(0, &mut acc);
-        }
+        super::rows::reduce_last(kind, v, t.shape[a], &mut acc);
         return finish_reduce(kind, acc, count, t, &on, out_full, keepdims);
     }
     if let [a] = one_axis[..] {
@@ -424,7 +401,7 @@ pub(super) fn gated_sum(
         && (n, d) == (n2, d2)
         && matches!(axes, Some([ax]) if axis(*ax, 2).ok() == Some(1))
     {
-        return Some(row_dots(a, b, *n, *d, keepdims));
+        return Some(super::rows::row_dots(a, b, *n, *d, keepdims));
     }
     let (g, x) = match (a.shape.as_slice(), b.shape.as_slice()) {
         ([_, _, 1], [_, _, d]) if *d != 1 => (a, b),
@@ -461,72 +438,6 @@ pub(super) fn gated_sum(
         false => vec![bn, d],
     };
     Some(Tensor::f32(shape, out))
-}
-
-/// Values a row reduction keeps running at once: a 512-bit vector of f32.
-const LANES: usize = 16;
-
-/// `kind` over `row`'s values (before [`finish_reduce`]): `LANES` running values, value `i`
-/// into lane `i % LANES`, joined lane by lane in order, then the tail in order.
-pub(super) fn reduce_row(kind: Reduce, row: &[f32]) -> f32 {
-    let step = |a: f32, x: f32| match kind {
-        Reduce::Sum | Reduce::Mean => a + x,
-        Reduce::Max => a.max(x),
-        Reduce::L2 => a + x * x,
-    };
-    let init = if kind == Reduce::Max {
-        f32::NEG_INFINITY
-    } else {
-        0.0
-    };
-    let mut lanes = [init; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for chunk in chunks {
-        for (l, &x) in lanes.iter_mut().zip(chunk) {
-            *l = step(*l, x);
-        }
-    }
-    let join = |a: f32, b: f32| if kind == Reduce::Max { a.max(b) } else { a + b };
-    let a = lanes.into_iter().fold(init, join);
-    tail.iter().fold(a, |a, &x| step(a, x))
-}
-
-/// `Σ a[i] * b[i]` in `LANES` running sums, joined in order, then the tail in order.
-pub(super) fn dot_row(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
-            *l += x * y;
-        }
-    }
-    let s = lanes.into_iter().fold(0.0, |s, l| s + l);
-    ta.iter().zip(tb).fold(s, |s, (&x, &y)| s + x * y)
-}
-
-/// `(a * b).sum(1)` of two `[n, d]` tensors without the product: a dot product a row
-/// (DeepFM's sum of squares, a two-tower model's score), the rows split over the caller's pool.
-fn row_dots(a: &Tensor, b: &Tensor, n: usize, d: usize, keepdims: bool) -> Result<Tensor, String> {
-    let (av, bv) = (floats(a)?, floats(b)?);
-    let mut out = pool::scratch(n); // every value written below
-    let rows = |o0: usize, part: &mut [f32]| {
-        for (k, dst) in part.iter_mut().enumerate() {
-            let o = o0 + k;
-            *dst = dot_row(&av[o * d..][..d], &bv[o * d..][..d]);
-        }
-    };
-    if av.len() >= PAR_MIN && rayon::current_num_threads() > 1 {
-        let per = (PAR_CHUNK / d.max(1)).max(1);
-        out.par_chunks_mut(per)
-            .enumerate()
-            .for_each(|(c, part)| rows(c * per, part));
-    } else {
-        rows(0, &mut out);
-    }
-    let shape = if keepdims { vec![n, 1] } else { vec![n] };
-    Tensor::f32(shape, out)
 }
 
 /// A reduction's sums made its values (a mean divided, an L2 norm's root taken), shaped.

@@ -175,7 +175,7 @@ fn step(
             args[0].ok_or("its input is missing")?,
             run,
         )?]),
-        Kind::Joined { axis, parts } => Ok(vec![super::layout::joined(&args, *axis, parts)?]),
+        Kind::Joined { axis, parts } => Ok(vec![super::join::joined(&args, *axis, parts)?]),
         Kind::GatedSum { axes, keepdims } => {
             let (Some(a), Some(b)) = (args[0], args[1]) else {
                 return Err("an input of the gated sum is missing".into());

@@ -22,6 +22,7 @@
 
 mod compute;
 mod eval;
+mod join;
 mod layout;
 mod logic;
 mod model;
@@ -29,6 +30,7 @@ mod onnx;
 mod ops;
 mod plan;
 mod pool;
+mod rows;
 mod tensor;
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use super::join::Part;
 use super::onnx::{GraphProto, NodeProto};
 use super::ops::{Binary, Op, Unary};
 use super::tensor::Tensor;
@@ -34,13 +35,6 @@ pub(super) enum Kind {
         axis: i64,
         parts: Vec<Part>,
     },
-}
-
-/// One part of a [`Kind::Joined`] step: input `i` as it is, or `op` of inputs `a` and `b`.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Part {
-    Copy(usize),
-    Op(Binary, usize, usize),
 }
 
 #[derive(Debug)]
