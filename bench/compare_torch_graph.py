@@ -44,12 +44,8 @@ def main():
     import torch_module
 
     model = torch_module.load_factory(a.factory)
-    bags, seqs = torch_module.find_embeddings(model)
-    keys = [f for _, _, fs in bags + seqs for f, _ in fs]
-    rows = [cfg.num_embeddings for _, _, fs in bags + seqs for _, cfg in fs]
-    config = json.load(open(os.path.join(a.model, "config.json")))
+    _, _, config, keys, rows, per = torch_module.bench_shape(model, a.model)
     dense_in = config["dense_in"]
-    per = [f.get("max_len", 1) for f in config["features"]]  # ids per sample, in keys' order
     batches = [int(x) for x in a.batch.split(",")]
     threads = [int(x) for x in a.threads.split(",")]
     modes = a.modes.split(",")

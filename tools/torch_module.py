@@ -34,6 +34,7 @@ that are not [B] / [B, 1] tensors, a graph that does not match the model on the 
 
 import importlib.util
 import io
+import json
 import os
 import sys
 
@@ -212,6 +213,19 @@ def random_example(bags, dense_in, batch=8, seed=0, seqs=()):
                         for i, (_, rows) in enumerate(feats)])
     return {"dense": torch.randn(batch, dense_in, generator=g), "keys": [f for f, _ in feats],
             "lengths": lengths.reshape(-1), "values": values}
+
+
+def bench_shape(model, model_dir):
+    """A benchmark's view of a model and the directory exported from it: (bags, seqs, config, keys,
+    rows, per), `keys` the features in config order, `rows` their tables' rows, `per` their ids a
+    sample (1 a bag, max_len a sequence: a full history, as `ember bench graph --whole` draws)."""
+    bags, seqs = find_embeddings(model)
+    keys = [f for _, _, fs in bags + seqs for f, _ in fs]
+    rows = [cfg.num_embeddings for _, _, fs in bags + seqs for _, cfg in fs]
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    per = [f.get("max_len", 1) for f in config["features"]]
+    return bags, seqs, config, keys, rows, per
 
 
 def read_example(path):

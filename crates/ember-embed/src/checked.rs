@@ -4,9 +4,7 @@
 //! them again ([`EmbeddingCollection::merge`]). A server checks each request once, merges the
 //! requests of a batch, and hands the kernels the merged batch's [`CheckedView`] view.
 
-use crate::collection::{
-    CheckedView, CollectionId, EmbeddingCollection, ID_CHECKS, first_out_of_range,
-};
+use crate::collection::{CheckedView, CollectionId, EmbeddingCollection, ID_CHECKS};
 use crate::error::{EmbedError, Result};
 use crate::jagged::{Ids, KeyedJagged};
 use std::borrow::Cow;
@@ -314,12 +312,7 @@ impl EmbeddingCollection {
             let count = lengths.sum(f * n..(f + 1) * n);
             let table = self.table_of(f);
             let rows = table.rows() as u64;
-            // As u64, negative ids are above any row count.
-            let bad = match &ids {
-                Ids::U32(v) => first_out_of_range(&v[at..at + count], u64::from, rows),
-                Ids::I64(v) => first_out_of_range(&v[at..at + count], |x| x as u64, rows),
-            };
-            if let Some(p) = bad {
+            if let Some(p) = ids.first_out_of_range(at..at + count, rows) {
                 let sample = match &lengths {
                     Lengths::Each(v) => {
                         let ls = &v[f * n..(f + 1) * n];

@@ -12,6 +12,8 @@
 //! `JaggedTensor.lengths()`) goes to the graph as one more column of `dense`, after the dense
 //! features, in f32 (exact below 2^24).
 
+use std::ops::Range;
+
 use ember_embed::Ids;
 
 use crate::config::ModelConfig;
@@ -152,7 +154,7 @@ impl Sequences {
                             Some(here)
                         })
                         .collect();
-                    self.check_ids(f, ids, &starts, len_f)?;
+                    self.check_ids(f, ids, at..end, &starts)?;
                     for b in 0..n {
                         seq_lengths[b * self.seqs + column] = len_f(b) as f32;
                     }
@@ -180,31 +182,22 @@ impl Sequences {
         })
     }
 
-    /// Every id of sequence feature `f` a row of its table, the first one that is not named.
-    fn check_ids(
-        &self,
-        f: usize,
-        ids: &Ids,
-        starts: &[usize],
-        len: impl Fn(usize) -> usize,
-    ) -> Result<()> {
-        let rows = self.rows[f] as u64;
-        for (b, &s) in starts.iter().enumerate() {
-            for i in s..s + len(b) {
-                // As u64, negative ids are above any row count.
-                let (id, bad) = match ids {
-                    Ids::U32(v) => (i64::from(v[i]), u64::from(v[i]) >= rows),
-                    Ids::I64(v) => (v[i], v[i] as u64 >= rows),
-                };
-                if bad {
-                    return Err(ModelError::Input(format!(
-                        "{}: id {id} of sample {b} is out of range (the table has {rows} rows)",
-                        self.names[f]
-                    )));
-                }
-            }
-        }
-        Ok(())
+    /// Every id of sequence feature `f` (ids `range`, sample `b`'s from `starts[b]`) a row of
+    /// its table; the first that is not is named with its sample.
+    fn check_ids(&self, f: usize, ids: &Ids, range: Range<usize>, starts: &[usize]) -> Result<()> {
+        let rows = self.rows[f];
+        let Some(p) = ids.first_out_of_range(range.clone(), rows as u64) else {
+            return Ok(());
+        };
+        let i = range.start + p;
+        // The last sample starting at or before `i` holds it (empty ones before it share its
+        // start).
+        let b = starts.partition_point(|&s| s <= i) - 1;
+        Err(ModelError::Input(format!(
+            "{}: id {} of sample {b} is out of range (the table has {rows} rows)",
+            self.names[f],
+            ids.get(i)
+        )))
     }
 
     /// `dense` (`[n, dense_in]`) with each sample's sequence lengths after its dense features:

@@ -23,8 +23,7 @@ fn fixture_copy(dir: &Path, name: &str) -> PathBuf {
     for f in ["config.json", "model.safetensors", "dense.onnx"] {
         std::fs::copy(src.join(f), dst.join(f)).unwrap();
     }
-    let exp: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("expected.json")).unwrap()).unwrap();
+    let exp = expected(name);
     let dense: Vec<Vec<f32>> = serde_json::from_value(exp["dense"].clone()).unwrap();
     let keys: Vec<String> = serde_json::from_value(exp["keys"].clone()).unwrap();
     let lengths: Vec<usize> = serde_json::from_value(exp["lengths"].clone()).unwrap();
@@ -47,6 +46,29 @@ fn fixture_copy(dir: &Path, name: &str) -> PathBuf {
         .collect();
     std::fs::write(dst.join("samples.jsonl"), lines.join("\n") + "\n").unwrap();
     dst
+}
+
+/// `ember registry push` of `model` to the cluster at `url`, no replicas.
+fn push(url: &str, model: &str) {
+    crate::ok(&[
+        "registry",
+        "push",
+        "--redis",
+        url,
+        "--model",
+        model,
+        "--replicas",
+        "0",
+    ]);
+}
+
+/// Fixture `name`'s `expected.json` (`tools/graph_fixtures.py`).
+fn expected(name: &str) -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../ember-model/tests/fixtures")
+        .join(name)
+        .join("expected.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// `ember predict` of the model's samples with `extra` flags: the scores file's text.
@@ -238,16 +260,7 @@ fn graph_model_bags_pooled_on_the_nodes_score_as_in_memory() {
     let model = fixture_copy(&tmp, "graph_mmoe");
     let m = model.to_str().unwrap();
     let dram = predict(&model, &tmp.join("dram.jsonl"), &[]);
-    crate::ok(&[
-        "registry",
-        "push",
-        "--redis",
-        &url,
-        "--model",
-        m,
-        "--replicas",
-        "0",
-    ]);
+    push(&url, m);
     // No row cache: every bag's rows are pooled on the node that holds them (refused to start
     // if a primary lacked the module).
     let flags = [
@@ -291,14 +304,7 @@ fn a_sequence_model_on_the_redis_and_ssd_tiers_scores_as_pytorch() {
     let _ = std::fs::remove_dir_all(&tmp);
     let model = fixture_copy(&tmp, "graph_din");
     let m = model.to_str().unwrap();
-    let exp: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../ember-model/tests/fixtures/graph_din/expected.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let exp = expected("graph_din");
     let want: Vec<f64> = serde_json::from_value(exp["outputs"]["score"].clone()).unwrap();
     let dram = predict(&model, &tmp.join("dram.jsonl"), &[]);
     let got = scores(&dram);
@@ -309,16 +315,7 @@ fn a_sequence_model_on_the_redis_and_ssd_tiers_scores_as_pytorch() {
             "sample {i}: {g} vs PyTorch's {w}"
         );
     }
-    crate::ok(&[
-        "registry",
-        "push",
-        "--redis",
-        &url,
-        "--model",
-        m,
-        "--replicas",
-        "0",
-    ]);
+    push(&url, m);
     let remote = ["--placement", "remote", "--redis", &url];
     let fetched = predict(&model, &tmp.join("remote.jsonl"), &remote);
     assert_eq!(fetched, dram, "scores with the tables on the Redis tier");

@@ -107,8 +107,47 @@ pub(crate) fn check(got: &HashMap<String, Vec<f32>>, want: &HashMap<String, Vec<
     }
 }
 
-async fn get_json(c: &reqwest::Client, url: String) -> Value {
+pub(crate) async fn get_json(c: &reqwest::Client, url: String) -> Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// `reqs` as KServe JSON requests to `infer`, all in flight at once: their answers, in order.
+pub(crate) async fn concurrently(
+    c: &reqwest::Client,
+    infer: &str,
+    m: &Model,
+    reqs: &[Req],
+) -> Vec<Value> {
+    let tasks: Vec<_> = reqs
+        .iter()
+        .map(|r| {
+            let (c, infer, body) = (c.clone(), infer.to_string(), kserve_body(m, r));
+            tokio::spawn(async move {
+                let resp = c.post(infer).json(&body).send().await.unwrap();
+                resp.json::<Value>().await.unwrap()
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// A gRPC answer's outputs, each from its raw FP32 contents: name -> values.
+pub(crate) fn grpc_outputs(resp: &pb::ModelInferResponse) -> HashMap<String, Vec<f32>> {
+    resp.outputs
+        .iter()
+        .zip(&resp.raw_output_contents)
+        .map(|(o, raw)| {
+            let v = raw
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (o.name.clone(), v)
+        })
+        .collect()
 }
 
 pub(crate) async fn post(c: &reqwest::Client, url: String, body: &Value) -> (u16, String) {
@@ -215,18 +254,8 @@ async fn every_head_is_served_over_kserve_grpc_and_v1_as_alone() {
     let many: Vec<Req> = (0..6)
         .map(|k| random_req(&m, 1 + k * 3, 90 + k as u64))
         .collect();
-    let tasks: Vec<_> = many
-        .iter()
-        .map(|r| {
-            let (c, infer, body) = (c.clone(), infer.clone(), kserve_body(&m, r));
-            tokio::spawn(async move {
-                let resp = c.post(infer).json(&body).send().await.unwrap();
-                resp.json::<Value>().await.unwrap()
-            })
-        })
-        .collect();
-    for (t, r) in tasks.into_iter().zip(&many) {
-        check(&outputs_of(&t.await.unwrap()), &alone(&m, r), "concurrent");
+    for (v, r) in concurrently(&c, &infer, &m, &many).await.iter().zip(&many) {
+        check(&outputs_of(v), &alone(&m, r), "concurrent");
     }
 
     // gRPC, raw contents, one output asked for and then both.
@@ -240,18 +269,7 @@ async fn every_head_is_served_over_kserve_grpc_and_v1_as_alone() {
             .await
             .unwrap()
             .into_inner();
-        let got: HashMap<String, Vec<f32>> = resp
-            .outputs
-            .iter()
-            .zip(&resp.raw_output_contents)
-            .map(|(o, raw)| {
-                let v = raw
-                    .chunks(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                    .collect();
-                (o.name.clone(), v)
-            })
-            .collect();
+        let got = grpc_outputs(&resp);
         let mut want = alone(&m, r);
         if !asked.is_empty() {
             want.retain(|k, _| asked.contains(&k.as_str()));

@@ -9,9 +9,10 @@
 //! naming the feature, and the server serves on.
 
 use crate::common;
-use crate::graph::{alone, check, grpc_request, outputs_of, post, v1_body};
+use crate::graph::{
+    alone, check, concurrently, get_json, grpc_outputs, grpc_request, outputs_of, post, v1_body,
+};
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{Req, config, kserve_body, random_req};
@@ -59,14 +60,7 @@ async fn a_sequence_model_is_served_as_pytorch_and_the_predictor_score_it() {
     let c = reqwest::Client::new();
 
     // The metadata names each sequence's inputs once, as any feature's.
-    let meta: Value = c
-        .get(format!("{url}/v2/models/{NAME}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let meta = get_json(&c, format!("{url}/v2/models/{NAME}")).await;
     let inputs: Vec<&str> = meta["inputs"]
         .as_array()
         .unwrap()
@@ -108,18 +102,8 @@ async fn a_sequence_model_is_served_as_pytorch_and_the_predictor_score_it() {
         reqs[3].sparse[3].0.iter().any(|&l| l > 6) && reqs[3].sparse[3].0.contains(&0),
         "sequences past max_len and empty ones among them"
     );
-    let tasks: Vec<_> = reqs
-        .iter()
-        .map(|r| {
-            let (c, infer, body) = (c.clone(), infer.clone(), kserve_body(&m, r));
-            tokio::spawn(async move {
-                let resp = c.post(infer).json(&body).send().await.unwrap();
-                resp.json::<Value>().await.unwrap()
-            })
-        })
-        .collect();
-    for (t, r) in tasks.into_iter().zip(&reqs) {
-        check(&outputs_of(&t.await.unwrap()), &alone(&m, r), "kserve json");
+    for (v, r) in concurrently(&c, &infer, &m, &reqs).await.iter().zip(&reqs) {
+        check(&outputs_of(v), &alone(&m, r), "kserve json");
     }
 
     // gRPC with raw contents, and `/v1/score`.
@@ -131,28 +115,10 @@ async fn a_sequence_model_is_served_as_pytorch_and_the_predictor_score_it() {
     let mut req = grpc_request(&m, r, &[]);
     req.model_name = NAME.into();
     let resp = gc.model_infer(req).await.unwrap().into_inner();
-    let got: HashMap<String, Vec<f32>> = resp
-        .outputs
-        .iter()
-        .zip(&resp.raw_output_contents)
-        .map(|(o, raw)| {
-            let v = raw
-                .chunks(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect();
-            (o.name.clone(), v)
-        })
-        .collect();
-    check(&got, &alone(&m, r), "grpc");
-    let v: Value = c
-        .post(format!("{url}/v1/score"))
-        .json(&v1_body(&m, r))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    check(&grpc_outputs(&resp), &alone(&m, r), "grpc");
+    let (code, text) = post(&c, format!("{url}/v1/score"), &v1_body(&m, r)).await;
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
     let want = alone(&m, r);
     for i in 0..r.n {
         // One output: a number a sample, as a DLRM model's.
