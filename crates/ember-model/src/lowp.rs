@@ -9,6 +9,9 @@ use crate::dense::{ActsBf16, ActsI8, DenseDType, TILE};
 use crate::interaction::CrossLayer;
 use crate::mlp::Linear;
 
+mod layer;
+pub use layer::{Rows, linear_cross, linear_grouped, linear_int8};
+
 /// Buffers reused across calls.
 #[derive(Debug, Default)]
 pub struct LowpScratch {
@@ -181,6 +184,7 @@ fn mlp_bf16(
         };
         let mut ep = Epilogue {
             bias: l.bias(),
+            group: None,
             relu: l.relu(),
             cross: None,
             f32_out: None,
@@ -283,6 +287,7 @@ fn quantize_for(
 fn f32_epilogue(l: &Linear, out: *mut f32) -> Epilogue<'_> {
     Epilogue {
         bias: l.bias(),
+        group: None,
         relu: l.relu(),
         cross: None,
         f32_out: Some(MatF32 {
@@ -290,74 +295,6 @@ fn f32_epilogue(l: &Linear, out: *mut f32) -> Epilogue<'_> {
             ld: l.out_dim(),
         }),
         bf16_out: None,
-    }
-}
-
-/// One int8 layer on `m` rows of f32 at stride `ldx`, its f32 output written to `out` (`[m,
-/// out]`, dense): the rows quantized with their own scales, as [`mlp`]'s int8 layers but the
-/// last. (A model's graph calls its layers one at a time, `crate::graph`.)
-pub fn linear_int8(
-    x: Exec,
-    l: &Linear,
-    input: &[f32],
-    ldx: usize,
-    m: usize,
-    out: &mut [f32],
-    s: &mut LowpScratch,
-) {
-    let k = x.kernels;
-    let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
-    assert!(out.len() >= m * l.out_dim());
-    let ep = f32_epilogue(l, out.as_mut_ptr());
-    s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
-}
-
-/// One layer on `m` rows of f32 at stride `ldx` whose epilogue is the cross net's step, `out =
-/// x0 * (W input + b) + xl` (`x0`, `xl` and `out` dense `[m, out]`), in bf16 or int8 as `x`
-/// says: a graph's DCN step (`graph/plan.rs`), one pass where the layer, a `Mul` and an `Add`
-/// were three.
-pub fn linear_cross(
-    x: Exec,
-    l: &Linear,
-    (input, ldx): (&[f32], usize),
-    m: usize,
-    (x0, xl): (&[f32], &[f32]),
-    out: &mut [f32],
-    s: &mut LowpScratch,
-) {
-    let n = l.out_dim();
-    assert!(x0.len() >= m * n && xl.len() >= m * n && out.len() >= m * n);
-    // The driver only reads the cross matrices.
-    let mat = |v: &[f32]| MatF32 {
-        ptr: v.as_ptr().cast_mut(),
-        ld: n,
-    };
-    let ep = Epilogue {
-        bias: l.bias(),
-        relu: false,
-        cross: Some((mat(x0), mat(xl))),
-        f32_out: Some(MatF32 {
-            ptr: out.as_mut_ptr(),
-            ld: n,
-        }),
-        bf16_out: None,
-    };
-    let k = x.kernels;
-    match x.dtype {
-        DenseDType::Int8 => {
-            let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
-            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
-        }
-        DenseDType::Bf16 => {
-            let w = l.packed_bf16();
-            acts::to_bf16_rows(input, m, l.in_dim(), ldx, &mut s.b0, w.kp());
-            let a = ActsBf16 {
-                ptr: s.b0.as_ptr(),
-                lda: w.kp(),
-            };
-            s.timed(|_| driver::linear_bf16(&k, a, m, w, &ep, x.threads));
-        }
-        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
     }
 }
 
@@ -420,6 +357,7 @@ fn cross_bf16(
         s.low.resize(m.next_multiple_of(TILE) * ld, 0);
         let ep = Epilogue {
             bias: l.v.bias(),
+            group: None,
             relu: false,
             cross: None,
             f32_out: None,
@@ -438,6 +376,7 @@ fn cross_bf16(
         // x_{l+1} = x0 * (W low + b) + x_l, in f32 and as the next layer's bf16 input.
         let ep = Epilogue {
             bias: l.w.bias(),
+            group: None,
             relu: false,
             cross: Some((x0m, if i == 0 { x0m } else { xlm })),
             f32_out: Some(xlm),
@@ -488,6 +427,7 @@ fn cross_int8(
         s.f.resize(m * r, 0.0);
         let ep = Epilogue {
             bias: l.v.bias(),
+            group: None,
             relu: false,
             cross: None,
             f32_out: Some(MatF32 {
@@ -514,6 +454,7 @@ fn cross_int8(
         acts::quantize_rows(rows, q, &mut s.q, w.kp(), &mut s.sx);
         let ep = Epilogue {
             bias: l.w.bias(),
+            group: None,
             relu: false,
             cross: Some((x0m, if i == 0 { x0m } else { xlm })),
             f32_out: Some(xlm),

@@ -119,6 +119,50 @@ pub fn quantize_rows(
     quantize_seq(rows, q, dst, ld, sx);
 }
 
+/// `m` rows of `k` values quantized as [`quantize_rows`] does, each row written by `fill(row,
+/// values)` into a small buffer and quantized from there: rows that never exist whole in memory
+/// (a join's parts computed as they are read, `graph/factor.rs`). The same codes and scales as
+/// [`quantize_rows`] on the filled rows.
+pub fn quantize_filled(
+    (m, k): (usize, usize),
+    fill: &(dyn Fn(usize, &mut [f32]) + Sync),
+    q: Quant<'_>,
+    dst: &mut Vec<u8>,
+    ld: usize,
+    sx: &mut Vec<f32>,
+) {
+    /// Rows filled at a time: a few KB, in L1 when quantized.
+    const STEP: usize = 16;
+    dst.resize(m.next_multiple_of(TILE) * ld, 0);
+    sx.resize(m, 0.0);
+    let run = |first: usize, d: &mut [u8], s: &mut [f32]| {
+        let mut buf = vec![0f32; STEP * k];
+        for (c, (dc, sc)) in d.chunks_mut(STEP * ld).zip(s.chunks_mut(STEP)).enumerate() {
+            let rows = sc.len();
+            for (r, row) in buf.chunks_exact_mut(k.max(1)).take(rows).enumerate() {
+                fill(first + c * STEP + r, &mut row[..k]);
+            }
+            let filled = RowsF32 {
+                x: &buf,
+                m: rows,
+                k,
+                ld: k,
+            };
+            quantize_seq(filled, q, dc, ld, sc);
+        }
+    };
+    let per = rows_per_thread(m);
+    if per < m {
+        dst[..m * ld]
+            .par_chunks_mut(per * ld)
+            .zip(sx[..m].par_chunks_mut(per))
+            .enumerate()
+            .for_each(|(c, (d, s))| run(c * per, d, s));
+    } else {
+        run(0, &mut dst[..m * ld], &mut sx[..m]);
+    }
+}
+
 fn quantize_seq(rows: RowsF32<'_>, q: Quant<'_>, dst: &mut [u8], ld: usize, sx: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if ember_embed::Isa::selected().is_ok_and(|i| i == ember_embed::Isa::Avx512) {

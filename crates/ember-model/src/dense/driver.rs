@@ -117,12 +117,15 @@ unsafe impl Send for MatBf16 {}
 unsafe impl Sync for MatBf16 {}
 
 /// What a layer does to its sums before writing them, per output `(m, n)` with sum `v`:
-/// `v += bias[n]`; `v = max(v, 0)` with `relu`; with `cross = (x0, xl)`, `v = x0[m, n] * v +
+/// `v += bias[n]`; with `group = (g, per)`, `v += g[m / per, n]` (a value broadcast over each
+/// `per` rows: the part of a factored layer computed once a sample, `graph/factor.rs`);
+/// `v = max(v, 0)` with `relu`; with `cross = (x0, xl)`, `v = x0[m, n] * v +
 /// xl[m, n]` (the cross net's step; `xl` may be `f32_out` itself, read before it is written, or
 /// `x0` for the first layer); then `v` written to `f32_out` and, rounded, to `bf16_out`.
 #[derive(Debug, Clone, Copy)]
 pub struct Epilogue<'a> {
     pub bias: &'a [f32],
+    pub group: Option<(MatF32, usize)>,
     pub relu: bool,
     pub cross: Option<(MatF32, MatF32)>,
     pub f32_out: Option<MatF32>,
@@ -176,6 +179,16 @@ fn finish_tile(
         let row = &mut t[r * TILE..r * TILE + cols];
         for (c, v) in row.iter_mut().enumerate() {
             *v += ep.bias[c0 + c];
+        }
+        if let Some((g, per)) = ep.group {
+            // SAFETY: row (r0 + r) / per of the group matrix holds n values (the caller's
+            // contract), read only.
+            unsafe {
+                let gp = g.ptr.add((r0 + r) / per * g.ld + c0);
+                for (c, v) in row.iter_mut().enumerate() {
+                    *v += *gp.add(c);
+                }
+            }
         }
         if ep.relu {
             row.iter_mut().for_each(|v| *v = v.max(0.0));
@@ -248,7 +261,8 @@ unsafe fn finish_tile_avx512(
     let mask = super::lanes(cols);
     // SAFETY: every masked load and store touches columns c0 .. c0 + cols < n of rows
     // r0 .. r0 + rows < m: inside the bias (n values), the scales (padded to whole tiles),
-    // and the epilogue's matrices (the caller's contract); the tile has 16 x 16 values.
+    // and the epilogue's matrices (the caller's contract; the group matrix's rows are
+    // (r0 + r) / per < ceil(m / per)); the tile has 16 x 16 values.
     unsafe {
         let bias = _mm512_maskz_loadu_ps(mask, ep.bias.as_ptr().add(c0));
         let (sw, comp) = match dq {
@@ -273,6 +287,10 @@ unsafe fn finish_tile_avx512(
                 None => _mm512_loadu_ps(tp),
             };
             v = _mm512_add_ps(v, bias);
+            if let Some((g, per)) = ep.group {
+                let gp = g.ptr.add((r0 + r) / per * g.ld + c0);
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, gp));
+            }
             if ep.relu {
                 v = _mm512_max_ps(v, _mm512_setzero_ps());
             }
@@ -307,13 +325,19 @@ unsafe fn finish_tile_avx512(
     }
 }
 
-/// How one layer's blocks are cut into tasks.
+/// How one layer's blocks are cut into tasks: its outputs in whole block pairs (each thread
+/// reading its share of the weights) where the pairs share out evenly, else its rows where there
+/// are enough. (DIN's layer of 80 outputs, 3 block pairs, split 2 : 1 on 2 threads: one thread
+/// did four fifths of the sums.)
 fn tasks(m: usize, blocks: usize, threads: usize) -> Vec<(Range<usize>, Range<usize>)> {
     let mp = m.next_multiple_of(TILE);
-    if threads <= 1 || (blocks < 2 * threads && mp < 64 * threads) {
+    let rows_enough = mp >= 64 * threads;
+    if threads <= 1 || (blocks < 2 * threads && !rows_enough) {
         return vec![(0..mp, 0..blocks)];
     }
-    if blocks >= 2 * threads {
+    let pairs = blocks.div_ceil(2);
+    let even = pairs.is_multiple_of(threads) || pairs >= 4 * threads;
+    if blocks >= 2 * threads && (even || !rows_enough) {
         // Outputs split in whole block pairs.
         let per = blocks.div_ceil(threads).next_multiple_of(2);
         (0..blocks.div_ceil(per))

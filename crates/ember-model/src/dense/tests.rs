@@ -62,8 +62,9 @@ fn abs_sums(x: &[f32], w: &[f32], (batch, n, k): (usize, usize, usize)) -> Vec<f
         .collect()
 }
 
-/// One layer through `isa`'s kernels with the plain epilogue (bias, ReLU, f32 out), every
-/// shape, 1 and 2 threads, against the reference.
+/// One layer through `isa`'s kernels with the plain epilogue (bias, ReLU, f32 out; half the
+/// time a group matrix added, row `r / per`, before the ReLU), every shape, 1 and 2 threads,
+/// against the reference.
 fn layer_matches(isa: DenseIsa, dtype: DenseDType) {
     let k = Kernels::for_isa(isa, dtype).expect("the test runs only where the family does");
     let mut rng = StdRng::seed_from_u64(41 + dtype as u64);
@@ -74,9 +75,20 @@ fn layer_matches(isa: DenseIsa, dtype: DenseDType) {
             let w = normal_vec(n * kd, 0.3, seed ^ 1);
             let bias = normal_vec(n, 0.5, seed ^ 2);
             let relu = rng.random::<bool>();
+            let per = rng.random_range(1..=5);
+            let g = rng
+                .random::<bool>()
+                .then(|| normal_vec(batch.div_ceil(per) * n, 1.0, seed ^ 3));
             let mut y = vec![f32::NAN; batch * n];
             let ep = Epilogue {
                 bias: &bias,
+                group: g.as_ref().map(|g| {
+                    let m = MatF32 {
+                        ptr: g.as_ptr().cast_mut(),
+                        ld: n,
+                    };
+                    (m, per)
+                }),
                 relu,
                 cross: None,
                 f32_out: Some(MatF32 {
@@ -87,7 +99,22 @@ fn layer_matches(isa: DenseIsa, dtype: DenseDType) {
             };
             let dims = (batch, n, kd);
             let sums = abs_sums(&x, &w, dims);
-            let what = format!("{isa} {dtype} batch {batch} n {n} k {kd} threads {threads}");
+            let what = format!(
+                "{isa} {dtype} batch {batch} n {n} k {kd} threads {threads} group {}",
+                g.is_some()
+            );
+            // The reference's layer without its ReLU, then the group's row, then the ReLU.
+            let finish = |v: Vec<f32>| -> Vec<f32> {
+                let Some(g) = &g else { return v };
+                v.iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        let s = v + g[(i / n) / per * n + i % n];
+                        if relu { s.max(0.0) } else { s }
+                    })
+                    .collect()
+            };
+            let relu_in = relu && g.is_none();
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
@@ -102,7 +129,7 @@ fn layer_matches(isa: DenseIsa, dtype: DenseDType) {
                         lda: p.kp(),
                     };
                     pool.install(|| driver::linear_bf16(&k, acts, batch, &p, &ep, threads));
-                    let want = linear_bf16(&x, &w, &bias, dims, relu);
+                    let want = finish(linear_bf16(&x, &w, &bias, dims, relu_in));
                     assert_close(&what, &y, &want, |i| 1e-5 * sums[i] + 1e-6);
                 }
                 DenseDType::Int8 => {
@@ -121,9 +148,11 @@ fn layer_matches(isa: DenseIsa, dtype: DenseDType) {
                         lda: p.kp(),
                     };
                     pool.install(|| driver::linear_i8(&k, acts, &sx, batch, &p, &ep, threads));
-                    let want = linear_int8(&x, &w, &bias, dims, relu);
-                    // Exact integer sums; only the f32 scaling rounds.
-                    assert_close(&what, &y, &want, |i| 1e-5 * want[i].abs() + 1e-6);
+                    let raw = linear_int8(&x, &w, &bias, dims, relu_in);
+                    let want = finish(raw.clone());
+                    // Exact integer sums; only the f32 scaling (and the group's add) rounds.
+                    let tol = |i: usize| 1e-5 * (raw[i].abs() + want[i].abs()) + 1e-6;
+                    assert_close(&what, &y, &want, tol);
                 }
                 DenseDType::F32 => unreachable!(),
             }
@@ -147,6 +176,7 @@ fn cross_epilogue_matches(isa: DenseIsa) {
         let mut xb = vec![0u16; batch * ldb];
         let ep = Epilogue {
             bias: &bias,
+            group: None,
             relu: false,
             cross: Some((
                 MatF32 {
@@ -547,6 +577,42 @@ fn an_unknown_or_absent_family_is_refused_by_name() {
         if !isa.available(DenseDType::Bf16) {
             let e = isa.require(DenseDType::Bf16).unwrap_err().to_string();
             assert!(e.contains(isa.name()) && e.contains("bf16"), "{e}");
+        }
+    }
+}
+
+/// Rows quantized as a function writes them (`quantize_filled`, a factored layer's join): the
+/// codes and scales of the same rows in memory, on 1 and 2 threads; no rows, one, a few past a
+/// 16-row step and many; odd widths; unsigned or not; smoothed or not.
+#[test]
+fn filled_rows_quantize_as_the_rows_in_memory() {
+    let mut rng = StdRng::seed_from_u64(45);
+    for (m, k) in [(0, 5), (1, 7), (17, 33), (300, 80), (301, 128)] {
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for unsigned in [false, true] {
+                let x = normal_vec(m * k, 1.0, rng.random());
+                let smooth: Option<Vec<f32>> = rng.random::<bool>().then(|| {
+                    let s = normal_vec(k, 1.0, rng.random());
+                    s.iter().map(|v| v.abs() + 0.5).collect()
+                });
+                let q = quant(unsigned, smooth.as_deref());
+                let ld = k.next_multiple_of(64);
+                let (mut a, mut sa, mut b, mut sb) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let fill = |r: usize, row: &mut [f32]| row.copy_from_slice(&x[r * k..(r + 1) * k]);
+                pool.install(|| {
+                    acts::quantize_rows(dense(&x, m, k), q, &mut a, ld, &mut sa);
+                    acts::quantize_filled((m, k), &fill, q, &mut b, ld, &mut sb);
+                });
+                let what = format!("m {m} k {k} threads {threads} unsigned {unsigned}");
+                assert_eq!(sa, sb, "{what}: scales");
+                assert_eq!(a, b, "{what}: codes");
+                assert_eq!(sb.len(), m, "{what}");
+            }
         }
     }
 }

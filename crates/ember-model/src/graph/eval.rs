@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use faer::Par;
 
 use super::Dense;
+use super::factor::Factored;
 use super::plan::{Kind, Plan, Step};
 use super::pool;
 use super::tensor::{Data, Tensor};
@@ -18,6 +19,11 @@ use crate::lowp::{self, LowpScratch};
 
 /// In int8, layers of at most this many outputs (a head's logits) run in bf16.
 const HEAD_OUTPUTS: usize = 16;
+
+/// Layers of at most this many outputs (a dot product a row: an attention score, a logit) run
+/// in f32 whatever the dense dtype: bf16's tiles pad one output to 16, and converting the input
+/// cost more than the f32 dot products (DIN's `[B * 50, 40] x [40, 1]`, `docs/graph-models.md`).
+const DOT_OUTPUTS: usize = 2;
 
 pub(super) fn run(
     plan: &Plan,
@@ -73,11 +79,8 @@ pub(super) fn run(
             vals[*o] = Some(t);
         }
         for &f in &plan.frees[k] {
-            if let Some(Tensor {
-                data: Data::F32(v), ..
-            }) = vals[f].take()
-            {
-                pool::give(v);
+            if let Some(t) = vals[f].take() {
+                pool::give_data(t.data);
             }
         }
     }
@@ -95,9 +98,7 @@ pub(super) fn run(
     // What is left (the outputs, values no step reads) goes back to the pool, not to the
     // allocator, which would hand it to the OS and fault it in afresh on the next run.
     for v in vals.into_iter().flatten() {
-        if let Data::F32(v) = v.data {
-            pool::give(v);
-        }
+        pool::give_data(v.data);
     }
     outs
 }
@@ -176,6 +177,7 @@ fn step(
             run,
         )?]),
         Kind::Joined { axis, parts } => Ok(vec![super::join::joined(&args, *axis, parts)?]),
+        Kind::Factored(f) => Ok(vec![factored(f, &args, run)?]),
         Kind::GatedSum { axes, keepdims } => {
             let (Some(a), Some(b)) = (args[0], args[1]) else {
                 return Err("an input of the gated sum is missing".into());
@@ -206,7 +208,7 @@ fn linear(l: &crate::mlp::Linear, x: &Tensor, run: Run) -> std::result::Result<T
     let xv = layer_input(l, x)?;
     let rows = x.len() / l.in_dim().max(1);
     let mut y = pool::zeros(rows * l.out_dim());
-    match run.dense.kernels {
+    match run.dense.kernels.filter(|_| l.out_dim() > DOT_OUTPUTS) {
         None => l.forward(xv, rows, &mut y, run.par),
         Some(kernels) => LOWP.with_borrow_mut(|s| {
             let exec = lowp::Exec {
@@ -225,6 +227,133 @@ fn linear(l: &crate::mlp::Linear, x: &Tensor, run: Run) -> std::result::Result<T
         }),
     }
     Tensor::f32(out_shape(l, x), y)
+}
+
+/// A factored layer ([`Kind::Factored`], `factor.rs`): the join of its rows' parts through
+/// the factored layer, each broadcast value's product added to its rows (in the layer's
+/// epilogue on Ember's bf16 / int8 kernels); in int8, each row of the join is quantized as it
+/// is computed, never written whole in f32. Where the inputs do not fit, the join and the
+/// layer as the graph has them.
+fn factored(
+    f: &Factored,
+    args: &[Option<&Tensor>],
+    run: Run,
+) -> std::result::Result<Tensor, String> {
+    let Some((lead, per)) = f.fits(args) else {
+        let x = super::join::joined(args, f.axis, &f.parts)?;
+        let y = linear(&f.layer, &x, run);
+        give(x);
+        return y;
+    };
+    let (m, n) = (lead.iter().product::<usize>(), f.main.out_dim());
+    // The broadcast values' products, summed: a row for each `per` rows.
+    let mut group: Option<Vec<f32>> = None;
+    for s in f.side.iter().filter(|_| m > 0) {
+        let u = args[s.source].ok_or("a broadcast input is missing")?;
+        let p = linear(&s.layer, u, run)?;
+        let Data::F32(p) = p.data else {
+            return Err("a layer gave integers".into());
+        };
+        match &mut group {
+            None => group = Some(p),
+            Some(g) => {
+                g.iter_mut().zip(&p).for_each(|(a, b)| *a += b);
+                pool::give(p);
+            }
+        }
+    }
+    let int8 = run
+        .dense
+        .kernels
+        .filter(|_| run.dense.dtype == DenseDType::Int8 && n > HEAD_OUTPUTS && m > 0);
+    let y = match int8 {
+        Some(kernels) => {
+            let fill = super::join::filler(args, &f.rows, f.width)?;
+            let mut out = pool::scratch(m * n); // every output written by the epilogue
+            LOWP.with_borrow_mut(|s| {
+                let exec = lowp::Exec {
+                    kernels,
+                    dtype: run.dense.dtype,
+                    threads: run.threads,
+                };
+                let g = group.as_deref().map(|g| (g, per));
+                let rows = lowp::Rows::Filled(&fill);
+                lowp::linear_grouped(exec, &f.main, rows, m, g, f.layer.relu(), &mut out, s);
+            });
+            Tensor::f32([&lead[..], &[n]].concat(), out)
+        }
+        None => {
+            let x = super::join::joined(args, -1, &f.rows)?;
+            let y = match &group {
+                Some(g) => grouped(&f.main, &x, (g, per), f.layer.relu(), run),
+                None => linear(&f.main, &x, run), // no broadcast part, or no rows
+            };
+            give(x);
+            y
+        }
+    };
+    if let Some(g) = group {
+        pool::give(g);
+    }
+    y
+}
+
+/// Layer `l` (no ReLU of its own) on `x`, row `r` of its output plus row `r / per` of `group`,
+/// then the ReLU if `relu`.
+fn grouped(
+    l: &crate::mlp::Linear,
+    x: &Tensor,
+    (group, per): (&[f32], usize),
+    relu: bool,
+    run: Run,
+) -> std::result::Result<Tensor, String> {
+    let xv = layer_input(l, x)?;
+    let (rows, n) = (x.len() / l.in_dim().max(1), l.out_dim());
+    if group.len() < rows.div_ceil(per) * n {
+        return Err(format!(
+            "{} broadcast values for {rows} rows of {n} outputs, a row each {per}",
+            group.len()
+        ));
+    }
+    let kernels = run
+        .dense
+        .kernels
+        .filter(|_| l.out_dim() > HEAD_OUTPUTS || run.dense.dtype == DenseDType::Bf16);
+    let Some(kernels) = kernels else {
+        // f32 (and int8's head-sized layers): the layer, then one pass.
+        let mut y = linear(l, x, run)?;
+        let Data::F32(v) = &mut y.data else {
+            return Err("a layer gave integers".into());
+        };
+        let add = |(r, row): (usize, &mut [f32])| {
+            let g = &group[r / per * n..(r / per + 1) * n];
+            row.iter_mut().zip(g).for_each(|(v, &g)| {
+                *v += g;
+                if relu {
+                    *v = v.max(0.0);
+                }
+            });
+        };
+        if run.threads > 1 && v.len() >= 1 << 15 {
+            use rayon::prelude::*;
+            v.par_chunks_mut(n).enumerate().for_each(add);
+        } else {
+            v.chunks_mut(n).enumerate().for_each(add);
+        }
+        return Ok(y);
+    };
+    let mut out = pool::scratch(rows * n); // every output written by the layer's epilogue
+    LOWP.with_borrow_mut(|s| {
+        let exec = lowp::Exec {
+            kernels,
+            dtype: run.dense.dtype,
+            threads: run.threads,
+        };
+        let input = lowp::Rows::F32(xv, l.in_dim());
+        let g = Some((group, per));
+        lowp::linear_grouped(exec, l, input, rows, g, relu, &mut out, s);
+    });
+    Tensor::f32(out_shape(l, x), out)
 }
 
 /// `x`'s values, checked as layer `l`'s input.

@@ -60,13 +60,7 @@ pub(super) fn joined(args: &[Option<&Tensor>], ax: i64, parts: &[Part]) -> Resul
     shape[a] = shapes.iter().map(|s| s[a]).sum();
     let n = outer * row;
     let mut v = pool::scratch(n); // every value written below: `outer` rows of `row`
-    let f = |b: Binary, x: f32, y: f32| match b {
-        Binary::Add => x + y,
-        Binary::Sub => x - y,
-        Binary::Mul => x * y,
-        Binary::Div => x / y,
-        Binary::Pow => x.powf(y),
-    };
+    let f = apply;
     let fill = |o: usize, dst: &mut [f32]| {
         let mut at = 0;
         for (p, &w) in parts.iter().zip(&widths) {
@@ -136,4 +130,53 @@ fn apart(args: &[Option<&Tensor>], ax: i64, parts: &[Part]) -> Result<Tensor, St
         }
     }
     out
+}
+
+/// Row `o` of the join of `parts` on the last axis, every part `d` wide and every value they
+/// read of one shape (`[.., d]`, checked by the caller: `Factored::fits`), written by the
+/// function returned: the join's rows one at a time, for a layer that quantizes each as it is
+/// written (`factor.rs`). The values [`joined`] gives, row for row.
+pub(super) fn filler<'a>(
+    args: &[Option<&'a Tensor>],
+    parts: &[Part],
+    d: usize,
+) -> Result<impl Fn(usize, &mut [f32]) + Sync + 'a, String> {
+    let floats = |i: usize| {
+        args.get(i)
+            .copied()
+            .flatten()
+            .and_then(|t| t.as_f32())
+            .ok_or("an input of the join is missing or not float")
+    };
+    let mut srcs: Vec<(Option<Binary>, &'a [f32], &'a [f32])> = Vec::with_capacity(parts.len());
+    for p in parts {
+        srcs.push(match *p {
+            Part::Copy(i) => (None, floats(i)?, floats(i)?),
+            Part::Op(b, x, y) => (Some(b), floats(x)?, floats(y)?),
+        });
+    }
+    Ok(move |o: usize, dst: &mut [f32]| {
+        for ((b, x, y), out) in srcs.iter().zip(dst.chunks_exact_mut(d)) {
+            let (x, y) = (&x[o * d..(o + 1) * d], &y[o * d..(o + 1) * d]);
+            match b {
+                None => out.copy_from_slice(x),
+                Some(b) => out
+                    .iter_mut()
+                    .zip(x.iter().zip(y))
+                    .for_each(|(o, (&x, &y))| *o = apply(*b, x, y)),
+            }
+        }
+    })
+}
+
+/// `b` of two values, as the elementwise op computes it.
+#[inline(always)]
+fn apply(b: Binary, x: f32, y: f32) -> f32 {
+    match b {
+        Binary::Add => x + y,
+        Binary::Sub => x - y,
+        Binary::Mul => x * y,
+        Binary::Div => x / y,
+        Binary::Pow => x.powf(y),
+    }
 }

@@ -22,6 +22,8 @@
 
 mod compute;
 mod eval;
+mod factor;
+mod fuse;
 mod join;
 mod layout;
 mod logic;
@@ -141,7 +143,7 @@ impl Graph {
             .plan
             .steps
             .iter()
-            .filter(|s| matches!(s.kind, Kind::Linear(_) | Kind::Cross(_)))
+            .filter(|s| matches!(s.kind, Kind::Linear(_) | Kind::Cross(_) | Kind::Factored(_)))
             .count();
         (lin, self.plan.steps.len() - lin)
     }
@@ -162,8 +164,10 @@ impl Graph {
     /// run it with [`Graph::run_in`]).
     pub fn prepare(&self, dtype: DenseDType) {
         for s in &self.plan.steps {
-            if let Kind::Linear(l) | Kind::Cross(l) = &s.kind {
-                l.prepare(dtype);
+            match &s.kind {
+                Kind::Linear(l) | Kind::Cross(l) => l.prepare(dtype),
+                Kind::Factored(f) => f.layers().for_each(|l| l.prepare(dtype)),
+                _ => {}
             }
         }
     }

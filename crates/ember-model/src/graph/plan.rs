@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 
+use super::factor::Factored;
 use super::join::Part;
 use super::onnx::{GraphProto, NodeProto};
 use super::ops::{Binary, Op, Unary};
@@ -35,6 +36,9 @@ pub(super) enum Kind {
         axis: i64,
         parts: Vec<Part>,
     },
+    /// A linear layer over a join that only it reads, split over the join's parts
+    /// ([`Plan::factored`](super::fuse)): DIN's first attention layer.
+    Factored(Box<Factored>),
 }
 
 #[derive(Debug)]
@@ -170,16 +174,6 @@ impl Plan {
         Ok(plan)
     }
 
-    /// The rewrites after folding, then each value's last reader.
-    fn fuse(&mut self) {
-        self.linears();
-        self.split_concat();
-        self.crosses();
-        self.gated_sums();
-        self.joined_ops();
-        self.lifetimes();
-    }
-
     /// Runs once at load every step whose inputs are all known, and drops it.
     fn fold(&mut self) -> Result<()> {
         let steps = std::mem::take(&mut self.steps);
@@ -212,7 +206,7 @@ impl Plan {
     }
 
     /// How many steps read each value, and whether a graph output is it.
-    fn readers(&self) -> Vec<usize> {
+    pub(super) fn readers(&self) -> Vec<usize> {
         let mut n = vec![0usize; self.values];
         for s in &self.steps {
             s.inputs.iter().flatten().for_each(|&i| n[i] += 1);
@@ -223,7 +217,7 @@ impl Plan {
         n
     }
 
-    fn find_reader(&self, from: usize, value: usize) -> Option<usize> {
+    pub(super) fn find_reader(&self, from: usize, value: usize) -> Option<usize> {
         (from..self.steps.len()).find(|&j| self.steps[j].inputs.contains(&Some(value)))
     }
 
@@ -271,7 +265,12 @@ impl Plan {
     }
 
     /// The step after `i` that alone reads `y` (not a graph output), if it is `want`.
-    fn only_reader(&self, i: usize, y: usize, want: impl Fn(&Op) -> bool) -> Option<usize> {
+    pub(super) fn only_reader(
+        &self,
+        i: usize,
+        y: usize,
+        want: impl Fn(&Op) -> bool,
+    ) -> Option<usize> {
         let readers = self.readers();
         let j = self.find_reader(i + 1, y)?;
         let ok = readers[y] == 1
@@ -281,7 +280,7 @@ impl Plan {
     }
 
     /// Gemm / MatMul (+ Add) (+ Relu) on constant weights -> [`Linear`].
-    fn linears(&mut self) {
+    pub(super) fn linears(&mut self) {
         let mut i = 0;
         while i < self.steps.len() {
             let Some((w, out, inp)) = self.weight_of(&self.steps[i]) else {
@@ -350,7 +349,7 @@ impl Plan {
     /// when nothing else reads its parts. TorchRec's `KeyedTensor` cuts the pooled embeddings
     /// into a part per feature that `DLRM_DCN` joins straight back: 26 copies and a join of
     /// 3.4 MB a batch of 256, 16% of its int8 graph's time on 2 threads.
-    fn split_concat(&mut self) {
+    pub(super) fn split_concat(&mut self) {
         let producer: HashMap<usize, usize> = self
             .steps
             .iter()
@@ -392,163 +391,8 @@ impl Plan {
         }
     }
 
-    /// A linear layer without ReLU whose output `y` is read only by `Mul(x0, y)`, itself read
-    /// only by `Add(_, xl)` (either operand order), becomes one [`Kind::Cross`] step: TorchRec's
-    /// `LowRankCrossNet` (`x0 * (W V x + b) + x`), whose two elementwise passes took 22% of
-    /// `dcn_mlperf`'s int8 graph at batch 256 on 2 threads.
-    fn crosses(&mut self) {
-        let mut i = 0;
-        while i < self.steps.len() {
-            let fused = match &self.steps[i].kind {
-                Kind::Linear(l) if !l.relu() => self.cross_of(i),
-                _ => None,
-            };
-            if let Some((mul, add, x0, xl)) = fused {
-                let outputs = self.steps[add].outputs.clone();
-                let s = &mut self.steps[i];
-                if let Kind::Linear(l) = std::mem::replace(&mut s.kind, Kind::Op(Op::MatMul)) {
-                    s.kind = Kind::Cross(l);
-                }
-                s.inputs = vec![s.inputs[0], Some(x0), Some(xl)];
-                s.outputs = outputs;
-                // Both readers come after the layer; the later first.
-                for j in [mul.max(add), mul.min(add)] {
-                    self.steps.remove(j);
-                }
-            }
-            i += 1;
-        }
-    }
-
-    /// For the linear step `i`: its `Mul` and `Add` readers and the values `x0` and `xl`, when
-    /// they make a cross step.
-    fn cross_of(&self, i: usize) -> Option<(usize, usize, usize, usize)> {
-        let y = self.steps[i].outputs[0];
-        let other = |s: &Step, v: usize| -> Option<usize> {
-            match s.inputs[..] {
-                [Some(a), Some(b)] if a == v && b != v => Some(b),
-                [Some(a), Some(b)] if b == v && a != v => Some(a),
-                _ => None,
-            }
-        };
-        let mul = self.only_reader(i, y, |op| matches!(op, Op::Binary(Binary::Mul)))?;
-        let x0 = other(&self.steps[mul], y)?;
-        let m = self.steps[mul].outputs[0];
-        let add = self.only_reader(mul, m, |op| matches!(op, Op::Binary(Binary::Add)))?;
-        let xl = other(&self.steps[add], m)?;
-        // The fused step runs where the layer did: `x0` and `xl` must be known by then.
-        let later = |v: usize| self.steps[i..].iter().any(|s| s.outputs.contains(&v));
-        (!later(x0) && !later(xl)).then_some((mul, add, x0, xl))
-    }
-
-    /// A `Mul` whose product is read only by a `ReduceSum` (its data, not its axes) becomes one
-    /// [`Kind::GatedSum`] step, which sums the products without writing them where the shapes
-    /// are a gate `[B, E, 1]` and experts `[B, E, D]` summed over `E` (MMoE's; the product was
-    /// `B * E * D` values written and read back, three times in `mmoe_large`).
-    fn gated_sums(&mut self) {
-        let mut i = 0;
-        while i < self.steps.len() {
-            let is_mul = matches!(self.steps[i].kind, Kind::Op(Op::Binary(Binary::Mul)));
-            let m = self.steps[i].outputs[0];
-            let sum = |op: &Op| {
-                matches!(
-                    op,
-                    Op::Reduce {
-                        kind: super::ops::Reduce::Sum,
-                        noop: false,
-                        ..
-                    }
-                )
-            };
-            let found = is_mul
-                .then(|| self.only_reader(i, m, sum))
-                .flatten()
-                .filter(|&j| self.steps[j].inputs.first() == Some(&Some(m)));
-            if let Some(j) = found {
-                let axes_in = self.steps[j].inputs.get(1).copied().flatten();
-                let later = |v: usize| self.steps[i..].iter().any(|s| s.outputs.contains(&v));
-                if let (Kind::Op(Op::Reduce { axes, keepdims, .. }), false) =
-                    (&self.steps[j].kind, axes_in.is_some_and(later))
-                {
-                    let kind = Kind::GatedSum {
-                        axes: axes.clone(),
-                        keepdims: *keepdims,
-                    };
-                    let outputs = self.steps[j].outputs.clone();
-                    let s = &mut self.steps[i];
-                    s.kind = kind;
-                    s.inputs.push(axes_in);
-                    s.outputs = outputs;
-                    self.steps.remove(j);
-                }
-            }
-            i += 1;
-        }
-    }
-
-    /// A `Concat` of values some of which are `Add` / `Sub` / `Mul` / `Div` results that only it
-    /// reads -> one [`Kind::Joined`] step, the ops' steps dropped: each result is computed into
-    /// its slot of the join, never written apart. (DIN's activation unit joins `[q, k, q * k,
-    /// q - k]`, `[B, L, 4 D]`: the product and the difference were written and read again.)
-    fn joined_ops(&mut self) {
-        let mut c = 0;
-        while c < self.steps.len() {
-            let Kind::Op(Op::Concat { axis }) = self.steps[c].kind else {
-                c += 1;
-                continue;
-            };
-            let Some(vs) = self.steps[c]
-                .inputs
-                .iter()
-                .copied()
-                .collect::<Option<Vec<_>>>()
-            else {
-                c += 1;
-                continue;
-            };
-            let readers = self.readers();
-            let (mut inputs, mut parts, mut gone) = (Vec::new(), Vec::new(), Vec::new());
-            let at = |v: usize, inputs: &mut Vec<Option<usize>>| {
-                inputs.push(Some(v));
-                inputs.len() - 1
-            };
-            for v in vs {
-                let producer = (0..c).find(|&p| self.steps[p].outputs.contains(&v));
-                let fused = producer.filter(|_| readers[v] == 1).and_then(|p| {
-                    let s = &self.steps[p];
-                    match (&s.kind, &s.inputs[..]) {
-                        (Kind::Op(Op::Binary(b)), [Some(x), Some(y)]) if *b != Binary::Pow => {
-                            Some((p, *b, *x, *y))
-                        }
-                        _ => None,
-                    }
-                });
-                match fused {
-                    Some((p, b, x, y)) => {
-                        let (i, j) = (at(x, &mut inputs), at(y, &mut inputs));
-                        parts.push(Part::Op(b, i, j));
-                        gone.push(p);
-                    }
-                    None => parts.push(Part::Copy(at(v, &mut inputs))),
-                }
-            }
-            if gone.is_empty() {
-                c += 1;
-                continue;
-            }
-            let s = &mut self.steps[c];
-            s.kind = Kind::Joined { axis, parts };
-            s.inputs = inputs;
-            gone.sort_unstable();
-            for &p in gone.iter().rev() {
-                self.steps.remove(p);
-            }
-            c = c + 1 - gone.len(); // the join moved back by the steps dropped before it
-        }
-    }
-
     /// Which values each step reads for the last time.
-    fn lifetimes(&mut self) {
+    pub(super) fn lifetimes(&mut self) {
         let mut last = vec![usize::MAX; self.values];
         for (k, s) in self.steps.iter().enumerate() {
             s.inputs.iter().flatten().for_each(|&i| last[i] = k);

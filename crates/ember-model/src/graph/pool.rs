@@ -5,7 +5,9 @@
 //! page by the kernel on first touch: on `dcn_mlperf` at batch 256 that was 52% of the graph's
 //! time (`perf`: `clear_page_erms`). A thread's runs instead take their values' buffers from, and
 //! give them back to, this pool: after the first run of a batch size, a run faults no pages. The
-//! pool holds at most [`KEEP`] buffers (a graph's largest working set, per thread that runs it).
+//! pool holds at most [`KEEP`] buffers of each element type (a graph's largest working set, per
+//! thread that runs it). int64 values are kept too: a sequence model's masks, allocated and
+//! freed each run, faulted in pages that cost DIN's int8 graph more than its masks' ops did.
 
 use std::cell::RefCell;
 
@@ -14,11 +16,20 @@ const KEEP: usize = 48;
 
 thread_local! {
     static FREE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    /// The int64 values' (a sequence's mask and its comparisons, `[B, L]` each).
+    static FREE_I64: RefCell<Vec<Vec<i64>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An empty buffer with room for `cap` values: the smallest kept one that fits, else a new one.
 pub(super) fn take(cap: usize) -> Vec<f32> {
     let mut v = kept(cap);
+    v.clear();
+    v
+}
+
+/// [`take`] for int64 values.
+pub(super) fn take_i64(cap: usize) -> Vec<i64> {
+    let mut v = FREE_I64.with_borrow_mut(|free| best(free, cap));
     v.clear();
     v
 }
@@ -39,18 +50,20 @@ pub(super) fn scratch(n: usize) -> Vec<f32> {
 
 /// The smallest kept buffer of at least `cap` values' room, as it was given back; else a new one.
 fn kept(cap: usize) -> Vec<f32> {
-    FREE.with_borrow_mut(|free| {
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= cap)
-            .min_by_key(|(_, v)| v.capacity())
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => free.swap_remove(i),
-            None => Vec::with_capacity(cap),
-        }
-    })
+    FREE.with_borrow_mut(|free| best(free, cap))
+}
+
+fn best<T>(free: &mut Vec<Vec<T>>, cap: usize) -> Vec<T> {
+    let best = free
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= cap)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i);
+    match best {
+        Some(i) => free.swap_remove(i),
+        None => Vec::with_capacity(cap),
+    }
 }
 
 /// A buffer of `n` zeros.
@@ -62,18 +75,33 @@ pub(super) fn zeros(n: usize) -> Vec<f32> {
 
 /// Gives a buffer back (when the pool is full, the smallest of the pool and it is dropped).
 pub(super) fn give(v: Vec<f32>) {
-    if v.capacity() < 1024 {
+    FREE.with_borrow_mut(|free| keep(free, v));
+}
+
+/// [`give`] for int64 values.
+pub(super) fn give_i64(v: Vec<i64>) {
+    FREE_I64.with_borrow_mut(|free| keep(free, v));
+}
+
+/// A tensor's buffer back to its pool.
+pub(super) fn give_data(d: super::tensor::Data) {
+    match d {
+        super::tensor::Data::F32(v) => give(v),
+        super::tensor::Data::I64(v) => give_i64(v),
+    }
+}
+
+fn keep<T>(free: &mut Vec<Vec<T>>, v: Vec<T>) {
+    if v.capacity() * size_of::<T>() < 4096 {
         return;
     }
-    FREE.with_borrow_mut(|free| {
-        free.push(v);
-        if free.len() > KEEP {
-            let i = (0..free.len())
-                .min_by_key(|&i| free[i].capacity())
-                .unwrap_or(0);
-            free.swap_remove(i);
-        }
-    });
+    free.push(v);
+    if free.len() > KEEP {
+        let i = (0..free.len())
+            .min_by_key(|&i| free[i].capacity())
+            .unwrap_or(0);
+        free.swap_remove(i);
+    }
 }
 
 #[cfg(test)]

@@ -1653,3 +1653,231 @@ fn graph_models_refuse_what_does_not_fit() {
     assert!(score(&m, &dense, &kj, 1).is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A linear layer over a join only it reads is factored (`factor.rs`): DIN's `[e, k, e * k, e -
+/// k]`, `e` an `Expand` of one row a sample, runs as a layer over `[k, e * k]` plus `u W_e`
+/// once a sample; within rounding of the join and the layer apart (the join also an output),
+/// with and without the ReLU, batches 0, 1, 37 and past the threaded size, 1 and 2 threads, and
+/// in bf16 / int8 near f32. Inputs that do not fit (a `u` whose last axis broadcasts too) run
+/// the join and the layer as they are: bit for bit the graph apart. A join of values no two
+/// parts share is not factored.
+#[test]
+fn a_layer_over_a_join_is_factored_and_within_rounding() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let (l, d, out) = (7, 24, 40);
+    let w = random(&mut rng, 4 * d * out);
+    let b = random(&mut rng, out);
+    let build = |relu: bool, keep: bool, expand: bool| {
+        let q = if expand { "e" } else { "q" };
+        let mut nodes = vec![
+            node("Expand", &["u", "shape"], &["e"], vec![]),
+            node("Mul", &[q, "k"], &["m"], vec![]),
+            node("Sub", &[q, "k"], &["s"], vec![]),
+            node(
+                "Concat",
+                &[q, "k", "m", "s"],
+                &["c"],
+                vec![attr_int("axis", -1)],
+            ),
+            node("MatMul", &["c", "w"], &["y0"], vec![]),
+            node("Add", &["y0", "b"], &["y1"], vec![]),
+        ];
+        if relu {
+            nodes.push(node("Relu", &["y1"], &["y"], vec![]));
+        } else {
+            nodes.push(node("Identity", &["y1"], &["y"], vec![]));
+        }
+        let inits = vec![
+            tensor_proto("w", &[4 * d, out], &w),
+            tensor_proto("b", &[out], &b),
+            ints_proto("shape", &[1, l as i64, d as i64]),
+        ];
+        let outs: &[&str] = if keep { &["y", "c"] } else { &["y"] };
+        Graph::from_bytes(&model(nodes, inits, &["u", "q", "k"], outs)).unwrap()
+    };
+    let factored = |g: &Graph| {
+        g.plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s.kind, super::plan::Kind::Factored(_)))
+            .count()
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for (relu, expand) in [(true, true), (false, true), (true, false)] {
+        let mut g = build(relu, false, expand);
+        let apart = build(relu, true, expand);
+        let what = format!("relu {relu} expand {expand}");
+        assert_eq!((factored(&g), factored(&apart)), (1, 0), "{what}");
+        // The main layer reads `[k, q * k]` (no Expand: and `q`), each value once.
+        let f = g
+            .plan
+            .steps
+            .iter()
+            .find_map(|s| match &s.kind {
+                super::plan::Kind::Factored(f) => Some(f),
+                _ => None,
+            })
+            .expect("counted above");
+        assert_eq!(
+            f.main.in_dim(),
+            if expand { 2 * d } else { 3 * d },
+            "{what}"
+        );
+        for n in [0, 1, 37, 300] {
+            let u = Tensor::f32(vec![n, 1, d], random(&mut rng, n * d)).unwrap();
+            let q = Tensor::f32(vec![n, l, d], random(&mut rng, n * l * d)).unwrap();
+            let k = Tensor::f32(vec![n, l, d], random(&mut rng, n * l * d)).unwrap();
+            let ins = [("u", &u), ("q", &q), ("k", &k)];
+            let want = apart.run(&ins, 1).unwrap().remove(0);
+            assert_eq!(want.shape, vec![n, l, out]);
+            let wv = want.as_f32().unwrap();
+            // Sums in another order (and the weights of a value summed first): rounding of
+            // the order of the largest output, where an output near 0 is a cancellation.
+            let top = wv.iter().fold(1.0f32, |a, &v| a.max(v.abs()));
+            for threads in [1, 2] {
+                let got = pool.install(|| g.run(&ins, threads).unwrap().remove(0));
+                assert_eq!(got.shape, want.shape, "batch {n}");
+                for (i, (&x, &y)) in got.as_f32().unwrap().iter().zip(wv).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * top,
+                        "relu {relu} expand {expand} batch {n} threads {threads} [{i}]: {x} vs {y}"
+                    );
+                    assert!(
+                        !relu || x >= 0.0,
+                        "the ReLU applies after the broadcast part"
+                    );
+                }
+            }
+            for dtype in [crate::DenseDType::Bf16, crate::DenseDType::Int8] {
+                g.set_dense_dtype(dtype).unwrap();
+                let got = pool.install(|| g.run(&ins, 2).unwrap().remove(0));
+                // Each row's codes are relative to its largest input: the error to the largest
+                // output.
+                for (&x, &y) in got.as_f32().unwrap().iter().zip(wv) {
+                    assert!(
+                        (x - y).abs() <= 0.05 * top,
+                        "{dtype:?} batch {n}: {x} vs {y}"
+                    );
+                }
+                g.set_dense_dtype(crate::DenseDType::F32).unwrap();
+            }
+        }
+        if !expand {
+            continue;
+        }
+        // A `u` of one value a row, broadcast along the last axis too: the join and the layer
+        // as the graph has them.
+        let n = 5;
+        let u = Tensor::f32(vec![n, 1, 1], random(&mut rng, n)).unwrap();
+        let q = Tensor::f32(vec![n, l, d], random(&mut rng, n * l * d)).unwrap();
+        let k = Tensor::f32(vec![n, l, d], random(&mut rng, n * l * d)).unwrap();
+        let ins = [("u", &u), ("q", &q), ("k", &k)];
+        let want = apart.run(&ins, 1).unwrap().remove(0);
+        let got = g.run(&ins, 1).unwrap().remove(0);
+        assert_eq!(
+            got.as_f32(),
+            want.as_f32(),
+            "relu {relu}: the unfitting inputs"
+        );
+    }
+    // Parts that share no value: nothing to factor.
+    let nodes = vec![
+        node("Concat", &["a", "k"], &["c"], vec![attr_int("axis", 1)]),
+        node("MatMul", &["c", "w"], &["y"], vec![]),
+    ];
+    let w2 = random(&mut rng, 2 * d * out);
+    let g = Graph::from_bytes(&model(
+        nodes,
+        vec![tensor_proto("w", &[2 * d, out], &w2)],
+        &["a", "k"],
+        &["y"],
+    ))
+    .unwrap();
+    assert_eq!(factored(&g), 0);
+}
+
+/// `Where` by its definition, each operand whole, one value, or broadcast along either axis
+/// (the one-pass path takes the first two, the broadcast copies the rest).
+#[test]
+fn where_matches_its_definition_for_every_operand_shape() {
+    let mut rng = StdRng::seed_from_u64(43);
+    let (b, l) = (6, 5);
+    let shapes = [vec![b, l], vec![1], vec![1, l], vec![b, 1]];
+    for cs in &shapes {
+        for xs in &shapes {
+            for ys in &shapes {
+                let n = |s: &Vec<usize>| s.iter().product::<usize>();
+                let cv: Vec<i64> = (0..n(cs)).map(|_| rng.random_range(0..2)).collect();
+                let (x, y) = (random(&mut rng, n(xs)), random(&mut rng, n(ys)));
+                let ct = Tensor::i64(cs.clone(), cv.clone()).unwrap();
+                let (xt, yt) = (
+                    Tensor::f32(xs.clone(), x.clone()).unwrap(),
+                    Tensor::f32(ys.clone(), y.clone()).unwrap(),
+                );
+                let got = super::logic::select(&ct, &xt, &yt).unwrap();
+                // The three broadcast: rank 2 unless all are one value; each axis the largest.
+                let two: Vec<&Vec<usize>> =
+                    [cs, xs, ys].into_iter().filter(|s| s.len() == 2).collect();
+                let (r, c) = two
+                    .iter()
+                    .fold((1, 1), |(r, c), s| (r.max(s[0]), c.max(s[1])));
+                let want_shape = if two.is_empty() { vec![1] } else { vec![r, c] };
+                assert_eq!(got.shape, want_shape);
+                let at = |s: &Vec<usize>, i: usize, j: usize| match s[..] {
+                    [1] => 0,
+                    [sr, k] => (if sr == 1 { 0 } else { i }) * k + if k == 1 { 0 } else { j },
+                    _ => unreachable!(),
+                };
+                for (i, j) in (0..r).flat_map(|i| (0..c).map(move |j| (i, j))) {
+                    let want = if cv[at(cs, i, j)] != 0 {
+                        x[at(xs, i, j)]
+                    } else {
+                        y[at(ys, i, j)]
+                    };
+                    let what = format!("{cs:?} {xs:?} {ys:?} [{i}, {j}]");
+                    assert_eq!(got.as_f32().unwrap()[i * c + j], want, "{what}");
+                }
+            }
+        }
+    }
+}
+
+/// A large block of columns (past the threaded size) sliced on 2 threads: the per-value
+/// definition, as on 1 thread; and int64 values too.
+#[test]
+fn a_large_slice_on_two_threads_matches_the_definition() {
+    let mut rng = StdRng::seed_from_u64(44);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let (rows, cols, start, len) = (301, 400, 37, 300);
+    let v = random(&mut rng, rows * cols);
+    let t = Tensor::f32(vec![rows, cols], v.clone()).unwrap();
+    let want: Vec<f32> = (0..rows * len)
+        .map(|i| v[(i / len) * cols + start + i % len])
+        .collect();
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let got = pool
+            .install(|| super::layout::narrow(&t, 1, start, len, 1))
+            .unwrap();
+        assert_eq!(got.shape, vec![rows, len]);
+        assert_eq!(got.as_f32().unwrap(), &want[..], "{threads} threads");
+    }
+    let ints: Vec<i64> = (0..(rows * cols) as i64).collect();
+    let ti = Tensor::i64(vec![rows, cols], ints).unwrap();
+    let got = pool
+        .install(|| super::layout::narrow(&ti, 1, start, len, 1))
+        .unwrap();
+    let want: Vec<i64> = (0..rows * len)
+        .map(|i| ((i / len) * cols + start + i % len) as i64)
+        .collect();
+    assert_eq!(got.as_i64().unwrap(), &want[..]);
+}
