@@ -207,7 +207,8 @@ fn step(
 fn linear(l: &crate::mlp::Linear, x: &Tensor, run: Run) -> std::result::Result<Tensor, String> {
     let xv = layer_input(l, x)?;
     let rows = x.len() / l.in_dim().max(1);
-    let mut y = pool::zeros(rows * l.out_dim());
+    // Every output is written by the layer (its GEMM, GEMV or epilogue): not zeroed first.
+    let mut y = pool::scratch(rows * l.out_dim());
     match run.dense.kernels.filter(|_| l.out_dim() > DOT_OUTPUTS) {
         None => l.forward(xv, rows, &mut y, run.par),
         Some(kernels) => LOWP.with_borrow_mut(|s| {
@@ -437,7 +438,7 @@ fn cross(
         }
         return Tensor::f32(shape, v);
     };
-    let mut out = pool::zeros(rows * l.out_dim());
+    let mut out = pool::scratch(rows * l.out_dim()); // every output written by the epilogue
     LOWP.with_borrow_mut(|s| {
         let exec = lowp::Exec {
             kernels,
