@@ -28,7 +28,7 @@ pub struct ServeArgs {
     model: Option<PathBuf>,
     /// Serve every model of a repository (Triton's layout: DIR/<name>/<version>/, each version
     /// a model directory), the newest version of each; POST /v2/repository/models/<name>/load
-    /// reloads one.
+    /// reloads one (with --model-control explicit).
     #[arg(long, conflicts_with_all = ["model", "preset", "name"])]
     model_repository: Option<PathBuf>,
     /// Serve model NAME from the registry of --redis alone (tables, config and dense weights,
@@ -100,6 +100,12 @@ pub struct ServeArgs {
     /// Largest request body, in bytes; larger ones get 400 (from Content-Length, unread).
     #[arg(long, default_value_t = 16 << 20)]
     max_body_bytes: usize,
+    /// Who may load and unload models: `none` (the default; POST
+    /// /v2/repository/models/NAME/load and unload, and their gRPC methods, answer 403 /
+    /// PERMISSION_DENIED; repository polling still loads new versions) or `explicit` (any client
+    /// that reaches the port). Triton's --model-control-mode.
+    #[arg(long, value_enum, default_value_t = ModelControlArg::None)]
+    model_control: ModelControlArg,
     #[command(flatten)]
     conn: ConnArgs,
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
@@ -416,6 +422,13 @@ fn runtime(io_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// `--model-control`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ModelControlArg {
+    None,
+    Explicit,
+}
+
 fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig> {
     Ok(ServeConfig {
         http: a.http,
@@ -433,6 +446,10 @@ fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig
             instances: a.instances,
         },
         max_body_bytes: a.max_body_bytes,
+        model_control: match a.model_control {
+            ModelControlArg::None => ember_serve::ModelControl::None,
+            ModelControlArg::Explicit => ember_serve::ModelControl::Explicit,
+        },
         conn: a.conn.config()?,
         profile: match &a.profile_dir {
             Some(dir) => {

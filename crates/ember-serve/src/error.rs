@@ -13,6 +13,10 @@ pub enum ServeError {
     /// No such model or route (404 / NOT_FOUND).
     #[error("{0}")]
     NotFound(String),
+    /// The route is off on this server (403 / PERMISSION_DENIED): model control without
+    /// `--model-control explicit`. The message says how to turn it on.
+    #[error("{0}")]
+    Forbidden(String),
     /// The route exists but not for this method (405 / UNIMPLEMENTED).
     #[error("{0}")]
     MethodNotAllowed(String),
@@ -49,6 +53,7 @@ impl ServeError {
         match self {
             ServeError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ServeError::NotFound(_) => StatusCode::NOT_FOUND,
+            ServeError::Forbidden(_) => StatusCode::FORBIDDEN,
             ServeError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ServeError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ServeError::Overloaded(_) | ServeError::ShuttingDown | ServeError::Unavailable(_) => {
@@ -64,6 +69,7 @@ impl ServeError {
         match self {
             ServeError::BadRequest(_) => tonic::Code::InvalidArgument,
             ServeError::NotFound(_) => tonic::Code::NotFound,
+            ServeError::Forbidden(_) => tonic::Code::PermissionDenied,
             ServeError::MethodNotAllowed(_) => tonic::Code::Unimplemented,
             ServeError::RequestTimeout(_) => tonic::Code::DeadlineExceeded,
             ServeError::Overloaded(_) => tonic::Code::ResourceExhausted,
@@ -78,6 +84,7 @@ impl ServeError {
         match self {
             ServeError::BadRequest(_) => "invalid_argument",
             ServeError::NotFound(_) => "not_found",
+            ServeError::Forbidden(_) => "permission_denied",
             ServeError::MethodNotAllowed(_) => "method_not_allowed",
             ServeError::RequestTimeout(_) => "request_timeout",
             ServeError::Overloaded(_) => "resource_exhausted",
@@ -134,6 +141,11 @@ mod tests {
         let all = [
             (ServeError::bad("x"), 400, tonic::Code::InvalidArgument),
             (ServeError::NotFound("x".into()), 404, tonic::Code::NotFound),
+            (
+                ServeError::Forbidden("x".into()),
+                403,
+                tonic::Code::PermissionDenied,
+            ),
             (
                 ServeError::MethodNotAllowed("x".into()),
                 405,

@@ -446,7 +446,11 @@ impl GrpcInferenceService for Grpc {
         &self,
         req: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        let name = req.into_inner().model_name;
+        let req = req.into_inner();
+        let what = format!("loading model {:?}", req.model_name);
+        let params: Vec<String> = req.parameters.keys().cloned().collect();
+        self.app.may_control(&what, &params)?;
+        let name = req.model_name;
         self.app.on_repository(move |r| r.load(&name)).await?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
@@ -455,7 +459,11 @@ impl GrpcInferenceService for Grpc {
         &self,
         req: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        let name = req.into_inner().model_name;
+        let req = req.into_inner();
+        let what = format!("unloading model {:?}", req.model_name);
+        let params: Vec<String> = req.parameters.keys().cloned().collect();
+        self.app.may_control(&what, &params)?;
+        let name = req.model_name;
         self.app.on_repository(move |r| r.unload(&name)).await?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }

@@ -97,6 +97,20 @@ pub struct ServeConfig {
     pub conn: ConnConfig,
     /// Record the served models' lookups as layout profiles (`--profile-dir`).
     pub profile: Option<ProfileConfig>,
+    /// Whether clients may load and unload models (`--model-control`): off unless asked for.
+    pub model_control: ModelControl,
+}
+
+/// Who loads and unloads a repository's models: the server alone (its repository polling, if
+/// on), or also any client that reaches the port (`POST /v2/repository/models/NAME/load` and
+/// `unload`, and their gRPC methods), as Triton's `--model-control-mode none` / `explicit`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ModelControl {
+    /// Load and unload requests answer 403 / PERMISSION_DENIED, saying how to turn them on.
+    #[default]
+    None,
+    /// Clients may load and unload models.
+    Explicit,
 }
 
 impl Default for ServeConfig {
@@ -110,6 +124,7 @@ impl Default for ServeConfig {
             max_body_bytes: 16 << 20,
             conn: ConnConfig::default(),
             profile: None,
+            model_control: ModelControl::None,
         }
     }
 }
@@ -294,6 +309,7 @@ impl Server {
             ready: ready.clone(),
             max_body_bytes: cfg.max_body_bytes,
             budget: budget.clone(),
+            model_control: cfg.model_control,
         };
         let (stop, stopped) = watch::channel(false);
         spawn_store_probe(Arc::downgrade(&repo), ready.clone());

@@ -16,6 +16,8 @@ pub struct App {
     pub max_body_bytes: usize,
     /// Bytes of request bodies in flight, across connections.
     pub(crate) budget: Arc<Budget>,
+    /// Whether clients may load and unload models.
+    pub model_control: crate::ModelControl,
 }
 
 impl App {
@@ -42,6 +44,30 @@ impl App {
     }
 
     /// Runs `f` on the repository off the async workers (a load reads and copies a model).
+    /// Whether a client may `what` (load or unload) a model with these request `parameters`
+    /// (their names): a 403 unless the server runs with `--model-control explicit`, a 400
+    /// naming any parameter (Triton's `config` and `file:` overrides load a model Ember's
+    /// repository does not hold; taking them silently would load something else than asked).
+    pub fn may_control(&self, what: &str, parameters: &[String]) -> Result<()> {
+        if self.model_control != crate::ModelControl::Explicit {
+            return Err(ServeError::Forbidden(format!(
+                "model control is off on this server: {what} needs `ember serve --model-control \
+                 explicit` (repository polling, `--poll-secs`, loads and unloads versions without it)"
+            )));
+        }
+        if !parameters.is_empty() {
+            let mut names = parameters.to_vec();
+            names.sort();
+            return Err(ServeError::bad(format!(
+                "{what}: parameters {} are not supported (Ember loads the newest version in the \
+                 model's repository directory; Triton's `config` and `file:` overrides are not \
+                 taken)",
+                names.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     pub async fn on_repository<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Repository) -> Result<T> + Send + 'static,

@@ -681,22 +681,26 @@ fn loadgen_for_the_wrong_model_repeats_the_servers_answer() {
     let _ = child.wait();
 }
 
+/// `ember serve --model-repository ROOT` with `extra` arguments: the child, its HTTP address,
+/// and its log read to the end on a thread (a closed pipe would fail the server's next log
+/// line).
+fn serve_repository(
+    root: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, String, std::thread::JoinHandle<String>) {
+    let mut args = vec!["--model-repository", root.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let Started {
+        child, addr, err, ..
+    } = start_server(&args);
+    let log = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    (child, addr, log)
+}
+
 #[test]
 fn serve_a_model_repository() {
     let root = repository("ok");
-    let Started {
-        mut child,
-        addr,
-        err,
-        ..
-    } = start_server(&[
-        "--model-repository",
-        root.to_str().unwrap(),
-        "--poll-secs",
-        "0.1",
-    ]);
-    // Its log is read to the end (a closed pipe would fail the server's next log line).
-    let log = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let (mut child, addr, log) = serve_repository(&root, &["--poll-secs", "0.1"]);
     let rows = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample.tsv"),
     )
@@ -715,6 +719,12 @@ fn serve_a_model_repository() {
     assert_eq!((status, &a), (200, &b));
     let meta = get(&addr, "/v2/models/ctr");
     assert!(meta.contains("\"versions\":[\"2\"]"), "{meta}");
+    // Model control is off unless asked for: no client unloads a model.
+    let (status, body) = post(&addr, "/v2/repository/models/ctr/unload", "");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--model-control explicit"), "{body}");
+    let (status, _) = post(&addr, "/v1/score?model=ctr", row);
+    assert_eq!(status, 200);
     // A new version on disk is picked up by the poller.
     let d = root.join(".ctr-3");
     std::fs::create_dir_all(&d).unwrap();
@@ -1103,4 +1113,25 @@ fn a_taken_port_is_refused_naming_the_listener_and_its_cause() {
     // The OS's words for EADDRINUSE ("Address already in use (os error 98)" on Linux), once.
     assert_eq!(line.to_lowercase().matches("in use").count(), 1, "{line}");
     assert!(line.contains("os error"), "{line}");
+}
+
+/// `--model-control explicit` lets a client unload and load a model again.
+#[test]
+fn serve_with_model_control_explicit_unloads_and_loads_on_request() {
+    let root = repository("control");
+    let (mut child, addr, log) = serve_repository(&root, &["--model-control", "explicit"]);
+    let (status, body) = post(&addr, "/v2/repository/models/small/unload", "");
+    assert_eq!(status, 200, "{body}");
+    let (status, index) = post(&addr, "/v2/repository/index", "");
+    assert_eq!(status, 200, "{index}");
+    assert!(index.contains("\"unloaded\""), "{index}");
+    let (status, body) = post(&addr, "/v2/repository/models/small/load", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"version\":\"1\""), "{body}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(child.wait().unwrap().success());
+    let _ = log.join();
+    std::fs::remove_dir_all(&root).unwrap();
 }

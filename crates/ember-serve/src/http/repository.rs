@@ -35,7 +35,40 @@ pub(crate) async fn index(State(app): State<App>, body: Bytes) -> Response {
     axum::Json(app.repo.index(req.ready)).into_response()
 }
 
-pub(crate) async fn load(State(app): State<App>, Path(name): Path<String>) -> Response {
+/// A load or unload request's body: `{"parameters": {...}}` (Triton's), optional.
+#[derive(Debug, Default, Deserialize)]
+struct ControlRequest {
+    #[serde(default)]
+    parameters: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The names of a load or unload body's parameters; a malformed body is a 400.
+fn parameters(body: &Bytes, what: &str) -> Result<Vec<String>, ServeError> {
+    if body.trim_ascii().is_empty() {
+        return Ok(Vec::new());
+    }
+    let r: ControlRequest = serde_json::from_slice(body).map_err(|e| {
+        ServeError::bad(format!(
+            "malformed {what} request: {e} (send {{}} or nothing)"
+        ))
+    })?;
+    Ok(r.parameters.keys().cloned().collect())
+}
+
+/// Whether a client may `what` (load or unload) with this body: [`App::may_control`] on its
+/// parameters.
+fn control(app: &App, what: &str, body: &Bytes) -> Result<(), ServeError> {
+    parameters(body, what).and_then(|p| app.may_control(what, &p))
+}
+
+pub(crate) async fn load(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = control(&app, &format!("loading model {name:?}"), &body) {
+        return e.into_response();
+    }
     let n = name.clone();
     match app.on_repository(move |r| r.load(&n)).await {
         Ok(v) => axum::Json(json!({ "name": name, "version": v.to_string() })).into_response(),
@@ -43,7 +76,14 @@ pub(crate) async fn load(State(app): State<App>, Path(name): Path<String>) -> Re
     }
 }
 
-pub(crate) async fn unload(State(app): State<App>, Path(name): Path<String>) -> Response {
+pub(crate) async fn unload(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = control(&app, &format!("unloading model {name:?}"), &body) {
+        return e.into_response();
+    }
     let n = name.clone();
     match app.on_repository(move |r| r.unload(&n)).await {
         Ok(()) => axum::Json(json!({ "name": name })).into_response(),

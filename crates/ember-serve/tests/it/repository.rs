@@ -13,7 +13,7 @@ use common::*;
 use ember_model::{LoadOptions, Model};
 use ember_serve::grpc::pb;
 use ember_serve::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
-use ember_serve::{DiskLoader, RepositoryConfig, Server};
+use ember_serve::{DiskLoader, ModelControl, RepositoryConfig, Server};
 use serde_json::{Value, json};
 
 /// A fresh directory for one test's repository.
@@ -70,7 +70,17 @@ fn source(root: &Path, poll: Option<Duration>) -> RepositoryConfig {
 }
 
 async fn start_repo(root: &Path, poll: Option<Duration>, grpc: bool) -> (Server, String) {
+    start_repo_with(root, poll, grpc, ModelControl::Explicit).await
+}
+
+async fn start_repo_with(
+    root: &Path,
+    poll: Option<Duration>,
+    grpc: bool,
+    control: ModelControl,
+) -> (Server, String) {
     let mut cfg = config();
+    cfg.model_control = control;
     if grpc {
         cfg.grpc = Some("127.0.0.1:0".parse().unwrap());
     }
@@ -513,6 +523,7 @@ async fn repository_methods_over_grpc() {
     // A server of one model says how to get a repository.
     let mut cfg = config();
     cfg.grpc = Some("127.0.0.1:0".parse().unwrap());
+    cfg.model_control = ModelControl::Explicit;
     let (one, _, _) = start(cfg).await;
     let mut g = GrpcInferenceServiceClient::connect(format!("http://{}", one.grpc_addr().unwrap()))
         .await
@@ -527,5 +538,107 @@ async fn repository_methods_over_grpc() {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("--model-repository"), "{e:?}");
     one.shutdown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Model control is off unless asked for: without `--model-control explicit`, load and unload
+/// answer 403 / PERMISSION_DENIED over HTTP and gRPC, saying how to turn it on, and the model
+/// serves on; with it, a load or unload naming parameters (Triton's `config` / `file:`
+/// overrides) is refused naming them, over both protocols, and a plain one loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_control_is_off_unless_asked_for_and_overrides_are_refused() {
+    let root = temp("control");
+    write_version(&root, "m", 1, 0.0);
+    let c = reqwest::Client::new();
+    let (server, url) = start_repo_with(&root, None, true, ModelControl::None).await;
+    let mut g =
+        GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr().unwrap()))
+            .await
+            .unwrap();
+    for route in ["load", "unload"] {
+        let (code, e) = post(
+            &c,
+            format!("{url}/v2/repository/models/m/{route}"),
+            &json!({}),
+        )
+        .await;
+        assert_eq!(code, 403, "{route}: {e}");
+        let msg = e["error"].as_str().unwrap();
+        assert!(msg.contains("--model-control"), "{route}: {msg}");
+        assert!(
+            msg.contains(&format!("{route}ing model \"m\"")),
+            "{route}: {msg}"
+        );
+    }
+    let e = g
+        .repository_model_load(pb::RepositoryModelLoadRequest {
+            model_name: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("--model-control"), "{e:?}");
+    let e = g
+        .repository_model_unload(pb::RepositoryModelUnloadRequest {
+            model_name: "m".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    // Still served, and still listed as ready.
+    let idx = index(&c, &url).await;
+    assert_eq!(state_of(&idx, "m", "1").2, "READY", "{idx:?}");
+    let r = c
+        .get(format!("{url}/v2/models/m/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    server.shutdown().await.unwrap();
+
+    let (server, url) = start_repo_with(&root, None, true, ModelControl::Explicit).await;
+    let mut g =
+        GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc_addr().unwrap()))
+            .await
+            .unwrap();
+    let overrides = json!({"parameters": {"config": "{}", "file:1/model.onnx": "AAAA"}});
+    let (code, e) = post(&c, format!("{url}/v2/repository/models/m/load"), &overrides).await;
+    assert_eq!(code, 400, "{e}");
+    let msg = e["error"].as_str().unwrap();
+    assert!(msg.contains("config, file:1/model.onnx"), "{msg}");
+    let r = c
+        .post(format!("{url}/v2/repository/models/m/load"))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let mut params = std::collections::HashMap::new();
+    params.insert(
+        "config".to_string(),
+        pb::ModelRepositoryParameter::default(),
+    );
+    let e = g
+        .repository_model_load(pb::RepositoryModelLoadRequest {
+            model_name: "m".into(),
+            parameters: params,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("config"), "{e:?}");
+    // A plain load (an empty body, as Triton's client sends none) loads.
+    write_version(&root, "m", 2, 0.1);
+    let r = c
+        .post(format!("{url}/v2/repository/models/m/load"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(state_of(&index(&c, &url).await, "m", "2").2, "READY");
+    server.shutdown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
