@@ -343,4 +343,49 @@ mod tests {
         assert_eq!(kj.ids().get(2), ((0x1234_5678u64 * 2) % 11) as i64);
         assert!(b.sparse(&names[..3], &rows[..3]).is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Fuzzing by property (issue 61): any line, arbitrary text or a valid row with bytes
+        /// changed, cut or added, parses to one more row or to an error naming the line, and on
+        /// an error the batch holds what it held (`parse_line`'s contract).
+        #[test]
+        fn any_line_parses_or_is_refused_leaving_the_batch_as_it_was(
+            junk in "\\PC{0,200}",
+            edits in proptest::collection::vec((0usize..400, proptest::prelude::any::<char>()), 0..6),
+            cut in 0usize..400,
+            mutate in proptest::prelude::any::<bool>(),
+        ) {
+            let line = if mutate {
+                let mut c: Vec<char> = full_line().chars().collect();
+                for &(at, ch) in &edits {
+                    let at = at % (c.len() + 1);
+                    if ch.is_ascii_digit() || at.is_multiple_of(2) {
+                        c.insert(at, ch);
+                    } else if at < c.len() {
+                        c.remove(at);
+                    }
+                }
+                c.truncate(cut.max(1).min(c.len()));
+                c.into_iter().collect::<String>()
+            } else {
+                junk
+            };
+            let mut b = parse(&full_line()).unwrap();
+            let before = b.clone();
+            match parse_line(&line, "t.tsv", 7, &mut b) {
+                Ok(()) => {
+                    proptest::prop_assert_eq!(b.len(), 2);
+                    proptest::prop_assert_eq!(b.dense.len(), 2 * DENSE);
+                    proptest::prop_assert_eq!(b.cats.len(), 2 * SPARSE);
+                }
+                Err(e) => {
+                    proptest::prop_assert_eq!(&b, &before);
+                    let msg = e.to_string();
+                    proptest::prop_assert!(msg.contains("t.tsv") && msg.contains('7'), "{}", msg);
+                }
+            }
+        }
+    }
 }

@@ -96,6 +96,43 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Fuzzing by property (issue 61): arbitrary bytes, and valid replies with bytes changed,
+    /// never panic the reader; what `complete` calls whole, `decode` reads to the same length
+    /// or refuses as a protocol error.
+    #[test]
+    fn any_bytes_are_read_or_refused_never_a_panic(
+        v in value(),
+        junk in proptest::collection::vec(any::<u8>(), 0..300),
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+        mutate in any::<bool>(),
+    ) {
+        let b = if mutate {
+            let mut b = Vec::new();
+            encode(&v, &mut b);
+            for &(at, byte) in &edits {
+                if !b.is_empty() {
+                    let at = at % b.len();
+                    b[at] = byte;
+                }
+            }
+            b
+        } else {
+            junk
+        };
+        match complete(&b) {
+            Ok(Need::Done(n)) => match decode(&b) {
+                Ok((_, len)) => prop_assert_eq!(len, n),
+                Err(e) => prop_assert!(e.1.starts_with("protocol error"), "{:?}", e),
+            },
+            Ok(Need::More(_)) => {}
+            Err(e) => prop_assert!(e.1.starts_with("protocol error"), "{:?}", e),
+        }
+    }
+}
+
 #[test]
 fn errors_keep_their_kind_and_bad_replies_are_refused() {
     let (v, n) = decode(b"-MOVED 3999 127.0.0.1:6381\r\n:1\r\n").unwrap();
