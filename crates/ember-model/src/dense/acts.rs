@@ -96,27 +96,38 @@ pub fn quantize_rows(
     sx: &mut Vec<f32>,
 ) {
     let RowsF32 { x, m, k, ld: ldx } = rows;
+    split_rows(m, (dst, ld), sx, |first, d, s| {
+        let part = RowsF32 {
+            x: &x[first * ldx..],
+            m: s.len(),
+            k,
+            ld: ldx,
+        };
+        quantize_seq(part, q, d, ld, s)
+    });
+}
+
+/// `dst` sized to `m` rows (rounded up to 16) of `ld` bytes and `sx` to `m` scales, then
+/// `run(first row, its rows' bytes, their scales)` on parts of the rows split over the current
+/// pool (rows are independent), or on all of them on one thread.
+fn split_rows(
+    m: usize,
+    (dst, ld): (&mut Vec<u8>, usize),
+    sx: &mut Vec<f32>,
+    run: impl Fn(usize, &mut [u8], &mut [f32]) + Sync,
+) {
     dst.resize(m.next_multiple_of(TILE) * ld, 0);
     sx.resize(m, 0.0);
     let per = rows_per_thread(m);
     if per < m {
-        // Rows are independent: split them over the current pool.
         dst[..m * ld]
             .par_chunks_mut(per * ld)
             .zip(sx[..m].par_chunks_mut(per))
             .enumerate()
-            .for_each(|(c, (d, s))| {
-                let part = RowsF32 {
-                    x: &x[c * per * ldx..],
-                    m: s.len(),
-                    k,
-                    ld: ldx,
-                };
-                quantize_seq(part, q, d, ld, s)
-            });
-        return;
+            .for_each(|(c, (d, s))| run(c * per, d, s));
+    } else {
+        run(0, &mut dst[..m * ld], &mut sx[..m]);
     }
-    quantize_seq(rows, q, dst, ld, sx);
 }
 
 /// `m` rows of `k` values quantized as [`quantize_rows`] does, each row written by `fill(row,
@@ -133,9 +144,7 @@ pub fn quantize_filled(
 ) {
     /// Rows filled at a time: a few KB, in L1 when quantized.
     const STEP: usize = 16;
-    dst.resize(m.next_multiple_of(TILE) * ld, 0);
-    sx.resize(m, 0.0);
-    let run = |first: usize, d: &mut [u8], s: &mut [f32]| {
+    split_rows(m, (dst, ld), sx, |first, d, s| {
         let mut buf = vec![0f32; STEP * k];
         for (c, (dc, sc)) in d.chunks_mut(STEP * ld).zip(s.chunks_mut(STEP)).enumerate() {
             let rows = sc.len();
@@ -150,17 +159,7 @@ pub fn quantize_filled(
             };
             quantize_seq(filled, q, dc, ld, sc);
         }
-    };
-    let per = rows_per_thread(m);
-    if per < m {
-        dst[..m * ld]
-            .par_chunks_mut(per * ld)
-            .zip(sx[..m].par_chunks_mut(per))
-            .enumerate()
-            .for_each(|(c, (d, s))| run(c * per, d, s));
-    } else {
-        run(0, &mut dst[..m * ld], &mut sx[..m]);
-    }
+    });
 }
 
 fn quantize_seq(rows: RowsF32<'_>, q: Quant<'_>, dst: &mut [u8], ld: usize, sx: &mut [f32]) {

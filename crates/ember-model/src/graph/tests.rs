@@ -196,6 +196,21 @@ fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, ins: &[&str], outs: &[&
     .encode_to_vec()
 }
 
+/// A reduction's definition over the values it reduces.
+type Reduction = fn(&[f32]) -> f32;
+
+/// Each reduction op with its definition.
+fn reductions() -> [(&'static str, Reduction); 4] {
+    [
+        ("ReduceSum", |s| s.iter().sum::<f32>()),
+        ("ReduceMean", |s| s.iter().sum::<f32>() / s.len() as f32),
+        ("ReduceMax", |s| {
+            s.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        }),
+        ("ReduceL2", |s| s.iter().map(|x| x * x).sum::<f32>().sqrt()),
+    ]
+}
+
 fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
 }
@@ -484,17 +499,7 @@ fn last_axis_reductions_and_row_dots_match_the_plain_loops() {
         let v = random(&mut rng, n * d);
         let w = random(&mut rng, n * d);
         let x = || Tensor::f32(vec![n, d], v.clone()).unwrap();
-        for (op, f) in [
-            (
-                "ReduceSum",
-                (|r: &[f32]| r.iter().sum::<f32>()) as fn(&[f32]) -> f32,
-            ),
-            ("ReduceMean", |r| r.iter().sum::<f32>() / r.len() as f32),
-            ("ReduceMax", |r| {
-                r.iter().copied().fold(f32::NEG_INFINITY, f32::max)
-            }),
-            ("ReduceL2", |r| r.iter().map(|x| x * x).sum::<f32>().sqrt()),
-        ] {
+        for (op, f) in reductions() {
             let bytes = model(
                 vec![node(op, &["x", "a"], &["y"], vec![attr_int("keepdims", 0)])],
                 vec![ints_proto("a", &[-1])],
@@ -802,17 +807,7 @@ fn math_ops_follow_the_spec() {
     let v = random(&mut rng, 24);
     let x = || Tensor::f32(vec![2, 3, 4], v.clone()).unwrap();
     let at = |i: usize, j: usize, k: usize| v[(i * 3 + j) * 4 + k];
-    for (op, f) in [
-        (
-            "ReduceSum",
-            (|s: &[f32]| s.iter().sum::<f32>()) as fn(&[f32]) -> f32,
-        ),
-        ("ReduceMean", |s| s.iter().sum::<f32>() / s.len() as f32),
-        ("ReduceMax", |s| {
-            s.iter().copied().fold(f32::NEG_INFINITY, f32::max)
-        }),
-        ("ReduceL2", |s| s.iter().map(|x| x * x).sum::<f32>().sqrt()),
-    ] {
+    for (op, f) in reductions() {
         let y = run1(
             &model(
                 vec![node(op, &["x", "a"], &["y"], vec![attr_int("keepdims", 0)])],

@@ -21,11 +21,13 @@ pub fn linear_int8(
     out: &mut [f32],
     s: &mut LowpScratch,
 ) {
-    let k = x.kernels;
-    let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
     assert!(out.len() >= m * l.out_dim());
     let ep = f32_epilogue(l, out.as_mut_ptr());
-    s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
+    let x = Exec {
+        dtype: DenseDType::Int8,
+        ..x
+    };
+    run(x, l, Rows::F32(input, ldx), m, &ep, s);
 }
 
 /// One layer on `m` rows of f32 at stride `ldx` whose epilogue is the cross net's step, `out =
@@ -59,23 +61,7 @@ pub fn linear_cross(
         }),
         bf16_out: None,
     };
-    let k = x.kernels;
-    match x.dtype {
-        DenseDType::Int8 => {
-            let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
-            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
-        }
-        DenseDType::Bf16 => {
-            let w = l.packed_bf16();
-            acts::to_bf16_rows(input, m, l.in_dim(), ldx, &mut s.b0, w.kp());
-            let a = ActsBf16 {
-                ptr: s.b0.as_ptr(),
-                lda: w.kp(),
-            };
-            s.timed(|_| driver::linear_bf16(&k, a, m, w, &ep, x.threads));
-        }
-        DenseDType::F32 => unreachable!("f32 layers run on the f32 path"),
-    }
+    run(x, l, Rows::F32(input, ldx), m, &ep, s);
 }
 
 /// A layer's input rows: f32 in memory (at a stride), or written one at a time by a function
@@ -134,11 +120,17 @@ pub fn linear_grouped(
         }),
         bf16_out: None,
     };
+    run(x, l, input, m, &ep, s);
+}
+
+/// Layer `l` on `m` input rows through `ep`, in bf16 or int8 as `x` says: int8 rows quantized
+/// per row (filled rows as they are written), bf16 rows rounded (filled rows gathered first).
+fn run(x: Exec, l: &Linear, input: Rows<'_>, m: usize, ep: &Epilogue<'_>, s: &mut LowpScratch) {
     let (k, kd) = (x.kernels, l.in_dim());
     match (x.dtype, input) {
         (DenseDType::Int8, Rows::F32(input, ldx)) => {
             let a = quantize_for(&k, l, (input, ldx, m), &mut s.q, &mut s.sx);
-            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), &ep, x.threads));
+            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, l.packed_int8(), ep, x.threads));
         }
         (DenseDType::Int8, Rows::Filled(fill)) => {
             let w = l.packed_int8();
@@ -151,7 +143,7 @@ pub fn linear_grouped(
                 ptr: s.q.as_ptr(),
                 lda: w.kp(),
             };
-            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, w, &ep, x.threads));
+            s.timed(|s| driver::linear_i8(&k, a, &s.sx, m, w, ep, x.threads));
         }
         (DenseDType::Bf16, input) => {
             let w = l.packed_bf16();
@@ -159,13 +151,13 @@ pub fn linear_grouped(
             let (input, ldx) = match input {
                 Rows::F32(v, ldx) => (v, ldx),
                 Rows::Filled(fill) => {
-                    rows = (0..m)
-                        .flat_map(|r| {
-                            let mut row = vec![0.0; kd];
-                            fill(r, &mut row);
-                            row
-                        })
-                        .collect();
+                    rows = {
+                        let mut v = vec![0.0; m * kd];
+                        for (r, row) in v.chunks_exact_mut(kd.max(1)).enumerate() {
+                            fill(r, row);
+                        }
+                        v
+                    };
                     (&rows[..], kd)
                 }
             };
@@ -174,7 +166,7 @@ pub fn linear_grouped(
                 ptr: s.b0.as_ptr(),
                 lda: w.kp(),
             };
-            s.timed(|_| driver::linear_bf16(&k, a, m, w, &ep, x.threads));
+            s.timed(|_| driver::linear_bf16(&k, a, m, w, ep, x.threads));
         }
         (DenseDType::F32, _) => unreachable!("f32 layers run on the f32 path"),
     }
