@@ -4,11 +4,16 @@ scores for the same random requests (every output of a multi-task model, and one
 asked for by name), that errors come back as the clients expect, and that the calls Triton users
 reach for work: versioned readiness and metadata, the statistics extension
 (both protocols, counting the requests sent), the model configuration (HTTP), and a message on
-what gRPC does not implement.
+what gRPC does not implement. With `--ssl-ca` (and `--ssl-cert` / `--ssl-key` for a server started
+with `--tls-client-ca`) both clients speak TLS, through their own SSL options, to a server started
+with `--tls-cert`.
 
     python3 -m venv ~/.venvs/triton && ~/.venvs/triton/bin/pip install "tritonclient[grpc,http]" numpy
     ember serve &        # HTTP on :8080, gRPC on :8081
     ~/.venvs/triton/bin/python tools/triton_client_check.py [--http 127.0.0.1:8080] [--grpc 127.0.0.1:8081]
+    # TLS: ember serve --tls-cert server.pem --tls-key server.key [--tls-client-ca ca.pem]
+    ~/.venvs/triton/bin/python tools/triton_client_check.py --http localhost:8080 --grpc localhost:8081 \
+        --ssl-ca ca.pem [--ssl-cert client.pem --ssl-key client.key]
 
 Not needed at run time and not part of the test suite (it needs Python and the clients); the
 Rust integration tests cover the same protocol with tonic's client.
@@ -39,16 +44,43 @@ def inputs(mod, meta, n, rng):
     return out
 
 
+def clients(a):
+    """Triton's gRPC and HTTP clients of the server, over TLS with --ssl-ca."""
+    if not a.ssl_ca:
+        return tg.InferenceServerClient(a.grpc), th.InferenceServerClient(a.http)
+    if bool(a.ssl_cert) != bool(a.ssl_key):
+        sys.exit("--ssl-cert and --ssl-key go together")
+    import gevent.ssl
+
+    def context(**_):
+        ctx = gevent.ssl.create_default_context(cafile=a.ssl_ca)
+        if a.ssl_cert:
+            ctx.load_cert_chain(a.ssl_cert, a.ssl_key)
+        return ctx
+
+    g = tg.InferenceServerClient(
+        a.grpc,
+        ssl=True,
+        root_certificates=a.ssl_ca,
+        private_key=a.ssl_key,
+        certificate_chain=a.ssl_cert,
+    )
+    h = th.InferenceServerClient(a.http, ssl=True, ssl_context_factory=context)
+    return g, h
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--http", default="127.0.0.1:8080")
     ap.add_argument("--grpc", default="127.0.0.1:8081")
     ap.add_argument("--model", default="default")
     ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--ssl-ca", help="speak TLS, trusting this CA (PEM)")
+    ap.add_argument("--ssl-cert", help="with --ssl-ca: the client's certificate (mutual TLS)")
+    ap.add_argument("--ssl-key", help="with --ssl-cert: its key")
     a = ap.parse_args()
 
-    g = tg.InferenceServerClient(a.grpc)
-    h = th.InferenceServerClient(a.http)
+    g, h = clients(a)
     assert g.is_server_live() and g.is_server_ready() and g.is_model_ready(a.model)
     assert h.is_server_live() and h.is_server_ready() and h.is_model_ready(a.model)
     gm = g.get_model_metadata(a.model)

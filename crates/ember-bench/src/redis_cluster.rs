@@ -5,6 +5,9 @@
 //! Nodes run with `cluster-require-full-coverage no` and `cluster-allow-reads-when-down yes`
 //! (what `docs/remote-tier.md` recommends): a failed primary then costs only its own slots.
 
+mod tls;
+pub use tls::NodeTls;
+
 use anyhow::{Context, Result, bail, ensure};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -32,6 +35,8 @@ pub fn available() -> Result<()> {
 #[derive(Debug)]
 pub struct LocalNode {
     pub port: u16,
+    /// Its TLS port, in a cluster started with [`LocalCluster::start_tls`].
+    pub tls_port: Option<u16>,
     child: Option<Child>,
     stopped: bool,
 }
@@ -59,6 +64,8 @@ pub struct LocalCluster {
     /// A module every node loads (`--loadmodule`) but those in `without_module` (node indices).
     module: Option<PathBuf>,
     without_module: Vec<usize>,
+    /// TLS on every node (a port of its own), with the cluster bus over TLS.
+    tls: Option<NodeTls>,
 }
 
 /// Free loopback ports `p` with `p + 10000` (the cluster bus) free too.
@@ -135,6 +142,24 @@ impl LocalCluster {
         module: Option<&std::path::Path>,
         without_module: &[usize],
     ) -> Result<Self> {
+        Self::start_full(
+            primaries,
+            replicas,
+            node_timeout_ms,
+            module,
+            without_module,
+            None,
+        )
+    }
+
+    fn start_full(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+        module: Option<&std::path::Path>,
+        without_module: &[usize],
+        tls: Option<NodeTls>,
+    ) -> Result<Self> {
         available().map_err(anyhow::Error::msg)?;
         let dir = std::env::temp_dir().join(format!(
             "ember-redis-{}-{}",
@@ -149,6 +174,7 @@ impl LocalCluster {
             node_timeout_ms,
             module: module.map(std::path::Path::to_path_buf),
             without_module: without_module.to_vec(),
+            tls,
         };
         for _ in 0..n {
             let taken: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
@@ -186,6 +212,8 @@ impl LocalCluster {
                     .arg(last),
             )?;
         }
+        // Over TLS the cluster bus is the TLS port's (+10000).
+        let meet = self.nodes[0].tls_port.unwrap_or(ports[0]);
         for (i, &port) in ports.iter().enumerate() {
             query(
                 port,
@@ -199,7 +227,7 @@ impl LocalCluster {
                     ember_redis::cmd("CLUSTER")
                         .arg("MEET")
                         .arg("127.0.0.1")
-                        .arg(ports[0]),
+                        .arg(meet),
                 )?;
             }
         }
@@ -232,11 +260,15 @@ impl LocalCluster {
     fn start_node(&self, taken: &[u16]) -> Result<LocalNode> {
         let mut lost = Vec::new();
         while lost.len() < 5 {
-            let port = free_ports(1 + taken.len())?
+            let mut free = free_ports(2 + 2 * taken.len())?
                 .into_iter()
-                .find(|p| !taken.contains(p))
-                .context("no free loopback port")?;
-            let mut child = self.spawn(port, self.nodes.len())?;
+                .filter(|p| !taken.contains(p));
+            let port = free.next().context("no free loopback port")?;
+            let tls_port = match self.tls {
+                Some(_) => Some(free.next().context("no free loopback port")?),
+                None => None,
+            };
+            let mut child = self.spawn(port, tls_port, self.nodes.len())?;
             let t0 = Instant::now();
             loop {
                 if matches!(
@@ -245,6 +277,7 @@ impl LocalCluster {
                 ) {
                     return Ok(LocalNode {
                         port,
+                        tls_port,
                         child: Some(child),
                         stopped: false,
                     });
@@ -264,8 +297,8 @@ impl LocalCluster {
         bail!("redis-server exited at start on ports {lost:?} (taken before it could bind?)")
     }
 
-    /// Starts node `i`'s `redis-server` on `port`.
-    fn spawn(&self, port: u16, i: usize) -> Result<Child> {
+    /// Starts node `i`'s `redis-server` on `port` (and on `tls_port` over TLS).
+    fn spawn(&self, port: u16, tls_port: Option<u16>, i: usize) -> Result<Child> {
         let log = self.dir.join(format!("{port}.log"));
         let mut cmd = Command::new("redis-server");
         if let Some(m) = self
@@ -274,6 +307,9 @@ impl LocalCluster {
             .filter(|_| !self.without_module.contains(&i))
         {
             cmd.arg("--loadmodule").arg(m);
+        }
+        if let (Some(t), Some(p)) = (&self.tls, tls_port) {
+            cmd.args(t.args(p));
         }
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes"])
@@ -435,8 +471,8 @@ impl LocalCluster {
     /// Restarts killed node `i` (it rejoins from its nodes.conf, as a replica after failover).
     pub fn restart(&mut self, i: usize) -> Result<()> {
         ensure!(self.nodes[i].child.is_none(), "node {i} is running");
-        let port = self.nodes[i].port;
-        self.nodes[i].child = Some(self.spawn(port, i)?);
+        let (port, tls_port) = (self.nodes[i].port, self.nodes[i].tls_port);
+        self.nodes[i].child = Some(self.spawn(port, tls_port, i)?);
         wait_for(Duration::from_secs(10), || {
             Ok(query(port, &ember_redis::cmd("PING")).is_ok())
         })

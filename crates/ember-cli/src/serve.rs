@@ -14,6 +14,7 @@ use ember_model::{Engine, Model};
 use ember_serve::{BatchConfig, ServeConfig, Server};
 
 mod models;
+mod security;
 
 use models::{CliLoader, dir_name, placement_banner, run_hstu};
 
@@ -108,6 +109,8 @@ pub struct ServeArgs {
     model_control: ModelControlArg,
     #[command(flatten)]
     conn: ConnArgs,
+    #[command(flatten)]
+    security: security::SecurityArgs,
     /// Re-encode the tables at load: f32, f16, bf16, int8 or int4.
     #[arg(long)]
     dtype: Option<DType>,
@@ -451,6 +454,9 @@ fn serve_config(a: &ServeArgs, model_name: String) -> anyhow::Result<ServeConfig
             ModelControlArg::Explicit => ember_serve::ModelControl::Explicit,
         },
         conn: a.conn.config()?,
+        tls: a.security.tls()?,
+        restricted: a.security.restricted()?,
+        metrics: a.security.metrics_addr(),
         profile: match &a.profile_dir {
             Some(dir) => {
                 let interval = secs("--profile-interval-s", a.profile_interval_s)?;
@@ -481,6 +487,8 @@ fn serve_until_stopped(
     started: impl std::future::Future<Output = ember_serve::ServerResult<Server>>,
 ) -> anyhow::Result<()> {
     let grace = cfg.conn.shutdown_grace;
+    let cfg_tls = cfg.tls.is_some();
+    let cfg_mutual = cfg.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     rt.block_on(async move {
         // The error names the step that failed (a listener names its address and protocol).
         let server = started.await.context("starting the server")?;
@@ -507,8 +515,13 @@ fn serve_until_stopped(
             ),
             _ => "POST /v2/models/<name>/infer".into(),
         };
+        let (scheme, tls) = match (cfg_tls, cfg_mutual) {
+            (false, _) => ("http", ""),
+            (true, false) => ("https", ", over TLS"),
+            (true, true) => ("https", ", over TLS, client certificates required"),
+        };
         eprintln!(
-            "serving {} on http://{addr}  ({route}, POST /v1/score, GET /metrics, \
+            "serving {} on {scheme}://{addr}  ({route}, POST /v1/score, GET /metrics, \
              POST /v2/repository/index; up to {} connections; Ctrl-C, SIGTERM or SIGHUP \
              stops, a second signal exits at once)",
             match names.is_empty() {
@@ -518,7 +531,10 @@ fn serve_until_stopped(
             server.connection_cap()
         );
         if let Some(g) = server.grpc_addr() {
-            eprintln!("gRPC (inference.GRPCInferenceService) on {g}");
+            eprintln!("gRPC (inference.GRPCInferenceService{tls}) on {g}");
+        }
+        if let Some(m) = server.metrics_addr() {
+            eprintln!("metrics (GET /metrics) on {scheme}://{m}");
         }
         for s in server.repository().served() {
             tracing::info!("{}", placement_banner(a, &s));

@@ -12,13 +12,20 @@
 //! bags summed by `pooled::sum_bags` into one buffer reused from call to call, the sums
 //! answered as one bulk string. The command reads only: it is flagged `readonly`, declares no
 //! key (a call names blocks of many slots, all on this node) and so runs on replicas as on
-//! primaries, and changes nothing.
+//! primaries, and changes nothing. It is flagged `deny-script` too: scripts cannot call it.
+//!
+//! Access: Redis checks that the caller may run `EMBER.POOL`; the module checks that the
+//! caller's ACL user may read every key the call names before it opens any (`acl.rs`), and
+//! refuses the whole call with `NOPERM` naming the user and the first key it may not read.
 //!
 //! Failure: a malformed call, a missing or short block, a key of another type is an error
 //! reply naming it, never a crash (a panic in the summing is caught and answered as an error).
+//! The module refuses to load into a Redis without the module API's ACL checks (before 7.0).
 
 use ember_pool_command::{self as pooled, PoolCall, Refusal, RefusalCode};
 use std::cell::RefCell;
+
+pub mod acl;
 
 #[cfg(not(test))]
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue, redis_module};
@@ -67,13 +74,19 @@ fn ember_pool(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     use redis_module::KeyType;
     let raw: Vec<&[u8]> = args.iter().skip(1).map(|a| a.as_slice()).collect();
     let call = PoolCall::parse(&raw).map_err(reply_error)?;
-    // Each block's key opened once and held open while its bytes are read in place.
+    let caller = acl::Caller::of(ctx)?;
+    // Each block's key (the call's prefix and the block's number) checked against the caller's
+    // ACL user, then opened once and held open while its bytes are read in place. A key the
+    // user may not read refuses the call before anything is summed.
     let mut key = Vec::new();
     let mut keys = Vec::with_capacity(call.n_blocks());
     for i in 0..call.n_blocks() {
         call.block_key(i, &mut key);
-        keys.push(ctx.open_key(&ctx.create_string(key.as_slice())));
+        let name = ctx.create_string(key.as_slice());
+        caller.check_read(ctx, &name)?;
+        keys.push(ctx.open_key(&name));
     }
+    drop(caller);
     let mut blocks: Vec<Option<&[u8]>> = Vec::with_capacity(keys.len());
     for (i, k) in keys.iter().enumerate() {
         match k.key_type() {
@@ -106,13 +119,30 @@ fn reply_error(r: Refusal) -> RedisError {
     RedisError::String(r.to_string())
 }
 
+/// At load: refuses a Redis whose module API lacks what the key checks need (before 7.0),
+/// rather than running the command unchecked.
+#[cfg(not(test))]
+fn init(ctx: &Context, _args: &[RedisString]) -> redis_module::Status {
+    match acl::missing_api() {
+        None => redis_module::Status::Ok,
+        Some(missing) => {
+            ctx.log_warning(&format!(
+                "{} needs Redis 7.0 or later: this server's module API lacks {missing}",
+                pooled::COMMAND
+            ));
+            redis_module::Status::Err
+        }
+    }
+}
+
 #[cfg(not(test))]
 redis_module! {
     name: "ember",
     version: 1,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
+    init: init,
     commands: [
-        [pooled::COMMAND, ember_pool, "readonly", 0, 0, 0, ""],
+        [pooled::COMMAND, ember_pool, "readonly deny-script", 0, 0, 0, ""],
     ],
 }

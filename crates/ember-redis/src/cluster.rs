@@ -287,7 +287,7 @@ impl Cluster {
                 .password
                 .as_deref()
                 .map(|p| (self.opts.username.as_deref(), p));
-            let conn = Conn::connect(&addr, t, auth, deadline)
+            let conn = Conn::connect_with(&addr, t, auth, self.opts.tls.as_ref(), deadline)
                 .map_err(|(kind, detail)| Failure::new(kind, &addr, detail))?;
             self.nodes[i].conn = Some(conn);
             self.nodes[i].readonly = false;

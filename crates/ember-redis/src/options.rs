@@ -1,7 +1,8 @@
 //! How to reach a cluster and how long to wait ([`ClusterOptions`], parsed from a
-//! `redis://` URL).
+//! `redis://` or `rediss://` URL).
 
 use crate::error::{RedisError, Result};
+use crate::tls::RedisTls;
 use std::fmt;
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ pub struct ClusterOptions {
     pub read_from_replicas: bool,
     /// How long a node that failed is avoided while another copy of its slots exists.
     pub down_for: Duration,
+    /// TLS to every node (`rediss://`); `None`: plain TCP.
+    pub tls: Option<RedisTls>,
 }
 
 impl fmt::Debug for ClusterOptions {
@@ -35,6 +38,7 @@ impl fmt::Debug for ClusterOptions {
             .field("timeout", &self.timeout)
             .field("retries", &self.retries)
             .field("read_from_replicas", &self.read_from_replicas)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -53,13 +57,22 @@ impl ClusterOptions {
         }
     }
 
-    /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out).
+    /// Parses `redis://[user:password@]host:port[,host:port...]` (the scheme may be left out),
+    /// or `rediss://...?tls_ca=CA.pem[&tls_cert=C.pem&tls_key=C.key][&tls_server_name=NAME]`:
+    /// TLS to every node, trusting the CA file, showing a client certificate where the nodes
+    /// ask for one (`tls-auth-clients yes`), and expecting every node's certificate to carry
+    /// NAME (by default, the host each node is reached at).
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |reason: String| RedisError::BadUrl { reason };
-        let rest = url.strip_prefix("redis://").unwrap_or(url);
-        if rest.starts_with("rediss://") || url.starts_with("rediss://") {
-            return Err(bad("TLS (rediss://) is not supported yet".into()));
-        }
+        let (url_base, query) = match url.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (url, None),
+        };
+        let (tls_scheme, rest) = match url_base.strip_prefix("rediss://") {
+            Some(r) => (true, r),
+            None => (false, url_base.strip_prefix("redis://").unwrap_or(url_base)),
+        };
+        let tls = tls_options(url, tls_scheme, query).map_err(bad)?;
         let (auth, hosts) = match rest.rsplit_once('@') {
             Some((a, h)) => (Some(a), h),
             None => (None, rest),
@@ -94,6 +107,7 @@ impl ClusterOptions {
             seeds,
             username,
             password,
+            tls,
             ..ClusterOptions::default()
         })
     }
@@ -115,8 +129,57 @@ impl Default for ClusterOptions {
             retries: 2,
             read_from_replicas: false,
             down_for: Duration::from_millis(500),
+            tls: None,
         }
     }
+}
+
+/// The TLS of a URL: its `tls_*` parameters, which only `rediss://` takes (and needs
+/// `tls_ca`: no system roots are read).
+fn tls_options(
+    url: &str,
+    tls: bool,
+    query: Option<&str>,
+) -> std::result::Result<Option<RedisTls>, String> {
+    let (mut ca, mut cert, mut key, mut name) = (None, None, None, None);
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("'{pair}' in '{url}' is not NAME=VALUE"))?;
+        let slot = match k {
+            "tls_ca" => &mut ca,
+            "tls_cert" => &mut cert,
+            "tls_key" => &mut key,
+            "tls_server_name" => &mut name,
+            _ => {
+                return Err(format!(
+                    "unknown parameter '{k}' in the Redis URL (known: tls_ca, tls_cert, tls_key, \
+                     tls_server_name)"
+                ));
+            }
+        };
+        *slot = Some(v.to_string());
+    }
+    let any = ca.is_some() || cert.is_some() || key.is_some() || name.is_some();
+    match (tls, any) {
+        (false, false) => return Ok(None),
+        (false, true) => {
+            return Err("tls_* parameters need a rediss:// URL (TLS); this one is redis://".into());
+        }
+        (true, _) => {}
+    }
+    let ca =
+        ca.ok_or("rediss:// needs tls_ca=FILE (the CA that signed the nodes' certificates)")?;
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c.into(), k.into())),
+        (None, None) => None,
+        _ => return Err("tls_cert and tls_key go together".into()),
+    };
+    RedisTls::new(ca.into(), client, name).map(Some)
 }
 
 #[cfg(test)]
@@ -140,13 +203,30 @@ mod tests {
             (None, Some("secret"))
         );
         assert!(!format!("{o:?}").contains("secret"));
-        for bad in [
-            "redis://",
-            "redis://host",
-            "redis://h:notaport",
-            "rediss://h:1",
-        ] {
+        for bad in ["redis://", "redis://host", "redis://h:notaport"] {
             assert!(ClusterOptions::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn tls_urls_need_their_ca_and_say_what_is_wrong() {
+        for (url, says) in [
+            ("rediss://h:1", "needs tls_ca"),
+            ("redis://h:1?tls_ca=x.pem", "need a rediss://"),
+            (
+                "rediss://h:1?tls_ca=/nonexistent/ca.pem",
+                "tls_ca /nonexistent/ca.pem",
+            ),
+            ("rediss://h:1?tls_ca=a&tls_cert=b", "go together"),
+            (
+                "rediss://h:1?tls_ca=a&verify=no",
+                "unknown parameter 'verify'",
+            ),
+            ("rediss://h:1?tls_ca", "is not NAME=VALUE"),
+        ] {
+            let e = ClusterOptions::parse(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        assert!(ClusterOptions::parse("redis://h:1").unwrap().tls.is_none());
     }
 }

@@ -1,4 +1,5 @@
-//! [`Conn`]: one node's connection, speaking RESP2 over a `TcpStream` with one reusable read
+//! [`Conn`]: one node's connection, speaking RESP2 over a `TcpStream` (or TLS over it,
+//! `tls.rs`) with one reusable read
 //! buffer; [`Replies`]: a call's replies, bulk strings kept in one arena.
 //!
 //! Why not the `redis` crate's connection: on the fetch path (10,000 `GETRANGE` replies of a
@@ -14,6 +15,7 @@
 //! parser is the property tests' reference).
 
 use crate::error::FailKind;
+use crate::tls::{RedisTls, Stream};
 use crate::value::{ServerError, Value, cmd};
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -28,6 +30,10 @@ const READ_CHUNK: usize = 256 << 10;
 const MAX_BULK: usize = 512 << 20;
 /// The longest header line accepted (`+`, `-`, `:`, `$`, `*` lines).
 const MAX_LINE: usize = 64 << 10;
+/// The deepest nesting of arrays accepted. Ember's replies nest at most 4 deep (`CLUSTER
+/// SLOTS`, a stream read); a deeper one is refused before the recursive walk of `complete`
+/// could run out of stack (a reply of 200,000 nested arrays did, found by fuzzing).
+const MAX_DEPTH: usize = 64;
 /// Past this size a reply grows the read buffer to its own size only.
 const BIG_REPLY: usize = 4 << 20;
 /// How far the socket's read timeout may drift from the time left: it is re-set only when it
@@ -76,7 +82,7 @@ impl Reply<'_> {
 
 /// A node's connection (see the module documentation).
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// `buf[pos..end]` is read and not yet parsed; `buf.len()` is its capacity (initialized).
     buf: Vec<u8>,
     pos: usize,
@@ -88,7 +94,7 @@ pub struct Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
-            .field("peer", &self.stream.peer_addr().ok())
+            .field("peer", &self.stream.tcp().peer_addr().ok())
             .field("buffered", &(self.end - self.pos))
             .finish()
     }
@@ -103,14 +109,29 @@ impl Conn {
         auth: Option<(Option<&str>, &str)>,
         deadline: Instant,
     ) -> Result<Conn, WireError> {
+        Self::connect_with(addr, timeout, auth, None, deadline)
+    }
+
+    /// [`Conn::connect`], over TLS where `tls` is given (its handshake within `deadline`).
+    pub fn connect_with(
+        addr: &str,
+        timeout: Duration,
+        auth: Option<(Option<&str>, &str)>,
+        tls: Option<&RedisTls>,
+        deadline: Instant,
+    ) -> Result<Conn, WireError> {
         let addrs = addr
             .to_socket_addrs()
             .map_err(|e| (FailKind::Connect, format!("resolving {addr}: {e}")))?;
         let mut last = (FailKind::Connect, format!("{addr} resolves to no address"));
         for a in addrs {
             match TcpStream::connect_timeout(&a, timeout) {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    let stream = match tls {
+                        None => Stream::Plain(tcp),
+                        Some(t) => t.handshake(tcp, addr, deadline)?,
+                    };
                     let mut c = Conn {
                         stream,
                         buf: vec![0; READ_CHUNK],
@@ -143,6 +164,7 @@ impl Conn {
     /// Writes `parts` back to back (vectored), within `deadline`.
     pub fn send(&mut self, parts: &[&[u8]], deadline: Instant) -> Result<(), WireError> {
         self.stream
+            .tcp()
             .set_write_timeout(Some(left(deadline)?))
             .map_err(|e| io_err("sending", &e))?;
         // At most this many slices per call (the kernel's IOV_MAX is 1024).
@@ -161,7 +183,8 @@ impl Conn {
                 }
             }
         }
-        Ok(())
+        // TLS: what rustls still holds goes out now (plain TCP: nothing to do).
+        self.stream.flush().map_err(|e| io_err("sending", &e))
     }
 
     /// Reads one reply as a [`Value`].
@@ -184,13 +207,21 @@ impl Conn {
         };
         let at = self.pos;
         self.pos += len;
-        let bytes = &self.buf[at..at + len];
-        if bytes[0] == b'$' && bytes[1] != b'-' {
-            let head = find_crlf(bytes, 1).expect("complete") + 2;
-            return Ok(f(Reply::Bulk(&bytes[head..len - 2])));
-        }
-        let v = decode(bytes)?.0;
-        Ok(f(Reply::Other(&v)))
+        hand_out(&self.buf[at..at + len], f)
+    }
+
+    /// The reply at the start of `b`, read as [`Conn::recv_with`] reads it from its buffer:
+    /// `Ok(None)` while it is not all there; else its length (`complete`), the reply handed out
+    /// (as an owned value), and what `decode` reads of those bytes (the value and its length).
+    /// The entry of the fuzz targets and their replay test (`fuzz/`), not an API.
+    #[doc(hidden)]
+    pub fn parse_buffered(b: &[u8]) -> Result<Option<Buffered>, WireError> {
+        let n = match complete(b)? {
+            Need::More(_) => return Ok(None),
+            Need::Done(n) => n,
+        };
+        let whole = &b[..n];
+        Ok(Some((n, hand_out(whole, |r| r.to_value()), decode(whole))))
     }
 
     /// Reads until at least `want` bytes (or, where unknown, more than now) are buffered.
@@ -223,6 +254,7 @@ impl Conn {
             let l = left(deadline).map_err(|_| (FailKind::Timeout, "no reply in time".into()))?;
             if self.read_timeout.is_none_or(|t| t.abs_diff(l) > SLACK) {
                 self.stream
+                    .tcp()
                     .set_read_timeout(Some(l))
                     .map_err(|e| io_err("reading", &e))?;
                 self.read_timeout = Some(l);
@@ -258,6 +290,25 @@ impl Conn {
         }
         Ok(())
     }
+}
+
+/// What [`Conn::parse_buffered`] finds of a whole reply: its length, the reply handed out, and
+/// `decode`'s reading of it.
+type Buffered = (
+    usize,
+    Result<Value, WireError>,
+    Result<(Value, usize), WireError>,
+);
+
+/// Hands the whole reply `bytes` (as [`complete`] measured it) to `f`: a bulk string as a
+/// slice of them (no allocation), anything else decoded.
+fn hand_out<R>(bytes: &[u8], f: impl FnOnce(Reply<'_>) -> R) -> Result<R, WireError> {
+    if bytes[0] == b'$' && bytes[1] != b'-' {
+        let head = find_crlf(bytes, 1).expect("complete") + 2;
+        return Ok(f(Reply::Bulk(&bytes[head..bytes.len() - 2])));
+    }
+    let v = decode(bytes)?.0;
+    Ok(f(Reply::Other(&v)))
 }
 
 /// Whether a whole reply is buffered: its length, or how many bytes it needs (`None`: unknown
@@ -307,8 +358,14 @@ fn header(b: &[u8]) -> Result<Option<Header<'_>>, WireError> {
     }
 }
 
-/// See [`Need`]. Arrays are walked element by element.
+/// See [`Need`]. Arrays are walked element by element, at most [`MAX_DEPTH`] deep (so that
+/// [`decode`], which reads only what this measured, never goes deeper either).
 fn complete(b: &[u8]) -> Result<Need, WireError> {
+    complete_in(b, 0)
+}
+
+/// [`complete`] for a reply inside `depth` arrays.
+fn complete_in(b: &[u8], depth: usize) -> Result<Need, WireError> {
     let Some((t, line, mut at)) = header(b)? else {
         return Ok(Need::More(None));
     };
@@ -331,8 +388,11 @@ fn complete(b: &[u8]) -> Result<Need, WireError> {
         }
         b'*' => {
             let n = parse_int(line)?;
+            if n > 0 && depth >= MAX_DEPTH {
+                return Err(protocol(format!("arrays nested over {MAX_DEPTH} deep")));
+            }
             for _ in 0..n.max(0) {
-                match complete(&b[at..])? {
+                match complete_in(&b[at..], depth + 1)? {
                     Need::Done(k) => at += k,
                     Need::More(Some(k)) => return Ok(Need::More(Some(at + k))),
                     Need::More(None) => return Ok(Need::More(None)),

@@ -133,6 +133,32 @@ proptest! {
     }
 }
 
+/// A fuzzed reply of 200,000 nested one-element arrays overflowed the stack of `complete` (a
+/// recursive walk): arrays nested past `MAX_DEPTH` are a protocol error, and a reply nested
+/// that deep is read. (`fuzz/regressions/resp/` keeps the input cut to 1,000 levels.)
+#[test]
+fn resp_arrays_nested_200000_deep_are_refused_not_a_stack_overflow() {
+    let nested = |depth: usize| [&b"*1\r\n".repeat(depth)[..], b":1\r\n"].concat();
+    for depth in [200_000, MAX_DEPTH + 1] {
+        let e = complete(&nested(depth)).unwrap_err();
+        assert!(
+            e.1.starts_with("protocol error") && e.1.contains("nested"),
+            "{e:?}"
+        );
+    }
+    let deepest = nested(MAX_DEPTH);
+    assert_eq!(complete(&deepest).unwrap(), Need::Done(deepest.len()));
+    let (mut v, n) = decode(&deepest).unwrap();
+    assert_eq!(n, deepest.len());
+    for _ in 0..MAX_DEPTH {
+        let Value::Array(mut items) = v else {
+            panic!("{v:?}")
+        };
+        v = items.pop().unwrap();
+    }
+    assert_eq!(v, Value::Int(1));
+}
+
 #[test]
 fn errors_keep_their_kind_and_bad_replies_are_refused() {
     let (v, n) = decode(b"-MOVED 3999 127.0.0.1:6381\r\n:1\r\n").unwrap();

@@ -24,8 +24,12 @@ mod repository;
 mod triton;
 use repository as repo;
 
-/// The server's routes.
-pub fn router(app: App) -> Router {
+/// The server's routes; `/metrics` among them unless it has an address of its own.
+pub fn router(app: App, metrics_here: bool) -> Router {
+    let page = match metrics_here {
+        true => get(metrics_page),
+        false => get(metrics_elsewhere),
+    };
     Router::new()
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
@@ -60,7 +64,7 @@ pub fn router(app: App) -> Router {
         .route("/v2/repository/models/{name}/load", post(repo::load))
         .route("/v2/repository/models/{name}/unload", post(repo::unload))
         .route("/v1/score", post(score_route))
-        .route("/metrics", get(metrics_page))
+        .route("/metrics", page)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `read_body`, which answers 400 naming the limit.
@@ -525,6 +529,23 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
         uri.path()
     ));
     ([(header::ALLOW, allowed)], e).into_response()
+}
+
+/// The routes of `--metrics-addr`'s listener: `/metrics` alone.
+pub fn metrics_router(app: App) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_page))
+        .fallback(|| async {
+            ServeError::NotFound("this address serves GET /metrics only".into()).into_response()
+        })
+        .with_state(app)
+}
+
+async fn metrics_elsewhere() -> Response {
+    ServeError::NotFound(
+        "/metrics is served on its own address on this server (--metrics-addr)".into(),
+    )
+    .into_response()
 }
 
 async fn not_found() -> Response {

@@ -46,9 +46,11 @@ mod metrics;
 mod profile;
 mod proto;
 pub mod repo;
+pub mod restrict;
 mod server_error;
 mod spec;
 mod state;
+pub mod tls;
 mod triton;
 pub mod v1;
 
@@ -67,9 +69,11 @@ pub use profile::ProfileConfig;
 pub use repo::{
     DiskLoader, IndexEntry, Loader, RegistryFollow, Repository, RepositoryConfig, Served,
 };
+pub use restrict::Restrictions;
 pub use server_error::{LoadError, ServerError, ServerResult};
 pub use spec::ModelSpec;
 pub use state::App;
+pub use tls::TlsConfig;
 
 /// Installs the server's metrics recorder (once per process; later calls do nothing). A model
 /// registers the handles it records into when it is built, and a handle registered before the
@@ -99,6 +103,13 @@ pub struct ServeConfig {
     pub profile: Option<ProfileConfig>,
     /// Whether clients may load and unload models (`--model-control`): off unless asked for.
     pub model_control: ModelControl,
+    /// TLS on every listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`); `None`: plain TCP.
+    pub tls: Option<TlsConfig>,
+    /// API groups restricted to requests carrying a header, on every listener
+    /// (`--restricted-api`).
+    pub restricted: Restrictions,
+    /// Serve `/metrics` on this address alone (`--metrics-addr`); `None`: on the HTTP listener.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Who loads and unloads a repository's models: the server alone (its repository polling, if
@@ -125,6 +136,9 @@ impl Default for ServeConfig {
             conn: ConnConfig::default(),
             profile: None,
             model_control: ModelControl::None,
+            tls: None,
+            restricted: Restrictions::default(),
+            metrics: None,
         }
     }
 }
@@ -134,6 +148,7 @@ impl Default for ServeConfig {
 pub struct Server {
     addr: SocketAddr,
     grpc_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
     repo: Arc<Repository>,
     ready: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
@@ -302,6 +317,15 @@ impl Server {
             }
             None => (None, None),
         };
+        let (metrics_listener, metrics_addr) = match cfg.metrics {
+            Some(a) => {
+                let (l, bound) = listen("metrics", a)?;
+                (Some(l), Some(bound))
+            }
+            None => (None, None),
+        };
+        let tls = |alpn| cfg.tls.as_ref().map(|t| t.server_config(alpn)).transpose();
+        let (http_tls, grpc_tls) = (tls(tls::ALPN_HTTP)?, tls(tls::ALPN_GRPC)?);
         let ready = Arc::new(AtomicBool::new(true));
         let budget = Arc::new(conn::Budget::new(cfg.conn.max_inflight_bytes));
         let app = App {
@@ -318,15 +342,25 @@ impl Server {
             None => None,
         };
         let conn_cfg = Arc::new(cfg.conn.clone());
+        let restricted = Arc::new(cfg.restricted.clone());
         let http = conn::Listener {
-            router: http::router(app.clone()),
+            router: http::router(app.clone(), metrics_listener.is_none()),
             cfg: conn_cfg.clone(),
             open_conns: open_conns.clone(),
             max_body_bytes: Some(cfg.max_body_bytes),
             budget: budget.clone(),
             grpc: false,
+            tls: http_tls.clone(),
+            restricted: restricted.clone(),
         };
-        let mut tasks = vec![http.spawn(listener, stopped.clone())];
+        let mut tasks = vec![http.clone().spawn(listener, stopped.clone())];
+        if let Some(l) = metrics_listener {
+            let metrics = conn::Listener {
+                router: http::metrics_router(app.clone()),
+                ..http
+            };
+            tasks.push(metrics.spawn(l, stopped.clone()));
+        }
         if let Some(l) = grpc_listener {
             let grpc = conn::Listener {
                 router: grpc::router(app),
@@ -335,12 +369,15 @@ impl Server {
                 max_body_bytes: None,
                 budget,
                 grpc: true,
+                tls: grpc_tls,
+                restricted,
             };
             tasks.push(grpc.spawn(l, stopped));
         }
         Ok(Server {
             addr,
             grpc_addr,
+            metrics_addr,
             repo,
             ready,
             stop,
@@ -364,6 +401,11 @@ impl Server {
     /// The address the gRPC listener is bound to, if there is one.
     pub fn grpc_addr(&self) -> Option<SocketAddr> {
         self.grpc_addr
+    }
+
+    /// The address of the metrics listener, if `/metrics` has one of its own.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The most connections it holds open (the configured cap within the descriptors the

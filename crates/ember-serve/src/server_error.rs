@@ -31,6 +31,10 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// `--tls-cert`, `--tls-key` or `--tls-client-ca`: a file could not be read or used (the
+    /// message names the flag and the file).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// `--profile-dir`: the profile writer could not start.
     #[error("starting the profile writer: {0}")]
     Profiles(#[source] std::io::Error),

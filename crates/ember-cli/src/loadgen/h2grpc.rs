@@ -13,7 +13,8 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use http::{HeaderValue, Method, Request, Uri, header};
 use prost::Message;
-use tokio::net::TcpStream;
+
+use super::tls::{Tls, connect};
 
 use ember_serve::grpc::pb;
 
@@ -42,14 +43,14 @@ impl Lean {
     pub(super) async fn connect(
         addr: SocketAddr,
         authority: &str,
+        tls: Option<Tls>,
         n: usize,
     ) -> anyhow::Result<Self> {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n.max(1) {
-            let tcp = TcpStream::connect(addr)
+            let tcp = connect(addr, tls.as_ref())
                 .await
                 .with_context(|| format!("connecting to {addr}"))?;
-            tcp.set_nodelay(true)?;
             let (send, conn) = h2::client::Builder::new()
                 .initial_window_size(4 << 20)
                 .initial_connection_window_size(16 << 20)
@@ -62,7 +63,7 @@ impl Lean {
             conns.push(send);
         }
         let uri = Uri::builder()
-            .scheme("http")
+            .scheme(if tls.is_some() { "https" } else { "http" })
             .authority(authority)
             .path_and_query(MODEL_INFER)
             .build()

@@ -5,18 +5,22 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+use super::tls::{Stream, Tls, connect};
 
 #[derive(Debug)]
 pub struct Pool {
     addr: SocketAddr,
-    idle: Mutex<Vec<TcpStream>>,
+    /// TLS on each connection (an `https://` URL).
+    tls: Option<Tls>,
+    idle: Mutex<Vec<Stream>>,
 }
 
 impl Pool {
-    pub fn new(addr: SocketAddr) -> Self {
+    pub fn new(addr: SocketAddr, tls: Option<Tls>) -> Self {
         Pool {
             addr,
+            tls,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -26,9 +30,7 @@ impl Pool {
     pub async fn warm(&self, n: usize) -> std::io::Result<()> {
         let mut conns = Vec::with_capacity(n);
         for _ in 0..n {
-            let c = TcpStream::connect(self.addr).await?;
-            c.set_nodelay(true)?;
-            conns.push(c);
+            conns.push(connect(self.addr, self.tls.as_ref()).await?);
         }
         self.idle
             .lock()
@@ -54,8 +56,7 @@ impl Pool {
                 Ok(status) => return Ok(status),
             }
         }
-        let c = TcpStream::connect(self.addr).await?;
-        c.set_nodelay(true)?;
+        let c = connect(self.addr, self.tls.as_ref()).await?;
         self.exchange(c, request, body).await.map_err(|e| match e {
             Exchange::BeforeResponse(e) | Exchange::After(e) => e,
         })
@@ -63,7 +64,7 @@ impl Pool {
 
     async fn exchange(
         &self,
-        mut conn: TcpStream,
+        mut conn: Stream,
         request: &[u8],
         body: Option<&mut Vec<u8>>,
     ) -> Result<u16, Exchange> {
@@ -95,7 +96,7 @@ fn bad(msg: &str) -> std::io::Error {
 /// Reads one response (its body into `body` where one is given); returns its status and whether
 /// the connection stays open.
 async fn read_response(
-    conn: &mut TcpStream,
+    conn: &mut Stream,
     mut body: Option<&mut Vec<u8>>,
 ) -> Result<(u16, bool), Exchange> {
     let mut buf = Vec::with_capacity(1024);

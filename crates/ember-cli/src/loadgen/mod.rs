@@ -24,6 +24,7 @@ mod measure;
 mod report;
 mod requests;
 mod target;
+mod tls;
 
 use measure::run_at;
 use target::{Target, grpc_target, http_target};
@@ -38,8 +39,11 @@ use serde_json::json;
 pub struct LoadgenArgs {
     /// The server's base URL, or several comma-separated (stateless replicas: requests are spread
     /// over them in turn) [default: http://127.0.0.1:8080, or :8081 with --protocol grpc].
+    /// `https://` (gRPC: `https://` or `grpcs://`) speaks TLS, trusting --tls-ca.
     #[arg(long)]
     url: Option<String>,
+    #[command(flatten)]
+    tls: tls::TlsArgs,
     /// http (KServe v2 over HTTP/1.1) or grpc (KServe v2 / Triton's GRPCInferenceService).
     #[arg(long, default_value = "http")]
     protocol: String,

@@ -266,7 +266,8 @@ async fn http_server(
     a: &LoadgenArgs,
     base: String,
 ) -> anyhow::Result<(http1::Pool, Vec<Arc<[u8]>>)> {
-    let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
+    let tls = a.tls.for_url(&base, b"http/1.1")?;
+    let client = a.tls.reqwest()?;
     let r = client
         .get(format!("{base}/v2/models/{}", a.model))
         .send()
@@ -286,13 +287,10 @@ async fn http_server(
         );
     }
     let meta: Value = r.json().await?;
-    let hostport = base
-        .strip_prefix("http://")
-        .context("--url must start with http://")?
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    if !base.starts_with("http://") && !base.starts_with("https://") {
+        bail!("--url {base} must start with http:// or https://");
+    }
+    let hostport = super::tls::split(&base).1.to_string();
     let addr = tokio::net::lookup_host(&hostport)
         .await
         .with_context(|| format!("resolving {hostport}"))?
@@ -339,7 +337,7 @@ async fn http_server(
             r.into()
         })
         .collect();
-    let pool = http1::Pool::new(addr);
+    let pool = http1::Pool::new(addr, tls);
     pool.warm(64.min(a.max_outstanding))
         .await
         .with_context(|| format!("connecting to {addr}"))?;
@@ -388,13 +386,15 @@ fn check_grpc_args(a: &LoadgenArgs) -> anyhow::Result<()> {
 fn grpc_endpoints(a: &LoadgenArgs) -> anyhow::Result<Vec<(String, tonic::transport::Endpoint)>> {
     let mut endpoints = Vec::new();
     for url in urls(a, "http://127.0.0.1:8081") {
-        let url = match url.strip_prefix("grpc://") {
-            Some(rest) => format!("http://{rest}"),
-            None => url,
+        let url = match (url.strip_prefix("grpc://"), url.strip_prefix("grpcs://")) {
+            (Some(rest), _) => format!("http://{rest}"),
+            (_, Some(rest)) => format!("https://{rest}"),
+            _ => url,
         };
         let e = tonic::transport::Endpoint::from_shared(url.clone())
             .with_context(|| format!("--url {url}"))?
             .tcp_nodelay(true);
+        let e = a.tls.tonic(&url, e)?;
         endpoints.push((url, e));
     }
     if endpoints.is_empty() {
@@ -500,18 +500,14 @@ async fn lean_servers(
     let per_server = a.grpc_connections.div_ceil(endpoints.len());
     let mut servers = Vec::with_capacity(endpoints.len());
     for (url, _) in endpoints {
-        let hostport = url
-            .split_once("://")
-            .map_or(url.as_str(), |(_, rest)| rest)
-            .split('/')
-            .next()
-            .unwrap_or_default();
+        let hostport = super::tls::split(url).1;
+        let tls = a.tls.for_url(url, b"h2")?;
         let addr = tokio::net::lookup_host(hostport)
             .await
             .with_context(|| format!("resolving {hostport}"))?
             .next()
             .with_context(|| format!("{hostport} resolves to no address"))?;
-        servers.push(Lean::connect(addr, hostport, per_server).await?);
+        servers.push(Lean::connect(addr, hostport, tls, per_server).await?);
     }
     Ok(servers)
 }

@@ -74,6 +74,15 @@ enum Buf {
     Owned(Vec<u8>),
 }
 
+impl Buf {
+    fn all(&self) -> &[u8] {
+        match self {
+            Buf::Map(m) => &m[..],
+            Buf::Owned(v) => &v[..],
+        }
+    }
+}
+
 impl TensorFile {
     /// Reads `path`: `.npz` as NumPy, anything else as safetensors.
     pub fn open(path: &Path, npz: bool) -> Result<TensorFile> {
@@ -85,17 +94,24 @@ impl TensorFile {
             // SAFETY: the map is only read, and predict holds it for one run; a file changed
             // underneath gives wrong values, not unsoundness beyond what memmap2 documents.
             let map = unsafe { memmap2::Mmap::map(&f) }?;
-            read_safetensors(map)
+            read_safetensors(Buf::Map(map))
         };
         t.with_context(|| format!("reading {}", path.display()))
     }
 
+    /// Reads a file's bytes held in memory, as [`Self::open`] reads the file: the entry of the
+    /// fuzz targets and of their replay test (`fuzz/`, which compile this file themselves: the
+    /// `ember` binary has no library).
+    #[allow(dead_code, reason = "called by the fuzz targets, not by the binary")]
+    pub fn from_bytes(bytes: Vec<u8>, npz: bool) -> Result<TensorFile> {
+        match npz {
+            true => read_npz(std::io::Cursor::new(bytes)),
+            false => read_safetensors(Buf::Owned(bytes)),
+        }
+    }
+
     fn bytes(&self, a: &Array) -> &[u8] {
-        let all = match &self.buf {
-            Buf::Map(m) => &m[..],
-            Buf::Owned(v) => &v[..],
-        };
-        &all[a.bytes.clone()]
+        &self.buf.all()[a.bytes.clone()]
     }
 
     /// Checks the arrays against the model's inputs: every one present with a dtype and shape
@@ -182,15 +198,22 @@ impl TensorFile {
         }
     }
 
-    /// The sum of a lengths array; a negative length is an error.
+    /// The sum of a lengths array; a negative length, or a sum past `usize`, is an error (a
+    /// sum that wrapped passed the check against the ids and cut batches past the file's end).
     fn total(&self, a: &Array, name: &str) -> Result<usize> {
         let mut vals = Vec::new();
         self.view(name, a, 0..a.shape[0])
             .read_ints(a.shape[0], &mut vals)?;
         let mut total = 0usize;
         for (s, v) in vals.into_iter().enumerate() {
-            total += usize::try_from(v)
+            let v = usize::try_from(v)
                 .with_context(|| format!("'{name}': length {v} of sample {s} is negative"))?;
+            total = total.checked_add(v).with_context(|| {
+                format!(
+                    "'{name}': the lengths up to sample {s} add up past {}",
+                    usize::MAX
+                )
+            })?;
         }
         Ok(total)
     }
@@ -301,9 +324,15 @@ impl Tensor for View<'_> {
     }
 }
 
-fn read_safetensors(map: memmap2::Mmap) -> Result<TensorFile> {
-    let st = safetensors::SafeTensors::deserialize(&map).context("not a safetensors file")?;
-    let base = map.as_ptr() as usize;
+fn read_safetensors(buf: Buf) -> Result<TensorFile> {
+    let arrays = safetensors_arrays(buf.all())?;
+    Ok(TensorFile { buf, arrays })
+}
+
+/// The arrays of the safetensors file `all`, each over its range of `all`.
+fn safetensors_arrays(all: &[u8]) -> Result<BTreeMap<String, Array>> {
+    let st = safetensors::SafeTensors::deserialize(all).context("not a safetensors file")?;
+    let base = all.as_ptr() as usize;
     let mut arrays = BTreeMap::new();
     for (name, t) in st.tensors() {
         let elem = match t.dtype() {
@@ -324,13 +353,10 @@ fn read_safetensors(map: memmap2::Mmap) -> Result<TensorFile> {
             },
         );
     }
-    Ok(TensorFile {
-        buf: Buf::Map(map),
-        arrays,
-    })
+    Ok(arrays)
 }
 
-fn read_npz(f: std::fs::File) -> Result<TensorFile> {
+fn read_npz(f: impl Read + std::io::Seek) -> Result<TensorFile> {
     let mut zip = zip::ZipArchive::new(f).context("not a NumPy .npz (zip) file")?;
     let mut buf = Vec::new();
     let mut arrays = BTreeMap::new();
@@ -347,7 +373,10 @@ fn read_npz(f: std::fs::File) -> Result<TensorFile> {
         let (elem, shape, data) =
             npy_header(&buf[start..]).with_context(|| format!("array '{name}'"))?;
         let data = start + data;
-        let len = shape.iter().product::<usize>() * elem.width();
+        let len = shape
+            .iter()
+            .try_fold(elem.width(), |n, &d| n.checked_mul(d))
+            .with_context(|| format!("array '{name}': shape {shape:?} is too large"))?;
         if buf.len() - data != len {
             bail!(
                 "array '{name}': {} data bytes for shape {shape:?} of {}",

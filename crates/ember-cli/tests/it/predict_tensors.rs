@@ -259,3 +259,67 @@ fn predict_scores_npz_and_safetensors_as_json_lines() {
     assert!(!ok && err.contains("not a NumPy .npz"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ember predict --batch 1` of the shipped model on an `.npz` (stored) of `members` (name,
+/// `.npy` bytes): it fails with an error, not a panic. Its stderr.
+fn predict_crafted(name: &str, members: &[(String, Vec<u8>)]) -> String {
+    let dir = std::env::temp_dir().join(format!("ember-predict-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("crafted.npz");
+    let mut z = zip::ZipWriter::new(std::fs::File::create(&data).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for (n, bytes) in members {
+        z.start_file(format!("{n}.npy"), opts).unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.finish().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+    let (ok, _, err) = ember(&[
+        "predict",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--batch",
+        "1",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok && !err.contains("panicked"), "{err}");
+    err
+}
+
+/// Found by the `npz` fuzz target (`fuzz/regressions/npz/`): an array whose size overflows
+/// `usize` (2^62 x 13 float32 and no data; the byte count wrapped to 0) is refused naming it.
+#[test]
+fn npz_with_a_shape_whose_size_overflows_is_refused() {
+    let dense = npy("<f4", &[1 << 62, 13], &[]);
+    let err = predict_crafted("shape-overflow", &[("dense".into(), dense)]);
+    assert!(
+        err.contains("array 'dense': shape [4611686018427387904, 13] is too large"),
+        "{err}"
+    );
+}
+
+/// Found by the `npz` fuzz target (`fuzz/regressions/npz/`): lengths that add up past `usize`
+/// (their sum wrapped to the one id there is: the file passed its check, and a batch of one
+/// sample was cut past the file's end) are refused naming the array.
+#[test]
+fn npz_with_lengths_that_add_up_past_the_integers_is_refused() {
+    let mut members = vec![("dense".to_string(), npy("<f4", &[3, 13], &[0; 3 * 13 * 4]))];
+    for f in 1..=26 {
+        let (lengths, ids) = match f {
+            1 => (vec![i64::MAX, i64::MAX, 3], vec![5i64]),
+            _ => (vec![0; 3], vec![]),
+        };
+        let lengths = npy("<i8", &[3], &le(&lengths, i64::to_le_bytes));
+        members.push((format!("C{f}_lengths"), lengths));
+        let ids = npy("<i8", &[ids.len()], &le(&ids, i64::to_le_bytes));
+        members.push((format!("C{f}_ids"), ids));
+    }
+    let err = predict_crafted("lengths-overflow", &members);
+    assert!(
+        err.contains("'C1_lengths': the lengths up to sample 2 add up past"),
+        "{err}"
+    );
+}

@@ -82,22 +82,22 @@ fn serve_scores_tsv_and_stops_cleanly_on_sigterm() {
 }
 
 /// A server started by [`start_server`].
-struct Started {
-    child: Child,
+pub(crate) struct Started {
+    pub(crate) child: Child,
     /// The HTTP address.
-    addr: String,
+    pub(crate) addr: String,
     /// The gRPC address.
-    grpc: String,
+    pub(crate) grpc: String,
     /// The rest of its stderr.
-    err: BufReader<ChildStderr>,
+    pub(crate) err: BufReader<ChildStderr>,
     /// The line that named the HTTP address.
-    line: String,
+    pub(crate) line: String,
     /// The lines before it (the load's log).
-    before: Vec<String>,
+    pub(crate) before: Vec<String>,
 }
 
 /// Starts `ember serve` on free ports (from a directory other than the repository's).
-fn start_server(extra: &[&str]) -> Started {
+pub(crate) fn start_server(extra: &[&str]) -> Started {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
         .args(["serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
         .args(extra)

@@ -5,6 +5,7 @@
 //!
 //! Every test skips with a message where `redis-server` is not installed (`.ci/run` installs it).
 
+mod acl;
 mod cli;
 mod fallback;
 mod faults;
@@ -24,6 +25,7 @@ mod serve;
 mod server;
 mod soak;
 mod store;
+mod tls;
 mod updates;
 
 use ember_bench::redis_cluster::{self, LocalCluster};

@@ -2,7 +2,7 @@
 //! (the start of a request head after idle), the first bytes tell HTTP/2 (its preface) from
 //! HTTP/1, and an HTTP/1 request head longer than `max_header_bytes` is answered 431 with a
 //! JSON body here, before hyper has buffered it (hyper's own answer to a head over its buffer
-//! has no body).
+//! has no body). Under TLS ([`Socket::Tls`]) it watches the decrypted bytes.
 
 use std::io;
 use std::pin::Pin;
@@ -59,10 +59,94 @@ impl Unread {
 /// The client preface every HTTP/2 connection starts with.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// A TCP stream that reports its reads to the connection's state.
+/// A connection's byte stream: plain TCP, or TLS over it.
+#[derive(Debug)]
+pub(crate) enum Socket {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Socket {
+    /// Writes `bytes` now if the socket takes them without waiting (best effort: an answer
+    /// sent just before the connection closes).
+    fn write_now(&mut self, cx: &mut Context<'_>, bytes: &[u8]) {
+        match self {
+            Socket::Plain(tcp) => {
+                let _ = tcp.try_write(bytes);
+            }
+            Socket::Tls(tls) => {
+                let mut tls = Pin::new(&mut **tls);
+                if let Poll::Ready(Ok(_)) = tls.as_mut().poll_write(cx, bytes) {
+                    let _ = tls.poll_flush(cx);
+                }
+            }
+        }
+    }
+}
+
+/// Calls `$f` on the stream a [`Socket`] holds, pinned.
+macro_rules! on_socket {
+    ($s:expr, $io:ident => $e:expr) => {
+        match $s {
+            Socket::Plain(t) => {
+                let $io = Pin::new(t);
+                $e
+            }
+            Socket::Tls(t) => {
+                let $io = Pin::new(&mut **t);
+                $e
+            }
+        }
+    };
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        on_socket!(self.get_mut(), s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        on_socket!(self.get_mut(), s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_socket!(self.get_mut(), s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_socket!(self.get_mut(), s => s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        on_socket!(self.get_mut(), s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Socket::Plain(t) => t.is_write_vectored(),
+            Socket::Tls(t) => t.is_write_vectored(),
+        }
+    }
+}
+
+/// A connection's stream that reports its reads to the connection's state.
 #[derive(Debug)]
 pub(crate) struct WatchedStream {
-    tcp: TcpStream,
+    tcp: Socket,
     state: Arc<ConnState>,
     /// Bytes of the preface matched so far; `None` once decided.
     preface: Option<usize>,
@@ -103,7 +187,7 @@ impl HeadScan {
 }
 
 impl WatchedStream {
-    pub(crate) fn new(tcp: TcpStream, state: Arc<ConnState>, max_header_bytes: usize) -> Self {
+    pub(crate) fn new(tcp: Socket, state: Arc<ConnState>, max_header_bytes: usize) -> Self {
         WatchedStream {
             tcp,
             state,
@@ -160,7 +244,7 @@ impl WatchedStream {
     }
 
     /// Answers 431 with a JSON body (best effort: a small write to a fresh socket buffer).
-    fn refuse_head(&mut self) -> io::Error {
+    fn refuse_head(&mut self, cx: &mut Context<'_>) -> io::Error {
         metrics::counter!(m::REQUESTS_REFUSED, "reason" => "header_too_large").increment(1);
         let body = serde_json::json!({
             "error": format!(
@@ -174,7 +258,7 @@ impl WatchedStream {
              content-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
-        let _ = self.tcp.try_write(resp.as_bytes());
+        self.tcp.write_now(cx, resp.as_bytes());
         io::Error::new(io::ErrorKind::InvalidData, "request head too large")
     }
 }
@@ -193,7 +277,7 @@ impl AsyncRead for WatchedStream {
             let new = &buf.filled()[before..after];
             me.sniff(new);
             if me.head_too_large(new) {
-                return Poll::Ready(Err(me.refuse_head()));
+                return Poll::Ready(Err(me.refuse_head(cx)));
             }
             me.state.on_read();
         }

@@ -25,6 +25,7 @@
 
 mod body;
 mod budget;
+mod handshake;
 mod io;
 mod limits;
 mod state;
@@ -55,9 +56,10 @@ use tower::ServiceExt;
 
 use crate::error::ServeError;
 use crate::metrics as m;
+use crate::restrict::Restrictions;
 use body::MinRateBody;
 use budget::Share;
-use io::WatchedStream;
+use io::{Socket, WatchedStream};
 use state::{Close, ConnState};
 
 /// How connections are held (see the module documentation); every field is a flag of
@@ -217,6 +219,10 @@ pub(crate) struct Listener {
     pub(crate) budget: Arc<Budget>,
     /// The gRPC listener (body failures are gRPC statuses).
     pub(crate) grpc: bool,
+    /// TLS on this listener (`--tls-cert`).
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    /// API groups restricted to requests carrying a header (`--restricted-api`).
+    pub(crate) restricted: Arc<Restrictions>,
 }
 
 impl Listener {
@@ -272,6 +278,7 @@ impl Listener {
             state: state.clone(),
         };
         let (cfg, builder, st) = (self.cfg.clone(), builder.clone(), state.clone());
+        let (tls, http) = (self.tls.clone(), !self.grpc);
         let st2 = state.clone();
         let open_conns = self.open_conns.clone();
         let id = self.open_conns.next.fetch_add(1, Relaxed);
@@ -279,7 +286,14 @@ impl Listener {
         // never registered after it removed itself.
         let mut conns = self.open_conns.lock();
         let task = tokio::spawn(async move {
-            let reason = serve_connection(tcp, st, &builder, service, &cfg).await;
+            let socket = match &tls {
+                None => Ok(Socket::Plain(tcp)),
+                Some(tls) => handshake::accept(tcp, tls.clone(), cfg.header_timeout, http).await,
+            };
+            let reason = match socket {
+                Ok(s) => serve_connection(s, st, &builder, service, &cfg).await,
+                Err(reason) => reason,
+            };
             metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => reason).increment(1);
             open_conns.remove(id, &st2);
             metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
@@ -307,13 +321,16 @@ impl Listener {
 
 /// Serves one connection until it ends; returns why (the `reason` label).
 async fn serve_connection(
-    tcp: TcpStream,
+    tcp: Socket,
     state: Arc<ConnState>,
     builder: &Builder<TokioExecutor>,
     service: ConnService,
     cfg: &ConnConfig,
 ) -> &'static str {
-    let socket = io::Unread::of(&tcp);
+    let socket = io::Unread::of(match &tcp {
+        Socket::Plain(t) => t,
+        Socket::Tls(t) => t.get_ref().0,
+    });
     let io = TokioIo::new(WatchedStream::new(tcp, state.clone(), cfg.max_header_bytes));
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
@@ -381,6 +398,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let l = &self.listener;
         let share = Arc::new(Share::new(l.budget.clone()));
         let refusal = refuse_early(&req, l.max_body_bytes, l.cfg.max_header_bytes)
+            .or_else(|| refuse_restricted(&req, &l.restricted, l.grpc))
             .or_else(|| refuse_over_budget(&req, &share, l.grpc));
         if let Some(refusal) = refusal {
             return Box::pin(async move {
@@ -440,6 +458,35 @@ fn refuse_over_budget(
         header::CONNECTION,
         header::HeaderValue::from_static("close"),
     );
+    Some(resp)
+}
+
+/// A 403 / PERMISSION_DENIED for a request of a restricted API group without its header (its
+/// body is not read).
+fn refuse_restricted(
+    req: &Request<Incoming>,
+    restricted: &Restrictions,
+    grpc: bool,
+) -> Option<Response<Body>> {
+    let (group, key) = restricted.refused(req.uri().path(), req.headers())?;
+    metrics::counter!(m::REQUESTS_REFUSED, "reason" => "restricted_api").increment(1);
+    let e = ServeError::Forbidden(format!(
+        "the {} API is restricted on this server: send header '{}' with the value the server \
+         was given (--restricted-api)",
+        group.name(),
+        key.name
+    ));
+    m::count_refused_request(if grpc { "grpc" } else { "http" }, &e);
+    let mut resp = match grpc {
+        true => tonic::Status::from(e).into_http(),
+        false => e.into_response(),
+    };
+    if !grpc {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
     Some(resp)
 }
 

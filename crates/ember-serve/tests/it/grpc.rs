@@ -36,7 +36,7 @@ async fn start_grpc(mut cfg: ServeConfig) -> (Server, Client, String, Arc<Model>
 
 /// A `ModelInferRequest` for `r`: values in `raw_input_contents` or in each input's `contents`,
 /// integers as INT64 or INT32.
-fn infer_req(m: &Model, r: &Req, raw: bool, int32: bool) -> pb::ModelInferRequest {
+pub(crate) fn infer_req(m: &Model, r: &Req, raw: bool, int32: bool) -> pb::ModelInferRequest {
     let itype = if int32 { "INT32" } else { "INT64" };
     let mut inputs = Vec::new();
     let mut raws = Vec::new();
@@ -95,7 +95,7 @@ fn infer_req(m: &Model, r: &Req, raw: bool, int32: bool) -> pb::ModelInferReques
     }
 }
 
-fn scores(r: &pb::ModelInferResponse) -> Vec<f32> {
+pub(crate) fn scores(r: &pb::ModelInferResponse) -> Vec<f32> {
     let (chunks, rest) = r.raw_output_contents[0].as_chunks::<4>();
     assert!(rest.is_empty());
     chunks.iter().map(|b| f32::from_le_bytes(*b)).collect()

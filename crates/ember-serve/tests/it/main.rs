@@ -12,4 +12,6 @@ mod hstu;
 mod hstu_cache;
 mod http;
 mod repository;
+mod restricted;
 mod sequence;
+mod tls;

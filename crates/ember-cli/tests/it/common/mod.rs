@@ -64,7 +64,8 @@ pub fn post_with(addr: &str, path: &str, headers: &str, body: &str) -> (u16, Str
 }
 
 /// Reads a starting `ember serve`'s stderr up to the line that names its HTTP address
-/// ("... on http://127.0.0.1:PORT ..."): (its `host:port`, that line, the lines before it).
+/// ("... on http://127.0.0.1:PORT ...", or https://): (its `host:port`, that line, the lines
+/// before it).
 pub fn address_line(err: &mut impl BufRead) -> (String, String, Vec<String>) {
     let mut line = String::new();
     let mut before = Vec::new();
@@ -72,13 +73,17 @@ pub fn address_line(err: &mut impl BufRead) -> (String, String, Vec<String>) {
         if !line.is_empty() {
             before.push(std::mem::take(&mut line));
         }
-        if err.read_line(&mut line).unwrap() == 0 || line.contains("http://") {
+        if err.read_line(&mut line).unwrap() == 0
+            || line.contains("http://")
+            || line.contains("https://")
+        {
             break;
         }
     }
     let addr = line
-        .split("http://")
+        .split(" on http://")
         .nth(1)
+        .or_else(|| line.split(" on https://").nth(1))
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();

@@ -1,0 +1,150 @@
+//! The remote tier over TLS (`rediss://`) on a real Redis Cluster whose nodes serve TLS with
+//! client certificates required (`tls-auth-clients yes`), the cluster bus and replication over
+//! TLS too, with a test CA made here: `ember registry push` and `ember serve --placement
+//! remote` over TLS score exactly as DRAM; a client without a certificate, one trusting another
+//! CA, one expecting another name, and a plain client on the TLS port are refused with the
+//! reason.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ember_bench::redis_cluster::{LocalCluster, NodeTls};
+use ember_tier::storage::remote::{Cluster, ClusterOptions};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+use crate::serve::remote_server;
+use crate::server::tsv_rows;
+
+/// In `dir`: ca.pem; node.pem / node.key (127.0.0.1, localhost); client.pem / client.key;
+/// other-ca.pem (a CA that signed nothing here).
+fn make_pki(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ca = |name: &str| {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let pem = p.self_signed(&key).unwrap().pem();
+        (pem, Issuer::new(p, key))
+    };
+    let (ca_pem, issuer) = ca("Ember Redis test CA");
+    let (other_pem, _) = ca("Another CA");
+    std::fs::write(dir.join("ca.pem"), ca_pem).unwrap();
+    std::fs::write(dir.join("other-ca.pem"), other_pem).unwrap();
+    for (name, sans) in [
+        ("node", vec!["127.0.0.1", "localhost"]),
+        ("client", vec!["client"]),
+    ] {
+        let sans: Vec<String> = sans.into_iter().map(String::from).collect();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(sans)
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+fn connect(url: &str) -> Result<Cluster, String> {
+    let mut o = ClusterOptions::parse(url).map_err(|e| e.to_string())?;
+    o.timeout = Duration::from_secs(5);
+    o.connect_timeout = Duration::from_secs(2);
+    Cluster::connect(o).map_err(|e| e.to_string())
+}
+
+#[test]
+#[cfg_attr(
+    not(ember_redis),
+    ignore = "needs redis-server and redis-cli (apt-get install -y redis-server)"
+)]
+fn the_remote_tier_over_tls_scores_as_dram_and_refuses_the_wrong_clients() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("ember-redis-tls-{}", std::process::id()));
+    make_pki(&dir);
+    let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let tls = NodeTls {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("node.pem"),
+        key: dir.join("node.key"),
+        auth_clients: true,
+    };
+    let Some(c) = super::hold(|| LocalCluster::start_tls(3, 1, None, tls.clone())) else {
+        return;
+    };
+    let base = c.tls_url().unwrap();
+    let url = format!(
+        "{base}?tls_ca={}&tls_cert={}&tls_key={}",
+        f("ca.pem"),
+        f("client.pem"),
+        f("client.key")
+    );
+
+    // Refused, each saying why; nothing hangs (bounded by the connect timeout).
+    let e = connect(&format!("{base}?tls_ca={}", f("ca.pem"))).unwrap_err();
+    assert!(
+        e.contains("requires a client certificate"),
+        "no client certificate: {e}"
+    );
+    let e = connect(&format!(
+        "{base}?tls_ca={}&tls_cert={}&tls_key={}",
+        f("other-ca.pem"),
+        f("client.pem"),
+        f("client.key")
+    ))
+    .unwrap_err();
+    assert!(e.contains("invalid peer certificate"), "another CA: {e}");
+    let e = connect(&format!("{url}&tls_server_name=redis.example")).unwrap_err();
+    assert!(e.contains("invalid peer certificate"), "another name: {e}");
+    let plain_on_tls = base.replacen("rediss://", "redis://", 1);
+    assert!(
+        connect(&plain_on_tls).is_err(),
+        "a plain client on the TLS ports"
+    );
+    let first_plain = c.nodes[0].addr();
+    let e = connect(&format!(
+        "rediss://{first_plain}?tls_ca={}&tls_cert={}&tls_key={}",
+        f("ca.pem"),
+        f("client.pem"),
+        f("client.key")
+    ))
+    .unwrap_err();
+    assert!(e.contains("TLS handshake"), "TLS to a plain port: {e}");
+
+    // Pushed and served over TLS: the same scores as DRAM.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["registry", "push", "--redis", &url, "--model"])
+        .arg(super::default_model())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "push over TLS: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dram = crate::server::Server::start(&["--grpc", "off"]);
+    let remote = remote_server(&url, &["--cache-mb", "1"]);
+    for seed in 0..6 {
+        let body = tsv_rows(16, 300 + seed);
+        let want = dram
+            .request("POST", "/v1/score", "text/plain", &body)
+            .unwrap();
+        let got = remote
+            .request("POST", "/v1/score", "text/plain", &body)
+            .unwrap();
+        assert_eq!(want.0, 200, "{}", want.1);
+        assert_eq!(got, want, "seed {seed}");
+    }
+    let metrics = remote
+        .request("GET", "/metrics", "text/plain", b"")
+        .unwrap()
+        .1;
+    let fetches = crate::server::metric_in(
+        &metrics,
+        "ember_remote_fetch_seconds_count{model=\"default\"}",
+    );
+    assert!(fetches > 0.0, "the rows came from the cluster: {metrics}");
+    // Every connection was TLS: the seeds are the TLS ports, and the nodes' addresses came
+    // from CLUSTER SLOTS asked over TLS (a plain port there would fail the handshake).
+    drop(remote);
+    let _ = std::fs::remove_dir_all(&dir);
+}
