@@ -3,35 +3,14 @@
 //! of each side: an https URL without the CA, a client without its certificate, a client CA
 //! without the server's own certificate.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+#[path = "../shared/pki.rs"]
+mod pki;
+use pki::make_pki;
 
 use crate::serve_cli::{Started, start_server};
-
-/// ca.pem, server.pem / server.key (localhost, 127.0.0.1), client.pem / client.key, in `dir`.
-fn make_pki(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_key = KeyPair::generate().unwrap();
-    std::fs::write(dir.join("ca.pem"), p.self_signed(&ca_key).unwrap().pem()).unwrap();
-    let issuer = Issuer::new(p, ca_key);
-    for (name, sans) in [
-        ("server", vec!["localhost", "127.0.0.1"]),
-        ("client", vec!["client"]),
-    ] {
-        let sans: Vec<String> = sans.into_iter().map(String::from).collect();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(sans)
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-}
 
 fn loadgen(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ember"))

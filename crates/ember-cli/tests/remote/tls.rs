@@ -5,46 +5,17 @@
 //! CA, one expecting another name, and a plain client on the TLS port are refused with the
 //! reason.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ember_bench::redis_cluster::{LocalCluster, NodeTls};
 use ember_tier::storage::remote::{Cluster, ClusterOptions};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+#[path = "../shared/pki.rs"]
+mod pki;
+use pki::make_pki;
 
 use crate::serve::remote_server;
 use crate::server::tsv_rows;
-
-/// In `dir`: ca.pem; node.pem / node.key (127.0.0.1, localhost); client.pem / client.key;
-/// other-ca.pem (a CA that signed nothing here).
-fn make_pki(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let ca = |name: &str| {
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(rcgen::DnType::CommonName, name);
-        let key = KeyPair::generate().unwrap();
-        let pem = p.self_signed(&key).unwrap().pem();
-        (pem, Issuer::new(p, key))
-    };
-    let (ca_pem, issuer) = ca("Ember Redis test CA");
-    let (other_pem, _) = ca("Another CA");
-    std::fs::write(dir.join("ca.pem"), ca_pem).unwrap();
-    std::fs::write(dir.join("other-ca.pem"), other_pem).unwrap();
-    for (name, sans) in [
-        ("node", vec!["127.0.0.1", "localhost"]),
-        ("client", vec!["client"]),
-    ] {
-        let sans: Vec<String> = sans.into_iter().map(String::from).collect();
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(sans)
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-}
 
 fn connect(url: &str) -> Result<Cluster, String> {
     let mut o = ClusterOptions::parse(url).map_err(|e| e.to_string())?;
@@ -64,8 +35,8 @@ fn the_remote_tier_over_tls_scores_as_dram_and_refuses_the_wrong_clients() {
     let f = |n: &str| dir.join(n).to_string_lossy().into_owned();
     let tls = NodeTls {
         ca: dir.join("ca.pem"),
-        cert: dir.join("node.pem"),
-        key: dir.join("node.key"),
+        cert: dir.join("server.pem"),
+        key: dir.join("server.key"),
         auth_clients: true,
     };
     let Some(c) = super::hold(|| LocalCluster::start_tls(3, 1, None, tls.clone())) else {
