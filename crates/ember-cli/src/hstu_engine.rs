@@ -26,6 +26,27 @@ enum Pass {
     Gpu(Box<ember_cuda::GpuHstuPredictor>),
 }
 
+/// An HSTU model on the device, shared by its engines.
+#[cfg(feature = "cuda")]
+type GpuModel = Arc<ember_cuda::GpuHstu>;
+
+/// No model is ever on a device in a build without CUDA.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+enum GpuModel {}
+
+/// `model`'s weights and tables copied to `gpu.device`, its linear layers in `dense`.
+#[cfg(feature = "cuda")]
+fn upload(gpu: &GpuArgs, model: Arc<HstuModel>, dense: DenseDType) -> Result<GpuModel> {
+    let dev = crate::device::open_gpu(gpu.gpu)?;
+    Ok(Arc::new(ember_cuda::GpuHstu::upload(&dev, model, dense)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn upload(_: &GpuArgs, _: Arc<HstuModel>, _: DenseDType) -> Result<GpuModel> {
+    Err(crate::device::no_cuda())
+}
+
 impl HstuEngine {
     /// `model` on `gpu.device`: linear layers in `dense`, attention divided by `norm` (else as
     /// the model's config says), `threads` CPU threads (the CPU's pass, or the host's share).
@@ -49,7 +70,8 @@ impl HstuEngine {
                     "--history-cache-mb runs on the CPU; --device cuda has no history cache yet"
                 );
             }
-            Self::gpu(gpu, model, dense, norm)?
+            let m = upload(gpu, model, dense)?;
+            Self::on_gpu(gpu, &m, norm)?
         } else {
             let mut p = HstuPredictor::new(model, threads)?;
             p.set_dense_dtype(dense)?;
@@ -61,13 +83,38 @@ impl HstuEngine {
         Ok(HstuEngine { pass, servable })
     }
 
-    #[cfg(feature = "cuda")]
-    fn gpu(
+    /// `serve --device cuda`: `instances` engines of `model` on `gpu.device`, sharing its one
+    /// copy on the device (weights, tables), each with buffers and a kernel launch sequence of
+    /// its own, so one batch's host work (checks, the token plan) runs beside another's pass.
+    /// A model with a history cache, tables on a tier or int8 layers is refused here, before
+    /// anything is served.
+    pub fn gpu_instances(
         gpu: &GpuArgs,
         model: Arc<HstuModel>,
-        dense: DenseDType,
+        instances: usize,
         norm: Option<AttentionNorm>,
-    ) -> Result<Pass> {
+    ) -> Result<Vec<HstuEngine>> {
+        if model.history_cache().is_some() {
+            anyhow::bail!(
+                "--history-cache-mb runs on the CPU; --device cuda has no history cache yet \
+                 (leave it out, or serve on the CPU)"
+            );
+        }
+        let servable: Arc<dyn Servable> = model.clone();
+        let dense = model.config().dense_dtype;
+        let m = upload(gpu, model, dense)?;
+        (0..instances.max(1))
+            .map(|_| {
+                Ok(HstuEngine {
+                    pass: Self::on_gpu(gpu, &m, norm)?,
+                    servable: servable.clone(),
+                })
+            })
+            .collect()
+    }
+
+    #[cfg(feature = "cuda")]
+    fn on_gpu(gpu: &GpuArgs, m: &GpuModel, norm: Option<AttentionNorm>) -> Result<Pass> {
         let variant: ember_cuda::Variant = gpu.gpu_variant.parse()?;
         if variant.pins_l2() {
             anyhow::bail!(
@@ -75,9 +122,7 @@ impl HstuEngine {
                  prefetch or dedup)"
             );
         }
-        let dev = crate::device::open_gpu(gpu.gpu)?;
-        let m = Arc::new(ember_cuda::GpuHstu::upload(&dev, model, dense)?);
-        let mut p = ember_cuda::GpuHstuPredictor::new(m, variant)?;
+        let mut p = ember_cuda::GpuHstuPredictor::new(m.clone(), variant)?;
         if let Some(n) = norm {
             p.set_attention_norm(n);
         }
@@ -85,13 +130,8 @@ impl HstuEngine {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn gpu(
-        _: &GpuArgs,
-        _: Arc<HstuModel>,
-        _: DenseDType,
-        _: Option<AttentionNorm>,
-    ) -> Result<Pass> {
-        Err(crate::device::no_cuda())
+    fn on_gpu(_: &GpuArgs, m: &GpuModel, _: Option<AttentionNorm>) -> Result<Pass> {
+        match *m {}
     }
 
     /// What runs the pass, for people: "cpu, N threads" or the GPU's attention kernel.

@@ -45,18 +45,29 @@ impl ember_serve::Loader for CliLoader {
     }
 }
 
-/// `--model DIR` of an HSTU model: served on the CPU, its users batched as any model's items.
+/// `--model DIR` of an HSTU model: its users batched as any model's items, on the CPU or, with
+/// `--device cuda`, on one GPU (`--instances` engines sharing the model's one copy there).
 pub(super) fn run_hstu(a: &ServeArgs, dir: &Path, io_threads: usize) -> anyhow::Result<()> {
-    if a.gpu.is_cuda() || a.plan.plan.is_some() || a.calibrate.is_some() {
+    if a.plan.plan.is_some() || a.calibrate.is_some() {
         bail!(
-            "an hstu model is served on the CPU without a plan or a calibration (--device cuda \
-             runs it in `ember predict` and `ember bench model`)"
+            "an hstu model is served without a plan or a calibration (--plan shards a DLRM \
+             model's tables; --calibrate fits a DLRM model's int8 layers)"
         );
     }
     let opts = a.tier.load_options(a.dtype, a.dense_dtype);
     let model = Arc::new(a.tier.load_hstu(dir, opts)?);
     let name = dir_name(dir);
     let cfg = serve_config(a, a.name.clone().unwrap_or(name))?;
+    if a.gpu.is_cuda() {
+        let runners: Vec<Box<dyn Runner>> =
+            crate::hstu_engine::HstuEngine::gpu_instances(&a.gpu, model, a.instances, None)?
+                .into_iter()
+                .map(|e| Box::new(e) as Box<dyn Runner>)
+                .collect();
+        let rt = runtime(io_threads)?;
+        let started = Server::start_runners(runners, cfg.clone());
+        return serve_until_stopped(rt, a, cfg, started);
+    }
     let rt = runtime(io_threads)?;
     let started = Server::start_servable(model, cfg.clone());
     serve_until_stopped(rt, a, cfg, started)

@@ -440,3 +440,69 @@ fn loadgen_replays_streaming_users_into_a_history_cache() {
     drop(server);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Runs `ember args`, killed and failed past `secs` (a start that should fail must not serve).
+fn ember_within(args: &[&str], secs: u64) -> (bool, String) {
+    use std::io::Read;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("{args:?} still running after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).ok();
+    (status.success(), err)
+}
+
+/// `serve --device cuda` of an hstu model in a build without CUDA fails at start saying what
+/// is missing; what the GPU's pass cannot take (a history cache, a plan, a calibration) is
+/// refused by name first, on any build. (With CUDA built, `bench/gpu/hstu_device.sh --steps
+/// serve` checks the served scores against the CPU's on a GPU.)
+#[test]
+#[cfg_attr(
+    feature = "cuda",
+    ignore = "a CUDA build serves on a GPU where one is present: bench/gpu/hstu_device.sh checks it"
+)]
+fn serve_on_cuda_says_what_is_missing_or_what_it_cannot_take() {
+    let fx = fixture("hstu_small");
+    let base = [
+        "serve",
+        "--model",
+        fx.to_str().unwrap(),
+        "--http",
+        "127.0.0.1:0",
+        "--grpc",
+        "off",
+        "--device",
+        "cuda",
+    ];
+    let (ok, err) = ember_within(&base, 120);
+    assert!(!ok, "{err}");
+    assert!(err.contains("--features cuda"), "{err}");
+    let (ok, err) = ember_within(&[&base[..], &["--history-cache-mb", "64"]].concat(), 120);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("--history-cache-mb") && err.contains("no history cache"),
+        "{err}"
+    );
+    let plan = fx.join("no-such-plan.json");
+    let (ok, err) = ember_within(
+        &[&base[..], &["--plan", plan.to_str().unwrap()]].concat(),
+        120,
+    );
+    assert!(!ok, "{err}");
+    assert!(err.contains("without a plan"), "{err}");
+}
