@@ -12,7 +12,7 @@
 #   .whl/ mlcommons-loadgen, tritonclient, python-rapidjson for Python 3.12 (loadgen: docs/gpu.md)
 #
 #   bench/gpu/hstu_device.sh [--steps tests,serve,loadgen,compare] [--cells 1024:512,4096:2048]
-#       [--upb 1,8] [--iters 20] [--rounds 1] [--dtypes bf16[,f32]] [--rows-scale 1e-4]
+#       [--upb 1,8] [--iters 20] [--rounds 1] [--dtypes bf16,bf16-v2[,f32]] [--rows-scale 1e-4]
 #       [--compare-secs 300] [--loadgen-cell 1024:512]
 #
 # Steps, in the order they run (a 15-minute lease: `--steps tests,serve,loadgen` first, about 5
@@ -23,7 +23,10 @@
 #            the hstu_small fixture in f32, the DLRMv3 model in f32 and bf16
 #   loadgen  bench/mlperf/harness.py --workload dlrm-v3 on `ember serve --device cuda` (bf16):
 #            Offline, then Server's highest VALID rate at p99 <= 80 ms
-#   compare  bench/gpu/compare_hstu_gpu.py: Ember against the reference, per cell
+#   compare  bench/gpu/compare_hstu_gpu.py: Ember against the reference, per cell; Ember's bf16
+#            with both attention kernels (--dtypes bf16,bf16-v2, the default)
+# The serve and loadgen steps run the default attention kernel (v1); EMBER_HSTU_ATTENTION=v2 in
+# the environment runs the second one there.
 #
 # Logs go to $OUT (else bench/gpu/out): summary.txt, tests.txt, serve_*.txt, loadgen_*.txt and
 # lg_*/ (LoadGen's logs), compare.txt / .err / .json; under $OUT all but summary.txt and
@@ -42,7 +45,7 @@ ROWS_SCALE="1e-4"
 ITERS=20
 ROUNDS=1
 COMPARE_SECS=300
-DTYPES=bf16
+DTYPES=bf16,bf16-v2
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) STEPS="$2"; shift 2 ;;

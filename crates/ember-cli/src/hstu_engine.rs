@@ -146,9 +146,12 @@ impl HstuEngine {
                 p.gpu_model().gpu().info().name,
                 p.gpu_model().dense_dtype(),
                 if p.tensor_core_attention() {
-                    "tensor cores (bf16)"
+                    format!(
+                        "tensor cores (bf16, kernel {})",
+                        p.attention_kernel().name()
+                    )
                 } else {
-                    "CUDA cores (f32)"
+                    "CUDA cores (f32)".to_string()
                 }
             ),
         }

@@ -28,7 +28,7 @@ pub use device::{Gpu, GpuInfo, cuda_available};
 pub use embed::{EmbedRun, GpuEmbeddings, KernelStats, Variant};
 pub use error::{CudaError, Result};
 pub use hot::HotPlan;
-pub use hstu::{GpuHstu, GpuHstuPredictor};
+pub use hstu::{AttentionKernel, GpuHstu, GpuHstuPredictor};
 pub use model::{GpuModel, GpuPredictor, PinnedBatch, SLOTS};
 pub use nvrtc::{compile_cubin, nvrtc_available, nvrtc_version};
 pub use tune::{TuneCache, TuneChoice};

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::gpu;
-use ember_cuda::{Gpu, GpuHstu, GpuHstuPredictor, Variant};
+use ember_cuda::{AttentionKernel, Gpu, GpuHstu, GpuHstuPredictor, Variant};
 use ember_embed::DType;
 use ember_model::hstu::presets::{preset, synthetic_users};
 use ember_model::hstu::{AttentionNorm, HstuModel, HstuPredictor, HstuScores, User};
@@ -156,6 +156,7 @@ fn f32_and_bf16_match_the_cpu_on_random_users() {
             "{name}: widths allow tensor cores"
         );
         let (mut e32, mut e16, mut e16_cuda_cores) = (0f32, 0f32, 0f32);
+        let (mut e16_v2, mut v2_v1) = (0f32, 0f32);
         for (k, n) in [1usize, 3, 5].into_iter().enumerate() {
             let us = random_users(&m, n, max_h, max_c, 100 + k as u64);
             let b = m.check_users(&us, 0).unwrap();
@@ -166,17 +167,28 @@ fn f32_and_bf16_match_the_cpu_on_random_users() {
                 let want = cpu.run(&b).unwrap().0;
                 e32 = e32.max(diff(&f32p.run(&b).unwrap().0, &want));
                 bf16p.set_tensor_core_attention(true);
-                e16 = e16.max(diff(&bf16p.run(&b).unwrap().0, &want));
+                bf16p.set_attention_kernel(AttentionKernel::V1);
+                let v1 = bf16p.run(&b).unwrap().0;
+                e16 = e16.max(diff(&v1, &want));
+                bf16p.set_attention_kernel(AttentionKernel::V2);
+                let v2 = bf16p.run(&b).unwrap().0;
+                e16_v2 = e16_v2.max(diff(&v2, &want));
+                v2_v1 = v2_v1.max(diff(&v2, &v1));
                 bf16p.set_tensor_core_attention(false);
                 e16_cuda_cores = e16_cuda_cores.max(diff(&bf16p.run(&b).unwrap().0, &want));
             }
         }
         eprintln!(
             "{name}: against the CPU's f32, GPU f32 {e32:.2e}, GPU bf16 {e16:.2e} (attention on \
-             tensor cores), {e16_cuda_cores:.2e} (bf16 projections, f32 attention)"
+             tensor cores, v1), {e16_v2:.2e} (v2; v2 against v1 {v2_v1:.2e}), \
+             {e16_cuda_cores:.2e} (bf16 projections, f32 attention)"
         );
         assert!(e32 < 1e-4, "{name}: GPU f32 {e32}");
         assert!(e16 < 0.03, "{name}: GPU bf16 {e16}");
+        assert!(e16_v2 < 0.03, "{name}: GPU bf16, kernel v2 {e16_v2}");
+        // The same products summed in the same key order: only the chunks' atomic adds may
+        // land in another order.
+        assert!(v2_v1 < 1e-4, "{name}: kernel v2 against v1 {v2_v1}");
         assert!(
             e16_cuda_cores < 0.03,
             "{name}: GPU bf16, f32 attention {e16_cuda_cores}"
@@ -206,4 +218,41 @@ fn scores_do_not_depend_on_batch_mates_and_empty_batches_score_nothing() {
     let (s, _) = p.run(&m.check_users(&[], 0).unwrap()).unwrap();
     assert_eq!(s.offsets, vec![0]);
     assert!(s.scores.iter().all(|v| v.is_empty()));
+}
+
+/// Attention widths that `ldmatrix.x4` does not cover whole (q.k 48 = 32 + 16, output 24 =
+/// 16 + 8: the v2 kernel reads the rest as v1 does), on tensor cores: both kernels against the
+/// CPU's f32 pass and against each other, users of random lengths, batches of 1 and 4.
+#[test]
+#[cfg_attr(
+    not(ember_cuda_device),
+    ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
+)]
+fn tensor_core_attention_at_widths_ldmatrix_does_not_cover() {
+    let g = gpu();
+    let mut cfg = preset("hstu-small", 0.01, DType::F16).unwrap();
+    cfg.hstu.hstu_attn_qk_dim = 48;
+    cfg.hstu.hstu_attn_linear_dim = 24;
+    let m = Arc::new(HstuModel::random(cfg, 5, 4).unwrap());
+    let mut cpu = HstuPredictor::new(m.clone(), 8).unwrap();
+    let mut p = gpu_predictor(&g, &m, DenseDType::Bf16);
+    assert!(p.tensor_core_attention(), "48 and 24 take tensor cores");
+    let (mut e1, mut e2, mut e21) = (0f32, 0f32, 0f32);
+    for (k, n) in [1usize, 4].into_iter().enumerate() {
+        let us = random_users(&m, n, 400, 90, 300 + k as u64);
+        let b = m.check_users(&us, 0).unwrap();
+        let want = cpu.run(&b).unwrap().0;
+        p.set_attention_kernel(AttentionKernel::V1);
+        let v1 = p.run(&b).unwrap().0;
+        p.set_attention_kernel(AttentionKernel::V2);
+        let v2 = p.run(&b).unwrap().0;
+        e1 = e1.max(diff(&v1, &want));
+        e2 = e2.max(diff(&v2, &want));
+        e21 = e21.max(diff(&v2, &v1));
+    }
+    eprintln!(
+        "q.k 48, output 24: bf16 v1 {e1:.2e}, v2 {e2:.2e} against the CPU's f32; v2 against v1 {e21:.2e}"
+    );
+    assert!(e1 < 0.03 && e2 < 0.03, "v1 {e1}, v2 {e2}");
+    assert!(e21 < 1e-4, "v2 against v1 {e21}");
 }

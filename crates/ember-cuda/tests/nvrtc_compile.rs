@@ -109,10 +109,19 @@ fn dedup_and_model_kernels_compile() {
 fn hstu_kernels_compile_for_every_width() {
     require_nvrtc();
     // MLPerf DLRMv3 (128), hstu-small (32), the parity fixtures' odd widths (no tensor cores).
-    for (qk, hid) in [(128, 128), (32, 32), (7, 6), (16, 8), (64, 24)] {
+    // Tensor-core widths with a q.k step or an output block past ldmatrix.x4's (48, 24; 16, 8)
+    // compile both bf16 kernels; widths tensor cores cannot take compile neither.
+    for (qk, hid) in [(128, 128), (32, 32), (7, 6), (16, 8), (64, 24), (48, 24)] {
         let (src, name) = ember_cuda::kernels::hstu_source(qk, hid);
+        let tensor_cores = qk % 16 == 0 && hid % 8 == 0;
         for arch in ["sm_80", "sm_90"] {
-            compile_cubin(&src, &name, arch, &[]).unwrap();
+            let cubin = compile_cubin(&src, &name, arch, &[]).unwrap();
+            for kernel in ["hstu_attn_bf16", "hstu_attn_bf16_v2"] {
+                let has = cubin
+                    .windows(kernel.len() + 1)
+                    .any(|w| &w[..kernel.len()] == kernel.as_bytes() && w[kernel.len()] == 0);
+                assert_eq!(has, tensor_cores, "{kernel} in {name} for {arch}");
+            }
         }
     }
 }

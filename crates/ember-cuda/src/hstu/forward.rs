@@ -8,7 +8,7 @@ use ember_model::hstu::plan::TIME_FEATURE_WIDTH;
 use ember_model::hstu::{HstuBatch, TokenPlan};
 
 use super::ops::{DevList, DevRows, grid, key_chunks, max_hidden, up_f32, warp_rows};
-use super::predictor::{GpuHstuPredictor, Stage};
+use super::predictor::{AttentionKernel, GpuHstuPredictor, Stage};
 use super::{DevLayer, DevPost, PAD_ROWS, TILE};
 use crate::device::dptr;
 use crate::error::{DriverCtx, Result};
@@ -332,9 +332,10 @@ impl GpuHstuPredictor {
         }
         .ctx("clearing attention's output")?;
         let tc = self.tensor_core_attention();
-        let f = match tc {
-            true => self.k.attn_bf16.as_ref().expect("compiled"),
-            false => &self.k.attn_f32,
+        let f = match (tc, self.attention_kernel) {
+            (true, AttentionKernel::V1) => self.k.attn_bf16.as_ref().expect("compiled"),
+            (true, AttentionKernel::V2) => self.k.attn_bf16_v2.as_ref().expect("compiled"),
+            (false, _) => &self.k.attn_f32,
         };
         let src = if tc { p.uvqk16 } else { p.uvqk };
         let (w_i, heads_i, chunk) = (p.w as i32, p.heads as i32, p.chunk.0 as i32);
@@ -354,7 +355,8 @@ impl GpuHstuPredictor {
             shared_mem_bytes: 0,
         };
         // SAFETY: the kernels read uvqk [t, w] (f32), or uvqk16 [t + PAD_ROWS, w] whose pad
-        // rows were zeroed in `buffers` (bf16); seq / norms / tiles as the kernel reads them,
+        // rows were zeroed in `buffers` (bf16; v1 reads at most 64 rows past a sequence, v2
+        // at most 32); seq / norms / tiles as the kernel reads them,
         // every tile's sequence inside [0, t); they add into attn [t, heads x hid], zeroed
         // above.
         unsafe { b.launch(cfg) }.ctx("launching attention")?;

@@ -19,7 +19,7 @@ mod forward;
 mod ops;
 mod predictor;
 
-pub use predictor::GpuHstuPredictor;
+pub use predictor::{AttentionKernel, GpuHstuPredictor};
 
 use std::sync::Arc;
 

@@ -35,6 +35,7 @@ pub(super) struct Kernels {
     pub(super) add: CudaFunction,
     pub(super) attn_f32: CudaFunction,
     pub(super) attn_bf16: Option<CudaFunction>,
+    pub(super) attn_bf16_v2: Option<CudaFunction>,
     pub(super) to_bf16: CudaFunction,
     pub(super) bias: CudaFunction,
 }
@@ -59,6 +60,11 @@ impl Kernels {
             attn_f32: f("hstu_attn_f32")?,
             attn_bf16: if tensor_cores {
                 Some(f("hstu_attn_bf16")?)
+            } else {
+                None
+            },
+            attn_bf16_v2: if tensor_cores {
+                Some(f("hstu_attn_bf16_v2")?)
             } else {
                 None
             },
@@ -94,6 +100,41 @@ pub(super) struct Bufs {
     pub(super) tf: Option<CudaSlice<f32>>,
 }
 
+/// Which kernel runs bf16 attention on tensor cores (`kernels/hstu.cu`, `kernels/hstu_attn2.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// `hstu_attn_bf16`: 64-key tiles copied to shared memory by the threads' loads, fragments
+    /// read with 2- and 4-byte shared loads (measured on an H200, 2026-11-28).
+    V1,
+    /// `hstu_attn_bf16_v2`: 32-key tiles in two buffers filled by `cp.async` under the math,
+    /// fragments through `ldmatrix` (built 2026-11-30, not yet run on a GPU).
+    V2,
+}
+
+impl AttentionKernel {
+    /// The variable that chooses it for a process, read when a predictor is made.
+    pub const ENV: &'static str = "EMBER_HSTU_ATTENTION";
+
+    /// `$EMBER_HSTU_ATTENTION` (`v1` or `v2`), else `V1`.
+    pub fn from_env() -> Result<AttentionKernel> {
+        match std::env::var(Self::ENV).as_deref() {
+            Err(_) | Ok("") | Ok("v1") => Ok(AttentionKernel::V1),
+            Ok("v2") => Ok(AttentionKernel::V2),
+            Ok(other) => Err(CudaError::Input(format!(
+                "{}={other}: the bf16 attention kernels are v1 and v2",
+                Self::ENV
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::V1 => "v1",
+            AttentionKernel::V2 => "v2",
+        }
+    }
+}
+
 /// Which [`HstuTimes`] field the time up to an event goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stage {
@@ -119,6 +160,8 @@ pub struct GpuHstuPredictor {
     pub(super) marks: Vec<Stage>,
     /// Tensor cores for bf16 attention (the default where the widths allow).
     pub(super) tensor_core_attention: bool,
+    /// Which kernel runs it there.
+    pub(super) attention_kernel: AttentionKernel,
 }
 
 impl GpuHstuPredictor {
@@ -139,6 +182,7 @@ impl GpuHstuPredictor {
         let run = m.emb.runner(variant, Pooling::Sum)?;
         Ok(GpuHstuPredictor {
             tensor_core_attention: k.attn_bf16.is_some(),
+            attention_kernel: AttentionKernel::from_env()?,
             run,
             blas,
             lt,
@@ -164,6 +208,15 @@ impl GpuHstuPredictor {
     /// Runs bf16 attention on CUDA cores in f32 even where tensor cores could (for comparison).
     pub fn set_tensor_core_attention(&mut self, on: bool) {
         self.tensor_core_attention = on && self.k.attn_bf16.is_some();
+    }
+
+    /// Which kernel runs bf16 attention on tensor cores from now on.
+    pub fn set_attention_kernel(&mut self, kernel: AttentionKernel) {
+        self.attention_kernel = kernel;
+    }
+
+    pub fn attention_kernel(&self) -> AttentionKernel {
+        self.attention_kernel
     }
 
     pub fn gpu_model(&self) -> &Arc<GpuHstu> {
