@@ -11,7 +11,7 @@
 #   .gpu/site/{torchrec,fbgemm_gpu}   (their pure-Python files: torchrec's wheel; fbgemm_gpu's .py only)
 #   .whl/ mlcommons-loadgen, tritonclient, python-rapidjson for Python 3.12 (loadgen: docs/gpu.md)
 #
-#   bench/gpu/hstu_device.sh [--steps tests,serve,loadgen,compare] [--cells 1024:512,4096:2048]
+#   bench/gpu/hstu_device.sh [--steps tests,serve,loadgen[,loadgen_cache],compare] [--cells 1024:512,4096:2048]
 #       [--upb 1,8] [--iters 20] [--rounds 1] [--dtypes bf16,bf16-v2[,f32]] [--rows-scale 1e-4]
 #       [--compare-secs 300] [--loadgen-cell 1024:512]
 #
@@ -20,9 +20,11 @@
 # minutes a shape):
 #   tests    the parity tests (crates/ember-cuda/tests/hstu_gpu.rs)
 #   serve    `ember serve --device cuda` against `ember predict` on the CPU (hstu_serve_check.py):
-#            the hstu_small fixture in f32, the DLRMv3 model in f32 and bf16
+#            the hstu_small fixture in f32, the DLRMv3 model in f32 and bf16, and in f32 with
+#            a history cache on the GPU
 #   loadgen  bench/mlperf/harness.py --workload dlrm-v3 on `ember serve --device cuda` (bf16):
 #            Offline, then Server's highest VALID rate at p99 <= 80 ms
+#   loadgen_cache  (not in the default steps) Offline again with the history cache on the GPU
 #   compare  bench/gpu/compare_hstu_gpu.py: Ember against the reference, per cell; Ember's bf16
 #            with both attention kernels (--dtypes bf16,bf16-v2, the default)
 # The serve and loadgen steps run the default attention kernel (v1); EMBER_HSTU_ATTENTION=v2 in
@@ -114,13 +116,20 @@ if want serve; then
       --dense-dtype "${dt%%:*}" --tol "${dt##*:}" --label "dlrm-v3 ${dt%%:*}" > "$DEST/serve_v3_${dt%%:*}.txt" 2>&1
     say "serve dlrm-v3 ${dt%%:*}: rc=$? in $((SECONDS - t0)) s"
   done
+  # With a history cache on the GPU: a user sent again is scored from its entry (the same
+  # history: the full recompute's scores to rounding), and the hits are counted.
+  t0=$SECONDS
+  timeout -k 5 240 python3 "$HERE/hstu_serve_check.py" --ember "$E" --model "$M" --users /tmp/v3-users16.jsonl \
+    --tol 1e-4 --label "dlrm-v3 f32, history cache" --serve-args "--history-cache-mb 8192" \
+    > "$DEST/serve_v3_cache.txt" 2>&1
+  say "serve dlrm-v3 f32 with a history cache: rc=$? in $((SECONDS - t0)) s"
   grep -hE "FAIL|PASS|server up|INFO ember::serve: model" "$DEST"/serve_*.txt | tee -a "$SUMMARY"
 fi
 
 if want loadgen; then
   # MLCommons' LoadGen (harness.py --workload dlrm-v3) against `ember serve --device cuda` in bf16:
   # a streaming replay of 64 users of H history items and C candidates each (--loadgen-cell H:C),
-  # each request a user's whole history (no history cache on the GPU yet).
+  # each request a user's whole history (no history cache: the loadgen_cache step runs with one).
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$ROOT"/.whl/*.whl > "$DEST/wheels.txt" 2>&1 || say "wheels: $(tail -n 2 "$DEST/wheels.txt")"
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -148,6 +157,28 @@ if want loadgen; then
     --out "$DEST/lg_server" > "$DEST/loadgen_server.txt" 2>&1
   say "loadgen Server: rc=$? in $((SECONDS - t0)) s"
   grep -E "samples/s|VALID|INVALID|p99|target|Result" "$DEST/loadgen_server.txt" | tail -n 12 | tee -a "$SUMMARY"
+  kill "$SPID"; wait "$SPID" 2>/dev/null
+fi
+
+if want loadgen_cache; then
+  # The same LoadGen Offline run with the history cache on the GPU (--history-reuse
+  # stale:100000:100000, as docs/mlperf.md's CPU runs): returning users compute only their new
+  # items and candidates. Needs the loadgen step's stream (run it first, in the same call).
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  "$E" serve --model "$M" --name dlrm-v3 --device cuda --dense-dtype bf16 --instances "${LG_INSTANCES:-2}" \
+    --max-batch "${LG_MAX_BATCH:-16}" --max-queue-delay-ms 0 --history-cache-mb "${LG_CACHE_MB:-16384}" \
+    --history-reuse stale:100000:100000 --http 127.0.0.1:18222 --grpc 127.0.0.1:18223 \
+    > "$DEST/loadgen_cache_serve.txt" 2>&1 &
+  SPID=$!
+  for _ in $(seq 120); do curl -sf -o /dev/null 127.0.0.1:18222/v2/health/ready && break; sleep 1; done
+  say "loadgen (cache) server ready: $(curl -s -o /dev/null -w '%{http_code}' 127.0.0.1:18222/v2/health/ready)"
+  t0=$SECONDS
+  timeout -k 5 120 python3 "$ROOT/bench/mlperf/harness.py" --workload dlrm-v3 --users /tmp/v3-stream.jsonl \
+    --warm-lines 64 --grpc 127.0.0.1:18223 --metrics-url http://127.0.0.1:18222/metrics --server-pid "$SPID" \
+    --scenario Offline --duration "${LG_DURATION:-30}" --max-inflight "${LG_INFLIGHT:-32}" \
+    --out "$DEST/lg_offline_cache" > "$DEST/loadgen_offline_cache.txt" 2>&1
+  say "loadgen Offline with the history cache: rc=$? in $((SECONDS - t0)) s"
+  grep -E "samples/s|VALID|INVALID|history|Result" "$DEST/loadgen_offline_cache.txt" | head -n 10 | tee -a "$SUMMARY"
   kill "$SPID"; wait "$SPID" 2>/dev/null
 fi
 

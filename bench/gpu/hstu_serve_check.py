@@ -3,6 +3,7 @@
 
     python3 bench/gpu/hstu_serve_check.py --ember .gpu/ember --model DIR --users FILE.jsonl \
         [--device cuda] [--dense-dtype bf16] [--tol 0.03] [--instances 2] [--label NAME]
+        [--serve-args '--history-cache-mb 4096']
 
 It starts `ember serve --model DIR --device D` (HTTP on a loopback port of its own choosing, read
 from its log line) and checks, over `/v1/score`:
@@ -12,7 +13,8 @@ from its log line) and checks, over `/v1/score`:
   3. 8 client threads sending every user 3 times each, concurrently (batches of users from
      several requests): the same scores again;
   4. a user with no features answered 400 naming `user 0`, and the server still scores after it;
-  5. `/metrics` has the per-user latency histogram, and the start-up line names the device.
+  5. `/metrics` has the per-user latency histogram, and the start-up line names the device; with
+     `--serve-args '--history-cache-mb N'`, users sent again were scored from their entries (hits).
 Prints one line per check and `hstu serve check: PASS` or `FAIL (n checks)`; exit status 0 only
 on PASS. With --device cpu it checks the CPU server the same way (the script's own test, here).
 """
@@ -56,10 +58,12 @@ def start(args):
         cmd += ["--dense-dtype", args.dense_dtype]
     if args.device == "cuda":
         cmd += ["--gpu-variant", args.gpu_variant]
+    cmd += args.serve_args.split()
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines, addr = [], None
     found = threading.Event()
+    banner = threading.Event()
 
     def read():
         nonlocal addr
@@ -68,7 +72,10 @@ def start(args):
             if addr is None and " on http://" in line:
                 addr = line.split(" on http://")[1].split()[0]
                 found.set()
+            if "model '" in line and " device " in line:
+                banner.set()
         found.set()
+        banner.set()
 
     threading.Thread(target=read, daemon=True).start()
     found.wait(START_SECS)
@@ -76,6 +83,8 @@ def start(args):
         p.kill()
         p.wait()
         return None, None, lines
+    # The line naming the device may come after the address's.
+    banner.wait(START_SECS)
     return p, addr, lines
 
 
@@ -103,6 +112,9 @@ def main():
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--label", default=None)
+    ap.add_argument("--serve-args", default="",
+                    help="more flags for `ember serve` (e.g. '--history-cache-mb 4096': a user sent again "
+                         "with the same history is scored from its entry, as the full recompute to rounding)")
     args = ap.parse_args()
     label = args.label or os.path.basename(os.path.normpath(args.model))
     fails = []
@@ -194,6 +206,10 @@ def main():
         # 5. Metrics.
         m = get(addr, "/metrics")
         check("ember_user_request_duration_seconds_bucket" in m, "/metrics has the per-user latency histogram")
+        if "--history-cache-mb" in args.serve_args:
+            hits = sum(float(l.split()[-1]) for l in m.splitlines()
+                       if l.startswith("ember_history_cache_hits_total"))
+            check(hits >= len(lines), f"users sent again were scored from their entries: {hits:.0f} hits")
     finally:
         p.terminate()
         try:

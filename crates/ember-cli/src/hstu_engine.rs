@@ -65,11 +65,6 @@ impl HstuEngine {
             );
         }
         let pass = if gpu.is_cuda() {
-            if model.history_cache().is_some() {
-                anyhow::bail!(
-                    "--history-cache-mb runs on the CPU; --device cuda has no history cache yet"
-                );
-            }
             let m = upload(gpu, model, dense)?;
             Self::on_gpu(gpu, &m, norm)?
         } else {
@@ -86,18 +81,20 @@ impl HstuEngine {
     /// `serve --device cuda`: `instances` engines of `model` on `gpu.device`, sharing its one
     /// copy on the device (weights, tables), each with buffers and a kernel launch sequence of
     /// its own, so one batch's host work (checks, the token plan) runs beside another's pass.
-    /// A model with a history cache, tables on a tier or int8 layers is refused here, before
-    /// anything is served.
+    /// With a history cache the engines share it and its segments' copies on the device. A
+    /// model with tables on a tier or int8 layers is refused here, before anything is served.
     pub fn gpu_instances(
         gpu: &GpuArgs,
         model: Arc<HstuModel>,
         instances: usize,
         norm: Option<AttentionNorm>,
     ) -> Result<Vec<HstuEngine>> {
-        if model.history_cache().is_some() {
+        if model.history_cache().is_some()
+            && norm.unwrap_or(model.config().attention_norm) == AttentionNorm::BatchMax
+        {
             anyhow::bail!(
-                "--history-cache-mb runs on the CPU; --device cuda has no history cache yet \
-                 (leave it out, or serve on the CPU)"
+                "--history-cache-mb needs attention_norm alone (a batch's longest length \
+                 changes with its users); this model's config says batch_max"
             );
         }
         let servable: Arc<dyn Servable> = model.clone();

@@ -14,12 +14,16 @@ pub const MODEL_SRC: &str = include_str!("kernels/model.cu");
 pub const HSTU_SRC: &str = include_str!("kernels/hstu.cu");
 /// The second version of the HSTU model's bf16 attention (compiled after [`HSTU_SRC`]).
 pub const HSTU_ATTN2_SRC: &str = include_str!("kernels/hstu_attn2.cu");
+/// The HSTU pass's kernels for a cache of histories (compiled after [`HSTU_SRC`]).
+pub const HSTU_CACHE_SRC: &str = include_str!("kernels/hstu_cache.cu");
 
 /// The HSTU module's source for attention widths `qk` (q, k) and `hid` (u, v) per head, and
 /// its name (the module cache's key).
 pub fn hstu_source(qk: usize, hid: usize) -> (String, String) {
     (
-        format!("{MODEL_SRC}\n#define QK {qk}\n#define HID {hid}\n{HSTU_SRC}\n{HSTU_ATTN2_SRC}"),
+        format!(
+            "{MODEL_SRC}\n#define QK {qk}\n#define HID {hid}\n{HSTU_SRC}\n{HSTU_ATTN2_SRC}\n{HSTU_CACHE_SRC}"
+        ),
         format!("hstu_q{qk}_h{hid}.cu"),
     )
 }

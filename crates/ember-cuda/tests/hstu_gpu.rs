@@ -1,8 +1,9 @@
 //! HSTU models on the GPU against the reference and the CPU pass: the parity fixtures of
 //! `ember-model` (odd widths: attention on CUDA cores) scored in f32 against the reference's
 //! scores, alone and batched; random users of random lengths at the `hstu-small` and MLPerf
-//! DLRMv3 widths (attention on tensor cores in bf16) against the CPU's f32 pass; an empty
-//! batch. Built where there is no CUDA device, every test is ignored, saying why (build.rs).
+//! DLRMv3 widths (attention on tensor cores in bf16, both kernels) against the CPU's f32 pass;
+//! an empty batch; a history cache on the GPU against the CPU's cached pass. Built where there
+//! is no CUDA device, every test is ignored, saying why (build.rs).
 
 mod common;
 
@@ -255,4 +256,95 @@ fn tensor_core_attention_at_widths_ldmatrix_does_not_cover() {
     );
     assert!(e1 < 0.03 && e2 < 0.03, "v1 {e1}, v2 {e2}");
     assert!(e21 < 1e-4, "v2 against v1 {e21}");
+}
+
+/// `hstu-small` of seed 11 (f32 tables) with a history cache of its own (1 GiB, LRU, the default
+/// staleness bound).
+fn cached_model() -> Arc<HstuModel> {
+    use ember_model::hstu::{Eviction, HistoryCacheConfig, Reuse};
+    let cfg = preset("hstu-small", 0.01, DType::F32).unwrap();
+    let mut m = HstuModel::random(cfg, 11, 4).unwrap();
+    m.set_history_cache(Some(HistoryCacheConfig {
+        bytes: 1 << 30,
+        eviction: Eviction::Lru,
+        reuse: Reuse::DEFAULT,
+        spill: None,
+        share: None,
+    }))
+    .unwrap();
+    Arc::new(m)
+}
+
+/// A history cache on the GPU, against the CPU's cached pass on a cache of its own (the same
+/// model): streaming users, first visits of 40 to 240 items, then returns of 1 to 8 new actions,
+/// three users a pass. Per pass the same users reuse their entries on both sides and the
+/// scores agree (f32 within 1e-4; bf16 projections and tensor-core attention within 0.03). One
+/// cache is used by the GPU alone (its entries' device copies read back pass after pass), one
+/// by the GPU and a CPU engine in turns (each device reading the other's entries).
+#[test]
+#[cfg_attr(
+    not(ember_cuda_device),
+    ignore = "needs a CUDA device (none when built); a GPU machine runs it with --include-ignored"
+)]
+fn a_history_cache_on_the_gpu_scores_as_the_cpu_s_does() {
+    use ember_model::hstu::presets::UserStream;
+    let g = gpu();
+    for dense in [DenseDType::F32, DenseDType::Bf16] {
+        let reference = cached_model();
+        let mut cpu = HstuPredictor::new(reference.clone(), 8).unwrap();
+        let alone = cached_model();
+        let mut gpu_alone = gpu_predictor(&g, &alone, dense);
+        let turns = cached_model();
+        let mut gpu_turns = gpu_predictor(&g, &turns, dense);
+        let mut cpu_turns = HstuPredictor::new(turns.clone(), 8).unwrap();
+        let mut stream = UserStream::new(reference.config(), 6, 21);
+        let mut requests: Vec<User> = (0..6).map(|u| stream.user(u, 40 + 40 * u, 20)).collect();
+        requests.extend((0..18).map(|_| stream.next_request(8, 15, 400).1));
+        let (mut e_alone, mut e_turns, mut hits) = (0f32, 0f32, 0usize);
+        for (k, us) in requests.chunks(3).enumerate() {
+            let b = reference.check_users(us, 0).unwrap();
+            let (want, _, used) = cpu
+                .run_cached(&b, reference.history_cache().unwrap())
+                .unwrap();
+            let (got, _, used_gpu) = gpu_alone
+                .run_cached(&b, alone.history_cache().unwrap())
+                .unwrap();
+            assert_eq!(
+                (used.hits, used.held_tokens, used.computed_tokens),
+                (
+                    used_gpu.hits,
+                    used_gpu.held_tokens,
+                    used_gpu.computed_tokens
+                ),
+                "pass {k}: what the GPU reused"
+            );
+            e_alone = e_alone.max(diff(&got, &want));
+            let turn = match k % 2 == 0 || dense != DenseDType::F32 {
+                true => {
+                    gpu_turns
+                        .run_cached(&b, turns.history_cache().unwrap())
+                        .unwrap()
+                        .0
+                }
+                false => {
+                    cpu_turns
+                        .run_cached(&b, turns.history_cache().unwrap())
+                        .unwrap()
+                        .0
+                }
+            };
+            e_turns = e_turns.max(diff(&turn, &want));
+            hits += used.hits;
+        }
+        let (held, budget) = gpu_alone.gpu_model().held_bytes();
+        eprintln!(
+            "history cache, GPU {dense}: against the CPU's cached pass {e_alone:.2e} (GPU alone), \
+             {e_turns:.2e} (GPU and CPU in turns); {hits} users reused; {held} of {budget} bytes \
+             of segments on the device"
+        );
+        assert!(hits >= 12, "returns reused their entries: {hits}");
+        assert!(held > 0, "the GPU keeps its segments' copies");
+        let bound = if dense == DenseDType::F32 { 1e-4 } else { 0.03 };
+        assert!(e_alone < bound && e_turns < bound, "{e_alone} {e_turns}");
+    }
 }

@@ -9,6 +9,7 @@ use ember_model::hstu::{HstuBatch, TokenPlan};
 
 use super::ops::{DevList, DevRows, grid, key_chunks, max_hidden, up_f32, warp_rows};
 use super::predictor::{AttentionKernel, GpuHstuPredictor, Stage};
+use super::sel::Sel;
 use super::{DevLayer, DevPost, PAD_ROWS, TILE};
 use crate::device::dptr;
 use crate::error::{DriverCtx, Result};
@@ -17,8 +18,18 @@ use crate::model::grow;
 /// One batch's shapes and the device addresses of its buffers.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pass {
-    /// Tokens, model dim, table dim, values per token's lookups.
+    /// Tokens computed (rows of the compact buffers: `x`, the norms, the MLPs, `y`), model dim,
+    /// table dim, values per token's lookups.
     t: usize,
+    /// The batch's tokens (rows of `uvqk`, `uvqk16` and `attn`): `t` unless a cache holds some.
+    full: usize,
+    /// With a cache of histories: the computed tokens' rows in the batch (`t` of them), the
+    /// compact projections, the assembled rows of every token, and the held and kept pieces.
+    rows: u64,
+    uvqk_c: u64,
+    y_full: u64,
+    held: (u64, u64, usize),
+    kept: (u64, u64, usize),
     d: usize,
     td: usize,
     total: usize,
@@ -53,25 +64,34 @@ pub(super) struct Pass {
 impl GpuHstuPredictor {
     /// Enqueues everything after the lookups; returns the batch's candidates (their logits
     /// are then in `logits`).
-    pub(super) fn forward(&mut self, batch: &HstuBatch, plan: &TokenPlan) -> Result<usize> {
-        let mut p = self.buffers(batch, plan)?;
-        self.upload_plan(&mut p, plan)?;
+    ///
+    /// With `sel` (a pass with a cache of histories), `plan` is the compact plan of the
+    /// computed tokens ([`Sel::compact`]) and the lookups uploaded are theirs alone.
+    pub(super) fn forward(
+        &mut self,
+        batch: &HstuBatch,
+        plan: &TokenPlan,
+        sel: Option<&Sel>,
+    ) -> Result<usize> {
+        let mut p = self.buffers(batch, plan, sel)?;
+        self.upload_plan(&mut p, plan, sel)?;
         self.inputs(&p, plan)?;
         self.mark(Some(Stage::Preprocess))?;
         let m = self.m.clone();
-        for l in &m.layers {
-            self.stu_layer(l, &p)?;
+        for (k, l) in m.layers.iter().enumerate() {
+            self.stu_layer(k, l, &p)?;
         }
         self.head(&p, plan)
     }
 
     /// Grows the buffers for `batch` and zeroes the pad rows after its last token.
-    fn buffers(&mut self, batch: &HstuBatch, plan: &TokenPlan) -> Result<Pass> {
+    fn buffers(&mut self, batch: &HstuBatch, plan: &TokenPlan, sel: Option<&Sel>) -> Result<Pass> {
         let m = self.m.clone();
         let gpu = m.gpu.clone();
         let cfg = m.model.config();
         let h = &cfg.hstu;
-        let (d, t) = (cfg.dim(), batch.tokens());
+        let full = batch.tokens();
+        let (d, t) = (cfg.dim(), sel.map_or(full, |s| s.tokens.len()));
         let cols = &m.cols;
         let heads = h.hstu_num_heads;
         let (hid, qk) = (h.hstu_attn_linear_dim, h.hstu_attn_qk_dim);
@@ -81,7 +101,7 @@ impl GpuHstuPredictor {
             .max(plan.action_width)
             .max(cols.td * cols.items.len().max(1))
             .max(d + TIME_FEATURE_WIDTH);
-        let x16_len = t * [3 * nh, input_w, hidden_max].into_iter().max().unwrap_or(1);
+        let x16_len = t.max(1) * [3 * nh, input_w, hidden_max].into_iter().max().unwrap_or(1);
         let b = &mut self.b;
         let x16 = match m.dense {
             DenseDType::Bf16 => grow(&gpu, &mut b.x16, x16_len)?.0,
@@ -89,16 +109,16 @@ impl GpuHstuPredictor {
         };
         let tc = m.dense == DenseDType::Bf16 && self.tensor_core_attention;
         let uvqk16 = match tc {
-            true => grow(&gpu, &mut b.uvqk16, (t + PAD_ROWS) * w)?.0,
+            true => grow(&gpu, &mut b.uvqk16, (full + PAD_ROWS) * w)?.0,
             false => 0,
         };
         if uvqk16 != 0 {
             // The pad rows after the last token: finite (zero), whatever an earlier batch left.
-            // SAFETY: the buffer holds (t + PAD_ROWS) x w bf16 values (grown above); the
+            // SAFETY: the buffer holds (full + PAD_ROWS) x w bf16 values (grown above); the
             // memset is ordered on the compute stream before attention reads the rows.
             unsafe {
                 cudarc::driver::result::memset_d8_async(
-                    uvqk16 + (t * w * 2) as u64,
+                    uvqk16 + (full * w * 2) as u64,
                     0,
                     PAD_ROWS * w * 2,
                     gpu.compute().cu_stream(),
@@ -106,8 +126,20 @@ impl GpuHstuPredictor {
             }
             .ctx("clearing the pad rows")?;
         }
+        let uvqk = grow(&gpu, &mut b.uvqk, full * w)?.0;
+        let (uvqk_c, y_full) = match sel {
+            Some(_) => self.cache_buffers(uvqk, t, full, w, nh)?,
+            None => (0, 0),
+        };
+        let b = &mut self.b;
         Ok(Pass {
             t,
+            full,
+            rows: 0,
+            uvqk_c,
+            y_full,
+            held: (0, 0, 0),
+            kept: (0, 0, 0),
             d,
             td: cols.td,
             total: cols.total,
@@ -120,9 +152,9 @@ impl GpuHstuPredictor {
             input: grow(&gpu, &mut b.input, t * input_w)?.0,
             hidden: grow(&gpu, &mut b.hidden, t * hidden_max)?.0,
             xn: grow(&gpu, &mut b.xn, t * d)?.0,
-            uvqk: grow(&gpu, &mut b.uvqk, t * w)?.0,
+            uvqk,
             uvqk16,
-            attn: grow(&gpu, &mut b.attn, t * nh)?.0,
+            attn: grow(&gpu, &mut b.attn, full * nh)?.0,
             y: grow(&gpu, &mut b.y, t * 3 * nh)?.0,
             x16,
             pos: 0,
@@ -138,8 +170,39 @@ impl GpuHstuPredictor {
         })
     }
 
+    /// A cached pass's own buffers (its compact projections, the assembled rows of every
+    /// token), with the projections of the batch's `full` tokens zeroed: the held tokens' `u`
+    /// and `q` columns are never written, and are zero rather than what an earlier batch left
+    /// (attention reads a row's `q` only for computed rows, but a tile's last rows may be a held
+    /// neighbour's).
+    fn cache_buffers(
+        &mut self,
+        uvqk: u64,
+        t: usize,
+        full: usize,
+        w: usize,
+        nh: usize,
+    ) -> Result<(u64, u64)> {
+        let gpu = self.m.gpu.clone();
+        // SAFETY: uvqk holds full x w floats (grown by the caller), ordered on the stream.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                uvqk,
+                0,
+                full * w * 4,
+                gpu.compute().cu_stream(),
+            )
+        }
+        .ctx("clearing the projections")?;
+        let b = &mut self.b;
+        Ok((
+            grow(&gpu, &mut b.uvqk_c, t * w)?.0,
+            grow(&gpu, &mut b.y_full, full * 3 * nh)?.0,
+        ))
+    }
+
     /// Uploads the host's tables of the batch ([`TokenPlan`]) and notes where they went.
-    fn upload_plan(&mut self, p: &mut Pass, plan: &TokenPlan) -> Result<()> {
+    fn upload_plan(&mut self, p: &mut Pass, plan: &TokenPlan, sel: Option<&Sel>) -> Result<()> {
         let gpu = self.m.gpu.clone();
         let s = gpu.compute().clone();
         let up_i32 = |buf: &mut Option<CudaSlice<i32>>, v: &[i32]| -> Result<u64> {
@@ -168,12 +231,14 @@ impl GpuHstuPredictor {
             .iter()
             .flat_map(|q| [q.start as i32, q.len as i32, q.history() as i32, 0])
             .collect();
+        // Query rows: each sequence's computed tokens (all of them without a cache).
         let tiles: Vec<i32> = plan
             .seqs
             .iter()
             .enumerate()
             .flat_map(|(k, q)| {
-                (0..q.len)
+                let first = sel.map_or(0, |s| s.firsts[k]);
+                (first..q.len)
                     .step_by(TILE)
                     .flat_map(move |i0| [k as i32, i0 as i32])
             })
@@ -192,6 +257,12 @@ impl GpuHstuPredictor {
         out.norms = up_f32(&gpu, &mut b.norms, &norms)?;
         out.cand = up_i32(&mut b.cand, &cand)?;
         out.tf = up_f32(&gpu, &mut b.tf, &plan.time_features)?;
+        if let Some(sel) = sel {
+            let rows: Vec<i32> = sel.tokens.iter().map(|&t| t as i32).collect();
+            out.rows = up_i32(&mut b.sel_rows, &rows)?;
+            out.held = sel.upload_pieces(&gpu, &sel.held, &mut b.held_segs, &mut b.held_meta)?;
+            out.kept = sel.upload_pieces(&gpu, &sel.kept, &mut b.kept_segs, &mut b.kept_meta)?;
+        }
         Ok(())
     }
 
@@ -269,44 +340,72 @@ impl GpuHstuPredictor {
 
     /// Step 4, one STU layer: `x += [u | a | u * norm(a)] W_out` with `u, v, q, k` the
     /// projections of `layer_norm(x)`, `u = silu(u)` and `a` attention.
-    fn stu_layer(&mut self, l: &DevLayer, p: &Pass) -> Result<()> {
+    fn stu_layer(&mut self, layer: usize, l: &DevLayer, p: &Pass) -> Result<()> {
         let s = self.m.gpu.compute().clone();
         let (t, d, w, nh) = (p.t, p.d, p.w, p.nh);
         let (x, xn) = (DevRows { ptr: p.x, ld: d }, DevRows { ptr: p.xn, ld: d });
         self.norm_rows(x, xn, &l.input_norm, t, d, false)?;
         self.mark(Some(Stage::Pointwise))?;
-        self.linear(&l.uvqk, p.xn, t, p.uvqk, p.x16, true)?;
+        let cached = p.rows != 0;
+        self.linear(
+            &l.uvqk,
+            p.xn,
+            t,
+            if cached { p.uvqk_c } else { p.uvqk },
+            p.x16,
+            true,
+        )?;
         self.mark(Some(Stage::Projections))?;
-        let (w_i, n_i, total_n) = (w as i32, nh as i32, (t * w) as i64);
+        if cached {
+            // The computed rows into the batch's layout, the held tokens' keys and values
+            // beside them.
+            self.scatter(p.uvqk_c, w, p.rows, t, p.uvqk)?;
+            self.kv(p.held, layer, p.heads, p.uvqk, p.w, true)?;
+            self.mark(Some(Stage::Pointwise))?;
+        }
+        let (w_i, n_i, total_n) = (w as i32, nh as i32, (p.full * w) as i64);
         let mut b = s.launch_builder(&self.k.silu_u);
         b.arg(&p.uvqk)
             .arg(&w_i)
             .arg(&n_i)
             .arg(&p.uvqk16)
             .arg(&total_n);
-        // SAFETY: uvqk [t, w]; uvqk16 0 or [t + PAD_ROWS, w].
+        // SAFETY: uvqk [full, w]; uvqk16 0 or [full + PAD_ROWS, w].
         unsafe { b.launch(grid(total_n)) }.ctx("launching silu")?;
         self.mark(Some(Stage::Pointwise))?;
         self.attention(p)?;
         self.mark(Some(Stage::Attention))?;
+        if cached {
+            // The computed history tokens' keys and values, for the cache.
+            self.kv(p.kept, layer, p.heads, p.uvqk, p.w, false)?;
+        }
         let on = &l.output_norm;
         let (nw, nb) = (dptr(&on.w, &s), dptr(&on.b, &s));
         let group = i32::from(self.m.model.config().hstu.hstu_group_norm);
-        let (heads_i, rows) = (p.heads as i32, t as i32);
+        let (heads_i, rows) = (p.heads as i32, p.full as i32);
+        let y = if cached { p.y_full } else { p.y };
         let mut b = s.launch_builder(&self.k.assemble);
         b.arg(&p.uvqk)
             .arg(&w_i)
             .arg(&p.attn)
-            .arg(&p.y)
+            .arg(&y)
             .arg(&nw)
             .arg(&nb)
             .arg(&on.eps)
             .arg(&group)
             .arg(&heads_i)
             .arg(&rows);
-        // SAFETY: uvqk [t, w], attn [t, nh], y [t, 3 nh]; the norm's weights nh values
-        // (heads with group norm).
-        unsafe { b.launch(warp_rows(t)) }.ctx("launching the output assembly")?;
+        // SAFETY: uvqk [full, w], attn [full, nh], y (y_full with a cache) [full, 3 nh]; the
+        // norm's weights nh values (heads with group norm).
+        unsafe { b.launch(warp_rows(p.full)) }.ctx("launching the output assembly")?;
+        if cached {
+            let rows = DevList {
+                ptr: p.rows,
+                len: t,
+            };
+            let none = DevRows { ptr: 0, ld: 0 };
+            self.rows(DevRows { ptr: y, ld: 3 * nh }, rows, none, p.y)?;
+        }
         self.mark(Some(Stage::Pointwise))?;
         self.linear(&l.output, p.y, t, p.tmp, p.x16, false)?;
         self.mark(Some(Stage::Projections))?;
@@ -325,10 +424,10 @@ impl GpuHstuPredictor {
         let s = self.m.gpu.compute().clone();
         let qk = self.m.model.config().hstu.hstu_attn_qk_dim;
         let alpha = (1.0 / (qk as f64).sqrt()) as f32;
-        // SAFETY: attn holds t x nh floats (grown in `buffers`); ordered on the compute stream
+        // SAFETY: attn holds full x nh floats (grown in `buffers`); ordered on the compute stream
         // before the kernels add into it.
         unsafe {
-            cudarc::driver::result::memset_d8_async(p.attn, 0, p.t * p.nh * 4, s.cu_stream())
+            cudarc::driver::result::memset_d8_async(p.attn, 0, p.full * p.nh * 4, s.cu_stream())
         }
         .ctx("clearing attention's output")?;
         let tc = self.tensor_core_attention();

@@ -15,13 +15,16 @@
 //!
 //! Parity: `tests/hstu_gpu.rs` checks f32 and bf16 scores against the CPU predictor.
 
+mod cached;
 mod forward;
+mod held;
 mod ops;
 mod predictor;
+mod sel;
 
 pub use predictor::{AttentionKernel, GpuHstuPredictor};
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use ember_model::DenseDType;
@@ -123,6 +126,9 @@ pub struct GpuHstu {
     post_pairs: CudaSlice<i32>,
     add_pairs: CudaSlice<i32>,
     item_pairs: CudaSlice<i32>,
+    /// Device copies of the history cache's segments (`cached.rs`), and the bytes they may take.
+    held: Mutex<held::DevHeld>,
+    held_budget: usize,
 }
 
 impl GpuHstu {
@@ -198,10 +204,22 @@ impl GpuHstu {
             add_pairs: pairs(&add)?,
             item_pairs: pairs(&items)?,
             emb,
+            held: Mutex::default(),
+            held_budget: 0,
             model,
         };
         s.synchronize().ctx("uploading the model")?;
-        Ok(g)
+        // With a cache of histories, its segments' copies take up to as much device memory as
+        // the cache takes host memory, and at most half of what is free once the model is up.
+        let held_budget = match g.model.history_cache() {
+            Some(c) => {
+                let (free, _) =
+                    cudarc::driver::result::mem_get_info().ctx("reading free memory")?;
+                c.config().bytes.min(free / 2)
+            }
+            None => 0,
+        };
+        Ok(GpuHstu { held_budget, ..g })
     }
 
     pub fn model(&self) -> &Arc<HstuModel> {
@@ -219,6 +237,11 @@ impl GpuHstu {
     /// Bytes of the tables on the device.
     pub fn table_bytes(&self) -> usize {
         self.emb.device_bytes()
+    }
+
+    /// Device memory the history cache's segment copies hold now, and may hold.
+    pub fn held_bytes(&self) -> (usize, usize) {
+        (held::lock(&self.held).bytes(), self.held_budget)
     }
 }
 

@@ -9,7 +9,9 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice};
 use ember_embed::Pooling;
 use ember_model::DenseDType;
-use ember_model::hstu::{AttentionNorm, HstuBatch, HstuScores, HstuTimes};
+use ember_model::hstu::{AttentionNorm, HstuBatch, HstuScores, HstuTimes, TokenPlan};
+
+use super::sel::Sel;
 
 use super::GpuHstu;
 use crate::device::{Gpu, TIMED};
@@ -38,6 +40,8 @@ pub(super) struct Kernels {
     pub(super) attn_bf16_v2: Option<CudaFunction>,
     pub(super) to_bf16: CudaFunction,
     pub(super) bias: CudaFunction,
+    pub(super) scatter: CudaFunction,
+    pub(super) kv: CudaFunction,
 }
 
 impl Kernels {
@@ -70,6 +74,8 @@ impl Kernels {
             },
             to_bf16: f("ember_to_bf16")?,
             bias: f("ember_bias_act")?,
+            scatter: f("hstu_scatter")?,
+            kv: f("hstu_kv")?,
         })
     }
 }
@@ -98,6 +104,14 @@ pub(super) struct Bufs {
     pub(super) tiles: Option<CudaSlice<i32>>,
     pub(super) cand: Option<CudaSlice<i32>>,
     pub(super) tf: Option<CudaSlice<f32>>,
+    // A pass with a cache of histories (`cached.rs`).
+    pub(super) uvqk_c: Option<CudaSlice<f32>>,
+    pub(super) y_full: Option<CudaSlice<f32>>,
+    pub(super) sel_rows: Option<CudaSlice<i32>>,
+    pub(super) held_segs: Option<CudaSlice<u64>>,
+    pub(super) held_meta: Option<CudaSlice<i32>>,
+    pub(super) kept_segs: Option<CudaSlice<u64>>,
+    pub(super) kept_meta: Option<CudaSlice<i32>>,
 }
 
 /// Which kernel runs bf16 attention on tensor cores (`kernels/hstu.cu`, `kernels/hstu_attn2.cu`).
@@ -225,13 +239,28 @@ impl GpuHstuPredictor {
 
     /// Scores `batch` (users checked by [`HstuModel::check_users`] on this model): its ids and
     /// host tables go up, the pass runs, the logits come back. Times are the device's, per
-    /// stage, from events; `wall` is the host's whole call.
+    /// stage, from events; `wall` is the host's whole call. With a cache of users' histories on
+    /// the model, its users' held tokens are read from it ([`GpuHstuPredictor::run_cached`]).
     pub fn run(&mut self, batch: &HstuBatch) -> Result<(HstuScores, HstuTimes)> {
+        if let Some(cache) = self.m.model.history_cache().cloned() {
+            return self.run_cached(batch, &cache).map(|(s, t, _)| (s, t));
+        }
+        let plan = self.m.model.token_plan(batch, self.norm);
+        self.pass(batch, &plan, None)
+    }
+
+    /// One pass over `plan`'s tokens: every token of `batch`, or with `sel` the computed ones
+    /// (`plan` then their compact plan).
+    pub(super) fn pass(
+        &mut self,
+        batch: &HstuBatch,
+        plan: &TokenPlan,
+        sel: Option<&Sel>,
+    ) -> Result<(HstuScores, HstuTimes)> {
         let start = Instant::now();
         let model = self.m.model.clone();
-        let plan = model.token_plan(batch, self.norm);
-        if batch.tokens() == 0 {
-            let scores = HstuScores::from_logits(&model, &[], plan.offsets);
+        if plan.positions.is_empty() {
+            let scores = HstuScores::from_logits(&model, &[], plan.offsets.clone());
             let times = HstuTimes {
                 wall: start.elapsed(),
                 ..HstuTimes::default()
@@ -240,10 +269,16 @@ impl GpuHstuPredictor {
         }
         self.marks.clear();
         self.mark(None)?;
-        self.run.upload_valid(&self.m.emb, batch.lookups().view())?;
+        match sel {
+            Some(sel) => {
+                let lookups = batch.lookups().select(&sel.tokens);
+                self.run.upload_valid(&self.m.emb, lookups.view())?;
+            }
+            None => self.run.upload_valid(&self.m.emb, batch.lookups().view())?,
+        }
         self.run.launch(&self.m.emb)?;
         self.mark(Some(Stage::Lookups))?;
-        let n = self.forward(batch, &plan)?;
+        let n = self.forward(batch, plan, sel)?;
         let tasks = model.config().hstu.multitask_configs.len();
         let mut logits = vec![0.0f32; n * tasks];
         let stream = self.m.gpu.compute().clone();
@@ -271,7 +306,7 @@ impl GpuHstuPredictor {
         }
         times.wall = start.elapsed();
         Ok((
-            HstuScores::from_logits(&model, &logits, plan.offsets),
+            HstuScores::from_logits(&model, &logits, plan.offsets.clone()),
             times,
         ))
     }
