@@ -58,7 +58,11 @@ impl HstuEngine {
         norm: Option<AttentionNorm>,
     ) -> Result<HstuEngine> {
         let servable: Arc<dyn Servable> = model.clone();
-        if model.history_cache().is_some() && norm == Some(AttentionNorm::BatchMax) {
+        // The model's own rule where none is given: a config of batch_max is refused here,
+        // not at every batch.
+        if model.history_cache().is_some()
+            && norm.unwrap_or(model.config().attention_norm) == AttentionNorm::BatchMax
+        {
             anyhow::bail!(
                 "--history-cache-mb needs --attention-norm alone (a batch's longest length \
                  changes with its users)"

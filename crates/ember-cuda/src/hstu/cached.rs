@@ -132,6 +132,10 @@ impl GpuHstuPredictor {
                 let buf = match copy {
                     Some(b) => b,
                     None => {
+                        // Shared before its copy has landed: another engine's pass that reads
+                        // it is queued after the copy, because every engine of a model runs on
+                        // the device's one compute stream. Engines on streams of their own would
+                        // need an event here.
                         let b = Arc::new(s.clone_htod(&seg.kv).ctx("uploading a held segment")?);
                         lock(&m.held).put(seg, b.clone(), m.held_budget);
                         b

@@ -453,11 +453,11 @@ impl GpuHstuPredictor {
             block_dim: (if tc { 128 } else { 256 }, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the kernels read uvqk [t, w] (f32), or uvqk16 [t + PAD_ROWS, w] whose pad
-        // rows were zeroed in `buffers` (bf16; v1 reads at most 64 rows past a sequence, v2
-        // at most 32); seq / norms / tiles as the kernel reads them,
-        // every tile's sequence inside [0, t); they add into attn [t, heads x hid], zeroed
-        // above.
+        // SAFETY: the kernels read uvqk [full, w] (f32), or uvqk16 [full + PAD_ROWS, w] whose
+        // pad rows were zeroed in `buffers` (bf16: q rows at most 63 past a tile's sequence, k
+        // and v rows at most 63 (v1) or 31 (v2): PAD_ROWS = 64 covers both); seq / norms /
+        // tiles as the kernel reads them, every tile's sequence inside [0, full); they add into
+        // attn [full, heads x hid], zeroed above.
         unsafe { b.launch(cfg) }.ctx("launching attention")?;
         Ok(())
     }

@@ -270,11 +270,12 @@ impl GpuHstuPredictor {
         self.marks.clear();
         self.mark(None)?;
         match sel {
-            Some(sel) => {
+            // Some tokens held: the computed ones' lookups alone.
+            Some(sel) if sel.tokens.len() < batch.tokens() => {
                 let lookups = batch.lookups().select(&sel.tokens);
                 self.run.upload_valid(&self.m.emb, lookups.view())?;
             }
-            None => self.run.upload_valid(&self.m.emb, batch.lookups().view())?,
+            _ => self.run.upload_valid(&self.m.emb, batch.lookups().view())?,
         }
         self.run.launch(&self.m.emb)?;
         self.mark(Some(Stage::Lookups))?;
