@@ -47,6 +47,19 @@ fn upload(_: &GpuArgs, _: Arc<HstuModel>, _: DenseDType) -> Result<GpuModel> {
     Err(crate::device::no_cuda())
 }
 
+/// A history cache divides each user's attention by its own length, so `--attention-norm
+/// batch_max` is refused with one; a model whose config says batch_max gets no cache at all
+/// (`HstuModel::set_history_cache`).
+fn refuse_batch_max_with_cache(model: &HstuModel, norm: Option<AttentionNorm>) -> Result<()> {
+    if model.history_cache().is_some() && norm == Some(AttentionNorm::BatchMax) {
+        anyhow::bail!(
+            "--history-cache-mb needs --attention-norm alone (a batch's longest length \
+             changes with its users)"
+        );
+    }
+    Ok(())
+}
+
 impl HstuEngine {
     /// `model` on `gpu.device`: linear layers in `dense`, attention divided by `norm` (else as
     /// the model's config says), `threads` CPU threads (the CPU's pass, or the host's share).
@@ -58,16 +71,7 @@ impl HstuEngine {
         norm: Option<AttentionNorm>,
     ) -> Result<HstuEngine> {
         let servable: Arc<dyn Servable> = model.clone();
-        // The model's own rule where none is given: a config of batch_max is refused here,
-        // not at every batch.
-        if model.history_cache().is_some()
-            && norm.unwrap_or(model.config().attention_norm) == AttentionNorm::BatchMax
-        {
-            anyhow::bail!(
-                "--history-cache-mb needs --attention-norm alone (a batch's longest length \
-                 changes with its users)"
-            );
-        }
+        refuse_batch_max_with_cache(&model, norm)?;
         let pass = if gpu.is_cuda() {
             let m = upload(gpu, model, dense)?;
             Self::on_gpu(gpu, &m, norm)?
@@ -93,14 +97,7 @@ impl HstuEngine {
         instances: usize,
         norm: Option<AttentionNorm>,
     ) -> Result<Vec<HstuEngine>> {
-        if model.history_cache().is_some()
-            && norm.unwrap_or(model.config().attention_norm) == AttentionNorm::BatchMax
-        {
-            anyhow::bail!(
-                "--history-cache-mb needs attention_norm alone (a batch's longest length \
-                 changes with its users); this model's config says batch_max"
-            );
-        }
+        refuse_batch_max_with_cache(&model, norm)?;
         let servable: Arc<dyn Servable> = model.clone();
         let dense = model.config().dense_dtype;
         let m = upload(gpu, model, dense)?;

@@ -9,6 +9,7 @@
 //! - `EMBER.POOL` refuses a call naming a key its caller may not read, naming the user and the
 //!   key, whole (no partial sums), and logs it in `ACL LOG`.
 
+use crate::scores;
 use crate::server::{Server, tsv_rows};
 use ember_bench::redis_cluster::{self, LocalCluster};
 use ember_embed::{
@@ -158,18 +159,6 @@ fn assert_rules_as_redis_reads_them(c: &LocalCluster, user: &str, role: &str, mo
         assert_eq!(got.keys, want.keys, "{user} on {}: {rules}", n.port);
         assert!(got.none_first && !got.all_keys, "{user}: {rules}");
     }
-}
-
-/// `/v1/score` of each body on `s`.
-fn scores(s: &Server, bodies: &[Vec<u8>]) -> Vec<String> {
-    bodies
-        .iter()
-        .map(|b| {
-            let (code, got) = s.request("POST", "/v1/score", "text/plain", b).unwrap();
-            assert_eq!(code, 200, "{got}");
-            got
-        })
-        .collect()
 }
 
 /// The shipped model pushed, verified, promoted and updated with the publisher's rights only,

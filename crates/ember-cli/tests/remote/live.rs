@@ -315,16 +315,7 @@ fn a_served_model_applies_updates_to_its_in_memory_table() {
     let serve = || Server::start(&["--grpc", "off", "--model", m, "--redis", &url]);
     let a = serve();
     let bodies: Vec<Vec<u8>> = (0..4u64).map(|s| tsv_rows(16, 500 + s)).collect();
-    let scores = |s: &Server| -> Vec<String> {
-        bodies
-            .iter()
-            .map(|b| {
-                let (code, got) = s.request("POST", "/v1/score", "text/plain", b).unwrap();
-                assert_eq!(code, 200, "{got}");
-                got
-            })
-            .collect()
-    };
+    let scores = |s: &Server| crate::scores(s, &bodies);
     let before = scores(&a);
     let file = dir.join("t3.safetensors");
     let ids: Vec<i64> = (0..2048).collect();

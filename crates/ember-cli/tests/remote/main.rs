@@ -200,3 +200,15 @@ pub fn ok(args: &[&str]) -> String {
     assert!(done, "ember {args:?}: {text}");
     text
 }
+
+/// `/v1/score` of each TSV body on `s`, each answered 200: the answers, one string per body.
+pub(crate) fn scores(s: &server::Server, bodies: &[Vec<u8>]) -> Vec<String> {
+    bodies
+        .iter()
+        .map(|b| {
+            let (code, got) = s.request("POST", "/v1/score", "text/plain", b).unwrap();
+            assert_eq!(code, 200, "{got}");
+            got
+        })
+        .collect()
+}

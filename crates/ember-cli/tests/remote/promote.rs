@@ -6,7 +6,7 @@
 //! leaves the served one alone and is reported; and promote's refusals.
 
 use crate::server::{PATIENCE, Server, tsv_rows, wait_until as wait_for};
-use crate::{ember, ok};
+use crate::{ember, ok, scores};
 use ember_registry::layout;
 use ember_tier::storage::remote;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,18 +77,6 @@ fn promote(url: &str, v: u64) -> String {
     let (done, said) = version_cmd("promote", url, "fresh", v);
     assert!(done, "{said}");
     said
-}
-
-/// The scores `s` gives `bodies`, one string per body.
-fn scores(s: &Server, bodies: &[Vec<u8>]) -> Vec<String> {
-    bodies
-        .iter()
-        .map(|b| {
-            let (code, got) = s.request("POST", "/v1/score", "text/plain", b).unwrap();
-            assert_eq!(code, 200, "{got}");
-            got
-        })
-        .collect()
 }
 
 /// The version `s` serves, from its index.

@@ -24,10 +24,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use ember_model::hstu::cache::{Entry, Plan, Segment, epochs, fingerprint};
-use ember_model::hstu::{
-    AsOf, AttentionNorm, CacheUse, HistoryCache, HstuBatch, HstuScores, HstuTimes,
-};
+use ember_model::hstu::cache::{Plan, epochs};
+use ember_model::hstu::{AttentionNorm, CacheUse, HistoryCache, HstuBatch, HstuScores, HstuTimes};
 
 use super::GpuHstu;
 use super::held::lock;
@@ -37,11 +35,10 @@ use super::sel::{Piece, Sel};
 use crate::device::dptr;
 use crate::error::{CudaError, DriverCtx, Result};
 
-/// One user's share of a cached pass: its plan, the segments it reads, what it keeps (its
-/// tokens, counted from its start, and the device segment they go to).
+/// One user's share of a cached pass: its plan, what it keeps (its tokens, counted from its
+/// start, and the device segment they go to).
 struct UserPass {
     plan: Plan,
-    read: Vec<Arc<Segment>>,
     keep: Range<usize>,
     kept: Option<Arc<CudaSlice<f32>>>,
 }
@@ -94,10 +91,7 @@ impl GpuHstuPredictor {
             ..CacheUse::default()
         };
         for (u, up) in planned.users.into_iter().enumerate() {
-            if let Plan::Reuse { entry, .. } = &up.plan {
-                used.hits += 1;
-                used.held_tokens += batch.slots() + entry.history;
-            }
+            used.count(&up.plan, batch.slots());
             self.keep_entry(batch, u, up, cache, &now)?;
         }
         times.wall = start.elapsed();
@@ -110,7 +104,6 @@ impl GpuHstuPredictor {
         let m = self.m.clone();
         let s = m.gpu.compute().clone();
         let per_token = per_token(&m);
-        let slots = batch.slots();
         let mut out = Planned {
             users: Vec::with_capacity(batch.len()),
             sel: Sel::default(),
@@ -118,14 +111,7 @@ impl GpuHstuPredictor {
         };
         for (u, span) in batch.users().iter().enumerate() {
             let plan = cache.plan(&m.model, batch, u);
-            let (first, read) = match &plan {
-                Plan::Reuse { entry, .. } => (slots + entry.history, entry.segments.clone()),
-                _ => (0, Vec::new()),
-            };
-            let keep = match &plan {
-                Plan::Uncached => 0..0,
-                _ => first..slots + span.history,
-            };
+            let (first, read, keep) = plan.tokens(batch, u);
             let mut row = span.start;
             for seg in &read {
                 let copy = lock(&m.held).get(seg);
@@ -166,18 +152,13 @@ impl GpuHstuPredictor {
             };
             out.sel.firsts.push(first);
             (out.sel.tokens).extend(span.start + first..span.start + batch.len_of(span));
-            out.users.push(UserPass {
-                plan,
-                read,
-                keep,
-                kept,
-            });
+            out.users.push(UserPass { plan, keep, kept });
         }
         Ok(out)
     }
 
     /// User `u`'s entry after the pass: the segments it read and the one it kept (downloaded
-    /// for the host, its device copy kept), under its key, as of `now`'s epochs.
+    /// for the host, its device copy kept), as of `now`'s epochs.
     fn keep_entry(
         &self,
         batch: &HstuBatch,
@@ -186,11 +167,7 @@ impl GpuHstuPredictor {
         cache: &HistoryCache,
         now: &[u64],
     ) -> Result<()> {
-        let key = match up.plan {
-            Plan::Uncached => return Ok(()),
-            Plan::Fresh { key } | Plan::Reuse { key, .. } => key,
-        };
-        let Some(buf) = up.kept else {
+        let (Some(buf), Some(_)) = (up.kept, up.plan.key()) else {
             return Ok(());
         };
         let m = &self.m;
@@ -198,24 +175,9 @@ impl GpuHstuPredictor {
         (m.gpu.compute())
             .memcpy_dtoh(&*buf, &mut kv)
             .ctx("downloading kept keys and values")?;
-        let seg = Arc::new(Segment {
-            tokens: up.keep.len(),
-            as_of: AsOf::of(batch, u),
-            kv,
-        });
-        lock(&m.held).put(&seg, buf, m.held_budget);
-        let mut segments = up.read;
-        segments.push(seg);
-        let history = batch.users()[u].history;
-        cache.insert(
-            key,
-            Entry {
-                history,
-                fingerprint: fingerprint(batch, u, history),
-                epochs: now.to_vec(),
-                segments,
-            },
-        );
+        if let Some(seg) = cache.keep_pass(batch, u, &up.plan, up.keep.len(), kv, now) {
+            lock(&m.held).put(&seg, buf, m.held_budget);
+        }
         Ok(())
     }
 

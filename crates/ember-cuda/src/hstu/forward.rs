@@ -260,8 +260,8 @@ impl GpuHstuPredictor {
         if let Some(sel) = sel {
             let rows: Vec<i32> = sel.tokens.iter().map(|&t| t as i32).collect();
             out.rows = up_i32(&mut b.sel_rows, &rows)?;
-            out.held = sel.upload_pieces(&gpu, &sel.held, &mut b.held_segs, &mut b.held_meta)?;
-            out.kept = sel.upload_pieces(&gpu, &sel.kept, &mut b.kept_segs, &mut b.kept_meta)?;
+            out.held = Sel::upload_pieces(&gpu, &sel.held, &mut b.held_segs, &mut b.held_meta)?;
+            out.kept = Sel::upload_pieces(&gpu, &sel.kept, &mut b.kept_segs, &mut b.kept_meta)?;
         }
         Ok(())
     }

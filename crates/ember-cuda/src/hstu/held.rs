@@ -25,20 +25,11 @@ struct Copy1 {
 }
 
 impl DevHeld {
-    /// The copy of `seg`, if the device holds it.
+    /// The copy of `seg`, if the device holds it. An entry's `Weak` keeps its segment's
+    /// allocation, so no other segment can be at that address while the entry stands.
     pub(super) fn get(&mut self, seg: &Arc<Segment>) -> Option<Arc<CudaSlice<f32>>> {
-        let key = Arc::as_ptr(seg) as usize;
         self.clock += 1;
-        let live = (self.map.get(&key))
-            .is_some_and(|c| c.seg.upgrade().is_some_and(|s| Arc::ptr_eq(&s, seg)));
-        if !live {
-            // Another segment once at this address: its copy is not this one's.
-            if let Some(old) = self.map.remove(&key) {
-                self.bytes -= old.buf.len() * 4;
-            }
-            return None;
-        }
-        let c = self.map.get_mut(&key).expect("checked");
+        let c = self.map.get_mut(&(Arc::as_ptr(seg) as usize))?;
         c.used = self.clock;
         Some(c.buf.clone())
     }

@@ -70,7 +70,6 @@ impl Sel {
 
     /// `pieces` on the device: (their segments' addresses, their `(n, row)` pairs, how many).
     pub fn upload_pieces(
-        &self,
         gpu: &Gpu,
         pieces: &[Piece],
         segs: &mut Option<CudaSlice<u64>>,

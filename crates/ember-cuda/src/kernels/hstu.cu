@@ -374,6 +374,69 @@ __device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) 
 #define KT 64
 #define KS (QK + 8)
 #define VS (HID + 8)
+
+// What both bf16 kernels share. q's A fragments of rows g and g + 8 from `qlo` (row g's q):
+// QK / 16 steps of 4 registers.
+__device__ __forceinline__ void q_frags(const unsigned short* qlo, int w, int t,
+                                        unsigned (&qa)[QK / 16][4]) {
+    const unsigned short* qhi = qlo + (i64)8 * w;
+#pragma unroll
+    for (int ks_ = 0; ks_ < QK / 16; ks_++) {
+        const int c = ks_ * 16 + 2 * t;
+        qa[ks_][0] = ld2(qlo + c);
+        qa[ks_][1] = ld2(qhi + c);
+        qa[ks_][2] = ld2(qlo + c + 8);
+        qa[ks_][3] = ld2(qhi + c + 8);
+    }
+}
+
+// The scores of keys j .. j + 16 (two n8 halves) for rows ilo and ihi: silu, scale and mask in
+// place, packed as P's A fragment.
+__device__ __forceinline__ void p_frag(const float (&sc)[2][4], int j, int t, int ilo, int ihi,
+                                       int m, int len, float alpha, float inv, unsigned (&pa)[4]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int jj = j + half * 8 + 2 * t;
+        float p[4];
+        p[0] = attn_valid(ilo, jj, m, len) ? silu_f(alpha * sc[half][0]) * inv : 0.0f;
+        p[1] = attn_valid(ilo, jj + 1, m, len) ? silu_f(alpha * sc[half][1]) * inv : 0.0f;
+        p[2] = attn_valid(ihi, jj, m, len) ? silu_f(alpha * sc[half][2]) * inv : 0.0f;
+        p[3] = attn_valid(ihi, jj + 1, m, len) ? silu_f(alpha * sc[half][3]) * inv : 0.0f;
+        pa[2 * half] = pack2(f32_to_bf16(p[0]), f32_to_bf16(p[1]));
+        pa[2 * half + 1] = pack2(f32_to_bf16(p[2]), f32_to_bf16(p[3]));
+    }
+}
+
+// O += P V for the output block at column c of shared v rows `vs` (keys 0 .. 16 of the piece),
+// the B fragments read as 2-byte loads (keys 2t, 2t + 1 | 2t + 8, 2t + 9; column g).
+__device__ __forceinline__ void pv_block(float (&o)[4], const unsigned (&pa)[4],
+                                         const unsigned short* vs, int g, int t, int c) {
+    const unsigned short* v0 = vs + (2 * t) * VS + g;
+    const unsigned short* v1 = v0 + VS;
+    const unsigned short* v8 = v0 + 8 * VS;
+    const unsigned short* v9 = v8 + VS;
+    mma_bf16(o, pa[0], pa[1], pa[2], pa[3], pack2(v0[c], v1[c]), pack2(v8[c], v9[c]));
+}
+
+// Adds the warp's output rows ilo and ihi (those <= r1) of head h into `out`.
+__device__ __forceinline__ void add_out(const float (&o)[HID / 8][4], float* out, int start,
+                                        int ilo, int ihi, int r1, int heads, int h, int t) {
+    const int stride = heads * HID;
+#pragma unroll
+    for (int nb = 0; nb < HID / 8; nb++) {
+        const int c = h * HID + nb * 8 + 2 * t;
+        if (ilo <= r1) {
+            float* dst = out + (i64)(start + ilo) * stride + c;
+            atomicAdd(dst, o[nb][0]);
+            atomicAdd(dst + 1, o[nb][1]);
+        }
+        if (ihi <= r1) {
+            float* dst = out + (i64)(start + ihi) * stride + c;
+            atomicAdd(dst, o[nb][2]);
+            atomicAdd(dst + 1, o[nb][3]);
+        }
+    }
+}
 extern "C" __global__ void __launch_bounds__(128)
 hstu_attn_bf16(const unsigned short* uvqk16, int w, const int* seq, const float* norms,
                const int* tiles, int heads, float alpha, int chunk, float* out) {
@@ -408,16 +471,7 @@ hstu_attn_bf16(const unsigned short* uvqk16, int w, const int* seq, const float*
     const int vcol = heads * HID + h * HID;
     // q's A fragments, QK / 16 steps of 4 registers.
     unsigned qa[QK / 16][4];
-    const unsigned short* qlo = uvqk16 + (i64)(start + (active ? r0 : t0) + g) * w + qcol;
-    const unsigned short* qhi = qlo + (i64)8 * w;
-#pragma unroll
-    for (int ks_ = 0; ks_ < QK / 16; ks_++) {
-        const int c = ks_ * 16 + 2 * t;
-        qa[ks_][0] = ld2(qlo + c);
-        qa[ks_][1] = ld2(qhi + c);
-        qa[ks_][2] = ld2(qlo + c + 8);
-        qa[ks_][3] = ld2(qhi + c + 8);
-    }
+    q_frags(uvqk16 + (i64)(start + (active ? r0 : t0) + g) * w + qcol, w, t, qa);
     float o[HID / 8][4];
 #pragma unroll
     for (int nb = 0; nb < HID / 8; nb++) {
@@ -468,29 +522,11 @@ hstu_attn_bf16(const unsigned short* uvqk16, int w, const int* seq, const float*
                 }
                 // silu, scale and mask in place; then the scores as P's A fragment.
                 unsigned pa[4];
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const int jj = j + half * 8 + 2 * t;
-                    float p[4];
-                    p[0] = attn_valid(ilo, jj, m, len) ? silu_f(alpha * sc[half][0]) * inv : 0.0f;
-                    p[1] = attn_valid(ilo, jj + 1, m, len) ? silu_f(alpha * sc[half][1]) * inv
-                                                           : 0.0f;
-                    p[2] = attn_valid(ihi, jj, m, len) ? silu_f(alpha * sc[half][2]) * inv : 0.0f;
-                    p[3] = attn_valid(ihi, jj + 1, m, len) ? silu_f(alpha * sc[half][3]) * inv
-                                                           : 0.0f;
-                    pa[2 * half] = pack2(f32_to_bf16(p[0]), f32_to_bf16(p[1]));
-                    pa[2 * half + 1] = pack2(f32_to_bf16(p[2]), f32_to_bf16(p[3]));
-                }
-                // O += P V: B fragments (keys 2t, 2t + 1 | 2t + 8, 2t + 9; column g of each n8).
-                const unsigned short* v0 = vs + (p16 + 2 * t) * VS + g;
-                const unsigned short* v1 = v0 + VS;
-                const unsigned short* v8 = v0 + 8 * VS;
-                const unsigned short* v9 = v8 + VS;
+                p_frag(sc, j, t, ilo, ihi, m, len, alpha, inv, pa);
+                // O += P V, an n8 block at a time.
 #pragma unroll
                 for (int nb = 0; nb < HID / 8; nb++) {
-                    const int c = nb * 8;
-                    mma_bf16(o[nb], pa[0], pa[1], pa[2], pa[3], pack2(v0[c], v1[c]),
-                             pack2(v8[c], v9[c]));
+                    pv_block(o[nb], pa, vs + p16 * VS, g, t, nb * 8);
                 }
             }
         }
@@ -498,20 +534,6 @@ hstu_attn_bf16(const unsigned short* uvqk16, int w, const int* seq, const float*
     if (!active) {
         return;
     }
-    const int stride = heads * HID;
-#pragma unroll
-    for (int nb = 0; nb < HID / 8; nb++) {
-        const int c = h * HID + nb * 8 + 2 * t;
-        if (ilo <= r1) {
-            float* dst = out + (i64)(start + ilo) * stride + c;
-            atomicAdd(dst, o[nb][0]);
-            atomicAdd(dst + 1, o[nb][1]);
-        }
-        if (ihi <= r1) {
-            float* dst = out + (i64)(start + ihi) * stride + c;
-            atomicAdd(dst, o[nb][2]);
-            atomicAdd(dst + 1, o[nb][3]);
-        }
-    }
+    add_out(o, out, start, ilo, ihi, r1, heads, h, t);
 }
 #endif

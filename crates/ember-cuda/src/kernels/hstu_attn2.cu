@@ -1,5 +1,6 @@
 // HSTU attention in bf16 on tensor cores, second version (`hstu_attn_bf16_v2`), compiled after
-// hstu.cu (attn_valid, key_ranges, mma_bf16, pack2, ld2, silu_f, KS, VS). The same sums as
+// hstu.cu (key_ranges, mma_bf16, ld2, KS, VS, and the parts both kernels share: q_frags, p_frag,
+// pv_block, add_out). The same sums as
 // `hstu_attn_bf16` (the spec: crates/ember-model/src/hstu/attention/mod.rs), the same grid,
 // tiles and key chunks; it differs in how the keys reach the tensor cores:
 //
@@ -117,16 +118,7 @@ hstu_attn_bf16_v2(const unsigned short* uvqk16, int w, const int* seq, const flo
     load(0, 0);
 
     unsigned qa[QK / 16][4];
-    const unsigned short* qlo = uvqk16 + (i64)(start + (active ? r0 : t0) + g) * w + qcol;
-    const unsigned short* qhi = qlo + (i64)8 * w;
-#pragma unroll
-    for (int ks_ = 0; ks_ < QK / 16; ks_++) {
-        const int c = ks_ * 16 + 2 * t;
-        qa[ks_][0] = ld2(qlo + c);
-        qa[ks_][1] = ld2(qhi + c);
-        qa[ks_][2] = ld2(qlo + c + 8);
-        qa[ks_][3] = ld2(qhi + c + 8);
-    }
+    q_frags(uvqk16 + (i64)(start + (active ? r0 : t0) + g) * w + qcol, w, t, qa);
     float o[HID / 8][4];
 #pragma unroll
     for (int nb = 0; nb < HID / 8; nb++) {
@@ -185,19 +177,7 @@ hstu_attn_bf16_v2(const unsigned short* uvqk16, int w, const int* seq, const flo
 #endif
                 }
                 unsigned pa[4];
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const int jj = j + half * 8 + 2 * t;
-                    float p[4];
-                    p[0] = attn_valid(ilo, jj, m, len) ? silu_f(alpha * sc[half][0]) * inv : 0.0f;
-                    p[1] = attn_valid(ilo, jj + 1, m, len) ? silu_f(alpha * sc[half][1]) * inv
-                                                           : 0.0f;
-                    p[2] = attn_valid(ihi, jj, m, len) ? silu_f(alpha * sc[half][2]) * inv : 0.0f;
-                    p[3] = attn_valid(ihi, jj + 1, m, len) ? silu_f(alpha * sc[half][3]) * inv
-                                                           : 0.0f;
-                    pa[2 * half] = pack2(f32_to_bf16(p[0]), f32_to_bf16(p[1]));
-                    pa[2 * half + 1] = pack2(f32_to_bf16(p[2]), f32_to_bf16(p[3]));
-                }
+                p_frag(sc, j, t, ilo, ihi, m, len, alpha, inv, pa);
                 const unsigned short* vr = &vs[b][(p16 + v_row) * VS + v_col];
 #pragma unroll
                 for (int nb = 0; nb < HID / 16; nb++) {
@@ -207,15 +187,7 @@ hstu_attn_bf16_v2(const unsigned short* uvqk16, int w, const int* seq, const flo
                     mma_bf16(o[2 * nb + 1], pa[0], pa[1], pa[2], pa[3], f[2], f[3]);
                 }
 #if HID % 16 == 8
-                {
-                    const unsigned short* v0 = &vs[b][(p16 + 2 * t) * VS + g];
-                    const unsigned short* v1 = v0 + VS;
-                    const unsigned short* v8 = v0 + 8 * VS;
-                    const unsigned short* v9 = v8 + VS;
-                    const int c = HID - 8;
-                    mma_bf16(o[HID / 8 - 1], pa[0], pa[1], pa[2], pa[3], pack2(v0[c], v1[c]),
-                             pack2(v8[c], v9[c]));
-                }
+                pv_block(o[HID / 8 - 1], pa, &vs[b][p16 * VS], g, t, HID - 8);
 #endif
             }
         }
@@ -224,20 +196,6 @@ hstu_attn_bf16_v2(const unsigned short* uvqk16, int w, const int* seq, const flo
     if (!active) {
         return;
     }
-    const int stride = heads * HID;
-#pragma unroll
-    for (int nb = 0; nb < HID / 8; nb++) {
-        const int c = h * HID + nb * 8 + 2 * t;
-        if (ilo <= r1) {
-            float* dst = out + (i64)(start + ilo) * stride + c;
-            atomicAdd(dst, o[nb][0]);
-            atomicAdd(dst + 1, o[nb][1]);
-        }
-        if (ihi <= r1) {
-            float* dst = out + (i64)(start + ihi) * stride + c;
-            atomicAdd(dst, o[nb][2]);
-            atomicAdd(dst + 1, o[nb][3]);
-        }
-    }
+    add_out(o, out, start, ilo, ihi, r1, heads, h, t);
 }
 #endif

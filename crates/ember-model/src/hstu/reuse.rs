@@ -1,8 +1,12 @@
 //! The forward pass with a cache of users' histories ([`super::cache`]): a user whose entry the
 //! cache lets stand computes only its tokens past the entry (new history items and
 //! candidates: their lookups, inputs, projections, attention against the held keys and
-//! values); every user's slots and history are kept for its next request.
+//! values); every user's slots and history are kept for its next request. What a cached pass
+//! on any device reads of a user's entry and keeps after it ([`Plan::tokens`],
+//! [`HistoryCache::keep_pass`]) is here too.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::cache::{Entry, HistoryCache, Plan, Segment, epochs, fingerprint};
@@ -62,16 +66,9 @@ impl HstuPredictor {
         let mut held = Held::none();
         let mut firsts = Vec::with_capacity(batch.len());
         let mut plans = Vec::with_capacity(batch.len());
-        for (u, span) in batch.users().iter().enumerate() {
+        for u in 0..batch.len() {
             let plan = cache.plan(&model, batch, u);
-            let (first, read) = match &plan {
-                Plan::Reuse { entry, .. } => (slots + entry.history, entry.segments.clone()),
-                _ => (0, Vec::new()),
-            };
-            let keep = match &plan {
-                Plan::Uncached => 0..0,
-                _ => first..slots + span.history,
-            };
+            let (first, read, keep) = plan.tokens(batch, u);
             held.kept.push(vec![0.0; keep.len() * per_token]);
             held.keep.push(keep);
             held.read.push(read);
@@ -102,34 +99,84 @@ impl HstuPredictor {
             ..CacheUse::default()
         };
         // Each user's entry from now on: the segments it read, and the one it kept.
-        let kept = (held.keep.into_iter().zip(held.kept)).zip(held.read);
-        for ((u, plan), ((keep, kv), mut segments)) in plans.into_iter().enumerate().zip(kept) {
-            let span = batch.users()[u];
-            let key = match plan {
-                Plan::Uncached => continue,
-                Plan::Fresh { key } => key,
-                Plan::Reuse { key, entry } => {
-                    used.hits += 1;
-                    used.held_tokens += slots + entry.history;
-                    key
-                }
-            };
-            if keep.is_empty() {
-                continue;
+        let kept = held.keep.into_iter().zip(held.kept);
+        for ((u, plan), (keep, kv)) in plans.iter().enumerate().zip(kept) {
+            used.count(plan, slots);
+            if !keep.is_empty() {
+                cache.keep_pass(batch, u, plan, keep.len(), kv, &now);
             }
-            segments.push(std::sync::Arc::new(Segment {
-                tokens: keep.len(),
-                as_of: AsOf::of(batch, u),
-                kv,
-            }));
-            let entry = Entry {
-                history: span.history,
-                fingerprint: fingerprint(batch, u, span.history),
-                epochs: now.clone(),
-                segments,
-            };
-            cache.insert(key, entry);
         }
         Ok((scores, times, used))
+    }
+}
+
+impl CacheUse {
+    /// Counts a user of `slots` contextual slots under `plan`: a hit and its held tokens where
+    /// it reuses its entry.
+    pub fn count(&mut self, plan: &Plan, slots: usize) {
+        if let Plan::Reuse { entry, .. } = plan {
+            self.hits += 1;
+            self.held_tokens += slots + entry.history;
+        }
+    }
+}
+
+impl Plan {
+    /// What a pass does with user `u` of `batch` under this plan, its tokens counted from its
+    /// start: its first computed token (past the slots and history its entry holds), the
+    /// segments it reads, and the tokens whose keys and values it keeps (its computed slots
+    /// and history; none without a key). Every engine's cached pass takes it from here.
+    pub fn tokens(&self, batch: &HstuBatch, u: usize) -> (usize, Vec<Arc<Segment>>, Range<usize>) {
+        let (first, read) = match self {
+            Plan::Reuse { entry, .. } => (batch.slots() + entry.history, entry.segments.clone()),
+            _ => (0, Vec::new()),
+        };
+        let keep = match self {
+            Plan::Uncached => 0..0,
+            _ => first..batch.slots() + batch.users()[u].history,
+        };
+        (first, read, keep)
+    }
+
+    /// The user's key in the cache (none: not cached).
+    pub fn key(&self) -> Option<u64> {
+        match self {
+            Plan::Uncached => None,
+            Plan::Fresh { key } | Plan::Reuse { key, .. } => Some(*key),
+        }
+    }
+}
+
+impl HistoryCache {
+    /// After a pass under `plan`: user `u`'s entry from now on, the segments its entry held
+    /// and then the one it kept (`tokens` tokens' values `kv`, as of this request), with the
+    /// tables' epochs `now` taken before the pass read any row. Returns the kept segment;
+    /// nothing for a user without a key.
+    pub fn keep_pass(
+        &self,
+        batch: &HstuBatch,
+        u: usize,
+        plan: &Plan,
+        tokens: usize,
+        kv: Vec<f32>,
+        now: &[u64],
+    ) -> Option<Arc<Segment>> {
+        let key = plan.key()?;
+        let (_, mut segments, _) = plan.tokens(batch, u);
+        let seg = Arc::new(Segment {
+            tokens,
+            as_of: AsOf::of(batch, u),
+            kv,
+        });
+        segments.push(seg.clone());
+        let history = batch.users()[u].history;
+        let entry = Entry {
+            history,
+            fingerprint: fingerprint(batch, u, history),
+            epochs: now.to_vec(),
+            segments,
+        };
+        self.insert(key, entry);
+        Some(seg)
     }
 }

@@ -116,3 +116,22 @@ impl Drop for Served {
         let _ = self.child.wait();
     }
 }
+
+/// One `.npy` array, as NumPy writes it (format 1.0, header padded to 64 bytes).
+pub fn npy(descr: &str, shape: &[usize], bytes: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((h.len() as u16).to_le_bytes());
+    out.extend(h.as_bytes());
+    out.extend(bytes);
+    out
+}

@@ -13,6 +13,7 @@ use prost::Message;
 use serde_json::{Value, json};
 
 use super::checks::{dlrm, hstu, root};
+use crate::common::npy;
 
 /// One seed: its target, its file name and its bytes.
 pub type Seed = (&'static str, String, Vec<u8>);
@@ -336,25 +337,6 @@ fn json_lines(out: &mut Vec<Seed>) {
     let mut missing = samples[0].clone();
     missing["sparse"].as_object_mut().unwrap().remove("C7");
     put("seed-near-missing-feature.jsonl", missing.to_string());
-}
-
-/// One `.npy` array as NumPy writes it (format 1.0, header padded to 64 bytes).
-fn npy(descr: &str, shape: &[usize], bytes: &[u8]) -> Vec<u8> {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let shape = match dims.len() {
-        1 => format!("({},)", dims[0]),
-        _ => format!("({})", dims.join(", ")),
-    };
-    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
-    while (10 + h.len() + 1) % 64 != 0 {
-        h.push(' ');
-    }
-    h.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend((h.len() as u16).to_le_bytes());
-    out.extend(h.as_bytes());
-    out.extend(bytes);
-    out
 }
 
 /// The `.npy` members of `n` samples: dense float64 (or float32), lengths int32, ids int64,
