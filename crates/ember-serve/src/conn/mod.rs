@@ -9,8 +9,9 @@
 //!   (`state.rs`) gives, and its reader (`io.rs`) marks the bytes as they come.
 //! - **The cap**: at most `max_connections` open (within the descriptors the process has; its
 //!   soft limit is raised to the hard one at start, `limits.rs`). At the cap, the oldest idle
-//!   connection is closed to make room; with none idle, the new one is refused. When the OS runs
-//!   out of descriptors anyway, accepting pauses and an idle connection is closed.
+//!   connection is closed to make room; with none idle, the new one is refused (`open.rs`, one
+//!   lock for admitting and registering). When the OS runs out of descriptors anyway, accepting
+//!   pauses and an idle connection is closed.
 //! - **Refusals before work**: on the HTTP listener, a `Content-Length` over the body limit is
 //!   refused from the header (400, the body is never read), and request heads over
 //!   `max_header_bytes` get 431 with a JSON body.
@@ -28,20 +29,20 @@ mod budget;
 mod handshake;
 mod io;
 mod limits;
+mod open;
 mod state;
 
 pub use body::{OverBudget, SlowBody};
 pub(crate) use budget::Budget;
 pub(crate) use limits::{connection_cap, listen, raise_fd_limit};
+use open::Admit;
+pub(crate) use open::OpenConns;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
@@ -51,7 +52,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tower::ServiceExt;
 
 use crate::error::ServeError;
@@ -103,107 +103,6 @@ impl Default for ConnConfig {
             shutdown_grace: Duration::from_secs(5),
             max_inflight_bytes: 256 << 20,
         }
-    }
-}
-
-/// Every open connection of the server (both listeners), for the cap and for stopping.
-#[derive(Debug)]
-pub(crate) struct OpenConns {
-    cap: usize,
-    next: AtomicU64,
-    conns: Mutex<HashMap<u64, (Arc<ConnState>, AbortHandle)>>,
-    /// Connections asked to make room that have not closed yet (they no longer count).
-    evicting: AtomicUsize,
-}
-
-/// Whether a new connection may open.
-enum Admit {
-    Yes,
-    /// At the cap: the oldest idle connection was asked to close to make room.
-    Evicted,
-    No,
-}
-
-impl OpenConns {
-    pub(crate) fn new(cap: usize) -> Self {
-        OpenConns {
-            cap,
-            next: AtomicU64::new(0),
-            conns: Mutex::new(HashMap::new()),
-            evicting: AtomicUsize::new(0),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ConnState>, AbortHandle)>> {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Connections open now.
-    pub(crate) fn open(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// The cap on open connections.
-    pub(crate) fn cap(&self) -> usize {
-        self.cap
-    }
-
-    fn admit(&self) -> Admit {
-        let open = self.open().saturating_sub(self.evicting.load(Relaxed));
-        if open < self.cap {
-            Admit::Yes
-        } else if self.evict_oldest_idle() {
-            Admit::Evicted
-        } else {
-            Admit::No
-        }
-    }
-
-    /// Asks the connection idle the longest (and not already asked) to close; false when none
-    /// is idle.
-    fn evict_oldest_idle(&self) -> bool {
-        let conns = self.lock();
-        let oldest = conns
-            .values()
-            .filter(|(s, _)| !s.evicted())
-            .filter_map(|(s, _)| s.idle_since().map(|t| (t, s)))
-            .min_by_key(|(t, _)| *t);
-        match oldest {
-            Some((_, s)) => {
-                s.evict();
-                self.evicting.fetch_add(1, Relaxed);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// A connection ended: it leaves the open_conns (and the evictions under way).
-    fn remove(&self, id: u64, state: &ConnState) {
-        if self.lock().remove(&id).is_some() && state.evicted() {
-            self.evicting.fetch_sub(1, Relaxed);
-        }
-    }
-
-    /// Asks every connection to stop (see the module documentation).
-    pub(crate) fn stop_all(&self) {
-        self.lock().values().for_each(|(s, _)| s.stop());
-    }
-
-    /// Waits until every connection has ended or `grace` has passed; drops those left then.
-    /// Returns how many were dropped.
-    pub(crate) async fn drain(&self, grace: Duration) -> usize {
-        let end = Instant::now() + grace;
-        while self.open() > 0 && Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let left: Vec<AbortHandle> = self.lock().values().map(|(_, a)| a.clone()).collect();
-        left.iter().for_each(AbortHandle::abort);
-        if !left.is_empty() {
-            metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => "grace_expired")
-                .increment(left.len() as u64);
-        }
-        left.len()
     }
 }
 
@@ -261,16 +160,6 @@ impl Listener {
     }
 
     fn accept(&self, tcp: TcpStream, builder: &Arc<Builder<TokioExecutor>>) {
-        match self.open_conns.admit() {
-            Admit::Yes => {}
-            Admit::Evicted => {}
-            Admit::No => {
-                metrics::counter!(m::CONNECTIONS_REFUSED, "reason" => "max_connections")
-                    .increment(1);
-                drop(tcp);
-                return;
-            }
-        }
         let _ = tcp.set_nodelay(true);
         let state = Arc::new(ConnState::new());
         let service = ConnService {
@@ -279,27 +168,30 @@ impl Listener {
         };
         let (cfg, builder, st) = (self.cfg.clone(), builder.clone(), state.clone());
         let (tls, http) = (self.tls.clone(), !self.grpc);
-        let st2 = state.clone();
         let open_conns = self.open_conns.clone();
-        let id = self.open_conns.next.fetch_add(1, Relaxed);
-        // Spawned and registered under the lock, so that a connection that ends at once is
-        // never registered after it removed itself.
-        let mut conns = self.open_conns.lock();
-        let task = tokio::spawn(async move {
-            let socket = match &tls {
-                None => Ok(Socket::Plain(tcp)),
-                Some(tls) => handshake::accept(tcp, tls.clone(), cfg.header_timeout, http).await,
-            };
-            let reason = match socket {
-                Ok(s) => serve_connection(s, st, &builder, service, &cfg).await,
-                Err(reason) => reason,
-            };
-            metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => reason).increment(1);
-            open_conns.remove(id, &st2);
-            metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
+        let admitted = self.open_conns.enter(state, |id| {
+            metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
+            let task = tokio::spawn(async move {
+                let socket = match &tls {
+                    None => Ok(Socket::Plain(tcp)),
+                    Some(tls) => {
+                        handshake::accept(tcp, tls.clone(), cfg.header_timeout, http).await
+                    }
+                };
+                let reason = match socket {
+                    Ok(s) => serve_connection(s, st.clone(), &builder, service, &cfg).await,
+                    Err(reason) => reason,
+                };
+                metrics::counter!(m::CONNECTIONS_CLOSED, "reason" => reason).increment(1);
+                open_conns.remove(id, &st);
+                metrics::gauge!(m::CONNECTIONS_OPEN).decrement(1.0);
+            });
+            task.abort_handle()
         });
-        metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
-        conns.insert(id, (state, task.abort_handle()));
+        if admitted == Admit::No {
+            // The connection (moved into the closure, never called) is closed as it drops.
+            metrics::counter!(m::CONNECTIONS_REFUSED, "reason" => "max_connections").increment(1);
+        }
     }
 
     /// An accept that failed: out of descriptors (pause, and close an idle connection), or a
