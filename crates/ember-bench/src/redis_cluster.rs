@@ -5,7 +5,10 @@
 //! Nodes run with `cluster-require-full-coverage no` and `cluster-allow-reads-when-down yes`
 //! (what `docs/remote-tier.md` recommends): a failed primary then costs only its own slots.
 
+mod query;
 mod tls;
+use query::info_field;
+pub use query::{command_stats, info_u64, query, query_text};
 pub use tls::NodeTls;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -86,43 +89,6 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
         out.push(p);
     }
     Ok(out)
-}
-
-/// How long one query of a node may take, connecting included.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `redis-cli`-style query of one node: its reply, an error reply as an error.
-pub fn query(port: u16, cmd: &ember_redis::Cmd) -> Result<ember_redis::Value> {
-    Ok(ember_redis::query_node(
-        &format!("127.0.0.1:{port}"),
-        cmd,
-        QUERY_TIMEOUT,
-    )?)
-}
-
-/// [`query`], its reply as text.
-pub fn query_text(port: u16, cmd: &ember_redis::Cmd) -> Result<String> {
-    let v = query(port, cmd)?;
-    v.text()
-        .with_context(|| format!("node {port} answered {v:?}, not text"))
-}
-
-/// A field of `INFO <section>` (or of `CLUSTER INFO` for the section `cluster`).
-fn info_field(port: u16, section: &str, field: &str) -> Result<String> {
-    let cmd = match section {
-        "cluster" => ember_redis::cmd("CLUSTER").arg("INFO").clone(),
-        _ => ember_redis::cmd("INFO").arg(section).clone(),
-    };
-    let v = query_text(port, &cmd)?;
-    v.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .map(|s| s.trim().to_string())
-        .with_context(|| format!("INFO {section} has no {field}"))
-}
-
-/// A numeric field of `INFO <section>` of the node on `port`.
-pub fn info_u64(port: u16, section: &str, field: &str) -> Result<u64> {
-    Ok(info_field(port, section, field)?.parse()?)
 }
 
 impl LocalCluster {

@@ -120,18 +120,22 @@ impl Role {
     /// `ACL SETUSER <user> reset on ><password> <rules for model>`: the user made anew with this
     /// role's rights and nothing else. `None` for a model name that cannot name a model.
     pub fn setuser(&self, user: &str, password: &str, model: &str) -> Option<Cmd> {
-        let rules = self.rules_for(model)?;
-        let mut c = cmd("ACL");
-        c.arg("SETUSER")
-            .arg(user)
-            .arg("reset")
-            .arg("on")
-            .arg(format!(">{password}"));
-        for r in rules.split_whitespace() {
-            c.arg(r);
-        }
-        Some(c)
+        Some(setuser(user, password, &self.rules_for(model)?))
     }
+}
+
+/// `ACL SETUSER <user> reset on ><password> <rules>`: the user made anew with exactly `rules`.
+pub fn setuser(user: &str, password: &str, rules: &str) -> Cmd {
+    let mut c = cmd("ACL");
+    c.arg("SETUSER")
+        .arg(user)
+        .arg("reset")
+        .arg("on")
+        .arg(format!(">{password}"));
+    for r in rules.split_whitespace() {
+        c.arg(r);
+    }
+    c
 }
 
 /// A key pattern of a rule: `~P` (read and write), `%R~P`, `%W~P`, `%RW~P`.

@@ -6,26 +6,6 @@ use proptest::prelude::*;
 use std::net::TcpListener;
 use std::thread;
 
-/// A reply as RESP2 bytes.
-fn encode(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Okay => out.extend_from_slice(b"+OK\r\n"),
-        Value::SimpleString(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
-        Value::Int(i) => out.extend_from_slice(format!(":{i}\r\n").as_bytes()),
-        Value::Nil => out.extend_from_slice(b"$-1\r\n"),
-        Value::BulkString(b) => {
-            out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-            out.extend_from_slice(b);
-            out.extend_from_slice(b"\r\n");
-        }
-        Value::Array(items) => {
-            out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
-            items.iter().for_each(|i| encode(i, out));
-        }
-        Value::ServerError(e) => out.extend_from_slice(format!("-{e}\r\n").as_bytes()),
-    }
-}
-
 /// The `redis` crate's value as Ember's (the reference's answer, to compare with).
 fn from_crate(v: redis::Value) -> Value {
     match v {
@@ -82,7 +62,7 @@ proptest! {
     #[test]
     fn replies_decode_as_the_crate_decodes_them(v in value(), tail in proptest::collection::vec(any::<u8>(), 0..8)) {
         let mut b = Vec::new();
-        encode(&v, &mut b);
+        v.write_resp(&mut b);
         let n = b.len();
         for cut in 0..n {
             prop_assert!(matches!(complete(&b[..cut]).unwrap(), Need::More(_)), "cut at {cut}");
@@ -111,7 +91,7 @@ proptest! {
     ) {
         let b = if mutate {
             let mut b = Vec::new();
-            encode(&v, &mut b);
+            v.write_resp(&mut b);
             for &(at, byte) in &edits {
                 if !b.is_empty() {
                     let at = at % b.len();
@@ -210,11 +190,11 @@ fn replies_cut_into_pieces_arrive_whole_and_in_order() {
             2 => Value::Array(vec![Value::Okay, Value::Nil]),
             _ => Value::BulkString(Vec::new()),
         };
-        encode(&v, &mut wire);
+        v.write_resp(&mut wire);
         want.push(v);
     }
     let big: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
-    encode(&Value::BulkString(big.clone()), &mut wire);
+    Value::BulkString(big.clone()).write_resp(&mut wire);
     want.push(Value::BulkString(big));
     let addr = serve(5, move |s| {
         let mut at = 0;

@@ -30,6 +30,28 @@ impl Value {
             _ => None,
         }
     }
+
+    /// Appends the reply as RESP2 bytes, as a server sends it. The reference writer of the
+    /// reader's tests and of the fuzz checks (`fuzz/`), not an API.
+    #[doc(hidden)]
+    pub fn write_resp(&self, out: &mut Vec<u8>) {
+        match self {
+            Value::Okay => out.extend_from_slice(b"+OK\r\n"),
+            Value::SimpleString(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
+            Value::Int(i) => out.extend_from_slice(format!(":{i}\r\n").as_bytes()),
+            Value::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Value::BulkString(b) => {
+                out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+                out.extend_from_slice(b);
+                out.extend_from_slice(b"\r\n");
+            }
+            Value::Array(items) => {
+                out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                items.iter().for_each(|i| i.write_resp(out));
+            }
+            Value::ServerError(e) => out.extend_from_slice(format!("-{e}\r\n").as_bytes()),
+        }
+    }
 }
 
 /// An error reply: `-CODE detail`.

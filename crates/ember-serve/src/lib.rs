@@ -324,8 +324,10 @@ impl Server {
             }
             None => (None, None),
         };
-        let tls = |alpn| cfg.tls.as_ref().map(|t| t.server_config(alpn)).transpose();
-        let (http_tls, grpc_tls) = (tls(tls::ALPN_HTTP)?, tls(tls::ALPN_GRPC)?);
+        let (http_tls, grpc_tls) = match &cfg.tls {
+            Some(t) => t.server_configs().map(|(h, g)| (Some(h), Some(g)))?,
+            None => (None, None),
+        };
         let ready = Arc::new(AtomicBool::new(true));
         let budget = Arc::new(conn::Budget::new(cfg.conn.max_inflight_bytes));
         let app = App {

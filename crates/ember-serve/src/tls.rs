@@ -9,13 +9,19 @@
 //! (gRPC's: `h2`). Its handshake must end within `--header-timeout`, and a client that speaks
 //! plain HTTP to it gets a 400 saying the port speaks TLS (the connection then closes).
 
+use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
 use crate::ServerError;
 
@@ -82,11 +88,11 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 impl TlsConfig {
-    /// The configuration of a listener offering `alpn`.
-    pub(crate) fn server_config(
+    /// The configurations of the HTTP listener ([`ALPN_HTTP`]) and the gRPC one
+    /// ([`ALPN_GRPC`]): the files read and checked once, the two alike but for ALPN.
+    pub(crate) fn server_configs(
         &self,
-        alpn: &[&[u8]],
-    ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    ) -> Result<(Arc<rustls::ServerConfig>, Arc<rustls::ServerConfig>), ServerError> {
         let certs = read_certs("--tls-cert", &self.cert)?;
         let key = read_key("--tls-key", &self.key)?;
         let builder = rustls::ServerConfig::builder_with_provider(provider())
@@ -110,7 +116,77 @@ impl TlsConfig {
                 self.cert.display()
             ))
         })?;
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Ok(Arc::new(config))
+        let alpn = |a: &[&[u8]]| a.iter().map(|p| p.to_vec()).collect();
+        config.alpn_protocols = alpn(ALPN_GRPC);
+        let grpc = Arc::new(config.clone());
+        config.alpn_protocols = alpn(ALPN_HTTP);
+        Ok((Arc::new(config), grpc))
+    }
+}
+
+/// A connection's byte stream: plain TCP, or TLS over it (`T`: rustls's server or client
+/// stream; the server's connections and `ember loadgen`'s alike).
+#[derive(Debug)]
+pub enum MaybeTls<T> {
+    Plain(TcpStream),
+    Tls(Box<T>),
+}
+
+/// Calls `$e` on the stream a [`MaybeTls`] holds, pinned as `$io`.
+macro_rules! on_stream {
+    ($s:expr, $io:ident => $e:expr) => {
+        match $s {
+            MaybeTls::Plain(t) => {
+                let $io = Pin::new(t);
+                $e
+            }
+            MaybeTls::Tls(t) => {
+                let $io = Pin::new(&mut **t);
+                $e
+            }
+        }
+    };
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for MaybeTls<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        on_stream!(self.get_mut(), s => s.poll_read(cx, buf))
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        on_stream!(self.get_mut(), s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_stream!(self.get_mut(), s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        on_stream!(self.get_mut(), s => s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        on_stream!(self.get_mut(), s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            MaybeTls::Plain(t) => t.is_write_vectored(),
+            MaybeTls::Tls(t) => t.is_write_vectored(),
+        }
     }
 }

@@ -184,28 +184,6 @@ fn batches(s: &Shape, ids: &mut RankedIds, batch: usize, n: usize) -> Result<Vec
         .collect()
 }
 
-/// `INFO commandstats` CPU time (usec) and calls of `cmd` summed over `ports`.
-fn command_usec(ports: &[u16], cmd: &str) -> Result<(u64, u64)> {
-    let (mut usec, mut calls) = (0, 0);
-    for &p in ports {
-        let text = ember_bench::redis_cluster::query_text(
-            p,
-            ember_redis::cmd("INFO").arg("commandstats"),
-        )?;
-        let want = format!("cmdstat_{cmd}:");
-        if let Some(line) = text.lines().find(|l| l.starts_with(&want)) {
-            for kv in line[want.len()..].split(',') {
-                match kv.split_once('=') {
-                    Some(("usec", v)) => usec += v.parse::<u64>().unwrap_or(0),
-                    Some(("calls", v)) => calls += v.parse::<u64>().unwrap_or(0),
-                    _ => {}
-                }
-            }
-        }
-    }
-    Ok((usec, calls))
-}
-
 fn reset_stats(ports: &[u16]) -> Result<()> {
     for &p in ports {
         redis_cluster::query(p, ember_redis::cmd("CONFIG").arg("RESETSTAT"))?;
@@ -305,9 +283,9 @@ fn run_path(case: &Case<'_>, fraction: f64, pool: PoolRemote) -> Result<PathRun>
     let n = (per_run * a.runs) as f64;
     // The nodes' CPU for the batch's misses: GETRANGE, and EMBER.POOL where pooled (features
     // whose sums would not save bytes are still read whole beside it).
-    let (mut usec, mut calls) = command_usec(ports, "getrange")?;
+    let (mut usec, mut calls) = redis_cluster::command_stats(ports, "getrange")?;
     if pool != PoolRemote::Off {
-        let (u, c) = command_usec(ports, ember_pool_command::COMMAND)?;
+        let (u, c) = redis_cluster::command_stats(ports, ember_pool_command::COMMAND)?;
         (usec, calls) = (usec + u, calls + c);
     }
     Ok(PathRun {

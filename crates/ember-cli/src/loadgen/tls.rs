@@ -1,20 +1,18 @@
 //! `ember loadgen` against a server started with `--tls-cert`: `https://` (and `grpcs://`)
 //! URLs, the CA to trust (`--tls-ca`), and a client certificate for mutual TLS
-//! (`--tls-cert`, `--tls-key`). One rustls client configuration serves the HTTP/1.1 pool, the
-//! lean gRPC client, reqwest (the metadata) and tonic.
+//! (`--tls-cert`, `--tls-key`). The HTTP/1.1 pool and the lean gRPC client connect with the
+//! rustls configuration of [`TlsArgs::for_url`]; reqwest (the metadata) and tonic are given
+//! the same files in their own forms.
 
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use ember_serve::tls::{provider, read_certs, read_key, read_roots};
+use ember_serve::tls::{MaybeTls, provider, read_certs, read_key, read_roots};
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 #[derive(Debug, Clone, Args)]
@@ -131,11 +129,7 @@ impl TlsArgs {
 }
 
 /// A connection to a server: plain TCP, or TLS over it.
-#[derive(Debug)]
-pub enum Stream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
-}
+pub type Stream = MaybeTls<tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// Connects to `addr`, with TLS where `tls` is given (its handshake done).
 pub async fn connect(addr: SocketAddr, tls: Option<&Tls>) -> io::Result<Stream> {
@@ -147,49 +141,6 @@ pub async fn connect(addr: SocketAddr, tls: Option<&Tls>) -> io::Result<Stream> 
             let c = tokio_rustls::TlsConnector::from(t.config.clone());
             Ok(Stream::Tls(Box::new(c.connect(t.name.clone(), tcp).await?)))
         }
-    }
-}
-
-macro_rules! on_stream {
-    ($s:expr, $io:ident => $e:expr) => {
-        match $s {
-            Stream::Plain(t) => {
-                let $io = Pin::new(t);
-                $e
-            }
-            Stream::Tls(t) => {
-                let $io = Pin::new(&mut **t);
-                $e
-            }
-        }
-    };
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        on_stream!(self.get_mut(), s => s.poll_read(cx, buf))
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        on_stream!(self.get_mut(), s => s.poll_write(cx, buf))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        on_stream!(self.get_mut(), s => s.poll_flush(cx))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        on_stream!(self.get_mut(), s => s.poll_shutdown(cx))
     }
 }
 

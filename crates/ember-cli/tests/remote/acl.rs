@@ -9,18 +9,15 @@
 //! - `EMBER.POOL` refuses a call naming a key its caller may not read, naming the user and the
 //!   key, whole (no partial sums), and logs it in `ACL LOG`.
 
+use crate::pool;
 use crate::scores;
 use crate::server::{Server, tsv_rows};
 use ember_bench::redis_cluster::{self, LocalCluster};
-use ember_embed::{
-    DType, EmbeddingCollection, EmbeddingTable, Ids, KeyedJagged, PoolOptions, Pooler, Pooling,
-};
+use ember_embed::Pooling;
 use ember_pool_command::CallBuilder;
 use ember_redis::acl::{self, Grants};
 use ember_redis::{Cmd, Conn, Value, cmd};
-use ember_registry::PushOptions;
-use ember_tier::storage::remote::{ClusterOptions, PoolRemote, RemoteSource};
-use ember_tier::{CachePolicy, Stager, TierOptions};
+use ember_tier::storage::remote::PoolRemote;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::time::{Duration, Instant};
 
@@ -51,17 +48,7 @@ fn make_user(c: &LocalCluster, user: &str, role: &str, model: &str) {
 
 /// User `user` with exactly `rules`, on every node.
 fn make_user_with(c: &LocalCluster, user: &str, rules: &str) {
-    let mut setuser = cmd("ACL");
-    setuser
-        .arg("SETUSER")
-        .arg(user)
-        .arg("reset")
-        .arg("on")
-        .arg(format!(">{PASSWORD}"));
-    for r in rules.split_whitespace() {
-        setuser.arg(r);
-    }
-    on_every_node(c, &setuser);
+    on_every_node(c, &acl::setuser(user, PASSWORD, rules));
 }
 
 /// The cluster's URL as `user`.
@@ -242,19 +229,17 @@ fn publisher_and_reader_push_update_and_serve_as_the_default_user_does() {
     );
     // The servers reading rows from the store follow it (those from the registry hold every
     // table of this model in memory, as pushed: they follow no stream).
-    let deadline = Instant::now() + UPDATE_WAIT;
-    loop {
-        let now: Vec<Vec<String>> = servers[..2].iter().map(|s| scores(s, &bodies)).collect();
-        if now.iter().all(|n| *n == want) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "servers not updated within {UPDATE_WAIT:?}: {now:?}, want {want:?}"
-        );
-        // The poll's interval inside a bounded wait for the update to be applied.
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    crate::wait_state(
+        "update of the servers reading the store",
+        UPDATE_WAIT,
+        || {
+            let now: Vec<Vec<String>> = servers[..2].iter().map(|s| scores(s, &bodies)).collect();
+            match now.iter().all(|n| *n == want) {
+                true => Ok(()),
+                false => Err(format!("{now:?}, want {want:?}")),
+            }
+        },
+    );
     // A second version pushed and removed by the publisher (`rm`: UNLINK, HDEL).
     let v2 = ["--model", "default", "--version", "2"];
     let push2 = [
@@ -288,65 +273,12 @@ fn publisher_and_reader_push_update_and_serve_as_the_default_user_does() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-const POOL_ROWS: usize = 3000;
-/// (name, dim, dtype) of the pooled tables.
-const POOL_TABLES: [(&str, usize, DType); 2] = [("a", 16, DType::F32), ("b", 12, DType::Int8)];
-
-/// The pooled tables, remote, with a one-row pinned cache, pooling on the nodes (`on`: refusing
-/// to start unless the primaries run `EMBER.POOL`), read through `url`.
-fn pooling_stager(url: &str) -> (EmbeddingCollection, Stager) {
-    let coll = EmbeddingCollection::one_feature_per_table(
-        POOL_TABLES
-            .iter()
-            .map(|&(n, d, t)| EmbeddingTable::remote(n, POOL_ROWS, d, t).unwrap())
-            .collect(),
-    )
-    .unwrap();
-    let bytes: usize = POOL_TABLES.iter().map(|&(_, d, t)| t.row_bytes(d)).sum();
-    let opts = TierOptions {
-        cache_bytes: bytes,
-        policy: CachePolicy::Pinned,
-        pin_fraction: Some(1.0),
-        pin_trace: Some(std::sync::Arc::new(vec![0])),
-        staging_rows: Some(64),
-        remote: Some(RemoteSource {
-            cluster: ClusterOptions::parse(url).unwrap(),
-            model: "pooled".into(),
-            version: None,
-        }),
-        follow_updates: false,
-        pool_remote: PoolRemote::On,
-        ..TierOptions::default()
-    };
-    let stager = Stager::new(&coll, opts).unwrap();
-    (coll, stager)
-}
-
-/// The sums of `kj` through `(coll, stager)`.
-fn pooled(
-    p: &Pooler,
-    (coll, stager): &(EmbeddingCollection, Stager),
-    kj: &KeyedJagged,
-) -> Vec<f32> {
-    let s = stager.stage(coll, coll.check_view(kj).unwrap()).unwrap();
-    let mut out = vec![0f32; kj.batch_size() * coll.total_dim()];
-    p.run_staged(coll, coll.check_view(kj).unwrap(), &s, &mut out)
-        .unwrap();
-    out
-}
-
 /// `EMBER.POOL` calls every node answered so far (`INFO commandstats`).
 fn pool_calls(c: &LocalCluster) -> u64 {
-    c.nodes
-        .iter()
-        .map(|n| {
-            let info = redis_cluster::query_text(n.port, cmd("INFO").arg("commandstats")).unwrap();
-            info.lines()
-                .find_map(|l| l.strip_prefix("cmdstat_EMBER.POOL:calls="))
-                .and_then(|r| r.split(',').next()?.parse().ok())
-                .unwrap_or(0)
-        })
-        .sum()
+    let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
+    redis_cluster::command_stats(&ports, "EMBER.POOL")
+        .unwrap()
+        .1
 }
 
 /// Tables pushed by the publisher through the library, pooled on the nodes by the reader: the
@@ -364,46 +296,21 @@ fn the_reader_pools_on_the_nodes_bit_for_bit_as_the_default_user() {
     make_user(&c, "ember-publisher", "publisher", "pooled");
     make_user(&c, "ember-reader", "reader", "pooled");
     let mut rng = StdRng::seed_from_u64(3);
-    let tables: Vec<EmbeddingTable> = POOL_TABLES
-        .iter()
-        .map(|&(n, d, t)| {
-            let v: Vec<f32> = (0..POOL_ROWS * d)
-                .map(|_| rng.random_range(-1.0..1.0))
-                .collect();
-            EmbeddingTable::from_f32(n, POOL_ROWS, d, t, &v).unwrap()
-        })
-        .collect();
-    let refs: Vec<&EmbeddingTable> = tables.iter().collect();
-    let mut publisher = crate::updates::admin(&url_as(&c, "ember-publisher"));
-    ember_registry::push(
-        &mut publisher,
+    pool::push(
+        &url_as(&c, "ember-publisher"),
         "pooled",
-        &refs,
-        &PushOptions::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
-    let reader = pooling_stager(&url_as(&c, "ember-reader"));
-    let admin = pooling_stager(&c.url());
-    let p = Pooler::new(PoolOptions {
-        pooling: Pooling::Sum,
-        threads: 1,
-        ..PoolOptions::default()
-    })
-    .unwrap();
+        &pool::dram_tables(),
+    );
+    let stager = |url: &str| pool::remote(url, "pooled", 1, PoolRemote::On).unwrap();
+    let (reader, admin) = (stager(&url_as(&c, "ember-reader")), stager(&c.url()));
+    let p = pool::pooler(Pooling::Sum);
     let calls = pool_calls(&c);
     let (r0, a0) = (reader.1.stats(), admin.1.stats());
     for n in [1, 16, 48] {
         // Bags of 0 to 60 ids over every row (so over every node).
-        let lengths: Vec<usize> = (0..POOL_TABLES.len() * n)
-            .map(|_| rng.random_range(0..=60))
-            .collect();
-        let ids: Vec<u32> = (0..lengths.iter().sum::<usize>())
-            .map(|_| rng.random_range(0..POOL_ROWS as u32))
-            .collect();
-        let keys = POOL_TABLES.iter().map(|t| t.0.to_string()).collect();
-        let kj = KeyedJagged::from_lengths(keys, n, &lengths, Ids::U32(ids), None).unwrap();
-        let (got, want) = (pooled(&p, &reader, &kj), pooled(&p, &admin, &kj));
+        let kj = pool::batch(&mut rng, n, 60, Pooling::Sum);
+        let pooled = |t| pool::staged(&p, t, &kj).unwrap();
+        let (got, want) = (pooled(&reader), pooled(&admin));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want), "batch of {n}");
     }
@@ -693,7 +600,7 @@ type Bag = Vec<(usize, u32)>;
 
 /// `calls` copies of `call` on a connection to `port` as `user` (`None`: the default user),
 /// pipelined 100 at a time: the client's microseconds per call, and the node's
-/// (`INFO commandstats`' `usec_per_call` of `ember.pool`, reset first).
+/// (`INFO commandstats`' usec / calls of `ember.pool`, reset first).
 fn time_calls(port: u16, user: Option<&str>, call: &Cmd, want: &Value, calls: usize) -> (f64, f64) {
     redis_cluster::query(port, cmd("CONFIG").arg("RESETSTAT")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -713,14 +620,9 @@ fn time_calls(port: u16, user: Option<&str>, call: &Cmd, want: &Value, calls: us
         left -= n;
     }
     let client = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
-    let info = redis_cluster::query_text(port, cmd("INFO").arg("commandstats")).unwrap();
-    let node = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_EMBER.POOL:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-        .and_then(|v| v.parse().ok())
-        .expect("ember.pool in INFO commandstats");
-    (client, node)
+    let (usec, calls) = redis_cluster::command_stats(&[port], "EMBER.POOL").unwrap();
+    assert!(calls > 0, "no ember.pool in INFO commandstats");
+    (client, usec as f64 / calls as f64)
 }
 
 /// The figure: what the key checks cost `EMBER.POOL` on the node, per call, for the default

@@ -38,7 +38,7 @@ fn values(seed: u64, dim: usize) -> Vec<f32> {
 }
 
 /// The tables in memory (what DRAM pooling reads, and what is pushed).
-fn dram_tables() -> Vec<EmbeddingTable> {
+pub(crate) fn dram_tables() -> Vec<EmbeddingTable> {
     TABLES
         .iter()
         .enumerate()
@@ -48,7 +48,7 @@ fn dram_tables() -> Vec<EmbeddingTable> {
         .collect()
 }
 
-fn push(url: &str, model: &str, tables: &[EmbeddingTable]) -> u64 {
+pub(crate) fn push(url: &str, model: &str, tables: &[EmbeddingTable]) -> u64 {
     let mut cl = admin(url);
     let refs: Vec<&EmbeddingTable> = tables.iter().collect();
     ember_registry::push(
@@ -64,7 +64,7 @@ fn push(url: &str, model: &str, tables: &[EmbeddingTable]) -> u64 {
 
 /// The same tables placed remote, with a stager of `cache_rows` rows per table (`pinned`: the
 /// hottest ids 0..cache_rows pinned, a static cache) pooling as `pool`.
-fn remote(
+pub(crate) fn remote(
     url: &str,
     model: &str,
     cache_rows: usize,
@@ -108,7 +108,7 @@ fn remote(
 /// A batch of `n` samples over every table: bags of 0 to `max_bag` ids (repeats and empty bags
 /// included), ids over the whole table (so over every node), weights at random where `pooling`
 /// weighs.
-fn batch(rng: &mut StdRng, n: usize, max_bag: usize, pooling: Pooling) -> KeyedJagged {
+pub(crate) fn batch(rng: &mut StdRng, n: usize, max_bag: usize, pooling: Pooling) -> KeyedJagged {
     let lengths: Vec<usize> = (0..TABLES.len() * n)
         .map(|_| rng.random_range(0..=max_bag))
         .collect();
@@ -131,7 +131,7 @@ fn batch(rng: &mut StdRng, n: usize, max_bag: usize, pooling: Pooling) -> KeyedJ
     .unwrap()
 }
 
-fn pooler(pooling: Pooling) -> Pooler {
+pub(crate) fn pooler(pooling: Pooling) -> Pooler {
     Pooler::new(PoolOptions {
         pooling,
         threads: 1,
@@ -141,7 +141,7 @@ fn pooler(pooling: Pooling) -> Pooler {
 }
 
 /// `kj` pooled by the tier of `(coll, stager)`.
-fn staged(
+pub(crate) fn staged(
     p: &Pooler,
     (coll, stager): &(EmbeddingCollection, Stager),
     kj: &KeyedJagged,

@@ -82,29 +82,22 @@ fn the_remote_tier_over_tls_scores_as_dram_and_refuses_the_wrong_clients() {
     assert!(e.contains("TLS handshake"), "TLS to a plain port: {e}");
 
     // Pushed and served over TLS: the same scores as DRAM.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["registry", "push", "--redis", &url, "--model"])
-        .arg(super::default_model())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "push over TLS: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let model = crate::default_model();
+    crate::ok(&[
+        "registry",
+        "push",
+        "--redis",
+        &url,
+        "--model",
+        &model.to_string_lossy(),
+    ]);
     let dram = crate::server::Server::start(&["--grpc", "off"]);
     let remote = remote_server(&url, &["--cache-mb", "1"]);
-    for seed in 0..6 {
-        let body = tsv_rows(16, 300 + seed);
-        let want = dram
-            .request("POST", "/v1/score", "text/plain", &body)
-            .unwrap();
-        let got = remote
-            .request("POST", "/v1/score", "text/plain", &body)
-            .unwrap();
-        assert_eq!(want.0, 200, "{}", want.1);
-        assert_eq!(got, want, "seed {seed}");
-    }
+    let bodies: Vec<Vec<u8>> = (0..6).map(|seed| tsv_rows(16, 300 + seed)).collect();
+    assert_eq!(
+        crate::scores(&remote, &bodies),
+        crate::scores(&dram, &bodies)
+    );
     let metrics = remote
         .request("GET", "/metrics", "text/plain", b"")
         .unwrap()

@@ -27,7 +27,6 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use ember_model::hstu::cache::{Plan, epochs};
 use ember_model::hstu::{AttentionNorm, CacheUse, HistoryCache, HstuBatch, HstuScores, HstuTimes};
 
-use super::GpuHstu;
 use super::held::lock;
 use super::ops::grid;
 use super::predictor::GpuHstuPredictor;
@@ -49,14 +48,6 @@ struct Planned {
     users: Vec<UserPass>,
     sel: Sel,
     alive: Vec<Arc<CudaSlice<f32>>>,
-}
-
-/// Values a token keeps: every layer's `v` and `k`.
-fn per_token(m: &GpuHstu) -> usize {
-    let h = &m.model.config().hstu;
-    m.model.weights().layers.len()
-        * h.hstu_num_heads
-        * (h.hstu_attn_linear_dim + h.hstu_attn_qk_dim)
 }
 
 impl GpuHstuPredictor {
@@ -103,7 +94,7 @@ impl GpuHstuPredictor {
     fn plan_users(&self, batch: &HstuBatch, cache: &HistoryCache) -> Result<Planned> {
         let m = self.m.clone();
         let s = m.gpu.compute().clone();
-        let per_token = per_token(&m);
+        let per_token = m.model.kv_per_token();
         let mut out = Planned {
             users: Vec::with_capacity(batch.len()),
             sel: Sel::default(),
@@ -171,7 +162,7 @@ impl GpuHstuPredictor {
             return Ok(());
         };
         let m = &self.m;
-        let mut kv = vec![0.0f32; up.keep.len() * per_token(m)];
+        let mut kv = vec![0.0f32; buf.len()];
         (m.gpu.compute())
             .memcpy_dtoh(&*buf, &mut kv)
             .ctx("downloading kept keys and values")?;

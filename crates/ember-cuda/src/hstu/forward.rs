@@ -2,18 +2,21 @@
 //! (`ember_model::hstu::forward`): the input MLPs, the contextual slots and the encodings; the
 //! STU layers; the head.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use ember_model::DenseDType;
 use ember_model::hstu::plan::TIME_FEATURE_WIDTH;
 use ember_model::hstu::{HstuBatch, TokenPlan};
 
-use super::ops::{DevList, DevRows, grid, key_chunks, max_hidden, up_f32, warp_rows};
+use super::ops::{DevList, DevRows, grid, key_chunks, max_hidden, warp_rows};
 use super::predictor::{AttentionKernel, GpuHstuPredictor, Stage};
 use super::sel::Sel;
 use super::{DevLayer, DevPost, PAD_ROWS, TILE};
 use crate::device::dptr;
 use crate::error::{DriverCtx, Result};
-use crate::model::grow;
+use crate::model::{grow, up};
+
+/// What an upload of the batch's plan says when it fails.
+const PLAN: &str = "uploading the token plan";
 
 /// One batch's shapes and the device addresses of its buffers.
 #[derive(Debug, Clone, Copy)]
@@ -204,16 +207,6 @@ impl GpuHstuPredictor {
     /// Uploads the host's tables of the batch ([`TokenPlan`]) and notes where they went.
     fn upload_plan(&mut self, p: &mut Pass, plan: &TokenPlan, sel: Option<&Sel>) -> Result<()> {
         let gpu = self.m.gpu.clone();
-        let s = gpu.compute().clone();
-        let up_i32 = |buf: &mut Option<CudaSlice<i32>>, v: &[i32]| -> Result<u64> {
-            let ptr = grow(&gpu, buf, v.len())?.0;
-            if !v.is_empty() {
-                let dst = buf.as_mut().expect("grown");
-                s.memcpy_htod(v, &mut dst.slice_mut(..v.len()))
-                    .ctx("uploading the token plan")?;
-            }
-            Ok(ptr)
-        };
         let ints = |v: &[u32]| v.iter().map(|&a| a as i32).collect::<Vec<i32>>();
         let ctx: Vec<i32> = plan
             .contextual
@@ -247,19 +240,19 @@ impl GpuHstuPredictor {
         let cand: Vec<i32> = plan.candidate_rows.iter().map(|&r| r as i32).collect();
         let b = &mut self.b;
         let out = p;
-        out.pos = up_i32(&mut b.pos, &ints(&plan.positions))?;
-        out.bucket = up_i32(&mut b.bucket, &ints(&plan.buckets))?;
-        out.ctx = up_i32(&mut b.ctx, &ctx)?;
-        out.seq = up_i32(&mut b.seq, &seq)?;
-        out.tiles = up_i32(&mut b.tiles, &tiles)?;
+        out.pos = up(&gpu, &mut b.pos, &ints(&plan.positions), PLAN)?;
+        out.bucket = up(&gpu, &mut b.bucket, &ints(&plan.buckets), PLAN)?;
+        out.ctx = up(&gpu, &mut b.ctx, &ctx, PLAN)?;
+        out.seq = up(&gpu, &mut b.seq, &seq, PLAN)?;
+        out.tiles = up(&gpu, &mut b.tiles, &tiles, PLAN)?;
         out.n_tiles = tiles.len() / 2;
         out.chunk = key_chunks(&plan.seqs, out.heads, out.n_tiles);
-        out.norms = up_f32(&gpu, &mut b.norms, &norms)?;
-        out.cand = up_i32(&mut b.cand, &cand)?;
-        out.tf = up_f32(&gpu, &mut b.tf, &plan.time_features)?;
+        out.norms = up(&gpu, &mut b.norms, &norms, PLAN)?;
+        out.cand = up(&gpu, &mut b.cand, &cand, PLAN)?;
+        out.tf = up(&gpu, &mut b.tf, &plan.time_features, PLAN)?;
         if let Some(sel) = sel {
             let rows: Vec<i32> = sel.tokens.iter().map(|&t| t as i32).collect();
-            out.rows = up_i32(&mut b.sel_rows, &rows)?;
+            out.rows = up(&gpu, &mut b.sel_rows, &rows, PLAN)?;
             out.held = Sel::upload_pieces(&gpu, &sel.held, &mut b.held_segs, &mut b.held_meta)?;
             out.kept = Sel::upload_pieces(&gpu, &sel.kept, &mut b.kept_segs, &mut b.kept_meta)?;
         }

@@ -1,15 +1,15 @@
 //! The launches the HSTU pass is made of: gathers, norms, adds, the MLPs and linear layers
 //! (cuBLAS SGEMM in f32, cuBLASLt in bf16), and the launch shapes.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 use ember_model::hstu::attention::Seq;
 
 use super::predictor::GpuHstuPredictor;
 use super::{DevMlp, DevNorm, GpuHstu};
-use crate::device::{Gpu, dptr};
+use crate::device::dptr;
 use crate::error::{DriverCtx, Result};
 use crate::model::lt::{LtCall, Out};
-use crate::model::{DevLinear, grow, sgemm_xwt};
+use crate::model::{DevLinear, sgemm_xwt};
 
 /// Rows of f32 on the device: the first at `ptr`, the next `ld` values on.
 #[derive(Debug, Clone, Copy)]
@@ -241,17 +241,6 @@ pub(super) fn max_hidden(m: &GpuHstu) -> usize {
         .map(|x| x.first.n_out)
         .max()
         .unwrap_or(1)
-}
-
-pub(super) fn up_f32(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, v: &[f32]) -> Result<u64> {
-    let p = grow(gpu, buf, v.len())?.0;
-    if !v.is_empty() {
-        let dst = buf.as_mut().expect("grown");
-        gpu.compute()
-            .memcpy_htod(v, &mut dst.slice_mut(..v.len()))
-            .ctx("uploading the token plan")?;
-    }
-    Ok(p)
 }
 
 pub(super) fn grid(total: i64) -> LaunchConfig {

@@ -5,8 +5,8 @@ use cudarc::driver::CudaSlice;
 use ember_model::hstu::{ContextualSlot, TokenPlan};
 
 use crate::device::Gpu;
-use crate::error::{DriverCtx, Result};
-use crate::model::grow;
+use crate::error::Result;
+use crate::model::up;
 
 /// Keys and values of `n` tokens in a device segment (`[layers][n][v | k]` at `ptr`), for the
 /// batch's tokens from `row` on.
@@ -78,19 +78,12 @@ impl Sel {
         if pieces.is_empty() {
             return Ok((0, 0, 0));
         }
-        let s = gpu.compute();
         let ptrs: Vec<u64> = pieces.iter().map(|p| p.ptr).collect();
         let pairs: Vec<i32> = (pieces.iter())
             .flat_map(|p| [p.n as i32, p.row as i32])
             .collect();
-        let a = grow(gpu, segs, ptrs.len())?.0;
-        let dst = segs.as_mut().expect("grown");
-        s.memcpy_htod(&ptrs, &mut dst.slice_mut(..ptrs.len()))
-            .ctx("uploading the segments' addresses")?;
-        let b = grow(gpu, meta, pairs.len())?.0;
-        let dst = meta.as_mut().expect("grown");
-        s.memcpy_htod(&pairs, &mut dst.slice_mut(..pairs.len()))
-            .ctx("uploading the segments' tokens")?;
+        let a = up(gpu, segs, &ptrs, "uploading the segments' addresses")?;
+        let b = up(gpu, meta, &pairs, "uploading the segments' tokens")?;
         Ok((a, b, pieces.len()))
     }
 }

@@ -19,7 +19,7 @@ mod predictor;
 pub(crate) use forward::{grid, sgemm_xwt};
 pub use pinned::PinnedBatch;
 pub use predictor::SLOTS;
-pub(crate) use predictor::grow;
+pub(crate) use predictor::{grow, up};
 
 use std::collections::VecDeque;
 use std::sync::Arc;

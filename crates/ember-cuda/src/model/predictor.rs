@@ -57,6 +57,24 @@ pub(crate) fn grow<T: DeviceRepr + ValidAsZeroBits>(
     Ok((dptr(buf.as_ref().expect("allocated"), gpu.compute()), grew))
 }
 
+/// `v` copied into `buf` (grown to hold it) on the compute stream; its address. `what` names
+/// the upload in an error.
+pub(crate) fn up<T: DeviceRepr + ValidAsZeroBits>(
+    gpu: &Gpu,
+    buf: &mut Option<CudaSlice<T>>,
+    v: &[T],
+    what: &'static str,
+) -> Result<u64> {
+    let p = grow(gpu, buf, v.len())?.0;
+    if !v.is_empty() {
+        let dst = buf.as_mut().expect("grown");
+        gpu.compute()
+            .memcpy_htod(v, &mut dst.slice_mut(..v.len()))
+            .ctx(what)?;
+    }
+    Ok(p)
+}
+
 /// One slot's buffers and events; its embedding run pools with `variant` and uploads on the
 /// copy stream.
 fn new_slot(m: &GpuModel, variant: Variant) -> Result<Slot> {

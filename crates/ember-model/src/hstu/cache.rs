@@ -30,7 +30,6 @@ use super::plan::AsOf;
 use super::request::HstuBatch;
 use super::share::Share;
 use super::spill::Spill;
-use super::stu::shape_of;
 
 /// What the cache did, counted since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -277,7 +276,7 @@ impl HistoryCache {
             add(&c.misses, 1);
             return Plan::Fresh { key };
         };
-        let per_token = model.weights().layers.len() * shape_of(model).kv_row();
+        let per_token = model.kv_per_token();
         if !entry.is_whole(batch.slots(), per_token) {
             // A damaged entry is recomputed, never read.
             add(&c.refused, 1);

@@ -14,7 +14,7 @@ use super::config::AttentionNorm;
 use super::forward::{HstuPredictor, HstuScores, HstuTimes};
 use super::plan::AsOf;
 use super::request::HstuBatch;
-use super::stu::{Held, Rows, shape_of};
+use super::stu::{Held, Rows};
 use crate::error::{ModelError, Result};
 
 /// What one cached pass reused.
@@ -59,7 +59,7 @@ impl HstuPredictor {
             });
         }
         let model = self.model().clone();
-        let per_token = model.weights().layers.len() * shape_of(&model).kv_row();
+        let per_token = model.kv_per_token();
         let slots = batch.slots();
         // Before any row is read: an update landing during the pass is newer than the entry.
         let now = epochs(&model);

@@ -147,6 +147,14 @@ pub(crate) fn shape_of(model: &HstuModel) -> Shape {
     }
 }
 
+impl HstuModel {
+    /// The values a cache keeps per token: every layer's values and keys
+    /// (`[layers][v | k]`).
+    pub fn kv_per_token(&self) -> usize {
+        self.weights.layers.len() * shape_of(self).kv_row()
+    }
+}
+
 /// One pass's layers: what they read besides `x`, and where they count their time.
 pub(crate) struct Layers<'a> {
     pub model: &'a HstuModel,

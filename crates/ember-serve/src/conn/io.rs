@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 
 use super::state::ConnState;
 use crate::metrics as m;
+use crate::tls::MaybeTls;
 
 /// A look at a connection's socket for bytes the client sent that nobody has read yet (hyper
 /// reads a socket only when its task runs; a stopping connection asks the kernel).
@@ -60,11 +61,7 @@ impl Unread {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// A connection's byte stream: plain TCP, or TLS over it.
-#[derive(Debug)]
-pub(crate) enum Socket {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
+pub(crate) type Socket = MaybeTls<tokio_rustls::server::TlsStream<TcpStream>>;
 
 impl Socket {
     /// Writes `bytes` now if the socket takes them without waiting (best effort: an answer
@@ -80,65 +77,6 @@ impl Socket {
                     let _ = tls.poll_flush(cx);
                 }
             }
-        }
-    }
-}
-
-/// Calls `$f` on the stream a [`Socket`] holds, pinned.
-macro_rules! on_socket {
-    ($s:expr, $io:ident => $e:expr) => {
-        match $s {
-            Socket::Plain(t) => {
-                let $io = Pin::new(t);
-                $e
-            }
-            Socket::Tls(t) => {
-                let $io = Pin::new(&mut **t);
-                $e
-            }
-        }
-    };
-}
-
-impl AsyncRead for Socket {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        on_socket!(self.get_mut(), s => s.poll_read(cx, buf))
-    }
-}
-
-impl AsyncWrite for Socket {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        on_socket!(self.get_mut(), s => s.poll_write(cx, buf))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        on_socket!(self.get_mut(), s => s.poll_flush(cx))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        on_socket!(self.get_mut(), s => s.poll_shutdown(cx))
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        on_socket!(self.get_mut(), s => s.poll_write_vectored(cx, bufs))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Socket::Plain(t) => t.is_write_vectored(),
-            Socket::Tls(t) => t.is_write_vectored(),
         }
     }
 }

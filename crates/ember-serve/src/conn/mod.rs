@@ -160,18 +160,19 @@ impl Listener {
     }
 
     fn accept(&self, tcp: TcpStream, builder: &Arc<Builder<TokioExecutor>>) {
-        let _ = tcp.set_nodelay(true);
         let state = Arc::new(ConnState::new());
-        let service = ConnService {
-            listener: self.clone(),
-            state: state.clone(),
-        };
-        let (cfg, builder, st) = (self.cfg.clone(), builder.clone(), state.clone());
-        let (tls, http) = (self.tls.clone(), !self.grpc);
-        let open_conns = self.open_conns.clone();
+        let st = state.clone();
         let admitted = self.open_conns.enter(state, |id| {
+            let service = ConnService {
+                listener: self.clone(),
+                state: st.clone(),
+            };
+            let (cfg, builder) = (self.cfg.clone(), builder.clone());
+            let (tls, http) = (self.tls.clone(), !self.grpc);
+            let open_conns = self.open_conns.clone();
             metrics::gauge!(m::CONNECTIONS_OPEN).increment(1.0);
             let task = tokio::spawn(async move {
+                let _ = tcp.set_nodelay(true);
                 let socket = match &tls {
                     None => Ok(Socket::Plain(tcp)),
                     Some(tls) => {

@@ -10,7 +10,9 @@ use ember_serve::grpc::pb::{self, grpc_inference_service_client::GrpcInferenceSe
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 
-use crate::common::{assert_close, config, direct, kserve_body, random_req, scores_of, start};
+use crate::common::{
+    assert_close, config, direct, get_text, kserve_body, random_req, scores_of, start,
+};
 use crate::grpc::{infer_req, scores};
 
 const SECRET: &str = "s3cret-admin";
@@ -137,14 +139,11 @@ async fn restricted_groups_need_their_header_on_both_protocols() {
     let moved = http.get(format!("{url}/metrics")).send().await.unwrap();
     assert_eq!(moved.status(), 404);
     assert!(moved.text().await.unwrap().contains("--metrics-addr"));
-    let page = http
-        .get(format!("http://{}/metrics", s.metrics_addr().unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(
+        &http,
+        format!("http://{}/metrics", s.metrics_addr().unwrap()),
+    )
+    .await;
     let refused: f64 = page
         .lines()
         .filter(|l| l.starts_with("ember_requests_refused_total") && l.contains("restricted_api"))

@@ -182,14 +182,9 @@ async fn tls_serves_trusted_clients_and_refuses_the_rest() {
     let base = format!("https://localhost:{}", s.addr().port());
 
     // HTTPS, HTTP/1.1 and HTTP/2 (ALPN), with scores equal to the model's.
-    scores_over_https(&pki.https(None), &base).await.unwrap();
-    let h2 = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pki.read("ca.pem")).unwrap())
-        .tls_built_in_root_certs(false)
-        .https_only(true)
-        .build()
-        .unwrap();
-    let resp = h2
+    let client = pki.https(None);
+    scores_over_https(&client, &base).await.unwrap();
+    let resp = client
         .get(format!("{base}/v2/health/ready"))
         .send()
         .await

@@ -21,7 +21,7 @@ use ember_model::criteo::{self, CriteoBatch, CriteoReader};
 use ember_model::serving::Request;
 use ember_model::{LoadOptions, Samples};
 use ember_pool_command::{self as pool, PoolCall, RefusalCode};
-use ember_redis::{Conn, Value as RedisValue, WireError};
+use ember_redis::{Conn, WireError};
 use ember_serve::grpc::pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use ember_serve::grpc::pb::{self, InferTensorContents};
 use ember_serve::kserve::fastjson;
@@ -512,26 +512,6 @@ fn tensor_file(bytes: Vec<u8>, npz: bool) -> bool {
     whole.is_ok()
 }
 
-/// A reply as RESP2 bytes.
-fn encode(v: &RedisValue, out: &mut Vec<u8>) {
-    match v {
-        RedisValue::Okay => out.extend_from_slice(b"+OK\r\n"),
-        RedisValue::SimpleString(s) => out.extend_from_slice(format!("+{s}\r\n").as_bytes()),
-        RedisValue::Int(i) => out.extend_from_slice(format!(":{i}\r\n").as_bytes()),
-        RedisValue::Nil => out.extend_from_slice(b"$-1\r\n"),
-        RedisValue::BulkString(b) => {
-            out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
-            out.extend_from_slice(b);
-            out.extend_from_slice(b"\r\n");
-        }
-        RedisValue::Array(items) => {
-            out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
-            items.iter().for_each(|i| encode(i, out));
-        }
-        RedisValue::ServerError(e) => out.extend_from_slice(format!("-{e}\r\n").as_bytes()),
-    }
-}
-
 fn is_protocol_error(e: &WireError) {
     assert!(e.1.starts_with("protocol error"), "{e:?}");
 }
@@ -570,7 +550,7 @@ pub fn resp(data: &[u8]) -> bool {
             }
         }
         let mut again = Vec::new();
-        encode(&v, &mut again);
+        v.write_resp(&mut again);
         match Conn::parse_buffered(&again) {
             Ok(Some((m, Ok(h), Ok((w, k))))) => {
                 assert_eq!((m, k), (again.len(), again.len()));
