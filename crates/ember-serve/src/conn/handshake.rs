@@ -25,7 +25,9 @@ pub(super) async fn accept(
     limit: Duration,
     http: bool,
 ) -> Result<Socket, &'static str> {
-    let first = tokio::time::timeout(limit, async {
+    // One deadline for the first byte and the handshake together.
+    let deadline = tokio::time::Instant::now() + limit;
+    let first = tokio::time::timeout_at(deadline, async {
         let mut b = [0u8; 1];
         tcp.peek(&mut b).await.map(|n| (n > 0).then_some(b[0]))
     })
@@ -42,7 +44,7 @@ pub(super) async fn accept(
             return Err("plain_on_tls");
         }
     }
-    match tokio::time::timeout(limit, TlsAcceptor::from(tls).accept(tcp)).await {
+    match tokio::time::timeout_at(deadline, TlsAcceptor::from(tls).accept(tcp)).await {
         Err(_) => Err("tls_handshake_timeout"),
         Ok(Err(e)) => {
             tracing::debug!("TLS handshake failed: {e}");
